@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Set up everything mlenv needs on this machine, idempotently:
+#   scripts/install.sh            venv + mlenv (editable) + dev tools
+#   scripts/install.sh train      ... + torch (CPU) + deepspeed
+#   scripts/install.sh system     ... + Debian packages (rsync, iproute2) and kubectl when missing
+# Each step is skipped when already done.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
+PY=${PYTHON:-python3}
+
+step() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+
+if [ ! -x "$VENV/bin/python" ]; then
+  step "creating $VENV"
+  "$PY" -m venv "$VENV"
+fi
+
+stamp="$VENV/.mlenv-$(sha256sum pyproject.toml | cut -c1-12)"
+if [ ! -f "$stamp" ]; then
+  step "installing mlenv (editable) with dev tools"
+  "$VENV/bin/pip" install --quiet --disable-pip-version-check -e '.[dev]'
+  touch "$stamp"
+fi
+
+for what in "$@"; do
+  case "$what" in
+    train)
+      if ! "$VENV/bin/python" -c 'import torch, deepspeed' 2>/dev/null; then
+        step "installing torch 2.13.0 (CPU) and deepspeed (a few minutes the first time)"
+        "$VENV/bin/pip" install --quiet --disable-pip-version-check 'torch==2.13.0' 'deepspeed==0.19.8'
+      fi
+      ;;
+    system)
+      missing=()
+      command -v rsync >/dev/null || missing+=(rsync)
+      command -v ip >/dev/null || missing+=(iproute2)
+      if [ ${#missing[@]} -gt 0 ]; then
+        if [ "$(id -u)" = 0 ]; then
+          step "installing Debian packages: ${missing[*]}"
+          apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+        else
+          echo "mlenv: please install ${missing[*]} (not root, cannot apt-get)" >&2
+        fi
+      fi
+      scripts/install-kubectl.sh "$VENV"
+      ;;
+    *) echo "install.sh: unknown extra '$what' (train, system)" >&2; exit 2 ;;
+  esac
+done

@@ -1,0 +1,84 @@
+"""What the API server does to an object before storing it: defaults, status ownership, SCC admission."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from typing import Any
+
+from . import errors
+from .faults import Faults
+from .resources import ResourceType
+
+_INITIAL_STATUS: dict[str, dict[str, Any]] = {
+    "Namespace": {"phase": "Active"},
+    "Pod": {"phase": "Pending"},
+    "PersistentVolumeClaim": {"phase": "Pending"},
+}
+
+
+def added_capabilities(pod_spec: dict[str, Any]) -> list[tuple[int, str]]:
+    """(container index, capability) for every capability a pod's containers add."""
+    found = []
+    for index, container in enumerate(pod_spec.get("containers") or []):
+        capabilities = (container.get("securityContext") or {}).get("capabilities") or {}
+        found.extend((index, cap) for cap in capabilities.get("add") or [])
+    return found
+
+
+def scc_rejection(pod_spec: dict[str, Any]) -> str | None:
+    """Why OpenShift's SCC admission would reject this pod spec when capabilities are forbidden, or None."""
+    added = added_capabilities(pod_spec)
+    if not added:
+        return None
+    invalid = [
+        f'spec.containers[{i}].securityContext.capabilities.add: Invalid value: "{cap}": capability may not be added'
+        for i, cap in added
+    ]
+    providers = [
+        'provider "anyuid": Forbidden: not usable by user or serviceaccount',
+        *invalid,
+        'provider "restricted-v2": Forbidden: not usable by user or serviceaccount',
+    ]
+    return f"unable to validate against any security context constraint: [{', '.join(providers)}]"
+
+
+class Admission:
+    """Defaulting and validation applied to every create and update that comes through the API."""
+
+    def __init__(self, faults: Faults) -> None:
+        self.faults = faults
+        self._cluster_ips = itertools.count(10)
+
+    def admit(self, rt: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None) -> dict[str, Any]:
+        """The object to store for a create (``old`` None) or an update; raises ApiError to reject it."""
+        obj = copy.deepcopy(obj)
+        if rt.has_status:
+            obj["status"] = copy.deepcopy(old.get("status", {})) if old else dict(_INITIAL_STATUS.get(rt.kind, {}))
+        defaults = getattr(self, f"_default_{rt.kind.lower()}", None)
+        if defaults:
+            defaults(obj, old)
+        if rt.kind == "Pod" and old is None and self.faults.forbid_capabilities:
+            reason = scc_rejection(obj.get("spec") or {})
+            if reason:
+                raise errors.forbidden(rt, obj["metadata"]["name"], reason)
+        return obj
+
+    def _default_namespace(self, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
+        labels = obj["metadata"].setdefault("labels", {})
+        labels["kubernetes.io/metadata.name"] = obj["metadata"]["name"]
+
+    def _default_statefulset(self, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
+        spec = obj.setdefault("spec", {})
+        spec.setdefault("replicas", 1)
+        spec.setdefault("podManagementPolicy", "OrderedReady")
+
+    def _default_service(self, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
+        spec = obj.setdefault("spec", {})
+        spec.setdefault("type", "ClusterIP")
+        if old and (old.get("spec") or {}).get("clusterIP"):
+            spec["clusterIP"] = old["spec"]["clusterIP"]
+        elif not spec.get("clusterIP"):
+            n = next(self._cluster_ips)
+            spec["clusterIP"] = f"172.30.{n // 250}.{n % 250 + 1}"
+        spec["clusterIPs"] = [spec["clusterIP"]]

@@ -1,0 +1,24 @@
+"""Backends: the only code that talks to the outside world (oc/kubectl, ip netns, sbatch, runai)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from mlenv.backends.base import Backend
+    from mlenv.config.model import Cluster
+    from mlenv.plan import Deployment
+
+
+def dry_run_text(deployment: Deployment) -> str:
+    """Exactly what ``deploy`` would send, as text."""
+    from mlenv.render.kubernetes import render, to_yaml
+
+    return to_yaml(render(deployment).objects)
+
+
+def backend_for(cluster: Cluster) -> Backend:
+    """The backend that operates ``cluster``."""
+    from mlenv.errors import UsageError
+
+    raise UsageError(f"backend '{cluster.backend}' cannot deploy yet")

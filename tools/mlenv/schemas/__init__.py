@@ -1,0 +1,1 @@
+"""Schemas shipped as package data (OpenShift and Multus CRDs)."""

@@ -1,0 +1,42 @@
+"""Terminal output: errors, warnings, tables, progress. rich is imported only when something is drawn."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+
+def error(message: str) -> None:
+    """One problem per line on stderr."""
+    for line in message.splitlines():
+        print(f"error: {line}" if not line.startswith("error:") else line, file=sys.stderr)
+
+
+def warn(message: str) -> None:
+    """A WARNING line on stderr."""
+    print(f"WARNING: {message}", file=sys.stderr)
+
+
+def info(message: str) -> None:
+    """Progress and summaries go to stderr so stdout stays machine-readable."""
+    print(message, file=sys.stderr)
+
+
+def print_json(data: Any) -> None:
+    """Machine-readable output on stdout."""
+    print(json.dumps(data, indent=2, sort_keys=False))
+
+
+def table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    """A rich table on stdout."""
+    from rich.console import Console
+    from rich.table import Table
+
+    grid = Table(title=title, header_style="bold", show_edge=False, pad_edge=False)
+    for column in columns:
+        grid.add_column(column, overflow="fold")
+    for row in rows:
+        grid.add_row(*(str(cell) for cell in row))
+    Console(width=max(120, Console().width)).print(grid)
