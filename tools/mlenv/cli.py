@@ -182,3 +182,182 @@ def deploy(cluster: str | None, mode: str | None, nodes: int | None, image: str 
     from mlenv.backends import backend_for
 
     backend_for(deployment.cluster).deploy(deployment, timeout=timeout)
+    _record(deployment, image)
+
+
+cluster_option = click.option("--cluster", "cluster_ref", default=None, metavar="NAME|PATH",
+                              help="Cluster to act on (default: the last one deployed, from .mlenv/state.json).")
+pod_option = click.option("--pod", type=click.IntRange(min=0), default=None, metavar="N",
+                          help="Pod ordinal (default: all pods, or pod 0 for shell).")
+
+
+def _active(cluster_ref: str | None) -> Deployment:
+    """The deployment a command acts on: --cluster wins over the recorded one."""
+    from mlenv import state
+    from mlenv.config import load_cluster
+    from mlenv.plan import plan
+
+    if cluster_ref is None:
+        active = state.load()
+        return plan(load_cluster(active.cluster_file), mode=active.mode, nodes=active.nodes, image=active.image)
+    cluster = load_cluster(cluster_ref)
+    try:
+        active = state.load()
+    except Exception:  # noqa: BLE001 - no usable record: plan from the file's defaults
+        return plan(cluster)
+    if active.cluster_file == cluster.source:
+        return plan(cluster, mode=active.mode, nodes=active.nodes, image=active.image)
+    return plan(cluster)
+
+
+def _record(deployment: Deployment, image: str | None) -> None:
+    from mlenv import state
+
+    state.save(state.ActiveDeployment(
+        cluster_file=deployment.cluster.source, mode=deployment.mode, nodes=deployment.nodes, image=image,
+        namespace=deployment.namespace, app=deployment.app, backend=deployment.cluster.backend))
+
+
+@main.command()
+@cluster_option
+@json_option
+@reports_errors
+def status(cluster_ref: str | None, as_json: bool) -> None:
+    """One table: pod, node, phase, ready, restarts, GPUs, IP, RDMA devices."""
+    from dataclasses import asdict
+
+    from mlenv.backends import backend_for
+    from mlenv.ui import print_json, table
+
+    deployment = _active(cluster_ref)
+    rows = backend_for(deployment.cluster).status(deployment)
+    if as_json:
+        print_json({"cluster": deployment.cluster.info.name, "namespace": deployment.namespace,
+                    "mode": deployment.mode, "pods": [asdict(row) for row in rows]})
+        return
+    if not rows:
+        click.echo(f"no pods of {deployment.app} in {deployment.namespace}")
+        return
+    extra_columns = sorted({key for row in rows for key in row.extra})
+    table(f"{deployment.cluster.info.name} ({deployment.cluster.backend}, {deployment.mode}, "
+          f"namespace {deployment.namespace})",
+          ["POD", "NODE", "PHASE", "READY", "RESTARTS", "GPUS", "IP", "RDMA", *[c.upper() for c in extra_columns],
+           "DETAIL"],
+          [[row.name, row.node or "-", row.phase, "yes" if row.ready else "no", row.restarts, row.gpus,
+            row.ip or "-", row.rdma_devices or "-", *[row.extra.get(c, "") for c in extra_columns],
+            row.detail or ""] for row in rows])
+
+
+@main.command()
+@cluster_option
+@click.option("--source", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
+              help="Directory to sync (default: workspace/ of the project).")
+@click.option("--delete", is_flag=True, help="Also delete files in the pods that are not in the source.")
+@json_option
+@reports_errors
+def sync(cluster_ref: str | None, source: Path | None, delete: bool, as_json: bool) -> None:
+    """Copy workspace/ to the workspace of every pod, in parallel and incrementally (plus the in-pod runtime)."""
+    from mlenv.backends import backend_for
+    from mlenv.ops.sync import sync as sync_workspace
+
+    deployment = _active(cluster_ref)
+    report = sync_workspace(backend_for(deployment.cluster), deployment, source=source, delete=delete,
+                            as_json=as_json)
+    sys.exit(0 if report.ok else 1)
+
+
+@main.command(context_settings={"ignore_unknown_options": True})
+@cluster_option
+@pod_option
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@reports_errors
+def exec(cluster_ref: str | None, pod: int | None, command: tuple[str, ...]) -> None:  # noqa: A001 - the verb users know
+    """Run COMMAND on every pod (or --pod N) in parallel, output prefixed [node-N]."""
+    from mlenv.backends import backend_for
+    from mlenv.ops.fanout import exec_all
+
+    deployment = _active(cluster_ref)
+    sys.exit(exec_all(backend_for(deployment.cluster), deployment, list(command), only=pod))
+
+
+@main.command()
+@cluster_option
+@pod_option
+@reports_errors
+def shell(cluster_ref: str | None, pod: int | None) -> None:
+    """Interactive shell in pod 0 (or --pod N), in its workspace."""
+    from mlenv.backends import backend_for
+    from mlenv.ops.fanout import interactive
+
+    deployment = _active(cluster_ref)
+    sys.exit(interactive(backend_for(deployment.cluster), deployment, pod or 0))
+
+
+@main.command()
+@cluster_option
+@pod_option
+@click.option("-f", "--follow", is_flag=True, help="Keep streaming new lines.")
+@reports_errors
+def logs(cluster_ref: str | None, pod: int | None, follow: bool) -> None:
+    """Logs of every pod (or --pod N), each line prefixed [node-N]."""
+    from mlenv.backends import backend_for
+    from mlenv.ops.fanout import logs_all
+
+    deployment = _active(cluster_ref)
+    sys.exit(logs_all(backend_for(deployment.cluster), deployment, only=pod, follow=follow))
+
+
+@main.command()
+@cluster_option
+@click.option("--delete-data", is_flag=True, help="Also delete the PVCs (workspace and datasets). Asks first.")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@reports_errors
+def clean(cluster_ref: str | None, delete_data: bool, yes: bool) -> None:
+    """Delete everything the deployment created; PVCs are kept unless --delete-data."""
+    from mlenv import state
+    from mlenv.backends import backend_for
+
+    deployment = _active(cluster_ref)
+    backend = backend_for(deployment.cluster)
+    if delete_data and not yes:
+        from mlenv.ops.confirm import confirm_data_deletion
+
+        if not confirm_data_deletion(backend, deployment):
+            click.echo("nothing deleted")
+            sys.exit(1)
+    backend.clean(deployment, delete_data=delete_data)
+    state.forget(deployment.cluster.source)
+
+
+@main.command(context_settings={"ignore_unknown_options": True})
+@cluster_option
+@click.option("--launcher", type=click.Choice(["torchrun", "deepspeed"]), default="deepspeed", show_default=True)
+@click.option("--nproc", type=click.IntRange(min=1), default=None, help="Processes per node.")
+@click.option("--args", "args_text", default=None, help="Script arguments as one string (for make ARGS=...).")
+@click.argument("script")
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+@reports_errors
+def launch(cluster_ref: str | None, launcher: str, nproc: int | None, args_text: str | None, script: str,
+           script_args: tuple[str, ...]) -> None:
+    """Start SCRIPT on every node at once through the in-pod runtime; fail-fast, logs in runs/."""
+    import shlex
+
+    from mlenv.backends import backend_for
+    from mlenv.ops.launch import launch as launch_job
+
+    deployment = _active(cluster_ref)
+    arguments = [*script_args, *(shlex.split(args_text) if args_text else [])]
+    result = launch_job(backend_for(deployment.cluster), deployment, launcher=launcher, script=script,
+                        args=arguments, nproc=nproc)
+    sys.exit(result.exit_code)
+
+
+@main.command()
+@click.option("--keep", is_flag=True, help="Leave the local cluster running afterwards.")
+@click.option("--steps", type=click.IntRange(min=1), default=30, show_default=True)
+@reports_errors
+def demo(keep: bool, steps: int) -> None:
+    """Local 2-node cluster -> sync -> DeepSpeed training -> all-reduce bench -> summary -> clean."""
+    from mlenv.ops.demo import run_demo
+
+    sys.exit(run_demo(keep=keep, steps=steps))

@@ -152,6 +152,8 @@ def _warnings(cluster: Cluster, mode: str) -> tuple[str, ...]:
 def plan(cluster: Cluster, mode: str | None = None, nodes: int | None = None,
          image: str | None = None) -> Deployment:
     """Decide everything about a deployment of ``cluster``; raises ConfigError for impossible requests."""
+    if image is not None and (not image or any(char.isspace() for char in image)):
+        raise ConfigError(f"--image: expected a container image reference without spaces, got {image!r}")
     chosen_mode = mode or cluster.default_mode
     _check_mode(cluster, chosen_mode)
     node_count = cluster.gpus.default_nodes if nodes is None else nodes

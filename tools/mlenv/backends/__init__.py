@@ -1,4 +1,4 @@
-"""Backends: the only code that talks to the outside world (oc/kubectl, ip netns, sbatch, runai)."""
+"""Backends: the only code that talks to the outside world (oc/kubectl, ip netns, subprocesses)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,11 @@ def dry_run_text(deployment: Deployment) -> str:
 
 
 def backend_for(cluster: Cluster) -> Backend:
-    """The backend that operates ``cluster``."""
-    from mlenv.errors import UsageError
+    """The backend that operates ``cluster`` (imported lazily: each pulls in its own tools)."""
+    if cluster.backend == "local":
+        from mlenv.backends.local import LocalBackend
 
-    raise UsageError(f"backend '{cluster.backend}' cannot deploy yet")
+        return LocalBackend()
+    from mlenv.backends.openshift import OpenShiftBackend
+
+    return OpenShiftBackend(cli="kubectl" if cluster.backend == "kubernetes" else "oc")

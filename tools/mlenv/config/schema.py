@@ -52,8 +52,8 @@ def _problem(loaded: LoadedFile, error: Any) -> list[Problem]:
         missing = error.message.split("'")[1] if "'" in error.message else error.message
         return [Problem(loaded.path, line, col, format_path(path),
                         f"missing required field '{missing}'; add it (see clusters/template.yaml)")]
-    if error.validator == "propertyNames":
-        expected = error.schema.get("x-expected", "a valid key")
+    if "propertyNames" in error.schema_path:
+        expected = schema.get("x-expected", "a valid key")
         key_path = (*path, error.instance)
         line, col = loaded.position(key_path)
         return [Problem(loaded.path, line, col, format_path(key_path),

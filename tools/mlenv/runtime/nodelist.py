@@ -42,7 +42,8 @@ def _expand_item(item: str) -> list[str]:
     if match is None:
         return [item]
     prefix, suffix = item[: match.start()], item[match.end() :]
-    return [prefix + value + rest for value in _expand_ranges(match.group(1)) for rest in _expand_item(suffix)]
+    tails = _expand_item(suffix)
+    return [prefix + value + tail for value in _expand_ranges(match.group(1)) for tail in tails]
 
 
 def _expand_ranges(spec: str) -> list[str]:

@@ -1,0 +1,11 @@
+"""fakekube: a small in-process Kubernetes API server for tests driven by the real kubectl/oc binaries.
+
+    with FakeKube(nodes=["gpu-0", "gpu-1"], namespaces=["ml"]) as server:
+        ...  # point a kubeconfig at server.url with server.token; see fixtures.fake_cluster
+"""
+
+from .faults import Faults
+from .requestlog import RequestLog, RequestRecord
+from .server import DEFAULT_TOKEN, FakeKube, resource_type
+
+__all__ = ["DEFAULT_TOKEN", "FakeKube", "Faults", "RequestLog", "RequestRecord", "resource_type"]

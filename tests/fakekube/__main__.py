@@ -1,0 +1,42 @@
+"""``python -m tests.fakekube --port 8080 --node gpu-0 --node gpu-1 --namespace ml``: serve until Ctrl-C."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+
+from .server import DEFAULT_TOKEN, FakeKube
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run a FakeKube in the foreground and write a kubeconfig for it."""
+    parser = argparse.ArgumentParser(prog="python -m tests.fakekube", description=__doc__)
+    parser.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default: any free one)")
+    parser.add_argument("--token", default=DEFAULT_TOKEN, help="the bearer token clients must send")
+    parser.add_argument("--node", action="append", dest="nodes", help="a node name (repeat; default node-0..3)")
+    parser.add_argument("--gpus-per-node", type=int, default=8)
+    parser.add_argument("--namespace", action="append", dest="namespaces", help="a namespace to create (repeat)")
+    parser.add_argument("--ready-delay", type=float, default=0.0, help="seconds until a scheduled pod is Ready")
+    parser.add_argument("--kubeconfig", default="fakekube.kubeconfig", help="where to write the kubeconfig")
+    args = parser.parse_args(argv)
+    server = FakeKube(
+        token=args.token,
+        nodes=args.nodes or [f"node-{i}" for i in range(4)],
+        gpus_per_node=args.gpus_per_node,
+        namespaces=["default", *(args.namespaces or [])],
+        ready_delay=args.ready_delay,
+        port=args.port,
+    )
+    with server:
+        path = server.write_kubeconfig(args.kubeconfig, (args.namespaces or ["default"])[0])
+        print(f"fakekube serving {server.url}; export KUBECONFIG={path.resolve()}", flush=True)
+        try:
+            threading.Event().wait()
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

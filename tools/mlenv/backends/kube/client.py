@@ -1,0 +1,119 @@
+"""The one door to the cluster: ``oc`` or ``kubectl`` driven through openshift-client (imported lazily).
+
+Every call runs in the deployment's namespace with a time limit; failures become :class:`KubeError`, whose
+``reason`` (Unauthorized, Forbidden, NotFound, Unreachable, Timeout, Failed) lets callers explain them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from mlenv.errors import OperationError, UsageError
+
+CALL_TIMEOUT = 120
+"""Seconds one CLI call may take before it is killed."""
+PATH_VARIABLE = "OPENSHIFT_CLIENT_PYTHON_DEFAULT_OC_PATH"
+INSTALL_HINTS = {
+    "oc": "install oc from the OpenShift mirror (https://mirror.openshift.com/pub/openshift-v4/clients/ocp/"
+          "stable/) or point OPENSHIFT_CLIENT_PYTHON_DEFAULT_OC_PATH at kubectl",
+    "kubectl": "install it with `make install-system` (or see https://kubernetes.io/docs/tasks/tools/)",
+}
+
+
+class KubeError(OperationError):
+    """A failed CLI call: ``reason`` classifies it, ``detail`` is the CLI's own message."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+
+
+def classify(stderr: str) -> str:
+    """Unauthorized, Forbidden, NotFound, Unreachable or Failed, from a CLI's error output."""
+    for marker, reason in (("(Unauthorized)", "Unauthorized"), ("must be logged in", "Unauthorized"),
+                           ("(Forbidden)", "Forbidden"), ("(NotFound)", "NotFound"),
+                           ("was refused", "Unreachable"), ("no such host", "Unreachable"),
+                           ("i/o timeout", "Unreachable"), ("connection refused", "Unreachable")):
+        if marker in stderr:
+            return reason
+    return "Failed"
+
+
+def _first_error(stderr: str) -> str:
+    """The line that says what went wrong (klog noise and warnings skipped)."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    errors = [line for line in lines if line.lower().startswith(("error", "the connection", "unable"))]
+    return (errors or lines or ["the CLI failed without saying why"])[0]
+
+
+def resolve_binary(cli: str) -> str:
+    """The CLI to run: $OPENSHIFT_CLIENT_PYTHON_DEFAULT_OC_PATH when set, else ``cli`` on PATH (UsageError if absent)."""
+    wanted = os.environ.get(PATH_VARIABLE) or cli
+    found = shutil.which(wanted)
+    if found is None:
+        flavour = "kubectl" if "kubectl" in os.path.basename(wanted) else cli
+        source = f" (from ${PATH_VARIABLE})" if os.environ.get(PATH_VARIABLE) else ""
+        raise UsageError(f"{wanted}{source} not found: {INSTALL_HINTS[flavour]}")
+    return found
+
+
+class Client:
+    """``oc``/``kubectl`` bound to one namespace."""
+
+    def __init__(self, binary: str, namespace: str) -> None:
+        self.binary = binary
+        self.namespace = namespace
+
+    @property
+    def flavour(self) -> str:
+        """``kubectl`` or ``oc`` (which verbs and hints apply)."""
+        return "kubectl" if "kubectl" in os.path.basename(self.binary) else "oc"
+
+    @contextmanager
+    def _context(self, timeout: int) -> Iterator[Any]:
+        import openshift_client as oc
+
+        with oc.client_path(self.binary), oc.project(self.namespace), oc.timeout(timeout), oc.no_tracking():
+            try:
+                yield oc
+            except oc.OpenShiftPythonException as exc:
+                raise _error(exc, self.binary, timeout) from None
+
+    def run(self, verb: str, args: Sequence[str], *, namespaced: bool = True, timeout: int = CALL_TIMEOUT) -> str:
+        """``<cli> VERB ARGS...`` (in the namespace unless ``namespaced`` is False); its stdout."""
+        with self._context(timeout) as oc:
+            return str(oc.invoke(verb, list(args), no_namespace=not namespaced).out())
+
+    def list(self, kinds: str, labels: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+        """Every object of ``kinds`` (``pods`` or ``statefulsets,services``) matching ``labels``: one list call."""
+        with self._context(CALL_TIMEOUT) as oc:
+            document = json.loads(oc.selector(kinds.split(","), labels=labels).object_json())
+        return list(document.get("items") or [])
+
+    def apply(self, objects: Sequence[Mapping[str, Any]]) -> list[str]:
+        """Server-side apply (field manager ``mlenv``, conflicts forced) in the given order; ``kind/name`` applied."""
+        with self._context(CALL_TIMEOUT) as oc:
+            applied = oc.apply([dict(obj) for obj in objects],
+                               cmd_args=["--server-side", "--field-manager=mlenv", "--force-conflicts"])
+            return list(applied.qnames())
+
+    def delete(self, kinds: Sequence[str], labels: Mapping[str, str]) -> list[str]:
+        """Delete every object of ``kinds`` matching ``labels`` without waiting; ``kind/name`` deleted."""
+        with self._context(CALL_TIMEOUT) as oc:
+            return list(oc.selector(list(kinds), labels=labels).delete(cmd_args=["--wait=false"]))
+
+
+def _error(exc: Exception, binary: str, timeout: int) -> KubeError:
+    result = getattr(exc, "result", None)
+    if result is None:
+        return KubeError("Failed", str(exc))
+    if result.get_timeout():
+        return KubeError("Timeout", f"{os.path.basename(binary)} got no answer within {timeout}s")
+    stderr = result.err()
+    return KubeError(classify(stderr), _first_error(stderr))

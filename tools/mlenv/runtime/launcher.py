@@ -1,0 +1,232 @@
+"""Start the job on this node: torchrun with a c10d rendezvous, or DeepSpeed's launcher without ssh.
+
+Run the same command on every node. The job's output goes to stdout and, with a run directory, to
+``<run_dir>/node<R>.log``; its exit status becomes ours. When the cluster file asked for RDMA, the
+NCCL lines of the output are checked afterwards and a job that ran over sockets fails.
+"""
+
+from __future__ import annotations
+
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import zlib
+from collections.abc import Iterator, Mapping
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from .host import visible_gpu_count
+from .nccl import detect_nccl_env
+from .ncclog import contradicts, parse_nccl_log
+from .topology import DEFAULT_APP_NAME, Topology, detect_topology
+
+LAUNCHERS = ("torchrun", "deepspeed")
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@dataclass(frozen=True)
+class Job:
+    """One node's share of a launch: the command to run and its environment."""
+
+    argv: list[str]
+    env: dict[str, str]
+    added_env: dict[str, str]  # what mlenv added to the inherited environment
+    files: dict[Path, str]  # written before the job starts (DeepSpeed's hostfile)
+    expect: str | None  # "rdma" when the NCCL output must show RDMA
+
+
+def torchrun_argv(
+    topology: Topology, nproc: int, command: list[str], *, rdzv_id: str, local_addr: str | None
+) -> list[str]:
+    """torchrun with a c10d rendezvous at the master; node 0 hosts the store (``is_host``)."""
+    argv = [
+        sys.executable, "-m", "torch.distributed.run",
+        "--nnodes", str(topology.num_nodes),
+        "--nproc-per-node", str(nproc),
+        "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", f"{_host_for_url(topology.master_addr)}:{topology.master_port}",
+        "--rdzv-id", rdzv_id,
+        "--rdzv-conf", f"is_host={str(topology.node_rank == 0).lower()}",
+        "--max-restarts", "0",
+    ]  # fmt: skip
+    if local_addr:
+        argv += ["--local-addr", local_addr]
+    return [*argv, *command]
+
+
+def deepspeed_argv(topology: Topology, nproc: int, command: list[str], *, hostfile: Path) -> list[str]:
+    """DeepSpeed's runner in no-ssh mode: each node starts its own processes."""
+    return [
+        sys.executable, "-m", "deepspeed.launcher.runner",
+        "--no_ssh",
+        "--node_rank", str(topology.node_rank),
+        "--num_nodes", str(topology.num_nodes),
+        "--num_gpus", str(nproc),
+        "--master_addr", topology.master_addr,
+        "--master_port", str(topology.master_port),
+        "--hostfile", str(hostfile),
+        *command,
+    ]  # fmt: skip
+
+
+def hostfile_text(num_nodes: int, nproc: int) -> str:
+    """An MPI-style hostfile; with ``--no_ssh`` DeepSpeed only reads the node count and slots."""
+    return "".join(f"node-{i} slots={nproc}\n" for i in range(num_nodes))
+
+
+def rendezvous_id(environ: Mapping[str, str], topology: Topology) -> str:
+    """The same id on every node: ``MLENV_RUN_ID``, else derived from app name and master endpoint."""
+    if environ.get("MLENV_RUN_ID"):
+        return environ["MLENV_RUN_ID"]
+    app = environ.get("MLENV_APP_NAME") or DEFAULT_APP_NAME
+    endpoint = f"{topology.master_addr}:{topology.master_port}".encode()
+    return f"{app}-{zlib.crc32(endpoint):08x}"
+
+
+def local_address(master_addr: str, master_port: int) -> str | None:
+    """This node's address towards the master, as the kernel routes it (no packet is sent)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((master_addr, master_port))
+            return str(probe.getsockname()[0])
+    except OSError:
+        return None
+
+
+def default_nproc(topology: Topology, environ: Mapping[str, str], proc_root: str | Path) -> int:
+    """Processes per node: the topology's, else one per visible GPU, else 1 (CPU)."""
+    return topology.procs_per_node or visible_gpu_count(environ, proc_root) or 1
+
+
+def _host_for_url(address: str) -> str:
+    return f"[{address}]" if ":" in address else address
+
+
+def launch(
+    command: list[str],
+    *,
+    launcher: str,
+    environ: Mapping[str, str],
+    nproc: int | None = None,
+    run_dir: Path | None = None,
+    sysfs_root: str | Path = "/sys",
+    proc_root: str | Path = "/proc",
+    dry_run: bool = False,
+) -> int:
+    """Configure NCCL, start the job through ``launcher`` and return its exit status."""
+    topology = detect_topology(environ)
+    nproc = nproc or default_nproc(topology, environ, proc_root)
+    nccl = detect_nccl_env(
+        environ, sysfs_root=sysfs_root, proc_root=proc_root, master_addr=topology.master_addr
+    )
+    for warning in nccl.warnings:
+        _note(f"warning: {warning}")
+    with ExitStack() as stack:
+        workdir = run_dir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mlenv-launch-")))
+        job = _prepare(command, launcher, topology, nproc, environ, {**nccl.env}, workdir)
+        _note(f"node {topology.node_rank}/{topology.num_nodes} ({topology.source}), {nproc} processes, "
+              f"master {topology.master_addr}:{topology.master_port}")
+        _note("exec " + shlex.join(job.argv))
+        if dry_run:
+            for name, value in sorted(job.added_env.items()):
+                print(f"{name}={shlex.quote(value)}")
+            print(shlex.join(job.argv))
+            return 0
+        workdir.mkdir(parents=True, exist_ok=True)
+        for path, text in job.files.items():
+            path.write_text(text)
+        return _run(job, workdir / f"node{topology.node_rank}.log" if run_dir else None)
+
+
+def _prepare(
+    command: list[str],
+    launcher: str,
+    topology: Topology,
+    nproc: int,
+    environ: Mapping[str, str],
+    added: dict[str, str],
+    workdir: Path,
+) -> Job:
+    """The argv, environment and files for this node; ``added`` starts as the NCCL variables."""
+    expect = "rdma" if environ.get("MLENV_NETWORK_MODE") == "rdma" else None
+    if expect and "NCCL_DEBUG" not in environ:
+        added["NCCL_DEBUG"] = "INFO"  # the transport check reads NCCL's INFO lines
+    if "PYTHONUNBUFFERED" not in environ:
+        added["PYTHONUNBUFFERED"] = "1"  # progress lines through the pipe as they happen
+    files = {}
+    if launcher == "torchrun":
+        argv = torchrun_argv(
+            topology, nproc, command,
+            rdzv_id=rendezvous_id(environ, topology),
+            local_addr=local_address(topology.master_addr, topology.master_port),
+        )  # fmt: skip
+    else:
+        hostfile = workdir / f"hostfile.node{topology.node_rank}"
+        files[hostfile] = hostfile_text(topology.num_nodes, nproc)
+        argv = deepspeed_argv(topology, nproc, command, hostfile=hostfile)
+    return Job(argv, {**environ, **added}, added, files, expect)
+
+
+def _run(job: Job, log_path: Path | None) -> int:
+    """Run the job, copying its output to stdout and the node log; check NCCL's transport afterwards."""
+    with ExitStack() as stack:
+        log = stack.enter_context(log_path.open("ab")) if log_path else None
+        process = subprocess.Popen(job.argv, env=job.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        stack.enter_context(_forwarding_signals(process))
+        nccl_lines = _copy_output(process.stdout, log) if process.stdout else []
+        status = process.wait()
+    status = 128 - status if status < 0 else status  # killed by signal N: 128 + N, as shells report it
+    return _check_transport(nccl_lines, job.expect, status)
+
+
+@contextmanager
+def _forwarding_signals(process: subprocess.Popen[bytes]) -> Iterator[None]:
+    """Pass SIGINT/SIGTERM/SIGHUP on to the launcher so it can stop its workers."""
+    def forward(signum: int, _frame: object) -> None:
+        process.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _check_transport(nccl_lines: list[str], expect: str | None, status: int) -> int:
+    """Report what NCCL used; fail a successful job whose transport contradicts ``expect``."""
+    report = parse_nccl_log(nccl_lines)
+    if not report.ranks:
+        if expect:
+            _note(f"no NCCL INFO lines in the output: cannot verify that NCCL used {expect}")
+        return status
+    for rank in report.ranks:
+        _note(rank.summary())
+    _note(f"NCCL transport: {report.verdict}")
+    if expect and contradicts(report.verdict, expect):
+        _note(f"error: the cluster file asks for {expect} but NCCL used {report.verdict}")
+        return status or 1
+    return status
+
+
+def _copy_output(stream: IO[bytes], log: IO[bytes] | None) -> list[str]:
+    """Tee the job's output; keep the NCCL lines for the transport check."""
+    nccl_lines = []
+    for raw in iter(stream.readline, b""):
+        sys.stdout.buffer.write(raw)
+        sys.stdout.buffer.flush()
+        if log:
+            log.write(raw)
+            log.flush()
+        if b"NCCL" in raw:
+            nccl_lines.append(raw.decode(errors="replace"))
+    return nccl_lines
+
+
+def _note(message: str) -> None:
+    print(f"mlenv: {message}", file=sys.stderr, flush=True)

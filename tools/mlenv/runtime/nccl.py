@@ -1,0 +1,218 @@
+"""NCCL and Gloo settings from the machine itself: RDMA devices, RoCE GID index, socket interface.
+
+Variables already in the environment (the cluster file's ``nccl`` section) always win; detection
+fills the rest and explains every decision with the file and value behind it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from ipaddress import IPv4Address
+from pathlib import Path
+
+from .host import PEER_MEMORY_PATHS, SHM_MOUNT, gpu_numa_nodes, memlock_limit, peer_memory, shm_size
+from .netroute import read_routes, resolve_ipv4, route_to
+from .rdma import Hca, Port, allocated_pci_addresses, match_nccl_hca_filter, scan_hcas
+
+MIN_SHM_BYTES = 1 << 30
+
+
+@dataclass
+class NcclEnv:
+    """Variables to set, warnings about what will break or slow training, and the reasoning."""
+
+    env: dict[str, str] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    explain: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, object]:
+        """The JSON shape of ``nccl-env --json``."""
+        return {"env": self.env, "warnings": self.warnings}
+
+
+class _Decisions:
+    """Collects decisions; a variable already in the environment is kept and only noted."""
+
+    def __init__(self, environ: Mapping[str, str]) -> None:
+        self.environ = environ
+        self.result = NcclEnv()
+
+    def set(self, name: str, value: str, evidence: str) -> None:
+        if name in self.environ:
+            self.note(f"{name}={self.environ[name]}: kept from the environment (detection says {value})")
+        else:
+            self.result.env[name] = value
+            self.note(f"{name}={value}: {evidence}")
+
+    def warn(self, message: str) -> None:
+        self.result.warnings.append(message)
+        self.note(f"warning: {message}")
+
+    def note(self, message: str) -> None:
+        self.result.explain.append(message)
+
+
+def detect_nccl_env(
+    environ: Mapping[str, str],
+    *,
+    sysfs_root: str | Path = "/sys",
+    proc_root: str | Path = "/proc",
+    master_addr: str | None = None,
+) -> NcclEnv:
+    """Decide the NCCL/Gloo variables for this node; ``master_addr`` picks the socket interface."""
+    decisions = _Decisions(environ)
+    hcas = _select_hcas(decisions, sysfs_root)
+    if hcas:
+        _gid_index(decisions, [p for h in hcas for p in h.active_ports])
+        _gpudirect(decisions, sysfs_root)
+        _rdma_host_warnings(decisions, hcas, sysfs_root, proc_root)
+    _socket_interface(decisions, proc_root, master_addr)
+    _shm_warning(decisions, proc_root)
+    return decisions.result
+
+
+def _select_hcas(d: _Decisions, sysfs_root: str | Path) -> list[Hca]:
+    """RDMA devices NCCL should use; sets NCCL_IB_HCA, or NCCL_IB_DISABLE when there are none."""
+    if d.environ.get("NCCL_IB_DISABLE", "0").strip() not in ("", "0"):
+        d.note(f"NCCL_IB_DISABLE={d.environ['NCCL_IB_DISABLE']}: kept from the environment, no RDMA")
+        return []
+    mode = d.environ.get("MLENV_NETWORK_MODE", "")
+    if mode == "tcp":
+        d.set("NCCL_IB_DISABLE", "1", "MLENV_NETWORK_MODE=tcp: the cluster file asks for TCP")
+        return []
+    candidates = _allocated(d, scan_hcas(sysfs_root))
+    down = [f"{p.name} {p.state}" for h in candidates for p in h.ports if not p.active]
+    if down:
+        d.warn(f"RDMA ports not ACTIVE, NCCL cannot use them: {', '.join(down)}")
+    active = [h for h in candidates if h.active_ports]
+    if not active:
+        d.set("NCCL_IB_DISABLE", "1", f"no ACTIVE RDMA port under {Path(sysfs_root, 'class', 'infiniband')}")
+        if mode == "rdma":
+            d.warn("the cluster file asks for RDMA but no RDMA port is ACTIVE here: NCCL will use sockets")
+        return []
+    names = [h.name for h in active]
+    spec = d.environ.get("NCCL_IB_HCA", "").strip()
+    if not spec:
+        states = ", ".join(f"{p.path / 'state'} = {p.state}" for h in active for p in h.active_ports)
+        d.set("NCCL_IB_HCA", "=" + ",".join(names), f"ACTIVE ports: {states}")
+        return active
+    chosen = match_nccl_hca_filter(spec, names)
+    if not chosen:
+        d.warn(f"NCCL_IB_HCA={spec} matches none of the ACTIVE RDMA devices ({', '.join(names)})")
+    d.note(f"NCCL_IB_HCA={spec}: kept from the environment, selects {', '.join(chosen) or 'nothing'}")
+    return [h for h in active if h.name in chosen]
+
+
+def _allocated(d: _Decisions, hcas: list[Hca]) -> list[Hca]:
+    """On SR-IOV pods, the devices the device plugin allocated (``PCIDEVICE_*``); else all."""
+    allocation = allocated_pci_addresses(d.environ)
+    if not allocation:
+        return hcas
+    addresses = set().union(*allocation.values())
+    mine = [h for h in hcas if h.pci_address in addresses]
+    variables = ", ".join(sorted(allocation))
+    if not mine:
+        d.note(f"{variables}: no RDMA device has these PCI addresses; considering every RDMA device")
+        return hcas
+    devices = ", ".join(f"{h.name} ({h.pci_address})" for h in mine)
+    d.note(f"{variables}: the device plugin allocated {devices}")
+    return mine
+
+
+def _gid_index(d: _Decisions, active_ports: list[Port]) -> None:
+    """NCCL_IB_GID_INDEX: the IPv4 RoCE v2 entry, identical on every selected RoCE port."""
+    for port in active_ports:
+        if not port.is_roce:
+            d.note(f"{port.name} is {port.link_layer}: no GID index needed")
+    ports = [p for p in active_ports if p.is_roce]
+    if not ports:
+        return
+    usable = {p.name: p.ipv4_roce_v2_indices() for p in ports}
+    listing = "; ".join(f"{name}: {', '.join(map(str, idx)) or 'none'}" for name, idx in usable.items())
+    configured = d.environ.get("NCCL_IB_GID_INDEX", "").strip()
+    if configured:
+        wrong = [name for name, idx in usable.items() if configured not in map(str, idx)]
+        if wrong:
+            d.warn(f"NCCL_IB_GID_INDEX={configured} is not an IPv4 RoCE v2 GID on {', '.join(wrong)} "
+                   f"(IPv4 RoCE v2 indices: {listing}): NCCL may fail to connect")
+    missing = [name for name, idx in usable.items() if not idx]
+    if missing:
+        d.warn(f"no IPv4 RoCE v2 GID on {', '.join(missing)} (does the port have an IPv4 address?): "
+               "NCCL_IB_GID_INDEX left to NCCL")
+        return
+    common = set.intersection(*(set(idx) for idx in usable.values()))
+    if not common:
+        d.warn(f"the HCAs disagree on the IPv4 RoCE v2 GID index ({listing}): NCCL_IB_GID_INDEX left to NCCL")
+        return
+    index = min(common)
+    gid = next(g for g in ports[0].gids if g.index == index)
+    same = f"; the same index on {', '.join(usable)}" if len(ports) > 1 else ""
+    d.set("NCCL_IB_GID_INDEX", str(index), f"{gid.path} = {gid.value}, {gid.type_path} = {gid.type}{same}")
+
+
+def _gpudirect(d: _Decisions, sysfs_root: str | Path) -> None:
+    """GPUDirect RDMA: through peer memory when loaded, else through DMA-BUF."""
+    if not gpu_numa_nodes(sysfs_root):
+        d.note(f"no GPU under {Path(sysfs_root, 'bus/pci/drivers/nvidia')}: GPUDirect RDMA not considered")
+        return
+    peer = peer_memory(sysfs_root)
+    if peer is not None:
+        d.set("NCCL_NET_GDR_LEVEL", "PHB", f"{peer} exists (GPUDirect peer memory): allow GDR between a GPU "
+              "and a NIC under the same CPU, as pods see them even when they share a PCIe switch")
+        return
+    searched = ", ".join(str(Path(sysfs_root, p)) for p in PEER_MEMORY_PATHS)
+    d.set("NCCL_DMABUF_ENABLE", "1", f"no GPUDirect peer memory ({searched} missing): GDR via DMA-BUF")
+
+
+def _rdma_host_warnings(
+    d: _Decisions, hcas: list[Hca], sysfs_root: str | Path, proc_root: str | Path
+) -> None:
+    """Locked-memory limit and NUMA placement, which make RDMA fail or crawl."""
+    limit = memlock_limit(proc_root)
+    if limit is not None and limit.value != "unlimited":
+        d.warn(f"RLIMIT_MEMLOCK is {limit.value} bytes, not unlimited ({limit.path}): RDMA memory "
+               "registration will fail; give the container IPC_LOCK and an unlimited memlock limit")
+    gpu_nodes = sorted(set(gpu_numa_nodes(sysfs_root).values()))
+    for hca in hcas:
+        if gpu_nodes and hca.numa_node is not None and hca.numa_node >= 0 and hca.numa_node not in gpu_nodes:
+            d.warn(f"{hca.name} is on NUMA node {hca.numa_node} but the GPUs are on {gpu_nodes} "
+                   f"({hca.path / 'device' / 'numa_node'}): its traffic crosses the CPU interconnect")
+
+
+def _socket_interface(d: _Decisions, proc_root: str | Path, master_addr: str | None) -> None:
+    """NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME: the one interface that routes to the master."""
+    gloo = d.environ.get("GLOO_SOCKET_IFNAME", "")
+    if gloo.startswith("^") or "," in gloo:
+        d.warn(f"GLOO_SOCKET_IFNAME={gloo} is a pattern or a list; Gloo needs one interface name")
+    address, target = _resolve_master(d, master_addr)
+    if address is not None and address.is_loopback:
+        interface, evidence = "lo", f"{target} is a loopback address"
+    else:
+        routes_file = Path(proc_root, "net", "route")
+        route = route_to(address, read_routes(proc_root))
+        if route is None:
+            d.warn(f"no route to {target} in {routes_file}: NCCL and Gloo will pick an interface themselves")
+            return
+        interface, evidence = route.interface, f"{routes_file}: {route.describe()} reaches {target}"
+    for name in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
+        d.set(name, interface, evidence)
+
+
+def _resolve_master(d: _Decisions, master_addr: str | None) -> tuple[IPv4Address | None, str]:
+    """The master's IPv4 address (None: use the default route) and how to name it in messages."""
+    address = resolve_ipv4(master_addr) if master_addr else None
+    if address is None:
+        if master_addr:
+            d.warn(f"cannot resolve the master address {master_addr}: using the default route's interface")
+        return None, "the default route"
+    shown = master_addr if str(address) == master_addr else f"{master_addr} ({address})"
+    return address, f"master {shown}"
+
+
+def _shm_warning(d: _Decisions, proc_root: str | Path) -> None:
+    found = shm_size(proc_root)
+    if found is not None and found[1] < MIN_SHM_BYTES:
+        evidence, size = found
+        d.warn(f"{SHM_MOUNT} is only {size >> 20} MiB ({evidence.path}: {evidence.value}): NCCL and data "
+               f"loader workers need more; mount a memory-backed volume of at least 1 GiB on {SHM_MOUNT}")
