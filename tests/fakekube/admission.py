@@ -72,6 +72,7 @@ class Admission:
         spec = obj.setdefault("spec", {})
         spec.setdefault("replicas", 1)
         spec.setdefault("podManagementPolicy", "OrderedReady")
+        spec.setdefault("updateStrategy", {"type": "RollingUpdate", "rollingUpdate": {"partition": 0}})
 
     def _default_service(self, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
         spec = obj.setdefault("spec", {})

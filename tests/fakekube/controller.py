@@ -77,8 +77,9 @@ class Controller:
         self.resync_seconds = resync_seconds
         self.failures: list[str] = []
         self._scheduled_at: dict[str, float] = {}
-        self._pod_ips = itertools.count(2)
+        self._pod_ips = itertools.count()
         self._events: dict[tuple[str, str, str, str], tuple[str, str]] = {}
+        self._event_clock = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -118,14 +119,18 @@ class Controller:
 
     # --- events ---------------------------------------------------------------------------------------------
 
-    def record_event(self, obj: dict[str, Any], kind: str, reason: str, message: str, component: str) -> None:
-        """Create an Event about ``obj``; the same (object, type, reason, message) is recorded only once."""
+    def record_event(self, obj: dict[str, Any], kind: str, reason: str, message: str, component: str,
+                     host: str = "") -> None:
+        """Create an Event about ``obj``; the same (object, type, reason, message) is recorded only once.
+
+        Names are ``<object>.<nanoseconds in hex>`` like the real ones, so they list in creation order."""
         meta = obj["metadata"]
         key = (meta["uid"], kind, reason, message)
         known = self._events.get(key)
         if known and self.store.get(EVENTS, *known) is not None:
             return
-        name = f"{meta['name']}.{uuid.uuid4().hex[:16]}"
+        self._event_clock = max(time.time_ns(), self._event_clock + 1)
+        name = f"{meta['name']}.{self._event_clock:x}"
         stamp = now_iso()
         self.store.create(EVENTS, {
             "metadata": {"name": name, "namespace": meta.get("namespace", "default")},
@@ -134,7 +139,8 @@ class Controller:
                 "uid": meta["uid"], "apiVersion": obj["apiVersion"], "resourceVersion": meta["resourceVersion"],
             },
             "reason": reason, "message": message, "type": kind, "count": 1,
-            "source": {"component": component}, "reportingComponent": component, "reportingInstance": "",
+            "source": {"component": component, **({"host": host} if host else {})},
+            "reportingComponent": component, "reportingInstance": host,
             "firstTimestamp": stamp, "lastTimestamp": stamp, "eventTime": None,
         })
         self._events[key] = (meta.get("namespace", "default"), name)
@@ -399,9 +405,9 @@ class Controller:
         image, name = container.get("image", ""), container.get("name", "")
         if running:
             self.record_event(pod, "Normal", "Pulled", f'Container image "{image}" already present on machine',
-                              f"kubelet/{host}")
-            self.record_event(pod, "Normal", "Created", f"Created container: {name}", f"kubelet/{host}")
-            self.record_event(pod, "Normal", "Started", f"Started container {name}", f"kubelet/{host}")
+                              "kubelet", host)
+            self.record_event(pod, "Normal", "Created", f"Created container: {name}", "kubelet", host)
+            self.record_event(pod, "Normal", "Started", f"Started container {name}", "kubelet", host)
         elif self.faults.image_pull_backoff:
             for kind, reason, message in (
                 ("Normal", "Pulling", f'Pulling image "{image}"'),
@@ -411,4 +417,4 @@ class Controller:
                 ("Normal", "BackOff", f'Back-off pulling image "{image}"'),
                 ("Warning", "Failed", "Error: ImagePullBackOff"),
             ):
-                self.record_event(pod, kind, reason, message, f"kubelet/{host}")
+                self.record_event(pod, kind, reason, message, "kubelet", host)

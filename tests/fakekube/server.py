@@ -100,7 +100,7 @@ class FakeKube:
         """Listen (an ephemeral port unless one was given) and serve in background threads."""
         self.stopping = False
         self._httpd = _HTTPSServer(self._address, self)
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name="fakekube-http", daemon=True)
+        self._thread = threading.Thread(target=self._httpd.serve_forever, args=(0.05,), name="fakekube-http", daemon=True)
         self._thread.start()
         self.controller.start()
         return self

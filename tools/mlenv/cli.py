@@ -195,6 +195,7 @@ def _active(cluster_ref: str | None) -> Deployment:
     """The deployment a command acts on: --cluster wins over the recorded one."""
     from mlenv import state
     from mlenv.config import load_cluster
+    from mlenv.errors import UsageError
     from mlenv.plan import plan
 
     if cluster_ref is None:
@@ -203,9 +204,9 @@ def _active(cluster_ref: str | None) -> Deployment:
     cluster = load_cluster(cluster_ref)
     try:
         active = state.load()
-    except Exception:  # noqa: BLE001 - no usable record: plan from the file's defaults
+    except UsageError:  # nothing recorded: the file's defaults
         return plan(cluster)
-    if active.cluster_file == cluster.source:
+    if active.cluster_file == str(Path(cluster.source).resolve()):
         return plan(cluster, mode=active.mode, nodes=active.nodes, image=active.image)
     return plan(cluster)
 
@@ -214,8 +215,9 @@ def _record(deployment: Deployment, image: str | None) -> None:
     from mlenv import state
 
     state.save(state.ActiveDeployment(
-        cluster_file=deployment.cluster.source, mode=deployment.mode, nodes=deployment.nodes, image=image,
-        namespace=deployment.namespace, app=deployment.app, backend=deployment.cluster.backend))
+        cluster_file=str(Path(deployment.cluster.source).resolve()), mode=deployment.mode,
+        nodes=deployment.nodes, image=image, namespace=deployment.namespace, app=deployment.app,
+        backend=deployment.cluster.backend))
 
 
 @main.command()
@@ -271,7 +273,7 @@ def sync(cluster_ref: str | None, source: Path | None, delete: bool, as_json: bo
 @pod_option
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @reports_errors
-def exec(cluster_ref: str | None, pod: int | None, command: tuple[str, ...]) -> None:  # noqa: A001 - the verb users know
+def exec(cluster_ref: str | None, pod: int | None, command: tuple[str, ...]) -> None:
     """Run COMMAND on every pod (or --pod N) in parallel, output prefixed [node-N]."""
     from mlenv.backends import backend_for
     from mlenv.ops.fanout import exec_all
@@ -326,7 +328,7 @@ def clean(cluster_ref: str | None, delete_data: bool, yes: bool) -> None:
             click.echo("nothing deleted")
             sys.exit(1)
     backend.clean(deployment, delete_data=delete_data)
-    state.forget(deployment.cluster.source)
+    state.forget(str(Path(deployment.cluster.source).resolve()))
 
 
 @main.command(context_settings={"ignore_unknown_options": True})

@@ -47,9 +47,11 @@ CASES = [
     ("pinned", "default_nodes: 2", "default_nodes: 3", "default_nodes",
      "gpus.default_nodes: 3 nodes requested but only 2 are pinned in nodes.gpu_nodes; lower gpus.default_nodes "
      "or pin more nodes"),
-    ("wrong-type", "enabled: true", "enabled: yes please", "enabled", 'network.rdma.enabled: expected true or false, got "yes please"'),
+    ("wrong-type", "enabled: true", "enabled: yes please", "enabled",
+     'network.rdma.enabled: expected true or false, got "yes please"'),
     ("nccl-env-key", 'debug: "INFO"', 'debug: "INFO"\n  env:\n    nccl_bad: 1', "nccl_bad",
-     'nccl.env.nccl_bad: expected an NCCL_* variable name in capitals, e.g. NCCL_IB_QPS_PER_CONNECTION, got key "nccl_bad"'),
+     "nccl.env.nccl_bad: expected an NCCL_* variable name in capitals, e.g. NCCL_IB_QPS_PER_CONNECTION, "
+     'got key "nccl_bad"'),
 ]
 
 

@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from mlenv.config import load_cluster
 from mlenv.plan import plan
 from mlenv.render.kubernetes import render

@@ -12,7 +12,6 @@ from typing import Any
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from mlenv.config.load import parse_yaml
 from mlenv.config.validate import validate
 from mlenv.errors import ConfigError

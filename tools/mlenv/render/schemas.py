@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from importlib import resources
 from typing import Any
 
@@ -32,7 +32,7 @@ def _strict_json_schema(node: Any) -> Any:
     return converted
 
 
-@lru_cache(maxsize=None)
+@cache
 def crd_schema(api_version: str, kind: str) -> dict[str, Any]:
     """The JSON Schema of a CRD-defined kind, from the CRDs shipped in the package."""
     text = resources.files("mlenv.schemas").joinpath("crds", CRD_FILES[(api_version, kind)]).read_text()

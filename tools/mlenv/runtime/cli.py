@@ -39,7 +39,10 @@ def _positive_int(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every command."""
-    parser = _Parser(prog="python3 -m mlenv.runtime", description=__doc__.splitlines()[0])
+    parser = _Parser(
+        prog="python3 -m mlenv.runtime",
+        description="mlenv's in-pod runtime: topology, NCCL settings, job launch, NCCL transport check.",
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     topology = commands.add_parser("topology", help="print this node's rank, node count and master")
@@ -48,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     nccl = commands.add_parser("nccl-env", help="print the NCCL/Gloo variables this node needs")
     nccl.add_argument("--sysfs-root", default="/sys", help="sysfs mount (default: %(default)s)")
     nccl.add_argument("--proc-root", default="/proc", help="procfs mount (default: %(default)s)")
-    nccl.add_argument("--master-addr", help="address whose route picks the socket interface (default: topology)")
+    nccl.add_argument("--master-addr", help="its route picks the socket interface (default: the topology's)")
     output = nccl.add_mutually_exclusive_group()
     output.add_argument("--json", action="store_true", help='print {"env": {...}, "warnings": [...]}')
     output.add_argument("--shell", action="store_true", help="print export lines for eval")
@@ -61,16 +64,17 @@ def build_parser() -> argparse.ArgumentParser:
         "-- SCRIPT [ARGS...]",
     )
     run.add_argument("--launcher", choices=LAUNCHERS, help="default: $MLENV_LAUNCHER or torchrun")
-    run.add_argument("--nproc", type=_positive_int, metavar="N", help="processes on this node "
-                     "(default: $MLENV_PROCS_PER_NODE, else one per visible GPU, else 1)")
-    run.add_argument("--run-dir", type=Path, metavar="DIR", help="write node<R>.log there (default: $MLENV_RUN_DIR)")
-    run.add_argument("--dry-run", action="store_true", help="print the added variables and the command, run nothing")
+    run.add_argument("--nproc", type=_positive_int, metavar="N",
+                     help="processes on this node (default: $MLENV_PROCS_PER_NODE, else one per GPU, else 1)")
+    run.add_argument("--run-dir", type=Path, metavar="DIR",
+                     help="write node<R>.log and the hostfile there (default: $MLENV_RUN_DIR)")
+    run.add_argument("--dry-run", action="store_true", help="print the added variables and the command")
     run.add_argument("job", nargs=argparse.REMAINDER, help="the script and its arguments, after --")
 
-    check = commands.add_parser("nccl-log-check", help="tell from NCCL_DEBUG=INFO output which transport NCCL used")
+    check = commands.add_parser("nccl-log-check", help="tell from NCCL_DEBUG=INFO output what NCCL used")
     check.add_argument("files", nargs="+", metavar="FILE", help="log files ('-' for stdin)")
     check.add_argument("--json", action="store_true", help='print {"verdict": ..., "ranks": [...]}')
-    check.add_argument("--expect", choices=sorted(CONTRADICTS), help="exit 1 when the log shows the other one")
+    check.add_argument("--expect", choices=sorted(CONTRADICTS), help="exit 1 if the log shows the other")
     return parser
 
 
@@ -96,7 +100,9 @@ def _nccl_env(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         if not Path(root).is_dir():
             raise BadInput(f"{root} is not a directory")
     master = args.master_addr or _master_addr(environ)
-    result = detect_nccl_env(environ, sysfs_root=args.sysfs_root, proc_root=args.proc_root, master_addr=master)
+    result = detect_nccl_env(
+        environ, sysfs_root=args.sysfs_root, proc_root=args.proc_root, master_addr=master
+    )
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
     else:
@@ -124,17 +130,13 @@ def _launch(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     if launcher not in LAUNCHERS:
         raise BadInput(f"MLENV_LAUNCHER={launcher!r} is not one of {', '.join(LAUNCHERS)}")
     run_dir = args.run_dir or (Path(environ["MLENV_RUN_DIR"]) if environ.get("MLENV_RUN_DIR") else None)
-    return launch(job, launcher=launcher, environ=environ, nproc=args.nproc, run_dir=run_dir, dry_run=args.dry_run)
+    return launch(
+        job, launcher=launcher, environ=environ, nproc=args.nproc, run_dir=run_dir, dry_run=args.dry_run
+    )
 
 
 def _nccl_log_check(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    lines: list[str] = []
-    for name in args.files:
-        try:
-            lines += sys.stdin.readlines() if name == "-" else Path(name).read_text(errors="replace").splitlines()
-        except OSError as err:
-            raise BadInput(f"cannot read {name}: {err.strerror}") from None
-    report = parse_nccl_log(lines)
+    report = parse_nccl_log(line for name in args.files for line in _read_lines(name))
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:
@@ -146,6 +148,14 @@ def _nccl_log_check(args: argparse.Namespace, environ: Mapping[str, str]) -> int
         print(f"error: expected {args.expect}, the log shows {report.verdict}", file=sys.stderr)
         return 1
     return 0
+
+
+def _read_lines(name: str) -> list[str]:
+    """Lines of a log file, or of stdin for ``-``."""
+    try:
+        return sys.stdin.readlines() if name == "-" else Path(name).read_text(errors="replace").splitlines()
+    except OSError as err:
+        raise BadInput(f"cannot read {name}: {err.strerror}") from None
 
 
 _COMMANDS = {

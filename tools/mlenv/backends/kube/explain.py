@@ -1,0 +1,125 @@
+"""Pod conditions and events -> what is wrong, in plain words, and how long to wait before calling it permanent."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from mlenv.backends.kube import pods as podview
+from mlenv.plan import Deployment
+
+GRACE_SECONDS = {
+    "FailedCreate": 5.0,
+    "InvalidImageName": 0.0,
+    "ErrImagePull": 20.0,
+    "ImagePullBackOff": 20.0,
+    "CreateContainerConfigError": 20.0,
+    "CrashLoopBackOff": 30.0,
+    "Unschedulable": 60.0,
+}
+"""How long a reason may last before deploy gives up (reasons not listed are waited for until --timeout)."""
+PULL_FAILURES = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName")
+
+
+@dataclass(frozen=True)
+class Trouble:
+    """Why one pod (or the StatefulSet) is not Ready."""
+
+    subject: str
+    reason: str
+    words: str
+
+    @property
+    def grace(self) -> float | None:
+        """Seconds after which this reason counts as permanent; None if it may clear by itself."""
+        return GRACE_SECONDS.get(self.reason)
+
+    def __str__(self) -> str:
+        return f"{self.subject}: {self.words}"
+
+
+def event_time(event: dict[str, Any]) -> datetime | None:
+    """When an event was last seen (lastTimestamp, series, eventTime or creation), in UTC."""
+    stamp = (event.get("lastTimestamp") or (event.get("series") or {}).get("lastObservedTime")
+             or event.get("eventTime") or (event.get("metadata") or {}).get("creationTimestamp"))
+    if not stamp:
+        return None
+    try:
+        parsed = datetime.fromisoformat(str(stamp).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
+
+
+def _latest(events: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
+    oldest = datetime.min.replace(tzinfo=timezone.utc)
+    return max(events, key=lambda e: event_time(e) or oldest, default=None)
+
+
+def _scheduler_words(message: str, gpus: int) -> str:
+    """``0/5 nodes are available: 5 Insufficient nvidia.com/gpu. preemption: ...`` -> plain words + the quote."""
+    quote = message.split(" preemption:")[0].strip()
+    if "Insufficient nvidia.com/gpu" in message:
+        return f"no node has {gpus} free nvidia.com/gpu (scheduler: {quote}); free GPUs or deploy fewer --nodes"
+    return f"cannot be scheduled (scheduler: {quote})"
+
+
+def _pull_words(pod: dict[str, Any], container: dict[str, Any], events: list[dict[str, Any]]) -> str:
+    image = container.get("image") or next(
+        (c.get("image", "") for c in (pod.get("spec") or {}).get("containers") or []
+         if c.get("name") == container.get("name")), "")
+    failed = _latest(e for e in events if str(e.get("message", "")).startswith("Failed to pull image"))
+    why = f" ({failed['message'].split(': ', 1)[-1]})" if failed else ""
+    return (f'cannot pull image "{image}"{why}: check the image name and tag, and that the cluster can reach '
+            "the registry (pull secret?); use --image to pick another")
+
+
+def pod_trouble(pod: dict[str, Any], events: list[dict[str, Any]]) -> Trouble | None:
+    """Why a pod is not Ready (``events`` are all events of the namespace; those of this pod are used)."""
+    if podview.is_ready(pod):
+        return None
+    meta, status = pod["metadata"], pod.get("status") or {}
+    own = [e for e in events if (e.get("involvedObject") or {}).get("uid") == meta.get("uid")]
+    if meta.get("deletionTimestamp"):
+        return Trouble(meta["name"], "Terminating", "terminating")
+    for condition in status.get("conditions") or []:
+        if condition.get("type") == "PodScheduled" and condition.get("reason") == "Unschedulable":
+            return Trouble(meta["name"], "Unschedulable",
+                           _scheduler_words(str(condition.get("message", "")), podview.gpus(pod)))
+    for container in status.get("containerStatuses") or []:
+        waiting = (container.get("state") or {}).get("waiting") or {}
+        reason = waiting.get("reason")
+        if reason in PULL_FAILURES:
+            return Trouble(meta["name"], reason, _pull_words(pod, container, own))
+        if reason:
+            message = waiting.get("message")
+            return Trouble(meta["name"], reason, f"{reason}: {message}" if message else reason)
+    return Trouble(meta["name"], status.get("phase", "Pending"), "waiting for the pod to start")
+
+
+def _failed_create_words(message: str, d: Deployment) -> str:
+    if "capabilit" in message or "security context constraint" in message:
+        if d.ipc_lock_scc:
+            fix = (f"a cluster admin must apply the SCC and RBAC once: mlenv render {d.cluster.source} --admin "
+                   "| oc apply -f -")
+        else:
+            fix = f"ask a cluster admin to allow IPC_LOCK in namespace {d.namespace}"
+        return (f"the cluster's security policy forbids the IPC_LOCK capability for ServiceAccount "
+                f"{d.service_account}: {fix} (or set security.ipc_lock: false). Server said: {message}")
+    return f"the StatefulSet cannot create pods: {message}"
+
+
+def statefulset_trouble(events: list[dict[str, Any]], d: Deployment, since: datetime) -> Trouble | None:
+    """The newest FailedCreate of the deployment's StatefulSet seen after ``since``, in plain words."""
+    failed = _latest(
+        e for e in events
+        if e.get("reason") == "FailedCreate"
+        and (e.get("involvedObject") or {}).get("kind") == "StatefulSet"
+        and (e.get("involvedObject") or {}).get("name") == d.app
+        and (event_time(e) or since) >= since
+    )
+    if failed is None:
+        return None
+    return Trouble(f"statefulset {d.app}", "FailedCreate", _failed_create_words(str(failed.get("message", "")), d))

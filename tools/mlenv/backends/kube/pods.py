@@ -1,0 +1,96 @@
+"""Read what ``status`` shows from pod objects: ordinal, readiness, GPUs, restarts, RDMA interfaces."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+from mlenv.backends.base import PodStatus
+from mlenv.plan import Deployment
+
+POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"
+NETWORK_STATUS = "k8s.v1.cni.cncf.io/network-status"
+
+
+def selector(d: Deployment) -> dict[str, str]:
+    """The labels that select the deployment's pods (and StatefulSet)."""
+    return {"app.kubernetes.io/instance": d.app}
+
+
+def ordinal(pod: dict[str, Any], app: str) -> int | None:
+    """The StatefulSet ordinal (pod-index label, else the ``APP-N`` name); None for a pod not of ``app``."""
+    meta = pod.get("metadata") or {}
+    index = (meta.get("labels") or {}).get(POD_INDEX_LABEL)
+    if index is None:
+        prefix, _, index = str(meta.get("name", "")).rpartition("-")
+        if prefix != app:
+            return None
+    return int(index) if str(index).isdigit() else None
+
+
+def by_ordinal(pods: Iterable[dict[str, Any]], app: str) -> dict[int, dict[str, Any]]:
+    """The pods of ``app`` keyed by ordinal."""
+    found = {}
+    for pod in pods:
+        index = ordinal(pod, app)
+        if index is not None:
+            found[index] = pod
+    return found
+
+
+def is_ready(pod: dict[str, Any]) -> bool:
+    """Whether the pod's Ready condition is True."""
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def gpus(pod: dict[str, Any]) -> int:
+    """GPUs the pod's containers ask for (``*/gpu`` limits, else requests)."""
+    total = 0
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        resources = container.get("resources") or {}
+        wanted = {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
+        total += sum(int(value) for key, value in wanted.items() if key.endswith("/gpu") and str(value).isdigit())
+    return total
+
+
+def restarts(pod: dict[str, Any]) -> int:
+    """Container restarts, summed."""
+    return sum(int(s.get("restartCount") or 0) for s in (pod.get("status") or {}).get("containerStatuses") or [])
+
+
+def rdma_devices(pod: dict[str, Any]) -> str | None:
+    """Secondary interfaces from the Multus network-status annotation: ``net1=mlx5_6,net2`` (RDMA device if known)."""
+    text = ((pod.get("metadata") or {}).get("annotations") or {}).get(NETWORK_STATUS)
+    if not text:
+        return None
+    try:
+        networks = json.loads(text)
+    except ValueError:
+        return None
+    seen = []
+    for network in networks if isinstance(networks, list) else []:
+        if not isinstance(network, dict) or network.get("default") or not network.get("interface"):
+            continue
+        device = ((network.get("device-info") or {}).get("pci") or {}).get("rdma-device")
+        seen.append(f"{network['interface']}={device}" if device else str(network["interface"]))
+    return ",".join(seen) or None
+
+
+def pod_status(pod: dict[str, Any], index: int, detail: str | None) -> PodStatus:
+    """One ``status`` row."""
+    status = pod.get("status") or {}
+    deleting = bool((pod.get("metadata") or {}).get("deletionTimestamp"))
+    return PodStatus(
+        name=pod["metadata"]["name"],
+        ordinal=index,
+        node=(pod.get("spec") or {}).get("nodeName"),
+        phase="Terminating" if deleting else status.get("phase", "Unknown"),
+        ready=is_ready(pod),
+        restarts=restarts(pod),
+        gpus=gpus(pod),
+        ip=status.get("podIP"),
+        rdma_devices=rdma_devices(pod),
+        detail=detail,
+    )

@@ -1,0 +1,170 @@
+"""Run one local command per pod at once and stream every line as it arrives, prefixed ``[node-N]``; fail-fast
+and Ctrl-C stop every command (its whole process group). Also: exec on all pods, logs, interactive shell."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from mlenv.backends.base import Backend, Pod
+from mlenv.errors import UsageError
+from mlenv.plan import Deployment
+
+STOP_GRACE = 5.0
+"""Seconds between SIGTERM and SIGKILL when stopping a command."""
+READER_GRACE = 2.0
+"""Seconds to wait, after the commands ended, for the rest of their output."""
+
+LineHandler = Callable[[int, str], None]
+
+
+@dataclass(frozen=True)
+class FanoutResult:
+    """Exit code per node (negative: stopped by that signal) and the node that failed first, if any."""
+
+    exit_codes: Mapping[int, int]
+    first_failure: int | None
+    interrupted: bool = False
+
+    @property
+    def exit_code(self) -> int:
+        """0 when every node succeeded, 130 after Ctrl-C, else the first failing node's code (at least 1)."""
+        if self.interrupted:
+            return 130
+        if self.first_failure is None:
+            return 0
+        code = self.exit_codes[self.first_failure]
+        return code if code > 0 else 1
+
+
+class _Node:
+    """One running command and the thread that streams its output."""
+
+    def __init__(self, ordinal: int, argv: Sequence[str], keep_stdin: bool, emit: LineHandler) -> None:
+        self.ordinal = ordinal
+        self.process = subprocess.Popen(argv, stdin=subprocess.PIPE if keep_stdin else subprocess.DEVNULL,
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        self.reader = threading.Thread(target=self._pump, args=(emit,), daemon=True)
+        self.reader.start()
+
+    def _pump(self, emit: LineHandler) -> None:
+        stdout = self.process.stdout
+        for raw in iter(stdout.readline if stdout else bytes, b""):
+            emit(self.ordinal, raw.decode(errors="replace").rstrip("\r\n"))
+
+    def signal_group(self, sig: signal.Signals) -> None:
+        """Signal the command's process group (the local exec process and everything it started)."""
+        if self.process.stdin is not None and not self.process.stdin.closed:
+            self.process.stdin.close()  # remote commands that watch their stdin stop too
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, sig)
+
+
+def _stop(nodes: Sequence[_Node]) -> None:
+    """SIGTERM every node's group, SIGKILL what is left after STOP_GRACE seconds."""
+    for node in nodes:
+        node.signal_group(signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE
+    while time.monotonic() < deadline and any(n.process.poll() is None for n in nodes):
+        time.sleep(0.05)
+    for node in nodes:
+        node.signal_group(signal.SIGKILL)
+        node.process.wait()
+
+
+def run_parallel(commands: Mapping[int, Sequence[str]], *, fail_fast: bool = False,
+                 logs: Mapping[int, Path] | None = None, on_line: LineHandler | None = None,
+                 keep_stdin: bool = False, out: IO[str] | None = None) -> FanoutResult:
+    """Run ``commands`` (ordinal -> local argv) concurrently, printing each line as ``[node-N] line`` to
+    ``out`` (stdout) and appending it to ``logs[N]``. With ``fail_fast`` the first non-zero exit stops the
+    rest. Ctrl-C stops everything and is reported as ``interrupted``."""
+    stream = out or sys.stdout
+    lock = threading.Lock()
+    files = {n: path.open("a", encoding="utf-8") for n, path in (logs or {}).items()}
+
+    def emit(ordinal: int, line: str) -> None:
+        with lock:
+            stream.write(f"[node-{ordinal}] {line}\n")
+            stream.flush()
+            if ordinal in files:
+                files[ordinal].write(line + "\n")
+                files[ordinal].flush()
+            if on_line is not None:
+                on_line(ordinal, line)
+
+    nodes: list[_Node] = []
+    codes: dict[int, int] = {}
+    first_failure: int | None = None
+    try:
+        for ordinal, argv in commands.items():
+            nodes.append(_Node(ordinal, argv, keep_stdin, emit))
+        while len(codes) < len(nodes):
+            for node in nodes:
+                code = node.process.poll()
+                if code is None or node.ordinal in codes:
+                    continue
+                codes[node.ordinal] = code
+                if code != 0 and first_failure is None:
+                    first_failure = node.ordinal
+                    if fail_fast:
+                        _stop(nodes)
+            time.sleep(0.05)
+        interrupted = False
+    except KeyboardInterrupt:
+        _stop(nodes)
+        interrupted = True
+    finally:
+        deadline = time.monotonic() + READER_GRACE
+        for node in nodes:  # output still buffered in the pipes; orphans that keep a pipe open are not awaited
+            node.reader.join(timeout=max(0.0, deadline - time.monotonic()))
+        for handle in files.values():
+            handle.close()
+    codes.update({n.ordinal: n.process.returncode for n in nodes if n.ordinal not in codes})
+    return FanoutResult(codes, first_failure, interrupted)
+
+
+def select_pods(backend: Backend, deployment: Deployment, only: int | None) -> list[Pod]:
+    """Every pod, or just pod ``only`` (UsageError naming the valid ordinals when it does not exist)."""
+    pods = backend.pods(deployment)
+    if only is None:
+        return pods
+    chosen = [p for p in pods if p.ordinal == only]
+    if not chosen:
+        raise UsageError(f"pod {only} does not exist: {deployment.app} has pods 0..{len(pods) - 1}")
+    return chosen
+
+
+def exec_all(backend: Backend, deployment: Deployment, argv: Sequence[str], only: int | None = None) -> int:
+    """Run ``argv`` on every pod (or pod ``only``) at once; 0 when all succeeded."""
+    pods = select_pods(backend, deployment, only)
+    result = run_parallel({p.ordinal: backend.exec_argv(deployment, p, argv) for p in pods})
+    return result.exit_code
+
+
+def logs_all(backend: Backend, deployment: Deployment, only: int | None = None, follow: bool = False) -> int:
+    """Print (or follow) the logs of every pod (or pod ``only``), prefixed ``[node-N]``."""
+    pods = select_pods(backend, deployment, only)
+    result = run_parallel({p.ordinal: backend.logs_argv(deployment, p, follow) for p in pods})
+    return 0 if result.interrupted and follow else result.exit_code
+
+
+def interactive(backend: Backend, deployment: Deployment, ordinal: int) -> int:
+    """An interactive shell (bash when the pod has it) in pod ``ordinal``, in its workspace."""
+    (pod,) = select_pods(backend, deployment, ordinal)
+    shell = ["sh", "-c", "command -v bash >/dev/null 2>&1 && exec bash -i || exec sh -i"]
+    argv = backend.exec_argv(deployment, pod, shell, interactive=True)
+    # Ctrl-C belongs to the shell: a handler (unlike SIG_IGN) is not inherited by the command
+    previous = signal.signal(signal.SIGINT, lambda *_: None)
+    try:
+        return subprocess.call(argv)
+    finally:
+        signal.signal(signal.SIGINT, previous)

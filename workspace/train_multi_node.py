@@ -1,0 +1,118 @@
+#!/usr/bin/env python3
+"""Multi-node training example: DeepSpeed ZeRO-2 (or plain DDP) on synthetic regression data.
+
+Start it on every node through the runtime launcher, which sets RANK, LOCAL_RANK and WORLD_SIZE:
+
+    python3 -m mlenv.runtime launch --launcher deepspeed -- train_multi_node.py --steps 100
+    ./launch_deepspeed.sh train_multi_node.py
+
+The same file runs on CPU (gloo) and on GPUs (NCCL). Rank 0 prints ``step N/M loss X`` lines and
+a final ``done steps=... first_loss=... last_loss=... world_size=...`` line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+FEATURES = 32
+Step = Callable[[torch.Tensor], None]
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="DeepSpeed ZeRO-2 / DDP example on synthetic data")
+    parser.add_argument("--steps", type=int, default=30, help="optimizer steps (default: %(default)s)")
+    parser.add_argument("--log-every", type=int, default=10, help="print the loss every N steps")
+    parser.add_argument("--engine", choices=["deepspeed", "ddp"], default="deepspeed",
+                        help="ddp runs in images without DeepSpeed (default: %(default)s)")
+    parser.add_argument("--deepspeed_config", "--deepspeed-config", type=Path,
+                        default=Path(__file__).with_name("ds_config.json"),
+                        help="batch size, optimizer and ZeRO settings, for both engines")
+    parser.add_argument("--local_rank", type=int, help=argparse.SUPPRESS)  # DeepSpeed passes it; LOCAL_RANK rules
+    return parser.parse_args()
+
+
+def pick_device(local_rank: int) -> torch.device:
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def deepspeed_engine(model: torch.nn.Module, config: dict) -> tuple[torch.nn.Module, Step]:
+    import deepspeed
+
+    deepspeed.init_distributed()
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+
+    def step(loss: torch.Tensor) -> None:
+        engine.backward(loss)
+        engine.step()
+
+    return engine, step
+
+
+def ddp_engine(model: torch.nn.Module, config: dict, device: torch.device) -> tuple[torch.nn.Module, Step]:
+    from torch.nn.parallel import DistributedDataParallel
+
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    wrapped = DistributedDataParallel(model.to(device), device_ids=[device.index] if device.type == "cuda" else None)
+    optimizer = torch.optim.AdamW(wrapped.parameters(), lr=config["optimizer"]["params"]["lr"])
+
+    def step(loss: torch.Tensor) -> None:
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    return wrapped, step
+
+
+def mean_over_ranks(value: torch.Tensor) -> float:
+    """Average of a scalar over all ranks; every rank must call it at the same step."""
+    total = value.detach().reshape(1).clone()
+    dist.all_reduce(total)
+    return total.item() / dist.get_world_size()
+
+
+def main() -> None:
+    args = parse_args()
+    rank, local_rank, world_size = (int(os.environ[k]) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
+    config = json.loads(args.deepspeed_config.read_text())
+    device = pick_device(local_rank)
+    torch.manual_seed(0)  # same initial model and target on every rank
+    true_weights = torch.randn(FEATURES, 1) / FEATURES**0.5
+    model = torch.nn.Linear(FEATURES, 1)
+    if args.engine == "deepspeed":
+        model, step = deepspeed_engine(model, config)
+    else:
+        model, step = ddp_engine(model, config, device)
+    print(f"rank {rank}/{world_size} local_rank {local_rank} on {socket.gethostname()} device {device}", flush=True)
+
+    data = torch.Generator().manual_seed(1000 + rank)  # each rank draws its own samples
+    batch = config["train_micro_batch_size_per_gpu"]
+    first_loss = last_loss = float("nan")
+    for n in range(1, args.steps + 1):
+        x = torch.randn(batch, FEATURES, generator=data)
+        y = x @ true_weights + 0.01 * torch.randn(batch, 1, generator=data)
+        loss = torch.nn.functional.mse_loss(model(x.to(device)), y.to(device))
+        step(loss)
+        if n in (1, args.steps) or n % args.log_every == 0:
+            last_loss = mean_over_ranks(loss)
+            first_loss = last_loss if n == 1 else first_loss
+            if rank == 0:
+                print(f"step {n}/{args.steps} loss {last_loss:.4f}", flush=True)
+    if rank == 0:
+        print(f"done steps={args.steps} first_loss={first_loss:.4f} last_loss={last_loss:.4f} "
+              f"world_size={world_size}", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
