@@ -168,11 +168,16 @@ def render(cluster: str, mode: str | None, nodes: int | None, image: str | None,
 @reports_errors
 def deploy(cluster: str | None, mode: str | None, nodes: int | None, image: str | None, dry_run: bool,
            timeout: int) -> None:
-    """Deploy a cluster's environment and wait until every pod is Ready."""
-    from mlenv.errors import UsageError
+    """Deploy a cluster's environment and wait until every pod is Ready (re-running converges).
 
+    Without CLUSTER, re-deploys the recorded deployment.
+    """
     if cluster is None:
-        raise UsageError("deploy needs a cluster: mlenv deploy NAME|PATH (make deploy-cluster CLUSTER=NAME)")
+        from mlenv import state
+
+        recorded = state.load()
+        cluster, mode, nodes = recorded.cluster_file, mode or recorded.mode, nodes or recorded.nodes
+        image = image or recorded.image
     deployment = _deployment(cluster, mode, nodes, image)
     if dry_run:
         from mlenv.backends import dry_run_text

@@ -43,6 +43,8 @@ def crd_schema(api_version: str, kind: str) -> dict[str, Any]:
             schema: dict[str, Any] = _strict_json_schema(entry["schema"]["openAPIV3Schema"])
             properties = schema.setdefault("properties", {})
             properties["metadata"] = {"type": "object"}
+            properties.setdefault("apiVersion", {"const": api_version})
+            properties.setdefault("kind", {"const": kind})
             return schema
     raise KeyError(f"{api_version} not served by {CRD_FILES[(api_version, kind)]}")
 
