@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import threading
+from dataclasses import fields
 
+from .faults import Faults
 from .server import DEFAULT_TOKEN, FakeKube
 
 
@@ -19,6 +22,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--namespace", action="append", dest="namespaces", help="a namespace to create (repeat)")
     parser.add_argument("--ready-delay", type=float, default=0.0, help="seconds until a scheduled pod is Ready")
     parser.add_argument("--kubeconfig", default="fakekube.kubeconfig", help="where to write the kubeconfig")
+    parser.add_argument("--fault", action="append", default=[], choices=[f.name for f in fields(Faults)],
+                        help="switch a fault on (repeat)")
     args = parser.parse_args(argv)
     server = FakeKube(
         token=args.token,
@@ -28,13 +33,13 @@ def main(argv: list[str] | None = None) -> int:
         ready_delay=args.ready_delay,
         port=args.port,
     )
+    for fault in args.fault:
+        setattr(server.faults, fault, True)
     with server:
         path = server.write_kubeconfig(args.kubeconfig, (args.namespaces or ["default"])[0])
         print(f"fakekube serving {server.url}; export KUBECONFIG={path.resolve()}", flush=True)
-        try:
+        with contextlib.suppress(KeyboardInterrupt):
             threading.Event().wait()
-        except KeyboardInterrupt:
-            pass
     return 0
 
 

@@ -31,14 +31,14 @@ def _check_identity(rt: ResourceType, obj: Any, namespace: str, name: str | None
             f"({rt.api_version}) or kind ({obj.get('kind')}) does not match {rt.kind}"
         )
     meta = obj.setdefault("metadata", {})
-    if name is not None and meta.get("name", name) != name:
+    if name is not None and (meta.get("name") or name) != name:
         raise errors.bad_request(
             f"the name of the object ({meta.get('name')}) does not match the name on the URL ({name})"
         )
     if name is not None:
         meta["name"] = name
     if rt.namespaced:
-        if meta.get("namespace", namespace) != namespace:
+        if (meta.get("namespace") or namespace) != namespace:
             raise errors.bad_request(
                 "the namespace of the provided object does not match the namespace sent on the request"
             )
@@ -71,13 +71,18 @@ class Api:
         self.store = store
         self.admission = admission
 
-    def save(self, rt: ResourceType, obj: dict[str, Any], current: dict[str, Any] | None) -> dict[str, Any]:
-        """Admit and store ``obj`` as a new object (``current`` None) or as the next version of ``current``."""
+    def save(
+        self, rt: ResourceType, obj: dict[str, Any], current: dict[str, Any] | None, dry_run: bool = False
+    ) -> dict[str, Any]:
+        """Admit and store ``obj`` as a new object (``current`` None) or as the next version of ``current``;
+        ``dry_run`` (``?dryRun=All``): do everything but store it."""
         expected = (obj.get("metadata") or {}).get("resourceVersion")
         if current is not None and expected and expected != current["metadata"]["resourceVersion"]:
             raise errors.conflict(rt, current["metadata"]["name"])
         admitted = self.admission.admit(rt, obj, current)
-        return self.store.create(rt, admitted) if current is None else self.store.update(rt, admitted)
+        if current is None:
+            return self.store.create(rt, admitted, dry_run)
+        return self.store.update(rt, admitted, dry_run)
 
     def select(self, rt: ResourceType, namespace: str | None, query: Mapping[str, str]) -> list[dict[str, Any]]:
         """The objects of a list request, filtered by ``labelSelector`` and ``fieldSelector``."""
@@ -88,35 +93,42 @@ class Api:
             if labels_match(requirements, obj["metadata"].get("labels")) and field_match(obj)
         ]
 
-    def create(self, rt: ResourceType, namespace: str, body: Any) -> dict[str, Any]:
+    def create(self, rt: ResourceType, namespace: str, body: Any, dry_run: bool = False) -> dict[str, Any]:
         """POST: create; AlreadyExists if the name is taken."""
-        return self.save(rt, _check_identity(rt, body, namespace, None), None)
+        return self.save(rt, _check_identity(rt, body, namespace, None), None, dry_run)
 
-    def replace(self, rt: ResourceType, namespace: str, name: str, body: Any) -> dict[str, Any]:
+    def replace(self, rt: ResourceType, namespace: str, name: str, body: Any, dry_run: bool = False) -> dict[str, Any]:
         """PUT: replace an existing object."""
         obj = _check_identity(rt, body, namespace, name)
         with self.store.lock:
-            return self.save(rt, obj, self.store.require(rt, namespace, name))
+            return self.save(rt, obj, self.store.require(rt, namespace, name), dry_run)
 
     def patch(
-        self, rt: ResourceType, namespace: str, name: str, content_type: str, body: Any, manager: str | None
-    ) -> dict[str, Any]:
-        """PATCH: server-side apply (creates if absent) or a merge / strategic merge / JSON patch."""
+        self, rt: ResourceType, namespace: str, name: str, content_type: str, body: Any, manager: str | None,
+        dry_run: bool = False,
+    ) -> tuple[dict[str, Any], bool]:
+        """PATCH: server-side apply (creates if absent) or a merge / strategic merge / JSON patch.
+        Returns the object and whether it was created."""
         with self.store.lock:
             current = self.store.get(rt, namespace, name)
             if content_type == APPLY:
                 if not manager:
                     raise errors.bad_request("PATCH request must have a fieldManager for apply requests")
                 applied = _check_identity(rt, body, namespace, name)
-                return self.save(rt, patches.server_side_apply(current, applied, manager), current)
+                result = patches.server_side_apply(current, applied, manager)
+                return self.save(rt, result, current, dry_run), current is None
             if current is None:
                 raise errors.not_found(rt, name)
             patched = PATCHERS[content_type](current, body)
-            return self.save(rt, _check_identity(rt, patched, namespace, name), current)
+            return self.save(rt, _check_identity(rt, patched, namespace, name), current, dry_run), False
 
-    def delete(self, rt: ResourceType, namespace: str, name: str, propagation: str) -> dict[str, Any]:
+    def delete(
+        self, rt: ResourceType, namespace: str, name: str, propagation: str, dry_run: bool = False
+    ) -> dict[str, Any]:
         """DELETE one object. Dependents are garbage-collected by the controller, or orphaned on request."""
         with self.store.lock:
+            if dry_run:
+                return self.store.require(rt, namespace, name)
             gone = self.store.delete(rt, namespace, name)
             if propagation == "Orphan":
                 self._orphan(gone["metadata"]["uid"])

@@ -17,6 +17,7 @@ import re
 import threading
 import time
 import uuid
+from dataclasses import astuple
 from typing import Any
 
 from . import scheduler
@@ -68,18 +69,20 @@ def _controller_uid(obj: dict[str, Any]) -> str | None:
 class Controller:
     """Reconciles the store towards what real controllers, scheduler and kubelets would make of it."""
 
-    def __init__(self, store: Store, api: Api, faults: Faults, ready_delay: float = 0.0,
+    def __init__(self, store: Store, api: Api, faults: Faults, failures: list[str], ready_delay: float = 0.0,
                  resync_seconds: float = 0.1) -> None:
         self.store = store
         self.api = api
         self.faults = faults
+        self.failures = failures
         self.ready_delay = ready_delay
         self.resync_seconds = resync_seconds
-        self.failures: list[str] = []
         self._scheduled_at: dict[str, float] = {}
         self._pod_ips = itertools.count()
         self._events: dict[tuple[str, str, str, str], tuple[str, str]] = {}
         self._event_clock = 0
+        self._waiting = False  # some pod waits out ready_delay: the timer must pass again even if nothing changed
+        self._settled: tuple[str, tuple[bool, ...]] = ("", ())  # (resourceVersion, faults) after the last pass
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -100,6 +103,8 @@ class Controller:
 
     def _loop(self) -> None:
         while not self._stop.wait(self.resync_seconds):
+            if not self._waiting and self._settled == (self.store.resource_version, astuple(self.faults)):
+                continue  # nothing changed since the last pass and no pod is waiting to start
             try:
                 self.reconcile()
             except Exception as exc:  # keep the timer alive; the failure is reported by the fixture
@@ -110,12 +115,13 @@ class Controller:
         """One pass over everything (under the store lock, so each pass sees and leaves a consistent state)."""
         with self.store.lock:
             self._collect_garbage()
-            self._bind_claims()
             for sts in self.store.list(STATEFULSETS):
                 self._sync_statefulset(sts)
+            self._bind_claims()
             self._run_pods()
             for sts in self.store.list(STATEFULSETS):
                 self._update_statefulset_status(sts)
+            self._settled = (self.store.resource_version, astuple(self.faults))
 
     # --- events ---------------------------------------------------------------------------------------------
 
@@ -299,6 +305,7 @@ class Controller:
         return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
     def _run_pods(self) -> None:
+        self._waiting = False
         nodes = {n["metadata"]["name"]: n for n in self.store.list(NODES)}
         pods = sorted(self.store.list(PODS), key=_natural_key)
         placed = [(p, nodes[p["spec"]["nodeName"]]) for p in pods
@@ -360,7 +367,7 @@ class Controller:
             running = False
         elif time.monotonic() - since < self.ready_delay:
             states = [{"waiting": {"reason": "ContainerCreating"}} for _ in containers]
-            running = False
+            running, self._waiting = False, True
         else:
             states = [{"running": {"startedAt": now_iso()}} for _ in containers]
             running = True
@@ -377,7 +384,7 @@ class Controller:
         updated = copy.deepcopy(pod)
         status = updated["status"]
         statuses = []
-        for container, state in zip(containers, states):
+        for container, state in zip(containers, states, strict=True):
             image = container.get("image", "")
             entry: dict[str, Any] = {"name": container.get("name", ""), "image": image, "imageID": "",
                                      "ready": running, "started": running, "restartCount": 0,

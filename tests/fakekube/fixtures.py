@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from .server import DEFAULT_TOKEN, FakeKube
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -64,7 +65,7 @@ class FakeCluster:
     env: dict[str, str]
     kubectl_path: str | None
 
-    def kubectl(self, *args: str, input: str | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:  # noqa: A002
+    def kubectl(self, *args: str, input: str | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         """Run the real kubectl with this cluster's kubeconfig; never raises on a non-zero exit."""
         if self.kubectl_path is None:
             raise RuntimeError("kubectl not found; see fixtures.require_kubectl")
@@ -83,8 +84,8 @@ def fake_cluster(
     **server_options: Any,
 ) -> Iterator[FakeCluster]:
     """Start a FakeKube with these nodes and namespaces (the first one is the context's namespace), write its
-    kubeconfig under ``tmp_path`` and yield a :class:`FakeCluster`. On exit the server stops; a controller that
-    crashed meanwhile fails the test."""
+    kubeconfig under ``tmp_path`` and yield a :class:`FakeCluster`. On exit the server stops; an exception
+    inside the fake meanwhile (a bug of the fake) fails the test."""
     namespaces = list(namespaces)
     tmp_path.mkdir(parents=True, exist_ok=True)
     server = FakeKube(token=token, nodes=nodes, namespaces=["default", *namespaces], **server_options)
@@ -95,8 +96,8 @@ def fake_cluster(
         if kubectl:
             env["OPENSHIFT_CLIENT_PYTHON_DEFAULT_OC_PATH"] = kubectl
         yield FakeCluster(server, kubeconfig, (namespaces or ["default"])[0], env, kubectl)
-    if server.controller.failures:
-        raise AssertionError(f"fakekube controller failed: {server.controller.failures}")
+    if server.failures:
+        raise AssertionError(f"fakekube failed inside: {server.failures}")
 
 
 @pytest.fixture

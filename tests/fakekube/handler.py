@@ -11,7 +11,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 import yaml
 
-from . import errors, openapi, resources, tables
+from . import errors, openapi, protobuf, resources, tables
 from .api import APPLY, PATCHERS, list_document, success_status
 from .errors import ApiError
 from .requestlog import RequestRecord
@@ -21,6 +21,7 @@ from .selectors import labels_match, parse_field_selector, parse_label_selector
 if TYPE_CHECKING:
     from .server import FakeKube
 
+NAMESPACES = resources.by_kind("Namespace")
 UNAUTHENTICATED_PATHS = ("/version", "/healthz", "/livez", "/readyz")
 VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch"}
 WATCH_POLL_SECONDS = 0.5
@@ -36,6 +37,11 @@ class Route:
     subresource: str = ""
     verb: str = ""
     query: dict[str, str] = field(default_factory=dict)
+
+
+def as_project(namespace: dict[str, Any]) -> dict[str, Any]:
+    """A namespace as the OpenShift Project that shows it."""
+    return {**namespace, "apiVersion": "project.openshift.io/v1", "kind": "Project"}
 
 
 def _accepts(header: str) -> tuple[bool, bool]:
@@ -88,13 +94,14 @@ class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "fakekube"
     disable_nagle_algorithm = True  # headers and body go out in two writes; do not wait 40 ms between them
+    _record: dict[str, Any] | None = None  # the request log entry of the request being served
 
     @property
     def fake(self) -> FakeKube:
         """The FakeKube this handler serves."""
         return self.server.fake  # type: ignore[attr-defined]
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+    def log_message(self, format: str, *args: Any) -> None:
         """Silence the default stderr access log; the request log records everything."""
 
     def do_GET(self) -> None:
@@ -122,23 +129,36 @@ class Handler(BaseHTTPRequestHandler):
     def _serve(self) -> None:
         url = urlsplit(self.path)
         query = dict(parse_qsl(url.query, keep_blank_values=True))
-        record = {"method": self.command, "path": url.path, "query": query,
-                  "user_agent": self.headers.get("User-Agent", "")}
+        self._record = {"method": self.command, "path": url.path, "query": query,
+                        "user_agent": self.headers.get("User-Agent", "")}
         raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        status = 500
         try:
             self._authenticate(url.path)
-            if self._discovery(url.path, record):
-                status = 200
+            if self._discovery(url.path):
+                self._log(200)
                 return
             route = _route(url.path, self.command, query)
-            record.update(verb=route.verb, resource=route.rt.plural, namespace=route.namespace, name=route.name)
-            status = self._resource(route, raw)
+            self._record.update(verb=route.verb, resource=route.rt.plural, namespace=route.namespace,
+                                name=route.name)
+            self._log(self._resource(route, raw))
         except ApiError as exc:
-            status = exc.code
             self._send_json(exc.code, exc.status())
-        finally:
-            self.fake.requests.append(RequestRecord(status=status, **record))
+            self._log(exc.code)
+        except Exception as exc:  # a bug in the fake: answer 500 and let the test fail
+            self.fake.failures.append(f"{self.command} {self.path}: {exc!r}")
+            self._send_json(500, ApiError(500, "InternalError", repr(exc)).status())
+            self._log(500)
+            raise
+
+    def _log(self, status: int) -> None:
+        """Add this request to the request log (once; a watch logs itself when its stream starts)."""
+        if self._record is not None:
+            self.fake.requests.append(RequestRecord(status=status, **self._record))
+            self._record = None
+
+    def _record_verb(self, verb: str) -> None:
+        if self._record is not None:
+            self._record["verb"] = verb
 
     def _authenticate(self, path: str) -> None:
         header = self.headers.get("Authorization")
@@ -147,14 +167,14 @@ class Handler(BaseHTTPRequestHandler):
         if header != f"Bearer {self.fake.token}":
             raise errors.unauthorized()
 
-    def _discovery(self, path: str, record: dict[str, Any]) -> bool:
+    def _discovery(self, path: str) -> bool:
         """Answer /version, /healthz, /api, /apis, /apis/<g>, /apis/<g>/<v>, /openapi; False if not one of them."""
         document: Any
         if path == "/version":
             document = resources.SERVER_VERSION
         elif path in UNAUTHENTICATED_PATHS:
             self._send(200, b"ok", "text/plain")
-            record["verb"] = "discovery"
+            self._record_verb("discovery")
             return True
         elif path == "/api":
             document = resources.api_versions(f"{self.server.server_address[0]}:{self.server.server_address[1]}")
@@ -183,7 +203,7 @@ class Handler(BaseHTTPRequestHandler):
         json_ok, _ = _accepts(self.headers.get("Accept", ""))
         if not json_ok:
             raise errors.not_acceptable(self.headers.get("Accept", ""))
-        record["verb"] = "discovery"
+        self._record_verb("discovery")
         self._send_json(200, document)
         return True
 
@@ -199,7 +219,9 @@ class Handler(BaseHTTPRequestHandler):
 
     def _body(self, raw: bytes) -> Any:
         content_type = (self.headers.get("Content-Type") or "application/json").split(";")[0].strip()
-        if "protobuf" in content_type or "cbor" in content_type:
+        if content_type == "application/vnd.kubernetes.protobuf":
+            return protobuf.decode(raw)
+        if content_type not in ("application/json", APPLY, *PATCHERS):
             raise errors.unsupported_media_type(content_type)
         try:
             return yaml.safe_load(raw) if content_type == APPLY else json.loads(raw or b"null")
@@ -209,7 +231,7 @@ class Handler(BaseHTTPRequestHandler):
     # --- resources ------------------------------------------------------------------------------------------
 
     def _authorize(self, route: Route) -> None:
-        namespace = route.namespace or (route.name if route.rt.plural == "namespaces" else "")
+        namespace = route.namespace or (route.name if route.rt.plural in ("namespaces", "projects") else "")
         if namespace in self.fake.forbidden_namespaces:
             resource = f"{route.rt.plural}/{route.subresource}" if route.subresource else route.rt.plural
             why = (f'User "{self.fake.user}" cannot {route.verb} resource "{resource}" in API group '
@@ -219,58 +241,75 @@ class Handler(BaseHTTPRequestHandler):
     def _resource(self, route: Route, raw: bytes) -> int:
         """Serve a resource request; return the HTTP status sent."""
         self._authorize(route)
-        fake, api = self.fake, self.fake.api
         json_ok, table = _accepts(self.headers.get("Accept", ""))
         if not json_ok:
             raise errors.not_acceptable(self.headers.get("Accept", ""))
-        rt, ns, name, verb = route.rt, route.namespace, route.name, route.verb
         if route.subresource:
             return self._subresource(route, raw)
-        if verb == "watch":
+        if route.verb == "watch":
             self._watch(route, table)
             return 200
-        if verb in ("get", "list"):
-            include = route.query.get("includeObject", "Metadata")
-            with fake.store.lock:
-                if verb == "get":
-                    found = fake.store.require(rt, ns, name)
-                    document = tables.table(rt, [found], fake.store.resource_version, include) if table else found
-                else:
-                    items = api.select(rt, ns or None, route.query)
-                    version = fake.store.resource_version
-                    document = tables.table(rt, items, version, include) if table else list_document(rt, items, version)
-            self._send_json(200, document)
+        if route.verb in ("get", "list"):
+            self._send_json(200, self._read(route, table))
             return 200
-        code, document = 200, None
-        if rt.plural == "selfsubjectreviews":
-            code, document = 201, api.self_subject_review(fake.user)
-        elif rt.plural == "selfsubjectaccessreviews":
-            code, document = 201, self._access_review(self._body(raw))
-        elif verb == "create":
-            code, document = 201, api.create(rt, ns, self._body(raw))
-        elif verb == "update":
-            document = api.replace(rt, ns, name, self._body(raw))
-        elif verb == "patch":
-            content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip()
-            if content_type != APPLY and content_type not in PATCHERS:
-                raise errors.unsupported_media_type(content_type)
-            existed = fake.store.get(rt, ns, name) is not None
-            document = api.patch(rt, ns, name, content_type, self._body(raw), route.query.get("fieldManager"))
-            code = 200 if existed else 201
-        elif verb in ("delete", "deletecollection"):
-            document = self._delete(route, raw)
-        fake.controller.reconcile()
+        code, document = self._write(route, raw)
         self._send_json(code, document)
         return code
 
-    def _delete(self, route: Route, raw: bytes) -> dict[str, Any]:
+    def _read(self, route: Route, table: bool) -> dict[str, Any]:
+        """GET one object or a list, as JSON or as a Table."""
+        store, rt, name = self.fake.store, route.rt, route.name
+        with store.lock:
+            if rt.kind == "Project":
+                items = [as_project(o) for o in self.fake.api.select(NAMESPACES, None, route.query)
+                         if not name or o["metadata"]["name"] == name]
+                if name and not items:
+                    raise errors.not_found(rt, name)
+            elif name:
+                items = [store.require(rt, route.namespace, name)]
+            else:
+                items = self.fake.api.select(rt, route.namespace or None, route.query)
+            version = store.resource_version
+        if table:
+            return tables.table(rt, items, version, route.query.get("includeObject", "Metadata"))
+        return items[0] if name else list_document(rt, items, version)
+
+    def _write(self, route: Route, raw: bytes) -> tuple[int, dict[str, Any]]:
+        """POST, PUT, PATCH, DELETE; the controllers react before the answer goes out."""
+        fake, api, rt, ns, name = self.fake, self.fake.api, route.rt, route.namespace, route.name
+        if rt.plural == "selfsubjectreviews":
+            return 201, api.self_subject_review(fake.user)
+        if rt.plural == "selfsubjectaccessreviews":
+            return 201, self._access_review(self._body(raw))
+        code, dry_run = 200, route.query.get("dryRun") == "All"
+        if route.verb == "create":
+            code, document = 201, api.create(rt, ns, self._body(raw), dry_run)
+        elif route.verb == "update":
+            document = api.replace(rt, ns, name, self._body(raw), dry_run)
+        elif route.verb == "patch":
+            document, created = api.patch(rt, ns, name, self._patch_type(), self._body(raw),
+                                          route.query.get("fieldManager"), dry_run)
+            code = 201 if created else 200
+        else:
+            document = self._delete(route, raw, dry_run)
+        fake.controller.reconcile()
+        return code, document
+
+    def _patch_type(self) -> str:
+        content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip()
+        if content_type != APPLY and content_type not in PATCHERS:
+            raise errors.unsupported_media_type(content_type)
+        return content_type
+
+    def _delete(self, route: Route, raw: bytes, dry_run: bool) -> dict[str, Any]:
         options = self._body(raw) or {}
         propagation = route.query.get("propagationPolicy") or options.get("propagationPolicy") or "Background"
+        dry_run = dry_run or options.get("dryRun") == ["All"]
         api = self.fake.api
         if route.verb == "delete":
-            return success_status(route.rt, api.delete(route.rt, route.namespace, route.name, propagation))
+            return success_status(route.rt, api.delete(route.rt, route.namespace, route.name, propagation, dry_run))
         with self.fake.store.lock:
-            gone = [api.delete(route.rt, route.namespace, o["metadata"]["name"], propagation)
+            gone = [api.delete(route.rt, route.namespace, o["metadata"]["name"], propagation, dry_run)
                     for o in api.select(route.rt, route.namespace or None, route.query)]
             return list_document(route.rt, gone, self.fake.store.resource_version)
 
@@ -287,21 +326,20 @@ class Handler(BaseHTTPRequestHandler):
             if route.verb == "get":
                 document = api.get_scale(ns, name)
             else:
-                content_type = None
-                if route.verb == "patch":
-                    content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip()
-                    if content_type not in PATCHERS:
-                        raise errors.unsupported_media_type(content_type)
+                content_type = self._patch_type() if route.verb == "patch" else None
                 document = api.update_scale(ns, name, content_type, self._body(raw))
                 self.fake.controller.reconcile()
             self._send_json(200, document)
             return 200
         if (route.rt.plural, route.subresource, route.verb) == ("pods", "log", "get"):
             pod = self.fake.store.require(route.rt, ns, name)
-            if (pod.get("status") or {}).get("phase") != "Running":
+            status = pod.get("status") or {}
+            if status.get("phase") != "Running":
                 container = route.query.get("container") or pod["spec"]["containers"][0].get("name", "")
-                raise errors.bad_request(f'container "{container}" in pod "{name}" is waiting to start: '
-                                         "ContainerCreating")
+                waiting = [(s.get("state") or {}).get("waiting", {}).get("reason")
+                           for s in status.get("containerStatuses") or [] if s.get("name") == container]
+                why = "trying and failing to pull image" if waiting == ["ImagePullBackOff"] else "ContainerCreating"
+                raise errors.bad_request(f'container "{container}" in pod "{name}" is waiting to start: {why}')
             self._send(200, self.fake.pod_logs.get((ns, name), "").encode(), "text/plain")
             return 200
         raise errors.path_not_found()
@@ -332,6 +370,7 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "application/json")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
+        self._log(200)
         try:
             while True:
                 for kind, obj in pending:
@@ -350,5 +389,5 @@ class Handler(BaseHTTPRequestHandler):
                     last = changes[-1].resource_version
                 pending = [(c.type, c.object) for c in changes if c.resource is rt and wanted(c.object)]
             self.wfile.write(b"0\r\n\r\n")
-        except (BrokenPipeError, ConnectionResetError):
+        except OSError:  # the client went away (broken pipe, reset, TLS EOF)
             self.close_connection = True

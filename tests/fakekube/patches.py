@@ -173,7 +173,7 @@ def decode_fields(tree: dict[str, Any], prefix: Path = ()) -> set[Path]:
 
 def applied_fields(applied: dict[str, Any]) -> dict[str, Any]:
     """What a manager sets in an apply request: the object without server-owned metadata and status."""
-    fields = {k: v for k, v in applied.items() if k not in ("status",)}
+    fields = {k: v for k, v in applied.items() if k != "status"}
     fields["metadata"] = {k: v for k, v in (applied.get("metadata") or {}).items() if k not in SERVER_METADATA}
     return fields
 

@@ -78,6 +78,8 @@ RESOURCES: tuple[ResourceType, ...] = (
         "security.openshift.io", "v1", "SecurityContextConstraints", "securitycontextconstraints", False, ("scc",)
     ),
     ResourceType("route.openshift.io", "v1", "Route", "routes", True, (), _ALL, has_status=True),
+    # OpenShift's read-only view of namespaces (what `oc get project` reads); stored as the namespaces.
+    ResourceType("project.openshift.io", "v1", "Project", "projects", False, verbs=("get", "list")),
     ResourceType(
         "k8s.cni.cncf.io", "v1", "NetworkAttachmentDefinition", "network-attachment-definitions", True,
         ("net-attach-def",),

@@ -7,8 +7,8 @@ affinity/selector. preemption: 0/5 nodes are available: 5 Preemption is not help
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Iterable
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from .selectors import Requirement, label_selector_object, labels_match
@@ -32,49 +32,66 @@ def gpu_request(pod: dict[str, Any]) -> int:
     return total
 
 
-def _node_terms_match(terms: list[dict[str, Any]], node: dict[str, Any]) -> bool:
-    """nodeSelectorTerms are ORed; the expressions (and fields) of one term are ANDed."""
-    labels = node["metadata"].get("labels") or {}
-    fields = {"metadata.name": node["metadata"]["name"]}
-    return any(
-        labels_match(label_selector_object({"matchExpressions": t.get("matchExpressions")}), labels)
-        and labels_match(label_selector_object({"matchExpressions": t.get("matchFields")}), fields)
-        for t in terms
-    )
-
-
-def _matches_node(pod: dict[str, Any], node: dict[str, Any]) -> bool:
+def _node_filter(pod: dict[str, Any]) -> Callable[[dict[str, Any]], bool]:
+    """Whether a node satisfies the pod's nodeSelector and required node affinity (nodeSelectorTerms are ORed,
+    the expressions and fields of one term ANDed)."""
     spec = pod.get("spec") or {}
     selector = [Requirement(k, "in", frozenset({v})) for k, v in (spec.get("nodeSelector") or {}).items()]
-    if not labels_match(selector, node["metadata"].get("labels")):
-        return False
     required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
         "requiredDuringSchedulingIgnoredDuringExecution"
     )
-    return required is None or _node_terms_match(required.get("nodeSelectorTerms") or [], node)
+    terms = None if required is None else [
+        (label_selector_object({"matchExpressions": t.get("matchExpressions")}),
+         label_selector_object({"matchExpressions": t.get("matchFields")}))
+        for t in required.get("nodeSelectorTerms") or []
+    ]
+
+    def matches(node: dict[str, Any]) -> bool:
+        labels = node["metadata"].get("labels") or {}
+        if not labels_match(selector, labels):
+            return False
+        fields = {"metadata.name": node["metadata"]["name"]}
+        return terms is None or any(labels_match(e, labels) and labels_match(f, fields) for e, f in terms)
+
+    return matches
 
 
-def _anti_affinity_ok(
-    pod: dict[str, Any], node: dict[str, Any], placed: list[tuple[dict[str, Any], dict[str, Any]]]
-) -> bool:
-    """No pod matching a required anti-affinity term already runs in the same topology domain."""
-    terms = ((pod["spec"].get("affinity") or {}).get("podAntiAffinity") or {}).get(
+def _anti_affinity_filter(pod: dict[str, Any], domains: _Domains) -> Callable[[dict[str, Any]], bool]:
+    """Whether no pod matching a required anti-affinity term of ``pod`` runs in the node's topology domain."""
+    required = ((pod["spec"].get("affinity") or {}).get("podAntiAffinity") or {}).get(
         "requiredDuringSchedulingIgnoredDuringExecution"
     ) or []
     namespace = pod["metadata"].get("namespace")
-    for term in terms:
-        key = term.get("topologyKey", "kubernetes.io/hostname")
-        domain = (node["metadata"].get("labels") or {}).get(key)
-        requirements = label_selector_object(term.get("labelSelector"))
-        namespaces = term.get("namespaces") or [namespace]
-        for other, other_node in placed:
-            if (
-                other["metadata"].get("namespace") in namespaces
-                and (other_node["metadata"].get("labels") or {}).get(key) == domain
-                and labels_match(requirements, other["metadata"].get("labels"))
-            ):
-                return False
-    return True
+    terms = [(t.get("topologyKey", "kubernetes.io/hostname"), label_selector_object(t.get("labelSelector")),
+              t.get("namespaces") or [namespace]) for t in required]
+
+    def allowed(node: dict[str, Any]) -> bool:
+        labels = node["metadata"].get("labels") or {}
+        return not any(
+            other["metadata"].get("namespace") in namespaces
+            and labels_match(requirements, other["metadata"].get("labels"))
+            for key, requirements, namespaces in terms
+            for other in domains.pods(key, labels.get(key))
+        )
+
+    return allowed
+
+
+class _Domains:
+    """The placed pods grouped by the value their node has for a topology key (built once per key)."""
+
+    def __init__(self, placed: list[tuple[dict[str, Any], dict[str, Any]]]) -> None:
+        self._placed = placed
+        self._by_key: dict[str, dict[str | None, list[dict[str, Any]]]] = {}
+
+    def pods(self, key: str, value: str | None) -> list[dict[str, Any]]:
+        """The pods on nodes whose label ``key`` equals ``value``."""
+        if key not in self._by_key:
+            grouped: dict[str | None, list[dict[str, Any]]] = defaultdict(list)
+            for pod, node in self._placed:
+                grouped[(node["metadata"].get("labels") or {}).get(key)].append(pod)
+            self._by_key[key] = grouped
+        return self._by_key[key].get(value, [])
 
 
 def unschedulable_message(reasons: Iterable[str], total: int) -> str:
@@ -98,20 +115,25 @@ def schedule(
     reasons: list[str] = []
     fitting: list[dict[str, Any]] = []
     wanted = gpu_request(pod)
+    load: Counter[str] = Counter()
+    used: Counter[str] = Counter()
+    for placed_pod, placed_node in placed:
+        load[placed_node["metadata"]["name"]] += 1
+        used[placed_node["metadata"]["name"]] += gpu_request(placed_pod)
+    fits_node, spreads = _node_filter(pod), _anti_affinity_filter(pod, _Domains(placed))
     for node in nodes:
-        here = [p for p, n in placed if n is node]
-        free = int(((node.get("status") or {}).get("allocatable") or {}).get(GPU, 0)) - sum(map(gpu_request, here))
+        name = node["metadata"]["name"]
+        free = int(((node.get("status") or {}).get("allocatable") or {}).get(GPU, 0)) - used[name]
         if (node.get("spec") or {}).get("unschedulable"):
             reasons.append(NODE_UNSCHEDULABLE)
-        elif not _matches_node(pod, node):
+        elif not fits_node(node):
             reasons.append(NODE_AFFINITY)
         elif wanted > free:
             reasons.append(INSUFFICIENT_GPU)
-        elif not _anti_affinity_ok(pod, node, placed):
+        elif not spreads(node):
             reasons.append(ANTI_AFFINITY)
         else:
             fitting.append(node)
     if not fitting:
         return None, unschedulable_message(reasons, len(nodes))
-    load = Counter(id(n) for _, n in placed)
-    return min(fitting, key=lambda n: load[id(n)]), ""
+    return min(fitting, key=lambda n: load[n["metadata"]["name"]]), ""

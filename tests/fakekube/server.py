@@ -6,6 +6,7 @@ import base64
 import copy
 import os
 import ssl
+import sys
 import threading
 from collections.abc import Iterable, Mapping
 from http.server import ThreadingHTTPServer
@@ -51,6 +52,11 @@ class _HTTPSServer(ThreadingHTTPServer):
         self.socket = context.wrap_socket(self.socket, server_side=True, do_handshake_on_connect=False)
         self.fake = fake
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """Clients hanging up mid-request are normal; print anything else (it is also in fake.failures)."""
+        if not isinstance(sys.exc_info()[1], OSError):
+            super().handle_error(request, client_address)
+
 
 class FakeKube:
     """The fake API server, its object store, controllers and fault switches.
@@ -60,7 +66,8 @@ class FakeKube:
     scheduled and becoming Ready. Use as a context manager, or call start() and stop().
 
     Tests steer it through ``faults`` (see :class:`Faults`), ``forbidden_namespaces`` (requests in them get
-    403 Forbidden), ``pod_logs[(namespace, pod)]`` (what ``kubectl logs`` returns) and read ``requests``.
+    403 Forbidden), ``pod_logs[(namespace, pod)]`` (what ``kubectl logs`` returns), ``token``; they read
+    ``requests`` (the :class:`RequestLog`) and ``failures`` (exceptions inside the fake; should stay empty).
     """
 
     def __init__(
@@ -82,14 +89,15 @@ class FakeKube:
         self.forbidden_namespaces: set[str] = set()
         self.pod_logs: dict[tuple[str, str], str] = {}
         self.requests = RequestLog()
+        self.failures: list[str] = []  # bugs of the fake itself (handler or controller exceptions)
         self.store = Store()
         self.api = Api(self.store, Admission(self.faults))
-        self.controller = Controller(self.store, self.api, self.faults, ready_delay, resync_seconds)
+        self.controller = Controller(self.store, self.api, self.faults, self.failures, ready_delay, resync_seconds)
         self.stopping = False
         self._address = (host, port)
         self._httpd: _HTTPSServer | None = None
         self._thread: threading.Thread | None = None
-        for namespace in namespaces:
+        for namespace in dict.fromkeys(namespaces):
             self.add_namespace(namespace)
         for index, node in enumerate(nodes):
             self.add_node(node, gpus_per_node, ip=f"10.0.0.{index + 10}")
@@ -100,7 +108,8 @@ class FakeKube:
         """Listen (an ephemeral port unless one was given) and serve in background threads."""
         self.stopping = False
         self._httpd = _HTTPSServer(self._address, self)
-        self._thread = threading.Thread(target=self._httpd.serve_forever, args=(0.05,), name="fakekube-http", daemon=True)
+        self._thread = threading.Thread(target=self._httpd.serve_forever, args=(0.05,), name="fakekube-http",
+                                        daemon=True)
         self._thread.start()
         self.controller.start()
         return self

@@ -83,10 +83,11 @@ class Store:
             keys = sorted(k for k in table if namespace is None or not rt.namespaced or k[0] == namespace)
             return [table[k] for k in keys]
 
-    def create(self, rt: ResourceType, obj: dict[str, Any]) -> dict[str, Any]:
+    def create(self, rt: ResourceType, obj: dict[str, Any], dry_run: bool = False) -> dict[str, Any]:
         """Store a new object, filling in uid, resourceVersion, generation and creationTimestamp.
 
         AlreadyExists if taken; NotFound for the namespace if a namespaced object's namespace is missing.
+        ``dry_run``: check and return the result, store nothing (likewise for update).
         """
         obj = copy.deepcopy(obj)
         meta = obj.setdefault("metadata", {})
@@ -106,10 +107,9 @@ class Store:
                 meta.pop("namespace", None)
             obj["apiVersion"], obj["kind"] = rt.api_version, rt.kind
             meta.update(uid=str(uuid.uuid4()), generation=1, creationTimestamp=now_iso())
-            meta.pop("deletionTimestamp", None)
-            return self._put(rt, namespace, name, obj, "ADDED")
+            return self._put(rt, namespace, name, obj, "ADDED", dry_run)
 
-    def update(self, rt: ResourceType, obj: dict[str, Any]) -> dict[str, Any]:
+    def update(self, rt: ResourceType, obj: dict[str, Any], dry_run: bool = False) -> dict[str, Any]:
         """Replace a stored object (NotFound if absent). A write that changes nothing keeps the stored object
         and its resourceVersion; a change outside metadata and status bumps metadata.generation."""
         obj = copy.deepcopy(obj)
@@ -125,7 +125,7 @@ class Store:
                 return current
             if _spec_part(obj) != _spec_part(current):
                 meta["generation"] = (old_meta.get("generation") or 0) + 1
-            return self._put(rt, namespace, meta["name"], obj, "MODIFIED")
+            return self._put(rt, namespace, meta["name"], obj, "MODIFIED", dry_run)
 
     def delete(self, rt: ResourceType, namespace: str, name: str) -> dict[str, Any]:
         """Remove an object at once (no finalizers, no grace period) and return it; NotFound if absent."""
@@ -142,9 +142,18 @@ class Store:
     def changes_since(self, resource_version: int) -> list[Change]:
         """The change feed after a resourceVersion (watch events), oldest first."""
         with self.lock:
-            return [c for c in self._feed if c.resource_version > resource_version]
+            newer: list[Change] = []
+            for change in reversed(self._feed):
+                if change.resource_version <= resource_version:
+                    break
+                newer.append(change)
+            return newer[::-1]
 
-    def _put(self, rt: ResourceType, namespace: str, name: str, obj: dict[str, Any], kind: str) -> dict[str, Any]:
+    def _put(
+        self, rt: ResourceType, namespace: str, name: str, obj: dict[str, Any], kind: str, dry_run: bool
+    ) -> dict[str, Any]:
+        if dry_run:
+            return obj
         self._revision += 1
         obj["metadata"]["resourceVersion"] = str(self._revision)
         self._objects.setdefault(rt, {})[(namespace, name)] = obj

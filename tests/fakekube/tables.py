@@ -119,6 +119,7 @@ PRINTERS: dict[str, tuple[list[tuple[str, int]], Callable[[Obj], list[Any]]]] = 
     "PersistentVolumeClaim": ([("Name", 0), ("Status", 0), ("Volume", 0), ("Capacity", 0), ("Access Modes", 0),
                                ("StorageClass", 0), ("Age", 0)], _claim),
     "Namespace": ([("Name", 0), ("Status", 0), ("Age", 0)], _namespace),
+    "Project": ([("Name", 0), ("Display Name", 0), ("Status", 0)], lambda p: [p["metadata"]["name"], "", "Active"]),
     "Node": ([("Name", 0), ("Status", 0), ("Roles", 0), ("Age", 0), ("Version", 0)], _node),
 }
 

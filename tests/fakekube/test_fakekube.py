@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from . import fixtures
-from .fixtures import FakeCluster, fake_kube, fake_kube_factory  # noqa: F401 - pytest fixtures
+from .fixtures import FakeCluster
 from .patches import server_side_apply, strategic_merge_patch
 from .selectors import labels_match, parse_field_selector, parse_label_selector
 
@@ -109,7 +109,7 @@ def test_whoami_and_discovery(fake_kube: FakeCluster) -> None:
 
 
 def test_wrong_token_is_unauthorized(fake_kube: FakeCluster) -> None:
-    fake_kube.server.token = "rotated"  # the kubeconfig's token no longer matches
+    fake_kube.server.token = "rotated"  # noqa: S105 - the kubeconfig's token no longer matches
     result = fake_kube.kubectl("get", "pods")
     assert result.returncode == 1
     # "(Unauthorized)" once discovery is cached; before, kubectl words the same 401 this way (as with a real server)
@@ -143,6 +143,10 @@ def test_forbidden_namespace(fake_kube: FakeCluster) -> None:
 
 def test_deploy_reapply_scale_and_clean(fake_kube: FakeCluster) -> None:
     cluster, server = fake_kube, fake_kube.server
+    dry = ok(cluster.kubectl("apply", "--server-side", "--field-manager", "mlenv", "--dry-run=server", "-f", "-",
+                             input=manifests()))
+    assert dry.count("serverside-applied (server dry run)") == 4
+    assert server.objects("statefulsets") == []
     assert apply(cluster, manifests()).count("serverside-applied") == 4
 
     server.requests.clear()
