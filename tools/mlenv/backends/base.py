@@ -71,5 +71,9 @@ class Backend(Protocol):
     def logs_argv(self, deployment: Deployment, pod: Pod, follow: bool) -> list[str]:
         """A local command line that prints (or follows) the pod's own log."""
 
+    def data_volumes(self, deployment: Deployment) -> list[str]:
+        """Names of what ``clean(delete_data=True)`` deletes beyond the pods: the data volumes (PVCs on clusters,
+        workspace directories locally), so ``clean --delete-data`` can list them before asking."""
+
     def clean(self, deployment: Deployment, delete_data: bool) -> None:
         """Delete everything the deployment created (data only when asked) and wait until pods are gone."""

@@ -53,7 +53,7 @@ def _first_error(stderr: str) -> str:
 
 
 def resolve_binary(cli: str) -> str:
-    """The CLI to run: $OPENSHIFT_CLIENT_PYTHON_DEFAULT_OC_PATH when set, else ``cli`` on PATH (UsageError if absent)."""
+    """The CLI to run: $OPENSHIFT_CLIENT_PYTHON_DEFAULT_OC_PATH if set, else ``cli``; UsageError when missing."""
     wanted = os.environ.get(PATH_VARIABLE) or cli
     found = shutil.which(wanted)
     if found is None:
@@ -90,18 +90,19 @@ class Client:
         with self._context(timeout) as oc:
             return str(oc.invoke(verb, list(args), no_namespace=not namespaced).out())
 
-    def list(self, kinds: str, labels: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
-        """Every object of ``kinds`` (``pods`` or ``statefulsets,services``) matching ``labels``: one list call."""
+    def select(self, kind: str, labels: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+        """Every object of ``kind`` (``pods``, ``events``...) matching ``labels``, from one list call."""
         with self._context(CALL_TIMEOUT) as oc:
-            document = json.loads(oc.selector(kinds.split(","), labels=labels).object_json())
+            document = json.loads(oc.selector(kind, labels=labels).object_json())
         return list(document.get("items") or [])
 
-    def apply(self, objects: Sequence[Mapping[str, Any]]) -> list[str]:
-        """Server-side apply (field manager ``mlenv``, conflicts forced) in the given order; ``kind/name`` applied."""
+    def apply(self, manifest: str) -> list[str]:
+        """Server-side apply a multi-document YAML stream (field manager ``mlenv``, conflicts forced), objects in
+        stream order; the ``kind/name`` of each. (Sent as the stream, not as oc.apply's ``List``: a List makes
+        kubectl validate against OpenAPI v2, which servers may no longer publish.)"""
+        args = ["-f", "-", "--server-side", "--field-manager=mlenv", "--force-conflicts", "-o", "name"]
         with self._context(CALL_TIMEOUT) as oc:
-            applied = oc.apply([dict(obj) for obj in objects],
-                               cmd_args=["--server-side", "--field-manager=mlenv", "--force-conflicts"])
-            return list(applied.qnames())
+            return str(oc.invoke("apply", args, stdin_str=manifest, no_namespace=True).out()).split()
 
     def delete(self, kinds: Sequence[str], labels: Mapping[str, str]) -> list[str]:
         """Delete every object of ``kinds`` matching ``labels`` without waiting; ``kind/name`` deleted."""

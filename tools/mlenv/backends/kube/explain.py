@@ -67,6 +67,7 @@ def _scheduler_words(message: str, gpus: int) -> str:
 
 
 def _pull_words(pod: dict[str, Any], container: dict[str, Any], events: list[dict[str, Any]]) -> str:
+    """The image that cannot be pulled, why (from the pod's latest Failed event) and what to check."""
     image = container.get("image") or next(
         (c.get("image", "") for c in (pod.get("spec") or {}).get("containers") or []
          if c.get("name") == container.get("name")), "")
@@ -96,10 +97,12 @@ def pod_trouble(pod: dict[str, Any], events: list[dict[str, Any]]) -> Trouble | 
         if reason:
             message = waiting.get("message")
             return Trouble(meta["name"], reason, f"{reason}: {message}" if message else reason)
-    return Trouble(meta["name"], status.get("phase", "Pending"), "waiting for the pod to start")
+    phase = status.get("phase", "Pending")
+    return Trouble(meta["name"], phase, "running, not Ready yet" if phase == "Running" else "waiting to start")
 
 
 def _failed_create_words(message: str, d: Deployment) -> str:
+    """A FailedCreate message in plain words; for a forbidden capability, the command an admin must run."""
     if "capabilit" in message or "security context constraint" in message:
         if d.ipc_lock_scc:
             fix = (f"a cluster admin must apply the SCC and RBAC once: mlenv render {d.cluster.source} --admin "

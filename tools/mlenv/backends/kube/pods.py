@@ -9,13 +9,14 @@ from typing import Any
 from mlenv.backends.base import PodStatus
 from mlenv.plan import Deployment
 
+INSTANCE_LABEL = "app.kubernetes.io/instance"
 POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"
 NETWORK_STATUS = "k8s.v1.cni.cncf.io/network-status"
 
 
 def selector(d: Deployment) -> dict[str, str]:
     """The labels that select the deployment's pods (and StatefulSet)."""
-    return {"app.kubernetes.io/instance": d.app}
+    return {INSTANCE_LABEL: d.app}
 
 
 def ordinal(pod: dict[str, Any], app: str) -> int | None:

@@ -85,26 +85,26 @@ def check_login(client: Client, cluster: Cluster) -> str:
 
 def check_namespace(client: Client, cluster: Cluster, user: str) -> None:
     """The namespace must exist and be usable by ``user``."""
-    namespace = cluster.info.namespace
-    create = (f"oc new-project {namespace}" if cluster.backend == "openshift"
-              else f"kubectl create namespace {namespace}")
-    kind = "project" if cluster.backend == "openshift" else "namespace"
+    namespace, who = cluster.info.namespace, user or "USER"
+    if cluster.backend == "openshift":
+        create, grant = f"oc new-project {namespace}", f"oc adm policy add-role-to-user edit {who} -n {namespace}"
+    else:
+        create = f"kubectl create namespace {namespace}"
+        grant = f"kubectl create rolebinding {who}-edit --clusterrole=edit --user={who} -n {namespace}"
     try:
-        client.run("get", [kind, namespace, "-o", "name"], namespaced=False)
+        client.run("get", ["namespace", namespace, "-o", "name"], namespaced=False)
         return
     except KubeError as exc:
         if exc.reason == "NotFound":
             raise OperationError(f"namespace {namespace} does not exist: {create}") from None
         if exc.reason != "Forbidden":
             raise
-    # Namespaces are cluster-scoped: a namespace admin may not read the object but still work in it.
+    # Namespaces are cluster-scoped: a project member may not read the object but still work in it.
     try:
         client.run("auth", ["can-i", "create", "statefulsets.apps", "-n", namespace], namespaced=False)
     except KubeError:
-        raise OperationError(
-            f"namespace {namespace} does not exist or {user or 'you'} may not use it: create it ({create}) "
-            f"or ask its admin for access (oc adm policy add-role-to-user edit {user or 'USER'} -n {namespace})"
-        ) from None
+        raise OperationError(f"namespace {namespace} does not exist or {user or 'you'} may not use it: "
+                             f"create it ({create}) or ask its admin for access ({grant})") from None
 
 
 @contextmanager

@@ -22,4 +22,4 @@ def command(argv: list[str]) -> list[str]:
 
 if __name__ == "__main__":
     argv = command(sys.argv[1:])
-    os.execvp(argv[0], argv)
+    os.execvp(argv[0], argv)  # noqa: S606 - replacing this process with the CLI is the point; no shell

@@ -23,43 +23,54 @@ REVISION_LABEL = "controller-revision-hash"
 
 @contextmanager
 def live_view() -> Iterator[Callable[[Any], None]]:
-    """A rich Live display on stderr; yields ``update(renderable)``."""
+    """Yields ``update(renderable)``: a rich Live display on a terminal's stderr; elsewhere (CI logs, pipes)
+    only the last state is printed, once."""
     from rich.console import Console
     from rich.live import Live
 
-    with Live(console=Console(stderr=True), refresh_per_second=4, transient=False) as live:
-        yield live.update
-
-
-def _table(title: str, rows: list[tuple[str, str, str, str]], hidden: int) -> Any:
-    from rich.table import Table
-
-    table = Table(title=title, title_justify="left", show_edge=False, pad_edge=False, header_style="bold")
-    for column in ("POD", "NODE", "PHASE", "DETAIL"):
-        table.add_column(column, overflow="fold")
-    for row in rows:
-        table.add_row(*row)
-    if hidden:
-        table.add_row(f"... {hidden} more ready", "", "", "")
-    return table
+    console = Console(stderr=True)
+    if console.is_terminal:
+        with Live(console=console, refresh_per_second=4) as live:
+            yield live.update
+        return
+    last: list[Any] = []
+    try:
+        yield last.append
+    finally:
+        if last:
+            console.print(last[-1])
 
 
 def _view(d: Deployment, found: dict[int, dict[str, Any]], ready: set[int], troubles: dict[str, Trouble],
           elapsed: float) -> Any:
-    """Ready x/N and the pods that are not ready first (at most MAX_ROWS rows)."""
-    rows = []
-    for index in sorted(range(d.nodes), key=lambda i: (i in ready, i)):
-        name = f"{d.app}-{index}"
+    """Ready x/N, then one line per pod, those not ready first (at most MAX_ROWS), and the StatefulSet's trouble."""
+    from rich.table import Table
+
+    table = Table(title=f"{d.app} in {d.namespace}: {len(ready)}/{d.nodes} pods ready ({elapsed:.0f}s)",
+                  title_justify="left", show_edge=False, pad_edge=False, header_style="bold")
+    for column in ("POD", "NODE", "PHASE"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("DETAIL", no_wrap=True, overflow="ellipsis")
+    order = sorted(range(d.nodes), key=lambda i: (i in ready, i))
+    for index in order[:MAX_ROWS]:
         pod = found.get(index)
+        name = f"{d.app}-{index}"
         if pod is None:
-            rows.append((name, "-", "not created", str(troubles.get(f"statefulset {d.app}", ""))))
+            table.add_row(name, "-", "not created", "")
             continue
         trouble = troubles.get(name)
-        phase = (pod.get("status") or {}).get("phase", "Unknown")
-        rows.append((name, (pod.get("spec") or {}).get("nodeName") or "-", "Ready" if index in ready else phase,
-                     trouble.words if trouble else ""))
-    title = f"{d.app} in {d.namespace}: {len(ready)}/{d.nodes} pods ready ({elapsed:.0f}s)"
-    return _table(title, rows[:MAX_ROWS], len(rows) - MAX_ROWS if len(rows) > MAX_ROWS else 0)
+        table.add_row(name, (pod.get("spec") or {}).get("nodeName") or "-",
+                      "Ready" if index in ready else (pod.get("status") or {}).get("phase", "Unknown"),
+                      trouble.words if trouble else "")
+    if len(order) > MAX_ROWS:
+        table.add_row(f"... {len(order) - MAX_ROWS} more", "", "", "")
+    statefulset = troubles.get(f"statefulset {d.app}")
+    if statefulset is None:
+        return table
+    from rich.console import Group
+    from rich.text import Text
+
+    return Group(table, Text(str(statefulset), no_wrap=True, overflow="ellipsis"))
 
 
 def _current(pod: dict[str, Any], sts: dict[str, Any] | None) -> bool:
@@ -73,23 +84,31 @@ def _current(pod: dict[str, Any], sts: dict[str, Any] | None) -> bool:
     return revision is None or (pod["metadata"].get("labels") or {}).get(REVISION_LABEL, revision) == revision
 
 
-def wait_ready(client: Client, d: Deployment, timeout: float) -> None:
-    """Return once every pod is Ready on the current revision; OperationError on a permanent reason or timeout."""
+def _observe(client: Client, d: Deployment, since: datetime
+             ) -> tuple[dict[int, dict[str, Any]], set[int], dict[str, Trouble]]:
+    """One tick: (pods by ordinal, ordinals ready on the latest spec, troubles by subject); one list call per
+    kind, events only while something is not ready."""
     selector = podview.selector(d)
+    statefulset = next(iter(client.select("statefulsets", selector)), None)
+    found = {i: p for i, p in podview.by_ordinal(client.select("pods", selector), d.app).items() if i < d.nodes}
+    ready = {i for i, p in found.items() if podview.is_ready(p) and _current(p, statefulset)}
+    if len(ready) == d.nodes:
+        return found, ready, {}
+    events = client.select("events")
+    troubles = [pod_trouble(p, events) for i, p in found.items() if i not in ready]
+    if len(found) < d.nodes:
+        troubles.append(statefulset_trouble(events, d, since))
+    return found, ready, {t.subject: t for t in troubles if t is not None}
+
+
+def wait_ready(client: Client, d: Deployment, timeout: float) -> None:
+    """Return once every pod is Ready on the latest spec; OperationError once a reason has lasted its grace
+    period (see explain.GRACE_SECONDS) or at ``timeout``, naming the reasons."""
     started, since = time.monotonic(), datetime.now(timezone.utc) - CLOCK_SLACK
     first_seen: dict[tuple[str, str], float] = {}
     with live_view() as update:
         while True:
-            statefulset = next(iter(client.list("statefulsets", selector)), None)
-            found = {i: p for i, p in podview.by_ordinal(client.list("pods", selector), d.app).items() if i < d.nodes}
-            ready = {i for i, p in found.items() if podview.is_ready(p) and _current(p, statefulset)}
-            troubles: dict[str, Trouble] = {}
-            if len(ready) < d.nodes:
-                events = client.list("events")
-                found_troubles = [pod_trouble(p, events) for i, p in found.items() if i not in ready]
-                if len(found) < d.nodes:
-                    found_troubles.append(statefulset_trouble(events, d, since))
-                troubles = {t.subject: t for t in found_troubles if t is not None}
+            found, ready, troubles = _observe(client, d, since)
             now = time.monotonic()
             update(_view(d, found, ready, troubles, now - started))
             if len(ready) == d.nodes:
@@ -114,6 +133,7 @@ def _failure(d: Deployment, ready: set[int], troubles: list[Trouble], what: str)
     for words, subjects in by_words.items():
         more = f" and {len(subjects) - 3} more" if len(subjects) > 3 else ""
         lines.append(f"{', '.join(subjects[:3])}{more}: {words}")
+    lines.append(f"deploy again once fixed (it converges), or remove it: mlenv clean --cluster {d.cluster.source}")
     return "\n".join(lines)
 
 
@@ -121,14 +141,16 @@ def wait_gone(client: Client, d: Deployment, timeout: float) -> None:
     """Return once no pod of the deployment is left; OperationError after ``timeout``."""
     started = time.monotonic()
     selector = podview.selector(d)
+    left = [p["metadata"]["name"] for p in client.select("pods", selector)]
+    if not left:
+        return
     with live_view() as update:
-        while True:
-            left = [p["metadata"]["name"] for p in client.list("pods", selector)]
+        while left:
             elapsed = time.monotonic() - started
-            update(f"{d.app} in {d.namespace}: {len(left)} pods left ({elapsed:.0f}s)")
-            if not left:
-                return
             if elapsed >= timeout:
-                raise OperationError(f"pods still there after {timeout:.0f}s: {', '.join(left[:5])}; "
-                                     f"see: oc get pods -n {d.namespace} -l app.kubernetes.io/instance={d.app}")
+                raise OperationError(f"pods still there after {timeout:.0f}s: {', '.join(left[:5])}; see: "
+                                     f"{client.flavour} get pods -n {d.namespace} -l {podview.INSTANCE_LABEL}={d.app}")
+            update(f"{d.app} in {d.namespace}: waiting for {len(left)} pods to go ({elapsed:.0f}s)")
             time.sleep(POLL_SECONDS)
+            left = [p["metadata"]["name"] for p in client.select("pods", selector)]
+        update(f"{d.app} in {d.namespace}: all pods gone ({time.monotonic() - started:.0f}s)")

@@ -1,0 +1,311 @@
+"""The OpenShift/Kubernetes backend through the real kubectl (driven by openshift-client) against fakekube.
+
+Each test starts its own fake cluster (nodes gpu-0 and gpu-1, 8 GPUs each, namespace ``ml``), writes a cluster
+file for it and runs the ``mlenv`` CLI in-process; ``.mlenv/state.json`` goes to the test's MLENV_HOME.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner, Result
+from mlenv.backends.base import Pod
+from mlenv.backends.kube import explain, waiting
+from mlenv.backends.kube.pods import rdma_devices
+from mlenv.backends.kube.preflight import same_server
+from mlenv.backends.openshift import OpenShiftBackend
+from mlenv.cli import main
+from mlenv.config import load_cluster
+from mlenv.errors import OperationError
+from mlenv.plan import Deployment, plan
+
+from tests.fakekube.fixtures import FakeCluster, fake_kube_factory  # noqa: F401 - the fixture, re-exported
+
+ROOT = Path(__file__).resolve().parents[2]
+NAMESPACE = "ml"
+APP = "ml-dev-env"
+SELECTOR = f"app.kubernetes.io/instance={APP}"
+IMAGE = "nvcr.io/nvidia/pytorch:25.01-py3"
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An MLENV_HOME with the real manifests, so state.json lands in the test's directory."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "manifests").symlink_to(ROOT / "manifests")
+    (home / "clusters").mkdir()
+    monkeypatch.setenv("MLENV_HOME", str(home))
+    monkeypatch.setattr(waiting, "POLL_SECONDS", 0.2)
+    return home
+
+
+@pytest.fixture
+def fake(fake_kube_factory: Callable[..., FakeCluster], home: Path,  # noqa: F811 - pytest fixture injection
+         monkeypatch: pytest.MonkeyPatch) -> FakeCluster:
+    """A started fake cluster whose kubeconfig the CLI (and the kubectl it runs) uses."""
+    cluster = fake_kube_factory(nodes=["gpu-0", "gpu-1"], namespaces=[NAMESPACE])
+    for name in ("KUBECONFIG", "KUBECACHEDIR", "OPENSHIFT_CLIENT_PYTHON_DEFAULT_OC_PATH"):
+        monkeypatch.setenv(name, cluster.env[name])
+    return cluster
+
+
+def cluster_file(home: Path, fake: FakeCluster, *, name: str = "fake", backend: str = "kubernetes",
+                 storage: str = "volumeClaimTemplates", api: str | None = None, namespace: str = NAMESPACE,
+                 ipc_lock: bool = False) -> str:
+    """Write a small valid cluster file for ``fake`` and return its path."""
+    document = {
+        "cluster": {"name": name, "api": api or f"127.0.0.1:{fake.server.port}", "namespace": namespace},
+        "backend": backend,
+        "nodes": {"gpu_nodes": ["gpu-0", "gpu-1"]},
+        "storage": {"mode": storage, "class_rwo": "standard", "class_rwx": "nfs", "workspace_size": "1Gi",
+                    "datasets_size": "1Gi"},
+        "security": {"service_account": "ml-dev-sa", "ipc_lock": ipc_lock},
+        "gpus": {"per_node": 4, "default_nodes": 2},
+    }
+    path = home / "clusters" / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    return str(path)
+
+
+def mlenv(*args: str, answer: str | None = None) -> Result:
+    """Run the CLI in-process (stdout and stderr kept apart)."""
+    return CliRunner().invoke(main, list(args), input=answer, catch_exceptions=False)
+
+
+def names(fake: FakeCluster, resource: str) -> list[str]:
+    """Names of the stored objects of ``resource`` in the test namespace."""
+    return sorted(o["metadata"]["name"] for o in fake.server.objects(resource, NAMESPACE))
+
+
+def test_deploy_status_redeploy_clean(fake: FakeCluster, home: Path) -> None:
+    path = cluster_file(home, fake)
+    deployed = mlenv("deploy", path)
+    assert deployed.exit_code == 0, deployed.output
+    assert "2/2 pods ready" in deployed.stderr
+    applies = fake.server.requests.records(method="PATCH")
+    assert applies and all(r.query.get("fieldManager") == "mlenv" and r.query.get("force") == "true"
+                           for r in applies)
+    assert json.loads((home / ".mlenv" / "state.json").read_text())["namespace"] == NAMESPACE
+    waits = [r for r in fake.server.requests.api_calls()
+             if r.method == "GET" and r.resource in ("pods", "statefulsets", "events")]
+    assert {r.verb for r in waits} == {"list"}  # one list call per kind per tick, never one GET per pod
+
+    fake.server.requests.clear()
+    status = mlenv("status", "--json")
+    assert status.exit_code == 0, status.output
+    pods = json.loads(status.stdout)["pods"]
+    assert [(p["name"], p["node"], p["ready"], p["gpus"], p["phase"]) for p in pods] == [
+        (f"{APP}-0", "gpu-0", True, 4, "Running"), (f"{APP}-1", "gpu-1", True, 4, "Running")]
+    calls = fake.server.requests.api_calls()
+    assert [(r.verb, r.resource, r.query.get("labelSelector")) for r in calls] == [("list", "pods", SELECTOR)]
+
+    network_status = [{"name": "ovn-kubernetes", "interface": "eth0", "default": True},
+                      {"name": "ml/roce", "interface": "net1", "device-info": {"pci": {"rdma-device": "mlx5_6"}}}]
+    annotated = fake.kubectl("annotate", "pod", f"{APP}-0", "-n", NAMESPACE,
+                             f"k8s.v1.cni.cncf.io/network-status={json.dumps(network_status)}")
+    assert annotated.returncode == 0, annotated.stderr
+    table = mlenv("status")
+    assert table.exit_code == 0, table.output
+    assert "net1=mlx5_6" in table.stdout
+
+    statefulset = fake.server.objects("statefulsets", NAMESPACE)[0]
+    pod_uids = sorted(p["metadata"]["uid"] for p in fake.server.objects("pods", NAMESPACE))
+    again = mlenv("deploy", path)
+    assert again.exit_code == 0, again.output
+    converged = fake.server.objects("statefulsets", NAMESPACE)[0]
+    assert converged["metadata"]["generation"] == statefulset["metadata"]["generation"]
+    assert sorted(p["metadata"]["uid"] for p in fake.server.objects("pods", NAMESPACE)) == pod_uids
+
+    backend = OpenShiftBackend(cli="kubectl")
+    deployment = plan(load_cluster(path))
+    pods_seen = backend.pods(deployment)
+    assert [(p.ordinal, p.name, p.workspace, p.ready) for p in pods_seen] == [
+        (0, f"{APP}-0", "/workspace", True), (1, f"{APP}-1", "/workspace", True)]
+
+    cleaned = mlenv("clean", "--yes")
+    assert cleaned.exit_code == 0, cleaned.output
+    volumes = [f"{claim}-{APP}-{i}" for claim in ("ml-datasets", "ml-dev-workspace") for i in (0, 1)]
+    assert names(fake, "persistentvolumeclaims") == volumes
+    assert not any(names(fake, kind) for kind in ("pods", "statefulsets", "services", "serviceaccounts"))
+    assert "kept 4 data volumes" in cleaned.stderr
+    assert not (home / ".mlenv" / "state.json").exists()
+    with pytest.raises(OperationError, match="no running pods"):
+        backend.pods(deployment)
+
+    twice = mlenv("clean", "--cluster", path)
+    assert twice.exit_code == 0, twice.output
+    assert "nothing to delete" in twice.stderr
+
+    refused = mlenv("clean", "--cluster", path, "--delete-data", answer="n\n")
+    assert refused.exit_code == 1
+    assert all(volume in refused.stderr for volume in volumes)
+    assert names(fake, "persistentvolumeclaims") == volumes
+
+    wiped = mlenv("clean", "--cluster", path, "--delete-data", "--yes")
+    assert wiped.exit_code == 0, wiped.output
+    assert names(fake, "persistentvolumeclaims") == []
+
+
+def test_shared_volumes_are_kept_then_deleted(fake: FakeCluster, home: Path) -> None:
+    path = cluster_file(home, fake, storage="rwx")
+    assert mlenv("deploy", path).exit_code == 0
+    assert mlenv("clean", "--yes").exit_code == 0
+    assert names(fake, "persistentvolumeclaims") == ["ml-datasets", "ml-dev-workspace"]
+    assert mlenv("clean", "--cluster", path, "--delete-data", "--yes").exit_code == 0
+    assert names(fake, "persistentvolumeclaims") == []
+
+
+@pytest.mark.parametrize(("fault", "backend", "expected"), [
+    ("unschedulable", "kubernetes",
+     ["no node has 4 free nvidia.com/gpu", "0/2 nodes are available: 2 Insufficient nvidia.com/gpu"]),
+    ("image_pull_backoff", "kubernetes", [f'cannot pull image "{IMAGE}"', "manifest unknown"]),
+    ("forbid_capabilities", "openshift",
+     ["forbids the IPC_LOCK capability", "--admin | oc apply -f -", "capability may not be added"]),
+])
+def test_fault_reasons_fail_fast(fake: FakeCluster, home: Path, monkeypatch: pytest.MonkeyPatch, fault: str,
+                                 backend: str, expected: list[str]) -> None:
+    for reason in explain.GRACE_SECONDS:
+        monkeypatch.setitem(explain.GRACE_SECONDS, reason, 0.5)
+    setattr(fake.server.faults, fault, True)
+    path = cluster_file(home, fake, backend=backend, ipc_lock=fault == "forbid_capabilities")
+    result = mlenv("deploy", path)
+    assert result.exit_code == 1
+    assert "cannot become ready (0/2 pods ready)" in result.stderr
+    for words in expected:
+        assert words in result.stderr
+    assert "Traceback" not in result.output
+    status = mlenv("status", "--cluster", path, "--json")
+    assert status.exit_code == 0, status.output
+    assert all(expected[0] in pod["detail"] for pod in json.loads(status.stdout)["pods"])
+
+
+def test_timeout_names_the_reason(fake: FakeCluster, home: Path) -> None:
+    fake.server.faults.unschedulable = True
+    result = mlenv("deploy", cluster_file(home, fake), "--timeout", "1")
+    assert result.exit_code == 1
+    assert "not ready after 1s" in result.stderr
+    assert "0/2 nodes are available" in result.stderr
+
+
+def test_not_logged_in(fake: FakeCluster, home: Path) -> None:
+    path = cluster_file(home, fake)
+    fake.kubeconfig.write_text(fake.kubeconfig.read_text().replace(fake.server.token, "expired-token"))
+    for args in (["deploy", path], ["status", "--cluster", path]):
+        result = mlenv(*args)
+        assert result.exit_code == 1
+        assert f"not logged in to 127.0.0.1:{fake.server.port}" in result.stderr
+        assert f"oc login --server=https://127.0.0.1:{fake.server.port}" in result.stderr
+
+
+def test_unreachable_server(fake: FakeCluster, home: Path) -> None:
+    path = cluster_file(home, fake, api="127.0.0.1")
+    fake.kubeconfig.write_text(fake.kubeconfig.read_text().replace(fake.server.url, "https://127.0.0.1:1"))
+    result = mlenv("status", "--cluster", path)
+    assert result.exit_code == 1
+    assert "cannot reach the API server of fake" in result.stderr
+
+
+def test_namespace_missing_or_forbidden(fake: FakeCluster, home: Path) -> None:
+    missing = mlenv("deploy", cluster_file(home, fake, namespace="nope"))
+    assert missing.exit_code == 1
+    assert "namespace nope does not exist: kubectl create namespace nope" in missing.stderr
+    fake.server.forbidden_namespaces.add(NAMESPACE)
+    forbidden = mlenv("deploy", cluster_file(home, fake, backend="openshift"))
+    assert forbidden.exit_code == 1
+    assert f"namespace {NAMESPACE} does not exist or developer may not use it" in forbidden.stderr
+    assert "oc new-project ml" in forbidden.stderr
+
+
+def test_api_mismatch_names_the_context_to_use(fake: FakeCluster, home: Path) -> None:
+    path = cluster_file(home, fake, api="api.other.example.com")
+    result = mlenv("deploy", path)
+    assert result.exit_code == 1
+    assert (f"is for api.other.example.com but context fakekube points at https://127.0.0.1:{fake.server.port}: "
+            "log in with: oc login --server=https://api.other.example.com:6443") in result.stderr
+    config = yaml.safe_load(fake.kubeconfig.read_text())
+    config["clusters"].append({"name": "other", "cluster": {"server": "https://api.other.example.com:6443"}})
+    config["contexts"].append({"name": "other", "context": {"cluster": "other", "user": "developer"}})
+    fake.kubeconfig.write_text(yaml.safe_dump(config))
+    result = mlenv("clean", "--cluster", path)
+    assert result.exit_code == 1
+    assert "switch with: kubectl config use-context other" in result.stderr
+    assert fake.server.requests.count(verb="delete") == 0
+
+
+@pytest.mark.parametrize(("cli", "variable", "hint"), [
+    ("kubectl", "/nowhere/kubectl", "make install-system"),
+    ("oc", "", "install oc from the OpenShift mirror"),
+])
+def test_missing_cli_says_how_to_install(home: Path, monkeypatch: pytest.MonkeyPatch, cli: str, variable: str,
+                                         hint: str) -> None:
+    monkeypatch.setenv("OPENSHIFT_CLIENT_PYTHON_DEFAULT_OC_PATH", variable)
+    monkeypatch.setenv("PATH", str(home))
+    path = home / "clusters" / "offline.yaml"
+    path.write_text(yaml.safe_dump({"cluster": {"name": "offline", "namespace": "ml"},
+                                    "backend": "kubernetes" if cli == "kubectl" else "openshift",
+                                    "storage": {"class_rwo": "standard"}}))
+    result = mlenv("status", "--cluster", str(path))
+    assert result.exit_code == 2
+    assert hint in result.stderr
+
+
+# --- command lines and pod views (no server needed) ----------------------------------------------------------
+
+
+@pytest.fixture
+def deployment(home: Path) -> Deployment:
+    path = home / "clusters" / "argv.yaml"
+    path.write_text(yaml.safe_dump({"cluster": {"name": "argv", "namespace": "ml"}, "backend": "kubernetes",
+                                    "storage": {"class_rwo": "standard"}}))
+    return plan(load_cluster(str(path)))
+
+
+@pytest.fixture
+def backend(monkeypatch: pytest.MonkeyPatch) -> OpenShiftBackend:
+    monkeypatch.setenv("OPENSHIFT_CLIENT_PYTHON_DEFAULT_OC_PATH", "/bin/echo")
+    return OpenShiftBackend(cli="kubectl")
+
+
+def test_command_lines(backend: OpenShiftBackend, deployment: Deployment) -> None:
+    pod = Pod(ordinal=1, name=f"{APP}-1", workspace="/workspace")
+    argv = backend.exec_argv(deployment, pod, ["python", "a b.py", "$HOME"], env={"K": "v w"}, interactive=True)
+    assert argv == ["/bin/echo", "exec", "-i", "-t", "-n", "ml", f"{APP}-1", "-c", "ml-dev", "--", "env", "K=v w",
+                    "sh", "-c", 'cd "$1" && shift && exec "$@"', "sh", "/workspace", "python", "a b.py", "$HOME"]
+    assert backend.logs_argv(deployment, pod, follow=True) == [
+        "/bin/echo", "logs", "-n", "ml", f"{APP}-1", "-c", "ml-dev", "-f"]
+    target = backend.copy_target(deployment, pod)
+    assert target.destination == f"{APP}-1:/workspace/"
+    assert target.rsh is not None
+    # rsync runs `RSH HOST rsync --server ...`: the wrapper turns it into `<cli> exec ... -- rsync --server ...`.
+    shown = subprocess.run([*target.rsh, pod.name, "rsync", "--server", "-logDtpre.iLsfxC", "."],
+                           capture_output=True, text=True, check=True, env={"PYTHONPATH": str(ROOT / "tools")})
+    assert shown.stdout.split() == ["exec", "-i", "-n", "ml", f"{APP}-1", "-c", "ml-dev", "--", "rsync",
+                                    "--server", "-logDtpre.iLsfxC", "."]
+    assert target.rsh[0] == sys.executable
+
+
+def test_rdma_devices_from_network_status() -> None:
+    status = [{"name": "ovn-kubernetes", "interface": "eth0", "default": True},
+              {"name": "ml/sriov-a", "interface": "net1", "device-info": {"pci": {"rdma-device": "mlx5_6"}}},
+              {"name": "ml/sriov-b", "interface": "net2"}]
+    pod = {"metadata": {"annotations": {"k8s.v1.cni.cncf.io/network-status": json.dumps(status)}}}
+    assert rdma_devices(pod) == "net1=mlx5_6,net2"
+    assert rdma_devices({"metadata": {}}) is None
+
+
+@pytest.mark.parametrize(("api", "server", "same"), [
+    ("api.example.com", "https://api.example.com:6443", True),
+    ("example.com", "https://api.example.com:6443", True),
+    ("https://api.example.com:6443", "https://API.example.com:6443", True),
+    ("api.example.com:6443", "https://api.example.com:7443", False),
+    ("api.example.com", "https://api.other.com:6443", False),
+])
+def test_same_server(api: str, server: str, same: bool) -> None:
+    assert same_server(api, server) is same
