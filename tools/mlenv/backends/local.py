@@ -17,6 +17,7 @@ from pathlib import Path
 
 from mlenv.backends import localnet, localproc
 from mlenv.backends.base import CopyTarget, Pod, PodStatus
+from mlenv.config.discover import project_root
 from mlenv.errors import OperationError, UsageError
 from mlenv.plan import Deployment
 from mlenv.ui import info
@@ -37,12 +38,13 @@ class LocalPod:
     nic: str
     netns: str | None
     prefixlen: int
+    master_port: int
+    """Pod 0's rendezvous port: the deployment's in namespaces; in processes mode, where every pod shares
+    the host's loopback, a free port chosen once so that two local clusters never meet."""
 
 
 def base_dir(deployment: Deployment) -> Path:
     """Where the pod directories live: ``local.root``, else <project>/.mlenv/local/<namespace>."""
-    from mlenv.config.discover import project_root
-
     root = deployment.cluster.local.root
     if root:
         return (project_root() / root).resolve()
@@ -81,20 +83,35 @@ def _isolation(deployment: Deployment) -> str:
     return NAMESPACES
 
 
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _master_port(deployment: Deployment, mode: str) -> int:
+    """The deployment's port with namespaces; with processes the one chosen before, else a free one."""
+    if mode == NAMESPACES:
+        return deployment.master_port
+    recorded = _read_pod(deployment, 0)
+    return recorded.master_port if recorded and recorded.mode == PROCESSES else _free_port()
+
+
 def _plan_pods(deployment: Deployment, mode: str) -> list[LocalPod]:
     subnet = ipaddress.ip_network(deployment.cluster.local.subnet, strict=False)
     hosts = list(subnet.hosts())
     if mode == NAMESPACES and deployment.nodes + 1 > len(hosts):
         raise UsageError(f"local.subnet {subnet} has room for {len(hosts) - 1} pods, not {deployment.nodes}")
     interfaces = deployment.cluster.local.interfaces
+    port = _master_port(deployment, mode)
     pods = []
     for i in range(deployment.nodes):
         if mode == NAMESPACES:
             nic = interfaces[i] if i < len(interfaces) else DEFAULT_NIC
             pods.append(LocalPod(i, f"{deployment.app}-{i}", mode, str(hosts[i + 1]), nic,
-                                 netns_name(deployment, i), subnet.prefixlen))
+                                 netns_name(deployment, i), subnet.prefixlen, port))
         else:
-            pods.append(LocalPod(i, f"{deployment.app}-{i}", mode, "127.0.0.1", "lo", None, 8))
+            pods.append(LocalPod(i, f"{deployment.app}-{i}", mode, "127.0.0.1", "lo", None, 8, port))
     return pods
 
 
@@ -138,8 +155,8 @@ class LocalBackend:
         mode = _isolation(deployment)
         pods = _plan_pods(deployment, mode)
         extra = sorted(o for o in _existing_ordinals(deployment) if o >= deployment.nodes)
-        if extra:
-            self._remove(deployment, extra, delete_data=True)
+        if extra:  # scaled down: like a StatefulSet, the pods go and their data stays
+            self._remove(deployment, extra, delete_data=False)
         entries = [(p.ip, _dns_names(deployment, p.ordinal)) for p in pods]
         if mode == NAMESPACES:
             localnet.ensure_bridge(bridge_netns(deployment))
@@ -148,7 +165,8 @@ class LocalBackend:
             if mode == NAMESPACES and pod.netns:
                 localnet.ensure_pod(bridge_netns(deployment), f"p{pod.ordinal}", pod.netns, pod.nic,
                                     f"{pod.ip}/{pod.prefixlen}")
-                localnet.write_hosts(pod.netns, entries)
+                localnet.write_etc(pod.netns, entries)
+            directory.mkdir(parents=True, exist_ok=True)
             workspace_dir(deployment, pod.ordinal).mkdir(parents=True, exist_ok=True)
             (directory / POD_FILE).write_text(json.dumps(asdict(pod), indent=2) + "\n")
             where = f"netns {pod.netns}, {pod.nic} {pod.ip}/{pod.prefixlen}" if pod.netns else "loopback"
@@ -167,14 +185,16 @@ class LocalBackend:
             pod = _read_pod(deployment, ordinal)
             name = f"{deployment.app}-{ordinal}"
             if pod is None:
+                kept = workspace_dir(deployment, ordinal).is_dir()
                 rows.append(PodStatus(name, ordinal, None, "Missing", False, 0, 0, None,
-                                      detail="not deployed (mlenv deploy)"))
+                                      detail="no pod; its workspace is kept" if kept else "not deployed"))
                 continue
             ready = pod.netns is None or localnet.configured(pod.netns, pod.nic, f"{pod.ip}/{pod.prefixlen}")
             jobs = len(localproc.running(pod_dir(deployment, ordinal)))
             extra = {"mode": pod.mode, "nic": pod.nic, "jobs": str(jobs)}
-            rows.append(PodStatus(name, ordinal, pod.netns or socket.gethostname(), "Running" if ready else "Broken", ready,
-                                  0, 0, pod.ip, detail=None if ready else "network broken: mlenv deploy repairs it",
+            rows.append(PodStatus(name, ordinal, pod.netns or socket.gethostname(),
+                                  "Running" if ready else "Broken", ready, 0, 0, pod.ip,
+                                  detail=None if ready else "network broken: mlenv deploy repairs it",
                                   extra=extra))
         return rows
 
@@ -195,8 +215,6 @@ class LocalBackend:
         local = _read_pod(deployment, pod.ordinal)
         if local is None:
             raise OperationError(f"pod {pod.name} is not deployed: run mlenv deploy first")
-        from mlenv.config.discover import project_root
-
         directory = pod_dir(deployment, pod.ordinal)
         variables = {
             **deployment.env,
@@ -208,7 +226,8 @@ class LocalBackend:
             localproc.MARKER: str(directory),
         }
         if local.netns is None:
-            variables.update(MASTER_ADDR="127.0.0.1", NCCL_SOCKET_IFNAME="lo", GLOO_SOCKET_IFNAME="lo")
+            variables.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(local.master_port), NCCL_SOCKET_IFNAME="lo",
+                             GLOO_SOCKET_IFNAME="lo")
         variables.update(env or {})
         command = ["env", "-C", pod.workspace, *(f"{k}={v}" for k, v in variables.items()),
                    *localproc.recorded(directory, argv)]

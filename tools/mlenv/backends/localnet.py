@@ -4,6 +4,7 @@ the host's network namespace."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -39,6 +40,8 @@ def delete_namespace(name: str) -> None:
     if name in namespaces():
         _ip("netns", "delete", name)
     shutil.rmtree(NETNS_ETC / name, ignore_errors=True)
+    with contextlib.suppress(OSError):  # only when no other namespace has files there
+        NETNS_ETC.rmdir()
 
 
 def ensure_bridge(netns: str) -> None:
@@ -82,15 +85,19 @@ def ensure_pod(bridge_netns: str, port: str, netns: str, nic: str, cidr: str) ->
     _ip("-n", netns, "link", "set", "lo", "up")
 
 
-def write_hosts(netns: str, entries: Sequence[tuple[str, Sequence[str]]]) -> None:
-    """/etc/netns/<netns>/hosts, which ``ip netns exec`` mounts over /etc/hosts: localhost plus ``entries``."""
-    lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
-    lines += [f"{address}\t{' '.join(names)}" for address, names in entries]
+def write_etc(netns: str, entries: Sequence[tuple[str, Sequence[str]]]) -> None:
+    """/etc/netns/<netns>/{hosts,resolv.conf}, which ``ip netns exec`` mounts over /etc: the pods' names
+    (``entries``) and no DNS server but the pod's own loopback, so lookups never leave the pod."""
+    hosts = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
+    hosts += [f"{address}\t{' '.join(names)}" for address, names in entries]
+    files = {"hosts": "\n".join(hosts) + "\n",
+             "resolv.conf": "# mlenv local pod: names come from /etc/hosts\nnameserver 127.0.0.1\noptions attempts:1\n"}
     directory = NETNS_ETC / netns
     directory.mkdir(parents=True, exist_ok=True)
-    tmp = directory / "hosts.tmp"
-    tmp.write_text("\n".join(lines) + "\n")
-    os.replace(tmp, directory / "hosts")
+    for name, text in files.items():
+        tmp = directory / f"{name}.tmp"
+        tmp.write_text(text)
+        os.replace(tmp, directory / name)
 
 
 def exec_prefix(netns: str) -> list[str]:

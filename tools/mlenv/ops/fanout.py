@@ -13,10 +13,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
 
 from mlenv.backends.base import Backend, Pod
-from mlenv.errors import UsageError
+from mlenv.errors import OperationError, UsageError
 from mlenv.plan import Deployment
 
 STOP_GRACE = 5.0
@@ -29,10 +28,12 @@ LineHandler = Callable[[int, str], None]
 
 @dataclass(frozen=True)
 class FanoutResult:
-    """Exit code per node (negative: stopped by that signal) and the node that failed first, if any."""
+    """Exit code per node (negative: ended by that signal), the node that failed first, if any, and the
+    nodes that were stopped before they ended on their own."""
 
     exit_codes: Mapping[int, int]
     first_failure: int | None
+    stopped: frozenset[int] = frozenset()
     interrupted: bool = False
 
     @property
@@ -69,8 +70,10 @@ class _Node:
             os.killpg(self.process.pid, sig)
 
 
-def _stop(nodes: Sequence[_Node]) -> None:
-    """SIGTERM every node's group, SIGKILL what is left after STOP_GRACE seconds."""
+def _stop(nodes: Sequence[_Node]) -> set[int]:
+    """SIGTERM every node's group, SIGKILL what is left after STOP_GRACE seconds; returns the nodes that
+    were still running."""
+    running = {n.ordinal for n in nodes if n.process.poll() is None}
     for node in nodes:
         node.signal_group(signal.SIGTERM)
     deadline = time.monotonic() + STOP_GRACE
@@ -79,22 +82,33 @@ def _stop(nodes: Sequence[_Node]) -> None:
     for node in nodes:
         node.signal_group(signal.SIGKILL)
         node.process.wait()
+    return running
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _interrupt_on_sigterm() -> signal.Handlers | Callable[..., object] | int | None:
+    """Treat SIGTERM like Ctrl-C while commands run (main thread only); returns the previous handler."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, _raise_interrupt)
 
 
 def run_parallel(commands: Mapping[int, Sequence[str]], *, fail_fast: bool = False,
                  logs: Mapping[int, Path] | None = None, on_line: LineHandler | None = None,
-                 keep_stdin: bool = False, out: IO[str] | None = None) -> FanoutResult:
-    """Run ``commands`` (ordinal -> local argv) concurrently, printing each line as ``[node-N] line`` to
-    ``out`` (stdout) and appending it to ``logs[N]``. With ``fail_fast`` the first non-zero exit stops the
-    rest. Ctrl-C stops everything and is reported as ``interrupted``."""
-    stream = out or sys.stdout
+                 keep_stdin: bool = False) -> FanoutResult:
+    """Run ``commands`` (ordinal -> local argv) concurrently, printing each line as ``[node-N] line`` and
+    appending it to ``logs[N]``. With ``fail_fast`` the first non-zero exit stops the rest. Ctrl-C (or
+    SIGTERM) stops everything and is reported as ``interrupted``."""
     lock = threading.Lock()
     files = {n: path.open("a", encoding="utf-8") for n, path in (logs or {}).items()}
 
     def emit(ordinal: int, line: str) -> None:
         with lock:
-            stream.write(f"[node-{ordinal}] {line}\n")
-            stream.flush()
+            sys.stdout.write(f"[node-{ordinal}] {line}\n")
+            sys.stdout.flush()
             if ordinal in files:
                 files[ordinal].write(line + "\n")
                 files[ordinal].flush()
@@ -104,9 +118,15 @@ def run_parallel(commands: Mapping[int, Sequence[str]], *, fail_fast: bool = Fal
     nodes: list[_Node] = []
     codes: dict[int, int] = {}
     first_failure: int | None = None
+    stopped: set[int] = set()
+    previous = _interrupt_on_sigterm()
     try:
         for ordinal, argv in commands.items():
-            nodes.append(_Node(ordinal, argv, keep_stdin, emit))
+            try:
+                nodes.append(_Node(ordinal, argv, keep_stdin, emit))
+            except OSError as exc:
+                _stop(nodes)
+                raise OperationError(f"cannot run {argv[0]} for node-{ordinal}: {exc.strerror}") from None
         while len(codes) < len(nodes):
             for node in nodes:
                 code = node.process.poll()
@@ -116,20 +136,22 @@ def run_parallel(commands: Mapping[int, Sequence[str]], *, fail_fast: bool = Fal
                 if code != 0 and first_failure is None:
                     first_failure = node.ordinal
                     if fail_fast:
-                        _stop(nodes)
+                        stopped = _stop(nodes)
             time.sleep(0.05)
         interrupted = False
     except KeyboardInterrupt:
-        _stop(nodes)
+        stopped = _stop(nodes)
         interrupted = True
     finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
         deadline = time.monotonic() + READER_GRACE
         for node in nodes:  # output still buffered in the pipes; orphans that keep a pipe open are not awaited
             node.reader.join(timeout=max(0.0, deadline - time.monotonic()))
         for handle in files.values():
             handle.close()
     codes.update({n.ordinal: n.process.returncode for n in nodes if n.ordinal not in codes})
-    return FanoutResult(codes, first_failure, interrupted)
+    return FanoutResult(codes, first_failure, frozenset(stopped), interrupted)
 
 
 def select_pods(backend: Backend, deployment: Deployment, only: int | None) -> list[Pod]:

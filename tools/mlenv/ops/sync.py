@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import re
 import shlex
+import shutil
 import subprocess
+import tempfile
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -33,8 +35,8 @@ class PodSync:
     ordinal: int
     method: str
     ok: bool
-    files: int = 0
-    bytes: int = 0
+    files: int | None = None
+    bytes: int | None = None
     seconds: float = 0.0
     error: str | None = None
 
@@ -53,17 +55,26 @@ class SyncReport:
         return all(p.ok for p in self.pods)
 
 
-def _runtime_source() -> Path:
-    """tools/mlenv: its __init__.py and runtime/ are what pods need to run ``python3 -m mlenv.runtime``."""
-    return Path(mlenv.__file__).resolve().parent
+def _stage_runtime(stage: Path) -> None:
+    """Copy the in-pod runtime (mlenv/__init__.py and mlenv/runtime/, stdlib only) to ``stage``/.mlenv/mlenv,
+    keeping file times so that rsync leaves unchanged files alone in the pods."""
+    package = Path(mlenv.__file__).resolve().parent
+    target = stage / RUNTIME_DIR / package.name
+    target.mkdir(parents=True)
+    shutil.copy2(package / "__init__.py", target / "__init__.py")
+    shutil.copytree(package / "runtime", target / "runtime", ignore=shutil.ignore_patterns(*EXCLUDES))
 
 
-def _filters(source: Path) -> list[str]:
-    """Exclude options shared by rsync and tar."""
-    options = [f"--exclude={pattern}" for pattern in EXCLUDES]
-    if (source / IGNORE_FILE).is_file():
-        options.append(f"--exclude-from={source / IGNORE_FILE}")
-    return options
+def _patterns(source: Path) -> list[str]:
+    """The built-in excludes plus the patterns of ``source``/.mlenvignore (rsync syntax, # comments)."""
+    ignore = source / IGNORE_FILE
+    lines = ignore.read_text().splitlines() if ignore.is_file() else []
+    return [*EXCLUDES, *(line.strip() for line in lines if line.strip() and not line.startswith(("#", ";")))]
+
+
+def _filters(source: Path, for_tar: bool = False) -> list[str]:
+    """Exclude options; tar has no anchors or directory-only patterns, so those become plain names."""
+    return [f"--exclude={p.strip('/') if for_tar else p}" for p in _patterns(source)]
 
 
 def _count(pattern: str, text: str) -> int:
@@ -75,45 +86,30 @@ def _run(argv: Sequence[str], stdin: int | None = None) -> subprocess.CompletedP
     return subprocess.run(argv, stdin=stdin, capture_output=True, text=True, check=False)
 
 
-def _rsync(source: Path, target: CopyTarget, delete: bool) -> tuple[int, int, str | None]:
-    """rsync the workspace, then the runtime; (files, bytes, error)."""
+def _rsync(source: Path, stage: Path, target: CopyTarget, delete: bool) -> tuple[int, int, str | None]:
+    """One rsync per pod: the workspace at the top, the staged runtime under .mlenv/ (``/./`` marks where
+    the relative paths start); (files, bytes, error)."""
     rsh = ["-e", shlex.join(target.rsh)] if target.rsh else []
-    destination = target.destination.rstrip("/") + "/"
-    # The runtime directory is protected from --delete: it is not part of the source.
-    workspace = ["rsync", "-a", "--stats", *rsh, *_filters(source), f"--exclude=/{RUNTIME_DIR}",
-                 *(["--delete"] if delete else []), f"{source}/", destination]
-    package = _runtime_source()
-    runtime = ["rsync", "-a", "--stats", "--relative", "--delete", *rsh, *_filters(package),
-               f"{package.parent}/./{package.name}/__init__.py", f"{package.parent}/./{package.name}/runtime",
-               destination + RUNTIME_DIR + "/"]
-    files = size = 0
-    for argv in (workspace, runtime):
-        result = _run(argv)
-        if result.returncode != 0:
-            return files, size, (result.stderr.strip().splitlines() or [f"rsync exit {result.returncode}"])[-1]
-        files += _count("Number of regular files transferred", result.stdout)
-        size += _count("Total transferred file size", result.stdout)
-    return files, size, None
+    argv = ["rsync", "-a", "--relative", "--stats", *rsh, *_filters(source), *(["--delete"] if delete else []),
+            f"{source}/./", f"{stage}/./{RUNTIME_DIR}", target.destination.rstrip("/") + "/"]
+    result = _run(argv)
+    if result.returncode != 0:
+        return 0, 0, (result.stderr.strip().splitlines() or [f"rsync exit {result.returncode}"])[-1]
+    return (_count("Number of regular files transferred", result.stdout),
+            _count("Total transferred file size", result.stdout), None)
 
 
-def _tar(backend: Backend, deployment: Deployment, pod: Pod, source: Path) -> tuple[int, int, str | None]:
-    """Stream the workspace and the runtime as tar archives through exec (not incremental, no --delete)."""
-    package = _runtime_source()
-    streams = [
-        (["tar", "-C", str(source), *_filters(source), "-cf", "-", "."], ["tar", "-xf", "-"]),
-        (["tar", "-C", str(package.parent), *_filters(package), "-cf", "-", f"{package.name}/__init__.py",
-          f"{package.name}/runtime"],
-         ["sh", "-c", f'mkdir -p {RUNTIME_DIR} && exec tar -xf - -C {RUNTIME_DIR}']),
-    ]
-    files = 0
-    for pack, unpack in streams:
-        with subprocess.Popen(pack, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL) as producer:
-            result = _run(backend.exec_argv(deployment, pod, unpack), stdin=producer.stdout.fileno()
-                          if producer.stdout else None)
-        if producer.returncode != 0 or result.returncode != 0:
-            return files, 0, (result.stderr.strip().splitlines() or ["tar stream failed"])[-1]
-        files += 1
-    return sum(1 for p in source.rglob("*") if p.is_file()), 0, None
+def _tar(backend: Backend, deployment: Deployment, pod: Pod, source: Path, stage: Path) -> str | None:
+    """Stream the workspace and the staged runtime as one tar archive through exec (not incremental, no
+    --delete); the error, if any."""
+    pack = ["tar", *_filters(source, for_tar=True), "-cf", "-", "-C", str(source), ".", "-C", str(stage),
+            RUNTIME_DIR]
+    with subprocess.Popen(pack, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL) as producer:
+        result = _run(backend.exec_argv(deployment, pod, ["tar", "-xf", "-"]),
+                      stdin=producer.stdout.fileno() if producer.stdout else None)
+    if producer.returncode != 0 or result.returncode != 0:
+        return (result.stderr.strip().splitlines() or ["tar stream failed"])[-1]
+    return None
 
 
 def _has_rsync(backend: Backend, deployment: Deployment, pod: Pod, target: CopyTarget) -> bool:
@@ -124,17 +120,20 @@ def _has_rsync(backend: Backend, deployment: Deployment, pod: Pod, target: CopyT
     return _run(probe).returncode == 0
 
 
-def _sync_pod(backend: Backend, deployment: Deployment, pod: Pod, source: Path, delete: bool) -> PodSync:
+def _sync_pod(backend: Backend, deployment: Deployment, pod: Pod, source: Path, stage: Path,
+              delete: bool) -> PodSync:
     started = time.monotonic()
     target = backend.copy_target(deployment, pod)
-    if _has_rsync(backend, deployment, pod, target):
-        method = "rsync"
-        files, size, error = _rsync(source, target, delete)
-    else:
-        method = "tar"
-        files, size, error = _tar(backend, deployment, pod, source)
-    return PodSync(pod.name, pod.ordinal, method, error is None, files, size,
-                   round(time.monotonic() - started, 3), error)
+    if not _has_rsync(backend, deployment, pod, target):
+        error = _tar(backend, deployment, pod, source, stage)
+        method = "tar (no rsync in the pod: copies all, cannot --delete)" if delete else "tar"
+        return PodSync(pod.name, pod.ordinal, method, error is None, seconds=_since(started), error=error)
+    files, size, error = _rsync(source, stage, target, delete)
+    return PodSync(pod.name, pod.ordinal, "rsync", error is None, files, size, _since(started), error)
+
+
+def _since(started: float) -> float:
+    return round(time.monotonic() - started, 3)
 
 
 def sync(backend: Backend, deployment: Deployment, source: Path | None = None, delete: bool = False,
@@ -148,13 +147,20 @@ def sync(backend: Backend, deployment: Deployment, source: Path | None = None, d
     pods = backend.pods(deployment)
     shared = deployment.storage.shared
     targets = pods[:1] if shared else pods
-    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(targets))) as pool:
-        rows = list(pool.map(lambda pod: _sync_pod(backend, deployment, pod, source, delete), targets))
+    with tempfile.TemporaryDirectory(prefix="mlenv-sync-") as staging, \
+            ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(targets))) as pool:
+        stage = Path(staging)
+        _stage_runtime(stage)
+        rows = list(pool.map(lambda pod: _sync_pod(backend, deployment, pod, source, stage, delete), targets))
     if shared:
         rows += [PodSync(p.name, p.ordinal, f"shared with {pods[0].name}", rows[0].ok) for p in pods[1:]]
     report = SyncReport(str(source), shared, rows)
     _print(report, as_json)
     return report
+
+
+def _cell(value: int | None) -> str:
+    return "-" if value is None else str(value)
 
 
 def _print(report: SyncReport, as_json: bool) -> None:
@@ -166,7 +172,7 @@ def _print(report: SyncReport, as_json: bool) -> None:
         return
     table(f"sync {report.source}" + (" (shared workspace: copied once)" if report.shared else ""),
           ["POD", "METHOD", "FILES", "BYTES", "SECONDS", "RESULT"],
-          [[r.pod, r.method, r.files, r.bytes, r.seconds, "ok" if r.ok else f"FAILED: {r.error}"]
+          [[r.pod, r.method, _cell(r.files), _cell(r.bytes), r.seconds, "ok" if r.ok else f"FAILED: {r.error}"]
            for r in report.pods])
     for row in report.pods:
         if not row.ok:

@@ -1,0 +1,140 @@
+"""End to end on the local backend with network namespaces (root): deploy -> status -> exec -> sync ->
+torchrun 2x2 -> logs under runs/ -> fail-fast -> clean leaves nothing behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests.integration.local_cluster import (
+    DONE,
+    FAILING_JOB,
+    MLENV,
+    ROOT,
+    TINY_JOB,
+    LocalProject,
+    leftovers,
+    make_project,
+    require_local,
+)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalProject]:
+    """A deployed 2-pod namespaces cluster with the tiny jobs synced; cleaned (with data) afterwards."""
+    require_local("namespaces")
+    project = make_project(tmp_path_factory.mktemp("ns"), "lns", "10.77.61.0/24", "namespaces")
+    project.ok("deploy", project.name)
+    source = project.source({"tiny.py": TINY_JOB, "fail.py": FAILING_JOB})
+    project.ok("sync", "--cluster", project.name, "--source", str(source))
+    yield project
+    project.mlenv("clean", "--cluster", project.name, "--delete-data", "--yes")
+
+
+def test_pods_have_own_address_nic_and_hosts(cluster: LocalProject) -> None:
+    pods = cluster.status()
+    assert [p["extra"]["nic"] for p in pods] == ["ens1f1", "ens1f0np0"]
+    assert [p["ip"] for p in pods] == ["10.77.61.2", "10.77.61.3"]
+    assert {p["extra"]["mode"] for p in pods} == {"namespaces"} and all(p["ready"] for p in pods)
+    master = f"{cluster.app}-0.{cluster.app}-headless.{cluster.name}-ns.svc.cluster.local"
+    out = cluster.ok("exec", "--cluster", cluster.name, "--", "sh", "-c",
+                     f'ls /sys/class/net | tr "\\n" " "; getent hosts {master}; pwd; echo rank=$MLENV_NODE_RANK').stdout
+    node0 = [line for line in out.splitlines() if line.startswith("[node-0]")]
+    node1 = [line for line in out.splitlines() if line.startswith("[node-1]")]
+    assert "ens1f1" in node0[0] and "ens1f0np0" in node1[0] and "eth0" not in out
+    assert all(any(f"10.77.61.2 {master}" in " ".join(line.split()) for line in lines) for lines in (node0, node1))
+    assert node0[-1] == "[node-0] rank=0" and node1[-1] == "[node-1] rank=1"
+    assert str(cluster.pod_dir(1) / "workspace") in "\n".join(node1)
+
+
+def test_redeploy_converges_and_repairs_leftovers(cluster: LocalProject) -> None:
+    subprocess.run(["ip", "netns", "delete", f"mlenv-{cluster.app}-1"], check=True)  # as if a crash broke it
+    assert [p["phase"] for p in cluster.status()] == ["Running", "Broken"]
+    cluster.ok("deploy", cluster.name)
+    cluster.ok("deploy", cluster.name)
+    assert all(p["ready"] for p in cluster.status())
+
+
+def test_torchrun_job_rendezvous_across_nics_and_logs(cluster: LocalProject) -> None:
+    result = cluster.ok("launch", "--cluster", cluster.name, "--launcher", "torchrun", "tiny.py", timeout=90)
+    done = DONE.search(result.stdout)
+    assert done is not None, result.stdout
+    assert f"[node-{done.group(1)}] step 3/3" in result.stdout
+    runs = list((cluster.home / "runs").glob(f"*-{cluster.app}"))
+    assert len(runs) == 1
+    assert "done world_size=4" in (runs[0] / f"node-{done.group(1)}.log").read_text()
+    assert "node 0/2" in (runs[0] / "node-0.log").read_text() and "node 1/2" in (runs[0] / "node-1.log").read_text()
+
+
+def _launch_until(cluster: LocalProject, marker: str, *args: str) -> tuple[subprocess.Popen[str], list[str]]:
+    """Start `mlenv launch ... fail.py ARGS` and read its output up to the first line containing ``marker``."""
+    process = subprocess.Popen([str(MLENV), "launch", "--cluster", cluster.name, "--launcher", "torchrun",
+                                "fail.py", *args], cwd=ROOT, env={**os.environ, "MLENV_HOME": str(cluster.home)},
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert process.stdout is not None
+    output = []
+    for line in process.stdout:
+        output.append(line)
+        if marker in line:
+            break
+    return process, output
+
+
+def _finish(process: subprocess.Popen[str], output: list[str], within: float) -> tuple[int, str]:
+    """Exit code and whole output of ``process``, which must end within ``within`` seconds from now."""
+    started = time.monotonic()
+    assert process.stdout is not None
+    output += process.stdout.readlines()
+    code = process.wait(timeout=60)
+    assert time.monotonic() - started < within, "".join(output)
+    return code, "".join(output)
+
+
+def _processes(cluster: LocalProject) -> list[str]:
+    return [item for item in leftovers(cluster) if item.startswith("process")]
+
+
+def test_fail_fast_stops_every_node(cluster: LocalProject) -> None:
+    process, output = _launch_until(cluster, "failing on purpose", "--fail")
+    code, text = _finish(process, output, within=10)
+    assert code == 1, text
+    assert "error: node-1 failed with exit code" in text and "Last lines of" in text and "node-1.log" in text
+    assert _processes(cluster) == []
+    assert [p["extra"]["jobs"] for p in cluster.status()] == ["0", "0"]
+
+
+def test_interrupt_stops_every_node(cluster: LocalProject) -> None:
+    process, output = _launch_until(cluster, "sleeping")
+    time.sleep(1)  # let every rank reach its sleep
+    process.send_signal(signal.SIGINT)
+    code, text = _finish(process, output, within=10)
+    assert code == 130 and "interrupted: every node stopped" in text, text
+    assert _processes(cluster) == []
+
+
+def test_logs_show_each_pods_history(cluster: LocalProject) -> None:
+    out = cluster.ok("logs", "--cluster", cluster.name, "--pod", "1").stdout
+    assert out.startswith("[node-1] pod ") and "exec python3 -m mlenv.runtime launch" in out
+    assert cluster.mlenv("logs", "--cluster", cluster.name, "--pod", "7").returncode == 2
+
+
+def test_clean_leaves_nothing_and_twice_is_fine(cluster: LocalProject) -> None:
+    sleeper = cluster.mlenv("exec", "--cluster", cluster.name, "--pod", "0", "--", "sh", "-c",
+                            "sleep 300 >/dev/null 2>&1 &")
+    assert sleeper.returncode == 0
+    assert [p["extra"]["jobs"] for p in cluster.status()] == ["0", "0"]  # the exec itself ended
+    assert any(item.startswith("process") for item in leftovers(cluster))  # but the sleep runs in the pod
+    cluster.ok("clean", "--cluster", cluster.name)
+    assert (cluster.pod_dir(0) / "workspace" / "tiny.py").is_file()  # data kept without --delete-data
+    cluster.ok("clean", "--cluster", cluster.name, "--delete-data", "--yes")
+    cluster.ok("clean", "--cluster", cluster.name, "--delete-data", "--yes")
+    assert leftovers(cluster) == []
+    assert f"mlenv-{cluster.app}-br" not in subprocess.run(["ip", "netns", "list"], capture_output=True,
+                                                            text=True, check=True).stdout
+    assert json.loads(cluster.ok("status", "--cluster", cluster.name, "--json").stdout)["pods"] == []
