@@ -181,7 +181,7 @@ def test_fault_reasons_fail_fast(fake: FakeCluster, home: Path, monkeypatch: pyt
     for words in expected:
         assert words in result.stderr
     assert "Traceback" not in result.output
-    status = mlenv("status", "--cluster", path, "--json")
+    status = mlenv("status", "--json")  # the half-failed deployment was recorded: no --cluster needed
     assert status.exit_code == 0, status.output
     assert all(expected[0] in pod["detail"] for pod in json.loads(status.stdout)["pods"])
 
@@ -202,6 +202,7 @@ def test_not_logged_in(fake: FakeCluster, home: Path) -> None:
         assert result.exit_code == 1
         assert f"not logged in to 127.0.0.1:{fake.server.port}" in result.stderr
         assert f"oc login --server=https://127.0.0.1:{fake.server.port}" in result.stderr
+    assert not (home / ".mlenv" / "state.json").exists()  # nothing reached the cluster: nothing recorded
 
 
 def test_unreachable_server(fake: FakeCluster, home: Path) -> None:

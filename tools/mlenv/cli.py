@@ -186,8 +186,7 @@ def deploy(cluster: str | None, mode: str | None, nodes: int | None, image: str 
         return
     from mlenv.backends import backend_for
 
-    backend_for(deployment.cluster).deploy(deployment, timeout=timeout)
-    _record(deployment, image)
+    backend_for(deployment.cluster).deploy(deployment, timeout=timeout, on_applied=lambda: _record(deployment, image))
 
 
 cluster_option = click.option("--cluster", "cluster_ref", default=None, metavar="NAME|PATH",

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -52,8 +52,12 @@ class Backend(Protocol):
 
     name: str
 
-    def deploy(self, deployment: Deployment, timeout: int) -> None:
-        """Create or converge the deployment and wait until every pod is Ready (OperationError on failure)."""
+    def deploy(self, deployment: Deployment, timeout: int, on_applied: Callable[[], None] | None = None) -> None:
+        """Create or converge the deployment and wait until every pod is Ready (OperationError on failure).
+
+        ``on_applied`` runs as soon as the first change reaches the cluster (before waiting), so a deployment
+        that fails half-way is still recorded and can be inspected, re-deployed or cleaned.
+        """
 
     def status(self, deployment: Deployment) -> list[PodStatus]:
         """Every pod of the deployment, in ordinal order."""

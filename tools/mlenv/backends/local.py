@@ -11,7 +11,7 @@ import re
 import shutil
 import socket
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -150,10 +150,12 @@ class LocalBackend:
 
     name = "local"
 
-    def deploy(self, deployment: Deployment, timeout: int) -> None:
+    def deploy(self, deployment: Deployment, timeout: int, on_applied: Callable[[], None] | None = None) -> None:
         """Create or converge the pods; leftovers of an interrupted run are reused or made again."""
         mode = _isolation(deployment)
         pods = _plan_pods(deployment, mode)
+        if on_applied is not None:
+            on_applied()
         extra = sorted(o for o in _existing_ordinals(deployment) if o >= deployment.nodes)
         if extra:  # scaled down: like a StatefulSet, the pods go and their data stays
             self._remove(deployment, extra, delete_data=False)

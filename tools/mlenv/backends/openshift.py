@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import cached_property
 from typing import Any
 
@@ -52,7 +52,7 @@ class OpenShiftBackend:
             check_server(client, d.cluster)
         return client
 
-    def deploy(self, deployment: Deployment, timeout: int) -> None:
+    def deploy(self, deployment: Deployment, timeout: int, on_applied: Callable[[], None] | None = None) -> None:
         """Check access, server-side apply the rendered objects in order, wait until every pod is Ready."""
         from mlenv.render.kubernetes import render, to_yaml
 
@@ -65,6 +65,8 @@ class OpenShiftBackend:
                 warn(f"pods add IPC_LOCK: unless done before, a cluster admin must apply the SCC and RBAC once: "
                      f"mlenv render {deployment.cluster.source} --admin | oc apply -f -")
             applied = client.apply(to_yaml(rendered.objects))
+            if on_applied is not None:
+                on_applied()
             info(f"applied {len(applied)} objects to {deployment.namespace} as {user or 'the current user'} "
                  "(server-side, field manager mlenv)")
             wait_ready(client, deployment, timeout)
