@@ -11,9 +11,17 @@ if TYPE_CHECKING:
 
 
 def dry_run_text(deployment: Deployment) -> str:
-    """Exactly what ``deploy`` would send, as text."""
+    """Exactly what ``deploy`` would create, as YAML: the manifests, or the local pods."""
     from mlenv.render.kubernetes import render, to_yaml
 
+    if deployment.cluster.backend == "local":
+        from dataclasses import asdict
+
+        from mlenv.backends.local import LocalBackend
+
+        pods = [{**asdict(pod), "env": {**deployment.env, "MLENV_NODE_RANK": str(pod.ordinal)}}
+                for pod in LocalBackend().planned_pods(deployment)]
+        return to_yaml([{"backend": "local", "namespace": deployment.namespace, "pods": pods}])
     return to_yaml(render(deployment).objects)
 
 

@@ -150,6 +150,10 @@ class LocalBackend:
 
     name = "local"
 
+    def planned_pods(self, deployment: Deployment) -> list[LocalPod]:
+        """What deploy would create: each pod's isolation, address, NIC and namespace (changes nothing)."""
+        return _plan_pods(deployment, _isolation(deployment))
+
     def deploy(self, deployment: Deployment, timeout: int, on_applied: Callable[[], None] | None = None) -> None:
         """Create or converge the pods; leftovers of an interrupted run are reused or made again."""
         mode = _isolation(deployment)
