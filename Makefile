@@ -16,7 +16,7 @@ IMAGE_OPT = $(if $(IMAGE),--image "$$IMAGE")
 .DEFAULT_GOAL := help
 .PHONY: help install install-train install-system test lint bench demo list-clusters validate-cluster \
         render-cluster deploy-cluster-dry-run deploy-cluster status-cluster sync-multi-node shell-multi-node \
-        exec logs clean-cluster launch nccl-test doctor
+        exec logs clean-cluster launch nccl-test
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  \033[1m%-24s\033[0m %s\n", $$1, $$2}'
@@ -81,9 +81,6 @@ launch: install ## Run SCRIPT= [ARGS=] [LAUNCHER=deepspeed|torchrun] on every no
 
 nccl-test: install ## All-reduce bandwidth across every node, with the transport verdict
 	@$(MLENV) nccl-test $(CLUSTER_OPT)
-
-doctor: install ## Check the deployment: pods, DNS, NCCL environment, transport
-	@$(MLENV) doctor $(CLUSTER_OPT)
 
 clean-cluster: install ## Delete the deployment (keeps data unless DELETE_DATA=1)
 	@$(MLENV) clean $(CLUSTER_OPT) $(if $(DELETE_DATA),--delete-data)

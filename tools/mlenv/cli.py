@@ -184,9 +184,11 @@ def deploy(cluster: str | None, mode: str | None, nodes: int | None, image: str 
 
         click.echo(dry_run_text(deployment), nl=False)
         return
+    from mlenv import state
     from mlenv.backends import backend_for
 
-    backend_for(deployment.cluster).deploy(deployment, timeout=timeout, on_applied=lambda: _record(deployment, image))
+    backend_for(deployment.cluster).deploy(deployment, timeout=timeout,
+                                           on_applied=lambda: state.record(deployment, image))
 
 
 cluster_option = click.option("--cluster", "cluster_ref", default=None, metavar="NAME|PATH",
@@ -213,15 +215,6 @@ def _active(cluster_ref: str | None) -> Deployment:
     if active.cluster_file == str(Path(cluster.source).resolve()):
         return plan(cluster, mode=active.mode, nodes=active.nodes, image=active.image)
     return plan(cluster)
-
-
-def _record(deployment: Deployment, image: str | None) -> None:
-    from mlenv import state
-
-    state.save(state.ActiveDeployment(
-        cluster_file=str(Path(deployment.cluster.source).resolve()), mode=deployment.mode,
-        nodes=deployment.nodes, image=image, namespace=deployment.namespace, app=deployment.app,
-        backend=deployment.cluster.backend))
 
 
 @main.command()
@@ -332,7 +325,7 @@ def clean(cluster_ref: str | None, delete_data: bool, yes: bool) -> None:
             click.echo("nothing deleted")
             sys.exit(1)
     backend.clean(deployment, delete_data=delete_data)
-    state.forget(str(Path(deployment.cluster.source).resolve()))
+    state.forget(deployment)
 
 
 @main.command(context_settings={"ignore_unknown_options": True})
@@ -356,6 +349,19 @@ def launch(cluster_ref: str | None, launcher: str, nproc: int | None, args_text:
     result = launch_job(backend_for(deployment.cluster), deployment, launcher=launcher, script=script,
                         args=arguments, nproc=nproc)
     sys.exit(result.exit_code)
+
+
+@main.command("nccl-test")
+@cluster_option
+@click.option("--nproc", type=click.IntRange(min=1), default=None, help="Processes per node.")
+@reports_errors
+def nccl_test(cluster_ref: str | None, nproc: int | None) -> None:
+    """All-reduce bandwidth across every node, and which transport NCCL really used (fails if RDMA was expected)."""
+    from mlenv.backends import backend_for
+    from mlenv.ops.nccltest import run_nccl_test
+
+    deployment = _active(cluster_ref)
+    sys.exit(run_nccl_test(backend_for(deployment.cluster), deployment, nproc=nproc))
 
 
 @main.command()

@@ -6,8 +6,12 @@ import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mlenv.errors import UsageError
+
+if TYPE_CHECKING:
+    from mlenv.plan import Deployment
 
 
 @dataclass(frozen=True)
@@ -52,11 +56,23 @@ def load() -> ActiveDeployment:
         raise UsageError(f"{path} is corrupt ({exc}); remove it and deploy again") from None
 
 
-def forget(cluster_file: str) -> None:
-    """Drop the record if it names ``cluster_file`` (after a clean)."""
+def record(deployment: Deployment, image: str | None = None) -> None:
+    """Make ``deployment`` the active one (``image`` only when it overrides the cluster file's)."""
+    save(ActiveDeployment(
+        cluster_file=cluster_key(deployment), mode=deployment.mode, nodes=deployment.nodes, image=image,
+        namespace=deployment.namespace, app=deployment.app, backend=deployment.cluster.backend))
+
+
+def cluster_key(deployment: Deployment) -> str:
+    """How the record names a deployment's cluster file: its absolute path."""
+    return str(Path(deployment.cluster.source).resolve())
+
+
+def forget(deployment: Deployment) -> None:
+    """Drop the record if it is ``deployment``'s (after a clean)."""
     path = state_file()
     try:
-        if json.loads(path.read_text()).get("cluster_file") == cluster_file:
+        if json.loads(path.read_text()).get("cluster_file") == cluster_key(deployment):
             path.unlink()
     except (FileNotFoundError, ValueError):
         return

@@ -7,6 +7,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+PIPE_WIDTH = 200
+
 
 def error(message: str) -> None:
     """One problem per line on stderr."""
@@ -30,13 +32,14 @@ def print_json(data: Any) -> None:
 
 
 def table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
-    """A rich table on stdout."""
+    """A rich table on stdout; piped output gets a wide fixed width so cells are not folded."""
     from rich.console import Console
     from rich.table import Table
 
+    console = Console() if sys.stdout.isatty() else Console(width=PIPE_WIDTH)
     grid = Table(title=title, header_style="bold", show_edge=False, pad_edge=False)
-    for column in columns:
-        grid.add_column(column, overflow="fold")
+    for index, column in enumerate(columns):
+        grid.add_column(column, no_wrap=index == 0, overflow="fold")
     for row in rows:
         grid.add_row(*(str(cell) for cell in row))
-    Console(width=max(120, Console().width)).print(grid)
+    console.print(grid)

@@ -4,19 +4,15 @@ print a summary and clean up."""
 
 from __future__ import annotations
 
-import json
 import re
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 from mlenv.backends.base import Backend
-from mlenv.ops.launch import LaunchResult, launch
+from mlenv.ops.launch import launch
+from mlenv.ops.nccltest import PEAK, find_in_logs, transport
 from mlenv.plan import Deployment
 
 DONE = re.compile(r"done steps=(\d+) first_loss=(\S+) last_loss=(\S+) world_size=(\d+)")
-PEAK = re.compile(r"peak_busbw_gbps=([\d.]+) size_bytes=(\d+)")
 STAGES = 6
 
 
@@ -26,42 +22,17 @@ def _stage(number: int, text: str) -> None:
     info(f"\n==> [{number}/{STAGES}] {text}")
 
 
-def _find(pattern: re.Pattern[str], result: LaunchResult) -> re.Match[str] | None:
-    """The last match of ``pattern`` in the node logs of ``result`` (rank 0 prints on node 0)."""
-    for ordinal in sorted(result.node_exit_codes):
-        matches = list(pattern.finditer(result.log(ordinal).read_text(errors="replace")))
-        if matches:
-            return matches[-1]
-    return None
-
-
-def _transport(logs: list[Path]) -> str:
-    """The runtime's NCCL log check over the node logs; on CPU no NCCL line appears: gloo over sockets."""
-    check = subprocess.run([sys.executable, "-m", "mlenv.runtime", "nccl-log-check", "--json",
-                            *map(str, logs)], capture_output=True, text=True, check=False)
-    try:
-        report = json.loads(check.stdout)
-    except ValueError:
-        return f"unknown (nccl-log-check failed: {check.stderr.strip()})"
-    if not report.get("ranks"):
-        return "gloo over TCP sockets (CPU; no NCCL in use)"
-    return f"NCCL: {report['verdict']}"
-
-
 def _deploy(backend: Backend, deployment: Deployment) -> None:
     from mlenv import state
 
-    backend.deploy(deployment, timeout=120)
-    state.save(state.ActiveDeployment(
-        cluster_file=deployment.cluster.source, mode=deployment.mode, nodes=deployment.nodes, image=None,
-        namespace=deployment.namespace, app=deployment.app, backend=deployment.cluster.backend))
+    backend.deploy(deployment, timeout=120, on_applied=lambda: state.record(deployment))
 
 
 def _clean(backend: Backend, deployment: Deployment) -> None:
     from mlenv import state
 
     backend.clean(deployment, delete_data=True)
-    state.forget(deployment.cluster.source)
+    state.forget(deployment)
 
 
 def run_demo(keep: bool = False, steps: int = 30) -> int:
@@ -91,14 +62,14 @@ def run_demo(keep: bool = False, steps: int = 30) -> int:
         if bench.exit_code != 0:
             return bench.exit_code
         _stage(5, "transport check of the node logs")
-        transport = _transport([trained.log(n) for n in sorted(trained.node_exit_codes)])
+        carried_by, _ = transport([trained.log(n) for n in sorted(trained.node_exit_codes)])
     finally:
         if keep:
             info("\nkept the local cluster: mlenv status / mlenv shell / mlenv clean --cluster local")
         else:
             _stage(6, "clean up")
             _clean(backend, deployment)
-    done, peak = _find(DONE, trained), _find(PEAK, bench)
+    done, peak = find_in_logs(DONE, trained), find_in_logs(PEAK, bench)
     if done is None:
         error(f"training printed no 'done' line; see {trained.run_dir}")
         return 1
@@ -109,7 +80,7 @@ def run_demo(keep: bool = False, steps: int = 30) -> int:
         ["steps", done.group(1)],
         ["loss first -> last", f"{first:.4f} -> {last:.4f}"],
         ["all-reduce peak busbw", f"{peak.group(1)} GB/s at {peak.group(2)} bytes" if peak else "-"],
-        ["transport", transport],
+        ["transport", carried_by],
         ["logs", f"{trained.run_dir}, {bench.run_dir}"],
         ["wall time", f"{time.monotonic() - started:.0f} s"],
     ])

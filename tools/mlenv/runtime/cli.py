@@ -87,11 +87,15 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     except (BadInput, TopologyError) as err:
         print(f"mlenv.runtime {args.command}: error: {err}", file=sys.stderr)
         return 2
+    except OSError as err:  # e.g. a run directory that cannot be written
+        print(f"mlenv.runtime {args.command}: failed: {err}", file=sys.stderr)
+        return 1
 
 
 def _topology(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     found = detect_topology(environ).to_dict()
-    print(json.dumps(found) if args.json else "\n".join(f"{k}={v}" for k, v in found.items()))
+    lines = (f"{name}={'' if value is None else value}" for name, value in found.items())
+    print(json.dumps(found) if args.json else "\n".join(lines))
     return 0
 
 
@@ -108,10 +112,9 @@ def _nccl_env(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     else:
         prefix = "export " if args.shell else ""
         print("".join(f"{prefix}{k}={shlex.quote(v)}\n" for k, v in result.env.items()), end="")
-        for warning in result.warnings:
-            print(f"warning: {warning}", file=sys.stderr)
-    if args.explain:
-        print("\n".join(result.explain), file=sys.stderr)
+    warnings = [] if args.json else [f"warning: {w}" for w in result.warnings]
+    notes = result.explain if args.explain else warnings
+    print("".join(f"{note}\n" for note in notes), end="", file=sys.stderr)
     return 0
 
 
@@ -129,6 +132,8 @@ def _launch(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     launcher = args.launcher or environ.get("MLENV_LAUNCHER", "torchrun")
     if launcher not in LAUNCHERS:
         raise BadInput(f"MLENV_LAUNCHER={launcher!r} is not one of {', '.join(LAUNCHERS)}")
+    if not Path(job[0]).is_file():
+        raise BadInput(f"no such script: {job[0]} (relative to {Path.cwd()})")
     run_dir = args.run_dir or (Path(environ["MLENV_RUN_DIR"]) if environ.get("MLENV_RUN_DIR") else None)
     return launch(
         job, launcher=launcher, environ=environ, nproc=args.nproc, run_dir=run_dir, dry_run=args.dry_run

@@ -128,19 +128,19 @@ def launch(
         _note(f"warning: {warning}")
     with ExitStack() as stack:
         workdir = run_dir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mlenv-launch-")))
-        job = _prepare(command, launcher, topology, nproc, environ, {**nccl.env}, workdir)
+        job = _prepare(command, launcher, topology, nproc, environ, nccl.env, workdir)
         _note(f"node {topology.node_rank}/{topology.num_nodes} ({topology.source}), {nproc} processes, "
               f"master {topology.master_addr}:{topology.master_port}")
-        _note("exec " + shlex.join(job.argv))
+        assignments = [f"{name}={shlex.quote(value)}" for name, value in sorted(job.added_env.items())]
         if dry_run:
-            for name, value in sorted(job.added_env.items()):
-                print(f"{name}={shlex.quote(value)}")
-            print(shlex.join(job.argv))
+            print("\n".join([*assignments, shlex.join(job.argv)]))
             return 0
+        _note("env " + " ".join(assignments))
+        _note("exec " + shlex.join(job.argv))
         workdir.mkdir(parents=True, exist_ok=True)
         for path, text in job.files.items():
             path.write_text(text)
-        return _run(job, workdir / f"node{topology.node_rank}.log" if run_dir else None)
+        return run_job(job, workdir / f"node{topology.node_rank}.log" if run_dir else None)
 
 
 def _prepare(
@@ -149,10 +149,11 @@ def _prepare(
     topology: Topology,
     nproc: int,
     environ: Mapping[str, str],
-    added: dict[str, str],
+    nccl_env: Mapping[str, str],
     workdir: Path,
 ) -> Job:
-    """The argv, environment and files for this node; ``added`` starts as the NCCL variables."""
+    """The argv, environment and files for this node."""
+    added = dict(nccl_env)
     expect = "rdma" if environ.get("MLENV_NETWORK_MODE") == "rdma" else None
     if expect and "NCCL_DEBUG" not in environ:
         added["NCCL_DEBUG"] = "INFO"  # the transport check reads NCCL's INFO lines
@@ -172,7 +173,7 @@ def _prepare(
     return Job(argv, {**environ, **added}, added, files, expect)
 
 
-def _run(job: Job, log_path: Path | None) -> int:
+def run_job(job: Job, log_path: Path | None = None) -> int:
     """Run the job, copying its output to stdout and the node log; check NCCL's transport afterwards."""
     with ExitStack() as stack:
         log = stack.enter_context(log_path.open("ab")) if log_path else None

@@ -12,7 +12,7 @@ from ipaddress import IPv4Address
 from pathlib import Path
 
 from .host import PEER_MEMORY_PATHS, SHM_MOUNT, gpu_numa_nodes, memlock_limit, peer_memory, shm_size
-from .netroute import read_routes, resolve_ipv4, route_to
+from .netroute import LOOPBACK_INTERFACE, read_routes, resolve_ipv4, route_to
 from .rdma import Hca, Port, allocated_pci_addresses, match_nccl_hca_filter, scan_hcas
 
 MIN_SHM_BYTES = 1 << 30
@@ -82,26 +82,49 @@ def _select_hcas(d: _Decisions, sysfs_root: str | Path) -> list[Hca]:
         d.set("NCCL_IB_DISABLE", "1", "MLENV_NETWORK_MODE=tcp: the cluster file asks for TCP")
         return []
     candidates = _allocated(d, scan_hcas(sysfs_root))
-    down = [f"{p.name} {p.state}" for h in candidates for p in h.ports if not p.active]
-    if down:
-        d.warn(f"RDMA ports not ACTIVE, NCCL cannot use them: {', '.join(down)}")
+    spec = d.environ.get("NCCL_IB_HCA", "").strip()
+    if spec:
+        return _configured_hcas(d, spec, candidates)
+    _warn_down_ports(d, candidates)
     active = [h for h in candidates if h.active_ports]
     if not active:
         d.set("NCCL_IB_DISABLE", "1", f"no ACTIVE RDMA port under {Path(sysfs_root, 'class', 'infiniband')}")
         if mode == "rdma":
             d.warn("the cluster file asks for RDMA but no RDMA port is ACTIVE here: NCCL will use sockets")
         return []
-    names = [h.name for h in active]
-    spec = d.environ.get("NCCL_IB_HCA", "").strip()
-    if not spec:
-        states = ", ".join(f"{p.path / 'state'} = {p.state}" for h in active for p in h.active_ports)
-        d.set("NCCL_IB_HCA", "=" + ",".join(names), f"ACTIVE ports: {states}")
-        return active
-    chosen = match_nccl_hca_filter(spec, names)
+    return _choose_hcas(d, active)
+
+
+def _configured_hcas(d: _Decisions, spec: str, candidates: list[Hca]) -> list[Hca]:
+    """The ACTIVE devices that the environment's NCCL_IB_HCA selects."""
+    wanted = set(match_nccl_hca_filter(spec, [h.name for h in candidates]))
+    _warn_down_ports(d, [h for h in candidates if h.name in wanted])
+    chosen = [h for h in candidates if h.name in wanted and h.active_ports]
     if not chosen:
-        d.warn(f"NCCL_IB_HCA={spec} matches none of the ACTIVE RDMA devices ({', '.join(names)})")
-    d.note(f"NCCL_IB_HCA={spec}: kept from the environment, selects {', '.join(chosen) or 'nothing'}")
-    return [h for h in active if h.name in chosen]
+        available = ", ".join(h.name for h in candidates if h.active_ports) or "none"
+        d.warn(f"NCCL_IB_HCA={spec} matches no ACTIVE RDMA device here (ACTIVE: {available})")
+    selected = ", ".join(h.name for h in chosen) or "nothing"
+    d.note(f"NCCL_IB_HCA={spec}: kept from the environment, selects {selected}")
+    return chosen
+
+
+def _warn_down_ports(d: _Decisions, hcas: list[Hca]) -> None:
+    down = [f"{p.name} {p.state}" for h in hcas for p in h.ports if not p.active]
+    if down:
+        d.warn(f"RDMA ports not ACTIVE, NCCL cannot use them: {', '.join(down)}")
+
+
+def _choose_hcas(d: _Decisions, active: list[Hca]) -> list[Hca]:
+    """Every ACTIVE HCA, but only the InfiniBand ones when there are (Ethernet ones serve storage)."""
+    infiniband = [h for h in active if any(p.link_layer == "InfiniBand" for p in h.active_ports)]
+    if infiniband and len(infiniband) < len(active):
+        left_out = ", ".join(h.name for h in active if h not in infiniband)
+        d.note(f"InfiniBand HCAs present: leaving out the Ethernet ones ({left_out})")
+        active = infiniband
+    ports = ", ".join(p.name for h in active for p in h.active_ports)
+    evidence = f"ACTIVE in {active[0].path.parent}/*/ports/*/state: {ports}"
+    d.set("NCCL_IB_HCA", "=" + ",".join(h.name for h in active), evidence)
+    return active
 
 
 def _allocated(d: _Decisions, hcas: list[Hca]) -> list[Hca]:
@@ -187,7 +210,7 @@ def _socket_interface(d: _Decisions, proc_root: str | Path, master_addr: str | N
         d.warn(f"GLOO_SOCKET_IFNAME={gloo} is a pattern or a list; Gloo needs one interface name")
     address, target = _resolve_master(d, master_addr)
     if address is not None and address.is_loopback:
-        interface, evidence = "lo", f"{target} is a loopback address"
+        interface, evidence = LOOPBACK_INTERFACE, f"{target} is a loopback address"
     else:
         routes_file = Path(proc_root, "net", "route")
         route = route_to(address, read_routes(proc_root))

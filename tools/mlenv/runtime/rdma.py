@@ -44,7 +44,6 @@ class Port:
     state: str  # ACTIVE, DOWN, INIT, ...
     link_layer: str  # Ethernet (RoCE) or InfiniBand
     gids: tuple[Gid, ...]
-    path: Path
 
     @property
     def name(self) -> str:
@@ -123,7 +122,6 @@ def _read_port(hca: str, path: Path) -> Port:
         state=state.partition(":")[2].strip() or state,
         link_layer=read_text(path / "link_layer") or "unknown",
         gids=tuple(_read_gids(path)),
-        path=path,
     )
 
 

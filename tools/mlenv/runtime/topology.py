@@ -168,8 +168,7 @@ def _statefulset(env: _Env, hostname: str) -> _World | None:
     match = re.fullmatch(re.escape(app) + r"-(\d+)", hostname.split(".")[0])
     if match is None:
         return None
-    headless = env.text("MLENV_HEADLESS_SERVICE") or f"{app}-headless"
-    return _World("statefulset", node_rank=int(match.group(1)), master_addr=f"{app}-0.{headless}")
+    return _World("statefulset", node_rank=int(match.group(1)), master_addr=f"{app}-0.{app}-headless")
 
 
 _WORLDS: tuple[Callable[[_Env, str], _World | None], ...] = (
