@@ -16,17 +16,27 @@ import argparse
 import json
 import os
 import socket
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 FEATURES = 32
 Step = Callable[[torch.Tensor], None]
+Engine = tuple[torch.nn.Module, Step, str]  # model to call, optimizer step, description
+
+
+def say(line: str) -> None:
+    """Print one line in a single write, so lines of ranks sharing a pipe do not interleave."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 def parse_args() -> argparse.Namespace:
+    """Command line; DeepSpeed's launcher adds --local_rank, which LOCAL_RANK makes redundant."""
     parser = argparse.ArgumentParser(description="DeepSpeed ZeRO-2 / DDP example on synthetic data")
     parser.add_argument("--steps", type=int, default=30, help="optimizer steps (default: %(default)s)")
     parser.add_argument("--log-every", type=int, default=10, help="print the loss every N steps")
@@ -35,19 +45,21 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--deepspeed_config", "--deepspeed-config", type=Path,
                         default=Path(__file__).with_name("ds_config.json"),
                         help="batch size, optimizer and ZeRO settings, for both engines")
-    parser.add_argument("--local_rank", type=int, help=argparse.SUPPRESS)  # DeepSpeed passes it; LOCAL_RANK rules
+    parser.add_argument("--local_rank", type=int, help=argparse.SUPPRESS)  # from DeepSpeed; LOCAL_RANK rules
     return parser.parse_args()
 
 
 def pick_device(local_rank: int) -> torch.device:
+    """This process's GPU, or the CPU where there is none."""
     if torch.cuda.is_available():
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)
     return torch.device("cpu")
 
 
-def deepspeed_engine(model: torch.nn.Module, config: dict) -> tuple[torch.nn.Module, Step]:
-    import deepspeed
+def deepspeed_engine(model: torch.nn.Module, config: dict) -> Engine:
+    """DeepSpeed with the ds_config.json settings (ZeRO-2); it picks NCCL or gloo itself."""
+    import deepspeed  # here, so that --engine ddp runs in images without DeepSpeed
 
     deepspeed.init_distributed()
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
@@ -56,14 +68,14 @@ def deepspeed_engine(model: torch.nn.Module, config: dict) -> tuple[torch.nn.Mod
         engine.backward(loss)
         engine.step()
 
-    return engine, step
+    return engine, step, f"deepspeed zero_stage={engine.zero_optimization_stage()}"
 
 
-def ddp_engine(model: torch.nn.Module, config: dict, device: torch.device) -> tuple[torch.nn.Module, Step]:
-    from torch.nn.parallel import DistributedDataParallel
-
+def ddp_engine(model: torch.nn.Module, config: dict, device: torch.device) -> Engine:
+    """Plain DistributedDataParallel with AdamW at the ds_config.json learning rate."""
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    wrapped = DistributedDataParallel(model.to(device), device_ids=[device.index] if device.type == "cuda" else None)
+    device_ids = [device.index] if device.type == "cuda" else None
+    wrapped = DistributedDataParallel(model.to(device), device_ids=device_ids)
     optimizer = torch.optim.AdamW(wrapped.parameters(), lr=config["optimizer"]["params"]["lr"])
 
     def step(loss: torch.Tensor) -> None:
@@ -71,7 +83,7 @@ def ddp_engine(model: torch.nn.Module, config: dict, device: torch.device) -> tu
         loss.backward()
         optimizer.step()
 
-    return wrapped, step
+    return wrapped, step, "ddp"
 
 
 def mean_over_ranks(value: torch.Tensor) -> float:
@@ -82,6 +94,7 @@ def mean_over_ranks(value: torch.Tensor) -> float:
 
 
 def main() -> None:
+    """Train a linear model on y = x @ w + noise; each rank draws its own samples."""
     args = parse_args()
     rank, local_rank, world_size = (int(os.environ[k]) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
     config = json.loads(args.deepspeed_config.read_text())
@@ -90,10 +103,13 @@ def main() -> None:
     true_weights = torch.randn(FEATURES, 1) / FEATURES**0.5
     model = torch.nn.Linear(FEATURES, 1)
     if args.engine == "deepspeed":
-        model, step = deepspeed_engine(model, config)
+        model, step, engine = deepspeed_engine(model, config)
     else:
-        model, step = ddp_engine(model, config, device)
-    print(f"rank {rank}/{world_size} local_rank {local_rank} on {socket.gethostname()} device {device}", flush=True)
+        model, step, engine = ddp_engine(model, config, device)
+    host = socket.gethostname()
+    say(f"rank {rank}/{world_size} local_rank {local_rank} on {host} device {device}")
+    if rank == 0:
+        say(f"engine {engine} backend {dist.get_backend()} world_size {world_size}")
 
     data = torch.Generator().manual_seed(1000 + rank)  # each rank draws its own samples
     batch = config["train_micro_batch_size_per_gpu"]
@@ -107,10 +123,10 @@ def main() -> None:
             last_loss = mean_over_ranks(loss)
             first_loss = last_loss if n == 1 else first_loss
             if rank == 0:
-                print(f"step {n}/{args.steps} loss {last_loss:.4f}", flush=True)
+                say(f"step {n}/{args.steps} loss {last_loss:.4f}")
     if rank == 0:
-        print(f"done steps={args.steps} first_loss={first_loss:.4f} last_loss={last_loss:.4f} "
-              f"world_size={world_size}", flush=True)
+        say(f"done steps={args.steps} first_loss={first_loss:.4f} last_loss={last_loss:.4f} "
+            f"world_size={world_size}")
     dist.destroy_process_group()
 
 

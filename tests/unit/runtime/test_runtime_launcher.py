@@ -1,0 +1,117 @@
+"""The launcher's command lines, and running a job: output copy, node log, exit status, transport check."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from mlenv.runtime.launcher import (
+    Job,
+    deepspeed_argv,
+    default_nproc,
+    hostfile_text,
+    local_address,
+    rendezvous_id,
+    run_job,
+    torchrun_argv,
+)
+from mlenv.runtime.topology import Topology
+
+NODE0 = Topology(0, 2, 4, "ml-dev-env-0.ml-dev-env-headless", 29500, "mlenv")
+NODE1 = Topology(1, 2, 4, "ml-dev-env-0.ml-dev-env-headless", 29500, "mlenv")
+
+
+def test_torchrun_node0_hosts_the_rendezvous() -> None:
+    argv = torchrun_argv(NODE0, 4, ["train.py", "--steps", "5"], rdzv_id="ml-dev-env-1a2b", local_addr="10.128.2.15")
+    assert argv == [
+        sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "4",
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", "ml-dev-env-0.ml-dev-env-headless:29500",
+        "--rdzv-id", "ml-dev-env-1a2b", "--rdzv-conf", "is_host=true", "--max-restarts", "0",
+        "--local-addr", "10.128.2.15", "train.py", "--steps", "5",
+    ]
+
+
+def test_torchrun_other_nodes_join_and_ipv6_endpoints_are_bracketed() -> None:
+    topology = Topology(1, 2, None, "fd00::5", 29400, "mlenv")
+    argv = torchrun_argv(topology, 2, ["t.py"], rdzv_id="r", local_addr=None)
+    assert argv[argv.index("--rdzv-conf") + 1] == "is_host=false"
+    assert argv[argv.index("--rdzv-endpoint") + 1] == "[fd00::5]:29400"
+    assert "--local-addr" not in argv
+
+
+def test_deepspeed_without_ssh() -> None:
+    argv = deepspeed_argv(NODE1, 4, ["train.py", "--steps", "5"], hostfile=Path("/run/hostfile.node1"))
+    assert argv == [
+        sys.executable, "-m", "deepspeed.launcher.runner", "--no_ssh", "--node_rank", "1", "--num_nodes", "2",
+        "--num_gpus", "4", "--master_addr", "ml-dev-env-0.ml-dev-env-headless", "--master_port", "29500",
+        "--hostfile", "/run/hostfile.node1", "train.py", "--steps", "5",
+    ]
+
+
+def test_hostfile_lists_every_node() -> None:
+    assert hostfile_text(3, 8) == "node-0 slots=8\nnode-1 slots=8\nnode-2 slots=8\n"
+
+
+def test_rendezvous_id_is_the_same_on_every_node() -> None:
+    assert rendezvous_id({}, NODE0) == rendezvous_id({}, NODE1)
+    assert rendezvous_id({}, NODE0).startswith("ml-dev-env-")
+    assert rendezvous_id({"MLENV_APP_NAME": "llm"}, NODE0).startswith("llm-")
+    other_port = Topology(0, 2, 4, NODE0.master_addr, 29501, "mlenv")
+    assert rendezvous_id({}, other_port) != rendezvous_id({}, NODE0)
+    assert rendezvous_id({"MLENV_RUN_ID": "run-42"}, NODE0) == "run-42"
+
+
+def test_default_nproc(tmp_path: Path) -> None:
+    cpu_only = Topology(0, 1, None, "127.0.0.1", 29500, "single")
+    assert default_nproc(cpu_only, {}, tmp_path) == 1
+    assert default_nproc(NODE0, {"CUDA_VISIBLE_DEVICES": "0,1"}, tmp_path) == 4  # the topology says 4
+    assert default_nproc(cpu_only, {"CUDA_VISIBLE_DEVICES": "0,1,2"}, tmp_path) == 3
+    for gpu in ("0000:18:00.0", "0000:2a:00.0"):
+        (tmp_path / "driver" / "nvidia" / "gpus" / gpu).mkdir(parents=True)
+    assert default_nproc(cpu_only, {}, tmp_path) == 2
+
+
+def test_local_address_towards_the_master() -> None:
+    assert local_address("127.0.0.1", 29500) == "127.0.0.1"
+    assert local_address("no-such-host.invalid", 29500) is None
+
+
+def python_job(code: str, expect: str | None = None) -> Job:
+    return Job([sys.executable, "-c", code], {"PYTHONUNBUFFERED": "1"}, {}, {}, expect)
+
+
+def test_run_job_copies_output_to_the_node_log_and_returns_the_exit_status(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    log = tmp_path / "node0.log"
+    status = run_job(python_job("import sys; print('step 1/2 loss 0.5'); sys.stderr.write('oops\\n'); sys.exit(3)"),
+                     log)
+    assert status == 3
+    assert log.read_text() == "step 1/2 loss 0.5\noops\n"
+    assert "step 1/2 loss 0.5" in capfd.readouterr().out
+
+
+def test_run_job_reports_death_by_signal_like_a_shell() -> None:
+    assert run_job(python_job("import os, signal; os.kill(os.getpid(), signal.SIGTERM)")) == 128 + 15
+
+
+SOCKET_LINES = (
+    "print('n0:7:7 [0] NCCL INFO NET/Socket : Using [0]eth0:10.0.0.5<0>'); "
+    "print('n0:7:7 [0] NCCL INFO Using network Socket')"
+)
+
+
+def test_rdma_expected_but_sockets_used_fails_the_job(capfd: pytest.CaptureFixture[str]) -> None:
+    assert run_job(python_job(SOCKET_LINES, expect="rdma")) == 1
+    assert "error: the cluster file asks for rdma but NCCL used SOCKETS" in capfd.readouterr().err
+
+
+def test_rdma_used_passes(capfd: pytest.CaptureFixture[str]) -> None:
+    rdma = SOCKET_LINES.replace("NET/Socket : Using [0]eth0:10.0.0.5<0>", "NET/IB : Using [0]mlx5_0:1/IB")
+    assert run_job(python_job(rdma.replace("network Socket", "network IB"), expect="rdma")) == 0
+    assert "NCCL transport: RDMA (no GDR)" in capfd.readouterr().err
+
+
+def test_a_failed_job_keeps_its_own_status_even_on_sockets() -> None:
+    assert run_job(python_job(SOCKET_LINES + "; raise SystemExit(7)", expect="rdma")) == 7
