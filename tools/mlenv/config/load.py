@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,13 +23,22 @@ class LoadedFile:
     positions: dict[JsonPath, tuple[int, int]] = field(default_factory=dict)
 
     def position(self, json_path: JsonPath) -> tuple[int | None, int | None]:
-        """Line and column (1-based) of ``json_path``, or of its nearest ancestor that has one."""
-        probe = tuple(json_path)
-        while probe:
-            if probe in self.positions:
-                return self.positions[probe]
-            probe = probe[:-1]
+        """Line and column (1-based) of ``json_path`` or its nearest ancestor; 1:1 for the document itself."""
+        found = nearest_position(self.positions, json_path)
+        if found is not None:
+            return found
         return (1, 1) if self.positions else (None, None)
+
+
+def nearest_position(positions: Mapping[JsonPath, tuple[int, int]],
+                     json_path: JsonPath) -> tuple[int, int] | None:
+    """Where ``json_path``, or its nearest ancestor that has a position, stands in the file."""
+    probe = tuple(json_path)
+    while probe:
+        if probe in positions:
+            return positions[probe]
+        probe = probe[:-1]
+    return None
 
 
 class _PositionLoader(yaml.SafeLoader):

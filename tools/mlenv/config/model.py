@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from mlenv.config.load import JsonPath
+from mlenv.config.load import JsonPath, nearest_position
 
 DEFAULT_APP = "ml-dev-env"
 DEFAULT_IMAGE = "nvcr.io/nvidia/pytorch:25.01-py3"
@@ -129,12 +129,7 @@ class Cluster:
 
     def where(self, json_path: JsonPath) -> tuple[int | None, int | None]:
         """Line and column of a field (or its nearest present ancestor) in the source file."""
-        probe = tuple(json_path)
-        while probe:
-            if probe in self.positions:
-                return self.positions[probe]
-            probe = probe[:-1]
-        return (None, None)
+        return nearest_position(self.positions, json_path) or (None, None)
 
     @property
     def default_mode(self) -> str:
