@@ -66,8 +66,13 @@ class Backend(Protocol):
         """The running pods, in ordinal order; OperationError when there are none."""
 
     def exec_argv(self, deployment: Deployment, pod: Pod, argv: Sequence[str], *,
-                  env: Mapping[str, str] | None = None, interactive: bool = False) -> list[str]:
-        """A local command line that runs ``argv`` inside ``pod`` (cwd = its workspace, ``env`` added)."""
+                  env: Mapping[str, str] | None = None, interactive: bool = False,
+                  stop_on_stdin_eof: bool = False) -> list[str]:
+        """A local command line that runs ``argv`` inside ``pod`` (cwd = its workspace, ``env`` added).
+
+        With ``stop_on_stdin_eof`` the command gets no stdin and is stopped (SIGTERM) when the local command's
+        stdin closes: killing the local side then stops the remote side too, which a plain remote exec does not.
+        """
 
     def copy_target(self, deployment: Deployment, pod: Pod) -> CopyTarget:
         """Where ``rsync`` copies the workspace of ``pod`` to."""

@@ -216,8 +216,12 @@ class LocalBackend:
         return pods
 
     def exec_argv(self, deployment: Deployment, pod: Pod, argv: Sequence[str], *,
-                  env: Mapping[str, str] | None = None, interactive: bool = False) -> list[str]:
-        """``env -C <workspace> K=V... sh -c <record PID> argv``, inside the pod's namespace when it has one."""
+                  env: Mapping[str, str] | None = None, interactive: bool = False,
+                  stop_on_stdin_eof: bool = False) -> list[str]:
+        """``env -C <workspace> K=V... sh -c <record PID> argv``, inside the pod's namespace when it has one.
+
+        Local processes are stopped through their recorded process groups, so ``stop_on_stdin_eof`` needs nothing.
+        """
         local = _read_pod(deployment, pod.ordinal)
         if local is None:
             raise OperationError(f"pod {pod.name} is not deployed: run mlenv deploy first")

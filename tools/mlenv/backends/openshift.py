@@ -22,6 +22,13 @@ CLEAN_TIMEOUT = 300
 DATA_KIND = "PersistentVolumeClaim"
 INPLACE = 'cd "$1" && shift && exec "$@"'
 """Runs ``argv`` in the directory given as ``$1``; values stay separate arguments, never shell text."""
+STOP_ON_STDIN_EOF = (
+    'cd "$1" || exit 127; shift; exec 3<&0; "$@" </dev/null 3<&- & job=$!; '
+    '{ cat <&3 >/dev/null; kill -TERM "$job"; } >/dev/null 2>&1 & watcher=$!; exec 3<&-; '
+    'wait "$job"; code=$?; kill "$watcher" 2>/dev/null; exit "$code"'
+)
+"""Like INPLACE, but the job is stopped when the exec session's stdin closes (the local side went away).
+The watcher reads the session's stdin through fd 3: background jobs of ``sh`` get /dev/null otherwise."""
 
 
 def owned_labels(d: Deployment) -> dict[str, str]:
@@ -98,11 +105,13 @@ class OpenShiftBackend:
         return running
 
     def exec_argv(self, deployment: Deployment, pod: Pod, argv: Sequence[str], *,
-                  env: Mapping[str, str] | None = None, interactive: bool = False) -> list[str]:
+                  env: Mapping[str, str] | None = None, interactive: bool = False,
+                  stop_on_stdin_eof: bool = False) -> list[str]:
         """``<cli> exec -i [-t] -n NS POD -c ml-dev -- [env K=V...] sh -c 'cd "$1" ...' sh WORKSPACE ARGV...``."""
         assignments = ["env", *(f"{key}={value}" for key, value in (env or {}).items())] if env else []
+        script = STOP_ON_STDIN_EOF if stop_on_stdin_eof and not interactive else INPLACE
         return [self.binary, "exec", "-i", *(["-t"] if interactive else []), "-n", deployment.namespace,
-                pod.name, "-c", CONTAINER, "--", *assignments, "sh", "-c", INPLACE, "sh", pod.workspace, *argv]
+                pod.name, "-c", CONTAINER, "--", *assignments, "sh", "-c", script, "sh", pod.workspace, *argv]
 
     def copy_target(self, deployment: Deployment, pod: Pod) -> CopyTarget:
         """rsync over ``exec``: the rsh wrapper adds ``exec -i -n NS POD -c ml-dev --``."""

@@ -168,8 +168,8 @@ def select_pods(backend: Backend, deployment: Deployment, only: int | None) -> l
 def exec_all(backend: Backend, deployment: Deployment, argv: Sequence[str], only: int | None = None) -> int:
     """Run ``argv`` on every pod (or pod ``only``) at once; 0 when all succeeded."""
     pods = select_pods(backend, deployment, only)
-    result = run_parallel({p.ordinal: backend.exec_argv(deployment, p, argv) for p in pods})
-    return result.exit_code
+    commands = {p.ordinal: backend.exec_argv(deployment, p, argv, stop_on_stdin_eof=True) for p in pods}
+    return run_parallel(commands, keep_stdin=True).exit_code
 
 
 def logs_all(backend: Backend, deployment: Deployment, only: int | None = None, follow: bool = False) -> int:

@@ -75,7 +75,7 @@ def launch(backend: Backend, deployment: Deployment, launcher: str, script: str,
     run_dir = new_run_dir(deployment.app)
     env = {"MLENV_RUN_ID": run_dir.name, "PYTHONUNBUFFERED": "1"}
     command = runtime_argv(launcher, script, args, nproc)
-    commands = {p.ordinal: backend.exec_argv(deployment, p, command, env=env) for p in pods}
+    commands = {p.ordinal: backend.exec_argv(deployment, p, command, env=env, stop_on_stdin_eof=True) for p in pods}
     logs = {p.ordinal: run_dir / f"node-{p.ordinal}.log" for p in pods}
     steps: dict[int, str] = {}
 

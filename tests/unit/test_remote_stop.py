@@ -1,0 +1,47 @@
+"""The remote-side wrapper of cluster exec: the job stops when the exec session's stdin closes, which is
+what happens to `oc exec -i` on the pod when the local side is stopped (fail-fast, Ctrl-C)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+from mlenv.backends.openshift import STOP_ON_STDIN_EOF
+
+
+def _wrapped(directory: Path, *argv: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(["sh", "-c", STOP_ON_STDIN_EOF, "sh", str(directory), *argv],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    state = Path(f"/proc/{pid}/stat").read_text().split()[2]
+    return state != "Z"
+
+
+def test_closing_stdin_stops_the_job(tmp_path: Path) -> None:
+    wrapper = _wrapped(tmp_path, "sh", "-c", "echo $$ > job.pid; exec sleep 60")
+    pid_file = tmp_path / "job.pid"
+    deadline = time.monotonic() + 10
+    while not pid_file.exists() or not pid_file.read_text().strip():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    job = int(pid_file.read_text())
+    assert _alive(job)
+    assert wrapper.stdin is not None
+    wrapper.stdin.close()
+    assert wrapper.wait(timeout=10) == 143  # the job's SIGTERM, passed through
+    assert not _alive(job)
+
+
+def test_a_finished_job_returns_its_exit_code_from_its_workspace(tmp_path: Path) -> None:
+    wrapper = _wrapped(tmp_path, "sh", "-c", "pwd; exit 3")
+    out, _ = wrapper.communicate(timeout=10)  # communicate closes stdin only after the job ended
+    assert wrapper.returncode == 3
+    assert out.decode().strip() == str(tmp_path)
