@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 PIPE_WIDTH = 200
@@ -43,3 +44,17 @@ def table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any
     for row in rows:
         grid.add_row(*(str(cell) for cell in row))
     console.print(grid)
+
+
+@contextmanager
+def spinner(message: str) -> Iterator[None]:
+    """A live spinner on stderr while something runs (just the message when stderr is not a terminal)."""
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        info(message)
+        yield
+        return
+    with console.status(message):
+        yield

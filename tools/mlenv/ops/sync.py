@@ -140,6 +140,7 @@ def sync(backend: Backend, deployment: Deployment, source: Path | None = None, d
          as_json: bool = False) -> SyncReport:
     """Sync ``source`` (default: the project's workspace/) to every pod and print a summary."""
     from mlenv.config.discover import project_root
+    from mlenv.ui import spinner
 
     source = (source or project_root() / "workspace").resolve()
     if not source.is_dir():
@@ -147,7 +148,9 @@ def sync(backend: Backend, deployment: Deployment, source: Path | None = None, d
     pods = backend.pods(deployment)
     shared = deployment.storage.shared
     targets = pods[:1] if shared else pods
+    copies = "once (shared workspace)" if shared else f"to {len(targets)} pods"
     with tempfile.TemporaryDirectory(prefix="mlenv-sync-") as staging, \
+            spinner(f"syncing {source} {copies}, {min(MAX_PARALLEL, len(targets))} at a time"), \
             ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(targets))) as pool:
         stage = Path(staging)
         _stage_runtime(stage)
