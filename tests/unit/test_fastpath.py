@@ -23,7 +23,7 @@ def home(tmp_path: Path, project_root: Path) -> Path:
 def test_replayed_render_is_identical_and_tracks_the_cluster_file(home: Path, run_mlenv: Run) -> None:
     env = {"MLENV_HOME": str(home)}
     first = run_mlenv("render", "barcelona", "--mode", "rdma", env=env)
-    assert first.returncode == 0 and list((home / ".mlenv/cache/cli").glob("*.json"))
+    assert first.returncode == 0 and list((home / ".mlenv/cache/cli").glob("*.bin"))
     replay = run_mlenv("render", "barcelona", "--mode", "rdma", env=env)
     assert (replay.stdout, replay.stderr) == (first.stdout, first.stderr)
     cluster = home / "clusters/barcelona.yaml"

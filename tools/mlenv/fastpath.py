@@ -3,14 +3,15 @@ jinja2 or jsonschema. Stdlib only, imported by the console script before anythin
 
 An entry is valid only while every input is unchanged: the arguments, the cluster file's bytes, and the
 size and mtime of every file of the mlenv package and of manifests/. Anything else runs normally.
+Entries are ``marshal`` data (stdlib, faster to import and read than json; a Python upgrade just misses).
 """
 
 from __future__ import annotations
 
-import json
+import marshal
 import os
+import sys
 import zlib
-from pathlib import Path
 
 PACKAGE = os.path.dirname(os.path.abspath(__file__))
 CACHED_COMMANDS = ("render",)
@@ -80,7 +81,7 @@ def _inputs(argv: list[str]) -> dict[str, object] | None:
 
 
 def _entry_path(root: str, argv: list[str]) -> str:
-    name = f"{zlib.crc32(chr(0).join(argv).encode()):08x}.json"
+    name = f"{zlib.crc32(chr(0).join(argv).encode()):08x}-py{sys.hexversion:x}.bin"
     return os.path.join(root, ".mlenv", "cache", "cli", name)
 
 
@@ -90,20 +91,23 @@ def lookup(argv: list[str]) -> tuple[dict[str, object] | None, dict[str, str] | 
     if inputs is None:
         return None, None
     try:
-        with open(_entry_path(str(inputs["root"]), argv), encoding="utf-8") as handle:
-            entry = json.load(handle)
-    except (OSError, ValueError):
+        with open(_entry_path(str(inputs["root"]), argv), "rb") as handle:
+            entry = marshal.load(handle)  # noqa: S302 - our own cache in the project, written by store()
+    except (OSError, ValueError, EOFError, TypeError):
+        return inputs, None
+    if not isinstance(entry, dict):
         return inputs, None
     return inputs, (entry["output"] if entry.get("inputs") == inputs else None)
 
 
 def store(inputs: dict[str, object], stdout: str, stderr: str) -> None:
     """Remember the output of a successful run; failures to write the cache are ignored."""
-    path = Path(_entry_path(str(inputs["root"]), list(inputs["argv"])))  # type: ignore[call-overload]
+    path = _entry_path(str(inputs["root"]), list(inputs["argv"]))  # type: ignore[call-overload]
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"inputs": inputs, "output": {"stdout": stdout, "stderr": stderr}}))
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "wb") as handle:
+            marshal.dump({"inputs": inputs, "output": {"stdout": stdout, "stderr": stderr}}, handle)
         os.replace(tmp, path)
-    except OSError:
+    except (OSError, ValueError):
         return
