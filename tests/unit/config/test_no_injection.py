@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -72,12 +74,15 @@ def test_any_string_is_rejected_or_rendered_verbatim(field: tuple[Any, ...], val
     assert list(yaml.safe_load_all(to_yaml(objects))) == objects  # what `mlenv render` prints round-trips
 
 
-def test_render_is_byte_identical_across_runs() -> None:
-    def once() -> bytes:
-        return subprocess.run([str(Path(sys.executable).parent / "mlenv"), "render", "clusters/template.yaml",
-                               "--mode", "rdma"], cwd=ROOT, capture_output=True, check=True).stdout
+def test_render_is_byte_identical_across_runs(tmp_path: Path) -> None:
+    def once(home: Path) -> bytes:  # each run in a project of its own: a real render, never a cache replay
+        shutil.copytree(ROOT / "clusters", home / "clusters")
+        shutil.copytree(ROOT / "manifests", home / "manifests")
+        return subprocess.run([str(Path(sys.executable).parent / "mlenv"), "render", "template", "--mode", "rdma"],
+                              cwd=home, capture_output=True, check=True, env={**os.environ, "MLENV_HOME": str(home)}
+                              ).stdout
 
-    first, second = once(), once()
+    first, second = once(tmp_path / "a"), once(tmp_path / "b")
     assert first == second and first.startswith(b"---\napiVersion: v1\nkind: ServiceAccount")
 
 
