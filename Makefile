@@ -1,12 +1,15 @@
 # mlenv: thin front end over the `mlenv` CLI. `make help` lists the targets.
 # Variables: CLUSTER (name or path), MODE (rdma|tcp), NODES, IMAGE, OUT, POD, CMD, FOLLOW, DELETE_DATA,
-#            SCRIPT, ARGS, LAUNCHER.
+#            SCRIPT, ARGS, LAUNCHER, YES.
 
 SHELL := /bin/bash
 VENV  ?= .venv
 MLENV := $(VENV)/bin/mlenv
-# Values reach the CLI through the environment ("$$VAR"), never spliced into the shell command line.
-export CLUSTER MODE NODES IMAGE OUT POD CMD SCRIPT ARGS LAUNCHER
+# Values reach the CLI through the environment ("$$VAR"), never spliced into the shell command line, and
+# verbatim: make does not expand a `$` inside them (make exec CMD='echo $HOSTNAME' echoes each pod's name).
+USER_VARS := CLUSTER MODE NODES IMAGE OUT POD CMD SCRIPT ARGS LAUNCHER
+$(foreach v,$(USER_VARS),$(if $(filter command line environment,$(origin $(v))),$(eval override $(v) := $$(value $(v)))))
+export $(USER_VARS)
 CLUSTER_ARG = $(if $(CLUSTER),"$$CLUSTER")
 CLUSTER_OPT = $(if $(CLUSTER),--cluster "$$CLUSTER")
 POD_OPT = $(if $(POD),--pod "$$POD")
@@ -82,5 +85,5 @@ launch: install ## Run SCRIPT= [ARGS=] [LAUNCHER=deepspeed|torchrun] on every no
 nccl-test: install ## All-reduce bandwidth across every node, with the transport verdict
 	@$(MLENV) nccl-test $(CLUSTER_OPT)
 
-clean-cluster: install ## Delete the deployment (keeps data unless DELETE_DATA=1)
-	@$(MLENV) clean $(CLUSTER_OPT) $(if $(DELETE_DATA),--delete-data)
+clean-cluster: install ## Delete the deployment (keeps data unless DELETE_DATA=1; YES=1 skips the question)
+	@$(MLENV) clean $(CLUSTER_OPT) $(if $(DELETE_DATA),--delete-data) $(if $(YES),--yes)

@@ -42,11 +42,11 @@ def test_variables_cannot_inject_shell(tmp_path: Path) -> None:
     result = make("validate-cluster", f"CLUSTER=barcelona; touch {marker}")
     assert result.returncode != 0
     assert "barcelona; touch" in result.stderr and "not found" in result.stderr  # taken as one name
-    image = f"registry.example/ml:1;id>{marker}"  # spliced into a shell line, this would create the marker
+    image = f"registry.example/ml:$TAG;id>{marker}"  # spliced into a shell line, this would create the marker
     result = make("render-cluster", "CLUSTER=barcelona", f"IMAGE={image}")
     assert result.returncode == 0, result.stderr
     statefulset = list(yaml.safe_load_all(result.stdout))[-1]
-    assert statefulset["spec"]["template"]["spec"]["containers"][0]["image"] == image  # data, not a command
+    assert statefulset["spec"]["template"]["spec"]["containers"][0]["image"] == image  # verbatim, `$` included
     assert not marker.exists()
 
 
