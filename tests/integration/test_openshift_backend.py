@@ -19,7 +19,7 @@ from mlenv.backends.base import Pod
 from mlenv.backends.kube import explain, waiting
 from mlenv.backends.kube.pods import rdma_devices
 from mlenv.backends.kube.preflight import same_server
-from mlenv.backends.openshift import OpenShiftBackend
+from mlenv.backends.openshift import INPLACE, OpenShiftBackend
 from mlenv.cli import main
 from mlenv.config import load_cluster
 from mlenv.errors import OperationError
@@ -282,7 +282,7 @@ def test_command_lines(backend: OpenShiftBackend, deployment: Deployment) -> Non
     pod = Pod(ordinal=1, name=f"{APP}-1", workspace="/workspace")
     argv = backend.exec_argv(deployment, pod, ["python", "a b.py", "$HOME"], env={"K": "v w"}, interactive=True)
     assert argv == ["/bin/echo", "exec", "-i", "-t", "-n", "ml", f"{APP}-1", "-c", "ml-dev", "--", "env", "K=v w",
-                    "sh", "-c", 'cd "$1" && shift && exec "$@"', "sh", "/workspace", "python", "a b.py", "$HOME"]
+                    "sh", "-c", INPLACE, "sh", "/workspace", "python", "a b.py", "$HOME"]
     assert backend.logs_argv(deployment, pod, follow=True) == [
         "/bin/echo", "logs", "-n", "ml", f"{APP}-1", "-c", "ml-dev", "-f"]
     target = backend.copy_target(deployment, pod)

@@ -8,7 +8,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from mlenv.backends.openshift import STOP_ON_STDIN_EOF
+import pytest
+from mlenv.backends.openshift import INPLACE, STOP_ON_STDIN_EOF
 
 
 def _wrapped(directory: Path, *argv: str) -> subprocess.Popen[bytes]:
@@ -45,3 +46,20 @@ def test_a_finished_job_returns_its_exit_code_from_its_workspace(tmp_path: Path)
     out, _ = wrapper.communicate(timeout=10)  # communicate closes stdin only after the job ended
     assert wrapper.returncode == 3
     assert out.decode().strip() == str(tmp_path)
+
+
+@pytest.mark.parametrize("script", [INPLACE, STOP_ON_STDIN_EOF], ids=["inplace", "stop-on-eof"])
+def test_the_shipped_runtime_is_importable(tmp_path: Path, script: str) -> None:
+    runtime = tmp_path / ".mlenv" / "mlenv" / "runtime"
+    runtime.mkdir(parents=True)
+    (runtime.parent / "__init__.py").write_text("")
+    (runtime / "__init__.py").write_text("SHIPPED = True\n")
+    with subprocess.Popen(["sh", "-c", script, "sh", str(tmp_path), "python3", "-c",
+                           "import os, mlenv.runtime as r; print(r.SHIPPED, os.environ['PYTHONPATH'])"],
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                          env={**os.environ, "PYTHONPATH": "/image/site"}) as wrapper:
+        assert wrapper.stdout is not None and wrapper.stdin is not None
+        out = wrapper.stdout.read()  # the session's stdin stays open while the job runs, as with `oc exec -i`
+        assert wrapper.wait(timeout=30) == 0
+        wrapper.stdin.close()
+    assert out.split() == ["True", f"{tmp_path}/.mlenv:/image/site"]

@@ -20,10 +20,12 @@ from mlenv.ui import info, warn
 
 CLEAN_TIMEOUT = 300
 DATA_KIND = "PersistentVolumeClaim"
-INPLACE = 'cd "$1" && shift && exec "$@"'
+RUNTIME_PATH = 'export PYTHONPATH="$1/.mlenv${PYTHONPATH:+:$PYTHONPATH}"'
+"""Puts the runtime shipped by sync (``<workspace>/.mlenv/mlenv/runtime``) in front of the image's PYTHONPATH."""
+INPLACE = f'cd "$1" && {RUNTIME_PATH} && shift && exec "$@"'
 """Runs ``argv`` in the directory given as ``$1``; values stay separate arguments, never shell text."""
 STOP_ON_STDIN_EOF = (
-    'cd "$1" || exit 127; shift; exec 3<&0; "$@" </dev/null 3<&- & job=$!; '
+    f'cd "$1" || exit 127; {RUNTIME_PATH}; shift; exec 3<&0; "$@" </dev/null 3<&- & job=$!; '
     '{ cat <&3 >/dev/null; kill -TERM "$job"; } >/dev/null 2>&1 & watcher=$!; exec 3<&-; '
     'wait "$job"; code=$?; kill "$watcher" 2>/dev/null; exit "$code"'
 )
