@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -90,6 +92,25 @@ def test_run_job_copies_output_to_the_node_log_and_returns_the_exit_status(
     assert status == 3
     assert log.read_text() == "step 1/2 loss 0.5\noops\n"
     assert "step 1/2 loss 0.5" in capfd.readouterr().out
+
+
+def test_run_job_also_feeds_the_container_log(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    container_log = tmp_path / "pid1-stdout"  # stands for /proc/1/fd/1 in a pod: a pipe read by the runtime
+    os.mkfifo(container_log)
+    reader = subprocess.Popen(["cat", str(container_log)], stdout=subprocess.PIPE, text=True)
+    job = Job([sys.executable, "-c", "print('step 1/2 loss 0.5')"],
+              {"PYTHONUNBUFFERED": "1", "MLENV_CONTAINER_LOG": str(container_log)}, {}, {}, None)
+    assert run_job(job) == 0
+    assert reader.communicate(timeout=10)[0] == "step 1/2 loss 0.5\n"
+    assert "step 1/2 loss 0.5" in capfd.readouterr().out
+
+
+def test_an_unwritable_container_log_only_warns(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    job = Job([sys.executable, "-c", "print('ok')"],
+              {"MLENV_CONTAINER_LOG": str(tmp_path / "missing" / "stdout")}, {}, {}, None)
+    assert run_job(job) == 0
+    captured = capfd.readouterr()
+    assert captured.out == "ok\n" and "not copying output to the container log" in captured.err
 
 
 def test_run_job_reports_death_by_signal_like_a_shell() -> None:

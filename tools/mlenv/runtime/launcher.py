@@ -14,7 +14,7 @@ import subprocess
 import sys
 import tempfile
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +27,8 @@ from .topology import DEFAULT_APP_NAME, Topology, detect_topology
 
 LAUNCHERS = ("torchrun", "deepspeed")
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+CONTAINER_LOG_VARIABLE = "MLENV_CONTAINER_LOG"
+"""Set by the rendered StatefulSet: where the container's own stdout can be opened (e.g. /proc/1/fd/1)."""
 
 
 @dataclass(frozen=True)
@@ -174,12 +176,15 @@ def _prepare(
 
 
 def run_job(job: Job, log_path: Path | None = None) -> int:
-    """Run the job, copying its output to stdout and the node log; check NCCL's transport afterwards."""
+    """Run the job, copying its output to stdout, the node log and, in a pod, the container's own log
+    (``MLENV_CONTAINER_LOG``, e.g. /proc/1/fd/1, so ``kubectl logs -f`` follows training); check NCCL's
+    transport afterwards."""
     with ExitStack() as stack:
-        log = stack.enter_context(log_path.open("ab")) if log_path else None
+        sinks: list[IO[bytes]] = [stack.enter_context(log_path.open("ab"))] if log_path else []
+        sinks += _container_log(stack, job.env.get(CONTAINER_LOG_VARIABLE))
         process = subprocess.Popen(job.argv, env=job.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         stack.enter_context(_forwarding_signals(process))
-        nccl_lines = _copy_output(process.stdout, log) if process.stdout else []
+        nccl_lines = _copy_output(process.stdout, sinks) if process.stdout else []
         status = process.wait()
     status = 128 - status if status < 0 else status  # killed by signal N: 128 + N, as shells report it
     return _check_transport(nccl_lines, job.expect, status)
@@ -215,15 +220,26 @@ def _check_transport(nccl_lines: list[str], expect: str | None, status: int) -> 
     return status
 
 
-def _copy_output(stream: IO[bytes], log: IO[bytes] | None) -> list[str]:
-    """Tee the job's output; keep the NCCL lines for the transport check."""
+def _container_log(stack: ExitStack, path: str | None) -> list[IO[bytes]]:
+    """The container's log opened for appending, when the pod names one and it can be written."""
+    if not path:
+        return []
+    try:
+        return [stack.enter_context(open(path, "ab"))]
+    except OSError as exc:
+        _note(f"not copying output to the container log {path}: {exc.strerror}")
+        return []
+
+
+def _copy_output(stream: IO[bytes], sinks: Sequence[IO[bytes]]) -> list[str]:
+    """Tee the job's output to stdout and ``sinks``; keep the NCCL lines for the transport check."""
     nccl_lines = []
     for raw in iter(stream.readline, b""):
         sys.stdout.buffer.write(raw)
         sys.stdout.buffer.flush()
-        if log:
-            log.write(raw)
-            log.flush()
+        for sink in sinks:
+            sink.write(raw)
+            sink.flush()
         if b"NCCL" in raw:
             nccl_lines.append(raw.decode(errors="replace"))
     return nccl_lines
