@@ -61,11 +61,6 @@ class Deployment:
     ipc_lock_scc: str | None
     warnings: tuple[str, ...]
 
-    @property
-    def pod_names(self) -> list[str]:
-        """StatefulSet pod names in ordinal order."""
-        return [f"{self.app}-{ordinal}" for ordinal in range(self.nodes)]
-
     def pod_dns(self, ordinal: int) -> str:
         """Stable DNS name of pod ``ordinal`` behind the headless Service."""
         return f"{self.app}-{ordinal}.{self.headless_service}.{self.namespace}.svc.cluster.local"
