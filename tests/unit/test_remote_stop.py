@@ -43,8 +43,10 @@ def test_closing_stdin_stops_the_job(tmp_path: Path) -> None:
 
 def test_a_finished_job_returns_its_exit_code_from_its_workspace(tmp_path: Path) -> None:
     wrapper = _wrapped(tmp_path, "sh", "-c", "pwd; exit 3")
-    out, _ = wrapper.communicate(timeout=10)  # communicate closes stdin only after the job ended
-    assert wrapper.returncode == 3
+    assert wrapper.stdout is not None and wrapper.stdin is not None
+    out = wrapper.stdout.read()  # stdin stays open while the job runs, as with `oc exec -i`
+    assert wrapper.wait(timeout=10) == 3
+    wrapper.stdin.close()
     assert out.decode().strip() == str(tmp_path)
 
 
