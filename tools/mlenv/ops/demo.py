@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import time
+from dataclasses import dataclass
 
 from mlenv.backends.base import Backend
 from mlenv.ops.launch import launch
@@ -22,17 +23,45 @@ def _stage(number: int, text: str) -> None:
     info(f"\n==> [{number}/{STAGES}] {text}")
 
 
-def _deploy(backend: Backend, deployment: Deployment) -> None:
+@dataclass(frozen=True)
+class Before:
+    """What of the local cluster existed before the demo: the demo leaves exactly that behind."""
+
+    pods: bool
+    """Pods were running: the demo reuses them and leaves them (and their data) as they were."""
+    data: bool
+    """Pod workspaces were kept by an earlier clean: the demo's clean keeps them too."""
+    recorded: bool
+    """Some deployment is recorded in .mlenv/state.json: the demo does not replace the record."""
+
+
+def _before(backend: Backend, deployment: Deployment) -> Before:
     from mlenv import state
 
-    backend.deploy(deployment, timeout=120, on_applied=lambda: state.record(deployment))
+    existing = backend.status(deployment)
+    return Before(pods=any(pod.phase != "Missing" for pod in existing), data=bool(existing),
+                  recorded=state.state_file().exists())
 
 
-def _clean(backend: Backend, deployment: Deployment) -> None:
+def _deploy(backend: Backend, deployment: Deployment, before: Before) -> None:
     from mlenv import state
 
-    backend.clean(deployment, delete_data=True)
-    state.forget(deployment)
+    backend.deploy(deployment, timeout=120, on_applied=None if before.recorded else lambda: state.record(deployment))
+
+
+def _finish(backend: Backend, deployment: Deployment, before: Before, keep: bool) -> None:
+    """Clean up what the demo created, nothing else."""
+    from mlenv import state
+    from mlenv.ui import info
+
+    if keep or before.pods:
+        why = "as asked" if keep else "it was running before the demo"
+        info(f"\nkept the local cluster ({why}): mlenv status / mlenv shell / mlenv clean --cluster local")
+        return
+    _stage(6, "clean up" + (" (the pod workspaces an earlier clean kept stay)" if before.data else ""))
+    backend.clean(deployment, delete_data=not before.data)
+    if not before.recorded:
+        state.forget(deployment)
 
 
 def run_demo(keep: bool = False, steps: int = 30) -> int:
@@ -41,14 +70,15 @@ def run_demo(keep: bool = False, steps: int = 30) -> int:
     from mlenv.config import load_cluster
     from mlenv.ops.sync import sync
     from mlenv.plan import plan
-    from mlenv.ui import error, info, table
+    from mlenv.ui import error, table
 
     started = time.monotonic()
     deployment = plan(load_cluster("local"))
     backend = backend_for(deployment.cluster)
+    before = _before(backend, deployment)
     try:
         _stage(1, f"deploy the local cluster: {deployment.nodes} pods x {deployment.procs_per_node} processes")
-        _deploy(backend, deployment)
+        _deploy(backend, deployment, before)
         _stage(2, "sync workspace/ (and the in-pod runtime) to every pod")
         if not sync(backend, deployment).ok:
             return 1
@@ -64,11 +94,7 @@ def run_demo(keep: bool = False, steps: int = 30) -> int:
         _stage(5, "transport check of the node logs")
         carried_by, _ = transport([trained.log(n) for n in sorted(trained.node_exit_codes)])
     finally:
-        if keep:
-            info("\nkept the local cluster: mlenv status / mlenv shell / mlenv clean --cluster local")
-        else:
-            _stage(6, "clean up")
-            _clean(backend, deployment)
+        _finish(backend, deployment, before, keep)
     done, peak = find_in_logs(DONE, trained), find_in_logs(PEAK, bench)
     if done is None:
         error(f"training printed no 'done' line; see {trained.run_dir}")
