@@ -9,6 +9,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -54,7 +55,8 @@ def test_pods_have_own_address_nic_and_hosts(cluster: LocalProject) -> None:
 
 
 def test_redeploy_converges_and_repairs_leftovers(cluster: LocalProject) -> None:
-    subprocess.run(["ip", "netns", "delete", f"mlenv-{cluster.app}-1"], check=True)  # as if a crash broke it
+    broken = str(cluster.status()[1]["node"])  # a pod's node is its network namespace
+    subprocess.run(["ip", "netns", "delete", broken], check=True)  # as if a crash broke it
     assert [p["phase"] for p in cluster.status()] == ["Running", "Broken"]
     cluster.ok("deploy", cluster.name)
     cluster.ok("deploy", cluster.name)
@@ -100,6 +102,19 @@ def _processes(cluster: LocalProject) -> list[str]:
     return [item for item in leftovers(cluster) if item.startswith("process")]
 
 
+def test_another_checkout_of_the_same_app_never_touches_these_pods(cluster: LocalProject,
+                                                                   tmp_path: Path) -> None:
+    twin = make_project(tmp_path, cluster.name, "10.77.61.0/24", "namespaces")  # same app, same subnet
+    twin.ok("deploy", twin.name)
+    try:
+        assert {p["node"] for p in twin.status()}.isdisjoint(p["node"] for p in cluster.status())
+    finally:
+        twin.ok("clean", "--cluster", twin.name, "--delete-data", "--yes")
+    assert all(p["ready"] for p in cluster.status())
+    assert cluster.ok("exec", "--cluster", cluster.name, "--pod", "1", "--", "head", "-1", "tiny.py").stdout == (
+        "[node-1] import os, sys\n")
+
+
 def test_fail_fast_stops_every_node(cluster: LocalProject) -> None:
     process, output = _launch_until(cluster, "failing on purpose", "--fail")
     code, text = _finish(process, output, within=10)
@@ -135,6 +150,4 @@ def test_clean_leaves_nothing_and_twice_is_fine(cluster: LocalProject) -> None:
     cluster.ok("clean", "--cluster", cluster.name, "--delete-data", "--yes")
     cluster.ok("clean", "--cluster", cluster.name, "--delete-data", "--yes")
     assert leftovers(cluster) == []
-    assert f"mlenv-{cluster.app}-br" not in subprocess.run(["ip", "netns", "list"], capture_output=True,
-                                                            text=True, check=True).stdout
     assert json.loads(cluster.ok("status", "--cluster", cluster.name, "--json").stdout)["pods"] == []

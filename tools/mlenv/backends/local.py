@@ -4,6 +4,7 @@ processes share loopback (``processes``). Each pod has a directory whose ``works
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import json
 import os
@@ -63,14 +64,21 @@ def workspace_dir(deployment: Deployment, ordinal: int) -> Path:
     return pod_dir(deployment, ordinal) / "workspace"
 
 
+def netns_prefix(deployment: Deployment) -> str:
+    """``mlenv-<app>-<digest of the pods' directory>-``: namespaces are machine-wide, so two checkouts (or
+    cluster namespaces) deploying the same app never share, reconfigure or delete each other's."""
+    digest = hashlib.sha256(str(base_dir(deployment).resolve()).encode()).hexdigest()[:8]
+    return f"mlenv-{deployment.app}-{digest}-"
+
+
 def netns_name(deployment: Deployment, ordinal: int) -> str:
     """Network namespace of pod ``ordinal``."""
-    return f"mlenv-{deployment.app}-{ordinal}"
+    return f"{netns_prefix(deployment)}{ordinal}"
 
 
 def bridge_netns(deployment: Deployment) -> str:
     """The namespace that holds the deployment's bridge."""
-    return f"mlenv-{deployment.app}-br"
+    return f"{netns_prefix(deployment)}br"
 
 
 def _isolation(deployment: Deployment) -> str:
@@ -136,7 +144,7 @@ def _existing_ordinals(deployment: Deployment) -> set[int]:
     if base.is_dir():
         found |= {int(m.group(1)) for p in base.iterdir() if (m := pattern.fullmatch(p.name))}
     if localnet.available():
-        prefix = re.compile(re.escape(f"mlenv-{deployment.app}-") + r"(\d+)")
+        prefix = re.compile(re.escape(netns_prefix(deployment)) + r"(\d+)")
         found |= {int(m.group(1)) for name in localnet.namespaces() if (m := prefix.fullmatch(name))}
     return found
 
