@@ -90,10 +90,12 @@ class Client:
         with self._context(timeout) as oc:
             return str(oc.invoke(verb, list(args), no_namespace=not namespaced).out())
 
-    def select(self, kind: str, labels: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
-        """Every object of ``kind`` (``pods``, ``events``...) matching ``labels``, from one list call."""
+    def select(self, kind: str, labels: Mapping[str, str] | None = None,
+               fields: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+        """Every object of ``kind`` (``pods``, ``events``...) matching ``labels`` and the field selector
+        ``fields``, from one list call."""
         with self._context(CALL_TIMEOUT) as oc:
-            document = json.loads(oc.selector(kind, labels=labels).object_json())
+            document = json.loads(oc.selector(kind, labels=labels, field_selectors=fields).object_json())
         return list(document.get("items") or [])
 
     def apply(self, manifest: str) -> list[str]:

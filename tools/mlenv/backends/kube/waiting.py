@@ -87,14 +87,14 @@ def _current(pod: dict[str, Any], sts: dict[str, Any] | None) -> bool:
 def _observe(client: Client, d: Deployment, since: datetime
              ) -> tuple[dict[int, dict[str, Any]], set[int], dict[str, Trouble]]:
     """One tick: (pods by ordinal, ordinals ready on the latest spec, troubles by subject); one list call per
-    kind, events only while something is not ready."""
+    kind, warning events only while something is not ready."""
     selector = podview.selector(d)
     statefulset = next(iter(client.select("statefulsets", selector)), None)
     found = {i: p for i, p in podview.by_ordinal(client.select("pods", selector), d.app).items() if i < d.nodes}
     ready = {i for i, p in found.items() if podview.is_ready(p) and _current(p, statefulset)}
     if len(ready) == d.nodes:
         return found, ready, {}
-    events = client.select("events")
+    events = client.select("events", fields={"type": "Warning"})  # every reason explain reads is a warning
     troubles = [pod_trouble(p, events) for i, p in found.items() if i not in ready]
     if len(found) < d.nodes:
         troubles.append(statefulset_trouble(events, d, since))
