@@ -56,7 +56,7 @@ def _finish(backend: Backend, deployment: Deployment, before: Before, keep: bool
 
     if keep or before.pods:
         why = "as asked" if keep else "it was running before the demo"
-        info(f"\nkept the local cluster ({why}): mlenv status / mlenv shell / mlenv clean --cluster local")
+        info(f"\nkept the local cluster ({why}): mlenv status|shell|clean --cluster local")
         return
     _stage(6, "clean up" + (" (the pod workspaces an earlier clean kept stay)" if before.data else ""))
     backend.clean(deployment, delete_data=not before.data)
