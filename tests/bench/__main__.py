@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import sys
 from pathlib import Path
 
 
 def main() -> int:
     """Run the benchmarks named on the command line (default: all) and print their rows."""
+    # Measure what users get: Python caching bytecode (the warm-up runs write the .pyc files). Some sandboxes
+    # and CI images set PYTHONDONTWRITEBYTECODE, which makes every measured command compile the project again.
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     names = sys.argv[1:] or sorted(p.stem for p in Path(__file__).parent.glob("bench_*.py"))
     rows: list[dict[str, object]] = []
     for name in names:
