@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from mlenv.backends.base import CopyTarget, Pod
-from mlenv.backends.local import LocalBackend
+from mlenv.backends.local.backend import LocalBackend
 from mlenv.config import load_cluster
 from mlenv.ops.sync import sync
 from mlenv.plan import Deployment, plan

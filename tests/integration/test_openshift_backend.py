@@ -16,10 +16,10 @@ import pytest
 import yaml
 from click.testing import CliRunner, Result
 from mlenv.backends.base import Pod
-from mlenv.backends.kube import explain, waiting
-from mlenv.backends.kube.pods import rdma_devices
-from mlenv.backends.kube.preflight import same_server
-from mlenv.backends.openshift import INPLACE, OpenShiftBackend
+from mlenv.backends.kubernetes import explain, waiting
+from mlenv.backends.kubernetes.backend import INPLACE, OpenShiftBackend
+from mlenv.backends.kubernetes.pods import rdma_devices
+from mlenv.backends.kubernetes.preflight import same_server
 from mlenv.cli import main
 from mlenv.config import load_cluster
 from mlenv.errors import OperationError

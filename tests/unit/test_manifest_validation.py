@@ -6,11 +6,11 @@ import copy
 from typing import Any
 
 import pytest
+from mlenv.backends.kubernetes.render import render
+from mlenv.backends.kubernetes.schemas import validate_object
 from mlenv.config import load_cluster
 from mlenv.errors import OperationError
 from mlenv.plan import plan
-from mlenv.render.kubernetes import render
-from mlenv.render.schemas import validate_object
 
 
 def _objects() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from mlenv.backends.openshift import INPLACE, STOP_ON_STDIN_EOF
+from mlenv.backends.kubernetes.backend import INPLACE, STOP_ON_STDIN_EOF
 
 
 def _wrapped(directory: Path, *argv: str) -> subprocess.Popen[bytes]:

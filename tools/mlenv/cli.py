@@ -138,8 +138,8 @@ def validate(cluster: str, mode: str | None, nodes: int | None, as_json: bool) -
 def render(cluster: str, mode: str | None, nodes: int | None, image: str | None, output: Path | None,
            admin: bool) -> None:
     """Render the manifests of a cluster (validated against the Kubernetes schemas)."""
-    from mlenv.render.kubernetes import render as render_kubernetes
-    from mlenv.render.kubernetes import to_yaml
+    from mlenv.backends.kubernetes.render import render as render_kubernetes
+    from mlenv.backends.kubernetes.render import to_yaml
 
     rendered = render_kubernetes(_deployment(cluster, mode, nodes, image))
     if output is not None:

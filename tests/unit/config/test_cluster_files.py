@@ -6,9 +6,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from mlenv.backends.kubernetes.render import render
 from mlenv.config import load_cluster
 from mlenv.plan import plan
-from mlenv.render.kubernetes import render
 
 ROOT = Path(__file__).resolve().parents[3]
 SHIPPED = sorted((ROOT / "clusters").glob("*.yaml"))

@@ -14,11 +14,11 @@ from typing import Any
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from mlenv.backends.kubernetes.render import render, to_yaml
 from mlenv.config.load import parse_yaml
 from mlenv.config.validate import validate
 from mlenv.errors import ConfigError
 from mlenv.plan import plan
-from mlenv.render.kubernetes import render, to_yaml
 
 ROOT = Path(__file__).resolve().parents[3]
 TEMPLATE = yaml.safe_load((ROOT / "clusters/template.yaml").read_text())

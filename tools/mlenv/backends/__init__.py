@@ -12,12 +12,12 @@ if TYPE_CHECKING:
 
 def dry_run_text(deployment: Deployment) -> str:
     """Exactly what ``deploy`` would create, as YAML: the manifests, or the local pods."""
-    from mlenv.render.kubernetes import render, to_yaml
+    from mlenv.backends.kubernetes.render import render, to_yaml
 
     if deployment.cluster.backend == "local":
         from dataclasses import asdict
 
-        from mlenv.backends.local import LocalBackend
+        from mlenv.backends.local.backend import LocalBackend
 
         pods = [{**asdict(pod), "env": {**deployment.env, "MLENV_NODE_RANK": str(pod.ordinal)}}
                 for pod in LocalBackend().planned_pods(deployment)]
@@ -28,9 +28,9 @@ def dry_run_text(deployment: Deployment) -> str:
 def backend_for(cluster: Cluster) -> Backend:
     """The backend that operates ``cluster`` (imported lazily: each pulls in its own tools)."""
     if cluster.backend == "local":
-        from mlenv.backends.local import LocalBackend
+        from mlenv.backends.local.backend import LocalBackend
 
         return LocalBackend()
-    from mlenv.backends.openshift import OpenShiftBackend
+    from mlenv.backends.kubernetes.backend import OpenShiftBackend
 
     return OpenShiftBackend(cli="kubectl" if cluster.backend == "kubernetes" else "oc")

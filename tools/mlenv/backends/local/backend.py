@@ -16,8 +16,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from mlenv.backends import localnet, localproc
 from mlenv.backends.base import CopyTarget, Pod, PodStatus
+from mlenv.backends.local import net as localnet
+from mlenv.backends.local import proc as localproc
 from mlenv.config.discover import project_root
 from mlenv.errors import OperationError, UsageError
 from mlenv.plan import Deployment

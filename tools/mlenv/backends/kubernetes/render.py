@@ -82,7 +82,7 @@ def render_objects(d: Deployment) -> Rendered:
 
 def render(d: Deployment) -> Rendered:
     """Render and validate every object; an invalid object is an mlenv bug (OperationError)."""
-    from mlenv.render.schemas import validate_object
+    from mlenv.backends.kubernetes.schemas import validate_object
 
     rendered = render_objects(d)
     for obj in (*rendered.objects, *rendered.admin_objects):

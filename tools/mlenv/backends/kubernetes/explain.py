@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from mlenv.backends.kube import pods as podview
+from mlenv.backends.kubernetes import pods as podview
 from mlenv.plan import Deployment
 
 GRACE_SECONDS = {

@@ -8,9 +8,9 @@ from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from mlenv.backends.kube import pods as podview
-from mlenv.backends.kube.client import Client
-from mlenv.backends.kube.explain import Trouble, pod_trouble, statefulset_trouble
+from mlenv.backends.kubernetes import pods as podview
+from mlenv.backends.kubernetes.client import Client
+from mlenv.backends.kubernetes.explain import Trouble, pod_trouble, statefulset_trouble
 from mlenv.errors import OperationError
 from mlenv.plan import Deployment
 

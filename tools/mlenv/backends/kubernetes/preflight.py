@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlsplit
 
-from mlenv.backends.kube.client import Client, KubeError
+from mlenv.backends.kubernetes.client import Client, KubeError
 from mlenv.config.model import Cluster
 from mlenv.errors import OperationError
 

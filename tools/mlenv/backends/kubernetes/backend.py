@@ -8,12 +8,12 @@ from functools import cached_property
 from typing import Any
 
 from mlenv.backends.base import CopyTarget, Pod, PodStatus
-from mlenv.backends.kube import CONTAINER, WORKSPACE
-from mlenv.backends.kube import pods as podview
-from mlenv.backends.kube.client import Client, resolve_binary
-from mlenv.backends.kube.explain import pod_trouble
-from mlenv.backends.kube.preflight import check_login, check_namespace, check_server, explained
-from mlenv.backends.kube.waiting import wait_gone, wait_ready
+from mlenv.backends.kubernetes import CONTAINER, WORKSPACE
+from mlenv.backends.kubernetes import pods as podview
+from mlenv.backends.kubernetes.client import Client, resolve_binary
+from mlenv.backends.kubernetes.explain import pod_trouble
+from mlenv.backends.kubernetes.preflight import check_login, check_namespace, check_server, explained
+from mlenv.backends.kubernetes.waiting import wait_gone, wait_ready
 from mlenv.errors import OperationError
 from mlenv.plan import Deployment
 from mlenv.ui import info, warn
@@ -63,7 +63,7 @@ class OpenShiftBackend:
 
     def deploy(self, deployment: Deployment, timeout: int, on_applied: Callable[[], None] | None = None) -> None:
         """Check access, server-side apply the rendered objects in order, wait until every pod is Ready."""
-        from mlenv.render.kubernetes import render, to_yaml
+        from mlenv.backends.kubernetes.render import render, to_yaml
 
         client = self._client(deployment)
         user = check_login(client, deployment.cluster)
@@ -118,7 +118,8 @@ class OpenShiftBackend:
     def copy_target(self, deployment: Deployment, pod: Pod) -> CopyTarget:
         """rsync over ``exec``: the rsh wrapper adds ``exec -i -n NS POD -c ml-dev --``."""
         return CopyTarget(destination=f"{pod.name}:{pod.workspace}/",
-                          rsh=[sys.executable, "-m", "mlenv.backends.kube.rsh", self.binary, deployment.namespace])
+                          rsh=[sys.executable, "-m", "mlenv.backends.kubernetes.rsh", self.binary,
+                               deployment.namespace])
 
     def logs_argv(self, deployment: Deployment, pod: Pod, follow: bool) -> list[str]:
         """``<cli> logs -n NS POD -c ml-dev [-f]``."""
@@ -133,7 +134,7 @@ class OpenShiftBackend:
 
     def clean(self, deployment: Deployment, delete_data: bool) -> None:
         """Delete the deployment's objects by label (PVCs only with ``delete_data``), wait until pods are gone."""
-        from mlenv.render.kubernetes import render_objects
+        from mlenv.backends.kubernetes.render import render_objects
 
         client = self._client(deployment)
         kinds = list(dict.fromkeys(obj["kind"].lower() for obj in reversed(render_objects(deployment).objects)

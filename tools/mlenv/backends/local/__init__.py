@@ -1,0 +1,1 @@
+"""The local backend: "pods" on this machine (network namespaces as root, else processes)."""
