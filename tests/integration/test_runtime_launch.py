@@ -2,17 +2,20 @@
 (The DeepSpeed launch runs once in the suite, in tests/integration/test_demo.py.)
 
 Each node is its own process tree with its own MLENV_NODE_RANK, as on two pods; both reach the
-master at 127.0.0.1 on a port of their own. Training runs on CPU with gloo.
+master at 127.0.0.1 on a port of their own. Training runs on CPU with gloo. Detached jobs (``launch --detach``,
+``jobs``, ``logs --follow``, ``stop``) run a one-node torchrun each.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
@@ -141,3 +144,141 @@ def test_allreduce_bench_reports_bus_bandwidth(tmp_path: Path) -> None:
     assert sizes == ["4096", "16384", "65536", "262144"]
     (peak,) = re.findall(r"\bpeak_busbw_gbps=([\d.]+) size_bytes=\d+ world_size=2 backend=gloo", result.out)
     assert float(peak) > 0
+
+
+# Detached jobs: `launch --detach`, then `jobs`, `logs --follow` and `stop` as the host side runs them on a node.
+
+HOST = "node-a"
+
+
+def detached_env(tmp_path: Path, run_id: str, **extra: str) -> dict[str, str]:
+    """One node's environment whose runs live under tmp_path/runs; HOSTNAME names the node."""
+    runs = tmp_path / "runs"
+    return node_env(0, 1, 1, free_port(), runs / run_id, MLENV_RUN_ID=run_id, MLENV_RUNS_ROOT=str(runs),
+                    HOSTNAME=HOST, **extra)
+
+
+def runtime(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "mlenv.runtime", *args], env=env, cwd=WORKSPACE,
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def start_detached(env: dict[str, str], script: Path) -> int:
+    """``launch --detach``: it returns at once with one line; the pid of the detached supervisor."""
+    result = runtime(env, "launch", "--detach", "--", str(script), timeout=60)
+    assert result.returncode == 0, result.stderr
+    log = Path(env["MLENV_RUN_DIR"]) / "node0.log"
+    match = re.fullmatch(rf"mlenv: node 0 started in the background: pid (\d+), log {re.escape(str(log))}\n",
+                         result.stdout)
+    assert match, result.stdout
+    return int(match.group(1))
+
+
+def job_processes(run_id: str) -> list[int]:
+    """Every live process that carries MLENV_RUN_ID=<run_id> (the supervisor, torchrun, workers, their children)."""
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        with suppress(OSError):
+            stat = (environ.parent / "stat").read_text()
+            if f"MLENV_RUN_ID={run_id}".encode() in environ.read_bytes().split(b"\0") and " Z " not in stat:
+                found.append(int(environ.parent.name))
+    return found
+
+
+def wait_for_line(path: Path, text: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not (path.exists() and text in path.read_text(errors="replace")):
+        assert time.monotonic() < deadline, f"{text!r} never appeared in {path}"
+        time.sleep(0.2)
+
+
+def jobs_of(env: dict[str, str]) -> list[dict[str, object]]:
+    result = runtime(env, "jobs", "--json")
+    assert result.returncode == 0, result.stderr
+    jobs: list[dict[str, object]] = json.loads(result.stdout)
+    return jobs
+
+
+def test_a_detached_job_runs_on_and_logs_follow_it_to_its_exit_status(tmp_path: Path) -> None:
+    require("torch")
+    go, container_log = tmp_path / "go", tmp_path / "container.log"
+    script = tmp_path / "waits.py"
+    script.write_text(
+        "import os, sys, time\n"
+        "print('rank', os.environ['RANK'], 'started', flush=True)\n"
+        f"while not os.path.exists({str(go)!r}):\n"
+        "    time.sleep(0.1)\n"
+        "print('finished', flush=True)\n"
+    )
+    env = detached_env(tmp_path, "run-a", MLENV_CONTAINER_LOG=str(container_log))
+    pid = start_detached(env, script)
+    run_dir = Path(env["MLENV_RUN_DIR"])
+    record = json.loads((run_dir / "node0.json").read_text())
+    assert (record["pid"], record["host"], record["run_id"], record["node_rank"]) == (pid, HOST, "run-a", 0)
+    assert record["argv"][-2:] == ["--", str(script)] and record["started_at"]
+    stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    assert int(stat[2]) == int(stat[3]) == pid  # leads its own process group and session
+    assert os.readlink(f"/proc/{pid}/fd/0") == "/dev/null"
+    [job] = jobs_of(env)
+    assert (job["state"], job["pid"], job["exit_code"]) == ("running", pid, None)
+
+    with subprocess.Popen([sys.executable, "-m", "mlenv.runtime", "logs", "--follow"], env=env, cwd=WORKSPACE,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as follower:
+        wait_for_line(run_dir / "node0.log", "rank 0 started")
+        go.touch()
+        out, err = follower.communicate(timeout=120)
+    assert follower.returncode == 0, err
+    assert "rank 0 started" in out and "finished" in out
+    assert "mlenv: node 0/1" in out  # the runtime's own notes are in the node log too
+    assert (run_dir / "node0.exit").read_text() == "0\n"
+    assert "finished" in container_log.read_text()
+    [job] = jobs_of(env)
+    assert (job["state"], job["exit_code"]) == ("exited", 0)
+    assert job_processes("run-a") == []
+
+
+def test_stop_ends_a_detached_job_and_every_process_it_started(tmp_path: Path) -> None:
+    require("torch")
+    script = tmp_path / "sleeps.py"
+    script.write_text(
+        "import subprocess, time\n"
+        "child = subprocess.Popen(['sleep', '300'])\n"
+        "print('child', child.pid, flush=True)\n"
+        "time.sleep(300)\n"
+    )
+    env = detached_env(tmp_path, "run-b")
+    pid = start_detached(env, script)
+    wait_for_line(Path(env["MLENV_RUN_DIR"]) / "node0.log", "child ")
+    assert len(job_processes("run-b")) >= 4  # supervisor, torchrun, worker, sleep
+
+    again = runtime(env, "launch", "--detach", "--", str(script))
+    assert (again.returncode, again.stdout) == (1, "")
+    assert again.stderr == f"mlenv.runtime launch: failed: node 0 of run run-b (pid {pid}) is still running; " \
+                           "stop it first\n"
+
+    result = runtime(env, "stop", "--run", "run-b")
+    assert (result.returncode, result.stdout) == (0, f"stopped node 0 of run run-b (pid {pid}): ended after SIGTERM\n")
+    assert job_processes("run-b") == []
+    [job] = jobs_of(env)
+    assert job["state"] == "exited" and job["exit_code"] != 0
+    assert runtime(env, "stop").stdout == "nothing to stop\n"
+
+
+def test_stop_kills_what_ignores_sigterm_after_the_grace_time(tmp_path: Path) -> None:
+    """A helper in a session of its own that ignores SIGTERM: torchrun cannot reach it, the job's marker can."""
+    require("torch")
+    script = tmp_path / "stubborn.py"
+    script.write_text(
+        "import subprocess, time\n"
+        "subprocess.Popen(['sh', '-c', 'trap \"\" TERM; echo helper ready; sleep 300'], start_new_session=True)\n"
+        "time.sleep(300)\n"
+    )
+    env = detached_env(tmp_path, "run-c")
+    pid = start_detached(env, script)
+    wait_for_line(Path(env["MLENV_RUN_DIR"]) / "node0.log", "helper ready")
+    result = runtime(env, "stop", "--grace", "1")
+    assert (result.returncode, result.stdout) == (
+        0, f"stopped node 0 of run run-c (pid {pid}): killed with SIGKILL after 1 s\n")
+    assert job_processes("run-c") == []
+    [job] = jobs_of(env)
+    assert job["state"] == "exited" and job["exit_code"] != 0

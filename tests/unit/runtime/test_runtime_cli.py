@@ -13,7 +13,8 @@ from _prereq import clean_environ
 from runtime_support import Runner
 
 
-@pytest.mark.parametrize("command", [[], ["topology"], ["nccl-env"], ["launch"], ["nccl-log-check"]])
+@pytest.mark.parametrize("command", [[], ["topology"], ["nccl-env"], ["launch"], ["nccl-log-check"], ["jobs"],
+                                     ["stop"], ["logs"]])
 def test_every_command_has_help(command: list[str], run_runtime: Runner) -> None:
     result = run_runtime(*command, "--help")
     assert (result.returncode, result.stderr) == (0, "")
@@ -35,6 +36,12 @@ BAD_INPUT = {
     "missing log file": (["nccl-log-check", "/no/such/nccl.log"], {}),
     "no log file": (["nccl-log-check"], {}),
     "unknown expectation": (["nccl-log-check", "-", "--expect", "ib"], {}),
+    "detach without a run directory": (["launch", "--detach", "--", __file__], {}),
+    "detach and dry run": (["launch", "--detach", "--dry-run", "--run-dir", "/tmp", "--", __file__], {}),
+    "negative grace": (["stop", "--grace", "-1"], {}),
+    "grace not a number": (["stop", "--grace", "soon"], {}),
+    "run id that is a path": (["stop", "--run", "../other"], {}),
+    "logs of a run that is not there": (["logs", "--run", "no-such-run", "--runs-root", "/no/such/root"], {}),
 }
 
 
@@ -61,7 +68,7 @@ def test_nccl_env_json(run_runtime: Runner, fixtures: Path) -> None:
                          "--proc-root", str(fixtures / "proc/pod_defaults"), "--master-addr", "192.168.20.7")
     found = json.loads(result.stdout)
     assert (result.returncode, result.stderr) == (0, "")
-    assert set(found) == {"env", "warnings"}
+    assert set(found) == {"env", "unset", "warnings"}
     assert found["env"]["NCCL_SOCKET_IFNAME"] == "net1"
     assert [w.split(" ")[0] for w in found["warnings"]] == ["RDMA", "RLIMIT_MEMLOCK", "/dev/shm"]
 
@@ -73,6 +80,19 @@ def test_nccl_env_shell_output_evaluates_in_bash(run_runtime: Runner, fixtures: 
     env = clean_environ({"MASTER_ADDR": "10.128.3.22", "MLENV_NODE_RANK": "1", "MLENV_NUM_NODES": "2"})
     result = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, check=True)
     assert result.stdout == "=mlx5_bond_0 7 eth0\n"
+
+
+def test_gdr_level_auto_is_detected_or_removed(run_runtime: Runner, fixtures: Path) -> None:
+    """The cluster file's ``gdr_level: auto`` arrives as NCCL_NET_GDR_LEVEL=auto, which NCCL must never see."""
+    def shell(sysfs: str) -> list[str]:
+        result = run_runtime("nccl-env", "--shell", "--sysfs-root", str(fixtures / "sysfs" / sysfs),
+                             "--proc-root", str(fixtures / "proc/pod_rdma"), "--master-addr", "127.0.0.1",
+                             env={"NCCL_NET_GDR_LEVEL": "auto"})
+        assert result.returncode == 0, result.stderr
+        return [line for line in result.stdout.splitlines() if "GDR" in line]
+
+    assert shell("gdr_pxb") == ["export NCCL_NET_GDR_LEVEL=PXB"]
+    assert shell("gdr_no_peermem") == ["unset NCCL_NET_GDR_LEVEL"]
 
 
 def test_nccl_env_explain_goes_to_stderr(run_runtime: Runner, fixtures: Path) -> None:

@@ -31,13 +31,14 @@ class Case:
 
 
 CASES = {
-    "roce bond: IPv4 RoCE v2 GID at index 7, DMA-BUF without peer memory": Case(
+    "roce bond: IPv4 RoCE v2 GID at index 7, DMA-BUF without peer memory, GPUs on both sockets": Case(
         "roce_bond",
-        {"NCCL_IB_HCA": "=mlx5_bond_0", "NCCL_IB_GID_INDEX": "7", "NCCL_DMABUF_ENABLE": "1", **POD},
+        {"NCCL_IB_HCA": "=mlx5_bond_0", "NCCL_IB_GID_INDEX": "7", "NCCL_DMABUF_ENABLE": "1",
+         "NCCL_NET_GDR_LEVEL": "SYS", **POD},
     ),
     "roce bond with the old toolkit's hard-coded values: kept, GID 3 flagged": Case(
         "roce_bond",
-        {"NCCL_DMABUF_ENABLE": "1", **POD},
+        {"NCCL_DMABUF_ENABLE": "1", "NCCL_NET_GDR_LEVEL": "SYS", **POD},
         ("NCCL_IB_GID_INDEX=3 is not an IPv4 RoCE v2 GID on mlx5_bond_0:1 (IPv4 RoCE v2 indices: mlx5_bond_0:1: 7)",),
         environ={"NCCL_IB_HCA": "mlx5_bond_", "NCCL_IB_GID_INDEX": "3"},
     ),
@@ -48,9 +49,9 @@ CASES = {
         master="192.168.20.15",
         environ={"PCIDEVICE_OPENSHIFT_IO_MLX5_RDMA_INFO": VF_INFO},
     ),
-    "sr-iov: allocation as a plain PCI address list": Case(
+    "sr-iov: allocation as a plain PCI address list; both VFs on NUMA node 0, GPUs on 0 and 1": Case(
         "sriov_vfs",
-        {"NCCL_IB_HCA": "=mlx5_6,mlx5_7", "NCCL_IB_GID_INDEX": "3", "NCCL_NET_GDR_LEVEL": "PHB", **POD},
+        {"NCCL_IB_HCA": "=mlx5_6,mlx5_7", "NCCL_IB_GID_INDEX": "3", "NCCL_NET_GDR_LEVEL": "SYS", **POD},
         environ={"PCIDEVICE_OPENSHIFT_IO_MLX5_RDMA": "0000:1a:00.2,0000:1b:00.2"},
     ),
     "sr-iov without allocation info: every ACTIVE VF in natural order, PF ports DOWN": Case(
@@ -65,7 +66,7 @@ CASES = {
     ),
     "sr-iov, cluster file's NCCL variables win": Case(
         "sriov_vfs",
-        {"NCCL_IB_GID_INDEX": "3", "NCCL_NET_GDR_LEVEL": "PHB", "GLOO_SOCKET_IFNAME": "eth0"},
+        {"NCCL_IB_GID_INDEX": "3", "NCCL_NET_GDR_LEVEL": "SYS", "GLOO_SOCKET_IFNAME": "eth0"},
         environ={"NCCL_IB_HCA": "=mlx5_6", "NCCL_SOCKET_IFNAME": "net1", "NCCL_IB_DISABLE": "0"},
     ),
     "cluster file names HCAs this pod does not have": Case(
@@ -91,11 +92,35 @@ CASES = {
         environ={"MLENV_NETWORK_MODE": "rdma"},
     ),
     "sparse macvlan GID table: IPv4 RoCE v2 at index 9": Case(
-        "macvlan_sparse", {"NCCL_IB_HCA": "=mlx5_2", "NCCL_IB_GID_INDEX": "9", "NCCL_DMABUF_ENABLE": "1", **POD},
+        "macvlan_sparse", {"NCCL_IB_HCA": "=mlx5_2", "NCCL_IB_GID_INDEX": "9", "NCCL_DMABUF_ENABLE": "1",
+                           "NCCL_NET_GDR_LEVEL": "PHB", **POD},
     ),
     "two RoCE HCAs disagree on the GID index: left to NCCL": Case(
         "roce_disagree", {"NCCL_IB_HCA": "=mlx5_2,mlx5_3", **POD},
         ("the HCAs disagree on the IPv4 RoCE v2 GID index (mlx5_2:1: 3; mlx5_3:1: 5)",),
+    ),
+    "GDR: GPU and HCA under one PCIe switch on each socket": Case(
+        "gdr_pix", {"NCCL_IB_HCA": "=mlx5_0,mlx5_1", "NCCL_NET_GDR_LEVEL": "PIX", **POD},
+    ),
+    "GDR: one GPU under the HCA's switch, one under another switch of the same root port": Case(
+        "gdr_pxb", {"NCCL_IB_HCA": "=mlx5_0", "NCCL_NET_GDR_LEVEL": "PXB", **POD},
+    ),
+    "GDR: other root port, other root complex, same NUMA node": Case(
+        "gdr_phb", {"NCCL_IB_HCA": "=mlx5_0", "NCCL_NET_GDR_LEVEL": "PHB", **POD},
+    ),
+    "GDR via DMA-BUF: a GPU on the socket without an HCA": Case(
+        "gdr_sys", {"NCCL_IB_HCA": "=mlx5_0", "NCCL_DMABUF_ENABLE": "1", "NCCL_NET_GDR_LEVEL": "SYS", **POD},
+    ),
+    "GDR: gdr_level auto in the cluster file": Case(
+        "gdr_pxb", {"NCCL_IB_HCA": "=mlx5_0", "NCCL_NET_GDR_LEVEL": "PXB", **POD},
+        environ={"NCCL_NET_GDR_LEVEL": "auto"},
+    ),
+    "GDR: the cluster file's level wins": Case(
+        "gdr_pxb", {"NCCL_IB_HCA": "=mlx5_0", **POD}, environ={"NCCL_NET_GDR_LEVEL": "SYS"},
+    ),
+    "no GPUDirect: neither peer memory nor DMA-BUF (proprietary module)": Case(
+        "gdr_no_peermem", {"NCCL_IB_HCA": "=mlx5_0", **POD},
+        ("no GPUDirect RDMA: no peer memory module (",),
     ),
     "Gloo given an NCCL-style pattern": Case(
         "no_rdma", {"NCCL_IB_DISABLE": "1", "NCCL_SOCKET_IFNAME": "eth0"},

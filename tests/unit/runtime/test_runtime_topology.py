@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import re
+import socket
 
 import pytest
 from mlenv.runtime.nodelist import expand_nodelist
-from mlenv.runtime.topology import Topology, TopologyError, detect_topology
+from mlenv.runtime.topology import Topology, TopologyError, detect_topology, host_name
+from runtime_support import Runner
 
 WORLDS = {
     "mlenv contract": (
@@ -118,3 +121,21 @@ def test_slurm_nodelist_expansion(nodelist: str, hosts: list[str]) -> None:
 def test_bad_slurm_nodelists(nodelist: str) -> None:
     with pytest.raises(ValueError, match="Slurm node list"):
         expand_nodelist(nodelist)
+
+
+def test_pod_name_from_the_hostname_variable() -> None:
+    """Containers set HOSTNAME to the pod name; an explicit host name still wins."""
+    environ = {"MLENV_NUM_NODES": "3", "HOSTNAME": "ml-dev-env-2"}
+    assert detect_topology(environ) == Topology(2, 3, None, "ml-dev-env-0.ml-dev-env-headless", 29500, "statefulset")
+    assert detect_topology(environ, "ml-dev-env-1").node_rank == 1
+    assert host_name(environ) == "ml-dev-env-2"
+
+
+def test_pod_name_from_the_system_without_hostname() -> None:
+    assert host_name({}) == host_name({"HOSTNAME": " "}) == socket.gethostname()
+
+
+def test_topology_command_reads_hostname(run_runtime: Runner) -> None:
+    env = {"HOSTNAME": "llm-1", "MLENV_APP_NAME": "llm", "MLENV_NUM_NODES": "2"}
+    found = json.loads(run_runtime("topology", "--json", env=env).stdout)
+    assert (found["node_rank"], found["master_addr"], found["source"]) == (1, "llm-0.llm-headless", "statefulset")

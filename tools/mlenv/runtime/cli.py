@@ -1,6 +1,7 @@
 """Command line of the in-pod runtime: ``python3 -m mlenv.runtime <command>``.
 
-Exit status: 0 ok, 1 the check or the job failed, 2 bad input (one line on stderr, no traceback).
+Exit status: 0 ok, 1 the check or the job failed, 2 bad input (one line on stderr, no traceback);
+``logs --follow`` ends with the job's own exit status.
 """
 
 from __future__ import annotations
@@ -9,15 +10,31 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from .launcher import LAUNCHERS, launch
+from .jobs import (
+    POLL_SECONDS,
+    JobError,
+    NodeFiles,
+    NodeJob,
+    follow_log,
+    host_jobs,
+    runs_root,
+    start_recorded,
+    stop_jobs,
+    write_atomic,
+)
+from .launcher import LAUNCHERS, forwarding_signals, launch
 from .nccl import detect_nccl_env
 from .ncclog import CONTRADICTS, contradicts, parse_nccl_log
-from .topology import TopologyError, detect_topology
+from .topology import TopologyError, detect_topology, host_name
+
+LOG_WAIT_SECONDS = 60.0
 
 
 class BadInput(Exception):
@@ -35,6 +52,22 @@ def _positive_int(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
     return int(text)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}")
+    return value
+
+
+def _run_id(text: str) -> str:
+    if not text or "/" in text or text in (".", ".."):
+        raise argparse.ArgumentTypeError(f"expected the name of a run directory, got {text!r}")
+    return text
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser(
         "launch",
         help="start the job on this node (run it on every node)",
-        usage="%(prog)s [-h] [--launcher {torchrun,deepspeed}] [--nproc N] [--run-dir DIR] [--dry-run] "
+        usage="%(prog)s [-h] [--launcher {torchrun,deepspeed}] [--nproc N] [--run-dir DIR] [--dry-run | --detach] "
         "-- SCRIPT [ARGS...]",
     )
     run.add_argument("--launcher", choices=LAUNCHERS, help="default: $MLENV_LAUNCHER or torchrun")
@@ -68,8 +101,32 @@ def build_parser() -> argparse.ArgumentParser:
                      help="processes on this node (default: $MLENV_PROCS_PER_NODE, else one per GPU, else 1)")
     run.add_argument("--run-dir", type=Path, metavar="DIR",
                      help="write node<R>.log and the hostfile there (default: $MLENV_RUN_DIR)")
-    run.add_argument("--dry-run", action="store_true", help="print the added variables and the command")
+    mode = run.add_mutually_exclusive_group()
+    mode.add_argument("--dry-run", action="store_true", help="print the added variables and the command")
+    mode.add_argument("--detach", action="store_true",
+                      help="run in the background (needs a run directory): node<R>.log, node<R>.json, node<R>.exit")
+    run.add_argument("--exit-file", type=Path, help=argparse.SUPPRESS)  # the recorded supervisor's
+    run.add_argument("--detached-supervisor", action="store_true", help=argparse.SUPPRESS)  # stdout is the log
     run.add_argument("job", nargs=argparse.REMAINDER, help="the script and its arguments, after --")
+
+    runs_help = "where the runs are (default: $MLENV_RUNS_ROOT, else .mlenv/runs)"
+    jobs = commands.add_parser("jobs", help="this host's detached jobs: running, exited (code) or lost")
+    jobs.add_argument("--runs-root", type=Path, metavar="DIR", help=runs_help)
+    jobs.add_argument("--json", action="store_true", help="print a JSON list")
+
+    stop = commands.add_parser("stop", help="stop this host's running detached jobs")
+    stop.add_argument("--runs-root", type=Path, metavar="DIR", help=runs_help)
+    stop.add_argument("--run", type=_run_id, metavar="ID", help="only this run (default: every run)")
+    stop.add_argument("--grace", type=_seconds, default=10.0, metavar="SECONDS",
+                      help="time between SIGTERM and SIGKILL (default: %(default)s)")
+
+    logs = commands.add_parser("logs", help="print this node's log of a detached job")
+    logs.add_argument("--runs-root", type=Path, metavar="DIR", help=runs_help)
+    logs.add_argument("--run", type=_run_id, metavar="ID", help="default: the newest run with a job of this host")
+    logs.add_argument("-f", "--follow", action="store_true",
+                      help="print new lines until the job ends, then exit with its exit status")
+    logs.add_argument("--wait", type=_seconds, default=LOG_WAIT_SECONDS, metavar="SECONDS",
+                      help="with --follow, how long to wait for a job that is just starting (default: %(default)s)")
 
     check = commands.add_parser("nccl-log-check", help="tell from NCCL_DEBUG=INFO output what NCCL used")
     check.add_argument("files", nargs="+", metavar="FILE", help="log files ('-' for stdin)")
@@ -82,12 +139,19 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     """Run one command; returns the exit status."""
     env = os.environ if environ is None else environ
     args = build_parser().parse_args(argv)
+    status = _run(args, env)
+    if args.command == "launch" and args.exit_file:  # the recorded supervisor: how the job ended
+        write_atomic(args.exit_file, f"{status}\n")
+    return status
+
+
+def _run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     try:
-        return int(_COMMANDS[args.command](args, env))
+        return int(_COMMANDS[args.command](args, environ))
     except (BadInput, TopologyError) as err:
         print(f"mlenv.runtime {args.command}: error: {err}", file=sys.stderr)
         return 2
-    except OSError as err:  # e.g. a run directory that cannot be written
+    except (JobError, OSError) as err:  # e.g. a run directory that cannot be written
         print(f"mlenv.runtime {args.command}: failed: {err}", file=sys.stderr)
         return 1
 
@@ -111,7 +175,8 @@ def _nccl_env(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         print(json.dumps(result.to_dict(), indent=2))
     else:
         prefix = "export " if args.shell else ""
-        print("".join(f"{prefix}{k}={shlex.quote(v)}\n" for k, v in result.env.items()), end="")
+        removed = [f"unset {name}\n" for name in result.unset] if args.shell else []
+        print("".join([*removed, *(f"{prefix}{k}={shlex.quote(v)}\n" for k, v in result.env.items())]), end="")
     warnings = [] if args.json else [f"warning: {w}" for w in result.warnings]
     notes = result.explain if args.explain else warnings
     print("".join(f"{note}\n" for note in notes), end="", file=sys.stderr)
@@ -135,9 +200,105 @@ def _launch(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     if not Path(job[0]).is_file():
         raise BadInput(f"no such script: {job[0]} (relative to {Path.cwd()})")
     run_dir = args.run_dir or (Path(environ["MLENV_RUN_DIR"]) if environ.get("MLENV_RUN_DIR") else None)
-    return launch(
-        job, launcher=launcher, environ=environ, nproc=args.nproc, run_dir=run_dir, dry_run=args.dry_run
-    )
+    if args.detach or (run_dir is not None and args.exit_file is None and not args.dry_run):
+        return _recorded(args, environ, launcher, job, run_dir)
+    return launch(job, launcher=launcher, environ=environ, nproc=args.nproc, run_dir=run_dir,
+                  dry_run=args.dry_run, node_log=args.exit_file is None or not args.detached_supervisor)
+
+
+def _recorded(
+    args: argparse.Namespace, environ: Mapping[str, str], launcher: str, job: list[str], run_dir: Path | None
+) -> int:
+    """Start this node's share through a supervisor (this same command, which writes the exit file) recorded in
+    the run directory, so jobs, logs and stop know it: detached, or followed to its end."""
+    if run_dir is None:
+        raise BadInput("launch --detach needs a run directory: --run-dir DIR or MLENV_RUN_DIR")
+    rank = detect_topology(environ).node_rank
+    files = NodeFiles(run_dir.absolute(), rank)
+    supervisor = [sys.executable, "-m", "mlenv.runtime", "launch", "--launcher", launcher,
+                  *(["--nproc", str(args.nproc)] if args.nproc else []), "--run-dir", str(files.run_dir),
+                  "--exit-file", str(files.exit), *(["--detached-supervisor"] if args.detach else []), "--", *job]
+    process, record = start_recorded(supervisor, files, run_id=environ.get("MLENV_RUN_ID") or files.run_dir.name,
+                                     host=host_name(environ), environ=environ, detached=args.detach)
+    if args.detach:
+        print(f"mlenv: node {rank} started in the background: pid {record.pid}, log {run_dir / files.log.name}")
+        return 0
+    with forwarding_signals(process):
+        status = process.wait()
+    return 128 - status if status < 0 else status
+
+
+def _jobs(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    root, host = args.runs_root or runs_root(environ), host_name(environ)
+    found = host_jobs(root, host)
+    if args.json:
+        print(json.dumps([job.to_dict() for job in found], indent=2))
+    elif not found:
+        print(f"no jobs of {host} under {root}")
+    else:
+        rows = [("RUN", "NODE", "STATE", "PID", "STARTED", "LOG")]
+        rows += [(j.record.run_id, str(j.record.node_rank), _state(j), str(j.record.pid), j.record.started_at,
+                  str(j.files.log)) for j in found]
+        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+        print("".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)) + f"  {row[-1]}\n"
+                      for row in rows), end="")
+    return 0
+
+
+def _state(job: NodeJob) -> str:
+    return f"exited ({job.exit_code})" if job.exit_code is not None else job.state
+
+
+def _stop(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    found = host_jobs(args.runs_root or runs_root(environ), host_name(environ), args.run)
+    stopped = stop_jobs(found, args.grace)
+    if not stopped:
+        print("nothing to stop")
+    for result in stopped:
+        if result.left:
+            print(f"{result.job.describe()}: {result.left} processes still alive after SIGKILL")
+        elif result.signal.name == "SIGKILL":
+            print(f"stopped {result.job.describe()}: killed with SIGKILL after {args.grace:g} s")
+        else:
+            print(f"stopped {result.job.describe()}: ended after SIGTERM")
+    return 1 if any(result.left for result in stopped) else 0
+
+
+def _logs(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    root, host = args.runs_root or runs_root(environ), host_name(environ)
+    deadline = time.monotonic() + (args.wait if args.follow else 0)
+    while (job := _node_job(host_jobs(root, host, args.run), environ)) is None:
+        if time.monotonic() < deadline:
+            time.sleep(POLL_SECONDS)
+        elif args.run:
+            raise BadInput(f"no job of {host} in run {args.run} under {root}")
+        else:
+            raise JobError(f"no job of {host} under {root}")
+    if not args.follow:
+        with job.files.log.open("rb") as log:
+            shutil.copyfileobj(log, sys.stdout.buffer)
+        return 0
+    try:
+        code = follow_log(job, sys.stdout.buffer)
+    except KeyboardInterrupt:
+        return 130  # stopped following; the job goes on
+    if code is None:
+        print(f"mlenv: {job.describe()} is gone without an exit status", file=sys.stderr)
+        return 1
+    return code
+
+
+def _node_job(jobs: list[NodeJob], environ: Mapping[str, str]) -> NodeJob | None:
+    """This node's job in the newest run of ``jobs``: the one of this node's rank when the host has several
+    (nodes sharing a machine), else the first."""
+    if not jobs:
+        return None
+    newest = [job for job in jobs if job.files.run_dir == jobs[-1].files.run_dir]
+    try:
+        rank = detect_topology(environ).node_rank
+    except TopologyError:
+        return newest[0]
+    return next((job for job in newest if job.record.node_rank == rank), newest[0])
 
 
 def _nccl_log_check(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
@@ -168,4 +329,7 @@ _COMMANDS = {
     "nccl-env": _nccl_env,
     "launch": _launch,
     "nccl-log-check": _nccl_log_check,
+    "jobs": _jobs,
+    "stop": _stop,
+    "logs": _logs,
 }

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import IO
 
 from .host import visible_gpu_count
-from .nccl import detect_nccl_env
+from .nccl import NcclEnv, detect_nccl_env
 from .ncclog import contradicts, parse_nccl_log
 from .topology import DEFAULT_APP_NAME, Topology, detect_topology
 
@@ -119,8 +119,10 @@ def launch(
     sysfs_root: str | Path = "/sys",
     proc_root: str | Path = "/proc",
     dry_run: bool = False,
+    node_log: bool = True,
 ) -> int:
-    """Configure NCCL, start the job through ``launcher`` and return its exit status."""
+    """Configure NCCL, start the job through ``launcher`` and return its exit status; with a ``run_dir``,
+    the output also goes to its ``node<R>.log`` unless ``node_log`` is off (stdout already is that file)."""
     topology = detect_topology(environ)
     nproc = nproc or default_nproc(topology, environ, proc_root)
     nccl = detect_nccl_env(
@@ -130,19 +132,21 @@ def launch(
         _note(f"warning: {warning}")
     with ExitStack() as stack:
         workdir = run_dir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mlenv-launch-")))
-        job = _prepare(command, launcher, topology, nproc, environ, nccl.env, workdir)
+        job = _prepare(command, launcher, topology, nproc, environ, nccl, workdir)
         _note(f"node {topology.node_rank}/{topology.num_nodes} ({topology.source}), {nproc} processes, "
               f"master {topology.master_addr}:{topology.master_port}")
+        removed = [f"unset {name}" for name in nccl.unset]
         assignments = [f"{name}={shlex.quote(value)}" for name, value in sorted(job.added_env.items())]
         if dry_run:
-            print("\n".join([*assignments, shlex.join(job.argv)]))
+            print("\n".join([*removed, *assignments, shlex.join(job.argv)]))
             return 0
-        _note("env " + " ".join(assignments))
+        _note("env " + " ".join([*(f"-u {name}" for name in nccl.unset), *assignments]))
         _note("exec " + shlex.join(job.argv))
         workdir.mkdir(parents=True, exist_ok=True)
         for path, text in job.files.items():
             path.write_text(text)
-        return run_job(job, workdir / f"node{topology.node_rank}.log" if run_dir else None)
+        log = workdir / f"node{topology.node_rank}.log" if run_dir and node_log else None
+        return run_job(job, log)
 
 
 def _prepare(
@@ -151,11 +155,11 @@ def _prepare(
     topology: Topology,
     nproc: int,
     environ: Mapping[str, str],
-    nccl_env: Mapping[str, str],
+    nccl: NcclEnv,
     workdir: Path,
 ) -> Job:
     """The argv, environment and files for this node."""
-    added = dict(nccl_env)
+    added = dict(nccl.env)
     expect = "rdma" if environ.get("MLENV_NETWORK_MODE") == "rdma" else None
     if expect and "NCCL_DEBUG" not in environ:
         added["NCCL_DEBUG"] = "INFO"  # the transport check reads NCCL's INFO lines
@@ -172,7 +176,8 @@ def _prepare(
         hostfile = workdir / f"hostfile.node{topology.node_rank}"
         files[hostfile] = hostfile_text(topology.num_nodes, nproc)
         argv = deepspeed_argv(topology, nproc, command, hostfile=hostfile)
-    return Job(argv, {**environ, **added}, added, files, expect)
+    inherited = {name: value for name, value in environ.items() if name not in nccl.unset}
+    return Job(argv, {**inherited, **added}, added, files, expect)
 
 
 def run_job(job: Job, log_path: Path | None = None) -> int:
@@ -183,7 +188,7 @@ def run_job(job: Job, log_path: Path | None = None) -> int:
         sinks: list[IO[bytes]] = [stack.enter_context(log_path.open("ab"))] if log_path else []
         sinks += _container_log(stack, job.env.get(CONTAINER_LOG_VARIABLE))
         process = subprocess.Popen(job.argv, env=job.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        stack.enter_context(_forwarding_signals(process))
+        stack.enter_context(forwarding_signals(process))
         nccl_lines = _copy_output(process.stdout, sinks) if process.stdout else []
         status = process.wait()
     status = 128 - status if status < 0 else status  # killed by signal N: 128 + N, as shells report it
@@ -191,7 +196,7 @@ def run_job(job: Job, log_path: Path | None = None) -> int:
 
 
 @contextmanager
-def _forwarding_signals(process: subprocess.Popen[bytes]) -> Iterator[None]:
+def forwarding_signals(process: subprocess.Popen[bytes]) -> Iterator[None]:
     """Pass SIGINT/SIGTERM/SIGHUP on to the launcher so it can stop its workers."""
     def forward(signum: int, _frame: object) -> None:
         process.send_signal(signum)

@@ -11,35 +11,49 @@ from dataclasses import dataclass, field
 from ipaddress import IPv4Address
 from pathlib import Path
 
-from .host import PEER_MEMORY_PATHS, SHM_MOUNT, gpu_numa_nodes, memlock_limit, peer_memory, shm_size
+from .host import (
+    PEER_MEMORY_PATHS,
+    SHM_MOUNT,
+    dmabuf_support,
+    gpu_devices,
+    gpu_numa_nodes,
+    memlock_limit,
+    peer_memory,
+    shm_size,
+)
 from .netroute import LOOPBACK_INTERFACE, read_routes, resolve_ipv4, route_to
+from .pcitopo import PciDevice, nearest, pci_device
 from .rdma import Hca, Port, allocated_pci_addresses, match_nccl_hca_filter, scan_hcas
 
 MIN_SHM_BYTES = 1 << 30
+AUTO = "auto"
+"""A value that asks for detection (the cluster file's ``gdr_level: auto``); never passed on to NCCL."""
 
 
 @dataclass
 class NcclEnv:
-    """Variables to set, warnings about what will break or slow training, and the reasoning."""
+    """Variables to set, ``auto`` ones to remove, warnings about what will break or slow training, and the
+    reasoning."""
 
     env: dict[str, str] = field(default_factory=dict)
+    unset: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     explain: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, object]:
         """The JSON shape of ``nccl-env --json``."""
-        return {"env": self.env, "warnings": self.warnings}
+        return {"env": self.env, "unset": self.unset, "warnings": self.warnings}
 
 
 class _Decisions:
-    """Collects decisions; a variable already in the environment is kept and only noted."""
+    """Collects decisions; a variable already in the environment is kept and only noted, unless it says ``auto``."""
 
     def __init__(self, environ: Mapping[str, str]) -> None:
         self.environ = environ
         self.result = NcclEnv()
 
     def set(self, name: str, value: str, evidence: str) -> None:
-        if name in self.environ:
+        if name in self.environ and not _is_auto(self.environ[name]):
             self.note(f"{name}={self.environ[name]}: kept from the environment (detection says {value})")
         else:
             self.result.env[name] = value
@@ -65,11 +79,16 @@ def detect_nccl_env(
     hcas = _select_hcas(decisions, sysfs_root)
     if hcas:
         _gid_index(decisions, [p for h in hcas for p in h.active_ports])
-        _gpudirect(decisions, sysfs_root)
+        _gpudirect(decisions, hcas, sysfs_root, proc_root)
         _rdma_host_warnings(decisions, hcas, sysfs_root, proc_root)
     _socket_interface(decisions, proc_root, master_addr)
     _shm_warning(decisions, proc_root)
+    _unresolved_auto(decisions)
     return decisions.result
+
+
+def _is_auto(value: str) -> bool:
+    return value.strip().lower() == AUTO
 
 
 def _select_hcas(d: _Decisions, sysfs_root: str | Path) -> list[Hca]:
@@ -174,18 +193,42 @@ def _gid_index(d: _Decisions, active_ports: list[Port]) -> None:
     d.set("NCCL_IB_GID_INDEX", str(index), f"{gid.path} = {gid.value}, {gid.type_path} = {gid.type}{same}")
 
 
-def _gpudirect(d: _Decisions, sysfs_root: str | Path) -> None:
-    """GPUDirect RDMA: through peer memory when loaded, else through DMA-BUF."""
-    if not gpu_numa_nodes(sysfs_root):
+def _gpudirect(d: _Decisions, hcas: list[Hca], sysfs_root: str | Path, proc_root: str | Path) -> None:
+    """GPUDirect RDMA (peer memory, else DMA-BUF) and NCCL_NET_GDR_LEVEL from the GPUs' distance to the HCAs."""
+    gpus = gpu_devices(sysfs_root, proc_root)
+    if not gpus:
         d.note(f"no GPU under {Path(sysfs_root, 'bus/pci/drivers/nvidia')}: GPUDirect RDMA not considered")
         return
+    support = _gdr_support(d, sysfs_root, proc_root)
+    if support is not None:
+        _gdr_level(d, gpus, hcas, sysfs_root, support)
+
+
+def _gdr_support(d: _Decisions, sysfs_root: str | Path, proc_root: str | Path) -> str | None:
+    """How GPU memory reaches the NIC: peer memory, else DMA-BUF (sets NCCL_DMABUF_ENABLE); None: it cannot."""
     peer = peer_memory(sysfs_root)
     if peer is not None:
-        d.set("NCCL_NET_GDR_LEVEL", "PHB", f"{peer} exists (GPUDirect peer memory): allow GDR between a GPU "
-              "and a NIC under the same CPU, as pods see them even when they share a PCIe switch")
-        return
+        return f"{peer} exists (GPUDirect peer memory)"
     searched = ", ".join(str(Path(sysfs_root, p)) for p in PEER_MEMORY_PATHS)
-    d.set("NCCL_DMABUF_ENABLE", "1", f"no GPUDirect peer memory ({searched} missing): GDR via DMA-BUF")
+    dmabuf, reason = dmabuf_support(sysfs_root, proc_root)
+    if dmabuf:
+        d.set("NCCL_DMABUF_ENABLE", "1", f"no GPUDirect peer memory ({searched} missing); {reason}: GDR via DMA-BUF")
+        return f"DMA-BUF ({reason})"
+    d.warn(f"no GPUDirect RDMA: no peer memory module ({searched} missing) and no DMA-BUF ({reason}); "
+           "NCCL will stage GPU buffers in host memory, NCCL_NET_GDR_LEVEL not set")
+    return None
+
+
+def _gdr_level(d: _Decisions, gpus: list[PciDevice], hcas: list[Hca], sysfs_root: str | Path, support: str) -> None:
+    """NCCL_NET_GDR_LEVEL: the smallest level that lets every GPU use GDR with its nearest HCA."""
+    devices = [pci_device(f"{h.name} ({h.pci_address or 'no PCI address'})", h.path / "device", sysfs_root)
+               for h in hcas]
+    pairs = [nearest(gpu, devices, sysfs_root) for gpu in gpus]
+    for pair in pairs:
+        d.note(pair.describe())
+    farthest = max(pairs, key=lambda pair: pair.rank)
+    d.set("NCCL_NET_GDR_LEVEL", farthest.level, f"{support}; {farthest.level} covers every GPU's nearest HCA "
+          f"(farthest: GPU {farthest.gpu.name} -> {farthest.hca.name})")
 
 
 def _rdma_host_warnings(
@@ -239,3 +282,11 @@ def _shm_warning(d: _Decisions, proc_root: str | Path) -> None:
         evidence, size = found
         d.warn(f"{SHM_MOUNT} is only {size >> 20} MiB ({evidence.path}: {evidence.value}): NCCL and data "
                f"loader workers need more; mount a memory-backed volume of at least 1 GiB on {SHM_MOUNT}")
+
+
+def _unresolved_auto(d: _Decisions) -> None:
+    """``auto`` values that detection did not replace are removed, so that NCCL never reads ``auto``."""
+    for name, value in d.environ.items():
+        if name.startswith("NCCL_") and _is_auto(value) and name not in d.result.env:
+            d.result.unset.append(name)
+            d.note(f"{name}={value}: nothing detected, removed so that NCCL uses its own default")

@@ -49,10 +49,16 @@ class _World:
     master_addr: str | None = None
 
 
+def host_name(environ: Mapping[str, str]) -> str:
+    """This pod's or machine's name: ``HOSTNAME`` (set in every container) when present, else the system's."""
+    return environ.get("HOSTNAME", "").strip() or socket.gethostname()
+
+
 def detect_topology(environ: Mapping[str, str], hostname: str | None = None) -> Topology:
-    """Work out this node's place in the job from ``environ`` (and the pod ``hostname``)."""
+    """Work out this node's place in the job from ``environ`` and the pod name (``hostname``, else
+    :func:`host_name`)."""
     env = _Env(environ)
-    host = hostname if hostname is not None else socket.gethostname()
+    host = hostname if hostname is not None else host_name(environ)
     partial_contract = "MLENV_NODE_RANK" in environ or "MLENV_NUM_NODES" in environ
     fallback = _World("mlenv") if partial_contract else _World("single", node_rank=0, num_nodes=1)
     world = next((w for w in (detect(env, host) for detect in _WORLDS) if w is not None), fallback)

@@ -1,0 +1,159 @@
+"""jobs, stop and logs over run directories written as ``launch --detach`` writes them, with real processes.
+
+Starting real detached jobs (through torchrun) is tested in tests/integration/test_runtime_launch.py; here the
+records point at processes the tests start themselves, including unrelated ones that must never be touched.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from _prereq import clean_environ
+from runtime_support import Runner
+
+HOST = "ml-dev-env-0"
+NO_PID = (1 << 22) + 1  # above the kernel's largest pid_max: never a process
+
+
+def write_record(run_dir: Path, rank: int = 0, *, pid: int, start_ticks: int = 0, host: str = HOST,
+                 started_at: str = "2030-01-01T00:00:00.000+00:00", log: str = "",
+                 exit_code: int | None = None) -> None:
+    """A node's files as ``launch --detach`` leaves them (the log exists before the record)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / f"node{rank}.log").write_text(log)
+    if exit_code is not None:
+        (run_dir / f"node{rank}.exit").write_text(f"{exit_code}\n")
+    record = {"run_id": run_dir.name, "node_rank": rank, "host": host, "pid": pid, "start_ticks": start_ticks,
+              "started_at": started_at, "argv": ["python3", "-m", "mlenv.runtime", "launch", "--", "train.py"]}
+    (run_dir / f"node{rank}.json").write_text(json.dumps(record))
+
+
+def start_ticks(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat[stat.rindex(")") + 2:].split()[19])
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def unrelated() -> Iterator[subprocess.Popen[bytes]]:
+    """A live process that is no job of ours (what a recorded PID may have been reused for)."""
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    yield process
+    process.kill()
+    process.wait()
+
+
+@pytest.fixture
+def runtime(run_runtime: Runner, tmp_path: Path) -> Runner:
+    """The runtime on this host (HOSTNAME=ml-dev-env-0) with tmp_path/runs as the runs root."""
+    def run(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        return run_runtime(*args, env={"HOSTNAME": HOST, "MLENV_RUNS_ROOT": str(tmp_path / "runs"), **(env or {})},
+                           timeout=timeout)
+    return run
+
+
+def test_no_runs_yet(runtime: Runner, tmp_path: Path) -> None:
+    assert runtime("jobs").stdout == f"no jobs of {HOST} under {tmp_path / 'runs'}\n"
+    assert json.loads(runtime("jobs", "--json").stdout) == []
+    assert (runtime("stop").stdout, runtime("stop").returncode) == ("nothing to stop\n", 0)
+    result = runtime("logs")
+    assert (result.returncode, result.stdout) == (1, "")
+    assert result.stderr == f"mlenv.runtime logs: failed: no job of {HOST} under {tmp_path / 'runs'}\n"
+
+
+def test_a_reused_pid_is_not_the_job(runtime: Runner, tmp_path: Path, unrelated: subprocess.Popen[bytes]) -> None:
+    """Records whose PID now belongs to another process: one with another start time, one with the right start
+    time but without the job's marker in its environment. Neither is running, and stop touches neither."""
+    write_record(tmp_path / "runs/old-start", pid=unrelated.pid, start_ticks=start_ticks(unrelated.pid) - 1)
+    write_record(tmp_path / "runs/no-marker", pid=unrelated.pid, start_ticks=start_ticks(unrelated.pid))
+    found = json.loads(runtime("jobs", "--json").stdout)
+    assert [(job["run_id"], job["state"], job["exit_code"]) for job in found] == [
+        ("no-marker", "lost", None), ("old-start", "lost", None)]
+    result = runtime("stop", "--grace", "0")
+    assert (result.returncode, result.stdout) == (0, "nothing to stop\n")
+    time.sleep(0.3)
+    assert alive(unrelated.pid)
+    assert not (tmp_path / "runs/old-start/node0.exit").exists()
+
+
+def test_states_hosts_and_table(runtime: Runner, tmp_path: Path, unrelated: subprocess.Popen[bytes]) -> None:
+    runs = tmp_path / "runs"
+    write_record(runs / "r1", pid=unrelated.pid, exit_code=0, started_at="2030-01-01T00:00:00.000+00:00")
+    write_record(runs / "r2", rank=1, pid=unrelated.pid, exit_code=137, started_at="2030-01-02T00:00:00.000+00:00")
+    write_record(runs / "r2", rank=0, pid=unrelated.pid, host="ml-dev-env-1")  # another host's node, shared FS
+    (runs / "r3").mkdir()
+    (runs / "r3" / "node0.json").write_text("{not json")  # unreadable: skipped
+    lines = runtime("jobs").stdout.splitlines()
+    assert [line.split()[:5] for line in lines] == [
+        ["RUN", "NODE", "STATE", "PID", "STARTED"],
+        ["r1", "0", "exited", "(0)", str(unrelated.pid)],
+        ["r2", "1", "exited", "(137)", str(unrelated.pid)],
+    ]
+    assert lines[1].endswith(str(runs / "r1" / "node0.log"))
+    other = json.loads(runtime("jobs", "--json", env={"HOSTNAME": "ml-dev-env-1"}).stdout)
+    assert [(job["run_id"], job["node_rank"], job["host"], job["state"]) for job in other] == [
+        ("r2", 0, "ml-dev-env-1", "lost")]
+    assert set(other[0]) == {"run_id", "node_rank", "host", "pid", "start_ticks", "started_at", "argv", "state",
+                             "exit_code", "run_dir", "log"}
+
+
+def test_logs_prints_the_newest_run_of_this_host(runtime: Runner, tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    write_record(runs / "a", pid=NO_PID, log="old run\n", exit_code=0, started_at="2030-01-01T00:00:00.000+00:00")
+    write_record(runs / "b", pid=NO_PID, log="new run\n", exit_code=0, started_at="2030-01-02T00:00:00.000+00:00")
+    write_record(runs / "c", pid=NO_PID, log="other host\n", host="elsewhere",
+                 started_at="2030-01-03T00:00:00.000+00:00")
+    assert runtime("logs").stdout == "new run\n"
+    assert runtime("logs", "--run", "a").stdout == "old run\n"
+    assert runtime("logs", "--runs-root", str(runs), "--run", "b", env={"MLENV_RUNS_ROOT": "/nowhere"}).stdout == (
+        "new run\n")
+
+
+def test_logs_picks_this_nodes_rank_when_nodes_share_a_host(runtime: Runner, tmp_path: Path) -> None:
+    for rank in (0, 1):
+        write_record(tmp_path / "runs/r", rank=rank, pid=NO_PID, log=f"node {rank}\n", exit_code=0)
+    assert runtime("logs", env={"MLENV_NODE_RANK": "1", "MLENV_NUM_NODES": "2", "MASTER_ADDR": "m"}).stdout == (
+        "node 1\n")
+
+
+def test_follow_an_ended_job_exits_with_its_status(runtime: Runner, tmp_path: Path) -> None:
+    write_record(tmp_path / "runs/r", pid=NO_PID, log="step 1/2\nstep 2/2\n", exit_code=7)
+    result = runtime("logs", "--follow")
+    assert (result.returncode, result.stdout) == (7, "step 1/2\nstep 2/2\n")
+
+
+def test_follow_a_lost_job(runtime: Runner, tmp_path: Path, unrelated: subprocess.Popen[bytes]) -> None:
+    write_record(tmp_path / "runs/r", pid=unrelated.pid, log="step 1/2\n")
+    result = runtime("logs", "-f")
+    assert (result.returncode, result.stdout) == (1, "step 1/2\n")
+    assert result.stderr == f"mlenv: node 0 of run r (pid {unrelated.pid}) is gone without an exit status\n"
+
+
+def test_follow_waits_a_bounded_time_for_the_job(runtime: Runner, tmp_path: Path) -> None:
+    started = time.monotonic()
+    result = runtime("logs", "--follow", "--run", "r", "--wait", "1")
+    assert 1 <= time.monotonic() - started < 10
+    assert (result.returncode, result.stderr) == (2, f"mlenv.runtime logs: error: no job of {HOST} in run r "
+                                                     f"under {tmp_path / 'runs'}\n")
+
+
+def test_follow_picks_up_a_job_that_starts_while_waiting(runtime: Runner, tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "mlenv.runtime", "logs", "--follow", "--run", "late", "--wait", "30"]
+    env = clean_environ({"HOSTNAME": HOST, "MLENV_RUNS_ROOT": str(tmp_path / "runs")})
+    with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as follower:
+        time.sleep(1)
+        write_record(tmp_path / "runs/late", pid=NO_PID, log="hello\n", exit_code=0)
+        out, err = follower.communicate(timeout=30)
+    assert (follower.returncode, out) == (0, "hello\n"), err

@@ -1,0 +1,311 @@
+"""Detached jobs: this node's share of a job started in the background, then listed, followed and stopped.
+
+A run directory holds, for each node R: ``node<R>.log`` (the output), ``node<R>.json`` (the record: pid of the
+detached supervisor, which leads its own session and process group, host, run id, argv, start time) and, once
+the job has ended, ``node<R>.exit`` (its exit status). Runs may live on a filesystem that several hosts share,
+so callers act only on the records of their own host, and only on processes that really are the job's: the
+supervisor must have the recorded start time, and every process of the job carries ``MLENV_JOB=<record>`` in
+its environment (inherited from the supervisor), so a reused PID is never taken for the job.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import IO, NamedTuple
+
+from .readfs import read_int
+
+JOB_VARIABLE = "MLENV_JOB"
+"""Set to the record's path in the supervisor's environment; every process of the job inherits it."""
+DEFAULT_RUNS_ROOT = Path(".mlenv", "runs")
+RUNNING, EXITED, LOST = "running", "exited", "lost"
+POLL_SECONDS = 0.2
+KILL_WAIT_SECONDS = 5.0
+_RECORD = re.compile(r"node(\d+)\.json")
+
+
+class JobError(Exception):
+    """A job operation that cannot be done (exit status 1)."""
+
+
+@dataclass(frozen=True)
+class NodeFiles:
+    """Where one node's job keeps its files in a run directory."""
+
+    run_dir: Path
+    rank: int
+
+    @property
+    def log(self) -> Path:
+        return self.run_dir / f"node{self.rank}.log"
+
+    @property
+    def record(self) -> Path:
+        return self.run_dir / f"node{self.rank}.json"
+
+    @property
+    def exit(self) -> Path:
+        return self.run_dir / f"node{self.rank}.exit"
+
+    @property
+    def marker(self) -> bytes:
+        """``MLENV_JOB=<record>``, as it appears in the environment of the job's processes."""
+        return f"{JOB_VARIABLE}={self.record.resolve()}".encode()
+
+
+@dataclass(frozen=True)
+class Record:
+    """What ``launch --detach`` wrote about the job it started."""
+
+    run_id: str
+    node_rank: int
+    host: str
+    pid: int  # the detached supervisor: session and process group leader
+    start_ticks: int  # its start time in clock ticks after boot (/proc/<pid>/stat), which PID reuse cannot fake
+    started_at: str  # ISO 8601, UTC
+    argv: tuple[str, ...]
+
+    @classmethod
+    def load(cls, path: Path) -> Record | None:
+        """The record in ``path``; None when it is missing or not a record."""
+        try:
+            data = json.loads(path.read_text())
+            return cls(str(data["run_id"]), int(data["node_rank"]), str(data["host"]), int(data["pid"]),
+                       int(data["start_ticks"]), str(data["started_at"]), tuple(map(str, data["argv"])))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def to_dict(self) -> dict[str, object]:
+        return {**asdict(self), "argv": list(self.argv)}
+
+
+@dataclass(frozen=True)
+class NodeJob:
+    """A node's job and what became of it."""
+
+    files: NodeFiles
+    record: Record
+    state: str  # running, exited or lost (gone without an exit status)
+    exit_code: int | None
+
+    def to_dict(self) -> dict[str, object]:
+        """The JSON shape of one job in ``jobs --json``."""
+        return {**self.record.to_dict(), "state": self.state, "exit_code": self.exit_code,
+                "run_dir": str(self.files.run_dir), "log": str(self.files.log)}
+
+    def describe(self) -> str:
+        return f"node {self.record.node_rank} of run {self.record.run_id} (pid {self.record.pid})"
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """How a job ended under ``stop``."""
+
+    job: NodeJob
+    signal: signal.Signals  # the last signal it needed: SIGTERM or SIGKILL
+    left: int  # processes still alive after SIGKILL (0 when it is really gone)
+
+
+class _Stat(NamedTuple):
+    """What ``/proc/<pid>/stat`` says about a process."""
+
+    state: str  # R, S, D, Z (zombie), ...
+    group: int
+    start_ticks: int  # clock ticks after boot
+
+
+class _Process(NamedTuple):
+    pid: int
+    stat: _Stat
+    environ: frozenset[bytes]
+
+
+def start_recorded(
+    argv: Sequence[str], files: NodeFiles, *, run_id: str, host: str, environ: Mapping[str, str],
+    detached: bool, proc_root: str | Path = "/proc",
+) -> tuple[subprocess.Popen[bytes], Record]:
+    """Start ``argv`` (the supervisor, which writes the exit file) and write its record. ``detached``: in a
+    session of its own, stdin from /dev/null and output appended to the node log; else in this process's
+    session with this process's stdout (the caller waits for it)."""
+    files.run_dir.mkdir(parents=True, exist_ok=True)
+    previous = node_job(files, proc_root)
+    if previous is not None and previous.state == RUNNING:
+        raise JobError(f"{previous.describe()} is still running; stop it first")
+    files.exit.unlink(missing_ok=True)
+    env = {**environ, "MLENV_RUN_ID": run_id, JOB_VARIABLE: str(files.record.resolve())}
+    if detached:
+        with files.log.open("ab") as log:
+            process = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                       env=env, start_new_session=True)
+    else:
+        process = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, env=env)
+    stat = _stat(process.pid, proc_root)  # our child: readable until we wait for it, even after it ended
+    if stat is None:
+        raise JobError(f"cannot read the start time of the job's process {process.pid}")
+    record = Record(run_id, files.rank, host, process.pid, stat.start_ticks,
+                    datetime.now(timezone.utc).isoformat(timespec="milliseconds"), tuple(argv))
+    write_atomic(files.record, json.dumps(record.to_dict(), indent=2) + "\n")
+    return process, record
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Replace ``path`` at once, so that readers see the old or the new content, never a part."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}")
+    temporary.write_text(text)
+    temporary.replace(path)
+
+
+def read_exit(path: Path) -> int | None:
+    """The exit status in an exit file; None while there is none."""
+    return read_int(path)
+
+
+def runs_root(environ: Mapping[str, str]) -> Path:
+    """``$MLENV_RUNS_ROOT``, else ``.mlenv/runs`` in the current directory (the workspace)."""
+    return Path(environ["MLENV_RUNS_ROOT"]) if environ.get("MLENV_RUNS_ROOT") else DEFAULT_RUNS_ROOT
+
+
+def node_job(files: NodeFiles, proc_root: str | Path = "/proc") -> NodeJob | None:
+    """The job recorded in ``files``, with its state; None without a readable record."""
+    record = Record.load(files.record)
+    if record is None:
+        return None
+    code = read_exit(files.exit)
+    if code is None and is_running(record, files, proc_root):
+        return NodeJob(files, record, RUNNING, None)
+    if code is None:
+        code = read_exit(files.exit)  # it may have ended since the first look
+    return NodeJob(files, record, LOST if code is None else EXITED, code)
+
+
+def host_jobs(root: Path, host: str, run_id: str | None = None, proc_root: str | Path = "/proc") -> list[NodeJob]:
+    """The jobs of ``host`` under the runs root (only run ``run_id`` when given), oldest first."""
+    runs = [root / run_id] if run_id else sorted(root.glob("*"))  # nothing when the root is not there (yet)
+    jobs = [job for files in _node_files(runs) if (job := node_job(files, proc_root)) and job.record.host == host]
+    return sorted(jobs, key=lambda job: (job.record.started_at, job.record.run_id, job.record.node_rank))
+
+
+def _node_files(runs: Iterable[Path]) -> Iterator[NodeFiles]:
+    for run in runs:
+        entries = sorted(run.iterdir()) if run.is_dir() else []
+        ranks = sorted(int(match[1]) for entry in entries if (match := _RECORD.fullmatch(entry.name)))
+        yield from (NodeFiles(run, rank) for rank in ranks)
+
+
+def stop_jobs(jobs: Sequence[NodeJob], grace: float, proc_root: str | Path = "/proc") -> list[Stopped]:
+    """SIGTERM every process of ``jobs``, SIGKILL what is left after ``grace`` seconds; record the exit status
+    of the jobs whose supervisor could not (killed before writing it)."""
+    processes = _processes(proc_root)
+    targets = [job for job in jobs if _members(job, processes, proc_root)]
+    _signal_all(targets, signal.SIGTERM, proc_root)
+    survivors = _wait_until_gone(targets, grace, proc_root)
+    _signal_all(survivors, signal.SIGKILL, proc_root)
+    left = _wait_until_gone(survivors, KILL_WAIT_SECONDS, proc_root, resend=signal.SIGKILL)
+    processes = _processes(proc_root)
+    stopped = []
+    for job in targets:
+        last = signal.SIGKILL if job in survivors else signal.SIGTERM
+        remaining = len(_members(job, processes, proc_root)) if job in left else 0
+        if not remaining and read_exit(job.files.exit) is None:
+            write_atomic(job.files.exit, f"{128 + last}\n")
+        stopped.append(Stopped(job, last, remaining))
+    return stopped
+
+
+def _members(job: NodeJob, processes: Iterable[_Process], proc_root: str | Path) -> list[int]:
+    """The job's live processes: those carrying its ``MLENV_JOB`` marker, and the supervisor's process group
+    while the supervisor is the recorded one."""
+    group = job.record.pid if is_running(job.record, job.files, proc_root) else None
+    return [p.pid for p in processes if p.stat.group == group or job.files.marker in p.environ]
+
+
+def follow_log(job: NodeJob, out: IO[bytes], proc_root: str | Path = "/proc") -> int | None:
+    """Copy the job's log to ``out`` as it grows until the exit file appears; the exit status, or None when the
+    job is gone without one. The exit file is looked at before each read, so everything the job wrote before
+    it ended is copied."""
+    with job.files.log.open("rb") as log:
+        while True:
+            code = read_exit(job.files.exit)
+            going = code is None and is_running(job.record, job.files, proc_root)
+            _copy(log, out)
+            if not going:
+                if code is None:  # written just before the supervisor ended?
+                    code = read_exit(job.files.exit)
+                    _copy(log, out)
+                return code
+            time.sleep(POLL_SECONDS)
+
+
+def _copy(source: IO[bytes], out: IO[bytes]) -> None:
+    while chunk := source.read(1 << 16):
+        out.write(chunk)
+    out.flush()
+
+
+def _signal_all(jobs: Iterable[NodeJob], signum: signal.Signals, proc_root: str | Path) -> None:
+    processes = _processes(proc_root)
+    for job in jobs:
+        for pid in _members(job, processes, proc_root):
+            try:
+                os.kill(pid, signum)
+            except (ProcessLookupError, PermissionError):
+                continue  # gone meanwhile, or not ours after all
+
+
+def _wait_until_gone(
+    jobs: Sequence[NodeJob], seconds: float, proc_root: str | Path, resend: signal.Signals | None = None
+) -> list[NodeJob]:
+    """The jobs that still have processes after up to ``seconds``; ``resend`` goes to newcomers meanwhile."""
+    deadline = time.monotonic() + seconds
+    remaining = list(jobs)
+    while remaining and time.monotonic() < deadline:
+        time.sleep(POLL_SECONDS)
+        processes = _processes(proc_root)
+        remaining = [job for job in remaining if _members(job, processes, proc_root)]
+        if resend is not None:
+            _signal_all(remaining, resend, proc_root)
+    return remaining
+
+
+def is_running(record: Record, files: NodeFiles, proc_root: str | Path = "/proc") -> bool:
+    """Whether the recorded pid is still the job's live supervisor: same start time, the job's marker."""
+    stat = _stat(record.pid, proc_root)
+    return (stat is not None and stat.state not in "ZX" and stat.start_ticks == record.start_ticks
+            and files.marker in _environ(record.pid, proc_root))
+
+
+def _processes(proc_root: str | Path) -> list[_Process]:
+    """Every live process but this one (zombies are dead: only their parent's wait is missing)."""
+    found = []
+    for pid in (int(entry.name) for entry in Path(proc_root).iterdir() if entry.name.isdigit()):
+        stat = _stat(pid, proc_root)
+        if stat is not None and stat.state not in "ZX" and pid != os.getpid():
+            found.append(_Process(pid, stat, frozenset(_environ(pid, proc_root))))
+    return found
+
+
+def _stat(pid: int, proc_root: str | Path) -> _Stat | None:
+    """What ``/proc/<pid>/stat`` says; None when the process is gone."""
+    try:
+        text = Path(proc_root, str(pid), "stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2:].split()  # the command name in parentheses may hold spaces
+    return _Stat(fields[0], int(fields[2]), int(fields[19]))
+
+
+def _environ(pid: int, proc_root: str | Path) -> list[bytes]:
+    """The environment ``pid`` was started with, one ``NAME=value`` each (empty when it is gone or not ours)."""
+    try:
+        return Path(proc_root, str(pid), "environ").read_bytes().split(b"\0")
+    except OSError:
+        return []
