@@ -4,8 +4,10 @@
         ...  # point a kubeconfig at server.url with server.token; see fixtures.fake_cluster
 """
 
+from .access import Deny
 from .faults import Faults
 from .requestlog import RequestLog, RequestRecord
+from .seeds import NodeSpec
 from .server import DEFAULT_TOKEN, FakeKube, resource_type
 
-__all__ = ["DEFAULT_TOKEN", "FakeKube", "Faults", "RequestLog", "RequestRecord", "resource_type"]
+__all__ = ["DEFAULT_TOKEN", "Deny", "FakeKube", "Faults", "NodeSpec", "RequestLog", "RequestRecord", "resource_type"]

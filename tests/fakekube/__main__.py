@@ -22,6 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--namespace", action="append", dest="namespaces", help="a namespace to create (repeat)")
     parser.add_argument("--ready-delay", type=float, default=0.0, help="seconds until a scheduled pod is Ready")
     parser.add_argument("--kubeconfig", default="fakekube.kubeconfig", help="where to write the kubeconfig")
+    parser.add_argument("--no-openshift", action="store_true", help="plain Kubernetes: no OpenShift API groups")
     parser.add_argument("--fault", action="append", default=[], choices=[f.name for f in fields(Faults)],
                         help="switch a fault on (repeat)")
     args = parser.parse_args(argv)
@@ -31,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
         gpus_per_node=args.gpus_per_node,
         namespaces=["default", *(args.namespaces or [])],
         ready_delay=args.ready_delay,
+        openshift=not args.no_openshift,
         port=args.port,
     )
     for fault in args.fault:

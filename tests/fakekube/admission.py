@@ -19,7 +19,7 @@ _INITIAL_STATUS: dict[str, dict[str, Any]] = {
 
 def added_capabilities(pod_spec: dict[str, Any]) -> list[tuple[int, str]]:
     """(container index, capability) for every capability a pod's containers add."""
-    found = []
+    found: list[tuple[int, str]] = []
     for index, container in enumerate(pod_spec.get("containers") or []):
         capabilities = (container.get("securityContext") or {}).get("capabilities") or {}
         found.extend((index, cap) for cap in capabilities.get("add") or [])

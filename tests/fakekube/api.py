@@ -10,7 +10,7 @@ from . import errors, patches
 from .admission import Admission
 from .resources import ResourceType, by_kind
 from .selectors import labels_match, parse_field_selector, parse_label_selector, selector_string
-from .store import Store, now_iso
+from .store import Store
 
 APPLY = "application/apply-patch+yaml"
 PATCHERS = {
@@ -173,24 +173,3 @@ class Api:
             sts["spec"]["replicas"] = replicas
             self.save(STATEFULSETS, sts, self.store.get(STATEFULSETS, namespace, name))
             return self.get_scale(namespace, name)
-
-    # --- reviews (create-only resources answered from the caller's identity) --------------------------------
-
-    @staticmethod
-    def self_subject_review(user: str) -> dict[str, Any]:
-        """POST selfsubjectreviews: who the bearer token belongs to."""
-        return {
-            "kind": "SelfSubjectReview",
-            "apiVersion": "authentication.k8s.io/v1",
-            "metadata": {"creationTimestamp": now_iso()},
-            "status": {"userInfo": {"username": user, "groups": ["system:authenticated"]}},
-        }
-
-    @staticmethod
-    def self_subject_access_review(body: Any, allowed: bool, why: str) -> dict[str, Any]:
-        """POST selfsubjectaccessreviews: echo the request with the decision."""
-        review = copy.deepcopy(body) if isinstance(body, dict) else {}
-        review.update(kind="SelfSubjectAccessReview", apiVersion="authorization.k8s.io/v1")
-        review.setdefault("metadata", {})["creationTimestamp"] = now_iso()
-        review["status"] = {"allowed": allowed, **({"reason": why} if why else {})}
-        return review

@@ -328,7 +328,7 @@ class Controller:
     def _schedule(self, pod: dict[str, Any], nodes: list[dict[str, Any]],
                   placed: list[tuple[dict[str, Any], dict[str, Any]]]) -> dict[str, Any] | None:
         if self.faults.unschedulable:
-            node, message = None, scheduler.unschedulable_message([scheduler.INSUFFICIENT_GPU] * len(nodes),
+            node, message = None, scheduler.unschedulable_message([[scheduler.INSUFFICIENT_GPU]] * len(nodes),
                                                                   len(nodes))
         else:
             node, message = scheduler.schedule(pod, nodes, placed)

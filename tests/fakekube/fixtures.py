@@ -74,6 +74,11 @@ class FakeCluster:
             timeout=timeout, check=False,
         )
 
+    def forget_discovery(self) -> None:
+        """Drop kubectl's discovery cache (KUBECACHEDIR), e.g. after changing ``server.hidden_groups``: kubectl
+        otherwise keeps using the API groups it found first."""
+        shutil.rmtree(self.env["KUBECACHEDIR"], ignore_errors=True)
+
 
 @contextlib.contextmanager
 def fake_cluster(

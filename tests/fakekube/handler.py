@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING, Any
@@ -11,7 +12,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 import yaml
 
-from . import errors, openapi, protobuf, resources, tables
+from . import access, errors, openapi, protobuf, resources, tables
 from .api import APPLY, PATCHERS, list_document, success_status
 from .errors import ApiError
 from .requestlog import RequestRecord
@@ -59,8 +60,9 @@ def _accepts(header: str) -> tuple[bool, bool]:
     return json_ok or table, table
 
 
-def _route(path: str, method: str, query: dict[str, str]) -> Route:
-    """Map ``/api/v1/namespaces/ns/pods/name/log`` & co. onto a Route; NotFound for anything else."""
+def _route(path: str, method: str, query: dict[str, str], hidden: AbstractSet[str]) -> Route:
+    """Map ``/api/v1/namespaces/ns/pods/name/log`` & co. onto a Route; NotFound for anything else, and for
+    the ``hidden`` API groups."""
     parts = [p for p in path.split("/") if p]
     if parts[:2] == ["api", "v1"]:
         group, version, rest = "", "v1", parts[2:]
@@ -74,7 +76,7 @@ def _route(path: str, method: str, query: dict[str, str]) -> Route:
         if nested and nested.namespaced:
             namespace, rest = rest[1], rest[2:]
     rt = resources.lookup(group, version, rest[0]) if rest else None
-    if rt is None or len(rest) > 3 or (rt.namespaced and len(rest) > 1 and not namespace):
+    if rt is None or rt.group in hidden or len(rest) > 3 or (rt.namespaced and len(rest) > 1 and not namespace):
         raise errors.path_not_found()
     route = Route(rt, namespace, rest[1] if len(rest) > 1 else "", rest[2] if len(rest) > 2 else "", "", query)
     if method == "GET":
@@ -137,7 +139,7 @@ class Handler(BaseHTTPRequestHandler):
             if self._discovery(url.path):
                 self._log(200)
                 return
-            route = _route(url.path, self.command, query)
+            route = _route(url.path, self.command, query, self.fake.hidden_groups)
             self._record.update(verb=route.verb, resource=route.rt.plural, namespace=route.namespace,
                                 name=route.name)
             self._log(self._resource(route, raw))
@@ -177,25 +179,26 @@ class Handler(BaseHTTPRequestHandler):
             self._record_verb("discovery")
             return True
         elif path == "/api":
-            document = resources.api_versions(f"{self.server.server_address[0]}:{self.server.server_address[1]}")
+            document = resources.api_versions(self.fake.url.removeprefix("https://"))
         elif path == "/apis":
-            document = resources.api_group_list()
+            document = resources.api_group_list(self.fake.hidden_groups)
         elif path == "/openapi/v3":
-            document = openapi.root_document()
+            document = openapi.root_document(self.fake.hidden_groups)
         elif path.startswith("/openapi/v3/"):
-            document = openapi.document_at(path)
+            document = openapi.document_at(path, self.fake.hidden_groups)
             if document is None:
                 raise errors.path_not_found()
         elif path.startswith("/openapi"):
             raise errors.path_not_found()
         else:
             parts = [p for p in path.split("/") if p]
+            hidden = self.fake.hidden_groups
             if parts == ["api", "v1"]:
                 document = resources.resource_list("", "v1")
             elif parts[:1] == ["apis"] and len(parts) == 2:
-                document = resources.api_group(parts[1])
+                document = resources.api_group(parts[1], hidden)
             elif parts[:1] == ["apis"] and len(parts) == 3:
-                document = resources.resource_list(parts[1], parts[2])
+                document = resources.resource_list(parts[1], parts[2], hidden)
             else:
                 return False
             if document is None:
@@ -230,13 +233,16 @@ class Handler(BaseHTTPRequestHandler):
 
     # --- resources ------------------------------------------------------------------------------------------
 
+    def _user(self) -> str:
+        """Who is asking: the token's user, or whom ``kubectl --as`` impersonates."""
+        return self.headers.get("Impersonate-User") or self.fake.user
+
     def _authorize(self, route: Route) -> None:
         namespace = route.namespace or (route.name if route.rt.plural in ("namespaces", "projects") else "")
-        if namespace in self.fake.forbidden_namespaces:
-            resource = f"{route.rt.plural}/{route.subresource}" if route.subresource else route.rt.plural
-            why = (f'User "{self.fake.user}" cannot {route.verb} resource "{resource}" in API group '
-                   f'"{route.rt.group}" in the namespace "{namespace}"')
-            raise errors.forbidden(route.rt, route.name, why)
+        request = access.Request(self._user(), route.verb, route.rt.group, route.rt.plural, namespace, route.name,
+                                 route.subresource)
+        if not access.allowed(request, self.fake.forbidden_namespaces, self.fake.denied):
+            raise errors.forbidden(route.rt, route.name, request.refusal())
 
     def _resource(self, route: Route, raw: bytes) -> int:
         """Serve a resource request; return the HTTP status sent."""
@@ -278,9 +284,9 @@ class Handler(BaseHTTPRequestHandler):
         """POST, PUT, PATCH, DELETE; the controllers react before the answer goes out."""
         fake, api, rt, ns, name = self.fake, self.fake.api, route.rt, route.namespace, route.name
         if rt.plural == "selfsubjectreviews":
-            return 201, api.self_subject_review(fake.user)
-        if rt.plural == "selfsubjectaccessreviews":
-            return 201, self._access_review(self._body(raw))
+            return 201, access.self_subject_review(self._user())
+        if rt.plural in ("selfsubjectaccessreviews", "subjectaccessreviews"):
+            return 201, self._access_review(rt, self._body(raw))
         code, dry_run = 200, route.query.get("dryRun") == "All"
         if route.verb == "create":
             code, document = 201, api.create(rt, ns, self._body(raw), dry_run)
@@ -313,12 +319,12 @@ class Handler(BaseHTTPRequestHandler):
                     for o in api.select(route.rt, route.namespace or None, route.query)]
             return list_document(route.rt, gone, self.fake.store.resource_version)
 
-    def _access_review(self, body: Any) -> dict[str, Any]:
-        attributes = ((body or {}).get("spec") or {}).get("resourceAttributes") or {}
-        namespace = attributes.get("namespace", "")
-        if namespace in self.fake.forbidden_namespaces:
-            return self.fake.api.self_subject_access_review(body, False, "")
-        return self.fake.api.self_subject_access_review(body, True, "fakekube allows everything")
+    def _access_review(self, rt: ResourceType, body: Any) -> dict[str, Any]:
+        """Answer a SelfSubjectAccessReview (about the caller) or a SubjectAccessReview (about ``spec.user``)."""
+        spec = (body.get("spec") if isinstance(body, dict) else None) or {}
+        user = spec.get("user", "") if rt.kind == "SubjectAccessReview" else self._user()
+        request = access.Request.from_review(user, spec.get("resourceAttributes") or {})
+        return access.review(rt, body, access.allowed(request, self.fake.forbidden_namespaces, self.fake.denied))
 
     def _subresource(self, route: Route, raw: bytes) -> int:
         api, ns, name = self.fake.api, route.namespace, route.name

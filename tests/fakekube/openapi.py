@@ -1,11 +1,15 @@
 """Just enough OpenAPI v3 for kubectl: before ``apply``/``create`` it checks, per kind, that the PATCH operation
 accepts the ``fieldValidation`` query parameter (then it leaves validation to the server). Without an OpenAPI
-document kubectl refuses to send anything unless told ``--validate=false``."""
+document kubectl refuses to send anything unless told ``--validate=false``.
+
+Create-only kinds (SubjectAccessReview) get that PATCH operation too: without it kubectl falls back to the
+protobuf ``/openapi/v2``, which the fake does not serve, and ``kubectl create -f`` would fail."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 from .resources import RESOURCES, ResourceType, group_versions
@@ -21,8 +25,9 @@ def _object_path(rt: ResourceType) -> str:
 
 
 def group_version_document(group: str, version: str) -> dict[str, Any] | None:
-    """The OpenAPI v3 document of one group-version: a PATCH operation per patchable kind, nothing more."""
-    members = [r for r in RESOURCES if (r.group, r.version) == (group, version) and "patch" in r.verbs]
+    """The OpenAPI v3 document of one group-version: a PATCH operation per writable kind, nothing more."""
+    members = [r for r in RESOURCES
+               if (r.group, r.version) == (group, version) and {"create", "patch"} & set(r.verbs)]
     if not members:
         return None
     paths = {
@@ -42,10 +47,11 @@ def group_version_document(group: str, version: str) -> dict[str, Any] | None:
             "components": {"schemas": {}}}
 
 
-def root_document() -> dict[str, Any]:
-    """``/openapi/v3``: where each group-version's document is, with a content hash for kubectl's cache."""
+def root_document(hidden: AbstractSet[str] = frozenset()) -> dict[str, Any]:
+    """``/openapi/v3``: where each group-version's document is, with a content hash for kubectl's cache;
+    ``hidden``: API groups left out."""
     paths = {}
-    for group, version in [("", "v1"), *group_versions()]:
+    for group, version in [("", "v1"), *group_versions(hidden)]:
         document = group_version_document(group, version)
         if document is not None:
             digest = hashlib.sha256(json.dumps(document, sort_keys=True).encode()).hexdigest()[:32].upper()
@@ -54,11 +60,11 @@ def root_document() -> dict[str, Any]:
     return {"paths": paths}
 
 
-def document_at(path: str) -> dict[str, Any] | None:
+def document_at(path: str, hidden: AbstractSet[str] = frozenset()) -> dict[str, Any] | None:
     """The document served at ``/openapi/v3/api/v1`` or ``/openapi/v3/apis/<group>/<version>``, or None."""
     parts = path.removeprefix("/openapi/v3/").split("/")
     if parts[0] == "api" and len(parts) == 2:
         return group_version_document("", parts[1])
-    if parts[0] == "apis" and len(parts) == 3:
+    if parts[0] == "apis" and len(parts) == 3 and parts[1] not in hidden:
         return group_version_document(parts[1], parts[2])
     return None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,7 +92,18 @@ RESOURCES: tuple[ResourceType, ...] = (
         "authorization.k8s.io", "v1", "SelfSubjectAccessReview", "selfsubjectaccessreviews", False,
         verbs=("create",),
     ),
+    ResourceType(
+        "authorization.k8s.io", "v1", "SubjectAccessReview", "subjectaccessreviews", False, verbs=("create",)
+    ),
+    ResourceType("storage.k8s.io", "v1", "StorageClass", "storageclasses", False, ("sc",)),
+    ResourceType("networking.k8s.io", "v1", "NetworkPolicy", "networkpolicies", True, ("netpol",)),
+    ResourceType("image.openshift.io", "v1", "ImageStream", "imagestreams", True, ("is",), has_status=True),
+    ResourceType("image.openshift.io", "v1", "ImageStreamTag", "imagestreamtags", True, ("istag",),
+                 verbs=("create", "delete", "get", "list", "patch", "update")),
 )
+
+# The API groups only OpenShift serves (``FakeKube(openshift=False)`` hides them, as plain Kubernetes has none).
+OPENSHIFT_GROUPS = frozenset(r.group for r in RESOURCES if r.group.endswith(".openshift.io"))
 
 # Subresources listed in discovery: (parent plural, subresource, kind, group/version of that kind, verbs).
 SUBRESOURCES: tuple[tuple[str, str, str, str, tuple[str, ...]], ...] = (
@@ -113,18 +125,18 @@ def by_kind(kind: str) -> ResourceType:
     return _BY_KIND[kind]
 
 
-def group_versions() -> list[tuple[str, str]]:
-    """Every (group, version) served under /apis, in a stable order."""
+def group_versions(hidden: AbstractSet[str] = frozenset()) -> list[tuple[str, str]]:
+    """Every (group, version) served under /apis, in a stable order; ``hidden``: API groups left out."""
     seen: dict[tuple[str, str], None] = {}
     for r in RESOURCES:
-        if r.group:
+        if r.group and r.group not in hidden:
             seen[(r.group, r.version)] = None
     return list(seen)
 
 
-def resource_list(group: str, version: str) -> dict[str, Any] | None:
+def resource_list(group: str, version: str, hidden: AbstractSet[str] = frozenset()) -> dict[str, Any] | None:
     """The APIResourceList of one group-version, or None when the fake does not serve it."""
-    members = [r for r in RESOURCES if (r.group, r.version) == (group, version)]
+    members = [r for r in RESOURCES if (r.group, r.version) == (group, version) and group not in hidden]
     if not members:
         return None
     entries = []
@@ -145,18 +157,18 @@ def resource_list(group: str, version: str) -> dict[str, Any] | None:
     }
 
 
-def api_group(group: str) -> dict[str, Any] | None:
+def api_group(group: str, hidden: AbstractSet[str] = frozenset()) -> dict[str, Any] | None:
     """The APIGroup document of ``/apis/<group>``, or None when the fake does not serve the group."""
-    versions = [v for g, v in group_versions() if g == group]
+    versions = [v for g, v in group_versions(hidden) if g == group]
     if not versions:
         return None
     listed = [{"groupVersion": f"{group}/{v}", "version": v} for v in versions]
     return {"kind": "APIGroup", "apiVersion": "v1", "name": group, "versions": listed, "preferredVersion": listed[0]}
 
 
-def api_group_list() -> dict[str, Any]:
+def api_group_list(hidden: AbstractSet[str] = frozenset()) -> dict[str, Any]:
     """The APIGroupList of ``/apis``."""
-    groups = [api_group(g) for g in dict.fromkeys(g for g, _ in group_versions())]
+    groups = [api_group(g) for g in dict.fromkeys(g for g, _ in group_versions(hidden))]
     return {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}
 
 

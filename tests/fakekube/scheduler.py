@@ -1,4 +1,5 @@
-"""A tiny kube-scheduler: node selectors, required node affinity, required pod anti-affinity, GPU capacity.
+"""A tiny kube-scheduler: cordons, taints, node selectors, required node affinity, extended resources
+(``nvidia.com/gpu``, ``rdma/rdma``...), required pod anti-affinity.
 
 Its failure message has the real scheduler's shape, e.g.
 ``0/5 nodes are available: 2 node(s) didn't match pod anti-affinity rules, 3 node(s) didn't match Pod's node
@@ -8,13 +9,14 @@ affinity/selector. preemption: 0/5 nodes are available: 5 Preemption is not help
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from .selectors import Requirement, label_selector_object, labels_match
 
 GPU = "nvidia.com/gpu"
 NODE_UNSCHEDULABLE = "node(s) were unschedulable"
+UNTOLERATED_TAINT = "node(s) had untolerated taint {{{key}: {value}}}"
 NODE_AFFINITY = "node(s) didn't match Pod's node affinity/selector"
 ANTI_AFFINITY = "node(s) didn't match pod anti-affinity rules"
 INSUFFICIENT_GPU = f"Insufficient {GPU}"
@@ -22,14 +24,33 @@ _NO_VICTIMS = "No preemption victims found for incoming pod"
 _NOT_HELPFUL = "Preemption is not helpful for scheduling"
 
 
-def gpu_request(pod: dict[str, Any]) -> int:
-    """The GPUs a pod asks for (limits, else requests, summed over containers)."""
-    total = 0
+def extended_requests(pod: dict[str, Any]) -> Counter[str]:
+    """The extended resources (names with a domain: ``nvidia.com/gpu``, ``rdma/rdma``) a pod asks for: limits,
+    else requests, summed over containers."""
+    total: Counter[str] = Counter()
     for container in (pod.get("spec") or {}).get("containers") or []:
         resources = container.get("resources") or {}
-        value = (resources.get("limits") or {}).get(GPU, (resources.get("requests") or {}).get(GPU, 0))
-        total += int(value)
+        for name, value in {**(resources.get("requests") or {}), **(resources.get("limits") or {})}.items():
+            if "/" in name:
+                total[name] += int(value)
     return total
+
+
+def _tolerates(toleration: dict[str, Any], taint: dict[str, Any]) -> bool:
+    """Kubernetes' ToleratesTaint: an empty effect matches every effect, ``Exists`` without a key every taint."""
+    if toleration.get("effect") and toleration["effect"] != taint.get("effect"):
+        return False
+    if toleration.get("operator") == "Exists":
+        return not toleration.get("key") or toleration["key"] == taint.get("key")
+    return bool(toleration.get("key") == taint.get("key") and toleration.get("value", "") == taint.get("value", ""))
+
+
+def _untolerated_taint(node: dict[str, Any], tolerations: list[dict[str, Any]]) -> str | None:
+    """The reason naming the node's first NoSchedule/NoExecute taint that no toleration matches, or None."""
+    for taint in (node.get("spec") or {}).get("taints") or []:
+        if taint.get("effect") in ("NoSchedule", "NoExecute") and not any(_tolerates(t, taint) for t in tolerations):
+            return UNTOLERATED_TAINT.format(key=taint.get("key", ""), value=taint.get("value", ""))
+    return None
 
 
 def _node_filter(pod: dict[str, Any]) -> Callable[[dict[str, Any]], bool]:
@@ -94,11 +115,13 @@ class _Domains:
         return self._by_key[key].get(value, [])
 
 
-def unschedulable_message(reasons: Iterable[str], total: int) -> str:
-    """The FailedScheduling message for one failing reason per node."""
-    counts = Counter(reasons)
+def unschedulable_message(node_reasons: Iterable[Sequence[str]], total: int) -> str:
+    """The FailedScheduling message, from the reasons each node failed for."""
+    node_reasons = list(node_reasons)
+    counts = Counter(reason for reasons in node_reasons for reason in reasons)
     found = ", ".join(f"{n} {reason}" for reason, n in sorted(counts.items()))
-    preemption = Counter(_NO_VICTIMS if r.startswith("Insufficient") else _NOT_HELPFUL for r in counts.elements())
+    preemption = Counter(_NO_VICTIMS if any(r.startswith("Insufficient") for r in reasons) else _NOT_HELPFUL
+                         for reasons in node_reasons)
     after = ", ".join(f"{n} {reason}" for reason, n in sorted(preemption.items()))
     return f"0/{total} nodes are available: {found}. preemption: 0/{total} nodes are available: {after}."
 
@@ -110,30 +133,37 @@ def schedule(
 ) -> tuple[dict[str, Any] | None, str]:
     """Pick a node for ``pod`` given the pods already ``placed`` (pod, node): (node, "") or (None, message).
 
-    Among the nodes that fit, the one running the fewest pods wins (ties: first in list order).
+    Filters run in the real scheduler's order and a node fails on the first (resource fit lists every
+    insufficient resource). Among the nodes that fit, the one running the fewest pods wins (ties: list order).
     """
-    reasons: list[str] = []
+    node_reasons: list[list[str]] = []
     fitting: list[dict[str, Any]] = []
-    wanted = gpu_request(pod)
+    wanted = extended_requests(pod)
     load: Counter[str] = Counter()
-    used: Counter[str] = Counter()
+    used: dict[str, Counter[str]] = defaultdict(Counter)
     for placed_pod, placed_node in placed:
         load[placed_node["metadata"]["name"]] += 1
-        used[placed_node["metadata"]["name"]] += gpu_request(placed_pod)
+        used[placed_node["metadata"]["name"]].update(extended_requests(placed_pod))
+    tolerations = (pod.get("spec") or {}).get("tolerations") or []
     fits_node, spreads = _node_filter(pod), _anti_affinity_filter(pod, _Domains(placed))
     for node in nodes:
         name = node["metadata"]["name"]
-        free = int(((node.get("status") or {}).get("allocatable") or {}).get(GPU, 0)) - used[name]
+        allocatable = (node.get("status") or {}).get("allocatable") or {}
+        taint = _untolerated_taint(node, tolerations)
+        short = [f"Insufficient {resource}" for resource, amount in sorted(wanted.items())
+                 if amount > int(allocatable.get(resource, 0)) - used[name][resource]]
         if (node.get("spec") or {}).get("unschedulable"):
-            reasons.append(NODE_UNSCHEDULABLE)
+            node_reasons.append([NODE_UNSCHEDULABLE])
+        elif taint:
+            node_reasons.append([taint])
         elif not fits_node(node):
-            reasons.append(NODE_AFFINITY)
-        elif wanted > free:
-            reasons.append(INSUFFICIENT_GPU)
+            node_reasons.append([NODE_AFFINITY])
+        elif short:
+            node_reasons.append(short)
         elif not spreads(node):
-            reasons.append(ANTI_AFFINITY)
+            node_reasons.append([ANTI_AFFINITY])
         else:
             fitting.append(node)
     if not fitting:
-        return None, unschedulable_message(reasons, len(nodes))
+        return None, unschedulable_message(node_reasons, len(nodes))
     return min(fitting, key=lambda n: load[n["metadata"]["name"]]), ""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import dataclasses
 import os
 import ssl
 import sys
@@ -16,13 +17,16 @@ from typing import Any
 
 import yaml
 
+from . import seeds
+from .access import Deny
 from .admission import Admission
 from .api import Api
 from .controller import Controller
 from .faults import Faults
 from .handler import Handler
 from .requestlog import RequestLog
-from .resources import RESOURCES, ResourceType, by_kind
+from .resources import OPENSHIFT_GROUPS, RESOURCES, ResourceType, by_kind
+from .seeds import NodeSpec
 from .store import Store
 
 DEFAULT_TOKEN = "fakekube-token"  # noqa: S105 - a test credential, not a secret
@@ -61,13 +65,17 @@ class _HTTPSServer(ThreadingHTTPServer):
 class FakeKube:
     """The fake API server, its object store, controllers and fault switches.
 
-    ``nodes``: names of the cluster's nodes (each with ``gpus_per_node`` allocatable nvidia.com/gpu);
-    ``namespaces``: namespaces that exist from the start; ``ready_delay``: seconds between a pod being
-    scheduled and becoming Ready. Use as a context manager, or call start() and stop().
+    ``nodes``: the cluster's nodes, names (each with ``gpus_per_node`` allocatable nvidia.com/gpu) or
+    :class:`NodeSpec`s; ``namespaces``: namespaces that exist from the start; ``storage_classes``: StorageClass
+    objects (default :data:`seeds.DEFAULT_STORAGE_CLASSES`); ``openshift``: serve the OpenShift API groups (with
+    the default SCCs) or not, like plain Kubernetes; ``ready_delay``: seconds between a pod being scheduled and
+    becoming Ready. Use as a context manager, or call start() and stop().
 
     Tests steer it through ``faults`` (see :class:`Faults`), ``forbidden_namespaces`` (requests in them get
-    403 Forbidden), ``pod_logs[(namespace, pod)]`` (what ``kubectl logs`` returns), ``token``; they read
-    ``requests`` (the :class:`RequestLog`) and ``failures`` (exceptions inside the fake; should stay empty).
+    403 Forbidden), ``denied`` (:class:`Deny` rules: 403 and "no" from access reviews), ``hidden_groups`` (API
+    groups not served), ``pod_logs[(namespace, pod)]`` (what ``kubectl logs`` returns), ``token``, and the
+    methods below; they read ``requests`` (the :class:`RequestLog`) and ``failures`` (exceptions inside the
+    fake; should stay empty).
     """
 
     def __init__(
@@ -75,9 +83,11 @@ class FakeKube:
         *,
         token: str = DEFAULT_TOKEN,
         user: str = "developer",
-        nodes: Iterable[str] = ("node-0", "node-1"),
+        nodes: Iterable[str | NodeSpec] = ("node-0", "node-1"),
         gpus_per_node: int = 8,
         namespaces: Iterable[str] = ("default",),
+        storage_classes: Iterable[dict[str, Any]] = seeds.DEFAULT_STORAGE_CLASSES,
+        openshift: bool = True,
         ready_delay: float = 0.0,
         resync_seconds: float = 0.1,
         host: str = "127.0.0.1",
@@ -87,6 +97,8 @@ class FakeKube:
         self.user = user
         self.faults = Faults()
         self.forbidden_namespaces: set[str] = set()
+        self.denied: set[Deny | tuple[str, ...]] = set()
+        self.hidden_groups: set[str] = set() if openshift else set(OPENSHIFT_GROUPS)
         self.pod_logs: dict[tuple[str, str], str] = {}
         self.requests = RequestLog()
         self.failures: list[str] = []  # bugs of the fake itself (handler or controller exceptions)
@@ -100,7 +112,10 @@ class FakeKube:
         for namespace in dict.fromkeys(namespaces):
             self.add_namespace(namespace)
         for index, node in enumerate(nodes):
-            self.add_node(node, gpus_per_node, ip=f"10.0.0.{index + 10}")
+            spec = NodeSpec(node, gpus_per_node) if isinstance(node, str) else node
+            self.add_node(dataclasses.replace(spec, ip=spec.ip or f"10.0.{index // 240}.{index % 240 + 10}"))
+        for obj in [*storage_classes, *(seeds.DEFAULT_SCCS if openshift else ())]:
+            self.add(obj)
 
     # --- lifecycle ------------------------------------------------------------------------------------------
 
@@ -170,28 +185,55 @@ class FakeKube:
         target.chmod(0o600)
         return target
 
-    # --- convenience for tests ------------------------------------------------------------------------------
+    # --- convenience for tests (as a cluster admin would; ``reconcile()`` makes pods react at once) -----------
 
-    def add_namespace(self, name: str) -> dict[str, Any]:
-        """Create a namespace (as an admin would)."""
-        return self.api.save(by_kind("Namespace"), {"metadata": {"name": name}}, None)
+    def add(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Store any object (from :mod:`seeds` or hand-written), with its ``status`` if it has one."""
+        rt = resource_type(obj["kind"])
+        saved = self.api.save(rt, obj, None)
+        if rt.has_status and obj.get("status"):
+            saved = self.store.update(rt, {**saved, "status": copy.deepcopy(obj["status"])})
+        return saved
 
-    def add_node(self, name: str, gpus: int = 8, ip: str = "", labels: Mapping[str, str] | None = None) -> None:
-        """Add a Ready worker node with ``gpus`` allocatable nvidia.com/gpu."""
-        resources = {"cpu": "64", "memory": "512Gi", "pods": "250", "nvidia.com/gpu": str(gpus)}
-        ip = ip or f"10.0.1.{len(self.store.list(by_kind('Node'))) + 10}"
-        self.api.save(by_kind("Node"), {
-            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
-                                                  "node-role.kubernetes.io/worker": "", **(labels or {})}},
-            "spec": {},
-        }, None)
+    def remove(self, resource: str, name: str, namespace: str = "") -> None:
+        """Delete an object at once (``remove("storageclass", "nfs-csi")``); NotFound if absent."""
+        self.store.delete(resource_type(resource), namespace, name)
+
+    def add_namespace(self, name: str, labels: Mapping[str, str] | None = None) -> dict[str, Any]:
+        """Create a namespace, e.g. with ``{"pod-security.kubernetes.io/enforce": "restricted"}``."""
+        return self.add({"kind": "Namespace", "metadata": {"name": name, "labels": dict(labels or {})}})
+
+    def set_namespace_labels(self, name: str, labels: Mapping[str, str | None]) -> None:
+        """Set (or, with None, remove) labels of a namespace."""
+        namespace = copy.deepcopy(self.store.require(by_kind("Namespace"), "", name))
+        current = namespace["metadata"].setdefault("labels", {})
+        for key, value in labels.items():
+            if value is None:
+                current.pop(key, None)
+            else:
+                current[key] = value
+        self.store.update(by_kind("Namespace"), namespace)
+
+    def add_node(self, node: str | NodeSpec, **fields: Any) -> dict[str, Any]:
+        """Add a node: a :class:`NodeSpec`, or a name and NodeSpec fields (``add_node("gpu-9", gpus=4)``)."""
+        spec = NodeSpec(node, **fields) if isinstance(node, str) else node
+        ip = spec.ip or f"10.0.1.{len(self.store.list(by_kind('Node'))) + 10}"
+        return self.add(seeds.node(spec, ip))
+
+    def set_node(self, name: str, *, ready: bool | None = None, unschedulable: bool | None = None) -> None:
+        """Make a node Ready or not (its condition and the not-ready taint), cordon or uncordon it."""
         node = copy.deepcopy(self.store.require(by_kind("Node"), "", name))
-        node["status"] = {
-            "capacity": resources, "allocatable": resources,
-            "addresses": [{"type": "InternalIP", "address": ip}, {"type": "Hostname", "address": name}],
-            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}],
-            "nodeInfo": {"kubeletVersion": "v1.32.4", "containerRuntimeVersion": "cri-o://1.32.0"},
-        }
+        spec = node.setdefault("spec", {})
+        if ready is not None:
+            node["status"]["conditions"] = seeds.node_conditions(ready)
+            taints = [t for t in spec.pop("taints", None) or [] if t != seeds.NOT_READY_TAINT]
+            taints += [] if ready else [seeds.NOT_READY_TAINT]
+            if taints:
+                spec["taints"] = taints
+        if unschedulable is not None:
+            spec.pop("unschedulable", None)
+            if unschedulable:
+                spec["unschedulable"] = True
         self.store.update(by_kind("Node"), node)
 
     def objects(self, resource: str, namespace: str | None = None) -> list[dict[str, Any]]:

@@ -6,6 +6,7 @@ serialize a reference it got under the lock after releasing it.
 
 from __future__ import annotations
 
+import builtins
 import copy
 import threading
 import uuid
@@ -139,10 +140,10 @@ class Store:
             self.changed.notify_all()
             return gone
 
-    def changes_since(self, resource_version: int) -> list[Change]:
+    def changes_since(self, resource_version: int) -> builtins.list[Change]:
         """The change feed after a resourceVersion (watch events), oldest first."""
         with self.lock:
-            newer: list[Change] = []
+            newer: builtins.list[Change] = []
             for change in reversed(self._feed):
                 if change.resource_version <= resource_version:
                     break

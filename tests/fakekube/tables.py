@@ -5,6 +5,7 @@ Columns follow the real server's printers for the kinds a deploy tool shows; oth
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
@@ -100,8 +101,45 @@ def _namespace(ns: Obj) -> list[Any]:
 def _node(node: Obj) -> list[Any]:
     labels = node["metadata"].get("labels") or {}
     roles = ",".join(sorted(k.rpartition("/")[2] for k in labels if k.startswith("node-role.kubernetes.io/")))
-    version = ((node.get("status") or {}).get("nodeInfo") or {}).get("kubeletVersion", "")
-    return [node["metadata"]["name"], "Ready", roles or "<none>", _created(node), version]
+    status = node.get("status") or {}
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+    state = "Ready" if ready else "NotReady"
+    if (node.get("spec") or {}).get("unschedulable"):
+        state += ",SchedulingDisabled"
+    version = (status.get("nodeInfo") or {}).get("kubeletVersion", "")
+    return [node["metadata"]["name"], state, roles or "<none>", _created(node), version]
+
+
+def _storage_class(sc: Obj) -> list[Any]:
+    name = sc["metadata"]["name"]
+    if (sc["metadata"].get("annotations") or {}).get("storageclass.kubernetes.io/is-default-class") == "true":
+        name += " (default)"
+    return [name, sc.get("provisioner", ""), sc.get("reclaimPolicy", "Delete"),
+            sc.get("volumeBindingMode", "Immediate"), str(bool(sc.get("allowVolumeExpansion"))).lower(),
+            _created(sc)]
+
+
+def _network_policy(policy: Obj) -> list[Any]:
+    labels = ((policy.get("spec") or {}).get("podSelector") or {}).get("matchLabels") or {}
+    return [policy["metadata"]["name"], ",".join(f"{k}={v}" for k, v in labels.items()) or "<none>",
+            _created(policy)]
+
+
+def _cell(value: Any) -> str:
+    """A CRD printer column's cell: ``<no value>`` for null, JSON for lists."""
+    if value is None:
+        return "<no value>"
+    if isinstance(value, list):
+        return json.dumps(value, separators=(",", ":"))
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _scc(scc: Obj) -> list[Any]:
+    return [scc["metadata"]["name"], *(_cell(v) for v in (
+        scc.get("allowPrivilegedContainer"), scc.get("allowedCapabilities"),
+        (scc.get("seLinuxContext") or {}).get("type"), (scc.get("runAsUser") or {}).get("type"),
+        (scc.get("fsGroup") or {}).get("type"), (scc.get("supplementalGroups") or {}).get("type"),
+        scc.get("priority"), scc.get("readOnlyRootFilesystem"), scc.get("volumes")))]
 
 
 def _default(obj: Obj) -> list[Any]:
@@ -121,6 +159,12 @@ PRINTERS: dict[str, tuple[list[tuple[str, int]], Callable[[Obj], list[Any]]]] = 
     "Namespace": ([("Name", 0), ("Status", 0), ("Age", 0)], _namespace),
     "Project": ([("Name", 0), ("Display Name", 0), ("Status", 0)], lambda p: [p["metadata"]["name"], "", "Active"]),
     "Node": ([("Name", 0), ("Status", 0), ("Roles", 0), ("Age", 0), ("Version", 0)], _node),
+    "StorageClass": ([("Name", 0), ("Provisioner", 0), ("ReclaimPolicy", 0), ("VolumeBindingMode", 0),
+                      ("AllowVolumeExpansion", 0), ("Age", 0)], _storage_class),
+    "NetworkPolicy": ([("Name", 0), ("Pod-Selector", 0), ("Age", 0)], _network_policy),
+    "SecurityContextConstraints": ([("Name", 0), ("Priv", 0), ("Caps", 0), ("SELinux", 0), ("RunAsUser", 0),
+                                    ("FSGroup", 0), ("SupGroup", 0), ("Priority", 0), ("ReadOnlyRootFS", 0),
+                                    ("Volumes", 0)], _scc),
 }
 
 

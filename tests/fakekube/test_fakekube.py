@@ -10,8 +10,11 @@ import pytest
 import yaml
 
 from . import fixtures
+from .access import Deny, Request
 from .fixtures import FakeCluster
 from .patches import server_side_apply, strategic_merge_patch
+from .scheduler import schedule
+from .seeds import NodeSpec, image_stream, network_attachment_definition, node, storage_class
 from .selectors import labels_match, parse_field_selector, parse_label_selector
 
 INSTANCE = "demo"
@@ -19,11 +22,13 @@ SELECTOR = f"app.kubernetes.io/instance={INSTANCE}"
 IMAGE = "quay.io/example/pytorch:2.5"
 
 
-def manifests(replicas: int = 2, node_names: list[str] | None = None, capabilities: bool = False) -> str:
+def manifests(replicas: int = 2, node_names: list[str] | None = None, capabilities: bool = False,
+              limits: dict[str, int] | None = None) -> str:
     """What a deploy tool applies: ServiceAccount, headless Service, shared PVC, StatefulSet with a VCT."""
     labels = {"app.kubernetes.io/instance": INSTANCE, "app.kubernetes.io/managed-by": "mlenv"}
     meta = {"labels": labels}
-    container: dict[str, Any] = {"name": "pytorch", "image": IMAGE, "resources": {"limits": {"nvidia.com/gpu": 4}}}
+    container: dict[str, Any] = {"name": "pytorch", "image": IMAGE,
+                                 "resources": {"limits": limits or {"nvidia.com/gpu": 4}}}
     if capabilities:
         container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
     affinity: dict[str, Any] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
@@ -81,6 +86,12 @@ def condition(obj: dict[str, Any], kind: str) -> dict[str, Any]:
     return next(c for c in obj["status"]["conditions"] if c["type"] == kind)
 
 
+def node_states(cluster: FakeCluster) -> dict[str, str]:
+    """Node name → the STATUS column of plain ``kubectl get nodes``."""
+    rows = ok(cluster.kubectl("get", "nodes")).splitlines()[1:]
+    return {row.split()[0]: row.split()[1] for row in rows}
+
+
 def events_of(cluster: FakeCluster, name: str) -> list[dict[str, Any]]:
     """The events about an object, via ``kubectl get events --field-selector involvedObject.name=NAME``."""
     items: list[dict[str, Any]] = get_json(cluster, "events", "--field-selector", f"involvedObject.name={name}")[
@@ -104,8 +115,12 @@ def test_whoami_and_discovery(fake_kube: FakeCluster) -> None:
     assert json.loads(ok(fake_kube.kubectl("get", "--raw", "/api/v1")))["groupVersion"] == "v1"
     resources = ok(fake_kube.kubectl("api-resources", "-o", "name"))
     for name in ("statefulsets.apps", "securitycontextconstraints.security.openshift.io", "routes.route.openshift.io",
-                 "network-attachment-definitions.k8s.cni.cncf.io", "rolebindings.rbac.authorization.k8s.io"):
+                 "network-attachment-definitions.k8s.cni.cncf.io", "rolebindings.rbac.authorization.k8s.io",
+                 "storageclasses.storage.k8s.io", "networkpolicies.networking.k8s.io",
+                 "subjectaccessreviews.authorization.k8s.io", "imagestreamtags.image.openshift.io"):
         assert name in resources.split()
+    version = json.loads(ok(fake_kube.kubectl("version", "-o", "json")))
+    assert version["serverVersion"]["gitVersion"] == "v1.32.4"
 
 
 def test_wrong_token_is_unauthorized(fake_kube: FakeCluster) -> None:
@@ -279,6 +294,167 @@ def test_forbidden_capability(fake_kube: FakeCluster) -> None:
     assert len(get_json(fake_kube, "pods")["items"]) == 2
 
 
+# --- what doctor and discover read: storage, networks, nodes, permissions, platform -------------------------
+
+
+def test_storage_classes(fake_kube: FakeCluster) -> None:
+    classes = {c["metadata"]["name"]: c for c in get_json(fake_kube, "storageclass")["items"]}
+    assert {name: c["provisioner"] for name, c in classes.items()} == {
+        "ceph-rbd": "rbd.csi.ceph.com", "cephfs": "cephfs.csi.ceph.com",
+        "local-storage": "kubernetes.io/no-provisioner", "nfs-csi": "nfs.csi.k8s.io"}
+    assert classes["nfs-csi"]["metadata"]["annotations"] == {"storageclass.kubernetes.io/is-default-class": "true"}
+    assert classes["local-storage"]["volumeBindingMode"] == "WaitForFirstConsumer"
+    assert "nfs-csi (default)" in ok(fake_kube.kubectl("get", "sc"))
+
+    fake_kube.server.add(storage_class("fast", "rbd.csi.ceph.com", parameters={"pool": "ssd"}))
+    fake_kube.server.remove("storageclass", "cephfs")
+    names = [c["metadata"]["name"] for c in get_json(fake_kube, "storageclass")["items"]]
+    assert names == ["ceph-rbd", "fast", "local-storage", "nfs-csi"]
+    assert get_json(fake_kube, "sc", "fast")["parameters"] == {"pool": "ssd"}
+
+
+def test_network_policies(fake_kube: FakeCluster) -> None:
+    policy: dict[str, Any] = {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+              "metadata": {"name": "ml-dev-env-rendezvous", "labels": {"app.kubernetes.io/instance": INSTANCE}},
+              "spec": {"podSelector": {"matchLabels": {"app": "ml-dev-env-multi"}}, "policyTypes": ["Ingress"],
+                       "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "ml-dev-env-multi"}}}]}]}}
+    assert "serverside-applied" in apply(fake_kube, yaml.safe_dump(policy))
+    stored = get_json(fake_kube, "networkpolicy", "ml-dev-env-rendezvous")
+    assert stored["spec"]["ingress"] == policy["spec"]["ingress"]
+    apply(fake_kube, yaml.safe_dump(policy))
+    assert get_json(fake_kube, "netpol", "-l", SELECTOR)["items"][0]["metadata"]["resourceVersion"] == (
+        stored["metadata"]["resourceVersion"])
+    assert "app=ml-dev-env-multi" in ok(fake_kube.kubectl("get", "netpol"))
+    assert "deleted" in ok(fake_kube.kubectl("delete", "netpol", "-l", SELECTOR))
+    assert fake_kube.server.objects("networkpolicies") == []
+
+
+def test_network_attachment_definitions(fake_kube: FakeCluster) -> None:
+    fake_kube.server.add_namespace("kube-system")
+    fake_kube.server.add(network_attachment_definition("kube-system", "roce", resource_name="rdma/rdma"))
+    fake_kube.server.add(network_attachment_definition("ml", "sriov-a"))
+    roce = get_json(fake_kube, "network-attachment-definitions", "roce", "-n", "kube-system")
+    assert roce["metadata"]["annotations"] == {"k8s.v1.cni.cncf.io/resourceName": "rdma/rdma"}
+    assert json.loads(roce["spec"]["config"])["type"] == "macvlan"
+    assert [n["metadata"]["name"] for n in get_json(fake_kube, "net-attach-def")["items"]] == ["sriov-a"]
+    everywhere = get_json(fake_kube, "net-attach-def", "-A")["items"]
+    assert [(n["metadata"]["namespace"], n["metadata"]["name"]) for n in everywhere] == [
+        ("kube-system", "roce"), ("ml", "sriov-a")]
+
+
+def test_nodes_labels_resources_readiness_and_cordon(fake_kube_factory: Callable[..., FakeCluster]) -> None:
+    cluster = fake_kube_factory(nodes=[NodeSpec("gpu-0", allocatable={"rdma/rdma": "1"}),
+                                       NodeSpec("gpu-1", allocatable={"rdma/rdma": "1"}, ready=False),
+                                       NodeSpec("cpu-0", gpus=0, labels={"role": "login"})])
+    nodes = {n["metadata"]["name"]: n for n in get_json(cluster, "nodes")["items"]}
+    labels = nodes["gpu-0"]["metadata"]["labels"]
+    assert (labels["nvidia.com/gpu.present"], labels["nvidia.com/gpu.product"]) == ("true", "NVIDIA-H100-80GB-HBM3")
+    assert "nvidia.com/gpu.present" not in nodes["cpu-0"]["metadata"]["labels"]
+    assert nodes["gpu-0"]["status"]["allocatable"]["rdma/rdma"] == "1"
+    assert condition(nodes["gpu-0"], "Ready")["status"] == "True"
+    assert condition(nodes["gpu-1"], "Ready")["status"] == "Unknown"
+    gpu_nodes = get_json(cluster, "nodes", "-l", "nvidia.com/gpu.present=true")["items"]
+    assert [n["metadata"]["name"] for n in gpu_nodes] == ["gpu-0", "gpu-1"]
+
+    apply(cluster, manifests(limits={"nvidia.com/gpu": 4, "rdma/rdma": 1}))
+    waiting = get_json(cluster, "pod", "ml-dev-env-1")
+    assert condition(waiting, "PodScheduled")["message"] == (
+        "0/3 nodes are available: 1 Insufficient nvidia.com/gpu, 2 Insufficient rdma/rdma, 1 node(s) had "
+        "untolerated taint {node.kubernetes.io/not-ready: }. preemption: 0/3 nodes are available: "
+        "2 No preemption victims found for incoming pod, 1 Preemption is not helpful for scheduling.")
+    cluster.server.set_node("gpu-1", ready=True)
+    cluster.server.reconcile()
+    assert get_json(cluster, "pod", "ml-dev-env-1")["spec"]["nodeName"] == "gpu-1"
+
+    ok(cluster.kubectl("cordon", "gpu-0"))
+    cluster.server.set_node("gpu-1", unschedulable=True)
+    assert get_json(cluster, "node", "gpu-0")["spec"]["unschedulable"] is True
+    assert node_states(cluster) == {"cpu-0": "Ready", "gpu-0": "Ready,SchedulingDisabled",
+                                    "gpu-1": "Ready,SchedulingDisabled"}
+    ok(cluster.kubectl("uncordon", "gpu-0"))
+    cluster.server.set_node("gpu-0", ready=False)
+    cluster.server.set_node("gpu-1", unschedulable=False)
+    assert node_states(cluster) == {"cpu-0": "Ready", "gpu-0": "NotReady", "gpu-1": "Ready"}
+    assert get_json(cluster, "node", "gpu-0")["spec"]["taints"] == [
+        {"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}]
+
+
+def test_namespace_labels(fake_kube: FakeCluster) -> None:
+    fake_kube.server.add_namespace("locked", {"pod-security.kubernetes.io/enforce": "restricted"})
+    fake_kube.server.set_namespace_labels("ml", {"pod-security.kubernetes.io/enforce": "baseline"})
+    ml = get_json(fake_kube, "namespace", "ml")["metadata"]["labels"]
+    assert ml == {"kubernetes.io/metadata.name": "ml", "pod-security.kubernetes.io/enforce": "baseline"}
+    restricted = get_json(fake_kube, "ns", "-l", "pod-security.kubernetes.io/enforce=restricted")["items"]
+    assert [n["metadata"]["name"] for n in restricted] == ["locked"]
+    fake_kube.server.set_namespace_labels("ml", {"pod-security.kubernetes.io/enforce": None})
+    ok(fake_kube.kubectl("label", "namespace", "locked", "pod-security.kubernetes.io/enforce=privileged",
+                         "--overwrite"))
+    levels = {n["metadata"]["name"]: n["metadata"]["labels"].get("pod-security.kubernetes.io/enforce")
+              for n in get_json(fake_kube, "namespaces")["items"]}
+    assert levels == {"default": None, "locked": "privileged", "ml": None}
+
+
+def test_access_reviews_and_denied_requests(fake_kube: FakeCluster) -> None:
+    def can_i(*args: str) -> str:
+        return str(fake_kube.kubectl("auth", "can-i", *args).stdout.strip())
+
+    server, account = fake_kube.server, "system:serviceaccount:ml:ml-dev-env"
+    assert can_i("create", "statefulsets.apps", "-n", "ml") == "yes"
+    assert can_i("use", "securitycontextconstraints/mlenv-ipc-lock") == "yes"
+    server.denied.add(Deny("create", "statefulsets.apps", "ml"))
+    server.denied.add(Deny("use", "securitycontextconstraints/mlenv-ipc-lock", user=account))
+    assert can_i("create", "statefulsets.apps", "-n", "ml") == "no"
+    assert can_i("create", "statefulsets", "-n", "default") == "yes"
+    assert can_i("use", "scc/mlenv-ipc-lock") == "yes"  # the developer still may; the ServiceAccount may not
+    assert can_i("use", "scc/mlenv-ipc-lock", "--as", account) == "no"
+    assert can_i("use", "scc/restricted-v2", "--as", account) == "yes"
+
+    review: dict[str, Any] = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+              "spec": {"user": account, "resourceAttributes": {
+                  "verb": "use", "group": "security.openshift.io", "resource": "securitycontextconstraints",
+                  "name": "mlenv-ipc-lock", "namespace": "ml"}}}
+    answer = json.loads(ok(fake_kube.kubectl("create", "-f", "-", "-o", "json", input=json.dumps(review))))
+    assert (answer["kind"], answer["status"]) == ("SubjectAccessReview", {"allowed": False})
+    review["spec"]["user"] = "someone-else"
+    answer = json.loads(ok(fake_kube.kubectl("create", "-f", "-", "-o", "json", input=json.dumps(review))))
+    assert answer["status"]["allowed"] is True
+
+    sts = yaml.safe_load_all(manifests())
+    result = fake_kube.kubectl("create", "-f", "-", input=yaml.safe_dump([*sts][-1]))
+    assert result.returncode == 1
+    assert ('Error from server (Forbidden): error when creating "STDIN": statefulsets.apps is forbidden: '
+            'User "developer" cannot create resource "statefulsets" in API group "apps" in the namespace "ml"'
+            ) in result.stderr
+    server.denied.add(("list", "nodes"))  # a plain tuple works too
+    assert ('User "developer" cannot list resource "nodes" in API group "" at the cluster scope'
+            in fake_kube.kubectl("get", "nodes").stderr)
+
+
+def test_openshift_groups_switch(fake_kube_factory: Callable[..., FakeCluster]) -> None:
+    cluster = fake_kube_factory(openshift=False)
+    result = cluster.kubectl("get", "securitycontextconstraints")
+    assert result.returncode == 1
+    assert 'the server doesn\'t have a resource type "securitycontextconstraints"' in result.stderr
+    groups = [g["name"] for g in json.loads(ok(cluster.kubectl("get", "--raw", "/apis")))["groups"]]
+    assert not [g for g in groups if g.endswith(".openshift.io")] and "storage.k8s.io" in groups
+    assert "routes.route.openshift.io" not in ok(cluster.kubectl("api-resources", "-o", "name")).split()
+
+    cluster.server.hidden_groups.clear()
+    cluster.forget_discovery()
+    assert "No resources found" in cluster.kubectl("get", "scc").stderr  # SCCs are seeded only on OpenShift
+    scc = {c["metadata"]["name"] for c in get_json(fake_kube_factory(), "scc")["items"]}
+    assert scc == {"anyuid", "privileged", "restricted-v2"}
+
+
+def test_image_stream_tags(fake_kube: FakeCluster) -> None:
+    for obj in image_stream("ml", "pytorch", {"2.5": IMAGE}):
+        fake_kube.server.add(obj)
+    tag = get_json(fake_kube, "imagestreamtag", "pytorch:2.5")
+    assert tag["image"]["dockerImageReference"] == IMAGE
+    stream = get_json(fake_kube, "is", "pytorch")
+    assert stream["status"]["dockerImageRepository"].endswith("/ml/pytorch")
+
+
 # --- the parts, without kubectl -----------------------------------------------------------------------------
 
 
@@ -325,3 +501,23 @@ def test_missing_kubectl_fails_under_ci(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setenv("CI", "")
     with pytest.raises(pytest.skip.Exception):
         fixtures.require_kubectl()
+
+
+def test_scheduler_taints_tolerations_and_extended_resources() -> None:
+    tainted = node(NodeSpec("n", ready=False, allocatable={"rdma/rdma": "2"}), "10.0.0.1")
+    pod: dict[str, Any] = {"metadata": {"name": "p", "namespace": "ml"}, "spec": {"containers": [
+        {"resources": {"limits": {"rdma/rdma": "2"}, "requests": {"cpu": "1"}}}]}}
+    assert schedule(pod, [tainted], [])[0] is None
+    pod["spec"]["tolerations"] = [{"operator": "Exists"}]
+    assert schedule(pod, [tainted], [])[0] is tainted
+    assert schedule(pod, [tainted], [(pod, tainted)]) == (None, (
+        "0/1 nodes are available: 1 Insufficient rdma/rdma. "
+        "preemption: 0/1 nodes are available: 1 No preemption victims found for incoming pod."))
+
+
+def test_deny_rules_match_like_kubectl_auth_can_i() -> None:
+    request = Request("dev", "use", "security.openshift.io", "securitycontextconstraints", "ml", "ipc")
+    assert request.matches(Deny("use", "securitycontextconstraints.security.openshift.io/ipc", "ml"))
+    assert request.matches(Deny("*", "securitycontextconstraints"))
+    assert not request.matches(Deny("use", "securitycontextconstraints/other"))
+    assert not request.matches(Deny("use", "securitycontextconstraints", user="someone-else"))
