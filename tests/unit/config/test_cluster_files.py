@@ -6,8 +6,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mlenv.backends.kubernetes.render import render
-from mlenv.config import load_cluster
+from mlenv.backends.kubernetes.naming import kube_deployment
+from mlenv.backends.kubernetes.render import Rendered, render
+from mlenv.config import Cluster, load_cluster
 from mlenv.plan import plan
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -20,12 +21,17 @@ def _modes(path: Path) -> list[str]:
     return ["rdma", "tcp"] if cluster.rdma.enabled else ["tcp"]
 
 
+def _rendered(cluster: Cluster, mode: str, nodes: int | None = None, image: str | None = None) -> Rendered:
+    """What ``mlenv render`` makes of ``cluster`` (validated against the Kubernetes schemas)."""
+    return render(kube_deployment(plan(cluster, mode, nodes=nodes, image=image), cluster.backend == "openshift"))
+
+
 def _by_kind(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [o for o in objects if o["kind"] == kind]
 
 
 def _statefulset(path: Path, mode: str) -> dict[str, Any]:
-    return _by_kind(render(plan(load_cluster(str(path)), mode)).objects, "StatefulSet")[0]
+    return _by_kind(_rendered(load_cluster(str(path)), mode).objects, "StatefulSet")[0]
 
 
 def _env(statefulset: dict[str, Any]) -> dict[str, str]:
@@ -40,7 +46,7 @@ def test_shipped_clusters_exist() -> None:
 @pytest.mark.parametrize("path", SHIPPED + SEEDS, ids=lambda p: p.name)
 def test_every_cluster_file_renders_valid_manifests_in_each_allowed_mode(path: Path) -> None:
     for mode in _modes(path):
-        rendered = render(plan(load_cluster(str(path)), mode))  # validates every object (strict)
+        rendered = _rendered(load_cluster(str(path)), mode)  # validates every object (strict)
         kinds = [o["kind"] for o in rendered.objects]
         assert kinds[0] == "ServiceAccount" and kinds[-1] == "StatefulSet"
         for obj in rendered.objects:
@@ -60,7 +66,7 @@ def test_seed_files_keep_the_original_names_and_quoted_numbers() -> None:
     cluster = load_cluster(str(ROOT / "tests/fixtures/clusters/original-barcelona.yaml"))
     assert cluster.rdma.gid_index == 3 and cluster.rdma.ib_timeout == 22
     assert cluster.rdma.devices == ("mlx5_6", "mlx5_7", "mlx5_8", "mlx5_9")
-    deployment = plan(cluster, "rdma")
+    deployment = kube_deployment(plan(cluster, "rdma"), openshift=True)
     assert deployment.app == "ml-dev-env" and deployment.headless_service == "ml-dev-env-headless"
     assert deployment.namespace == "nccl-test"
     nerc = load_cluster(str(ROOT / "tests/fixtures/clusters/original-nerc.yaml"))
@@ -81,7 +87,7 @@ def test_barcelona_rdma_statefulset() -> None:
     container = pod["containers"][0]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 4
     assert container["resources"]["requests"]["memory"] == "128Gi"
-    assert "capabilities" not in container["securityContext"]  # ipc_lock: false
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}  # ipc_lock: false
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
     shm = next(v for v in pod["volumes"] if v["name"] == "dshm")
     assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": "128Gi"}  # half of the 256Gi limit
@@ -106,7 +112,7 @@ def test_tcp_mode_disables_ib_and_uses_the_exclude_list() -> None:
 
 
 def test_rwx_mode_renders_shared_claims() -> None:
-    objects = render(plan(load_cluster("nerc-production"), "tcp")).objects
+    objects = _rendered(load_cluster("nerc-production"), "tcp").objects
     claims = _by_kind(objects, "PersistentVolumeClaim")
     assert [c["metadata"]["name"] for c in claims] == ["ml-dev-workspace", "ml-datasets"]
     assert all(c["spec"]["accessModes"] == ["ReadWriteMany"] for c in claims)
@@ -119,20 +125,20 @@ def test_rwx_mode_renders_shared_claims() -> None:
 
 
 def test_template_networks_resources_ipc_lock_and_admin_scc() -> None:
-    rendered = render(plan(load_cluster(str(ROOT / "clusters/template.yaml")), "rdma"))
+    rendered = _rendered(load_cluster(str(ROOT / "clusters/template.yaml")), "rdma")
     sts = _by_kind(rendered.objects, "StatefulSet")[0]
     pod = sts["spec"]["template"]
     assert pod["metadata"]["annotations"]["k8s.v1.cni.cncf.io/networks"] == "sriov-rdma-net1,sriov-rdma-net2"
     container = pod["spec"]["containers"][0]
     assert container["resources"]["limits"]["rdma/rdma"] == 1
-    assert container["securityContext"]["capabilities"] == {"add": ["IPC_LOCK"]}
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["IPC_LOCK"]}
     assert _env(sts)["NCCL_IB_QPS_PER_CONNECTION"] == "4"
     scc, role, binding = rendered.admin_objects
     assert scc["kind"] == "SecurityContextConstraints"
     assert scc["allowedCapabilities"] == ["IPC_LOCK"] and scc["allowPrivilegedContainer"] is False
     assert role["rules"][0]["resourceNames"] == [scc["metadata"]["name"]]
     assert binding["subjects"][0]["name"] == "ml-dev-sa"
-    tcp = render(plan(load_cluster(str(ROOT / "clusters/template.yaml")), "tcp"))
+    tcp = _rendered(load_cluster(str(ROOT / "clusters/template.yaml")), "tcp")
     tcp_pod = _by_kind(tcp.objects, "StatefulSet")[0]["spec"]["template"]
     assert "k8s.v1.cni.cncf.io/networks" not in tcp_pod["metadata"]["annotations"]
     assert "rdma/rdma" not in tcp_pod["spec"]["containers"][0]["resources"]["limits"]
@@ -145,7 +151,7 @@ def test_gid_index_auto_leaves_detection_to_the_runtime(tmp_path: Path) -> None:
 
 
 def test_overrides_nodes_and_image() -> None:
-    deployment = plan(load_cluster("barcelona"), "tcp", nodes=5, image="registry.example/ml:1")
-    sts = _by_kind(render(deployment).objects, "StatefulSet")[0]
+    sts = _by_kind(_rendered(load_cluster("barcelona"), "tcp", nodes=5, image="registry.example/ml:1").objects,
+                   "StatefulSet")[0]
     assert sts["spec"]["replicas"] == 5
     assert sts["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.example/ml:1"

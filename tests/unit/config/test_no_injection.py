@@ -14,11 +14,13 @@ from typing import Any
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from mlenv.backends.kubernetes.render import render, to_yaml
+from mlenv.backends.kubernetes.naming import kube_deployment
+from mlenv.backends.kubernetes.render import render
 from mlenv.config.load import parse_yaml
 from mlenv.config.validate import validate
 from mlenv.errors import ConfigError
 from mlenv.plan import plan
+from mlenv.render.yamlsafe import to_yaml
 
 ROOT = Path(__file__).resolve().parents[3]
 TEMPLATE = yaml.safe_load((ROOT / "clusters/template.yaml").read_text())
@@ -68,7 +70,7 @@ def test_any_string_is_rejected_or_rendered_verbatim(field: tuple[Any, ...], val
         deployment = plan(validate(parse_yaml(text, "h.yaml")), "rdma")
     except ConfigError:
         return
-    rendered = render(deployment)  # an invalid object here would be an injection or a rendering bug
+    rendered = render(kube_deployment(deployment, openshift=True))  # invalid: an injection or a rendering bug
     objects = [*rendered.objects, *rendered.admin_objects]
     assert any(value in s for s in _strings(objects)), f"{field}={value!r} did not reach the objects verbatim"
     assert list(yaml.safe_load_all(to_yaml(objects))) == objects  # what `mlenv render` prints round-trips
@@ -92,7 +94,7 @@ def test_render_directory_writes_one_file_per_object_and_a_kustomization(tmp_pat
                     "rdma", "-o", str(out)], cwd=ROOT, check=True, capture_output=True)
     kustomization = yaml.safe_load((out / "kustomization.yaml").read_text())
     assert kustomization["resources"] == sorted(p.name for p in out.glob("0*.yaml"))
-    assert len(kustomization["resources"]) == 5
+    assert len(kustomization["resources"]) == 6  # with the NetworkPolicy (security.network_policy: true)
     admin = yaml.safe_load((out / "admin" / "kustomization.yaml").read_text())
     assert [name.split("-")[1] for name in admin["resources"]] == [
         "securitycontextconstraints", "role", "rolebinding"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from mlenv.errors import UsageError
+from mlenv.errors import UsageError, shown
 
 
 def project_root() -> Path:
@@ -31,20 +31,20 @@ def cluster_names() -> list[str]:
 
 
 def resolve(name_or_path: str) -> tuple[Path, str]:
-    """A cluster name or a path -> (file path, path to show in messages)."""
+    """A cluster name or a path -> (file path, path to show in messages). Names and paths in messages are
+    ``shown``: an invisible character or a newline in them is escaped, never printed."""
     if name_or_path.endswith((".yaml", ".yml")) or os.sep in name_or_path:
         path = Path(name_or_path)
-        if not path.is_file():
-            raise UsageError(f"cluster file {name_or_path} not found")
+        if not path.exists():  # anything else (a directory, a pipe, a device) the loader refuses by name
+            raise UsageError(f"cluster file {shown(name_or_path)} not found")
         return path, name_or_path
     path = clusters_dir() / f"{name_or_path}.yaml"
-    if path.is_file():
-        shown = os.path.relpath(path) if path.is_relative_to(Path.cwd()) else str(path)
-        return path, shown
+    if path.exists():
+        return path, os.path.relpath(path) if path.is_relative_to(Path.cwd()) else str(path)
     import difflib
 
     names = cluster_names()
     close = difflib.get_close_matches(name_or_path, names, n=1)
     hint = f"did you mean '{close[0]}'? " if close else ""
-    raise UsageError(f"unknown cluster '{name_or_path}': {hint}known clusters: {', '.join(names) or 'none'} "
+    raise UsageError(f"unknown cluster '{shown(name_or_path)}': {hint}known clusters: {', '.join(names) or 'none'} "
                      f"(or give a path to a YAML file)")

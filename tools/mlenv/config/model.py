@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from mlenv.config.load import JsonPath, nearest_position
+from mlenv.config.positions import JsonPath, nearest_position
 
 DEFAULT_APP = "ml-dev-env"
 DEFAULT_IMAGE = "nvcr.io/nvidia/pytorch:25.01-py3"
@@ -19,7 +19,8 @@ class ClusterInfo:
 
     name: str
     api: str | None
-    namespace: str
+    namespace: str | None
+    """Required, and never a system namespace, for Kubernetes-family backends; optional for the others."""
     description: str | None
 
 
@@ -62,15 +63,20 @@ class Tcp:
 
     interface_exclude: str | None
     p2p_level: str | None
+    interfaces: Mapping[str, str]
+    """Host name -> socket interface, overriding the runtime's route-based choice on that host."""
 
 
 @dataclass(frozen=True)
 class Security:
-    """ServiceAccount and the one extra capability mlenv may ask for."""
+    """ServiceAccount, the one extra capability mlenv may ask for, the user id and network isolation."""
 
     service_account: str
     requires_privileged_scc: bool
     ipc_lock: bool
+    network_policy: bool
+    """Isolate the pods with a NetworkPolicy (default true)."""
+    run_as_user: int | None
 
 
 @dataclass(frozen=True)
@@ -92,13 +98,27 @@ class Scheduling:
 
 
 @dataclass(frozen=True)
-class LocalSettings:
-    """How the ``local`` backend makes its pods."""
+class Bind:
+    """A host directory bound into the container (``--bind host:container:options``)."""
 
-    isolation: str
-    interfaces: tuple[str, ...]
-    subnet: str
-    root: str | None
+    host: str
+    container: str
+    options: str
+    """``rw`` (default) or ``ro``."""
+
+
+@dataclass(frozen=True)
+class Container:
+    """The container that backends without Kubernetes start on each node (Apptainer/Singularity)."""
+
+    runtime: str
+    image: str
+    """A ``.sif`` path or a ``docker://``, ``oras://`` or ``library://`` reference."""
+    nv: bool
+    """Pass the NVIDIA GPUs and driver in (``--nv``)."""
+    binds: tuple[Bind, ...]
+    env: Mapping[str, str]
+    """Set inside the container; values may use $VARS, which the container expands."""
 
 
 @dataclass(frozen=True)
@@ -122,7 +142,13 @@ class Cluster:
     nccl_debug: str | None
     nccl_env: Mapping[str, str]
     scheduling: Scheduling
-    local: LocalSettings
+    env: Mapping[str, str]
+    """Plain variables every node gets (OMP_NUM_THREADS, HF_HOME); mlenv's own names are refused."""
+    container: Container | None
+    expected_busbw_gbytes: float | None
+    """The all-reduce bus bandwidth the network should reach, in GB/s (decimal gigabytes per second)."""
+    settings: object | None
+    """The backend's own section parsed by its settings parser (BackendInfo.settings), e.g. LocalSettings."""
     notes: str | None
     warnings: tuple[str, ...] = ()
     positions: Mapping[JsonPath, tuple[int, int]] = field(default_factory=dict, compare=False, repr=False)

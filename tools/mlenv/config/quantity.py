@@ -1,45 +1,79 @@
-"""Kubernetes resource quantities (``128Gi``, ``32``, ``500m``): parse, compare and halve."""
+"""Kubernetes resource quantities (``128Gi``, ``32``, ``500m``, ``1e3``): parse, compare and halve.
+
+The syntax is apimachinery's ``ParseQuantity`` grammar (k8s.io/apimachinery/pkg/api/resource/quantity.go)::
+
+    <quantity>        ::= <signedNumber><suffix>
+    <signedNumber>    ::= <number> | <sign><number>          <sign> ::= "+" | "-"
+    <number>          ::= <digits> | <digits>.<digits> | <digits>. | .<digits>
+    <suffix>          ::= <binarySI> | <decimalExponent> | <decimalSI>
+    <binarySI>        ::= Ki | Mi | Gi | Ti | Pi | Ei
+    <decimalSI>       ::= n | u | m | "" | k | M | G | T | P | E
+    <decimalExponent> ::= "e" <sign>? <digits> | "E" <sign>? <digits>    (an int64, as ParseInt reads it)
+
+with no whitespace anywhere (the API server rejects it). Like Kubernetes, a value is rounded up (away from zero)
+to a whole nano; a value beyond 2^63-1 in magnitude, which Kubernetes cannot hold, is refused.
+"""
 
 from __future__ import annotations
 
 import re
-from decimal import Decimal, InvalidOperation
+from decimal import ROUND_UP, Context, Decimal
 
-_QUANTITY = re.compile(r"^([+-]?[0-9.]+)(Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E|[eE][+-]?[0-9]+)?$")
-_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
-_DECIMAL = {"m": Decimal("0.001"), "": Decimal(1), "k": Decimal(10) ** 3, "M": Decimal(10) ** 6,
-            "G": Decimal(10) ** 9, "T": Decimal(10) ** 12, "P": Decimal(10) ** 15, "E": Decimal(10) ** 18}
+_QUANTITY = re.compile(r"(?P<number>[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))"
+                       r"(?:[eE](?P<exponent>[+-]?[0-9]+)|(?P<suffix>[KMGTPE]i|[numkMGTPE]?))")
+_BINARY = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}
+_DECIMAL = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
+_INT64_MAX = 2**63 - 1
+_NANO = Decimal("1e-9")
+_EXACT = Context(prec=60)  # enough for 19 integer and 9 fractional digits, and what rounding up needs
 
 
-def parse_quantity(value: object) -> Decimal | None:
-    """Return the quantity's value in base units, or None if it is not a valid non-negative quantity."""
-    if isinstance(value, bool):
-        return None
-    text = str(value).strip()
-    match = _QUANTITY.match(text)
-    if not match:
-        return None
-    number, suffix = match.group(1), match.group(2) or ""
-    try:
-        amount = Decimal(number)
-    except InvalidOperation:
-        return None
-    if amount < 0:
-        return None
-    if suffix in _BINARY:
-        return amount * _BINARY[suffix]
-    if suffix in _DECIMAL:
-        return amount * _DECIMAL[suffix]
-    return amount * (Decimal(10) ** int(suffix[1:]))
+class QuantityError(ValueError):
+    """Not a usable Kubernetes quantity; ``hint`` says why when the syntax alone is not the reason."""
+
+    def __init__(self, hint: str | None = None) -> None:
+        super().__init__(hint or "not in Kubernetes quantity syntax")
+        self.hint = hint
+
+
+def _ten_power(match: re.Match[str]) -> int:
+    exponent = match.group("exponent")
+    if exponent is None:
+        return _DECIMAL.get(match.group("suffix"), 0)
+    digits = exponent.lstrip("+-").lstrip("0") or "0"
+    if len(digits) > 19 or int(digits) > _INT64_MAX:
+        raise QuantityError("the exponent does not fit in 64 bits")
+    return -int(digits) if exponent.startswith("-") else int(digits)
+
+
+def parse_quantity(value: object) -> Decimal:
+    """The quantity's value in base units (bytes, cores), as Kubernetes reads it; raises QuantityError."""
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise QuantityError()
+    text = str(value)
+    if text != text.strip():
+        raise QuantityError("remove the spaces around it")
+    match = _QUANTITY.fullmatch(text)
+    if match is None:
+        raise QuantityError()
+    mantissa, power = Decimal(match.group("number")), _ten_power(match)
+    if not mantissa:
+        return Decimal(0)
+    if mantissa.adjusted() + power >= 19:  # at least 10^19, beyond 2^63-1 whatever the digits
+        raise QuantityError("too large: Kubernetes quantities stop at 2^63-1")
+    if mantissa.adjusted() + power < -10:  # below a nano: Kubernetes rounds it up to 1n
+        return _NANO.copy_sign(mantissa)
+    amount = _EXACT.multiply(mantissa.scaleb(power, _EXACT), 2 ** _BINARY.get(match.group("suffix") or "", 0))
+    if abs(amount) > _INT64_MAX:
+        raise QuantityError("too large: Kubernetes quantities stop at 2^63-1")
+    return amount.quantize(_NANO, rounding=ROUND_UP, context=_EXACT)
 
 
 def half_of(value: str) -> str:
     """Half a memory quantity, written with the largest binary suffix that keeps it whole (256Gi -> 128Gi)."""
-    amount = parse_quantity(value)
-    if amount is None:
-        raise ValueError(f"not a quantity: {value!r}")
-    half = int(amount // 2)
-    for suffix, size in sorted(_BINARY.items(), key=lambda item: -item[1]):
+    half = int(parse_quantity(value) // 2)
+    for suffix, bits in sorted(_BINARY.items(), key=lambda item: -item[1]):
+        size = 2**bits
         if half >= size and half % size == 0:
             return f"{half // size}{suffix}"
     return str(half)

@@ -1,35 +1,81 @@
-"""JSON Schema validation of a loaded cluster file, with one actionable message per problem."""
+"""JSON Schema validation of a loaded cluster file, with one actionable message per problem.
+
+The schema is composed from the common one (``cluster.schema.json``) and the backend registry: the ``backend``
+enum, each backend's own section (``mlenv/backends/<name>.schema.json``) and which backends need
+``cluster.namespace``. ``x-expected`` in a schema node says what a wrong value should have been.
+
+A valid file is checked by a validator compiled once per schema and kept on disk (mlenv.fastschema); only an
+invalid one imports jsonschema, to say what is wrong.
+"""
 
 from __future__ import annotations
 
-import difflib
 import json
+import os
 from functools import lru_cache
-from importlib import resources
 from typing import Any
 
-from mlenv.config.load import JsonPath, LoadedFile, format_path
-from mlenv.errors import Problem
+from mlenv.backends.registry import BACKENDS, DEFAULT_BACKEND
+from mlenv.config.load import LoadedFile
+from mlenv.config.positions import JsonPath, format_path
+from mlenv.errors import Problem, show_value
 
-SCHEMA_FILE = "cluster.schema.json"
+SCHEMA_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cluster.schema.json")
+BACKENDS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "backends")
+
+
+def _schema_file(path: str) -> dict[str, Any]:
+    with open(path, encoding="utf-8") as handle:
+        schema: dict[str, Any] = json.load(handle)
+    return schema
+
+
+def _fragment(name: str) -> str:
+    return os.path.join(BACKENDS_DIR, f"{name}.schema.json")
+
+
+def _namespace_rule() -> dict[str, Any]:
+    """``cluster.namespace`` is required when the file's backend (or the default) is Kubernetes-family."""
+    kube = [name for name, info in BACKENDS.items() if info.kube_family]
+    condition: dict[str, Any] = {"properties": {"backend": {"enum": kube}}}
+    if DEFAULT_BACKEND not in kube:
+        condition["required"] = ["backend"]
+    return {"if": condition, "then": {"properties": {"cluster": {"required": ["namespace"]}}}}
 
 
 @lru_cache(maxsize=1)
 def cluster_schema() -> dict[str, Any]:
-    """The cluster file schema shipped in the package."""
-    text = resources.files("mlenv.config").joinpath(SCHEMA_FILE).read_text(encoding="utf-8")
-    schema: dict[str, Any] = json.loads(text)
+    """The common cluster file schema plus what the backend registry adds."""
+    schema = _schema_file(SCHEMA_FILE)
+    properties = schema["properties"]
+    properties["backend"] = {"enum": list(BACKENDS), "x-expected": f"one of {', '.join(BACKENDS)}"}
+    for info in BACKENDS.values():
+        if info.section:
+            properties[info.section] = _schema_file(_fragment(info.name))
+    schema["allOf"] = [_namespace_rule()]
     return schema
 
 
-def show_value(value: Any) -> str:
-    """A short, JSON-quoted rendering of a user's value for error messages."""
-    text = json.dumps(value, ensure_ascii=False, default=str)
-    return text if len(text) <= 60 else text[:57] + "..."
+def _is_valid(data: Any) -> bool | None:
+    """The compiled validator's answer (None when the schema needs jsonschema itself). Its key covers every input
+    of cluster_schema(): the files (path, size, mtime) and the registry as this process sees it."""
+    from mlenv.fastschema import Unsupported, compiled
+
+    sections = sorted((info.name, info.section or "", info.kube_family) for info in BACKENDS.values())
+    files = [SCHEMA_FILE, os.path.abspath(__file__),
+             *(_fragment(info.name) for info in BACKENDS.values() if info.section)]
+    stamps = [f"{path}:{st.st_size}:{st.st_mtime_ns}" for path in files for st in [os.stat(path)]]
+    try:
+        key = f"cluster|{sections}|{DEFAULT_BACKEND}|{'|'.join(stamps)}"
+        return compiled(key, lambda: (cluster_schema(), {}))(data)
+    except Unsupported:
+        return None
 
 
 def _unknown_key_problems(loaded: LoadedFile, path: JsonPath, instance: dict[str, Any],
                           schema: dict[str, Any]) -> list[Problem]:
+    import difflib
+
     allowed = sorted(schema.get("properties", {}))
     problems = []
     for key in instance:
@@ -67,11 +113,13 @@ def _problem(loaded: LoadedFile, error: Any) -> list[Problem]:
 
 def schema_problems(loaded: LoadedFile) -> list[Problem]:
     """Every schema violation in ``loaded``, sorted by position in the file."""
-    from jsonschema import Draft202012Validator
-
     if not isinstance(loaded.data, dict):
         return [Problem(loaded.path, 1, 1, "", "expected a mapping with a 'cluster' section; "
                         "start from clusters/template.yaml")]
+    if _is_valid(loaded.data):
+        return []
+    from jsonschema import Draft202012Validator
+
     validator = Draft202012Validator(cluster_schema())
     problems: list[Problem] = []
     for error in validator.iter_errors(loaded.data):

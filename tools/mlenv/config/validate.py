@@ -1,106 +1,124 @@
-"""Schema + semantic validation of a cluster file, producing a frozen ``Cluster``."""
+"""Schema + semantic validation of a cluster file, producing a frozen ``Cluster``.
+
+What the backend registry says about the file's backend decides the backend-dependent rules: whether
+``cluster.namespace`` and a storage class are needed, whether ``gpus.per_node: 0`` is allowed, which common
+sections it ignores (a warning), and which settings parser reads its own section.
+"""
 
 from __future__ import annotations
 
+import importlib
+import re
+from decimal import Decimal
 from typing import Any
 
-from mlenv.config.load import JsonPath, LoadedFile, format_path
+from mlenv.backends.registry import BACKENDS, DEFAULT_BACKEND, SELECTIVE_FIELDS
+from mlenv.config.kubernetes import (
+    app_name_problem,
+    namespace_problem,
+    rdma_resource_problem,
+    toleration_problems,
+    version_problem,
+)
+from mlenv.config.load import LoadedFile
 from mlenv.config.model import (
     DEFAULT_APP,
     DEFAULT_IMAGE,
     DEFAULT_KUBERNETES_VERSION,
+    Bind,
     Cluster,
     ClusterInfo,
+    Container,
     Gpus,
-    LocalSettings,
     Rdma,
     Scheduling,
     Security,
     Storage,
     Tcp,
 )
-from mlenv.config.quantity import parse_quantity
-from mlenv.config.schema import schema_problems, show_value
-from mlenv.errors import ConfigError, Problem
+from mlenv.config.quantity import QuantityError, half_of, parse_quantity
+from mlenv.config.reader import ClusterReader, env_text
+from mlenv.config.schema import schema_problems
+from mlenv.errors import ConfigError, show_value
 
-DEFAULT_LOCAL_SUBNET = "10.77.0.0/24"
-
-
-class _Reader:
-    """Reads fields from the loaded data by path, collecting semantic problems as it goes."""
-
-    def __init__(self, loaded: LoadedFile) -> None:
-        self.loaded = loaded
-        self.data: dict[str, Any] = loaded.data
-        self.problems: list[Problem] = []
-
-    def get(self, *path: str, default: Any = None) -> Any:
-        node: Any = self.data
-        for key in path:
-            if not isinstance(node, dict) or node.get(key) is None:
-                return default
-            node = node[key]
-        return node
-
-    def problem(self, path: JsonPath, message: str) -> None:
-        line, col = self.loaded.position(path)
-        self.problems.append(Problem(self.loaded.path, line, col, format_path(path), message))
-
-    def integer(self, *path: str, default: int | None = None, minimum: int = 0,
-                maximum: int | None = None) -> int | None:
-        """An integer that the file may write as a quoted string ("3"), checked against its range."""
-        value = self.get(*path)
-        if value is None:
-            return default
-        number = int(value)
-        if number < minimum or (maximum is not None and number > maximum):
-            expected = f"{minimum}-{maximum}" if maximum is not None else f">= {minimum}"
-            self.problem(path, f"expected an integer {expected}, got {show_value(value)}")
-        return number
-
-    def names(self, *path: str) -> tuple[str, ...]:
-        """A comma-separated string or a YAML list, as a tuple of names."""
-        value = self.get(*path)
-        if value is None:
-            return ()
-        items = value.split(",") if isinstance(value, str) else value
-        return tuple(str(item).strip() for item in items if str(item).strip())
-
-    def quantity(self, *path: str, default: str | None = None) -> str | None:
-        value = self.get(*path)
-        if value is None:
-            return default
-        if parse_quantity(value) is None:
-            self.problem(path, f"expected a Kubernetes quantity such as 128Gi, 500Mi, 32 or 500m, "
-                               f"got {show_value(value)}")
-        return str(value)
+_NUMBER = r"[0-9]{1,9}(?:\.[0-9]{1,9})?"
+_BANDWIDTH = re.compile(rf"({_NUMBER}) ?([MGT])([Bb])/s")
+_BARE_NUMBER = re.compile(_NUMBER)
+_GIGA_SCALE = {"M": 1e-3, "G": 1.0, "T": 1e3}
 
 
-def _storage(reader: _Reader) -> Storage:
+def _amount(quantity: str) -> Decimal | None:
+    try:
+        return parse_quantity(quantity)
+    except QuantityError:
+        return None  # reported where it was read
+
+
+def _info(reader: ClusterReader) -> ClusterInfo:
+    namespace = reader.get("cluster", "namespace")
+    if reader.backend.kube_family and namespace is not None:
+        if (reason := namespace_problem(namespace)) is not None:
+            reader.problem(("cluster", "namespace"), reason)
+        elif namespace == "default":
+            reader.warn("cluster.namespace: default is shared by everything in the cluster; a namespace of your "
+                        "own keeps mlenv's objects, and what clean deletes, apart")
+    return ClusterInfo(name=reader.get("cluster", "name"), api=reader.get("cluster", "api"), namespace=namespace,
+                       description=reader.get("cluster", "description"))
+
+
+def _app_name(reader: ClusterReader) -> str:
+    name = str(reader.get("app", "name", default=DEFAULT_APP))
+    if reader.backend.kube_family and (reason := app_name_problem(name)) is not None:
+        reader.problem(("app", "name"), reason)
+    return name
+
+
+def _kubernetes_version(reader: ClusterReader) -> str:
+    version = str(reader.get("kubernetes_version", default=DEFAULT_KUBERNETES_VERSION)).lstrip("v")
+    if "kubernetes_version" in reader.backend.uses and (reason := version_problem(version)) is not None:
+        reader.problem(("kubernetes_version",), reason)
+    return version
+
+
+def _gpu_nodes(reader: ClusterReader) -> tuple[str, ...]:
+    nodes = tuple(reader.get("nodes", "gpu_nodes", default=[]))
+    first: dict[str, int] = {}
+    for index, node in enumerate(nodes):
+        if node in first:
+            reader.problem(("nodes", "gpu_nodes", index), f"{node} is listed twice (first as gpu_nodes[{first[node]}]);"
+                                                          f" one pod runs per node, so list each node once")
+        first.setdefault(node, index)
+    return nodes
+
+
+def _storage(reader: ClusterReader) -> Storage:
     class_rwx = reader.get("storage", "class_rwx")
     mode = reader.get("storage", "mode", default="rwx" if class_rwx else "volumeClaimTemplates")
     storage = Storage(
         mode=mode,
         class_rwx=class_rwx,
         class_rwo=reader.get("storage", "class_rwo"),
-        workspace_size=reader.quantity("storage", "workspace_size", default="100Gi") or "100Gi",
-        datasets_size=reader.quantity("storage", "datasets_size", default="500Gi") or "500Gi",
-        shm_size=reader.quantity("storage", "shm_size"),
+        workspace_size=reader.quantity("storage", "workspace_size", default="100Gi", positive=True) or "100Gi",
+        datasets_size=reader.quantity("storage", "datasets_size", default="500Gi", positive=True) or "500Gi",
+        shm_size=reader.quantity("storage", "shm_size", positive=True),
     )
-    if reader.get("backend") != "local" and not storage.storage_class:
+    if reader.backend.creates_volumes and not storage.storage_class:
         needed = "class_rwx" if mode == "rwx" else "class_rwo"
         reader.problem(("storage", "mode"), f"storage mode {mode} needs storage.{needed}; "
                                             f"set it to a storage class from 'oc get storageclass'")
     return storage
 
 
-def _rdma(reader: _Reader) -> Rdma:
+def _rdma(reader: ClusterReader) -> Rdma:
     gid = reader.get("network", "rdma", "gid_index")
-    gid_index: int | str | None = gid if gid in (None, "auto") else int(gid)
+    gid_index: int | str | None = gid if gid in (None, "auto") else reader.integer("network", "rdma", "gid_index")
     if isinstance(gid_index, int) and gid_index > 255:
         reader.problem(("network", "rdma", "gid_index"), f'expected an integer 0-255 or "auto", got {gid}')
     gdr = reader.get("network", "rdma", "gdr_level")
     resources = reader.get("network", "rdma", "resources", default={})
+    for name in resources:
+        if (reason := rdma_resource_problem(name)) is not None:
+            reader.problem(("network", "rdma", "resources", name), reason)
     return Rdma(
         enabled=bool(reader.get("network", "rdma", "enabled", default=False)),
         devices=reader.names("network", "rdma", "devices"),
@@ -111,108 +129,168 @@ def _rdma(reader: _Reader) -> Rdma:
         ib_timeout=reader.integer("network", "rdma", "ib_timeout", minimum=1, maximum=31),
         min_nchannels=reader.integer("network", "rdma", "min_nchannels", minimum=1, maximum=64),
         networks=tuple(reader.get("network", "rdma", "networks", default=[])),
-        resources={name: int(count) for name, count in resources.items()},
+        resources={name: reader.integer("network", "rdma", "resources", name, minimum=1) or 0 for name in resources},
     )
 
 
-def _check_resources(reader: _Reader) -> tuple[dict[str, str], dict[str, str]]:
-    requests = {k: str(v) for k in ("memory", "cpu")
-                if (v := reader.quantity("resources", "requests", k)) is not None}
-    limits = {k: str(v) for k in ("memory", "cpu")
-              if (v := reader.quantity("resources", "limits", k)) is not None}
+def _tcp(reader: ClusterReader) -> Tcp:
+    p2p = reader.get("network", "tcp", "p2p_level")
+    return Tcp(interface_exclude=reader.get("network", "tcp", "interface_exclude"),
+               p2p_level=None if p2p is None else str(p2p),
+               interfaces=dict(reader.get("network", "tcp", "interfaces", default={})))
+
+
+def _busbw_gbytes(reader: ClusterReader) -> float | None:
+    """``network.expected_busbw`` in GB/s; the unit is required, because bytes and bits differ eightfold."""
+    value = reader.get("network", "expected_busbw")
+    if value is None:
+        return None
+    path, text = ("network", "expected_busbw"), str(value)
+    match = _BANDWIDTH.fullmatch(text) if isinstance(value, str) else None
+    if match is None:
+        if _BARE_NUMBER.fullmatch(text):
+            reader.problem(path, f"{text} has no unit: write {text}GB/s for gigabytes per second (what nccl-tests "
+                                 f"reports as busbw) or {text}Gb/s for gigabits (how NICs are rated; 8 bits make "
+                                 f"a byte)")
+        else:
+            reader.problem(path, f"expected a bandwidth like 180GB/s or 1440Gb/s (bytes: MB/s, GB/s, TB/s; bits: "
+                                 f"Mb/s, Gb/s, Tb/s), got {show_value(value)}")
+        return None
+    gbytes = float(match[1]) * _GIGA_SCALE[match[2]] / (8 if match[3] == "b" else 1)
+    if gbytes <= 0:
+        reader.problem(path, f"expected a bandwidth larger than 0, got {show_value(value)}")
+        return None
+    return gbytes
+
+
+def _security(reader: ClusterReader) -> Security:
+    security = Security(
+        service_account=reader.get("security", "service_account", default="ml-dev-sa"),
+        requires_privileged_scc=bool(reader.get("security", "requires_privileged_scc", default=False)),
+        ipc_lock=bool(reader.get("security", "ipc_lock", default=False)),
+        network_policy=bool(reader.get("security", "network_policy", default=True)),
+        run_as_user=reader.integer("security", "run_as_user", maximum=2**31 - 1),
+    )
+    if security.run_as_user == 0 and reader.backend.name == "openshift":
+        reader.problem(("security", "run_as_user"),
+                       "0 (root) cannot run on OpenShift: its restricted-v2 SCC assigns each pod a non-root UID "
+                       "from the namespace's range; remove security.run_as_user")
+    if security.requires_privileged_scc and reader.backend.name == "openshift":
+        reader.warn("security.requires_privileged_scc is ignored: mlenv never uses the privileged SCC; with "
+                    "security.ipc_lock: true it renders a minimal SCC that allows only IPC_LOCK (mlenv render --admin)")
+    return security
+
+
+def _resources(reader: ClusterReader, storage: Storage) -> tuple[dict[str, str], dict[str, str]]:
+    requests = {k: v for k in ("memory", "cpu") if (v := reader.quantity("resources", "requests", k)) is not None}
+    limits = {k: v for k in ("memory", "cpu") if (v := reader.quantity("resources", "limits", k)) is not None}
     for key in set(requests) & set(limits):
-        low, high = parse_quantity(requests[key]), parse_quantity(limits[key])
+        low, high = _amount(requests[key]), _amount(limits[key])
         if low is not None and high is not None and low > high:
             reader.problem(("resources", "requests", key),
                            f"request {requests[key]} is larger than the limit {limits[key]}; "
                            f"lower the request or raise resources.limits.{key}")
+    memory = limits.get("memory")
+    if storage.shm_size is None and memory is not None and _amount(memory) is not None and half_of(memory) == "0":
+        reader.problem(("resources", "limits", "memory"),
+                       f"{memory} is too small: /dev/shm gets half the memory limit, which would be 0 bytes; raise "
+                       f"resources.limits.memory or set storage.shm_size")
     return requests, limits
 
 
-def _gpus(reader: _Reader, backend: str, gpu_nodes: tuple[str, ...]) -> Gpus:
-    per_node = reader.integer("gpus", "per_node", default=0 if backend == "local" else 1,
-                              minimum=0 if backend == "local" else 1, maximum=64) or 0
+def _gpus(reader: ClusterReader, gpu_nodes: tuple[str, ...]) -> Gpus:
+    least = 0 if reader.backend.cpu_nodes else 1
+    per_node = reader.integer("gpus", "per_node", default=least, minimum=least, maximum=64) or 0
     default_nodes = reader.integer("gpus", "default_nodes", default=2, minimum=1, maximum=1024) or 1
     procs = reader.integer("gpus", "procs_per_node", default=per_node or 2, minimum=1, maximum=64) or 1
-    if gpu_nodes and default_nodes > len(gpu_nodes):
+    pinned = len(set(gpu_nodes))
+    if pinned and default_nodes > pinned:
         reader.problem(("gpus", "default_nodes"),
-                       f"{default_nodes} nodes requested but only {len(gpu_nodes)} are pinned in nodes.gpu_nodes; "
+                       f"{default_nodes} nodes requested but only {pinned} are pinned in nodes.gpu_nodes; "
                        f"lower gpus.default_nodes or pin more nodes")
     return Gpus(per_node=per_node, type=reader.get("gpus", "type"), default_nodes=default_nodes,
                 procs_per_node=procs)
 
 
-def _warnings(cluster_rdma: Rdma, security: Security, backend: str) -> tuple[str, ...]:
-    warnings = []
-    if security.requires_privileged_scc and backend == "openshift":
-        warnings.append("security.requires_privileged_scc is ignored: mlenv never uses the privileged SCC; "
-                        "with security.ipc_lock: true it renders a minimal SCC that allows only IPC_LOCK "
-                        "(mlenv render --admin)")
-    if cluster_rdma.enabled and not cluster_rdma.devices and cluster_rdma.gid_index is None:
-        warnings.append("network.rdma has no devices and no gid_index: the in-pod runtime will detect them")
-    return tuple(warnings)
+def _scheduling(reader: ClusterReader) -> Scheduling:
+    tolerations = reader.get("scheduling", "tolerations", default=[])
+    for index, toleration in enumerate(tolerations):
+        for name, message in toleration_problems(toleration):
+            reader.problem(("scheduling", "tolerations", index, name), message)
+    return Scheduling(tolerations=tuple(tolerations),
+                      node_selector=dict(reader.get("scheduling", "nodeSelector", default={})))
+
+
+def _container(reader: ClusterReader) -> Container | None:
+    if reader.get("container") is None:
+        return None
+    binds = tuple(Bind(host=bind["host"], container=bind["container"], options=bind.get("options") or "rw")
+                  for bind in reader.get("container", "binds", default=[]))
+    return Container(runtime=reader.get("container", "runtime", default="apptainer"),
+                     image=reader.get("container", "image"),
+                     nv=bool(reader.get("container", "nv", default=True)), binds=binds,
+                     env=reader.env("container", "env"))
+
+
+def _backend_settings(reader: ClusterReader) -> object | None:
+    """The backend's own section, parsed by the function its registry entry names."""
+    if reader.backend.settings is None:
+        return None
+    module, _, function = reader.backend.settings.partition(":")
+    parse: Any = getattr(importlib.import_module(module), function)
+    return parse(reader)
+
+
+def _warn_ignored_sections(reader: ClusterReader) -> None:
+    """Sections the file's backend does not read are a warning, never silently dropped."""
+    backend = reader.backend
+    owners = {info.section: info.name for info in BACKENDS.values() if info.section}
+    for key in reader.data:
+        if key in SELECTIVE_FIELDS and key not in backend.uses:
+            reader.warn(f"{key}: is ignored: backend {backend.name} does not use it")
+        elif key in owners and owners[key] != backend.name:
+            reader.warn(f"{key}: is ignored: backend is {backend.name}")
 
 
 def build_cluster(loaded: LoadedFile) -> Cluster:
     """Turn a schema-valid file into a ``Cluster``, raising ConfigError with every semantic problem."""
-    reader = _Reader(loaded)
-    backend = reader.get("backend", default="openshift")
-    gpu_nodes = tuple(reader.get("nodes", "gpu_nodes", default=[]))
-    requests, limits = _check_resources(reader)
-    security = Security(
-        service_account=reader.get("security", "service_account", default="ml-dev-sa"),
-        requires_privileged_scc=bool(reader.get("security", "requires_privileged_scc", default=False)),
-        ipc_lock=bool(reader.get("security", "ipc_lock", default=False)),
-    )
+    reader = ClusterReader(loaded, BACKENDS[loaded.data.get("backend") or DEFAULT_BACKEND])
+    _warn_ignored_sections(reader)
+    gpu_nodes = _gpu_nodes(reader)
+    storage = _storage(reader)
+    requests, limits = _resources(reader, storage)
     rdma = _rdma(reader)
+    if rdma.enabled and not rdma.devices and rdma.gid_index is None:
+        reader.warn("network.rdma has no devices and no gid_index: the in-pod runtime will detect them")
     cluster = Cluster(
         source=loaded.path,
-        info=ClusterInfo(
-            name=reader.get("cluster", "name"),
-            api=reader.get("cluster", "api"),
-            namespace=reader.get("cluster", "namespace"),
-            description=reader.get("cluster", "description"),
-        ),
-        backend=backend,
-        kubernetes_version=str(reader.get("kubernetes_version", default=DEFAULT_KUBERNETES_VERSION)).lstrip("v"),
-        app_name=reader.get("app", "name", default=DEFAULT_APP),
+        info=_info(reader),
+        backend=reader.backend.name,
+        kubernetes_version=_kubernetes_version(reader),
+        app_name=_app_name(reader),
         image=reader.get("image", default=DEFAULT_IMAGE),
         gpu_nodes=gpu_nodes,
-        storage=_storage(reader),
+        storage=storage,
         rdma=rdma,
-        tcp=Tcp(
-            interface_exclude=reader.get("network", "tcp", "interface_exclude"),
-            p2p_level=None if (p2p := reader.get("network", "tcp", "p2p_level")) is None else str(p2p),
-        ),
-        security=security,
-        gpus=_gpus(reader, backend, gpu_nodes),
+        tcp=_tcp(reader),
+        security=_security(reader),
+        gpus=_gpus(reader, gpu_nodes),
         requests=requests,
         limits=limits,
         nccl_debug=reader.get("nccl", "debug") or None,
-        nccl_env={k: _env_text(v) for k, v in reader.get("nccl", "env", default={}).items()},
-        scheduling=Scheduling(
-            tolerations=tuple(reader.get("scheduling", "tolerations", default=[])),
-            node_selector=dict(reader.get("scheduling", "nodeSelector", default={})),
-        ),
-        local=LocalSettings(
-            isolation=reader.get("local", "isolation", default="auto"),
-            interfaces=tuple(reader.get("local", "interfaces", default=[])),
-            subnet=reader.get("local", "subnet", default=DEFAULT_LOCAL_SUBNET),
-            root=reader.get("local", "root"),
-        ),
+        nccl_env={k: env_text(v) for k, v in reader.get("nccl", "env", default={}).items()},
+        scheduling=_scheduling(reader),
+        env=reader.env("env"),
+        container=_container(reader),
+        expected_busbw_gbytes=_busbw_gbytes(reader),
+        settings=_backend_settings(reader),
         notes=reader.get("notes"),
-        warnings=_warnings(rdma, security, backend),
+        warnings=tuple(reader.warnings),
         positions=dict(loaded.positions),
     )
     if reader.problems:
         raise ConfigError(sorted(reader.problems, key=lambda p: (p.line or 0, p.column or 0)))
     return cluster
-
-
-def _env_text(value: object) -> str:
-    if isinstance(value, bool):
-        return "1" if value else "0"
-    return str(value)
 
 
 def validate(loaded: LoadedFile) -> Cluster:
