@@ -1,25 +1,26 @@
 # mlenv: thin front end over the `mlenv` CLI. `make help` lists the targets.
-# Variables: CLUSTER (name or path), MODE (rdma|tcp), NODES, IMAGE, OUT, POD, CMD, FOLLOW, DELETE_DATA,
-#            SCRIPT, ARGS, LAUNCHER, YES.
+# Variables: CLUSTER (deployment, cluster name or file), MODE (rdma|tcp), NODES, IMAGE, OUT, POD, CMD, FOLLOW,
+#            DELETE_DATA, YES, SCRIPT, ARGS, LAUNCHER, DETACH, ENV, NAME, STEPS, SIZES, VENV.
 
 SHELL := /bin/bash
-VENV  ?= .venv
-MLENV := $(VENV)/bin/mlenv
-# Values reach the CLI through the environment ("$$VAR"), never spliced into the shell command line, and
-# verbatim: make does not expand a `$` inside them (make exec CMD='echo $HOSTNAME' echoes each pod's name).
-USER_VARS := CLUSTER MODE NODES IMAGE OUT POD CMD SCRIPT ARGS LAUNCHER
+VENV ?= .venv
+# Every value reaches the CLI through the environment ("$$VAR"), never spliced into the shell command line, and
+# verbatim: make does not expand a `$` inside it (make exec CMD='echo $HOSTNAME' echoes each pod's name).
+USER_VARS := CLUSTER MODE NODES IMAGE OUT POD CMD FOLLOW DELETE_DATA YES SCRIPT ARGS LAUNCHER DETACH ENV NAME STEPS \
+             SIZES VENV
 $(foreach v,$(USER_VARS),$(if $(filter command line environment,$(origin $(v))),$(eval override $(v) := $$(value $(v)))))
 export $(USER_VARS)
-CLUSTER_ARG = $(if $(CLUSTER),"$$CLUSTER")
+MLENV = "$$VENV/bin/mlenv"
 CLUSTER_OPT = $(if $(CLUSTER),--cluster "$$CLUSTER")
 POD_OPT = $(if $(POD),--pod "$$POD")
-OPTS = $(if $(MODE),--mode "$$MODE") $(if $(NODES),--nodes "$$NODES")
+PLAN_OPTS = $(if $(MODE),--mode "$$MODE") $(if $(NODES),--nodes "$$NODES")
 IMAGE_OPT = $(if $(IMAGE),--image "$$IMAGE")
+ENV_OPTS = $(if $(ENV),--env "$$ENV")
 
 .DEFAULT_GOAL := help
 .PHONY: help install install-train install-system test lint bench demo list-clusters validate-cluster \
-        render-cluster deploy-cluster-dry-run deploy-cluster status-cluster sync-multi-node shell-multi-node \
-        exec logs clean-cluster launch nccl-test
+        render-cluster deploy-cluster-dry-run deploy-cluster use status-cluster sync-multi-node shell-multi-node \
+        exec logs clean-cluster launch launch-dry-run stop nccl-test doctor discover
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  \033[1m%-24s\033[0m %s\n", $$1, $$2}'
@@ -30,60 +31,77 @@ install: ## Create .venv and install mlenv with dev tools (idempotent)
 install-train: ## install + torch (CPU) and deepspeed
 	@scripts/install.sh train
 
-install-system: ## install + rsync, iproute2 and kubectl when missing
+install-system: ## install + Debian packages (rsync, iproute2, slurm, munge, openssh) and kubectl when missing
 	@scripts/install.sh system
 
 test: ## Install everything the tests need, then run them
-	@scripts/install.sh train system
+	@scripts/install.sh train system scan
 	@scripts/test.sh
 
 lint: install ## ruff (with bandit S rules) and mypy
-	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy
+	"$$VENV/bin/ruff" check .
+	"$$VENV/bin/mypy"
 
 bench: ## Benchmarks (ratios against a reference run in the same process)
 	@scripts/install.sh train system
-	$(VENV)/bin/python -m tests.bench
+	"$$VENV/bin/python" -m tests.bench
 
-demo: ## Fresh machine -> local 2-node cluster -> sync -> train -> summary -> clean
+demo: ## Fresh machine -> local 2-node cluster -> sync -> train [STEPS=30] -> summary -> clean
 	@scripts/install.sh train system
-	$(MLENV) demo
+	@$(MLENV) demo $(if $(STEPS),--steps "$$STEPS")
 
 list-clusters: install ## Clusters: backend, nodes x GPUs, RDMA, storage, description
 	@$(MLENV) list
 
-validate-cluster: install ## Validate CLUSTER=name|path [MODE=] [NODES=]
-	@$(MLENV) validate $(CLUSTER_ARG) $(OPTS)
+validate-cluster: install ## Validate CLUSTER= [MODE=] [NODES=]
+	@$(MLENV) validate $(CLUSTER_OPT) $(PLAN_OPTS)
 
-render-cluster: install ## Render CLUSTER= [MODE=] [NODES=] [IMAGE=] [OUT=dir] (stdout without OUT)
-	@$(MLENV) render $(CLUSTER_ARG) $(OPTS) $(IMAGE_OPT) $(if $(OUT),-o "$$OUT")
+render-cluster: install ## Print what deploy sends for CLUSTER= [MODE=] [NODES=] [IMAGE=] [OUT=dir]
+	@$(MLENV) render $(CLUSTER_OPT) $(PLAN_OPTS) $(IMAGE_OPT) $(if $(OUT),-o "$$OUT")
 
-deploy-cluster-dry-run: install ## Print the exact manifests deploy-cluster would apply
-	@$(MLENV) deploy $(CLUSTER_ARG) $(OPTS) $(IMAGE_OPT) --dry-run
+deploy-cluster-dry-run: install ## Print exactly what deploy-cluster would send
+	@$(MLENV) deploy $(CLUSTER_OPT) $(PLAN_OPTS) $(IMAGE_OPT) --dry-run
 
-deploy-cluster: install ## Deploy CLUSTER= [MODE=] [NODES=] and wait until every pod is Ready
-	@$(MLENV) deploy $(CLUSTER_ARG) $(OPTS) $(IMAGE_OPT)
+deploy-cluster: install ## Deploy CLUSTER= [MODE=] [NODES=] [IMAGE=] and wait until every node is ready
+	@$(MLENV) deploy $(CLUSTER_OPT) $(PLAN_OPTS) $(IMAGE_OPT)
 
-status-cluster: install ## Pods, nodes, readiness, GPUs, IPs of the active deployment
-	@$(MLENV) status $(CLUSTER_ARG)
+use: install ## Make NAME= (a deployment, cluster name or file) the current deployment
+	@$(MLENV) use "$$NAME"
 
-sync-multi-node: install ## Sync workspace/ to /workspace on every pod
+status-cluster: install ## Nodes, phase, readiness, GPUs, IPs, jobs of the current deployment (or CLUSTER=)
+	@$(MLENV) status $(CLUSTER_OPT)
+
+sync-multi-node: install ## Sync workspace/ to every node's workspace
 	@$(MLENV) sync $(CLUSTER_OPT)
 
-shell-multi-node: install ## Interactive shell in pod 0 (or POD=N)
+shell-multi-node: install ## Interactive shell on node 0 (or POD=N)
 	@$(MLENV) shell $(CLUSTER_OPT) $(POD_OPT)
 
-exec: install ## Run CMD="..." on every pod in parallel
-	@$(MLENV) exec $(CLUSTER_OPT) -- sh -c "$$CMD"
+exec: install ## Run CMD="..." on every node (or POD=N) in parallel
+	@$(MLENV) exec $(CLUSTER_OPT) $(POD_OPT) -- sh -c "$$CMD"
 
-logs: install ## Logs of every pod (or POD=N), FOLLOW=1 to follow
+logs: install ## The latest run's output of every node (or POD=N); FOLLOW=1 follows it
 	@$(MLENV) logs $(CLUSTER_OPT) $(POD_OPT) $(if $(FOLLOW),--follow)
 
-launch: install ## Run SCRIPT= [ARGS=] [LAUNCHER=deepspeed|torchrun] on every node
-	@$(MLENV) launch $(CLUSTER_OPT) $(if $(LAUNCHER),--launcher "$$LAUNCHER") $(if $(ARGS),--args "$$ARGS") -- "$${SCRIPT:-train_multi_node.py}"
+launch: install ## Run SCRIPT= [ARGS=] [LAUNCHER=deepspeed|torchrun] [ENV="HF_TOKEN ..."] [DETACH=1] on every node
+	@$(MLENV) launch $(CLUSTER_OPT) $(if $(LAUNCHER),--launcher "$$LAUNCHER") $(if $(ARGS),--args "$$ARGS") \
+	    $(ENV_OPTS) $(if $(DETACH),--detach) -- "$${SCRIPT:-train_multi_node.py}"
 
-nccl-test: install ## All-reduce bandwidth across every node, with the transport verdict
-	@$(MLENV) nccl-test $(CLUSTER_OPT)
+launch-dry-run: install ## Print what launch would run on every node (same variables as launch)
+	@$(MLENV) launch $(CLUSTER_OPT) $(if $(LAUNCHER),--launcher "$$LAUNCHER") $(if $(ARGS),--args "$$ARGS") \
+	    $(ENV_OPTS) $(if $(DETACH),--detach) --dry-run -- "$${SCRIPT:-train_multi_node.py}"
+
+stop: install ## Stop the running job on every node (the environment stays)
+	@$(MLENV) stop $(CLUSTER_OPT)
+
+nccl-test: install ## Fabric gate: all-reduce busbw [SIZES=8M:1G], transport per rank, PASS/FAIL, plot in runs/
+	@$(MLENV) nccl-test $(CLUSTER_OPT) $(if $(SIZES),--sizes "$$SIZES")
+
+doctor: install ## Preflight checklist for CLUSTER= [MODE=]: PASS/WARN/FAIL, evidence and fix
+	@$(MLENV) doctor $(CLUSTER_OPT) $(if $(MODE),--mode "$$MODE")
+
+discover: install ## Write clusters/NAME.yaml from the logged-in cluster (TODOs mark what to decide)
+	@$(MLENV) discover "$$NAME"
 
 clean-cluster: install ## Delete the deployment (keeps data unless DELETE_DATA=1; YES=1 skips the question)
 	@$(MLENV) clean $(CLUSTER_OPT) $(if $(DELETE_DATA),--delete-data) $(if $(YES),--yes)

@@ -2,7 +2,9 @@
 # Set up everything mlenv needs on this machine, idempotently:
 #   scripts/install.sh            venv + mlenv (editable) + dev tools
 #   scripts/install.sh train      ... + torch (CPU) + deepspeed
-#   scripts/install.sh system     ... + Debian packages (rsync, iproute2) and kubectl when missing
+#   scripts/install.sh system     ... + Debian packages (rsync, iproute2; Slurm, munge and sshd for the tests of
+#                                 those backends) and kubectl when missing
+#   scripts/install.sh scan       ... + checkov (the manifest security scanner) in its own venv, .cache/venv-scan
 # Each step is skipped when already done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,6 +37,10 @@ for what in "$@"; do
       missing=()
       command -v rsync >/dev/null || missing+=(rsync)
       command -v ip >/dev/null || missing+=(iproute2)
+      command -v ssh >/dev/null || missing+=(openssh-client)
+      [ -x /usr/sbin/sshd ] || missing+=(openssh-server)
+      command -v slurmctld >/dev/null || missing+=(slurm-wlm)
+      command -v munged >/dev/null || [ -x /usr/sbin/munged ] || missing+=(munge)
       if [ ${#missing[@]} -gt 0 ]; then
         if [ "$(id -u)" = 0 ]; then
           step "installing Debian packages: ${missing[*]}"
@@ -45,6 +51,16 @@ for what in "$@"; do
       fi
       scripts/install-kubectl.sh "$VENV"
       ;;
-    *) echo "install.sh: unknown extra '$what' (train, system)" >&2; exit 2 ;;
+    scan)
+      # its own venv: checkov's many pinned dependencies never touch mlenv's
+      scan_venv=.cache/venv-scan
+      if [ ! -f "$scan_venv/.checkov-3.3.30" ]; then
+        step "installing checkov 3.3.30 into $scan_venv (a few minutes the first time)"
+        "$PY" -m venv "$scan_venv"
+        "$scan_venv/bin/pip" install --quiet --disable-pip-version-check 'checkov==3.3.30'
+        touch "$scan_venv/.checkov-3.3.30"
+      fi
+      ;;
+    *) echo "install.sh: unknown extra '$what' (train, system, scan)" >&2; exit 2 ;;
   esac
 done

@@ -5,17 +5,55 @@ workspaces an earlier clean kept, and the record of another deployment."""
 
 from __future__ import annotations
 
+import ctypes
 import json
+import os
 import re
 import shutil
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from tests._prereq import require
 from tests.integration.local_cluster import ROOT, leftovers, make_project, require_local
 
 DONE = re.compile(r"\bdone steps=(\d+) first_loss=([\d.]+) last_loss=([\d.]+) world_size=(\d+)")
-OTHER_RECORD = {"cluster_file": "/srv/clusters/barcelona.yaml", "mode": "rdma", "nodes": 2, "image": None,
-                "namespace": "nccl-test", "app": "ml-dev-env", "backend": "openshift"}
+OTHER_HANDLE = {"backend": "openshift", "name": "barcelona", "nodes": 2, "mode": "rdma", "shared_workspace": False,
+                "env": {}, "data": {"app": "ml-dev-env", "namespace": "nccl-test", "flavour": "oc", "api": None,
+                                    "cluster_name": "barcelona", "cluster_file": "/srv/clusters/barcelona.yaml",
+                                    "kinds": ["statefulset"], "service_account": "ml-dev-sa", "ipc_lock_scc": None}}
+OTHER_RECORD = {"version": 2, "current": "barcelona", "deployments": {"barcelona": {
+    "name": "barcelona", "backend": "openshift", "cluster_file": "/srv/clusters/barcelona.yaml", "mode": "rdma",
+    "nodes": 2, "image": None, "handle": OTHER_HANDLE, "runs": [], "jobs": []}}}
+
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+@contextmanager
+def adopting_orphans() -> Iterator[None]:
+    """Make this process the reaper of its descendants' orphans (Linux prctl), for the duration."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    try:
+        yield
+    finally:
+        libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+
+
+def _children() -> list[str]:
+    """The command lines of this process's live children (orphans it adopted included)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text() if entry.name.isdigit() else ""
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split() if stat else []
+        if fields and int(fields[1]) == os.getpid() and fields[0] != "Z":
+            found.append((entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+    return found
 
 
 def test_demo_trains_and_leaves_what_it_found(tmp_path: Path) -> None:
@@ -30,7 +68,13 @@ def test_demo_trains_and_leaves_what_it_found(tmp_path: Path) -> None:
     record = tmp_path / ".mlenv" / "state.json"
     record.write_text(json.dumps(OTHER_RECORD))
     try:
-        demo = project.ok("demo", "--steps", "5", timeout=300)
+        with adopting_orphans():  # whatever make demo leaves running would become our child
+            demo = subprocess.run(["make", "-s", "demo", "STEPS=5"], cwd=ROOT, capture_output=True, text=True,
+                                  timeout=600, env={**os.environ, "MAKEFLAGS": "", "MLENV_HOME": str(tmp_path)},
+                                  check=False)
+            left = _children()
+        assert demo.returncode == 0, demo.stdout + demo.stderr
+        assert left == [], left  # make demo returned only after every process it started had exited
     finally:
         project.mlenv("clean", "--cluster", "local")
 

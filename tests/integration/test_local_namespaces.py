@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -68,7 +69,7 @@ def test_torchrun_job_rendezvous_across_nics_and_logs(cluster: LocalProject) -> 
     done = DONE.search(result.stdout)
     assert done is not None, result.stdout
     assert f"[node-{done.group(1)}] step 3/3" in result.stdout
-    runs = list((cluster.home / "runs").glob(f"*-{cluster.app}"))
+    runs = list((cluster.home / "runs").glob(f"*-{cluster.name}"))
     assert len(runs) == 1
     assert "done world_size=4" in (runs[0] / f"node-{done.group(1)}.log").read_text()
     assert "node 0/2" in (runs[0] / "node-0.log").read_text() and "node 1/2" in (runs[0] / "node-1.log").read_text()
@@ -133,10 +134,48 @@ def test_interrupt_stops_every_node(cluster: LocalProject) -> None:
     assert _processes(cluster) == []
 
 
-def test_logs_show_each_pods_history(cluster: LocalProject) -> None:
-    out = cluster.ok("logs", "--cluster", cluster.name, "--pod", "1").stdout
-    assert out.startswith("[node-1] pod ") and "exec python3 -m mlenv.runtime launch" in out
+def test_logs_show_the_latest_run_of_each_pod(cluster: LocalProject) -> None:
+    out = cluster.ok("logs", "--cluster", cluster.name, "--pod", "1").stdout  # the interrupted fail.py run
+    assert "sleeping" in out and "Received 15 death signal" in out, out
+    assert all(line.startswith("[node-1] ") for line in out.splitlines())
     assert cluster.mlenv("logs", "--cluster", cluster.name, "--pod", "7").returncode == 2
+
+
+def test_detached_job_status_logs_follow_and_stop(cluster: LocalProject) -> None:
+    started = cluster.ok("launch", "--cluster", cluster.name, "--launcher", "torchrun", "--detach", "fail.py")
+    assert "started in the background: mlenv logs -f follows it, mlenv stop stops it" in started.stderr
+    assert started.stdout.count("started in the background: pid") == 2  # one line per node, then launch returned
+    follow = subprocess.Popen([str(MLENV), "logs", "--cluster", cluster.name, "--follow"], cwd=ROOT,
+                              env={**os.environ, "MLENV_HOME": str(cluster.home)}, stdout=subprocess.PIPE, text=True)
+    watchdog = threading.Timer(120, follow.kill)  # a hung follow fails the test instead of hanging it
+    watchdog.start()
+    try:
+        deadline = time.monotonic() + 60
+        report = json.loads(cluster.ok("status", "--cluster", cluster.name, "--json").stdout)
+        while report.get("run_states") != {"0": "running", "1": "running"} and time.monotonic() < deadline:
+            time.sleep(0.5)
+            report = json.loads(cluster.ok("status", "--cluster", cluster.name, "--json").stdout)
+        assert report["run_states"] == {"0": "running", "1": "running"}, report
+        assert report["runs"][-1]["script"] == "fail.py"
+        assert "running on 2/2 nodes" in cluster.ok("status", "--cluster", cluster.name).stdout
+        assert follow.stdout is not None
+        seen: list[str] = []
+        while sum("sleeping" in line for line in seen) < 4:  # every rank of both nodes reached its sleep
+            line = follow.stdout.readline()
+            assert line, "".join(seen)
+            seen.append(line)
+        assert follow.poll() is None  # still following the running job
+        stopped = cluster.ok("stop", "--cluster", cluster.name)
+        assert stopped.stdout.count(": ended after SIGTERM") == 2, stopped.stdout
+        out, _ = follow.communicate(timeout=30)  # logs -f ends with the job
+    finally:
+        watchdog.cancel()
+        follow.kill()
+    assert "Received 15 death signal" in out
+    assert _processes(cluster) == []
+    after = json.loads(cluster.ok("status", "--cluster", cluster.name, "--json").stdout)
+    assert set(after["run_states"].values()) <= {"exited (143)", "exited (1)"}, after
+    assert cluster.ok("stop", "--cluster", cluster.name).stdout.count("nothing to stop") == 2
 
 
 def test_clean_leaves_nothing_and_twice_is_fine(cluster: LocalProject) -> None:

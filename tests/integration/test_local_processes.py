@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from tests.integration.local_cluster import DONE, TINY_JOB, leftovers, make_project, require_local
@@ -22,4 +23,4 @@ def test_processes_mode_end_to_end(tmp_path: Path) -> None:
     assert len(list((tmp_path / "runs").glob("*/node-1.log"))) == 1
     project.ok("clean", "--delete-data", "--yes")
     assert leftovers(project) == []
-    assert not (tmp_path / ".mlenv" / "state.json").exists()
+    assert json.loads((tmp_path / ".mlenv" / "state.json").read_text())["deployments"] == {}

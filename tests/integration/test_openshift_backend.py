@@ -15,19 +15,20 @@ from pathlib import Path
 import pytest
 import yaml
 from click.testing import CliRunner, Result
-from mlenv.backends.base import Pod
+from mlenv.backends.base import Handle, Node
 from mlenv.backends.kubernetes import explain, waiting
-from mlenv.backends.kubernetes.backend import INPLACE, OpenShiftBackend
+from mlenv.backends.kubernetes.backend import KubernetesBackend
 from mlenv.backends.kubernetes.pods import rdma_devices
 from mlenv.backends.kubernetes.preflight import same_server
+from mlenv.backends.remote import script
 from mlenv.cli import main
-from mlenv.config import load_cluster
 from mlenv.errors import OperationError
-from mlenv.plan import Deployment, plan
+from mlenv.ops.target import load_plan
 
 from tests.fakekube.fixtures import FakeCluster, fake_kube_factory  # noqa: F401 - the fixture, re-exported
 
 ROOT = Path(__file__).resolve().parents[2]
+MLENV = Path(sys.executable).parent / "mlenv"
 NAMESPACE = "ml"
 APP = "ml-dev-env"
 SELECTOR = f"app.kubernetes.io/instance={APP}"
@@ -74,9 +75,33 @@ def cluster_file(home: Path, fake: FakeCluster, *, name: str = "fake", backend: 
     return str(path)
 
 
-def mlenv(*args: str, answer: str | None = None) -> Result:
+def mlenv(*args: str) -> Result:
     """Run the CLI in-process (stdout and stderr kept apart)."""
-    return CliRunner().invoke(main, list(args), input=answer, catch_exceptions=False)
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+def on_terminal(args: list[str], answer: str) -> tuple[int, str]:
+    """Run the real `mlenv` on a pseudo-terminal of its own and type ``answer`` at its question."""
+    import os
+    import pty
+
+    pid, terminal = pty.fork()
+    if pid == 0:  # the child: its controlling terminal is the pty
+        os.execv(str(MLENV), [str(MLENV), *args])  # noqa: S606 - the real mlenv, no shell
+    seen, answered = b"", False
+    while True:
+        try:
+            chunk = os.read(terminal, 4096)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        seen += chunk
+        if b"[y/N]" in seen and not answered:
+            os.write(terminal, answer.encode() + b"\n")
+            answered = True
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status), seen.decode(errors="replace")
 
 
 def names(fake: FakeCluster, resource: str) -> list[str]:
@@ -92,7 +117,9 @@ def test_deploy_status_redeploy_clean(fake: FakeCluster, home: Path) -> None:
     applies = fake.server.requests.records(method="PATCH")
     assert applies and all(r.query.get("fieldManager") == "mlenv" and r.query.get("force") == "true"
                            for r in applies)
-    assert json.loads((home / ".mlenv" / "state.json").read_text())["namespace"] == NAMESPACE
+    recorded = json.loads((home / ".mlenv" / "state.json").read_text())
+    assert recorded["current"] == "fake"
+    assert recorded["deployments"]["fake"]["handle"]["data"]["namespace"] == NAMESPACE
     waits = [r for r in fake.server.requests.api_calls()
              if r.method == "GET" and r.resource in ("pods", "statefulsets", "events")]
     assert {r.verb for r in waits} == {"list"}  # one list call per kind per tick, never one GET per pod
@@ -123,9 +150,9 @@ def test_deploy_status_redeploy_clean(fake: FakeCluster, home: Path) -> None:
     assert converged["metadata"]["generation"] == statefulset["metadata"]["generation"]
     assert sorted(p["metadata"]["uid"] for p in fake.server.objects("pods", NAMESPACE)) == pod_uids
 
-    backend = OpenShiftBackend(cli="kubectl")
-    deployment = plan(load_cluster(path))
-    pods_seen = backend.pods(deployment)
+    backend = KubernetesBackend("kubectl")
+    handle = backend.prepare(load_plan(path)).handle
+    pods_seen = backend.nodes(handle)
     assert [(p.ordinal, p.name, p.workspace, p.ready) for p in pods_seen] == [
         (0, f"{APP}-0", "/workspace", True), (1, f"{APP}-1", "/workspace", True)]
 
@@ -135,17 +162,23 @@ def test_deploy_status_redeploy_clean(fake: FakeCluster, home: Path) -> None:
     assert names(fake, "persistentvolumeclaims") == volumes
     assert not any(names(fake, kind) for kind in ("pods", "statefulsets", "services", "serviceaccounts"))
     assert "kept 4 data volumes" in cleaned.stderr
-    assert not (home / ".mlenv" / "state.json").exists()
+    assert json.loads((home / ".mlenv" / "state.json").read_text())["deployments"] == {}
     with pytest.raises(OperationError, match="no running pods"):
-        backend.pods(deployment)
+        backend.nodes(handle)
 
     twice = mlenv("clean", "--cluster", path)
     assert twice.exit_code == 0, twice.output
-    assert "nothing to delete" in twice.stderr
+    assert "nothing to clean" in twice.stderr
 
-    refused = mlenv("clean", "--cluster", path, "--delete-data", answer="n\n")
-    assert refused.exit_code == 1
-    assert all(volume in refused.stderr for volume in volumes)
+    piped = subprocess.run([str(MLENV), "clean", "--cluster", path, "--delete-data"], input="y\n", text=True,
+                           capture_output=True, start_new_session=True, timeout=120, check=False)  # no terminal
+    assert piped.returncode == 2, piped.stderr
+    assert "asks for confirmation on a terminal" in piped.stderr and "--yes" in piped.stderr
+    assert all(volume in piped.stderr for volume in volumes)
+    assert names(fake, "persistentvolumeclaims") == volumes
+
+    code, seen = on_terminal(["clean", "--cluster", path, "--delete-data"], "n")
+    assert code == 1 and "Delete them? [y/N]" in seen and "nothing deleted" in seen, seen
     assert names(fake, "persistentvolumeclaims") == volumes
 
     wiped = mlenv("clean", "--cluster", path, "--delete-data", "--yes")
@@ -205,7 +238,7 @@ def test_not_logged_in(fake: FakeCluster, home: Path) -> None:
         result = mlenv(*args)
         assert result.exit_code == 1
         assert f"not logged in to 127.0.0.1:{fake.server.port}" in result.stderr
-        assert f"oc login --server=https://127.0.0.1:{fake.server.port}" in result.stderr
+        assert f"get credentials for 127.0.0.1:{fake.server.port} into your kubeconfig" in result.stderr
     assert not (home / ".mlenv" / "state.json").exists()  # nothing reached the cluster: nothing recorded
 
 
@@ -225,7 +258,7 @@ def test_namespace_missing_or_forbidden(fake: FakeCluster, home: Path) -> None:
     forbidden = mlenv("deploy", cluster_file(home, fake, backend="openshift"))
     assert forbidden.exit_code == 1
     assert f"namespace {NAMESPACE} does not exist or developer may not use it" in forbidden.stderr
-    assert "oc new-project ml" in forbidden.stderr
+    assert "kubectl create namespace ml" in forbidden.stderr  # the CLI in use is kubectl: its commands
 
 
 def test_api_mismatch_names_the_context_to_use(fake: FakeCluster, home: Path) -> None:
@@ -233,14 +266,14 @@ def test_api_mismatch_names_the_context_to_use(fake: FakeCluster, home: Path) ->
     result = mlenv("deploy", path)
     assert result.exit_code == 1
     assert (f"is for api.other.example.com but context fakekube points at https://127.0.0.1:{fake.server.port}: "
-            "log in with: oc login --server=https://api.other.example.com:6443") in result.stderr
+            "get credentials for api.other.example.com into your kubeconfig") in result.stderr
     config = yaml.safe_load(fake.kubeconfig.read_text())
     config["clusters"].append({"name": "other", "cluster": {"server": "https://api.other.example.com:6443"}})
     config["contexts"].append({"name": "other", "context": {"cluster": "other", "user": "developer"}})
     fake.kubeconfig.write_text(yaml.safe_dump(config))
     result = mlenv("clean", "--cluster", path)
     assert result.exit_code == 1
-    assert "switch with: kubectl config use-context other" in result.stderr
+    assert "kubectl config use-context other" in result.stderr
     assert fake.server.requests.count(verb="delete") == 0
 
 
@@ -265,27 +298,27 @@ def test_missing_cli_says_how_to_install(home: Path, monkeypatch: pytest.MonkeyP
 
 
 @pytest.fixture
-def deployment(home: Path) -> Deployment:
-    path = home / "clusters" / "argv.yaml"
-    path.write_text(yaml.safe_dump({"cluster": {"name": "argv", "namespace": "ml"}, "backend": "kubernetes",
-                                    "storage": {"class_rwo": "standard"}}))
-    return plan(load_cluster(str(path)))
+def backend(monkeypatch: pytest.MonkeyPatch) -> KubernetesBackend:
+    monkeypatch.setenv("OPENSHIFT_CLIENT_PYTHON_DEFAULT_OC_PATH", "/bin/echo")
+    return KubernetesBackend("kubectl")
 
 
 @pytest.fixture
-def backend(monkeypatch: pytest.MonkeyPatch) -> OpenShiftBackend:
-    monkeypatch.setenv("OPENSHIFT_CLIENT_PYTHON_DEFAULT_OC_PATH", "/bin/echo")
-    return OpenShiftBackend(cli="kubectl")
+def handle(home: Path, backend: KubernetesBackend) -> Handle:
+    path = home / "clusters" / "argv.yaml"
+    path.write_text(yaml.safe_dump({"cluster": {"name": "argv", "namespace": "ml"}, "backend": "kubernetes",
+                                    "storage": {"class_rwo": "standard"}}))
+    return backend.prepare(load_plan(str(path))).handle
 
 
-def test_command_lines(backend: OpenShiftBackend, deployment: Deployment) -> None:
-    pod = Pod(ordinal=1, name=f"{APP}-1", workspace="/workspace")
-    argv = backend.exec_argv(deployment, pod, ["python", "a b.py", "$HOME"], env={"K": "v w"}, interactive=True)
+def test_command_lines(backend: KubernetesBackend, handle: Handle) -> None:
+    pod = Node(ordinal=1, name=f"{APP}-1", workspace="/workspace")
+    argv = backend.exec_argv(handle, pod, ["python", "a b.py", "$HOME"], env={"K": "v w"}, interactive=True)
     assert argv == ["/bin/echo", "exec", "-i", "-t", "-n", "ml", f"{APP}-1", "-c", "ml-dev", "--", "env", "K=v w",
-                    "sh", "-c", INPLACE, "sh", "/workspace", "python", "a b.py", "$HOME"]
-    assert backend.logs_argv(deployment, pod, follow=True) == [
+                    "sh", "-c", script(), "sh", "/workspace", "python", "a b.py", "$HOME"]
+    assert backend.logs_argv(handle, pod, follow=True) == [
         "/bin/echo", "logs", "-n", "ml", f"{APP}-1", "-c", "ml-dev", "-f"]
-    target = backend.copy_target(deployment, pod)
+    target = backend.copy_target(handle, pod)
     assert target.destination == f"{APP}-1:/workspace/"
     assert target.rsh is not None
     # rsync runs `RSH HOST rsync --server ...`: the wrapper turns it into `<cli> exec ... -- rsync --server ...`.
@@ -314,3 +347,47 @@ def test_rdma_devices_from_network_status() -> None:
 ])
 def test_same_server(api: str, server: str, same: bool) -> None:
     assert same_server(api, server) is same
+
+
+def test_a_half_failed_deploy_is_recorded_and_clean_removes_what_was_applied(fake: FakeCluster, home: Path) -> None:
+    from tests.fakekube import Deny
+
+    fake.server.denied.add(Deny("patch", "statefulsets", NAMESPACE))  # server-side apply of the StatefulSet: 403
+    path = cluster_file(home, fake)
+    failed = mlenv("deploy", path)
+    assert failed.exit_code == 1 and "forbidden" in failed.stderr.lower(), failed.output
+    assert names(fake, "serviceaccounts") == ["ml-dev-sa"] and names(fake, "services") == [f"{APP}-headless"]
+    assert names(fake, "statefulsets") == []
+    recorded = json.loads((home / ".mlenv" / "state.json").read_text())
+    assert recorded["current"] == "fake"  # recorded before the first object was sent
+    cleaned = mlenv("clean")
+    assert cleaned.exit_code == 0, cleaned.output
+    assert not any(names(fake, kind) for kind in ("serviceaccounts", "services", "networkpolicies", "statefulsets"))
+
+
+def test_detached_launch_logs_and_stop_on_kubernetes(fake: FakeCluster, home: Path) -> None:
+    path = cluster_file(home, fake)
+    assert mlenv("deploy", path).exit_code == 0
+    dry = mlenv("launch", "--detach", "--dry-run", "--env", "HF_TOKEN", "train.py", "-c", "cfg.yaml")
+    assert dry.exit_code == 0, dry.output
+    lines = dry.stdout.splitlines()
+    assert "HF_TOKEN=<forwarded from your environment>" in lines[2]
+    run = lines[0].split()[4]  # "# mlenv launch: run <id> of ..."
+    assert lines[3:] == [f"node-{n}: python3 -m mlenv.runtime launch --launcher deepspeed --run-dir "
+                         f".mlenv/runs/{run} --detach -- train.py -c cfg.yaml" for n in (0, 1)]
+
+    backend = KubernetesBackend("kubectl")
+    handle = Handle.from_json(json.loads((home / ".mlenv" / "state.json").read_text())
+                              ["deployments"]["fake"]["handle"])
+    pod = Node(0, f"{APP}-0", "/workspace")
+    command = ["python3", "-m", "mlenv.runtime", "launch", "--detach", "--", "train.py"]
+    assert backend.exec_argv(handle, pod, command, env={"MLENV_RUN_ID": run}, secrets=["HF_TOKEN"]) == [
+        backend.binary, "exec", "-i", "-n", NAMESPACE, f"{APP}-0", "-c", "ml-dev", "--", "env", f"MLENV_RUN_ID={run}",
+        "sh", "-c", script(secrets=["HF_TOKEN"]), "sh", "/workspace", *command]
+    assert backend.exec_argv(handle, pod, backend.runtime(handle, "stop"))[-4:] == [
+        "python3", "-m", "mlenv.runtime", "stop"]
+
+    fake.server.pod_logs[(NAMESPACE, f"{APP}-1")] = "mlenv: node 1 started\nstep 3/10 loss 0.5\n"
+    logs = mlenv("logs", "--pod", "1")  # the container's log, where the runtime copies the job's output
+    assert logs.exit_code == 0, logs.output
+    assert logs.stdout == "[node-1] mlenv: node 1 started\n[node-1] step 3/10 loss 0.5\n"

@@ -6,6 +6,7 @@ import copy
 from typing import Any
 
 import pytest
+from mlenv.backends.kubernetes.naming import kube_deployment
 from mlenv.backends.kubernetes.render import render
 from mlenv.backends.kubernetes.schemas import validate_object
 from mlenv.config import load_cluster
@@ -14,7 +15,7 @@ from mlenv.plan import plan
 
 
 def _objects() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    rendered = render(plan(load_cluster("clusters/template.yaml"), "rdma"))
+    rendered = render(kube_deployment(plan(load_cluster("clusters/template.yaml"), "rdma"), openshift=True))
     return rendered.objects, rendered.admin_objects
 
 
@@ -50,6 +51,8 @@ def test_network_attachment_definition_and_route_crds() -> None:
     validate_object(nad, "1.30")
     route = {"apiVersion": "route.openshift.io/v1", "kind": "Route", "metadata": {"name": "tb"},
              "spec": {"host": "tb.apps.example.com", "to": {"kind": "Service", "name": "tb"}}}
+    validate_object(route, "1.30")
+    route["spec"]["port"] = {"targetPort": 8080}  # an int-or-string: its CRD schema once had a null anyOf
     validate_object(route, "1.30")
     route["spec"]["to"]["weight"] = "heavy"
     with pytest.raises(OperationError, match="Route/tb is invalid"):

@@ -1,5 +1,6 @@
-"""The remote-side wrapper of cluster exec: the job stops when the exec session's stdin closes, which is
-what happens to `oc exec -i` on the pod when the local side is stopped (fail-fast, Ctrl-C)."""
+"""The remote-side wrapper of cluster and ssh exec: the job stops when the exec session's stdin closes, which is
+what happens to `oc exec -i` on the pod when the local side is stopped (fail-fast, Ctrl-C); forwarded secrets
+arrive on stdin and reach the job's environment, never its command line."""
 
 from __future__ import annotations
 
@@ -9,7 +10,11 @@ import time
 from pathlib import Path
 
 import pytest
-from mlenv.backends.kubernetes.backend import INPLACE, STOP_ON_STDIN_EOF
+from mlenv.backends.remote import script, secrets_input
+from mlenv.errors import UsageError
+
+INPLACE = script()
+STOP_ON_STDIN_EOF = script(stop_on_stdin_eof=True)
 
 
 def _wrapped(directory: Path, *argv: str) -> subprocess.Popen[bytes]:
@@ -65,3 +70,25 @@ def test_the_shipped_runtime_is_importable(tmp_path: Path, script: str) -> None:
         assert wrapper.wait(timeout=30) == 0
         wrapper.stdin.close()
     assert out.split() == ["True", f"{tmp_path}/.mlenv:/image/site"]
+
+
+def test_secrets_arrive_on_stdin_and_reach_only_the_environment(tmp_path: Path) -> None:
+    wrapper = script(stop_on_stdin_eof=True, secrets=["HF_TOKEN", "WANDB_API_KEY"])
+    job = 'printf "%s\\n%s\\n%s\\n" "$HF_TOKEN" "$WANDB_API_KEY" "$(tr "\\0" " " < /proc/$$/cmdline)"'
+    with subprocess.Popen(["sh", "-c", wrapper, "sh", str(tmp_path), "sh", "-c", job], stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, text=True) as process:
+        assert process.stdin is not None and process.stdout is not None
+        process.stdin.write(secrets_input(["HF_TOKEN", "WANDB_API_KEY"],
+                                          {"HF_TOKEN": "hf_s3cr3t $HOME", "WANDB_API_KEY": "w'a\\n"}).decode())
+        process.stdin.flush()
+        lines = [process.stdout.readline().rstrip("\n") for _ in range(3)]
+        assert process.wait(timeout=10) == 0
+        process.stdin.close()
+    token, key, cmdline = lines
+    assert (token, key) == ("hf_s3cr3t $HOME", "w'a\\n")
+    assert "s3cr3t" not in cmdline
+
+
+def test_a_secret_with_a_line_break_is_refused() -> None:
+    with pytest.raises(UsageError, match="line break"):
+        secrets_input(["HF_TOKEN"], {"HF_TOKEN": "two\nlines"})

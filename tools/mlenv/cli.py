@@ -5,16 +5,18 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from functools import wraps
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 if TYPE_CHECKING:
+
     from mlenv.config.model import Cluster
-    from mlenv.plan import Deployment
+    from mlenv.ops.target import Target
+    from mlenv.plan import JobPlan
 
 F = TypeVar("F", bound=Callable[..., Any])
+MAX_NODES = 1024
 
 
 def reports_errors(func: F) -> F:
@@ -39,21 +41,46 @@ def reports_errors(func: F) -> F:
 
 mode_option = click.option("--mode", type=click.Choice(["rdma", "tcp"]), default=None,
                            help="Network mode (default: rdma when the cluster has RDMA enabled, else tcp).")
-nodes_option = click.option("--nodes", type=click.IntRange(min=1), default=None,
-                            help="Number of nodes (pods); default gpus.default_nodes.")
+nodes_option = click.option("--nodes", type=click.IntRange(1, MAX_NODES), default=None,
+                            help="Number of nodes; default gpus.default_nodes.")
 image_option = click.option("--image", default=None, help="Container image (overrides the cluster file).")
-json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output (only JSON on stdout).")
+cluster_option = click.option("--cluster", "-c", "cluster_ref", default=None, metavar="NAME|PATH",
+                              help="Deployment, cluster name or cluster file (default: the current deployment).")
+pod_option = click.option("--pod", type=click.IntRange(min=0), default=None, metavar="N",
+                          help="Node (pod) ordinal (default: every node, or node 0 for shell).")
+STOP_AT_COMMAND = {"allow_interspersed_args": False, "ignore_unknown_options": True}
+"""launch and exec: option parsing stops at the script or command; everything after it belongs to it."""
 
 
-def _deployment(cluster_ref: str, mode: str | None, nodes: int | None, image: str | None) -> Deployment:
-    from mlenv.config import load_cluster
-    from mlenv.plan import plan
-    from mlenv.ui import warn
+def _one_cluster(positional: str | None, option: str | None) -> str | None:
+    from mlenv.errors import UsageError
 
-    deployment = plan(load_cluster(cluster_ref), mode=mode, nodes=nodes, image=image)
-    for message in deployment.warnings:
-        warn(message)
-    return deployment
+    if positional and option and positional != option:
+        raise UsageError(f"two clusters given: {positional!r} and --cluster {option!r}; give one")
+    return positional or option
+
+
+def _plan(cluster_ref: str | None, mode: str | None, nodes: int | None, image: str | None) -> JobPlan:
+    """The plan of ``cluster_ref``, or of the current deployment (its mode, nodes and image unless given)."""
+    from mlenv.ops.target import load_plan, recorded_plan
+
+    if cluster_ref is not None:
+        return load_plan(cluster_ref, mode, nodes, image)
+    from dataclasses import replace
+
+    from mlenv import state
+
+    recorded = state.current()
+    recorded = replace(recorded, mode=mode or recorded.mode, nodes=nodes or recorded.nodes,
+                       image=image or recorded.image)
+    return recorded_plan(recorded)
+
+
+def _target(cluster_ref: str | None) -> Target:
+    from mlenv.ops.target import resolve
+
+    return resolve(cluster_ref)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -106,177 +133,147 @@ def _summary(cluster: Cluster) -> dict[str, Any]:
 
 
 @main.command()
-@click.argument("cluster")
+@click.argument("cluster", required=False)
+@cluster_option
 @mode_option
 @nodes_option
 @json_option
 @reports_errors
-def validate(cluster: str, mode: str | None, nodes: int | None, as_json: bool) -> None:
-    """Check a cluster file (schema and semantics); print OK or every problem."""
-    deployment = _deployment(cluster, mode, nodes, None)
-    summary = {**_summary(deployment.cluster), "mode": deployment.mode, "nodes": deployment.nodes,
-               "warnings": list(deployment.warnings)}
+def validate(cluster: str | None, cluster_ref: str | None, mode: str | None, nodes: int | None,
+             as_json: bool) -> None:
+    """Check a cluster file (schema, semantics, and what its backend would send); print OK or every problem."""
+    from mlenv.ops.deploy import prepared
+
+    job = _plan(_one_cluster(cluster, cluster_ref), mode, nodes, None)
+    request = prepared(job)
+    summary = {**_summary(job.cluster), "mode": job.mode, "nodes": job.nodes,
+               "warnings": [*job.warnings, *request.warnings]}
     if as_json:
         from mlenv.ui import print_json
 
         print_json(summary)
         return
-    click.echo(f"OK {deployment.cluster.source}: {deployment.cluster.info.name} ({deployment.cluster.backend}, "
-               f"{deployment.nodes} x {deployment.cluster.gpus.per_node} GPUs, {deployment.mode}, "
-               f"storage {deployment.storage.mode})")
-
-
-@main.command()
-@click.argument("cluster")
-@mode_option
-@nodes_option
-@image_option
-@click.option("-o", "--output", "output", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Write one file per object plus kustomization.yaml into this directory.")
-@click.option("--admin", is_flag=True, help="Print only the objects a cluster admin must apply (IPC_LOCK SCC + RBAC).")
-@reports_errors
-def render(cluster: str, mode: str | None, nodes: int | None, image: str | None, output: Path | None,
-           admin: bool) -> None:
-    """Render the manifests of a cluster (validated against the Kubernetes schemas)."""
-    from mlenv.backends.kubernetes.render import render as render_kubernetes
-    from mlenv.backends.kubernetes.render import to_yaml
-
-    rendered = render_kubernetes(_deployment(cluster, mode, nodes, image))
-    if output is not None:
-        from mlenv.render.output import write_directory
-        from mlenv.ui import info
-
-        written = write_directory(output, rendered)
-        info(f"wrote {len(written)} files to {output}")
-        return
-    objects = rendered.admin_objects if admin else rendered.objects
-    if admin and not objects:
-        from mlenv.ui import info
-
-        info("nothing for an admin to apply: security.ipc_lock is false or the backend is not openshift")
-    click.echo(to_yaml(objects), nl=False)
+    click.echo(f"OK {job.cluster.source}: {job.name} ({job.cluster.backend}, {job.nodes} x {job.gpus_per_node} "
+               f"GPUs, {job.mode}, {'shared' if job.storage.shared else 'per-node'} workspace)")
 
 
 @main.command()
 @click.argument("cluster", required=False)
+@cluster_option
 @mode_option
 @nodes_option
 @image_option
-@click.option("--dry-run", is_flag=True, help="Print the exact manifests deploy would apply, change nothing.")
+@click.option("-o", "--output", "output", type=click.Path(), default=None,
+              help="Write the files (manifests and kustomization.yaml, or the backend's) into this directory.")
+@click.option("--admin", is_flag=True, help="Print only what a cluster admin must apply first (IPC_LOCK SCC + RBAC).")
+@reports_errors
+def render(cluster: str | None, cluster_ref: str | None, mode: str | None, nodes: int | None, image: str | None,
+           output: str | None, admin: bool) -> None:
+    """Print what deploy sends for a cluster (validated), exactly as deploy --dry-run does."""
+    from mlenv.ops.deploy import prepared
+
+    request = prepared(_plan(_one_cluster(cluster, cluster_ref), mode, nodes, image))
+    if output is not None:
+        from pathlib import Path
+
+        from mlenv.render.output import write_directory
+        from mlenv.ui import info
+
+        written = write_directory(Path(output), request.files)
+        info(f"wrote {len(written)} files to {output}")
+        return
+    if admin:
+        if "admin" not in request.extras:
+            from mlenv.ui import info
+
+            info("nothing for an admin to apply: security.ipc_lock is false or the backend is not openshift")
+            return
+        click.echo(request.extras["admin"], nl=False)
+        return
+    click.echo(request.text, nl=False)
+
+
+@main.command()
+@click.argument("cluster", required=False)
+@cluster_option
+@mode_option
+@nodes_option
+@image_option
+@click.option("--dry-run", is_flag=True, help="Print exactly what deploy would send (as render does); change nothing.")
 @click.option("--timeout", type=click.IntRange(min=1), default=900, show_default=True,
-              help="Seconds to wait for every pod to be Ready.")
+              help="Seconds to wait for every node to be ready.")
 @reports_errors
-def deploy(cluster: str | None, mode: str | None, nodes: int | None, image: str | None, dry_run: bool,
-           timeout: int) -> None:
-    """Deploy a cluster's environment and wait until every pod is Ready (re-running converges).
+def deploy(cluster: str | None, cluster_ref: str | None, mode: str | None, nodes: int | None, image: str | None,
+           dry_run: bool, timeout: int) -> None:
+    """Deploy a cluster's environment and wait until every node is ready (re-running converges).
 
-    Without CLUSTER, re-deploys the recorded deployment.
+    Without CLUSTER, deploys the current deployment again.
     """
-    if cluster is None:
-        from mlenv import state
+    from mlenv.ops.deploy import deploy as run_deploy
+    from mlenv.ops.deploy import prepared
 
-        recorded = state.load()
-        cluster, mode, nodes = recorded.cluster_file, mode or recorded.mode, nodes or recorded.nodes
-        image = image or recorded.image
-    deployment = _deployment(cluster, mode, nodes, image)
+    job = _plan(_one_cluster(cluster, cluster_ref), mode, nodes, image)
     if dry_run:
-        from mlenv.backends import dry_run_text
-
-        click.echo(dry_run_text(deployment), nl=False)
+        click.echo(prepared(job).text, nl=False)
         return
+    run_deploy(job, image, timeout)
+
+
+@main.command()
+@click.argument("name")
+@reports_errors
+def use(name: str) -> None:
+    """Make the deployment NAME (its name, cluster name or cluster file) the current one."""
     from mlenv import state
-    from mlenv.backends import backend_for
+    from mlenv.ui import info
 
-    backend_for(deployment.cluster).deploy(deployment, timeout=timeout,
-                                           on_applied=lambda: state.record(deployment, image))
-
-
-cluster_option = click.option("--cluster", "cluster_ref", default=None, metavar="NAME|PATH",
-                              help="Cluster to act on (default: the last one deployed, from .mlenv/state.json).")
-pod_option = click.option("--pod", type=click.IntRange(min=0), default=None, metavar="N",
-                          help="Pod ordinal (default: all pods, or pod 0 for shell).")
-
-
-def _active(cluster_ref: str | None) -> Deployment:
-    """The deployment a command acts on: --cluster wins over the recorded one."""
-    from mlenv import state
-    from mlenv.config import load_cluster
-    from mlenv.errors import UsageError
-    from mlenv.plan import plan
-
-    if cluster_ref is None:
-        active = state.load()
-        return plan(load_cluster(active.cluster_file), mode=active.mode, nodes=active.nodes, image=active.image)
-    cluster = load_cluster(cluster_ref)
-    try:
-        active = state.load()
-    except UsageError:  # nothing recorded: the file's defaults
-        return plan(cluster)
-    if active.cluster_file == str(Path(cluster.source).resolve()):
-        return plan(cluster, mode=active.mode, nodes=active.nodes, image=active.image)
-    return plan(cluster)
+    chosen = state.use(name)
+    info(f"current deployment: {chosen.name} ({chosen.backend}, {chosen.cluster_file})")
 
 
 @main.command()
 @cluster_option
+@click.option("--all", "every", is_flag=True, help="Every recorded deployment.")
 @json_option
 @reports_errors
-def status(cluster_ref: str | None, as_json: bool) -> None:
-    """One table: pod, node, phase, ready, restarts, GPUs, IP, RDMA devices."""
-    from dataclasses import asdict
+def status(cluster_ref: str | None, every: bool, as_json: bool) -> None:
+    """Nodes of the current deployment (or --cluster, or --all): node, phase, ready, GPUs, IP, jobs."""
+    from mlenv.ops.status import show
 
-    from mlenv.backends import backend_for
-    from mlenv.ui import print_json, table
-
-    deployment = _active(cluster_ref)
-    rows = backend_for(deployment.cluster).status(deployment)
-    if as_json:
-        print_json({"cluster": deployment.cluster.info.name, "namespace": deployment.namespace,
-                    "mode": deployment.mode, "pods": [asdict(row) for row in rows]})
-        return
-    if not rows:
-        click.echo(f"no pods of {deployment.app} in {deployment.namespace}")
-        return
-    extra_columns = sorted({key for row in rows for key in row.extra})
-    table(f"{deployment.cluster.info.name} ({deployment.cluster.backend}, {deployment.mode}, "
-          f"namespace {deployment.namespace})",
-          ["POD", "NODE", "PHASE", "READY", "RESTARTS", "GPUS", "IP", "RDMA", *[c.upper() for c in extra_columns],
-           "DETAIL"],
-          [[row.name, row.node or "-", row.phase, "yes" if row.ready else "no", row.restarts, row.gpus,
-            row.ip or "-", row.rdma_devices or "-", *[row.extra.get(c, "") for c in extra_columns],
-            row.detail or ""] for row in rows])
+    sys.exit(show(cluster_ref, every, as_json))
 
 
 @main.command()
 @cluster_option
-@click.option("--source", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
+@click.option("--source", type=click.Path(exists=True, file_okay=False), default=None,
               help="Directory to sync (default: workspace/ of the project).")
-@click.option("--delete", is_flag=True, help="Also delete files in the pods that are not in the source.")
+@click.option("--delete", is_flag=True, help="Also delete files on the nodes that are not in the source.")
 @json_option
 @reports_errors
-def sync(cluster_ref: str | None, source: Path | None, delete: bool, as_json: bool) -> None:
-    """Copy workspace/ to the workspace of every pod, in parallel and incrementally (plus the in-pod runtime)."""
-    from mlenv.backends import backend_for
+def sync(cluster_ref: str | None, source: str | None, delete: bool, as_json: bool) -> None:
+    """Copy workspace/ to the workspace of every node, in parallel and incrementally (plus the runtime)."""
     from mlenv.ops.sync import sync as sync_workspace
 
-    deployment = _active(cluster_ref)
-    report = sync_workspace(backend_for(deployment.cluster), deployment, source=source, delete=delete,
+    target = _target(cluster_ref)
+    from pathlib import Path
+
+    report = sync_workspace(target.backend, target.handle, source=Path(source) if source else None, delete=delete,
                             as_json=as_json)
     sys.exit(0 if report.ok else 1)
 
 
-@main.command(context_settings={"ignore_unknown_options": True})
+@main.command(context_settings=STOP_AT_COMMAND)
 @cluster_option
 @pod_option
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @reports_errors
 def exec(cluster_ref: str | None, pod: int | None, command: tuple[str, ...]) -> None:
-    """Run COMMAND on every pod (or --pod N) in parallel, output prefixed [node-N]."""
-    from mlenv.backends import backend_for
+    """Run COMMAND on every node (or --pod N) in parallel, output prefixed [node-N]."""
     from mlenv.ops.fanout import exec_all
 
-    deployment = _active(cluster_ref)
-    sys.exit(exec_all(backend_for(deployment.cluster), deployment, list(command), only=pod))
+    target = _target(cluster_ref)
+    argv = list(command[1:] if command[:1] == ("--",) else command)
+    sys.exit(exec_all(target.backend, target.handle, argv, only=pod))
 
 
 @main.command()
@@ -284,12 +281,11 @@ def exec(cluster_ref: str | None, pod: int | None, command: tuple[str, ...]) -> 
 @pod_option
 @reports_errors
 def shell(cluster_ref: str | None, pod: int | None) -> None:
-    """Interactive shell in pod 0 (or --pod N), in its workspace."""
-    from mlenv.backends import backend_for
+    """Interactive shell on node 0 (or --pod N), in its workspace."""
     from mlenv.ops.fanout import interactive
 
-    deployment = _active(cluster_ref)
-    sys.exit(interactive(backend_for(deployment.cluster), deployment, pod or 0))
+    target = _target(cluster_ref)
+    sys.exit(interactive(target.backend, target.handle, pod or 0))
 
 
 @main.command()
@@ -298,70 +294,135 @@ def shell(cluster_ref: str | None, pod: int | None) -> None:
 @click.option("-f", "--follow", is_flag=True, help="Keep streaming new lines.")
 @reports_errors
 def logs(cluster_ref: str | None, pod: int | None, follow: bool) -> None:
-    """Logs of every pod (or --pod N), each line prefixed [node-N]."""
-    from mlenv.backends import backend_for
+    """The latest run's output on every node (or --pod N), each line prefixed [node-N]."""
     from mlenv.ops.fanout import logs_all
 
-    deployment = _active(cluster_ref)
-    sys.exit(logs_all(backend_for(deployment.cluster), deployment, only=pod, follow=follow))
+    target = _target(cluster_ref)
+    sys.exit(logs_all(target.backend, target.handle, only=pod, follow=follow))
 
 
 @main.command()
 @cluster_option
-@click.option("--delete-data", is_flag=True, help="Also delete the PVCs (workspace and datasets). Asks first.")
+@reports_errors
+def stop(cluster_ref: str | None) -> None:
+    """Stop the running job on every node; the environment stays."""
+    target = _target(cluster_ref)
+    sys.exit(target.backend.stop(target.handle))
+
+
+@main.command()
+@cluster_option
+@click.option("--delete-data", is_flag=True, help="Also delete the data volumes (PVCs, workspaces). Asks first.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @reports_errors
 def clean(cluster_ref: str | None, delete_data: bool, yes: bool) -> None:
-    """Delete everything the deployment created; PVCs are kept unless --delete-data."""
+    """Delete everything the deployment created; data volumes are kept unless --delete-data."""
     from mlenv import state
-    from mlenv.backends import backend_for
 
-    deployment = _active(cluster_ref)
-    backend = backend_for(deployment.cluster)
+    target = _target(cluster_ref)
     if delete_data and not yes:
         from mlenv.ops.confirm import confirm_data_deletion
 
-        if not confirm_data_deletion(backend, deployment):
-            click.echo("nothing deleted")
+        if not confirm_data_deletion(target.backend, target.handle):
+            click.echo("nothing deleted", err=True)
             sys.exit(1)
-    backend.clean(deployment, delete_data=delete_data)
-    state.forget(deployment)
+    with state.deploying(target.handle.name):
+        target.backend.clean(target.handle, delete_data=delete_data)
+    if target.recorded is not None:
+        state.forget(target.recorded.name)
 
 
-@main.command(context_settings={"ignore_unknown_options": True})
+@main.command(context_settings=STOP_AT_COMMAND)
 @cluster_option
 @click.option("--launcher", type=click.Choice(["torchrun", "deepspeed"]), default="deepspeed", show_default=True)
-@click.option("--nproc", type=click.IntRange(min=1), default=None, help="Processes per node.")
+@click.option("--nproc", type=click.IntRange(1, 64), default=None, help="Processes per node.")
 @click.option("--args", "args_text", default=None, help="Script arguments as one string (for make ARGS=...).")
+@click.option("--env", "secrets", multiple=True, metavar="NAME[,NAME]",
+              help="Forward NAME from your environment for this run only (never written; masked in --dry-run).")
+@click.option("--detach", is_flag=True, help="Start the job and return; mlenv logs -f follows, mlenv stop stops.")
+@click.option("--dry-run", is_flag=True, help="Print what launch would run on every node; run nothing.")
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 @reports_errors
-def launch(cluster_ref: str | None, launcher: str, nproc: int | None, args_text: str | None, script: str,
-           script_args: tuple[str, ...]) -> None:
-    """Start SCRIPT on every node at once through the in-pod runtime; fail-fast, logs in runs/."""
+def launch(cluster_ref: str | None, launcher: str, nproc: int | None, args_text: str | None, secrets: tuple[str, ...],
+           detach: bool, dry_run: bool, script: str, script_args: tuple[str, ...]) -> None:
+    """Start SCRIPT on every node at once through the runtime; fail-fast, logs in runs/.
+
+    Everything after SCRIPT belongs to it: `mlenv launch train.py -c cfg.yaml` passes -c cfg.yaml to train.py.
+    Exits with the job's exit code once it started.
+    """
     import shlex
 
-    from mlenv.backends import backend_for
-    from mlenv.ops.launch import launch as launch_job
+    from mlenv.backends.base import LaunchSpec
+    from mlenv.backends.remote import NAME
+    from mlenv.errors import UsageError
+    from mlenv.ops import launch as launching
 
-    deployment = _active(cluster_ref)
-    arguments = [*script_args, *(shlex.split(args_text) if args_text else [])]
-    result = launch_job(backend_for(deployment.cluster), deployment, launcher=launcher, script=script,
-                        args=arguments, nproc=nproc)
-    sys.exit(result.exit_code)
+    try:
+        extra = shlex.split(args_text) if args_text else []
+    except ValueError as exc:
+        raise UsageError(f"--args: cannot split {args_text!r} like a shell ({exc}); quote it as in sh") from None
+    names = [name for text in secrets for name in text.replace(",", " ").split()]
+    for name in names:
+        if not NAME.fullmatch(name):
+            raise UsageError(f"--env: expected a variable name like HF_TOKEN, got {name!r}")
+    target = _target(cluster_ref)
+    spec = LaunchSpec(launcher, script, (*script_args, *extra), nproc, launching.run_id(target.handle.name),
+                      detach, tuple(dict.fromkeys(names)))
+    if dry_run:
+        click.echo(launching.dry_run(target, spec), nl=False)
+        return
+    sys.exit(launching.launch(target, spec).exit_code)
 
 
 @main.command("nccl-test")
 @cluster_option
-@click.option("--nproc", type=click.IntRange(min=1), default=None, help="Processes per node.")
+@click.option("--nproc", type=click.IntRange(1, 64), default=None, help="Processes per node.")
+@click.option("--sizes", default=None, metavar="MIN:MAX[:F]|A,B",
+              help="Message sizes, e.g. 8M:1G (doubling), 8M:1G:4 or 1M,64M,1G (default: 1M:1G:4 on GPUs).")
+@click.option("--expect", default=None, metavar="BANDWIDTH",
+              help="Expected bus bandwidth with its unit, 180GB/s or 1440Gb/s (default: network.expected_busbw, "
+                   "else in RDMA mode the link rate x HCAs of the nodes).")
+@json_option
 @reports_errors
-def nccl_test(cluster_ref: str | None, nproc: int | None) -> None:
-    """All-reduce bandwidth across every node, and which transport NCCL really used (fails if RDMA was expected)."""
-    from mlenv.backends import backend_for
+def nccl_test(cluster_ref: str | None, nproc: int | None, sizes: str | None, expect: str | None,
+              as_json: bool) -> None:
+    """The fabric gate: all-reduce busbw per size, NCCL's transport per rank, PASS at >= 80 % of the expected
+    bandwidth (RDMA asked and sockets used: FAIL); results and a plot under runs/. Exit 1 on FAIL."""
     from mlenv.ops.nccltest import run_nccl_test
 
-    deployment = _active(cluster_ref)
-    sys.exit(run_nccl_test(backend_for(deployment.cluster), deployment, nproc=nproc))
+    sys.exit(run_nccl_test(_target(cluster_ref), nproc=nproc, sizes=sizes, expect=expect, as_json=as_json))
+
+
+@main.command()
+@click.argument("cluster", required=False)
+@cluster_option
+@mode_option
+@json_option
+@reports_errors
+def doctor(cluster: str | None, cluster_ref: str | None, mode: str | None, as_json: bool) -> None:
+    """Preflight checklist for a cluster: PASS/WARN/FAIL, the evidence and the fix; exit 1 on any FAIL.
+
+    With a live deployment recorded (the current one without CLUSTER), also what every node sees and whether the
+    nodes agree (HCAs, link rate, GID type, versions, GPUs, clocks).
+    """
+    from mlenv.ops.doctor import run_doctor
+
+    ref = _one_cluster(cluster, cluster_ref)
+    sys.exit(run_doctor(_plan(ref, mode, None, None), ref, as_json))
+
+
+@main.command()
+@click.argument("name")
+@click.option("--namespace", "-n", default=None, help="Namespace to deploy into (default: the context's).")
+@click.option("--force", is_flag=True, help="Overwrite clusters/NAME.yaml if it exists.")
+@reports_errors
+def discover(name: str, namespace: str | None, force: bool) -> None:
+    """Write clusters/NAME.yaml from the logged-in cluster: GPU nodes, storage classes, RDMA networks; TODO
+    comments mark what a person must decide."""
+    from mlenv.ops.discover import run_discover
+
+    run_discover(name, namespace, force)
 
 
 @main.command()

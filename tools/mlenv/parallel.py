@@ -1,5 +1,5 @@
-"""Run one local command per pod at once and stream every line as it arrives, prefixed ``[node-N]``; fail-fast
-and Ctrl-C stop every command (its whole process group). Also: exec on all pods, logs, interactive shell."""
+"""Run one local command per node at once and stream every line as it arrives, prefixed ``[node-N]``; fail-fast
+and Ctrl-C stop every command (its whole process group). Knows nothing of backends."""
 
 from __future__ import annotations
 
@@ -14,9 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlenv.backends.base import Backend, Pod
-from mlenv.errors import OperationError, UsageError
-from mlenv.plan import Deployment
+from mlenv.errors import OperationError
 
 STOP_GRACE = 5.0
 """Seconds between SIGTERM and SIGKILL when stopping a command."""
@@ -50,10 +48,17 @@ class FanoutResult:
 class _Node:
     """One running command and the thread that streams its output."""
 
-    def __init__(self, ordinal: int, argv: Sequence[str], keep_stdin: bool, emit: LineHandler) -> None:
+    def __init__(self, ordinal: int, argv: Sequence[str], keep_stdin: bool, preamble: bytes,
+                 emit: LineHandler) -> None:
         self.ordinal = ordinal
-        self.process = subprocess.Popen(argv, stdin=subprocess.PIPE if keep_stdin else subprocess.DEVNULL,
+        self.process = subprocess.Popen(argv, stdin=subprocess.PIPE if keep_stdin or preamble else subprocess.DEVNULL,
                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        if preamble and self.process.stdin is not None:
+            with contextlib.suppress(BrokenPipeError):
+                self.process.stdin.write(preamble)
+                self.process.stdin.flush()
+            if not keep_stdin:
+                self.process.stdin.close()
         self.reader = threading.Thread(target=self._pump, args=(emit,), daemon=True)
         self.reader.start()
 
@@ -98,17 +103,20 @@ def _interrupt_on_sigterm() -> signal.Handlers | Callable[..., object] | int | N
 
 def run_parallel(commands: Mapping[int, Sequence[str]], *, fail_fast: bool = False,
                  logs: Mapping[int, Path] | None = None, on_line: LineHandler | None = None,
-                 keep_stdin: bool = False) -> FanoutResult:
-    """Run ``commands`` (ordinal -> local argv) concurrently, printing each line as ``[node-N] line`` and
-    appending it to ``logs[N]``. With ``fail_fast`` the first non-zero exit stops the rest. Ctrl-C (or
-    SIGTERM) stops everything and is reported as ``interrupted``."""
+                 keep_stdin: bool = False, stdin: bytes = b"", echo: bool = True) -> FanoutResult:
+    """Run ``commands`` (ordinal -> local argv) concurrently, printing each line as ``[node-N] line`` (unless
+    ``echo`` is off) and appending it to ``logs[N]``. ``stdin`` is written first to every command; with
+    ``keep_stdin`` their stdin then stays open until they end (remote commands that watch it stop when it
+    closes). With ``fail_fast`` the first non-zero exit stops the rest. Ctrl-C (or SIGTERM) stops everything
+    and is reported as ``interrupted``."""
     lock = threading.Lock()
     files = {n: path.open("a", encoding="utf-8") for n, path in (logs or {}).items()}
 
     def emit(ordinal: int, line: str) -> None:
         with lock:
-            sys.stdout.write(f"[node-{ordinal}] {line}\n")
-            sys.stdout.flush()
+            if echo:
+                sys.stdout.write(f"[node-{ordinal}] {line}\n")
+                sys.stdout.flush()
             if ordinal in files:
                 files[ordinal].write(line + "\n")
                 files[ordinal].flush()
@@ -123,7 +131,7 @@ def run_parallel(commands: Mapping[int, Sequence[str]], *, fail_fast: bool = Fal
     try:
         for ordinal, argv in commands.items():
             try:
-                nodes.append(_Node(ordinal, argv, keep_stdin, emit))
+                nodes.append(_Node(ordinal, argv, keep_stdin, stdin, emit))
             except OSError as exc:
                 _stop(nodes)
                 raise OperationError(f"cannot run {argv[0]} for node-{ordinal}: {exc.strerror}") from None
@@ -152,41 +160,3 @@ def run_parallel(commands: Mapping[int, Sequence[str]], *, fail_fast: bool = Fal
             handle.close()
     codes.update({n.ordinal: n.process.returncode for n in nodes if n.ordinal not in codes})
     return FanoutResult(codes, first_failure, frozenset(stopped), interrupted)
-
-
-def select_pods(backend: Backend, deployment: Deployment, only: int | None) -> list[Pod]:
-    """Every pod, or just pod ``only`` (UsageError naming the valid ordinals when it does not exist)."""
-    pods = backend.pods(deployment)
-    if only is None:
-        return pods
-    chosen = [p for p in pods if p.ordinal == only]
-    if not chosen:
-        raise UsageError(f"pod {only} does not exist: {deployment.app} has pods 0..{len(pods) - 1}")
-    return chosen
-
-
-def exec_all(backend: Backend, deployment: Deployment, argv: Sequence[str], only: int | None = None) -> int:
-    """Run ``argv`` on every pod (or pod ``only``) at once; 0 when all succeeded."""
-    pods = select_pods(backend, deployment, only)
-    commands = {p.ordinal: backend.exec_argv(deployment, p, argv, stop_on_stdin_eof=True) for p in pods}
-    return run_parallel(commands, keep_stdin=True).exit_code
-
-
-def logs_all(backend: Backend, deployment: Deployment, only: int | None = None, follow: bool = False) -> int:
-    """Print (or follow) the logs of every pod (or pod ``only``), prefixed ``[node-N]``."""
-    pods = select_pods(backend, deployment, only)
-    result = run_parallel({p.ordinal: backend.logs_argv(deployment, p, follow) for p in pods})
-    return 0 if result.interrupted and follow else result.exit_code
-
-
-def interactive(backend: Backend, deployment: Deployment, ordinal: int) -> int:
-    """An interactive shell (bash when the pod has it) in pod ``ordinal``, in its workspace."""
-    (pod,) = select_pods(backend, deployment, ordinal)
-    shell = ["sh", "-c", "command -v bash >/dev/null 2>&1 && exec bash -i || exec sh -i"]
-    argv = backend.exec_argv(deployment, pod, shell, interactive=True)
-    # Ctrl-C belongs to the shell: a handler (unlike SIG_IGN) is not inherited by the command
-    previous = signal.signal(signal.SIGINT, lambda *_: None)
-    try:
-        return subprocess.call(argv)
-    finally:
-        signal.signal(signal.SIGINT, previous)

@@ -1,4 +1,8 @@
-"""Cluster + mode + overrides -> Deployment: every name, address and variable a backend needs. Pure."""
+"""Cluster + mode + overrides -> JobPlan: what every backend needs, in no backend's terms. Pure.
+
+Kubernetes names (Services, labels, DNS), Slurm options or ssh hosts are decided by each backend's ``prepare``
+from this plan; the plan knows none of them.
+"""
 
 from __future__ import annotations
 
@@ -10,60 +14,49 @@ from mlenv.config.quantity import half_of
 from mlenv.errors import ConfigError, Problem
 
 MODES = ("rdma", "tcp")
-WORKSPACE_CLAIM = "ml-dev-workspace"
-DATASETS_CLAIM = "ml-datasets"
-IPC_LOCK_SCC = "mlenv-ipc-lock"
+MAX_NODES = 1024
 DEFAULT_SHM = "8Gi"
 
 
 @dataclass(frozen=True)
-class StoragePlan:
-    """Volumes: shared claims (``rwx``) or per-pod ``volumeClaimTemplates``."""
+class StorageIntent:
+    """What storage the job wants: one workspace shared by every node, or one per node, and their sizes."""
 
-    mode: str
+    shared: bool
     storage_class: str | None
     workspace_size: str
     datasets_size: str
     shm_size: str
-    workspace_claim: str = WORKSPACE_CLAIM
-    datasets_claim: str = DATASETS_CLAIM
-
-    @property
-    def shared(self) -> bool:
-        """True when every pod mounts the same workspace volume."""
-        return self.mode == "rwx"
 
 
 @dataclass(frozen=True)
-class Deployment:
-    """What to create, with which names, and the environment every node gets."""
+class JobPlan:
+    """Everything decided about running ``cluster``'s environment, for any backend."""
 
     cluster: Cluster
+    name: str
+    """The deployment's name (the cluster's): how state, ``mlenv use`` and messages call it."""
+    app: str
+    """The application name: prefix of node names, job names, workloads."""
     mode: str
     nodes: int
     procs_per_node: int
+    gpus_per_node: int
     image: str
-    app: str
-    namespace: str
-    service_account: str
-    headless_service: str
-    master_addr: str
-    master_port: int
-    labels: Mapping[str, str]
-    selector: Mapping[str, str]
-    annotations: Mapping[str, str]
-    nccl_env: Mapping[str, str]
+    """Container image of Kubernetes-family backends (the file's ``image``, or ``--image``)."""
     env: Mapping[str, str]
-    storage: StoragePlan
+    """The env contract every node gets: MLENV_NUM_NODES, MLENV_PROCS_PER_NODE, MASTER_PORT, the NCCL variables
+    and the file's ``env:``. MLENV_NODE_RANK and MASTER_ADDR are added by the backend, which knows them."""
+    nccl_env: Mapping[str, str]
+    storage: StorageIntent
     rdma_networks: tuple[str, ...]
     rdma_resources: Mapping[str, int]
     ipc_lock: bool
-    ipc_lock_scc: str | None
     warnings: tuple[str, ...]
 
-    def pod_dns(self, ordinal: int) -> str:
-        """Stable DNS name of pod ``ordinal`` behind the headless Service."""
-        return f"{self.app}-{ordinal}.{self.headless_service}.{self.namespace}.svc.cluster.local"
+    def node_env(self, ordinal: int) -> dict[str, str]:
+        """The env contract of node ``ordinal``."""
+        return {**self.env, "MLENV_NODE_RANK": str(ordinal)}
 
 
 def nccl_env(cluster: Cluster, mode: str) -> dict[str, str]:
@@ -105,7 +98,7 @@ def _problem(cluster: Cluster, path: tuple[str, ...], message: str) -> ConfigErr
 
 def _check_mode(cluster: Cluster, mode: str) -> None:
     if mode not in MODES:
-        raise ConfigError(f"unknown mode '{mode}': expected rdma or tcp (MODE=rdma or MODE=tcp)")
+        raise ConfigError(f"--mode: expected rdma or tcp, got {mode!r} (MODE=rdma or MODE=tcp)")
     if mode == "rdma" and not cluster.rdma.enabled:
         raise _problem(cluster, ("network", "rdma", "enabled"),
                        "RDMA mode requested but this cluster has rdma.enabled: false; "
@@ -113,20 +106,20 @@ def _check_mode(cluster: Cluster, mode: str) -> None:
 
 
 def _check_nodes(cluster: Cluster, nodes: int) -> None:
-    if nodes < 1:
-        raise ConfigError(f"--nodes must be at least 1, got {nodes}")
-    pinned = len(cluster.gpu_nodes)
+    if not 1 <= nodes <= MAX_NODES:
+        raise ConfigError(f"--nodes: expected an integer 1-{MAX_NODES}, got {nodes}")
+    pinned = len(set(cluster.gpu_nodes))
     if pinned and nodes > pinned:
         raise _problem(cluster, ("nodes", "gpu_nodes"),
-                       f"{nodes} nodes requested but only {pinned} are pinned in nodes.gpu_nodes "
+                       f"{nodes} nodes requested but only {pinned} distinct nodes are pinned in nodes.gpu_nodes "
                        f"(one pod per node); use --nodes {pinned} or fewer, or pin more nodes")
 
 
-def _storage(cluster: Cluster) -> StoragePlan:
+def _storage(cluster: Cluster) -> StorageIntent:
     memory_limit = cluster.limits.get("memory")
     shm = cluster.storage.shm_size or (half_of(memory_limit) if memory_limit else DEFAULT_SHM)
-    return StoragePlan(
-        mode=cluster.storage.mode,
+    return StorageIntent(
+        shared=cluster.storage.mode == "rwx",
         storage_class=cluster.storage.storage_class,
         workspace_size=cluster.storage.workspace_size,
         datasets_size=cluster.storage.datasets_size,
@@ -134,70 +127,39 @@ def _storage(cluster: Cluster) -> StoragePlan:
     )
 
 
-def _warnings(cluster: Cluster, mode: str) -> tuple[str, ...]:
-    warnings = list(cluster.warnings)
-    if mode == "rdma" and not cluster.rdma.networks and not cluster.rdma.resources:
-        warnings.append(
-            "RDMA mode without network.rdma.networks or network.rdma.resources: pods will get no RDMA device "
-            "and NCCL will fall back to sockets; add the Multus network names "
-            "(oc get network-attachment-definitions) or the device-plugin resource (e.g. rdma/rdma: 1)")
-    return tuple(warnings)
-
-
 def plan(cluster: Cluster, mode: str | None = None, nodes: int | None = None,
-         image: str | None = None) -> Deployment:
-    """Decide everything about a deployment of ``cluster``; raises ConfigError for impossible requests."""
-    if image is not None and (not image or any(char.isspace() for char in image)):
+         image: str | None = None) -> JobPlan:
+    """Decide everything about running ``cluster``; raises ConfigError for impossible requests."""
+    if image is not None and (not image or any(char.isspace() or not char.isprintable() for char in image)):
         raise ConfigError(f"--image: expected a container image reference without spaces, got {image!r}")
     chosen_mode = mode or cluster.default_mode
     _check_mode(cluster, chosen_mode)
     node_count = cluster.gpus.default_nodes if nodes is None else nodes
     _check_nodes(cluster, node_count)
-    app, namespace = cluster.app_name, cluster.info.namespace
-    headless = f"{app}-headless"
-    master_addr = f"{app}-0.{headless}.{namespace}.svc.cluster.local"
-    selector = {"app": f"{app}-multi", "app.kubernetes.io/instance": app}
-    labels = {
-        **selector,
-        "app.kubernetes.io/name": app,
-        "app.kubernetes.io/managed-by": "mlenv",
-        "app.kubernetes.io/part-of": "mlenv",
-    }
-    annotations = {"mlenv.io/cluster": cluster.info.name, "mlenv.io/mode": chosen_mode}
-    if cluster.info.description:
-        annotations["mlenv.io/description"] = cluster.info.description
     nccl = nccl_env(cluster, chosen_mode)
     env = {
-        "MASTER_ADDR": master_addr,
         "MASTER_PORT": str(RENDEZVOUS_PORT),
         "MLENV_NUM_NODES": str(node_count),
         "MLENV_PROCS_PER_NODE": str(cluster.gpus.procs_per_node),
-        "MLENV_APP_NAME": app,
+        "MLENV_APP_NAME": cluster.app_name,
         "MLENV_NETWORK_MODE": chosen_mode,
+        **cluster.env,
         **nccl,
     }
-    ipc_lock_scc = IPC_LOCK_SCC if cluster.security.ipc_lock and cluster.backend == "openshift" else None
-    return Deployment(
+    return JobPlan(
         cluster=cluster,
+        name=cluster.info.name,
+        app=cluster.app_name,
         mode=chosen_mode,
         nodes=node_count,
         procs_per_node=cluster.gpus.procs_per_node,
+        gpus_per_node=cluster.gpus.per_node,
         image=image or cluster.image,
-        app=app,
-        namespace=namespace,
-        service_account=cluster.security.service_account,
-        headless_service=headless,
-        master_addr=master_addr,
-        master_port=RENDEZVOUS_PORT,
-        labels=labels,
-        selector=selector,
-        annotations=annotations,
-        nccl_env=nccl,
         env=env,
+        nccl_env=nccl,
         storage=_storage(cluster),
         rdma_networks=cluster.rdma.networks if chosen_mode == "rdma" else (),
         rdma_resources=cluster.rdma.resources if chosen_mode == "rdma" else {},
         ipc_lock=cluster.security.ipc_lock,
-        ipc_lock_scc=ipc_lock_scc,
-        warnings=_warnings(cluster, chosen_mode),
+        warnings=cluster.warnings,
     )

@@ -1,30 +1,73 @@
-"""The active deployment, recorded by ``deploy`` in .mlenv/state.json so later commands need no CLUSTER=."""
+"""Deployments by name, with their backend and handle, plus which one is current: .mlenv/state.json.
+
+``deploy`` records a deployment before its first side effect, so a half-failed one can be inspected, re-deployed
+or cleaned. A corrupt or foreign-shaped file is a clear error naming it and the fix, never a reason to delete
+anything. The single-deployment file of earlier versions is migrated when it is read.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-from dataclasses import asdict, dataclass
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
-from mlenv.errors import UsageError
+from mlenv.backends.base import Handle
+from mlenv.errors import OperationError, UsageError, shown
 
-if TYPE_CHECKING:
-    from mlenv.plan import Deployment
+VERSION = 2
+MAX_BYTES = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True)
-class ActiveDeployment:
-    """Enough to re-plan the deployment: the cluster file, mode, node count and image."""
+class Deployment:
+    """One recorded deployment: how it was asked for, and its backend's handle."""
 
+    name: str
+    backend: str
     cluster_file: str
+    """The cluster file's absolute path when it was deployed."""
     mode: str
     nodes: int
     image: str | None
-    namespace: str
-    app: str
-    backend: str
+    """The --image override, if any."""
+    handle: Handle
+    runs: tuple[dict[str, Any], ...] = ()
+    """Launches started with --detach (or batch jobs): run id, when, what; newest last."""
+    jobs: tuple[dict[str, Any], ...] = ()
+    """Backend jobs mlenv submitted for this cluster file (Slurm job ids)."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The record in state.json."""
+        record = asdict(self)
+        record["handle"] = self.handle.to_json()
+        record["runs"], record["jobs"] = list(self.runs), list(self.jobs)
+        return record
+
+    @classmethod
+    def from_json(cls, record: Any) -> Deployment:
+        """Inverse of ``to_json``; TypeError/ValueError/KeyError on a record of another shape."""
+        if not isinstance(record, dict):
+            raise TypeError("a deployment is not a mapping")
+        fields = {**record, "handle": Handle.from_json(record["handle"]),
+                  "runs": tuple(record.get("runs") or ()), "jobs": tuple(record.get("jobs") or ())}
+        deployment = cls(**fields)
+        if not (isinstance(deployment.name, str) and isinstance(deployment.cluster_file, str)
+                and isinstance(deployment.mode, str) and isinstance(deployment.nodes, int)
+                and all(isinstance(item, dict) for item in (*deployment.runs, *deployment.jobs))):
+            raise TypeError("a deployment field has the wrong type")
+        return deployment
+
+
+@dataclass
+class State:
+    """Every recorded deployment and the current one."""
+
+    deployments: dict[str, Deployment] = field(default_factory=dict)
+    current: str | None = None
 
 
 def state_file() -> Path:
@@ -34,45 +77,199 @@ def state_file() -> Path:
     return project_root() / ".mlenv" / "state.json"
 
 
-def save(active: ActiveDeployment) -> None:
-    """Record ``active`` atomically."""
-    path = state_file()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(asdict(active), indent=2) + "\n")
-    os.replace(tmp, path)
+def _corrupt(path: Path, why: str) -> UsageError:
+    return UsageError(f"{shown(str(path))} is not a state file mlenv can read ({why}); nothing was changed. "
+                      f"Move it away (mv {shown(str(path))} {shown(str(path))}.bak) and deploy again, or fix it")
 
 
-def load() -> ActiveDeployment:
-    """The recorded deployment; UsageError naming the fix when there is none."""
-    path = state_file()
+MISSING = object()
+
+
+def _read(path: Path) -> Any:
+    """The parsed file, or MISSING when there is none."""
     try:
-        data = json.loads(path.read_text())
-        return ActiveDeployment(**data)
-    except FileNotFoundError:
+        if not path.is_file():
+            if path.exists():
+                raise _corrupt(path, "not a regular file")
+            return MISSING
+        if path.stat().st_size > MAX_BYTES:
+            raise _corrupt(path, f"larger than {MAX_BYTES // 1024 // 1024} MiB")
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise _corrupt(path, getattr(exc, "strerror", None) or str(exc)) from None
+    except ValueError as exc:
+        raise _corrupt(path, f"invalid JSON: {exc}") from None
+
+
+def load() -> State:
+    """The recorded deployments (none when there is no file)."""
+    path = state_file()
+    data = _read(path)
+    if data is MISSING:
+        return State()
+    if not isinstance(data, dict):
+        raise _corrupt(path, f"expected a JSON object, got {type(data).__name__}")
+    if "deployments" not in data and "cluster_file" in data:
+        return _migrate(path, data)
+    try:
+        deployments = {name: Deployment.from_json(record) for name, record in dict(data["deployments"]).items()}
+        current = data.get("current")
+        if current is not None and current not in deployments:
+            raise ValueError(f"current deployment {current!r} is not recorded")
+    except (KeyError, TypeError, ValueError) as exc:
+        raise _corrupt(path, f"unexpected shape: {exc}") from None
+    return State(deployments, current)
+
+
+def _migrate(path: Path, old: dict[str, Any]) -> State:
+    """The single-deployment file of earlier versions: re-plan its cluster file to get the handle."""
+    from mlenv.backends import get
+    from mlenv.config import load_cluster
+    from mlenv.errors import MlenvError
+    from mlenv.plan import plan
+
+    try:
+        cluster_file = str(old["cluster_file"])
+        job = plan(load_cluster(cluster_file), mode=old.get("mode"), nodes=old.get("nodes"), image=old.get("image"))
+        handle = get(job.cluster.backend).prepare(job).handle
+    except (KeyError, TypeError, ValueError, MlenvError) as exc:
+        raise _corrupt(path, f"an earlier mlenv's record whose cluster file cannot be planned again: {exc}") from None
+    deployment = Deployment(handle.name, handle.backend, cluster_file, job.mode, job.nodes, old.get("image"), handle)
+    state = State({deployment.name: deployment}, deployment.name)
+    save(state)
+    return state
+
+
+def save(state: State) -> None:
+    """Write ``state`` atomically."""
+    path = state_file()
+    data = {"version": VERSION, "current": state.current,
+            "deployments": {name: d.to_json() for name, d in sorted(state.deployments.items())}}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".state.json.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise OperationError(f"cannot record the deployment in {shown(str(path))}: {exc.strerror or exc}") from None
+
+
+def record(deployment: Deployment) -> None:
+    """Record (or update) ``deployment`` and make it the current one; its runs and jobs are kept."""
+    with locked():
+        state = load()
+        known = state.deployments.get(deployment.name)
+        if known is not None:
+            deployment = replace(deployment, runs=known.runs or deployment.runs, jobs=known.jobs or deployment.jobs)
+        state.deployments[deployment.name] = deployment
+        state.current = deployment.name
+        save(state)
+
+
+def update(name: str, *, runs: tuple[dict[str, Any], ...] | None = None,
+           jobs: tuple[dict[str, Any], ...] | None = None, handle: Handle | None = None) -> None:
+    """Change the runs, jobs or handle of a recorded deployment."""
+    with locked():
+        state = load()
+        known = state.deployments.get(name)
+        if known is None:
+            return
+        state.deployments[name] = replace(known, runs=known.runs if runs is None else runs,
+                                          jobs=known.jobs if jobs is None else jobs,
+                                          handle=known.handle if handle is None else handle)
+        save(state)
+
+
+def forget(name: str) -> None:
+    """Drop the record of ``name`` (after a clean); the current one moves to another if it was this."""
+    with locked():
+        state = load()
+        if state.deployments.pop(name, None) is None:
+            return
+        if state.current == name:
+            state.current = next(iter(sorted(state.deployments)), None)
+        save(state)
+
+
+def use(name: str) -> Deployment:
+    """Make the deployment ``name`` (or of the cluster file ``name``) the current one."""
+    with locked():
+        state = load()
+        deployment = find(state, name)
+        state.current = deployment.name
+        save(state)
+        return deployment
+
+
+def find(state: State, ref: str) -> Deployment:
+    """The deployment named ``ref``, or whose cluster file is ``ref`` (a path or a cluster name)."""
+    if ref in state.deployments:
+        return state.deployments[ref]
+    path = _cluster_path(ref)
+    for deployment in state.deployments.values():
+        if path is not None and deployment.cluster_file == path:
+            return deployment
+    known = ", ".join(sorted(state.deployments)) or "none"
+    raise UsageError(f"no deployment {shown(ref)} is recorded (recorded: {known}); deploy it first "
+                     f"(mlenv deploy {shown(ref)})")
+
+
+def _cluster_path(ref: str) -> str | None:
+    from mlenv.config.discover import resolve
+
+    try:
+        return str(resolve(ref)[0].resolve())
+    except (UsageError, OSError):
+        return None
+
+
+def current() -> Deployment:
+    """The current deployment; UsageError naming the fix when there is none."""
+    state = load()
+    if state.current is None:
         raise UsageError("no deployment recorded: deploy first (make deploy-cluster CLUSTER=NAME) "
-                         "or name one with CLUSTER=NAME / --cluster NAME") from None
-    except (ValueError, TypeError) as exc:
-        raise UsageError(f"{path} is corrupt ({exc}); remove it and deploy again") from None
+                         "or name one with CLUSTER=NAME / --cluster NAME")
+    return state.deployments[state.current]
 
 
-def record(deployment: Deployment, image: str | None = None) -> None:
-    """Make ``deployment`` the active one (``image`` only when it overrides the cluster file's)."""
-    save(ActiveDeployment(
-        cluster_file=cluster_key(deployment), mode=deployment.mode, nodes=deployment.nodes, image=image,
-        namespace=deployment.namespace, app=deployment.app, backend=deployment.cluster.backend))
+@contextlib.contextmanager
+def locked() -> Iterator[None]:
+    """Hold .mlenv/state.lock while reading and writing the state (other mlenv commands wait)."""
+    import fcntl
 
-
-def cluster_key(deployment: Deployment) -> str:
-    """How the record names a deployment's cluster file: its absolute path."""
-    return str(Path(deployment.cluster.source).resolve())
-
-
-def forget(deployment: Deployment) -> None:
-    """Drop the record if it is ``deployment``'s (after a clean)."""
-    path = state_file()
+    path = state_file().with_name("state.lock")
     try:
-        if json.loads(path.read_text()).get("cluster_file") == cluster_key(deployment):
-            path.unlink()
-    except (FileNotFoundError, ValueError):
-        return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle = path.open("a")
+    except OSError as exc:
+        raise OperationError(f"cannot lock {shown(str(path))}: {exc.strerror or exc}") from None
+    with handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
+@contextlib.contextmanager
+def deploying(name: str) -> Iterator[None]:
+    """One deploy or clean of ``name`` at a time: a second one waits, saying so."""
+    import fcntl
+
+    path = state_file().with_name(f"deploy-{name}.lock")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            from mlenv.ui import info
+
+            handle.seek(0)
+            holder = handle.read().strip() or "another mlenv"
+            info(f"waiting for {holder} to finish with {name} ({shown(str(path))})")
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"mlenv pid {os.getpid()}\n")
+        handle.flush()
+        try:
+            yield
+        finally:
+            handle.truncate(0)

@@ -1,36 +1,21 @@
-"""Backends: the only code that talks to the outside world (oc/kubectl, ip netns, subprocesses)."""
+"""Backends: the only code that talks to the outside world (oc/kubectl, ip netns, subprocesses, ...).
+Each is found by name in ``registry.BACKENDS`` and imported only when used."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from importlib import import_module
+from typing import TYPE_CHECKING, cast
+
+from mlenv.backends.registry import BACKENDS
+from mlenv.errors import UsageError
 
 if TYPE_CHECKING:
     from mlenv.backends.base import Backend
-    from mlenv.config.model import Cluster
-    from mlenv.plan import Deployment
 
-
-def dry_run_text(deployment: Deployment) -> str:
-    """Exactly what ``deploy`` would create, as YAML: the manifests, or the local pods."""
-    from mlenv.backends.kubernetes.render import render, to_yaml
-
-    if deployment.cluster.backend == "local":
-        from dataclasses import asdict
-
-        from mlenv.backends.local.backend import LocalBackend
-
-        pods = [{**asdict(pod), "env": {**deployment.env, "MLENV_NODE_RANK": str(pod.ordinal)}}
-                for pod in LocalBackend().planned_pods(deployment)]
-        return to_yaml([{"backend": "local", "namespace": deployment.namespace, "pods": pods}])
-    return to_yaml(render(deployment).objects)
-
-
-def backend_for(cluster: Cluster) -> Backend:
-    """The backend that operates ``cluster`` (imported lazily: each pulls in its own tools)."""
-    if cluster.backend == "local":
-        from mlenv.backends.local.backend import LocalBackend
-
-        return LocalBackend()
-    from mlenv.backends.kubernetes.backend import OpenShiftBackend
-
-    return OpenShiftBackend(cli="kubectl" if cluster.backend == "kubernetes" else "oc")
+def get(name: str) -> Backend:
+    """A backend called ``name``, made now (it reads what it needs of this machine when made)."""
+    info = BACKENDS.get(name)
+    if info is None:
+        raise UsageError(f"unknown backend {name!r}: expected one of {', '.join(sorted(BACKENDS))}")
+    module, _, attribute = info.factory.partition(":")
+    return cast("Backend", getattr(import_module(module), attribute)())

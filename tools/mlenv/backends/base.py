@@ -1,29 +1,83 @@
-"""What every backend provides. A backend maps a handful of verbs onto its tool; shared workflows
-(fan-out exec, parallel sync, log prefixing, fail-fast launch) live in ``mlenv.ops``."""
+"""The backend protocol, in the spirit of TorchX's ``submit_dryrun`` -> ``schedule`` split.
+
+``prepare(plan) -> Request`` is pure (no I/O, no clock, no sockets, no environment reads): the request's text is
+what ``render`` and ``deploy --dry-run`` print, and ``apply`` sends exactly it. ``apply`` records the request's
+``Handle`` before its first side effect; every later verb works from a handle alone, so a deployment can be
+inspected, re-deployed or cleaned even when its cluster file has changed since, or no longer validates.
+Launching is split the same way: ``prepare_launch`` (pure) and ``launch``.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Protocol
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from mlenv.plan import Deployment
+if TYPE_CHECKING:
+    from mlenv.plan import JobPlan
+
+CheckStatus = Literal["PASS", "WARN", "FAIL"]
 
 
 @dataclass(frozen=True)
-class Pod:
-    """One node of a deployment, as ops need it."""
+class Handle:
+    """How to find and operate a deployment later: recorded in .mlenv/state.json before anything is changed."""
+
+    backend: str
+    name: str
+    nodes: int
+    mode: str
+    shared_workspace: bool
+    """One workspace for every node (sync copies once)."""
+    env: Mapping[str, str]
+    """The env contract every node's commands get (MLENV_NODE_RANK is added per node); never a secret."""
+    data: Mapping[str, Any]
+    """Backend-specific and JSON-serialisable: namespace and labels, pod directories, job ids..."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The record kept in state."""
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, record: Mapping[str, Any]) -> Handle:
+        """Inverse of ``to_json``; TypeError/ValueError on a record of another shape."""
+        handle = cls(**record)
+        if not (isinstance(handle.backend, str) and isinstance(handle.name, str) and isinstance(handle.nodes, int)
+                and isinstance(handle.env, dict) and isinstance(handle.data, dict)):
+            raise TypeError("handle fields have the wrong types")
+        return handle
+
+
+@dataclass(frozen=True)
+class Request:
+    """What ``apply`` sends, in the form ``render`` and ``deploy --dry-run`` print."""
+
+    handle: Handle
+    text: str
+    """Printed by render and deploy --dry-run, byte for byte; apply sends exactly this."""
+    files: Mapping[str, str]
+    """``render -o DIR``: file name -> content (plain names, no directories but ``admin/``)."""
+    payload: Any = None
+    """The same request in the backend's own structured form (objects, pods, argv)."""
+    extras: Mapping[str, str] = field(default_factory=dict)
+    """Named extra outputs (``admin``: what a cluster admin must apply first)."""
+    warnings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Node:
+    """One node (pod, host, Slurm node) of a deployment, as ops need it."""
 
     ordinal: int
     name: str
     workspace: str
-    """Absolute path of the workspace inside the pod (``/workspace`` on clusters, a directory locally)."""
+    """Absolute path of the workspace on the node (``/workspace`` in pods, a directory locally)."""
     ip: str | None = None
     ready: bool = False
 
 
 @dataclass(frozen=True)
-class PodStatus:
+class NodeStatus:
     """One row of ``mlenv status``."""
 
     name: str
@@ -41,10 +95,69 @@ class PodStatus:
 
 @dataclass(frozen=True)
 class CopyTarget:
-    """How rsync reaches a pod's workspace: an optional remote shell (``rsync -e``) and a destination."""
+    """How rsync reaches a node's workspace: an optional remote shell (``rsync -e``) and a destination."""
 
     destination: str
     rsh: Sequence[str] | None = None
+
+
+@dataclass(frozen=True)
+class Check:
+    """One preflight fact for ``doctor``."""
+
+    name: str
+    status: CheckStatus
+    evidence: str
+    fix: str | None = None
+    """The exact command to run or the file field to change."""
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """What the user asked ``launch`` to run."""
+
+    launcher: str
+    script: str
+    args: tuple[str, ...] = ()
+    nproc: int | None = None
+    run_id: str = "run"
+    detach: bool = False
+    secrets: tuple[str, ...] = ()
+    """Names of local environment variables forwarded for this run only (values never written anywhere)."""
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    """What ``launch`` runs, in the form ``launch --dry-run`` prints (secret values masked)."""
+
+    spec: LaunchSpec
+    text: str
+    commands: Mapping[int, Sequence[str]]
+    """Node ordinal -> the command run in that node's workspace (backends that start a command per node)."""
+    env: Mapping[str, str]
+    """Variables added to every node's command for this run (secrets are not here)."""
+    payload: Any = None
+    """Backend-specific form (Slurm: the batch script)."""
+
+
+@dataclass(frozen=True)
+class LaunchOutcome:
+    """How a launch ended: the job's exit code (or mlenv's 1 before it started) and each node's."""
+
+    exit_code: int
+    node_exit_codes: Mapping[int, int]
+    logs: Mapping[int, str]
+    """Node ordinal -> local path of its log, where the job's output was copied."""
+    failed_node: int | None = None
+    detached: bool = False
+    stopped: frozenset[int] = frozenset()
+    """Nodes stopped by fail-fast or Ctrl-C before they ended on their own."""
+    interrupted: bool = False
+    message: str | None = None
+    """Why the launch failed before or around the job (a rejected submission, say), in one line."""
+
+
+Recorder = Callable[[Handle], None]
 
 
 class Backend(Protocol):
@@ -52,37 +165,54 @@ class Backend(Protocol):
 
     name: str
 
-    def deploy(self, deployment: Deployment, timeout: int, on_applied: Callable[[], None] | None = None) -> None:
-        """Create or converge the deployment and wait until every pod is Ready (OperationError on failure).
+    def prepare(self, plan: JobPlan) -> Request:
+        """PURE: the request for ``plan`` (manifests, pod plan, sbatch script, argv) and its handle."""
 
-        ``on_applied`` runs as soon as the first change reaches the cluster (before waiting), so a deployment
-        that fails half-way is still recorded and can be inspected, re-deployed or cleaned.
-        """
+    def apply(self, request: Request, record: Recorder) -> Handle:
+        """Send ``request``; call ``record`` with the handle before the first change (and again whenever the
+        handle learns more, e.g. a job id). Converges when run again."""
 
-    def status(self, deployment: Deployment) -> list[PodStatus]:
-        """Every pod of the deployment, in ordinal order."""
+    def wait_ready(self, handle: Handle, timeout: float) -> None:
+        """Wait, with live progress, until every node is ready (OperationError naming why not)."""
 
-    def pods(self, deployment: Deployment) -> list[Pod]:
-        """The running pods, in ordinal order; OperationError when there are none."""
+    def status(self, handle: Handle) -> list[NodeStatus]:
+        """Every node of the deployment, in ordinal order (empty when nothing exists)."""
 
-    def exec_argv(self, deployment: Deployment, pod: Pod, argv: Sequence[str], *,
-                  env: Mapping[str, str] | None = None, interactive: bool = False,
-                  stop_on_stdin_eof: bool = False) -> list[str]:
-        """A local command line that runs ``argv`` inside ``pod`` (cwd = its workspace, ``env`` added).
+    def nodes(self, handle: Handle) -> list[Node]:
+        """The running nodes, in ordinal order; OperationError when there are none."""
 
-        With ``stop_on_stdin_eof`` the command gets no stdin and is stopped (SIGTERM) when the local command's
-        stdin closes: killing the local side then stops the remote side too, which a plain remote exec does not.
-        """
+    def exec_argv(self, handle: Handle, node: Node, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
+                  interactive: bool = False, stop_on_stdin_eof: bool = False,
+                  secrets: Sequence[str] = ()) -> list[str]:
+        """A local command line that runs ``argv`` on ``node`` in its workspace, with the handle's env contract,
+        the node's MLENV_NODE_RANK and ``env``. With ``stop_on_stdin_eof`` the command is stopped when the local
+        command's stdin closes (killing the local side stops the remote one too). ``secrets`` are variable names
+        whose values the command reads first from stdin, one line each (backends.remote)."""
 
-    def copy_target(self, deployment: Deployment, pod: Pod) -> CopyTarget:
-        """Where ``rsync`` copies the workspace of ``pod`` to."""
+    def copy_target(self, handle: Handle, node: Node) -> CopyTarget:
+        """Where rsync copies the workspace of ``node`` to."""
 
-    def logs_argv(self, deployment: Deployment, pod: Pod, follow: bool) -> list[str]:
-        """A local command line that prints (or follows) the pod's own log."""
+    def logs_argv(self, handle: Handle, node: Node, follow: bool) -> list[str]:
+        """A local command line that prints (or follows) the node's log: the latest run's output."""
 
-    def data_volumes(self, deployment: Deployment) -> list[str]:
-        """Names of what ``clean(delete_data=True)`` deletes beyond the pods: the data volumes (PVCs on clusters,
-        workspace directories locally), so ``clean --delete-data`` can list them before asking."""
+    def data_volumes(self, handle: Handle) -> list[str]:
+        """What ``clean --delete-data`` deletes beyond the nodes (listed before asking)."""
 
-    def clean(self, deployment: Deployment, delete_data: bool) -> None:
-        """Delete everything the deployment created (data only when asked) and wait until pods are gone."""
+    def clean(self, handle: Handle, delete_data: bool) -> None:
+        """Delete what the deployment created and marked as its own (data only when asked); twice is fine."""
+
+    def checks(self, plan: JobPlan) -> list[Check]:
+        """Preflight facts for ``doctor``; never stops at the first failure."""
+
+    def prepare_launch(self, handle: Handle, spec: LaunchSpec) -> LaunchRequest:
+        """PURE: what ``launch`` would run for ``spec``."""
+
+    def launch(self, handle: Handle, request: LaunchRequest, secrets: Mapping[str, str],
+               log_dir: str) -> LaunchOutcome:
+        """Run ``request`` (``secrets``: name -> value, never written); output copied to ``log_dir``."""
+
+    def stop(self, handle: Handle) -> int:
+        """Stop the running job on every node (the environment stays); exit code."""
+
+    def run_states(self, handle: Handle, run_id: str) -> dict[int, str]:
+        """Node ordinal -> what became of run ``run_id`` there: running, exited (N), lost, or - (unknown)."""

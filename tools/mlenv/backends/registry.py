@@ -1,6 +1,6 @@
 """Every backend, by name, in one table: where its code lives (imported only when used) and what of a cluster
-file it reads. Adding a backend is its module, one line here, and its schema fragment
-(``mlenv/backends/<name>.schema.json``, validating its own section of the cluster file)."""
+file it reads. Adding a backend is its module, one line here, and, when it has a section of its own, its schema
+fragment (``mlenv/backends/<name>.schema.json``, validating that section) and its settings parser."""
 
 from __future__ import annotations
 
@@ -9,6 +9,13 @@ from dataclasses import dataclass
 KUBERNETES_FIELDS = frozenset({"kubernetes_version", "app", "image", "nodes", "storage", "security", "resources",
                                "scheduling"})
 """Common sections that only Kubernetes-family backends read."""
+
+CONTAINER_FIELDS = frozenset({"container"})
+"""Common sections for backends that start the container on each node themselves (Slurm with Apptainer)."""
+
+SELECTIVE_FIELDS = KUBERNETES_FIELDS | CONTAINER_FIELDS
+"""Common sections a backend reads only when its ``uses`` names them; in a file for another backend they are a
+validate warning. Every other common section (cluster, network, gpus, nccl, env, notes) every backend reads."""
 
 
 @dataclass(frozen=True)
@@ -20,14 +27,18 @@ class BackendInfo:
     """``module:callable`` returning the backend object; imported lazily."""
     section: str | None = None
     """Its own top-level section of the cluster file (validated by its schema fragment), if any."""
+    settings: str | None = None
+    """``module:function`` parsing its section: ``function(reader: mlenv.config.reader.ClusterReader)`` returns a
+    frozen dataclass (``Cluster.settings``) and reports bad values with ``reader.problem``. Imported only for files
+    of this backend, so keep the module's own imports cheap."""
     kube_family: bool = False
     """Talks to a Kubernetes API: ``cluster.namespace`` is required and system namespaces are refused."""
     creates_volumes: bool = False
     """Creates persistent volumes: a storage class is required."""
     cpu_nodes: bool = False
-    """``gpus.per_node: 0`` (CPU nodes, gloo) is allowed."""
+    """``gpus.per_node: 0`` (CPU nodes, gloo) is allowed, and the default."""
     uses: frozenset[str] = frozenset()
-    """Which of KUBERNETES_FIELDS it reads; the others in a file for it are a validate warning naming it."""
+    """Which of SELECTIVE_FIELDS it reads; the others in a file for it are a validate warning naming it."""
 
 
 BACKENDS: dict[str, BackendInfo] = {
@@ -36,8 +47,12 @@ BACKENDS: dict[str, BackendInfo] = {
                     creates_volumes=True, uses=KUBERNETES_FIELDS),
         BackendInfo("kubernetes", "mlenv.backends.kubernetes.backend:kubernetes", kube_family=True,
                     creates_volumes=True, uses=KUBERNETES_FIELDS),
-        BackendInfo("local", "mlenv.backends.local.backend:LocalBackend", section="local", cpu_nodes=True,
+        BackendInfo("local", "mlenv.backends.local.backend:LocalBackend", section="local",
+                    settings="mlenv.backends.local.settings:parse", cpu_nodes=True,
                     uses=frozenset({"app", "storage"})),
+        BackendInfo("runai", "mlenv.backends.runai.backend:RunaiBackend", section="runai",
+                    settings="mlenv.backends.runai.settings:parse",
+                    uses=frozenset({"app", "image", "storage", "security"})),
     )
 }
 DEFAULT_BACKEND = "openshift"

@@ -1,25 +1,44 @@
-"""Ask before ``clean --delete-data`` deletes volumes, listing exactly what would go."""
+"""Ask before ``clean --delete-data`` deletes volumes, listing exactly what would go. The answer is read from the
+terminal itself (/dev/tty), never from stdin: ``echo y | mlenv clean --delete-data`` deletes nothing."""
 
 from __future__ import annotations
 
-import click
+import os
 
-from mlenv.backends.base import Backend
-from mlenv.plan import Deployment
+from mlenv.backends.base import Backend, Handle
+from mlenv.errors import UsageError
 from mlenv.ui import info
 
+TERMINAL = "/dev/tty"
 
-def confirm_data_deletion(backend: Backend, deployment: Deployment) -> bool:
-    """List the volumes ``--delete-data`` deletes and ask [y/N]; True to go ahead (also when there are none)."""
-    volumes = backend.data_volumes(deployment)
+
+def ask(question: str) -> bool:
+    """``question [y/N]`` on the controlling terminal; UsageError when there is none."""
+    try:
+        terminal = os.open(TERMINAL, os.O_RDWR | os.O_NOCTTY)
+    except OSError:
+        raise UsageError("this asks for confirmation on a terminal and there is none: "
+                         "add --yes (YES=1) to go ahead without asking") from None
+    try:
+        os.write(terminal, f"{question} [y/N]: ".encode())
+        answer = b""
+        while not answer.endswith(b"\n") and len(answer) < 64:
+            chunk = os.read(terminal, 64)
+            if not chunk:
+                break
+            answer += chunk
+    finally:
+        os.close(terminal)
+    return answer.decode(errors="replace").strip().lower() in ("y", "yes")
+
+
+def confirm_data_deletion(backend: Backend, handle: Handle) -> bool:
+    """List the volumes ``--delete-data`` deletes and ask; True to go ahead (also when there are none)."""
+    volumes = backend.data_volumes(handle)
     if not volumes:
-        info(f"no data volumes of {deployment.app} in {deployment.namespace}")
+        info(f"no data volumes of {handle.name}")
         return True
-    info(f"--delete-data deletes these {len(volumes)} volumes of {deployment.app} in {deployment.namespace} "
-         "and everything stored on them:")
+    info(f"--delete-data deletes these {len(volumes)} volumes of {handle.name} and everything stored on them:")
     for name in volumes:
         info(f"  {name}")
-    try:
-        return click.confirm("Delete them?", default=False, err=True)
-    except click.Abort:
-        return False
+    return ask("Delete them?")

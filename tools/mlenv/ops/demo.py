@@ -8,10 +8,11 @@ import re
 import time
 from dataclasses import dataclass
 
-from mlenv.backends.base import Backend
-from mlenv.ops.launch import launch
+from mlenv import state
+from mlenv.backends.base import LaunchSpec
+from mlenv.ops.launch import launch, run_id
 from mlenv.ops.nccltest import PEAK, find_in_logs, transport
-from mlenv.plan import Deployment
+from mlenv.ops.target import Target
 
 DONE = re.compile(r"done steps=(\d+) first_loss=(\S+) last_loss=(\S+) world_size=(\d+)")
 STAGES = 6
@@ -32,26 +33,20 @@ class Before:
     data: bool
     """Pod workspaces were kept by an earlier clean: the demo's clean keeps them too."""
     recorded: bool
-    """Some deployment is recorded in .mlenv/state.json: the demo does not replace the record."""
+    """The local cluster was recorded in .mlenv/state.json: the demo leaves the record."""
+    current: str | None
+    """The current deployment: the demo makes it current again at the end."""
 
 
-def _before(backend: Backend, deployment: Deployment) -> Before:
-    from mlenv import state
-
-    existing = backend.status(deployment)
+def _before(target: Target) -> Before:
+    existing = target.backend.status(target.handle)
+    recorded = state.load()
     return Before(pods=any(pod.phase != "Missing" for pod in existing), data=bool(existing),
-                  recorded=state.state_file().exists())
+                  recorded=target.handle.name in recorded.deployments, current=recorded.current)
 
 
-def _deploy(backend: Backend, deployment: Deployment, before: Before) -> None:
-    from mlenv import state
-
-    backend.deploy(deployment, timeout=120, on_applied=None if before.recorded else lambda: state.record(deployment))
-
-
-def _finish(backend: Backend, deployment: Deployment, before: Before, keep: bool) -> None:
+def _finish(target: Target, before: Before, keep: bool) -> None:
     """Clean up what the demo created, nothing else."""
-    from mlenv import state
     from mlenv.ui import info
 
     if keep or before.pods:
@@ -59,49 +54,52 @@ def _finish(backend: Backend, deployment: Deployment, before: Before, keep: bool
         info(f"\nkept the local cluster ({why}): mlenv status|shell|clean --cluster local")
         return
     _stage(6, "clean up" + (" (the pod workspaces an earlier clean kept stay)" if before.data else ""))
-    backend.clean(deployment, delete_data=not before.data)
+    target.backend.clean(target.handle, delete_data=not before.data)
     if not before.recorded:
-        state.forget(deployment)
+        state.forget(target.handle.name)
+    if before.current is not None and before.current in state.load().deployments:
+        state.use(before.current)
 
 
 def run_demo(keep: bool = False, steps: int = 30) -> int:
     """Run the demo; 0 when training ended with a lower loss than it started with."""
-    from mlenv.backends import backend_for
-    from mlenv.config import load_cluster
+    from mlenv.backends import get
+    from mlenv.ops.deploy import deploy
     from mlenv.ops.sync import sync
-    from mlenv.plan import plan
+    from mlenv.ops.target import load_plan
     from mlenv.ui import error, table
 
     started = time.monotonic()
-    deployment = plan(load_cluster("local"))
-    backend = backend_for(deployment.cluster)
-    before = _before(backend, deployment)
+    job = load_plan("local")
+    backend = get(job.cluster.backend)
+    target = Target(backend, backend.prepare(job).handle, None, job)
+    before = _before(target)
     try:
-        _stage(1, f"deploy the local cluster: {deployment.nodes} pods x {deployment.procs_per_node} processes")
-        _deploy(backend, deployment, before)
+        _stage(1, f"deploy the local cluster: {job.nodes} pods x {job.procs_per_node} processes")
+        deploy(job, None, timeout=120)
         _stage(2, "sync workspace/ (and the in-pod runtime) to every pod")
-        if not sync(backend, deployment).ok:
+        if not sync(backend, target.handle).ok:
             return 1
         _stage(3, f"train train_multi_node.py with DeepSpeed ZeRO-2 for {steps} steps")
-        trained = launch(backend, deployment, launcher="deepspeed", script="train_multi_node.py",
-                         args=["--steps", str(steps)])
+        trained = launch(target, LaunchSpec("deepspeed", "train_multi_node.py", ("--steps", str(steps)),
+                                            run_id=run_id(job.app)))
         if trained.exit_code != 0:
             return trained.exit_code
         _stage(4, "all-reduce bandwidth across every rank")
-        bench = launch(backend, deployment, launcher="torchrun", script="allreduce_bench.py")
+        bench = launch(target, LaunchSpec("torchrun", "allreduce_bench.py", run_id=run_id(job.app)))
         if bench.exit_code != 0:
             return bench.exit_code
         _stage(5, "transport check of the node logs")
-        carried_by, _ = transport([trained.log(n) for n in sorted(trained.node_exit_codes)])
+        carried_by, _ = transport([trained.log(n) for n in sorted(trained.outcome.node_exit_codes)])
     finally:
-        _finish(backend, deployment, before, keep)
+        _finish(target, before, keep)
     done, peak = find_in_logs(DONE, trained), find_in_logs(PEAK, bench)
     if done is None:
         error(f"training printed no 'done' line; see {trained.run_dir}")
         return 1
     first, last = float(done.group(2)), float(done.group(3))
     table("mlenv demo", ["WHAT", "RESULT"], [
-        ["nodes x processes", f"{deployment.nodes} x {deployment.procs_per_node}"],
+        ["nodes x processes", f"{job.nodes} x {job.procs_per_node}"],
         ["world size", done.group(4)],
         ["steps", done.group(1)],
         ["loss first -> last", f"{first:.4f} -> {last:.4f}"],

@@ -1,18 +1,20 @@
-"""Start a job on every node at once through the in-pod runtime, stream its output prefixed ``[node-N]``,
-keep each node's log under runs/, and fail fast: the first node that fails stops all the others."""
+"""``mlenv launch``: the backend's launch request for a script, run (or printed with --dry-run), each node's
+output kept under runs/<run id>/, a summary at the end. The job's own exit code becomes launch's once it has
+started; mlenv's failures before that keep 1 (operation) and 2 (bad input)."""
 
 from __future__ import annotations
 
+import os
 import re
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from mlenv.backends.base import Backend
-from mlenv.ops.fanout import run_parallel
-from mlenv.plan import Deployment
+from mlenv import state
+from mlenv.backends.base import LaunchOutcome, LaunchSpec
+from mlenv.errors import UsageError
+from mlenv.ops.target import Target
 
 STEP = re.compile(r"\bstep (\d+)/(\d+)\b")
 TAIL_LINES = 15
@@ -20,42 +22,94 @@ TAIL_LINES = 15
 
 @dataclass(frozen=True)
 class LaunchResult:
-    """How the launch ended: the overall exit code, where the logs are and each node's exit code."""
+    """How a launch ended, where its logs are, and what each node reached."""
 
-    exit_code: int
+    outcome: LaunchOutcome
+    run_id: str
     run_dir: Path
-    node_exit_codes: Mapping[int, int]
-    failed_node: int | None
     seconds: float
-    stopped: frozenset[int] = frozenset()
-    steps: Mapping[int, str] = field(default_factory=dict)
+
+    @property
+    def exit_code(self) -> int:
+        """The job's exit code (0 when every node succeeded)."""
+        return self.outcome.exit_code
 
     def log(self, ordinal: int) -> Path:
-        """The log file of node ``ordinal``."""
-        return self.run_dir / f"node-{ordinal}.log"
+        """The local copy of node ``ordinal``'s output."""
+        return Path(self.outcome.logs.get(ordinal, self.run_dir / f"node-{ordinal}.log"))
 
 
-def new_run_dir(app: str) -> Path:
-    """runs/<UTC timestamp>-<app> in the project root, made unique with a suffix when needed."""
+def run_id(app: str) -> str:
+    """``<UTC time>-<app>``, unique among the runs of this project."""
     from mlenv.config.discover import project_root
 
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     runs = project_root() / "runs"
-    runs.mkdir(parents=True, exist_ok=True)
     for attempt in range(1, 1000):
-        candidate = runs / (f"{stamp}-{app}" if attempt == 1 else f"{stamp}-{app}-{attempt}")
-        try:
-            candidate.mkdir()
-        except FileExistsError:
-            continue
-        return candidate
-    raise FileExistsError(f"cannot make a run directory under {runs}")
+        candidate = f"{stamp}-{app}" if attempt == 1 else f"{stamp}-{app}-{attempt}"
+        if not (runs / candidate).exists():
+            return candidate
+    raise UsageError(f"too many runs named {stamp}-{app}-N under {runs}")
 
 
-def runtime_argv(launcher: str, script: str, args: Sequence[str], nproc: int | None) -> list[str]:
-    """The in-pod command that starts this node's share of the job."""
-    return ["python3", "-m", "mlenv.runtime", "launch", "--launcher", launcher,
-            *(["--nproc", str(nproc)] if nproc else []), "--", script, *args]
+def _run_dir(run: str) -> Path:
+    from mlenv.config.discover import project_root
+
+    directory = project_root() / "runs" / run
+    directory.mkdir(parents=True, exist_ok=False)
+    return directory
+
+
+def _secrets(names: tuple[str, ...]) -> dict[str, str]:
+    missing = [name for name in names if name not in os.environ]
+    if missing:
+        raise UsageError(f"--env {missing[0]}: not set in your environment (export {missing[0]}=... first)")
+    return {name: os.environ[name] for name in names}
+
+
+def dry_run(target: Target, spec: LaunchSpec) -> str:
+    """What ``launch`` would run, as the backend prints it (secret values masked)."""
+    return target.backend.prepare_launch(target.handle, spec).text
+
+
+def launch(target: Target, spec: LaunchSpec) -> LaunchResult:
+    """Run ``spec`` through the backend; print a summary and, on failure, the failing node's last log lines."""
+    from mlenv.ui import error, info
+
+    secrets = _secrets(spec.secrets)
+    request = target.backend.prepare_launch(target.handle, spec)
+    run_dir = _run_dir(spec.run_id)
+    info(f"launching {spec.script} with {spec.launcher} on {target.handle.nodes} nodes of {target.handle.name}"
+         f"{' (detached)' if spec.detach else ''}; logs in {run_dir}")
+    started = time.monotonic()
+    outcome = target.backend.launch(target.handle, request, secrets, str(run_dir))
+    result = LaunchResult(outcome, spec.run_id, run_dir, round(time.monotonic() - started, 1))
+    if spec.detach:
+        _remember(target, spec)
+        if outcome.exit_code == 0:
+            info(f"run {spec.run_id} started in the background: mlenv logs -f follows it, mlenv stop stops it")
+        return result
+    _summary(result)
+    if outcome.message:
+        error(outcome.message)
+    if outcome.interrupted:
+        error(f"interrupted: every node stopped; logs in {run_dir}")
+    elif outcome.failed_node is not None:
+        node = outcome.failed_node
+        error(f"node-{node} failed with exit code {outcome.node_exit_codes[node]}; the other nodes were stopped. "
+              f"Last lines of {result.log(node)}:\n{_tail(result.log(node))}")
+    return result
+
+
+def _remember(target: Target, spec: LaunchSpec) -> None:
+    """Record a detached run on the deployment, so status, logs and stop know of it."""
+    if target.recorded is None:
+        return
+    run = {"id": spec.run_id, "script": spec.script, "launcher": spec.launcher, "detached": True,
+           "started": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    known = state.load().deployments.get(target.recorded.name)
+    runs = (*(known.runs if known else ()), run)[-20:]
+    state.update(target.recorded.name, runs=runs)
 
 
 def _tail(path: Path, lines: int = TAIL_LINES) -> str:
@@ -65,49 +119,26 @@ def _tail(path: Path, lines: int = TAIL_LINES) -> str:
         return "(no log)"
 
 
-def launch(backend: Backend, deployment: Deployment, launcher: str, script: str, args: Sequence[str] = (),
-           nproc: int | None = None) -> LaunchResult:
-    """Run ``script`` with ``launcher`` on every node; print a summary and, on failure, the failing node's
-    last log lines."""
-    from mlenv.ui import error, info
-
-    pods = backend.pods(deployment)
-    run_dir = new_run_dir(deployment.app)
-    env = {"MLENV_RUN_ID": run_dir.name, "PYTHONUNBUFFERED": "1"}
-    command = runtime_argv(launcher, script, args, nproc)
-    commands = {p.ordinal: backend.exec_argv(deployment, p, command, env=env, stop_on_stdin_eof=True) for p in pods}
-    logs = {p.ordinal: run_dir / f"node-{p.ordinal}.log" for p in pods}
-    steps: dict[int, str] = {}
-
-    def track(ordinal: int, line: str) -> None:
-        if match := STEP.search(line):
-            steps[ordinal] = f"{match.group(1)}/{match.group(2)}"
-
-    info(f"launching {script} with {launcher} on {len(pods)} nodes of {deployment.app}; logs in {run_dir}")
-    started = time.monotonic()
-    outcome = run_parallel(commands, fail_fast=True, logs=logs, on_line=track, keep_stdin=True)
-    result = LaunchResult(outcome.exit_code, run_dir, dict(outcome.exit_codes), outcome.first_failure,
-                          round(time.monotonic() - started, 1), outcome.stopped, steps)
-    _summary(result, [p.ordinal for p in pods])
-    if outcome.interrupted:
-        error(f"interrupted: every node stopped; logs in {run_dir}")
-    elif result.failed_node is not None:
-        node = result.failed_node
-        error(f"node-{node} failed with exit code {result.node_exit_codes[node]}; the other nodes were stopped. "
-              f"Last lines of {result.log(node)}:\n{_tail(result.log(node))}")
-    return result
+def _last_step(path: Path) -> str:
+    try:
+        found = STEP.findall(path.read_text(errors="replace"))
+    except OSError:
+        return "-"
+    return f"{found[-1][0]}/{found[-1][1]}" if found else "-"
 
 
-def _summary(result: LaunchResult, ordinals: Sequence[int]) -> None:
+def _summary(result: LaunchResult) -> None:
     from mlenv.ui import table
 
-    def state(node: int) -> str:
-        code = result.node_exit_codes.get(node, -1)
-        if node in result.stopped:
+    outcome = result.outcome
+
+    def verdict(node: int) -> str:
+        code = outcome.node_exit_codes.get(node, -1)
+        if node in outcome.stopped:
             return f"stopped (exit {code})"
         return "ok" if code == 0 else f"failed ({code})"
 
     table(f"launch finished in {result.seconds} s (exit {result.exit_code})",
           ["NODE", "RESULT", "LAST STEP", "LOG"],
-          [[f"node-{n}", state(n), result.steps.get(n, "-"), result.log(n)]
-           for n in ordinals])
+          [[f"node-{n}", verdict(n), _last_step(result.log(n)), result.log(n)]
+           for n in sorted(outcome.node_exit_codes)])

@@ -1,4 +1,5 @@
-"""Turn any Python value into YAML text that parses back to exactly that value (no injection)."""
+"""Turn any Python value into YAML text that parses back to exactly that value (no injection), and objects
+into deterministic YAML documents (libyaml's emitter when PyYAML has it)."""
 
 from __future__ import annotations
 
@@ -46,3 +47,16 @@ def yaml_value(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(yaml_value(item) for item in value) + "]"
     raise TypeError(f"cannot place a {type(value).__name__} in YAML")
+
+
+def document(obj: dict[str, Any]) -> str:
+    """One object as a YAML document (``---`` first), deterministic byte for byte."""
+    import yaml
+
+    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+    return "---\n" + yaml.dump(obj, Dumper=dumper, sort_keys=False, allow_unicode=False, width=4096)
+
+
+def to_yaml(objects: list[dict[str, Any]]) -> str:
+    """Objects as one multi-document YAML stream."""
+    return "".join(document(obj) for obj in objects)

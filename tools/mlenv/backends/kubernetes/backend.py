@@ -1,151 +1,255 @@
-"""OpenShift / Kubernetes backend: the verbs mapped onto ``oc`` (or ``kubectl``) through openshift-client."""
+"""OpenShift / Kubernetes backend: a StatefulSet of GPU pods, operated with ``oc`` or ``kubectl`` through
+openshift-client. ``prepare`` renders the manifests; ``apply`` sends exactly that YAML stream server-side."""
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from mlenv.backends.base import CopyTarget, Pod, PodStatus
-from mlenv.backends.kubernetes import CONTAINER, WORKSPACE
-from mlenv.backends.kubernetes import pods as podview
-from mlenv.backends.kubernetes.client import Client, resolve_binary
-from mlenv.backends.kubernetes.explain import pod_trouble
-from mlenv.backends.kubernetes.preflight import check_login, check_namespace, check_server, explained
-from mlenv.backends.kubernetes.waiting import wait_gone, wait_ready
-from mlenv.errors import OperationError
-from mlenv.plan import Deployment
+from mlenv.backends import remote
+from mlenv.backends.base import Check, CopyTarget, Handle, Node, NodeStatus, Recorder, Request
+from mlenv.backends.fanout import FanoutJobs
+from mlenv.backends.kubernetes.naming import (
+    CONTAINER,
+    DATA_KIND,
+    WORKSPACE,
+    KubeDeployment,
+    Target,
+    instance,
+    kube_deployment,
+    owned_labels,
+)
+from mlenv.errors import OperationError, UsageError
 from mlenv.ui import info, warn
 
+if TYPE_CHECKING:
+    from mlenv.backends.kubernetes.client import Client
+    from mlenv.plan import JobPlan
+
 CLEAN_TIMEOUT = 300
-DATA_KIND = "PersistentVolumeClaim"
-RUNTIME_PATH = 'export PYTHONPATH="$1/.mlenv${PYTHONPATH:+:$PYTHONPATH}"'
-"""Puts the runtime shipped by sync (``<workspace>/.mlenv/mlenv/runtime``) in front of the image's PYTHONPATH."""
-INPLACE = f'cd "$1" && {RUNTIME_PATH} && shift && exec "$@"'
-"""Runs ``argv`` in the directory given as ``$1``; values stay separate arguments, never shell text."""
-STOP_ON_STDIN_EOF = (
-    f'cd "$1" || exit 127; {RUNTIME_PATH}; shift; exec 3<&0; "$@" </dev/null 3<&- & job=$!; '
-    '{ cat <&3 >/dev/null; kill -TERM "$job"; } >/dev/null 2>&1 & watcher=$!; exec 3<&-; '
-    'wait "$job"; code=$?; kill "$watcher" 2>/dev/null; exit "$code"'
-)
-"""Like INPLACE, but the job is stopped when the exec session's stdin closes (the local side went away).
-The watcher reads the session's stdin through fd 3: background jobs of ``sh`` get /dev/null otherwise."""
+SWITCHABLE_KINDS = ("networkpolicy",)
+"""Kinds a cluster file can switch off (security.network_policy: false): deploy deletes them when off, and clean
+deletes them whatever the recorded kinds say."""
 
 
-def owned_labels(d: Deployment) -> dict[str, str]:
-    """The labels every object mlenv created for ``d`` carries (clean selects by them)."""
-    return {**podview.selector(d), "app.kubernetes.io/managed-by": "mlenv"}
+def _security_warnings(d: KubeDeployment) -> list[str]:
+    """Where the pods depart from Pod Security's "restricted" profile, so a namespace admin knows what to allow."""
+    warnings = []
+    if d.ipc_lock:
+        where = ("an SCC that allows it (a cluster admin applies `mlenv render FILE --admin` once)" if d.openshift
+                 else "a namespace whose Pod Security level is privileged "
+                      "(pod-security.kubernetes.io/enforce=privileged)")
+        warnings.append(f"pods add the IPC_LOCK capability (security.ipc_lock): Pod Security 'restricted' and "
+                        f"'baseline' forbid it; it needs {where}")
+    if not d.openshift and d.run_as_user == 0:
+        warnings.append("pods run as root (security.run_as_user: 0): Pod Security 'restricted' needs runAsNonRoot "
+                        "and a non-zero runAsUser; the namespace's Pod Security level must be baseline")
+    elif not d.openshift and not d.run_as_non_root:
+        warnings.append("pods run as the image's user (root in most CUDA images): Pod Security 'restricted' needs "
+                        "runAsNonRoot; set security.run_as_user to a non-root UID the image supports, or the "
+                        "namespace's Pod Security level must be baseline")
+    return warnings
 
 
-def _volumes(client: Client, d: Deployment) -> list[str]:
-    return sorted(claim["metadata"]["name"] for claim in client.select("persistentvolumeclaims", owned_labels(d)))
+def _rdma_warning(plan: JobPlan) -> list[str]:
+    if plan.mode == "rdma" and not plan.rdma_networks and not plan.rdma_resources:
+        return ["RDMA mode without network.rdma.networks or network.rdma.resources: pods will get no RDMA device "
+                "and NCCL will fall back to sockets; add the Multus network names "
+                "(oc get network-attachment-definitions) or the device-plugin resource (e.g. rdma/rdma: 1)"]
+    return []
 
 
-class OpenShiftBackend:
-    """Deploy and operate a StatefulSet of GPU pods with ``oc`` (OpenShift) or ``kubectl`` (Kubernetes)."""
+class KubernetesBackend(FanoutJobs):
+    """A StatefulSet of GPU pods with ``oc`` (OpenShift) or ``kubectl`` (Kubernetes)."""
 
-    def __init__(self, cli: str = "oc") -> None:
-        self.cli = cli
-        self.name = "kubernetes" if cli == "kubectl" else "openshift"
+    def __init__(self, flavour: str) -> None:
+        self.flavour = flavour
+        self.name = "openshift" if flavour == "oc" else "kubernetes"
 
     @cached_property
     def binary(self) -> str:
         """The CLI's path (UsageError saying how to install it when missing)."""
-        return resolve_binary(self.cli)
+        from mlenv.backends.kubernetes.client import resolve_binary
 
-    def _client(self, d: Deployment) -> Client:
-        """A client for ``d``'s namespace whose kubeconfig context points at ``d``'s cluster."""
-        client = Client(self.binary, d.namespace)
-        with explained(d.cluster):
-            check_server(client, d.cluster)
-        return client
+        return resolve_binary(self.flavour)
 
-    def deploy(self, deployment: Deployment, timeout: int, on_applied: Callable[[], None] | None = None) -> None:
-        """Check access, server-side apply the rendered objects in order, wait until every pod is Ready."""
-        from mlenv.backends.kubernetes.render import render, to_yaml
+    def _client(self, target: Target) -> Client:
+        from mlenv.backends.kubernetes.client import Client
 
-        client = self._client(deployment)
-        user = check_login(client, deployment.cluster)
-        with explained(deployment.cluster):
-            check_namespace(client, deployment.cluster, user)
-            rendered = render(deployment)
-            if rendered.admin_objects:
-                warn(f"pods add IPC_LOCK: unless done before, a cluster admin must apply the SCC and RBAC once: "
-                     f"mlenv render {deployment.cluster.source} --admin | oc apply -f -")
-            applied = client.apply(to_yaml(rendered.objects))
-            if on_applied is not None:
-                on_applied()
-            info(f"applied {len(applied)} objects to {deployment.namespace} as {user or 'the current user'} "
-                 "(server-side, field manager mlenv)")
-            wait_ready(client, deployment, timeout)
-        info(f"{deployment.app}: {deployment.nodes}/{deployment.nodes} pods ready in {deployment.namespace}")
+        return Client(self.binary, target.namespace)
 
-    def _pods(self, d: Deployment) -> dict[int, dict[str, Any]]:
-        client = self._client(d)
-        with explained(d.cluster):
-            return podview.by_ordinal(client.select("pods", podview.selector(d)), d.app)
+    @staticmethod
+    def target(handle: Handle) -> Target:
+        """The cluster-side names recorded in ``handle``."""
+        try:
+            return Target.from_data(handle.data, handle.nodes)
+        except (KeyError, TypeError) as exc:
+            raise UsageError(f"the recorded deployment {handle.name} is not a {handle.backend} deployment of this "
+                             f"mlenv ({exc}); clean it with --cluster FILE or remove it from .mlenv/state.json"
+                             ) from None
 
-    def status(self, deployment: Deployment) -> list[PodStatus]:
+    def _connected(self, handle: Handle) -> tuple[Target, Client]:
+        target = self.target(handle)
+        client = self._client(target)
+        from mlenv.backends.kubernetes.preflight import check_server, require
+
+        require([check_server(client, target)])  # a local read: every later call goes to the right cluster
+        return target, client
+
+    def prepare(self, plan: JobPlan) -> Request:
+        """PURE: the rendered, validated manifests (one YAML stream), the admin objects and the handle."""
+        from mlenv.backends.kubernetes.render import files, owned_kinds, render
+        from mlenv.render.yamlsafe import document
+
+        d = kube_deployment(plan, openshift=self.flavour == "oc")
+        rendered = render(d)
+        target = Target(app=d.app, namespace=d.namespace, nodes=d.nodes, flavour=self.flavour,
+                        api=plan.cluster.info.api, cluster_name=plan.name, cluster_file=plan.cluster.source,
+                        kinds=tuple(owned_kinds(rendered.objects)), service_account=d.service_account,
+                        ipc_lock_scc=d.ipc_lock_scc)
+        handle = Handle(self.name, plan.name, plan.nodes, plan.mode, plan.storage.shared, {}, target.to_data())
+        documents = [document(obj) for obj in rendered.objects]
+        admin = [document(obj) for obj in rendered.admin_objects]
+        extras = {"admin": "".join(admin)} if admin else {}
+        return Request(handle, "".join(documents), files(rendered, documents, admin), rendered, extras,
+                       (*_rdma_warning(plan), *_security_warnings(d)))
+
+    def apply(self, request: Request, record: Recorder) -> Handle:
+        """Check server, login and namespace; record; server-side apply exactly the request's YAML stream."""
+        from mlenv.backends.kubernetes.preflight import explained, preflight, require
+
+        target = self.target(request.handle)
+        client = self._client(target)
+        user, checks = preflight(client, target)
+        require(checks)
+        if "admin" in request.extras:
+            warn(f"pods add IPC_LOCK: unless done before, a cluster admin must apply the SCC and RBAC once: "
+                 f"mlenv render {target.cluster_file} --admin | oc apply -f -")
+        record(request.handle)
+        with explained(target, client.flavour):
+            applied = client.apply(request.text)
+            switched_off = [kind for kind in SWITCHABLE_KINDS if kind not in target.kinds]
+            if switched_off:
+                client.delete(switched_off, owned_labels(target.app))
+        info(f"applied {len(applied)} objects to {target.namespace} as {user or 'the current user'} "
+             "(server-side, field manager mlenv)")
+        return request.handle
+
+    def wait_ready(self, handle: Handle, timeout: float) -> None:
+        """Live view until every pod is Ready on the latest spec; plain-words reasons when not."""
+        from mlenv.backends.kubernetes.preflight import explained
+        from mlenv.backends.kubernetes.waiting import wait_ready
+
+        target, client = self._connected(handle)
+        with explained(target, client.flavour):
+            wait_ready(client, target, timeout)
+        info(f"{target.app}: {target.nodes}/{target.nodes} pods ready in {target.namespace}")
+
+    def _pods(self, handle: Handle) -> tuple[Target, dict[int, dict[str, Any]]]:
+        from mlenv.backends.kubernetes import pods as podview
+        from mlenv.backends.kubernetes.preflight import explained
+
+        target, client = self._connected(handle)
+        with explained(target, client.flavour):
+            return target, podview.by_ordinal(client.select("pods", instance(target.app)), target.app)
+
+    def status(self, handle: Handle) -> list[NodeStatus]:
         """Every pod of the deployment from one list call, in ordinal order."""
+        from mlenv.backends.kubernetes import pods as podview
+        from mlenv.backends.kubernetes.explain import pod_trouble
+
+        _, pods = self._pods(handle)
         rows = []
-        for index, pod in sorted(self._pods(deployment).items()):
+        for index, pod in sorted(pods.items()):
             trouble = pod_trouble(pod, [])
             rows.append(podview.pod_status(pod, index, trouble.words if trouble else None))
         return rows
 
-    def pods(self, deployment: Deployment) -> list[Pod]:
+    def nodes(self, handle: Handle) -> list[Node]:
         """The running pods, in ordinal order."""
-        running = [Pod(ordinal=index, name=pod["metadata"]["name"], workspace=WORKSPACE,
-                       ip=(pod.get("status") or {}).get("podIP"), ready=podview.is_ready(pod))
-                   for index, pod in sorted(self._pods(deployment).items())
+        from mlenv.backends.kubernetes import pods as podview
+
+        target, pods = self._pods(handle)
+        running = [Node(ordinal=index, name=pod["metadata"]["name"], workspace=WORKSPACE,
+                        ip=(pod.get("status") or {}).get("podIP"), ready=podview.is_ready(pod))
+                   for index, pod in sorted(pods.items())
                    if (pod.get("status") or {}).get("phase") == "Running"
                    and not pod["metadata"].get("deletionTimestamp")]
         if not running:
-            raise OperationError(f"no running pods of {deployment.app} in {deployment.namespace}: deploy first "
-                                 f"(make deploy-cluster CLUSTER={deployment.cluster.info.name})")
+            raise OperationError(f"no running pods of {target.app} in {target.namespace}: deploy first "
+                                 f"(make deploy-cluster CLUSTER={target.cluster_name})")
         return running
 
-    def exec_argv(self, deployment: Deployment, pod: Pod, argv: Sequence[str], *,
-                  env: Mapping[str, str] | None = None, interactive: bool = False,
-                  stop_on_stdin_eof: bool = False) -> list[str]:
-        """``<cli> exec -i [-t] -n NS POD -c ml-dev -- [env K=V...] sh -c 'cd "$1" ...' sh WORKSPACE ARGV...``."""
-        assignments = ["env", *(f"{key}={value}" for key, value in (env or {}).items())] if env else []
-        script = STOP_ON_STDIN_EOF if stop_on_stdin_eof and not interactive else INPLACE
-        return [self.binary, "exec", "-i", *(["-t"] if interactive else []), "-n", deployment.namespace,
-                pod.name, "-c", CONTAINER, "--", *assignments, "sh", "-c", script, "sh", pod.workspace, *argv]
+    def exec_argv(self, handle: Handle, node: Node, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
+                  interactive: bool = False, stop_on_stdin_eof: bool = False,
+                  secrets: Sequence[str] = ()) -> list[str]:
+        """``<cli> exec -i [-t] -n NS POD -c ml-dev -- [env K=V...] sh -c SCRIPT sh WORKSPACE ARGV...``; the pod's
+        own env already has the contract."""
+        target = self.target(handle)
+        assignments = ["env", *(f"{key}={value}" for key, value in env.items())] if env else []
+        script = remote.script(stop_on_stdin_eof=stop_on_stdin_eof and not interactive, secrets=secrets)
+        return [self.binary, "exec", "-i", *(["-t"] if interactive else []), "-n", target.namespace, node.name,
+                "-c", CONTAINER, "--", *assignments, "sh", "-c", script, "sh", node.workspace, *argv]
 
-    def copy_target(self, deployment: Deployment, pod: Pod) -> CopyTarget:
+    def copy_target(self, handle: Handle, node: Node) -> CopyTarget:
         """rsync over ``exec``: the rsh wrapper adds ``exec -i -n NS POD -c ml-dev --``."""
-        return CopyTarget(destination=f"{pod.name}:{pod.workspace}/",
+        return CopyTarget(destination=f"{node.name}:{node.workspace}/",
                           rsh=[sys.executable, "-m", "mlenv.backends.kubernetes.rsh", self.binary,
-                               deployment.namespace])
+                               self.target(handle).namespace])
 
-    def logs_argv(self, deployment: Deployment, pod: Pod, follow: bool) -> list[str]:
-        """``<cli> logs -n NS POD -c ml-dev [-f]``."""
-        return [self.binary, "logs", "-n", deployment.namespace, pod.name, "-c", CONTAINER,
+    def logs_argv(self, handle: Handle, node: Node, follow: bool) -> list[str]:
+        """``<cli> logs -n NS POD -c ml-dev [-f]``: the runtime copies job output into the container's log."""
+        return [self.binary, "logs", "-n", self.target(handle).namespace, node.name, "-c", CONTAINER,
                 *(["-f"] if follow else [])]
 
-    def data_volumes(self, deployment: Deployment) -> list[str]:
+    def _volumes(self, client: Client, target: Target) -> list[str]:
+        return sorted(claim["metadata"]["name"]
+                      for claim in client.select("persistentvolumeclaims", owned_labels(target.app)))
+
+    def data_volumes(self, handle: Handle) -> list[str]:
         """Names of the PVCs ``clean --delete-data`` deletes (shared claims and per-pod volumes)."""
-        client = self._client(deployment)
-        with explained(deployment.cluster):
-            return _volumes(client, deployment)
+        from mlenv.backends.kubernetes.preflight import explained
 
-    def clean(self, deployment: Deployment, delete_data: bool) -> None:
-        """Delete the deployment's objects by label (PVCs only with ``delete_data``), wait until pods are gone."""
-        from mlenv.backends.kubernetes.render import render_objects
+        target, client = self._connected(handle)
+        with explained(target, client.flavour):
+            return self._volumes(client, target)
 
-        client = self._client(deployment)
-        kinds = list(dict.fromkeys(obj["kind"].lower() for obj in reversed(render_objects(deployment).objects)
-                                   if obj["kind"] != DATA_KIND))
-        if delete_data:
-            kinds.append(DATA_KIND.lower())
-        with explained(deployment.cluster):
-            deleted = client.delete(kinds, owned_labels(deployment))
-            wait_gone(client, deployment, CLEAN_TIMEOUT)
-            kept = [] if delete_data else _volumes(client, deployment)
+    def clean(self, handle: Handle, delete_data: bool) -> None:
+        """Delete the recorded kinds by mlenv's labels (PVCs only with ``delete_data``), wait until pods are gone."""
+        from mlenv.backends.kubernetes.preflight import explained
+        from mlenv.backends.kubernetes.waiting import wait_gone
+
+        target, client = self._connected(handle)
+        kinds = [*dict.fromkeys([*SWITCHABLE_KINDS, *target.kinds]), *([DATA_KIND.lower()] if delete_data else [])]
+        with explained(target, client.flavour):
+            deleted = client.delete(kinds, owned_labels(target.app))
+            wait_gone(client, target, CLEAN_TIMEOUT)
+            kept = [] if delete_data else self._volumes(client, target)
         info(f"deleted {len(deleted)} objects: {', '.join(deleted)}" if deleted
-             else f"nothing to delete: no objects of {deployment.app} in {deployment.namespace}")
+             else f"nothing to clean: no objects of {target.app} in {target.namespace}")
         if kept:
             info(f"kept {len(kept)} data volumes (PVCs: {', '.join(kept)}); mlenv clean --delete-data deletes them")
+
+    def checks(self, plan: JobPlan) -> list[Check]:
+        """The CLI, then every before-deploy check of ``checks.before_deploy``."""
+        from mlenv.backends.kubernetes.checks import before_deploy
+
+        request = self.prepare(plan)
+        target = self.target(request.handle)
+        try:
+            binary = self.binary
+        except UsageError as exc:
+            return [Check("cli", "FAIL", str(exc), "make install-system")]
+        return [Check("cli", "PASS", binary), *before_deploy(self._client(target), target, plan)]
+
+
+def openshift() -> KubernetesBackend:
+    """The backend of ``backend: openshift`` (``oc``)."""
+    return KubernetesBackend("oc")
+
+
+def kubernetes() -> KubernetesBackend:
+    """The backend of ``backend: kubernetes`` (``kubectl``)."""
+    return KubernetesBackend("kubectl")

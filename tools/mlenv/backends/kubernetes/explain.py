@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from mlenv.backends.kubernetes import pods as podview
-from mlenv.plan import Deployment
+from mlenv.backends.kubernetes.naming import Target
 
 GRACE_SECONDS = {
     "FailedCreate": 5.0,
@@ -101,11 +101,11 @@ def pod_trouble(pod: dict[str, Any], events: list[dict[str, Any]]) -> Trouble | 
     return Trouble(meta["name"], phase, "running, not Ready yet" if phase == "Running" else "waiting to start")
 
 
-def _failed_create_words(message: str, d: Deployment) -> str:
+def _failed_create_words(message: str, d: Target) -> str:
     """A FailedCreate message in plain words; for a forbidden capability, the command an admin must run."""
     if "capabilit" in message or "security context constraint" in message:
         if d.ipc_lock_scc:
-            fix = (f"a cluster admin must apply the SCC and RBAC once: mlenv render {d.cluster.source} --admin "
+            fix = (f"a cluster admin must apply the SCC and RBAC once: mlenv render {d.cluster_file} --admin "
                    "| oc apply -f -")
         else:
             fix = f"ask a cluster admin to allow IPC_LOCK in namespace {d.namespace}"
@@ -114,7 +114,7 @@ def _failed_create_words(message: str, d: Deployment) -> str:
     return f"the StatefulSet cannot create pods: {message}"
 
 
-def statefulset_trouble(events: list[dict[str, Any]], d: Deployment, since: datetime) -> Trouble | None:
+def statefulset_trouble(events: list[dict[str, Any]], d: Target, since: datetime) -> Trouble | None:
     """The newest FailedCreate of the deployment's StatefulSet seen after ``since``, in plain words."""
     failed = _latest(
         e for e in events
@@ -126,3 +126,19 @@ def statefulset_trouble(events: list[dict[str, Any]], d: Deployment, since: date
     if failed is None:
         return None
     return Trouble(f"statefulset {d.app}", "FailedCreate", _failed_create_words(str(failed.get("message", "")), d))
+
+
+def owner_trouble(events: list[dict[str, Any]], name: str, since: datetime) -> Trouble | None:
+    """The newest warning seen after ``since`` about an object called ``name`` that is not a pod: why a workload
+    made by another controller (Run:ai, a training operator) has no pods yet, in its controller's words."""
+    latest = _latest(
+        e for e in events
+        if (e.get("involvedObject") or {}).get("name") == name
+        and (e.get("involvedObject") or {}).get("kind") != "Pod"
+        and (event_time(e) or since) >= since
+    )
+    if latest is None:
+        return None
+    kind = str((latest.get("involvedObject") or {}).get("kind") or "object")
+    reason = str(latest.get("reason") or "Warning")
+    return Trouble(f"{kind.lower()} {name}", reason, f"{reason}: {latest.get('message', '')}".rstrip(": "))

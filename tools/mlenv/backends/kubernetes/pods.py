@@ -6,17 +6,10 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from mlenv.backends.base import PodStatus
-from mlenv.plan import Deployment
+from mlenv.backends.base import NodeStatus
 
-INSTANCE_LABEL = "app.kubernetes.io/instance"
 POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"
 NETWORK_STATUS = "k8s.v1.cni.cncf.io/network-status"
-
-
-def selector(d: Deployment) -> dict[str, str]:
-    """The labels that select the deployment's pods (and StatefulSet)."""
-    return {INSTANCE_LABEL: d.app}
 
 
 def ordinal(pod: dict[str, Any], app: str) -> int | None:
@@ -79,11 +72,11 @@ def rdma_devices(pod: dict[str, Any]) -> str | None:
     return ",".join(seen) or None
 
 
-def pod_status(pod: dict[str, Any], index: int, detail: str | None) -> PodStatus:
+def pod_status(pod: dict[str, Any], index: int, detail: str | None) -> NodeStatus:
     """One ``status`` row."""
     status = pod.get("status") or {}
     deleting = bool((pod.get("metadata") or {}).get("deletionTimestamp"))
-    return PodStatus(
+    return NodeStatus(
         name=pod["metadata"]["name"],
         ordinal=index,
         node=(pod.get("spec") or {}).get("nodeName"),

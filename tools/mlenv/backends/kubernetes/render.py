@@ -1,4 +1,4 @@
-"""Deployment -> Kubernetes objects, through the jinja2 templates in manifests/kubernetes/.
+"""KubeDeployment -> Kubernetes objects, through the jinja2 templates in manifests/kubernetes/.
 
 Every ``{{ }}`` in a template is passed through :func:`yaml_value`, so no value from a cluster file can
 inject YAML. The rendered text is parsed back and each object validated before anyone sees it.
@@ -6,15 +6,19 @@ inject YAML. The rendered text is parsed back and each object validated before a
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from mlenv.plan import Deployment
+import mlenv
+from mlenv.backends.kubernetes.naming import DATA_KIND, KubeDeployment
+from mlenv.errors import OperationError
 from mlenv.render.yamlsafe import yaml_value
+
+TEMPLATES = Path(mlenv.__file__).parent / "manifests" / "kubernetes"
+"""In the package: manifests/ links to the checkout's manifests/ and is copied into an installed package."""
 
 
 @dataclass(frozen=True)
@@ -25,15 +29,17 @@ class Rendered:
     admin_objects: list[dict[str, Any]]
 
 
-def templates_dir() -> Path:
-    """manifests/kubernetes/ of the mlenv checkout."""
-    from mlenv.config.discover import project_root
-
-    return project_root() / "manifests" / "kubernetes"
+def templates_dir() -> str:
+    """The directory of the Kubernetes templates; OperationError in one line when it is missing."""
+    if TEMPLATES.is_dir():
+        return str(TEMPLATES)
+    raise OperationError("the Kubernetes templates (manifests/kubernetes/) are missing from this installation: "
+                         "reinstall mlenv (pip install .) or run it from its checkout")
 
 
 @lru_cache(maxsize=4)
 def _environment(directory: str) -> Any:
+    """The jinja2 environment of the templates; compiled templates are kept on disk (like .pyc), never output."""
     import jinja2
 
     return jinja2.Environment(
@@ -42,29 +48,49 @@ def _environment(directory: str) -> Any:
         finalize=yaml_value,
         autoescape=False,  # noqa: S701 - the output is YAML, escaped by finalize, not HTML
         keep_trailing_newline=True,
+        bytecode_cache=_bytecode_cache(),
     )
 
 
+def _bytecode_cache() -> Any:
+    """jinja2's own cache of compiled templates, in the first cache directory fastschema also trusts."""
+    import jinja2
+
+    from mlenv.fastschema import cache_directories
+
+    for directory in cache_directories():
+        templates = os.path.join(directory, "jinja2")
+        try:
+            os.makedirs(templates, mode=0o700, exist_ok=True)
+        except OSError:
+            continue
+        if os.stat(templates).st_uid == os.getuid() and not os.stat(templates).st_mode & 0o022:
+            return jinja2.FileSystemBytecodeCache(templates)
+    return None
+
+
 def _render(template: str, **context: Any) -> dict[str, Any]:
-    text = _environment(str(templates_dir())).get_template(template).render(**context)
-    obj = yaml.safe_load(text)
+    import yaml
+
+    text = _environment(templates_dir()).get_template(template).render(**context)
+    obj = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # noqa: S506 - a safe loader
     if not isinstance(obj, dict):
-        raise ValueError(f"{template} did not render a mapping")
+        raise OperationError(f"{template} did not render a mapping (this is an mlenv bug: please report it)")
     return obj
 
 
-def _container_resources(d: Deployment) -> dict[str, dict[str, Any]]:
+def _container_resources(d: KubeDeployment) -> dict[str, dict[str, Any]]:
     extended: dict[str, Any] = dict(d.rdma_resources)
-    if d.cluster.gpus.per_node:
-        extended = {"nvidia.com/gpu": d.cluster.gpus.per_node, **extended}
+    if d.plan.gpus_per_node:
+        extended = {"nvidia.com/gpu": d.plan.gpus_per_node, **extended}
     return {
         "requests": {**d.cluster.requests, **extended},
         "limits": {**d.cluster.limits, **extended},
     }
 
 
-def render_objects(d: Deployment) -> Rendered:
-    """Render (unvalidated) objects for ``d``: ServiceAccount, PVCs, Service, StatefulSet; SCC+RBAC for admins."""
+def render_objects(d: KubeDeployment) -> Rendered:
+    """Unvalidated objects: ServiceAccount, PVCs, Service, NetworkPolicy, StatefulSet; SCC+RBAC for admins."""
     objects = [_render("serviceaccount.yaml.j2", d=d)]
     if d.storage.shared:
         claims = ((d.storage.workspace_claim, d.storage.workspace_size),
@@ -72,6 +98,8 @@ def render_objects(d: Deployment) -> Rendered:
         objects += [_render("persistentvolumeclaim.yaml.j2", d=d, claim_name=name, claim_size=size)
                     for name, size in claims]
     objects.append(_render("service.yaml.j2", d=d))
+    if d.network_policy:
+        objects.append(_render("networkpolicy.yaml.j2", d=d))
     objects.append(_render("statefulset.yaml.j2", d=d, resources=_container_resources(d)))
     admin = []
     if d.ipc_lock_scc:
@@ -80,7 +108,7 @@ def render_objects(d: Deployment) -> Rendered:
     return Rendered(objects, admin)
 
 
-def render(d: Deployment) -> Rendered:
+def render(d: KubeDeployment) -> Rendered:
     """Render and validate every object; an invalid object is an mlenv bug (OperationError)."""
     from mlenv.backends.kubernetes.schemas import validate_object
 
@@ -90,12 +118,32 @@ def render(d: Deployment) -> Rendered:
     return rendered
 
 
-def to_yaml(objects: list[dict[str, Any]]) -> str:
-    """Objects as one multi-document YAML stream, deterministic byte for byte."""
-    return "".join("---\n" + yaml.safe_dump(obj, sort_keys=False, allow_unicode=False, width=4096)
-                   for obj in objects)
+def owned_kinds(objects: list[dict[str, Any]]) -> list[str]:
+    """The kinds ``clean`` deletes, dependants first (PVCs are data: only with --delete-data)."""
+    return list(dict.fromkeys(obj["kind"].lower() for obj in reversed(objects) if obj["kind"] != DATA_KIND))
 
 
 def file_name(index: int, obj: dict[str, Any]) -> str:
     """``01-serviceaccount-ml-dev-sa.yaml``: ordered, one object per file."""
     return f"{index:02d}-{obj['kind'].lower()}-{obj['metadata']['name']}.yaml"
+
+
+def files(rendered: Rendered, documents: list[str], admin_documents: list[str]) -> dict[str, str]:
+    """``render -o DIR``: one file per object (its ``document``) plus kustomization.yaml; admin objects under
+    ``admin/``."""
+    written: dict[str, str] = {}
+    for prefix, objects, texts in (("", rendered.objects, documents),
+                                   ("admin/", rendered.admin_objects, admin_documents)):
+        if not objects:
+            continue
+        names = [file_name(index, obj) for index, obj in enumerate(objects, start=1)]
+        written.update({prefix + name: text for name, text in zip(names, texts, strict=True)})
+        written[prefix + "kustomization.yaml"] = _kustomization(names)
+    return written
+
+
+def _kustomization(names: list[str]) -> str:
+    import yaml
+
+    body = {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization", "resources": names}
+    return yaml.safe_dump(body, sort_keys=False)

@@ -1,14 +1,20 @@
-"""Validate rendered objects: upstream Kubernetes schemas (strict) and the OpenShift/Multus CRDs."""
+"""Validate rendered objects: upstream Kubernetes schemas (strict) and the OpenShift/Multus CRDs.
+
+A valid object is checked by validators compiled once per schema and kept on disk (mlenv.fastschema); only an
+invalid one (an mlenv bug) imports jsonschema and kubernetes-validate, for the message.
+"""
 
 from __future__ import annotations
 
+import os
 from functools import cache
-from importlib import resources
 from typing import Any
 
-import yaml
-
 from mlenv.errors import OperationError
+from mlenv.fastschema import Unsupported, compiled
+from mlenv.fastschema.kubernetes import kubernetes_validator
+
+CRD_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "schemas", "crds")
 
 CRD_FILES = {
     ("security.openshift.io/v1", "SecurityContextConstraints"): "securitycontextconstraints.security.openshift.io.yaml",
@@ -23,7 +29,8 @@ def _strict_json_schema(node: Any) -> Any:
         return [_strict_json_schema(item) for item in node]
     if not isinstance(node, dict):
         return node
-    converted = {key: _strict_json_schema(value) for key, value in node.items() if not key.startswith("x-")}
+    converted = {key: _strict_json_schema(value) for key, value in node.items()
+                 if not key.startswith("x-") and value is not None}
     if node.get("nullable") and "type" in converted:
         converted["type"] = [converted["type"], "null"]
     preserve = node.get("x-kubernetes-preserve-unknown-fields")
@@ -35,8 +42,10 @@ def _strict_json_schema(node: Any) -> Any:
 @cache
 def crd_schema(api_version: str, kind: str) -> dict[str, Any]:
     """The JSON Schema of a CRD-defined kind, from the CRDs shipped in the package."""
-    text = resources.files("mlenv.schemas").joinpath("crds", CRD_FILES[(api_version, kind)]).read_text()
-    crd = yaml.safe_load(text)
+    import yaml
+
+    with open(os.path.join(CRD_DIR, CRD_FILES[(api_version, kind)]), encoding="utf-8") as handle:
+        crd = yaml.safe_load(handle)
     version = api_version.split("/")[1]
     for entry in crd["spec"]["versions"]:
         if entry["name"] == version:
@@ -53,11 +62,28 @@ def _describe(obj: dict[str, Any]) -> str:
     return f"{obj.get('kind')}/{obj.get('metadata', {}).get('name')}"
 
 
+@cache
+def _fast(api_version: str, kind: str, kubernetes_version: str) -> Any:
+    """The compiled validator of a kind, or None where only jsonschema can tell (then it does)."""
+    try:
+        if (api_version, kind) in CRD_FILES:
+            crd = os.stat(os.path.join(CRD_DIR, CRD_FILES[(api_version, kind)]))
+            code = os.stat(__file__)  # the CRD conversion lives here
+            key = f"crd|{api_version}|{kind}|{crd.st_size}|{crd.st_mtime_ns}|{code.st_size}|{code.st_mtime_ns}"
+            return compiled(key, lambda: (crd_schema(api_version, kind), {}))
+        return kubernetes_validator(api_version, kind, kubernetes_version)
+    except Unsupported:
+        return None
+
+
 def validate_object(obj: dict[str, Any], kubernetes_version: str) -> None:
     """Raise OperationError if ``obj`` is not valid for its kind (a rendering bug, never user input)."""
+    key = (obj.get("apiVersion", ""), obj.get("kind", ""))
+    fast = _fast(*key, kubernetes_version)
+    if fast is not None and fast(obj):
+        return
     import jsonschema
 
-    key = (obj.get("apiVersion", ""), obj.get("kind", ""))
     try:
         if key in CRD_FILES:
             jsonschema.Draft202012Validator(crd_schema(*key)).validate(obj)

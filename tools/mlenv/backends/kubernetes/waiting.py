@@ -1,18 +1,22 @@
-"""Wait for a deployment's pods to be Ready (or gone) with a live view; one list call per kind per tick."""
+"""Wait for a deployment's pods to be Ready (or gone) with a live view; one list call per kind per tick.
+
+The pods are a :class:`PodSet`: the StatefulSet's pods of the Kubernetes backend (:func:`statefulset_pods`), or any
+other workload's pods found by their labels and put in node order by the backend that knows their names."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from mlenv.backends.kubernetes import pods as podview
 from mlenv.backends.kubernetes.client import Client
 from mlenv.backends.kubernetes.explain import Trouble, pod_trouble, statefulset_trouble
+from mlenv.backends.kubernetes.naming import Target, instance
 from mlenv.errors import OperationError
-from mlenv.plan import Deployment
 
 POLL_SECONDS = 1.0
 CLOCK_SLACK = timedelta(seconds=30)
@@ -41,11 +45,44 @@ def live_view() -> Iterator[Callable[[Any], None]]:
             console.print(last[-1])
 
 
-def _view(d: Deployment, found: dict[int, dict[str, Any]], ready: set[int], troubles: dict[str, Trouble],
+@dataclass(frozen=True)
+class PodSet:
+    """The pods a wait follows: how to list them, their node order, and what explains the ones not there yet."""
+
+    target: Target
+    """The deployment they belong to (namespace, name, node count, cluster file) as messages name it."""
+    selector: Mapping[str, str]
+    """The labels that list them (one list call per tick)."""
+    order: Callable[[list[dict[str, Any]]], dict[int, dict[str, Any]]]
+    """Listed pods -> the deployment's pods by node ordinal."""
+    pod_name: Callable[[int], str]
+    """The name of node ``ordinal``'s pod before it exists (a row of the live view)."""
+    missing: Callable[[list[dict[str, Any]], datetime], Trouble | None]
+    """Why pods are missing, from the namespace's warning events since the wait started."""
+    statefulset: bool = False
+    """Made by the deployment's StatefulSet: a pod counts as ready only on the StatefulSet's latest revision."""
+    again: str = "deploy again once fixed (it converges)"
+    """What the failure message says to do once the reason is fixed."""
+
+    @property
+    def label_selector(self) -> str:
+        """The selector as ``-l`` takes it."""
+        return ",".join(f"{key}={value}" for key, value in self.selector.items())
+
+
+def statefulset_pods(d: Target) -> PodSet:
+    """The pods of the Kubernetes backend's StatefulSet ``d.app``: ``<app>-N`` with ordinal N."""
+    return PodSet(d, instance(d.app), lambda pods: podview.by_ordinal(pods, d.app), lambda index: f"{d.app}-{index}",
+                  lambda events, since: statefulset_trouble(events, d, since), statefulset=True)
+
+
+def _view(pods: PodSet, found: dict[int, dict[str, Any]], ready: set[int], troubles: dict[str, Trouble],
           elapsed: float) -> Any:
-    """Ready x/N, then one line per pod, those not ready first (at most MAX_ROWS), and the StatefulSet's trouble."""
+    """Ready x/N, then one line per pod, those not ready first (at most MAX_ROWS), then the troubles that are not a
+    pod's (a StatefulSet's, a workload's)."""
     from rich.table import Table
 
+    d = pods.target
     table = Table(title=f"{d.app} in {d.namespace}: {len(ready)}/{d.nodes} pods ready ({elapsed:.0f}s)",
                   title_justify="left", show_edge=False, pad_edge=False, header_style="bold")
     for column in ("POD", "NODE", "PHASE"):
@@ -54,23 +91,24 @@ def _view(d: Deployment, found: dict[int, dict[str, Any]], ready: set[int], trou
     order = sorted(range(d.nodes), key=lambda i: (i in ready, i))
     for index in order[:MAX_ROWS]:
         pod = found.get(index)
-        name = f"{d.app}-{index}"
         if pod is None:
-            table.add_row(name, "-", "not created", "")
+            table.add_row(pods.pod_name(index), "-", "not created", "")
             continue
+        name = pod["metadata"]["name"]
         trouble = troubles.get(name)
         table.add_row(name, (pod.get("spec") or {}).get("nodeName") or "-",
                       "Ready" if index in ready else (pod.get("status") or {}).get("phase", "Unknown"),
                       trouble.words if trouble else "")
     if len(order) > MAX_ROWS:
         table.add_row(f"... {len(order) - MAX_ROWS} more", "", "", "")
-    statefulset = troubles.get(f"statefulset {d.app}")
-    if statefulset is None:
+    names = {pod["metadata"]["name"] for pod in found.values()}
+    others = [trouble for subject, trouble in troubles.items() if subject not in names]
+    if not others:
         return table
     from rich.console import Group
     from rich.text import Text
 
-    return Group(table, Text(str(statefulset), no_wrap=True, overflow="ellipsis"))
+    return Group(table, *(Text(str(trouble), no_wrap=True, overflow="ellipsis") for trouble in others))
 
 
 def _current(pod: dict[str, Any], sts: dict[str, Any] | None) -> bool:
@@ -84,33 +122,40 @@ def _current(pod: dict[str, Any], sts: dict[str, Any] | None) -> bool:
     return revision is None or (pod["metadata"].get("labels") or {}).get(REVISION_LABEL, revision) == revision
 
 
-def _observe(client: Client, d: Deployment, since: datetime
+def _observe(client: Client, pods: PodSet, since: datetime
              ) -> tuple[dict[int, dict[str, Any]], set[int], dict[str, Trouble]]:
-    """One tick: (pods by ordinal, ordinals ready on the latest spec, troubles by subject); one list call per
+    """One tick: (pods by ordinal, ordinals ready (on the latest spec), troubles by subject); one list call per
     kind, warning events only while something is not ready."""
-    selector = podview.selector(d)
-    statefulset = next(iter(client.select("statefulsets", selector)), None)
-    found = {i: p for i, p in podview.by_ordinal(client.select("pods", selector), d.app).items() if i < d.nodes}
-    ready = {i for i, p in found.items() if podview.is_ready(p) and _current(p, statefulset)}
+    d = pods.target
+    statefulset = next(iter(client.select("statefulsets", pods.selector)), None) if pods.statefulset else None
+    found = {i: p for i, p in pods.order(client.select("pods", pods.selector)).items() if i < d.nodes}
+    ready = {i for i, p in found.items()
+             if podview.is_ready(p) and (not pods.statefulset or _current(p, statefulset))}
     if len(ready) == d.nodes:
         return found, ready, {}
     events = client.select("events", fields={"type": "Warning"})  # every reason explain reads is a warning
     troubles = [pod_trouble(p, events) for i, p in found.items() if i not in ready]
     if len(found) < d.nodes:
-        troubles.append(statefulset_trouble(events, d, since))
+        troubles.append(pods.missing(events, since))
     return found, ready, {t.subject: t for t in troubles if t is not None}
 
 
-def wait_ready(client: Client, d: Deployment, timeout: float) -> None:
-    """Return once every pod is Ready on the latest spec; OperationError once a reason has lasted its grace
+def wait_ready(client: Client, d: Target, timeout: float) -> None:
+    """:func:`wait_pods_ready` for the StatefulSet's pods."""
+    wait_pods_ready(client, statefulset_pods(d), timeout)
+
+
+def wait_pods_ready(client: Client, pods: PodSet, timeout: float) -> None:
+    """Return once every pod is Ready (on the latest spec); OperationError once a reason has lasted its grace
     period (see explain.GRACE_SECONDS) or at ``timeout``, naming the reasons."""
+    d = pods.target
     started, since = time.monotonic(), datetime.now(timezone.utc) - CLOCK_SLACK
     first_seen: dict[tuple[str, str], float] = {}
     with live_view() as update:
         while True:
-            found, ready, troubles = _observe(client, d, since)
+            found, ready, troubles = _observe(client, pods, since)
             now = time.monotonic()
-            update(_view(d, found, ready, troubles, now - started))
+            update(_view(pods, found, ready, troubles, now - started))
             if len(ready) == d.nodes:
                 return
             first_seen = {(t.subject, t.reason): first_seen.get((t.subject, t.reason), now)
@@ -118,14 +163,16 @@ def wait_ready(client: Client, d: Deployment, timeout: float) -> None:
             permanent = [t for t in troubles.values()
                          if t.grace is not None and now - first_seen[(t.subject, t.reason)] >= t.grace]
             if permanent:
-                raise OperationError(_failure(d, ready, permanent, "cannot become ready"))
+                raise OperationError(_failure(pods, ready, permanent, "cannot become ready"))
             if now - started >= timeout:
-                raise OperationError(_failure(d, ready, list(troubles.values()), f"not ready after {timeout:.0f}s"))
+                raise OperationError(_failure(pods, ready, list(troubles.values()),
+                                              f"not ready after {timeout:.0f}s"))
             time.sleep(POLL_SECONDS)
 
 
-def _failure(d: Deployment, ready: set[int], troubles: list[Trouble], what: str) -> str:
+def _failure(pods: PodSet, ready: set[int], troubles: list[Trouble], what: str) -> str:
     """The headline, then one line per distinct reason with the pods it hits."""
+    d = pods.target
     by_words: dict[str, list[str]] = {}
     for trouble in troubles:
         by_words.setdefault(trouble.words, []).append(trouble.subject)
@@ -133,15 +180,20 @@ def _failure(d: Deployment, ready: set[int], troubles: list[Trouble], what: str)
     for words, subjects in by_words.items():
         more = f" and {len(subjects) - 3} more" if len(subjects) > 3 else ""
         lines.append(f"{', '.join(subjects[:3])}{more}: {words}")
-    lines.append(f"deploy again once fixed (it converges), or remove it: mlenv clean --cluster {d.cluster.source}")
+    lines.append(f"{pods.again}, or remove it: mlenv clean --cluster {d.cluster_file}")
     return "\n".join(lines)
 
 
-def wait_gone(client: Client, d: Deployment, timeout: float) -> None:
+def wait_gone(client: Client, d: Target, timeout: float) -> None:
+    """:func:`wait_pods_gone` for the StatefulSet's pods."""
+    wait_pods_gone(client, statefulset_pods(d), timeout)
+
+
+def wait_pods_gone(client: Client, pods: PodSet, timeout: float) -> None:
     """Return once no pod of the deployment is left; OperationError after ``timeout``."""
+    d = pods.target
     started = time.monotonic()
-    selector = podview.selector(d)
-    left = [p["metadata"]["name"] for p in client.select("pods", selector)]
+    left = [p["metadata"]["name"] for p in client.select("pods", pods.selector)]
     if not left:
         return
     with live_view() as update:
@@ -149,8 +201,8 @@ def wait_gone(client: Client, d: Deployment, timeout: float) -> None:
             elapsed = time.monotonic() - started
             if elapsed >= timeout:
                 raise OperationError(f"pods still there after {timeout:.0f}s: {', '.join(left[:5])}; see: "
-                                     f"{client.flavour} get pods -n {d.namespace} -l {podview.INSTANCE_LABEL}={d.app}")
+                                     f"{client.flavour} get pods -n {d.namespace} -l {pods.label_selector}")
             update(f"{d.app} in {d.namespace}: waiting for {len(left)} pods to go ({elapsed:.0f}s)")
             time.sleep(POLL_SECONDS)
-            left = [p["metadata"]["name"] for p in client.select("pods", selector)]
+            left = [p["metadata"]["name"] for p in client.select("pods", pods.selector)]
         update(f"{d.app} in {d.namespace}: all pods gone ({time.monotonic() - started:.0f}s)")

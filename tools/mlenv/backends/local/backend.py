@@ -1,6 +1,10 @@
 """The local backend: "pods" on this machine. Each pod is a network namespace with its own address, NIC name
 and /etc/hosts on a private bridge (``namespaces``, root with iproute2), or a plain directory whose
-processes share loopback (``processes``). Each pod has a directory whose ``workspace/`` is its /workspace."""
+processes share loopback (``processes``). Each pod has a directory whose ``workspace/`` is its /workspace.
+
+What this machine can do (root, iproute2) and where the project lives are read once, when the backend is made;
+``prepare`` is then pure. Deploy marks every directory it makes as its own; clean deletes only marked ones.
+"""
 
 from __future__ import annotations
 
@@ -10,28 +14,39 @@ import json
 import os
 import re
 import shutil
-import socket
 import sys
-from collections.abc import Callable, Mapping, Sequence
+import zlib
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
-from mlenv.backends.base import CopyTarget, Pod, PodStatus
+from mlenv.backends.base import Check, CopyTarget, Handle, Node, NodeStatus, Recorder, Request
+from mlenv.backends.fanout import FanoutJobs
+from mlenv.backends.kubernetes.naming import pod_dns
 from mlenv.backends.local import net as localnet
 from mlenv.backends.local import proc as localproc
-from mlenv.config.discover import project_root
-from mlenv.errors import OperationError, UsageError
-from mlenv.plan import Deployment
+from mlenv.backends.local.settings import LocalSettings
+from mlenv.backends.remote import RUNTIME_DIR, read_secrets
+from mlenv.errors import OperationError, UsageError, shown
+from mlenv.plan import JobPlan
 from mlenv.ui import info
 
 NAMESPACES, PROCESSES = "namespaces", "processes"
 DEFAULT_NIC = "eth0"
 POD_FILE = "pod.json"
+"""A deployed pod's record; removed by clean (the directory and its workspace may stay)."""
+OWNER = ".mlenv-owner"
+"""In every pod directory mlenv made: the deployment's digest. Only such directories are ever deleted."""
+SHARED_WORKSPACE = "shared-workspace"
+OWNER_FILE = f"{RUNTIME_DIR}/owner"
+"""Marks a shared workspace as made by mlenv (inside .mlenv/, which sync never deletes)."""
+PORT_RANGE = (20000, 40000)
 
 
 @dataclass(frozen=True)
 class LocalPod:
-    """What deploy decided about one pod, recorded in its directory as pod.json."""
+    """What deploy decided about one pod, recorded in its directory as pod.json (which also marks it as ours)."""
 
     ordinal: int
     name: str
@@ -41,259 +56,336 @@ class LocalPod:
     netns: str | None
     prefixlen: int
     master_port: int
-    """Pod 0's rendezvous port: the deployment's in namespaces; in processes mode, where every pod shares
-    the host's loopback, a free port chosen once so that two local clusters never meet."""
 
 
-def base_dir(deployment: Deployment) -> Path:
-    """Where the pod directories live: ``local.root``, else <project>/.mlenv/local/<namespace>."""
-    root = deployment.cluster.local.root
-    if root:
-        return (project_root() / root).resolve()
-    return project_root() / ".mlenv" / "local" / deployment.namespace
+@dataclass(frozen=True)
+class Layout:
+    """Where a local deployment lives, from its handle."""
+
+    base: Path
+    app: str
+    owner: str
+    shared: bool
+    pods: tuple[LocalPod, ...]
+
+    def pod_dir(self, ordinal: int) -> Path:
+        """The directory of pod ``ordinal``."""
+        return self.base / f"{self.app}-{ordinal}"
+
+    def workspace(self, ordinal: int) -> Path:
+        """The pod's /workspace: its own, or one shared by every pod when the storage is RWX."""
+        return self.base / SHARED_WORKSPACE if self.shared else self.pod_dir(ordinal) / "workspace"
+
+    @property
+    def netns_prefix(self) -> str:
+        """``mlenv-<app>-<digest>-``: namespaces are machine-wide, so two checkouts deploying the same app never
+        share, reconfigure or delete each other's."""
+        return f"mlenv-{self.app}-{self.owner}-"
+
+    @property
+    def bridge(self) -> str:
+        """The namespace that holds the deployment's bridge."""
+        return f"{self.netns_prefix}br"
 
 
-def pod_dir(deployment: Deployment, ordinal: int) -> Path:
-    """The directory of pod ``ordinal``."""
-    return base_dir(deployment) / f"{deployment.app}-{ordinal}"
+def _settings(plan: JobPlan) -> LocalSettings:
+    settings = plan.cluster.settings
+    if not isinstance(settings, LocalSettings):
+        raise UsageError(f"{plan.cluster.source}: backend local needs its local: settings")
+    return settings
 
 
-def workspace_dir(deployment: Deployment, ordinal: int) -> Path:
-    """The pod's /workspace: its own, or one shared by every pod when the storage is RWX."""
-    if deployment.storage.shared:
-        return base_dir(deployment) / "shared-workspace"
-    return pod_dir(deployment, ordinal) / "workspace"
+def _owner(base: str) -> str:
+    return hashlib.sha256(base.encode()).hexdigest()[:8]
 
 
-def netns_prefix(deployment: Deployment) -> str:
-    """``mlenv-<app>-<digest of the pods' directory>-``: namespaces are machine-wide, so two checkouts (or
-    cluster namespaces) deploying the same app never share, reconfigure or delete each other's."""
-    digest = hashlib.sha256(str(base_dir(deployment).resolve()).encode()).hexdigest()[:8]
-    return f"mlenv-{deployment.app}-{digest}-"
-
-
-def netns_name(deployment: Deployment, ordinal: int) -> str:
-    """Network namespace of pod ``ordinal``."""
-    return f"{netns_prefix(deployment)}{ordinal}"
-
-
-def bridge_netns(deployment: Deployment) -> str:
-    """The namespace that holds the deployment's bridge."""
-    return f"{netns_prefix(deployment)}br"
-
-
-def _isolation(deployment: Deployment) -> str:
-    wanted = deployment.cluster.local.isolation
-    if wanted == PROCESSES or (wanted == "auto" and not localnet.available()):
-        return PROCESSES
-    if not localnet.available():
-        raise OperationError("local.isolation is namespaces but network namespaces need root and iproute2 "
-                             "(ip); run as root (sudo), install iproute2, or set local.isolation: processes")
-    return NAMESPACES
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def _master_port(deployment: Deployment, mode: str) -> int:
-    """The deployment's port with namespaces; with processes the one chosen before, else a free one."""
-    if mode == NAMESPACES:
-        return deployment.master_port
-    recorded = _read_pod(deployment, 0)
-    return recorded.master_port if recorded and recorded.mode == PROCESSES else _free_port()
-
-
-def _plan_pods(deployment: Deployment, mode: str) -> list[LocalPod]:
-    subnet = ipaddress.ip_network(deployment.cluster.local.subnet, strict=False)
-    hosts = list(subnet.hosts())
-    if mode == NAMESPACES and deployment.nodes + 1 > len(hosts):
-        raise UsageError(f"local.subnet {subnet} has room for {len(hosts) - 1} pods, not {deployment.nodes}")
-    interfaces = deployment.cluster.local.interfaces
-    port = _master_port(deployment, mode)
-    pods = []
-    for i in range(deployment.nodes):
-        if mode == NAMESPACES:
-            nic = interfaces[i] if i < len(interfaces) else DEFAULT_NIC
-            pods.append(LocalPod(i, f"{deployment.app}-{i}", mode, str(hosts[i + 1]), nic,
-                                 netns_name(deployment, i), subnet.prefixlen, port))
-        else:
-            pods.append(LocalPod(i, f"{deployment.app}-{i}", mode, "127.0.0.1", "lo", None, 8, port))
-    return pods
-
-
-def _dns_names(deployment: Deployment, ordinal: int) -> list[str]:
-    full = deployment.pod_dns(ordinal)
-    parts = full.split(".")
-    return [full, ".".join(parts[:3]), ".".join(parts[:2]), parts[0]]
-
-
-def _read_pod(deployment: Deployment, ordinal: int) -> LocalPod | None:
+def _marked(directory: Path, marker: str, layout: Layout) -> bool:
+    """Whether ``directory`` carries ``layout``'s owner mark (``marker`` names the file inside it)."""
     try:
-        return LocalPod(**json.loads((pod_dir(deployment, ordinal) / POD_FILE).read_text()))
-    except (FileNotFoundError, ValueError, TypeError):
+        return (directory / marker).read_text().strip() == layout.owner
+    except OSError:
+        return False
+
+
+def _read_pod(directory: Path) -> LocalPod | None:
+    try:
+        return LocalPod(**json.loads((directory / POD_FILE).read_text()))
+    except (OSError, ValueError, TypeError):
         return None
-
-
-def _existing_ordinals(deployment: Deployment) -> set[int]:
-    """Ordinals that have a pod directory or a namespace, whatever the node count planned now."""
-    found = set()
-    pattern = re.compile(re.escape(deployment.app) + r"-(\d+)")
-    base = base_dir(deployment)
-    if base.is_dir():
-        found |= {int(m.group(1)) for p in base.iterdir() if (m := pattern.fullmatch(p.name))}
-    if localnet.available():
-        prefix = re.compile(re.escape(netns_prefix(deployment)) + r"(\d+)")
-        found |= {int(m.group(1)) for name in localnet.namespaces() if (m := prefix.fullmatch(name))}
-    return found
 
 
 def _venv_bin() -> str:
     return str(Path(sys.executable).parent)
 
 
-class LocalBackend:
+class LocalBackend(FanoutJobs):
     """Pods on this machine: network namespaces (root) or plain directories and processes."""
 
     name = "local"
 
-    def planned_pods(self, deployment: Deployment) -> list[LocalPod]:
-        """What deploy would create: each pod's isolation, address, NIC and namespace (changes nothing)."""
-        return _plan_pods(deployment, _isolation(deployment))
+    def __init__(self, project: Path | None = None, namespaces_available: bool | None = None) -> None:
+        from mlenv.config.discover import project_root
 
-    def deploy(self, deployment: Deployment, timeout: int, on_applied: Callable[[], None] | None = None) -> None:
+        self.project = project or project_root()
+        self.namespaces_available = localnet.available() if namespaces_available is None else namespaces_available
+
+    def _isolation(self, settings: LocalSettings) -> str:
+        if settings.isolation == PROCESSES or (settings.isolation == "auto" and not self.namespaces_available):
+            return PROCESSES
+        if not self.namespaces_available:
+            raise OperationError("local.isolation is namespaces but network namespaces need root and iproute2 "
+                                 "(ip); run as root (sudo), install iproute2, or set local.isolation: processes")
+        return NAMESPACES
+
+    def _base(self, plan: JobPlan, settings: LocalSettings) -> str:
+        if settings.root:
+            return os.path.normpath(os.path.join(self.project, os.path.expanduser(settings.root)))
+        return os.path.join(self.project, ".mlenv", "local", plan.cluster.info.namespace or plan.name)
+
+    def prepare(self, plan: JobPlan) -> Request:
+        """PURE: every pod's isolation, address, NIC, namespace and directory, as YAML."""
+        from mlenv.render.yamlsafe import to_yaml
+
+        settings = _settings(plan)
+        mode = self._isolation(settings)
+        base = self._base(plan, settings)
+        owner = _owner(base)
+        subnet = ipaddress.ip_network(settings.subnet, strict=False)
+        hosts = list(subnet.hosts())
+        if mode == NAMESPACES and plan.nodes + 1 > len(hosts):
+            raise UsageError(f"local.subnet {subnet} has room for {len(hosts) - 1} pods, not {plan.nodes}")
+        # processes share the host's loopback: a port of this deployment's own, so two local clusters never meet
+        port = int(plan.env["MASTER_PORT"]) if mode == NAMESPACES else (
+            PORT_RANGE[0] + zlib.crc32(base.encode()) % (PORT_RANGE[1] - PORT_RANGE[0]))
+        layout = Layout(Path(base), plan.app, owner, plan.storage.shared, ())
+        pods = tuple(
+            LocalPod(i, f"{plan.app}-{i}", mode, str(hosts[i + 1]),
+                     settings.interfaces[i] if i < len(settings.interfaces) else DEFAULT_NIC,
+                     f"{layout.netns_prefix}{i}", subnet.prefixlen, port) if mode == NAMESPACES
+            else LocalPod(i, f"{plan.app}-{i}", mode, "127.0.0.1", "lo", None, 8, port)
+            for i in range(plan.nodes))
+        namespace = plan.cluster.info.namespace or plan.name
+        master = pod_dns(plan.app, namespace, 0) if mode == NAMESPACES else "127.0.0.1"
+        env = {**plan.env, "MASTER_ADDR": master, "MASTER_PORT": str(port)}
+        if mode == PROCESSES:
+            env.update(NCCL_SOCKET_IFNAME="lo", GLOO_SOCKET_IFNAME="lo")
+        data = {"base": base, "app": plan.app, "owner": owner, "namespace": namespace,
+                "pods": [asdict(pod) for pod in pods]}
+        handle = Handle(self.name, plan.name, plan.nodes, plan.mode, plan.storage.shared, env, data)
+        text = to_yaml([{"backend": "local", "base": base, "isolation": mode, "env": env,
+                         "pods": [asdict(pod) for pod in pods]}])
+        return Request(handle, text, {"pods.yaml": text}, pods)
+
+    @staticmethod
+    def layout(handle: Handle) -> Layout:
+        """The recorded directories and pods of ``handle``."""
+        data = handle.data
+        try:
+            pods = tuple(LocalPod(**pod) for pod in data["pods"])
+            return Layout(Path(str(data["base"])), str(data["app"]), str(data["owner"]), handle.shared_workspace,
+                          pods)
+        except (KeyError, TypeError) as exc:
+            raise UsageError(f"the recorded deployment {handle.name} is not a local deployment of this mlenv "
+                             f"({exc}); remove it from .mlenv/state.json") from None
+
+    def _check_ours(self, layout: Layout) -> None:
+        """Refuse to adopt directories someone else made where the pods go."""
+        theirs = [layout.pod_dir(p.ordinal) for p in layout.pods
+                  if layout.pod_dir(p.ordinal).exists() and not _marked(layout.pod_dir(p.ordinal), OWNER, layout)]
+        shared = layout.base / SHARED_WORKSPACE
+        if layout.shared and shared.exists() and not _marked(shared, OWNER_FILE, layout):
+            theirs.append(shared)
+        if theirs:
+            raise OperationError(f"{shown(str(theirs[0]))} exists and was not made by this deployment: move it "
+                                 "away, or set local.root in the cluster file to another directory")
+
+    def apply(self, request: Request, record: Recorder) -> Handle:
         """Create or converge the pods; leftovers of an interrupted run are reused or made again."""
-        mode = _isolation(deployment)
-        pods = _plan_pods(deployment, mode)
-        if on_applied is not None:
-            on_applied()
-        extra = sorted(o for o in _existing_ordinals(deployment) if o >= deployment.nodes)
+        layout = self.layout(request.handle)
+        self._check_ours(layout)
+        record(request.handle)
+        extra = sorted(o for o in self._existing(layout) if o >= len(layout.pods))
         if extra:  # scaled down: like a StatefulSet, the pods go and their data stays
-            self._remove(deployment, extra, delete_data=False)
-        entries = [(p.ip, _dns_names(deployment, p.ordinal)) for p in pods]
-        if mode == NAMESPACES:
-            localnet.ensure_bridge(bridge_netns(deployment))
-        for pod in pods:
-            directory = pod_dir(deployment, pod.ordinal)
-            if mode == NAMESPACES and pod.netns:
-                localnet.ensure_pod(bridge_netns(deployment), f"p{pod.ordinal}", pod.netns, pod.nic,
-                                    f"{pod.ip}/{pod.prefixlen}")
-                localnet.write_etc(pod.netns, entries)
-            directory.mkdir(parents=True, exist_ok=True)
-            workspace_dir(deployment, pod.ordinal).mkdir(parents=True, exist_ok=True)
-            (directory / POD_FILE).write_text(json.dumps(asdict(pod), indent=2) + "\n")
-            where = f"netns {pod.netns}, {pod.nic} {pod.ip}/{pod.prefixlen}" if pod.netns else "loopback"
-            message = f"pod {pod.name} ready ({mode}: {where})"
-            with (directory / "pod.log").open("a") as log:
-                log.write(f"{message}, workspace {workspace_dir(deployment, pod.ordinal)}\n")
-            info(message)
+            self._remove(layout, extra, delete_data=False)
+        namespace = str(request.handle.data["namespace"])
+        entries = [(p.ip, _dns_names(layout.app, namespace, p.ordinal)) for p in layout.pods]
+        if any(p.netns for p in layout.pods):
+            localnet.ensure_bridge(layout.bridge)
+        for pod in layout.pods:
+            self._make_pod(layout, pod, entries)
+        return request.handle
 
-    def status(self, deployment: Deployment) -> list[PodStatus]:
+    def _make_pod(self, layout: Layout, pod: LocalPod, entries: list[tuple[str, list[str]]]) -> None:
+        directory = layout.pod_dir(pod.ordinal)
+        if pod.netns:
+            localnet.ensure_pod(layout.bridge, f"p{pod.ordinal}", pod.netns, pod.nic, f"{pod.ip}/{pod.prefixlen}")
+            localnet.write_etc(pod.netns, entries)
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / OWNER).write_text(layout.owner + "\n")
+        (directory / POD_FILE).write_text(json.dumps(asdict(pod), indent=2) + "\n")
+        workspace = layout.workspace(pod.ordinal)
+        workspace.mkdir(parents=True, exist_ok=True)
+        if layout.shared:
+            (workspace / OWNER_FILE).parent.mkdir(exist_ok=True)
+            (workspace / OWNER_FILE).write_text(layout.owner + "\n")
+        where = f"netns {pod.netns}, {pod.nic} {pod.ip}/{pod.prefixlen}" if pod.netns else "loopback"
+        message = f"pod {pod.name} ready ({pod.mode}: {where})"
+        with (directory / "pod.log").open("a") as log:
+            log.write(f"{message}, workspace {workspace}\n")
+        info(message)
+
+    def wait_ready(self, handle: Handle, timeout: float) -> None:
+        """Local pods are ready once made; a broken one is named."""
+        broken = [row.name for row in self.status(handle) if not row.ready]
+        if broken:
+            raise OperationError(f"pods not ready: {', '.join(broken)}; mlenv status shows why")
+
+    def _existing(self, layout: Layout) -> set[int]:
+        """Ordinals that have a pod directory of this deployment or a namespace, whatever the node count now."""
+        found = set()
+        pattern = re.compile(re.escape(layout.app) + r"-(\d+)")
+        if layout.base.is_dir():
+            found |= {int(m.group(1)) for p in layout.base.iterdir()
+                      if (m := pattern.fullmatch(p.name)) and _marked(p, OWNER, layout)}
+        if self.namespaces_available:
+            prefix = re.compile(re.escape(layout.netns_prefix) + r"(\d+)")
+            found |= {int(m.group(1)) for name in localnet.namespaces() if (m := prefix.fullmatch(name))}
+        return found
+
+    def status(self, handle: Handle) -> list[NodeStatus]:
         """Every pod that exists or is planned, with its address, NIC, isolation mode and running jobs."""
-        existing = _existing_ordinals(deployment)
+        layout = self.layout(handle)
+        existing = self._existing(layout)
         if not existing:
             return []
         rows = []
-        for ordinal in sorted(set(range(deployment.nodes)) | existing):
-            pod = _read_pod(deployment, ordinal)
-            name = f"{deployment.app}-{ordinal}"
-            if pod is None:
-                kept = workspace_dir(deployment, ordinal).is_dir()
-                rows.append(PodStatus(name, ordinal, None, "Missing", False, 0, 0, None,
-                                      detail="no pod; its workspace is kept" if kept else "not deployed"))
+        for ordinal in sorted(set(range(len(layout.pods))) | existing):
+            pod = _read_pod(layout.pod_dir(ordinal))
+            name = f"{layout.app}-{ordinal}"
+            if pod is None or not _marked(layout.pod_dir(ordinal), OWNER, layout):
+                kept = layout.workspace(ordinal).is_dir()
+                rows.append(NodeStatus(name, ordinal, None, "Missing", False, 0, 0, None,
+                                       detail="no pod; its workspace is kept" if kept else "not deployed"))
                 continue
             ready = pod.netns is None or localnet.configured(pod.netns, pod.nic, f"{pod.ip}/{pod.prefixlen}")
-            jobs = len(localproc.running(pod_dir(deployment, ordinal)))
+            jobs = len(localproc.running(layout.pod_dir(ordinal)))
             extra = {"mode": pod.mode, "nic": pod.nic, "jobs": str(jobs)}
-            rows.append(PodStatus(name, ordinal, pod.netns or socket.gethostname(),
-                                  "Running" if ready else "Broken", ready, 0, 0, pod.ip,
-                                  detail=None if ready else "network broken: mlenv deploy repairs it",
-                                  extra=extra))
+            rows.append(NodeStatus(name, ordinal, pod.netns or "localhost", "Running" if ready else "Broken", ready,
+                                   0, 0, pod.ip, detail=None if ready else "network broken: mlenv deploy repairs it",
+                                   extra=extra))
         return rows
 
-    def pods(self, deployment: Deployment) -> list[Pod]:
+    def nodes(self, handle: Handle) -> list[Node]:
         """The deployed pods; OperationError when the local cluster is not deployed."""
-        pods = []
-        for ordinal in range(deployment.nodes):
-            pod = _read_pod(deployment, ordinal)
-            if pod is None:
-                raise OperationError(f"pod {deployment.app}-{ordinal} of the local cluster is not deployed: "
-                                     "run mlenv deploy (make deploy-cluster CLUSTER=local) first")
-            pods.append(Pod(ordinal, pod.name, str(workspace_dir(deployment, ordinal)), pod.ip, ready=True))
-        return pods
+        layout = self.layout(handle)
+        nodes = []
+        for planned in layout.pods:
+            pod = _read_pod(layout.pod_dir(planned.ordinal))
+            if pod is None or not _marked(layout.pod_dir(planned.ordinal), OWNER, layout):
+                raise OperationError(f"pod {planned.name} of the local cluster is not deployed: run mlenv deploy "
+                                     f"(make deploy-cluster CLUSTER={handle.name}) first")
+            nodes.append(Node(pod.ordinal, pod.name, str(layout.workspace(pod.ordinal)), pod.ip, ready=True))
+        return nodes
 
-    def exec_argv(self, deployment: Deployment, pod: Pod, argv: Sequence[str], *,
-                  env: Mapping[str, str] | None = None, interactive: bool = False,
-                  stop_on_stdin_eof: bool = False) -> list[str]:
+    def exec_argv(self, handle: Handle, node: Node, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
+                  interactive: bool = False, stop_on_stdin_eof: bool = False,
+                  secrets: Sequence[str] = ()) -> list[str]:
         """``env -C <workspace> K=V... sh -c <record PID> argv``, inside the pod's namespace when it has one.
 
         Local processes are stopped through their recorded process groups, so ``stop_on_stdin_eof`` needs nothing.
         """
-        local = _read_pod(deployment, pod.ordinal)
-        if local is None:
-            raise OperationError(f"pod {pod.name} is not deployed: run mlenv deploy first")
-        directory = pod_dir(deployment, pod.ordinal)
+        layout = self.layout(handle)
+        pod = layout.pods[node.ordinal]
+        directory = layout.pod_dir(node.ordinal)
         variables = {
-            **deployment.env,
-            "MLENV_NODE_RANK": str(pod.ordinal),
-            "PYTHONPATH": f"{pod.workspace}/.mlenv",
+            **handle.env,
+            "MLENV_NODE_RANK": str(node.ordinal),
+            "HOSTNAME": node.name,  # local pods share the host's name; the runtime names its records by this
+            "PYTHONPATH": f"{node.workspace}/{RUNTIME_DIR}",
             "PATH": os.pathsep.join([_venv_bin(), os.environ.get("PATH", os.defpath)]),
             "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR",
-                                                   str(project_root() / ".cache" / "torch_extensions")),
+                                                   str(self.project / ".cache" / "torch_extensions")),
             localproc.MARKER: str(directory),
+            **(env or {}),
         }
-        if local.netns is None:
-            variables.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(local.master_port), NCCL_SOCKET_IFNAME="lo",
-                             GLOO_SOCKET_IFNAME="lo")
-        variables.update(env or {})
-        command = ["env", "-C", pod.workspace, *(f"{k}={v}" for k, v in variables.items()),
-                   *localproc.recorded(directory, argv)]
-        return [*localnet.exec_prefix(local.netns), *command] if local.netns else command
+        command = list(argv)
+        if secrets:
+            command = ["sh", "-c", f'{read_secrets(secrets)}exec "$@"', "sh", *command]
+        wrapped = ["env", "-C", node.workspace, *(f"{k}={v}" for k, v in variables.items()),
+                   *localproc.recorded(directory, command)]
+        return [*localnet.exec_prefix(pod.netns), *wrapped] if pod.netns else wrapped
 
-    def copy_target(self, deployment: Deployment, pod: Pod) -> CopyTarget:
+    def copy_target(self, handle: Handle, node: Node) -> CopyTarget:
         """The pod's workspace is a directory on this machine: plain local rsync."""
-        return CopyTarget(destination=pod.workspace.rstrip("/") + "/")
+        return CopyTarget(destination=node.workspace.rstrip("/") + "/")
 
-    def logs_argv(self, deployment: Deployment, pod: Pod, follow: bool) -> list[str]:
-        """The pod's own log: when it came up and which commands ran in it."""
-        return ["tail", "-n", "+1", *(["-F"] if follow else []), str(pod_dir(deployment, pod.ordinal) / "pod.log")]
-
-    def data_volumes(self, deployment: Deployment) -> list[str]:
+    def data_volumes(self, handle: Handle) -> list[str]:
         """The pod directories (with their workspaces) that ``clean --delete-data`` deletes."""
-        paths = [pod_dir(deployment, o) for o in sorted(_existing_ordinals(deployment))]
-        if deployment.storage.shared:
-            paths.append(workspace_dir(deployment, 0))
+        layout = self.layout(handle)
+        paths = [layout.pod_dir(o) for o in sorted(self._existing(layout))]
+        if layout.shared and _marked(layout.workspace(0), OWNER_FILE, layout):
+            paths.append(layout.workspace(0))
         return [str(p) for p in paths if p.exists()]
 
-    def clean(self, deployment: Deployment, delete_data: bool) -> None:
+    def clean(self, handle: Handle, delete_data: bool) -> None:
         """Stop every process started in the pods, delete namespaces, bridge and /etc/netns entries; the
-        workspaces stay unless ``delete_data``. Cleaning twice is fine."""
-        self._remove(deployment, sorted(_existing_ordinals(deployment)), delete_data)
-        if localnet.available():
-            localnet.delete_namespace(bridge_netns(deployment))
-        base = base_dir(deployment)
+        workspaces stay unless ``delete_data``. Only what this deployment marked as its own goes."""
+        layout = self.layout(handle)
+        existing = sorted(self._existing(layout))
+        shared_ours = layout.shared and _marked(layout.workspace(0), OWNER_FILE, layout)
+        if not existing and not (delete_data and shared_ours):
+            info(f"nothing to clean: no pods of {layout.app} in {layout.base}")
+            return
+        self._remove(layout, existing, delete_data)
+        if self.namespaces_available:
+            localnet.delete_namespace(layout.bridge)
         if delete_data:
-            if deployment.storage.shared:
-                shutil.rmtree(workspace_dir(deployment, 0), ignore_errors=True)
-            if base.is_dir() and not any(base.iterdir()):
-                base.rmdir()
+            if shared_ours:
+                shutil.rmtree(layout.workspace(0), ignore_errors=True)
+            if layout.base.is_dir() and not any(layout.base.iterdir()):
+                layout.base.rmdir()
 
-    def _remove(self, deployment: Deployment, ordinals: Sequence[int], delete_data: bool) -> None:
-        directories = [pod_dir(deployment, o) for o in ordinals]
+    def _remove(self, layout: Layout, ordinals: Sequence[int], delete_data: bool) -> None:
+        directories = [layout.pod_dir(o) for o in ordinals]
         stopped = localproc.stop(directories)
         if stopped:
-            info(f"stopped {stopped} process(es) in {deployment.app}")
+            info(f"stopped {stopped} process(es) in {layout.app}")
         for ordinal, directory in zip(ordinals, directories, strict=True):
-            if localnet.available():
-                localnet.delete_namespace(netns_name(deployment, ordinal))
+            if self.namespaces_available:
+                localnet.delete_namespace(f"{layout.netns_prefix}{ordinal}")
+            if not _marked(directory, OWNER, layout):
+                continue
             if delete_data:
                 shutil.rmtree(directory, ignore_errors=True)
-            elif directory.is_dir():
+            else:
                 for entry in directory.iterdir():
                     if entry.is_dir() and entry.name != "workspace":
                         shutil.rmtree(entry)
-                    elif not entry.is_dir():
+                    elif not entry.is_dir() and entry.name != OWNER:
                         entry.unlink()
-            info(f"pod {deployment.app}-{ordinal} removed" + (" with its data" if delete_data else ""))
+            info(f"pod {layout.app}-{ordinal} removed" + (" with its data" if delete_data else ""))
+
+    def checks(self, plan: JobPlan) -> list[Check]:
+        """Root (for namespaces), iproute2 and rsync."""
+        checks = []
+        root = os.geteuid() == 0
+        checks.append(Check("root", "PASS" if root else "WARN",
+                            "running as root" if root else "not root: pods are processes sharing loopback",
+                            None if root else "run as root for network-namespace pods"))
+        for tool, package in (("ip", "iproute2"), ("rsync", "rsync")):
+            found = shutil.which(tool)
+            checks.append(Check(tool, "PASS" if found else ("FAIL" if tool == "rsync" else "WARN"),
+                                found or f"{tool} not found", None if found else f"apt-get install {package}"))
+        return checks
+
+
+def _dns_names(app: str, namespace: str, ordinal: int) -> list[str]:
+    """The names a pod answers to, as a StatefulSet pod behind its headless Service does."""
+    full = pod_dns(app, namespace, ordinal)
+    parts = full.split(".")
+    return [full, ".".join(parts[:3]), ".".join(parts[:2]), parts[0]]
+
+
+def local_pods(data: Mapping[str, Any]) -> list[LocalPod]:
+    """The pods recorded in a local handle's data (for tests and tools)."""
+    return [LocalPod(**pod) for pod in data.get("pods", [])]

@@ -1,0 +1,120 @@
+"""Launch, stop and run logs for backends that start a command on each node through their exec (pods, local
+"pods", ssh hosts): the runtime's ``launch``/``stop``/``logs`` on every node at once. A backend gets all of it by
+inheriting :class:`FanoutJobs` and providing ``nodes`` and ``exec_argv``."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from mlenv.backends.base import Handle, LaunchOutcome, LaunchRequest, LaunchSpec, Node
+from mlenv.backends.remote import RUNTIME_DIR, secrets_input
+from mlenv.errors import OperationError
+
+RUNS_DIR = f"{RUNTIME_DIR}/runs"
+"""Where each node keeps its runs, relative to its workspace: ``.mlenv/runs/<run id>/node<R>.log``."""
+MASK = "<forwarded from your environment>"
+
+
+def run_dir(run_id: str) -> str:
+    """A run's directory on the nodes, relative to the workspace."""
+    return f"{RUNS_DIR}/{run_id}"
+
+
+class FanoutJobs:
+    """``prepare_launch``/``launch``/``stop``/``logs_argv`` on top of ``nodes`` and ``exec_argv``."""
+
+    def nodes(self, handle: Handle) -> list[Node]:  # provided by the backend
+        raise NotImplementedError
+
+    def exec_argv(self, handle: Handle, node: Node, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
+                  interactive: bool = False, stop_on_stdin_eof: bool = False,
+                  secrets: Sequence[str] = ()) -> list[str]:  # provided by the backend
+        raise NotImplementedError
+
+    def python(self, handle: Handle) -> str:
+        """The Python that runs the runtime on the nodes."""
+        return str(handle.data.get("python") or "python3")
+
+    def runtime(self, handle: Handle, *args: str) -> list[str]:
+        """``python3 -m mlenv.runtime ARGS``: the command run on a node."""
+        return [self.python(handle), "-m", "mlenv.runtime", *args]
+
+    def prepare_launch(self, handle: Handle, spec: LaunchSpec) -> LaunchRequest:
+        """PURE: the same runtime launch on every node, in its workspace."""
+        options = ["--launcher", spec.launcher, *(["--nproc", str(spec.nproc)] if spec.nproc else []),
+                   "--run-dir", run_dir(spec.run_id), *(["--detach"] if spec.detach else [])]
+        command = self.runtime(handle, "launch", *options, "--", spec.script, *spec.args)
+        env = {"MLENV_RUN_ID": spec.run_id, "PYTHONUNBUFFERED": "1"}
+        commands = {ordinal: command for ordinal in range(handle.nodes)}
+        return LaunchRequest(spec, launch_text(handle, spec, env, commands), commands, env)
+
+    def launch(self, handle: Handle, request: LaunchRequest, secrets: Mapping[str, str],
+               log_dir: str) -> LaunchOutcome:
+        """Start the request on every node at once; fail-fast and Ctrl-C stop all of them (unless detached)."""
+        from mlenv.parallel import run_parallel
+
+        nodes = self.nodes(handle)
+        if len(nodes) < handle.nodes:
+            raise OperationError(f"only {len(nodes)} of {handle.nodes} nodes of {handle.name} are running: "
+                                 f"mlenv status shows why; deploy again to repair")
+        detach = request.spec.detach
+        names = request.spec.secrets
+        commands = {n.ordinal: self.exec_argv(handle, n, request.commands[n.ordinal], env=request.env,
+                                              stop_on_stdin_eof=not detach, secrets=names) for n in nodes}
+        logs = {n.ordinal: Path(log_dir) / f"node-{n.ordinal}.log" for n in nodes}
+        result = run_parallel(commands, fail_fast=not detach, logs=logs, keep_stdin=not detach,
+                              stdin=secrets_input(names, dict(secrets)))
+        return LaunchOutcome(result.exit_code, dict(result.exit_codes), {n: str(p) for n, p in logs.items()},
+                             result.first_failure, detached=detach, stopped=result.stopped,
+                             interrupted=result.interrupted)
+
+    def stop(self, handle: Handle) -> int:
+        """The runtime's ``stop`` on every node: every job mlenv started there ends; the nodes stay."""
+        from mlenv.parallel import run_parallel
+
+        nodes = self.nodes(handle)
+        commands = {n.ordinal: self.exec_argv(handle, n, self.runtime(handle, "stop")) for n in nodes}
+        return run_parallel(commands).exit_code
+
+    def run_states(self, handle: Handle, run_id: str) -> dict[int, str]:
+        """Node ordinal -> ``running``, ``exited (N)``, ``lost`` or ``-``, from the runtime's ``jobs --json``."""
+        from mlenv.parallel import run_parallel
+
+        output: dict[int, list[str]] = {}
+        nodes = self.nodes(handle)
+        commands = {n.ordinal: self.exec_argv(handle, n, self.runtime(handle, "jobs", "--json")) for n in nodes}
+        run_parallel(commands, echo=False, on_line=lambda node, line: output.setdefault(node, []).append(line))
+        return {node.ordinal: _state("\n".join(output.get(node.ordinal, [])), run_id) for node in nodes}
+
+    def logs_argv(self, handle: Handle, node: Node, follow: bool) -> list[str]:
+        """The runtime's ``logs`` of the node's latest run (``--follow`` ends with the job)."""
+        return self.exec_argv(handle, node, self.runtime(handle, "logs", *(["--follow"] if follow else [])))
+
+
+def _state(jobs_json: str, run_id: str) -> str:
+    """What one node's ``jobs --json`` says of ``run_id``."""
+    try:
+        jobs = json.loads(jobs_json or "[]")
+    except ValueError:
+        return "?"
+    mine = [job for job in jobs if isinstance(job, dict) and job.get("run_id") == run_id] if isinstance(jobs, list) \
+        else []
+    if not mine:
+        return "-"
+    code = mine[-1].get("exit_code")
+    return f"exited ({code})" if code is not None else str(mine[-1].get("state", "?"))
+
+
+def launch_text(handle: Handle, spec: LaunchSpec, env: Mapping[str, str],
+                commands: Mapping[int, Sequence[str]]) -> str:
+    """What ``launch --dry-run`` prints: every node's command, shell-quoted, forwarded secrets masked."""
+    shown_env = [f"{k}={shlex.quote(v)}" for k, v in env.items()] + [f"{name}={MASK}" for name in spec.secrets]
+    lines = [f"# mlenv launch: run {spec.run_id} of {handle.name} on {handle.nodes} nodes "
+             f"({spec.launcher}{', detached' if spec.detach else ''})",
+             "# each node runs, in its workspace, with the deployment's env contract and MLENV_NODE_RANK=<node>:",
+             f"# env {' '.join(shown_env)}"]
+    lines += [f"node-{ordinal}: {shlex.join(command)}" for ordinal, command in sorted(commands.items())]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,162 @@
+"""Kubernetes names of a job plan: objects, labels, the headless Service's DNS, the ServiceAccount and the SCC.
+The one place these naming rules live; templates, status and clean all read them from here."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from mlenv.config.model import Cluster
+from mlenv.plan import JobPlan
+
+CONTAINER = "ml-dev"
+"""The container of every pod (statefulset.yaml.j2)."""
+WORKSPACE = "/workspace"
+"""Where the workspace volume is mounted in every pod."""
+WORKSPACE_CLAIM = "ml-dev-workspace"
+DATASETS_CLAIM = "ml-datasets"
+IPC_LOCK_SCC = "mlenv-ipc-lock"
+INSTANCE_LABEL = "app.kubernetes.io/instance"
+MANAGED_BY = {"app.kubernetes.io/managed-by": "mlenv"}
+DATA_KIND = "PersistentVolumeClaim"
+@dataclass(frozen=True)
+class Storage:
+    """The plan's storage intent with the claim names."""
+
+    shared: bool
+    storage_class: str | None
+    workspace_size: str
+    datasets_size: str
+    shm_size: str
+    workspace_claim: str = WORKSPACE_CLAIM
+    datasets_claim: str = DATASETS_CLAIM
+
+
+@dataclass(frozen=True)
+class KubeDeployment:
+    """What the templates render: the plan in Kubernetes terms."""
+
+    plan: JobPlan
+    openshift: bool
+    cluster: Cluster
+    app: str
+    namespace: str
+    nodes: int
+    image: str
+    service_account: str
+    headless_service: str
+    master_port: int
+    labels: Mapping[str, str]
+    selector: Mapping[str, str]
+    annotations: Mapping[str, str]
+    env: Mapping[str, str]
+    storage: Storage
+    rdma_networks: tuple[str, ...]
+    rdma_resources: Mapping[str, int]
+    ipc_lock: bool
+    ipc_lock_scc: str | None
+    network_policy: bool
+    run_as_user: int | None
+    run_as_non_root: bool
+
+
+def match_labels(app: str) -> dict[str, str]:
+    """The StatefulSet's and the Service's pod selector (``app=<app>-multi``, as the original toolkit)."""
+    return {"app": f"{app}-multi", INSTANCE_LABEL: app}
+
+
+def instance(app: str) -> dict[str, str]:
+    """The label that lists a deployment's pods (and StatefulSet)."""
+    return {INSTANCE_LABEL: app}
+
+
+def owned_labels(app: str) -> dict[str, str]:
+    """What every object mlenv created for ``app`` carries: status and clean select by these."""
+    return {INSTANCE_LABEL: app, **MANAGED_BY}
+
+
+def pod_dns(app: str, namespace: str, ordinal: int) -> str:
+    """Stable DNS name of pod ``ordinal`` behind the headless Service."""
+    return f"{app}-{ordinal}.{headless_service(app)}.{namespace}.svc.cluster.local"
+
+
+def headless_service(app: str) -> str:
+    """The headless Service that gives each pod its DNS name."""
+    return f"{app}-headless"
+
+
+def kube_deployment(plan: JobPlan, openshift: bool) -> KubeDeployment:
+    """``plan`` in Kubernetes terms (``openshift``: the SCC applies and pods must run as non-root)."""
+    cluster = plan.cluster
+    app, namespace = plan.app, str(cluster.info.namespace)
+    labels = {**match_labels(app), "app.kubernetes.io/name": app, **MANAGED_BY, "app.kubernetes.io/part-of": "mlenv"}
+    annotations = {"mlenv.io/cluster": cluster.info.name, "mlenv.io/mode": plan.mode}
+    if cluster.info.description:
+        annotations["mlenv.io/description"] = cluster.info.description
+    intent = plan.storage
+    return KubeDeployment(
+        plan=plan,
+        openshift=openshift,
+        cluster=cluster,
+        app=app,
+        namespace=namespace,
+        nodes=plan.nodes,
+        image=plan.image,
+        service_account=cluster.security.service_account,
+        headless_service=headless_service(app),
+        master_port=int(plan.env["MASTER_PORT"]),
+        labels=labels,
+        selector=match_labels(app),
+        annotations=annotations,
+        env={"MASTER_ADDR": pod_dns(app, namespace, 0), **plan.env},
+        storage=Storage(intent.shared, intent.storage_class, intent.workspace_size, intent.datasets_size,
+                        intent.shm_size),
+        rdma_networks=plan.rdma_networks,
+        rdma_resources=plan.rdma_resources,
+        ipc_lock=plan.ipc_lock,
+        ipc_lock_scc=IPC_LOCK_SCC if plan.ipc_lock and openshift else None,
+        network_policy=cluster.security.network_policy,
+        run_as_user=cluster.security.run_as_user,
+        run_as_non_root=openshift or bool(cluster.security.run_as_user),
+    )
+
+
+@dataclass(frozen=True)
+class Target:
+    """A deployment on a cluster, as its recorded handle names it: enough to operate it without the cluster file."""
+
+    app: str
+    namespace: str
+    nodes: int
+    flavour: str
+    """``oc`` (OpenShift) or ``kubectl``."""
+    api: str | None
+    cluster_name: str
+    cluster_file: str
+    kinds: tuple[str, ...]
+    """What clean deletes, dependants first (PVCs only with --delete-data)."""
+    service_account: str
+    ipc_lock_scc: str | None
+
+    @property
+    def openshift(self) -> bool:
+        """Whether the cluster file said OpenShift."""
+        return self.flavour == "oc"
+
+    def to_data(self) -> dict[str, object]:
+        """The backend-specific part of the handle."""
+        return {"app": self.app, "namespace": self.namespace, "flavour": self.flavour, "api": self.api,
+                "cluster_name": self.cluster_name, "cluster_file": self.cluster_file, "kinds": list(self.kinds),
+                "service_account": self.service_account, "ipc_lock_scc": self.ipc_lock_scc}
+
+    @classmethod
+    def from_data(cls, data: Mapping[str, object], nodes: int) -> Target:
+        """Inverse of ``to_data``; TypeError/KeyError on a record of another shape."""
+        kinds = data["kinds"]
+        if not isinstance(kinds, list):
+            raise TypeError("kinds is not a list")
+        return cls(app=str(data["app"]), namespace=str(data["namespace"]), nodes=nodes,
+                   flavour=str(data["flavour"]), api=None if data.get("api") is None else str(data["api"]),
+                   cluster_name=str(data["cluster_name"]), cluster_file=str(data["cluster_file"]),
+                   kinds=tuple(str(kind) for kind in kinds), service_account=str(data["service_account"]),
+                   ipc_lock_scc=None if data.get("ipc_lock_scc") is None else str(data["ipc_lock_scc"]))

@@ -1,0 +1,54 @@
+"""The in-node side of a remote exec (``kubectl exec``, ``ssh``): a small ``sh`` script that goes to the workspace,
+puts the runtime shipped by sync on PYTHONPATH, reads forwarded secrets from stdin, and runs the command.
+
+Every script takes the workspace as ``$1`` and the command as the remaining arguments, so values stay separate
+arguments and never become shell text. Secrets arrive on stdin, one value per line in the order of their names,
+so they appear on no command line, in no file and in no log.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from mlenv.errors import UsageError
+
+RUNTIME_DIR = ".mlenv"
+"""Where sync ships the runtime inside the workspace (``<workspace>/.mlenv/mlenv/runtime``) and where runs live."""
+RUNTIME_PATH = f'export PYTHONPATH="$1/{RUNTIME_DIR}${{PYTHONPATH:+:$PYTHONPATH}}"'
+NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+_RUN = 'exec "$@"'
+_RUN_UNTIL_STDIN_EOF = (
+    'exec 3<&0; "$@" </dev/null 3<&- & job=$!; '
+    '{ cat <&3 >/dev/null; kill -TERM "$job"; } >/dev/null 2>&1 & watcher=$!; exec 3<&-; '
+    'wait "$job"; code=$?; kill "$watcher" 2>/dev/null; exit "$code"'
+)
+"""The job is stopped (SIGTERM) when the session's stdin closes: the local side went away. The watcher reads the
+session's stdin through fd 3, because background jobs of ``sh`` get /dev/null otherwise."""
+
+
+def read_secrets(names: Sequence[str]) -> str:
+    """Shell that exports each of ``names`` from one line of stdin (``read`` takes one byte at a time from a
+    pipe, so nothing after the values is consumed)."""
+    for name in names:
+        if not NAME.fullmatch(name):
+            raise UsageError(f"--env: expected a variable name like HF_TOKEN, got {name!r}")
+    return "".join(f'IFS= read -r {name} || exit 125; export {name}; ' for name in names)
+
+
+def script(*, stop_on_stdin_eof: bool = False, secrets: Sequence[str] = ()) -> str:
+    """The ``sh -c`` script for a command run in the workspace ``$1``."""
+    run = _RUN_UNTIL_STDIN_EOF if stop_on_stdin_eof else _RUN
+    return f'cd "$1" || exit 127; {RUNTIME_PATH}; shift; {read_secrets(secrets)}{run}'
+
+
+def secrets_input(names: Sequence[str], values: dict[str, str]) -> bytes:
+    """What the local side writes first to the command's stdin for ``script(secrets=names)``."""
+    lines = []
+    for name in names:
+        value = values[name]
+        if "\n" in value or "\r" in value or "\0" in value:
+            raise UsageError(f"--env {name}: the value has a line break or NUL byte, which cannot be forwarded")
+        lines.append(value)
+    return "".join(f"{line}\n" for line in lines).encode()

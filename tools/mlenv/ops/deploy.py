@@ -1,0 +1,55 @@
+"""``mlenv deploy``: prepare the request, record the deployment before the first change, apply, wait for Ready."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from mlenv.backends import get
+from mlenv.errors import UsageError, shown
+from mlenv.ui import warn
+
+if TYPE_CHECKING:
+    from mlenv.backends.base import Handle, Request
+    from mlenv.plan import JobPlan
+
+
+def prepared(job: JobPlan) -> Request:
+    """The backend's request for ``job``, with every warning of the plan and the request printed once."""
+    request = get(job.cluster.backend).prepare(job)
+    for message in (*job.warnings, *request.warnings):
+        warn(message)
+    return request
+
+
+def _check_name(job: JobPlan, cluster_file: str) -> None:
+    """A deployment name belongs to one cluster file; another live file of the same name must be cleaned first."""
+    from pathlib import Path
+
+    from mlenv import state
+
+    known = state.load().deployments.get(job.name)
+    if known is not None and known.cluster_file != cluster_file and Path(known.cluster_file).exists():
+        raise UsageError(f"a deployment named {job.name} is already recorded for {shown(known.cluster_file)}: "
+                         f"clean it first (mlenv clean -c {job.name}) or give {shown(job.cluster.source)} another "
+                         "cluster.name")
+
+
+def deploy(job: JobPlan, image: str | None, timeout: float) -> Handle:
+    """Apply ``job`` and wait until every node is ready; re-running converges. ``image``: the --image override
+    to remember."""
+    from pathlib import Path
+
+    from mlenv import state
+
+    backend = get(job.cluster.backend)
+    request = prepared(job)
+    cluster_file = str(Path(job.cluster.source).resolve())
+    _check_name(job, cluster_file)
+
+    def record(handle: Handle) -> None:
+        state.record(state.Deployment(handle.name, handle.backend, cluster_file, job.mode, job.nodes, image, handle))
+
+    with state.deploying(job.name):
+        handle = backend.apply(request, record)
+        backend.wait_ready(handle, timeout)
+    return handle

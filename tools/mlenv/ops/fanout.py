@@ -1,0 +1,50 @@
+"""Commands on every node at once, through the backend's exec: exec, logs and an interactive shell."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+from collections.abc import Sequence
+
+from mlenv.backends.base import Backend, Handle, Node
+from mlenv.errors import UsageError
+from mlenv.parallel import run_parallel
+
+
+def select_nodes(backend: Backend, handle: Handle, only: int | None) -> list[Node]:
+    """Every node, or just node ``only`` (UsageError naming the valid ordinals when it does not exist)."""
+    nodes = backend.nodes(handle)
+    if only is None:
+        return nodes
+    chosen = [n for n in nodes if n.ordinal == only]
+    if not chosen:
+        raise UsageError(f"pod {only} does not exist: {handle.name} has pods "
+                         f"{', '.join(str(n.ordinal) for n in nodes)} (--pod N / POD=N)")
+    return chosen
+
+
+def exec_all(backend: Backend, handle: Handle, argv: Sequence[str], only: int | None = None) -> int:
+    """Run ``argv`` on every node (or node ``only``) at once; 0 when all succeeded."""
+    nodes = select_nodes(backend, handle, only)
+    commands = {n.ordinal: backend.exec_argv(handle, n, argv, stop_on_stdin_eof=True) for n in nodes}
+    return run_parallel(commands, keep_stdin=True).exit_code
+
+
+def logs_all(backend: Backend, handle: Handle, only: int | None = None, follow: bool = False) -> int:
+    """Print (or follow) the logs of every node (or node ``only``), prefixed ``[node-N]``."""
+    nodes = select_nodes(backend, handle, only)
+    result = run_parallel({n.ordinal: backend.logs_argv(handle, n, follow) for n in nodes})
+    return 0 if result.interrupted and follow else result.exit_code
+
+
+def interactive(backend: Backend, handle: Handle, ordinal: int) -> int:
+    """An interactive shell (bash when the node has it) on node ``ordinal``, in its workspace."""
+    (node,) = select_nodes(backend, handle, ordinal)
+    shell = ["sh", "-c", "command -v bash >/dev/null 2>&1 && exec bash -i || exec sh -i"]
+    argv = backend.exec_argv(handle, node, shell, interactive=True)
+    # Ctrl-C belongs to the shell: a handler (unlike SIG_IGN) is not inherited by the command
+    previous = signal.signal(signal.SIGINT, lambda *_: None)
+    try:
+        return subprocess.call(argv)
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -1,0 +1,78 @@
+"""``mlenv status``: the nodes of one deployment (or of every recorded one), with the detached runs it knows."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from mlenv import state
+from mlenv.backends import get
+from mlenv.errors import MlenvError
+from mlenv.ops.target import Target, resolve
+from mlenv.ui import error, print_json, table
+
+
+def _report(target: Target, current: str | None, tolerant: bool) -> dict[str, Any]:
+    """What status shows of ``target``; with ``tolerant`` a failure to query it becomes the report's error."""
+    handle = target.handle
+    report: dict[str, Any] = {
+        "name": handle.name, "cluster": handle.name, "backend": handle.backend, "mode": handle.mode,
+        "nodes": handle.nodes, "namespace": handle.data.get("namespace"), "current": handle.name == current,
+        "deployed": target.recorded is not None,
+        "cluster_file": target.recorded.cluster_file if target.recorded else None,
+        "runs": list(target.recorded.runs) if target.recorded else [],
+    }
+    try:
+        report["pods"] = [asdict(row) for row in target.backend.status(handle)]
+        if report["runs"] and report["pods"]:
+            latest = report["runs"][-1]["id"]
+            report["run_states"] = {str(n): s for n, s in target.backend.run_states(handle, latest).items()}
+    except MlenvError as exc:
+        if not tolerant:
+            raise
+        report["pods"], report["error"] = [], str(exc)
+    return report
+
+
+def _print(report: dict[str, Any]) -> None:
+    where = f", namespace {report['namespace']}" if report.get("namespace") else ""
+    title = f"{report['name']} ({report['backend']}, {report['mode']}{where}{', current' if report['current'] else ''})"
+    if report.get("error"):
+        error(f"{report['name']}: {report['error']}")
+        return
+    rows = report["pods"]
+    if not rows:
+        print(f"{title}: no nodes" + ("" if report["deployed"] else " (not deployed)"))
+        return
+    extra = sorted({key for row in rows for key in row["extra"]})
+    table(title, ["POD", "NODE", "PHASE", "READY", "RESTARTS", "GPUS", "IP", "RDMA", *[c.upper() for c in extra],
+                  "DETAIL"],
+          [[row["name"], row["node"] or "-", row["phase"], "yes" if row["ready"] else "no", row["restarts"],
+            row["gpus"], row["ip"] or "-", row["rdma_devices"] or "-", *[row["extra"].get(c, "") for c in extra],
+            row["detail"] or ""] for row in rows])
+    if report["runs"]:
+        latest = report["runs"][-1]
+        states = report.get("run_states", {})
+        running = sum(state == "running" for state in states.values())
+        print(f"latest detached run: {latest['id']} ({latest['script']}, started {latest['started']}): "
+              f"running on {running}/{len(states)} nodes "
+              f"({', '.join(f'node-{n} {s}' for n, s in sorted(states.items()))}); "
+              "mlenv logs -f follows it, mlenv stop stops it")
+
+
+def show(cluster_ref: str | None, every: bool, as_json: bool) -> int:
+    """Print the status; 1 when a deployment could not be queried."""
+    recorded = state.load()
+    if every:
+        targets = [Target(get(d.backend), d.handle, d) for _, d in sorted(recorded.deployments.items())]
+    else:
+        targets = [resolve(cluster_ref)]
+    reports = [_report(target, recorded.current, tolerant=every) for target in targets]
+    if as_json:
+        print_json({"deployments": reports} if every else reports[0])
+    else:
+        if every and not reports:
+            print("no deployments recorded")
+        for report in reports:
+            _print(report)
+    return 1 if any(r.get("error") for r in reports) else 0

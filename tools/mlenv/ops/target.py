@@ -1,0 +1,73 @@
+"""Which deployment a command acts on: the recorded one (current, or named by --cluster), else the cluster
+file's plan. Recorded deployments are operated from their handle alone, so an edited (or broken) cluster file
+never stops status, exec or clean."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from mlenv import state
+from mlenv.backends import get
+from mlenv.backends.base import Backend, Handle
+from mlenv.errors import UsageError, shown
+from mlenv.plan import JobPlan
+
+
+@dataclass(frozen=True)
+class Target:
+    """A backend and the handle to act on; ``recorded`` when it comes from .mlenv/state.json."""
+
+    backend: Backend
+    handle: Handle
+    recorded: state.Deployment | None
+    plan: JobPlan | None = None
+
+
+def load_plan(cluster_ref: str, mode: str | None = None, nodes: int | None = None,
+              image: str | None = None) -> JobPlan:
+    """Load, validate and plan a cluster file."""
+    from mlenv.config import load_cluster
+    from mlenv.plan import plan
+
+    return plan(load_cluster(cluster_ref), mode=mode, nodes=nodes, image=image)
+
+
+def recorded_plan(deployment: state.Deployment) -> JobPlan:
+    """Plan a recorded deployment again from its cluster file, with the mode, nodes and image it was deployed
+    with; bad values there blame the record, not options the user never passed."""
+    from mlenv.plan import MAX_NODES, MODES
+
+    wrong = []
+    if deployment.mode not in MODES:
+        wrong.append(f"mode {deployment.mode!r} (expected rdma or tcp)")
+    if not 1 <= deployment.nodes <= MAX_NODES:
+        wrong.append(f"nodes {deployment.nodes} (expected 1-{MAX_NODES})")
+    if deployment.image is not None and (not isinstance(deployment.image, str) or not deployment.image.isprintable()
+                                         or any(c.isspace() for c in deployment.image) or not deployment.image):
+        wrong.append(f"image {deployment.image!r} (expected an image reference without spaces)")
+    if wrong:
+        raise UsageError(f"the deployment {deployment.name} recorded in {shown(str(state.state_file()))} has "
+                         f"{', '.join(wrong)}; deploy it with CLUSTER=FILE (and MODE=, NODES=) to record it afresh")
+    return load_plan(deployment.cluster_file, deployment.mode, deployment.nodes, deployment.image)
+
+
+def resolve(cluster_ref: str | None) -> Target:
+    """The recorded deployment named by ``cluster_ref`` (a deployment name, a cluster name or a file), the
+    current one without it, else the cluster file's plan (not deployed)."""
+    if cluster_ref is None:
+        deployment = state.current()
+        return Target(get(deployment.backend), deployment.handle, deployment)
+    recorded = state.load()
+    try:
+        deployment = state.find(recorded, cluster_ref)
+    except UsageError:
+        job = load_plan(cluster_ref)
+        backend = get(job.cluster.backend)
+        return Target(backend, backend.prepare(job).handle, None, job)
+    return Target(get(deployment.backend), deployment.handle, deployment)
+
+
+def cluster_path(job: JobPlan) -> str:
+    """How the state names a plan's cluster file: its absolute path."""
+    return str(Path(job.cluster.source).resolve())
