@@ -4,7 +4,7 @@ fragment (``mlenv/backends/<name>.schema.json``, validating that section) and it
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 KUBERNETES_FIELDS = frozenset({"kubernetes_version", "app", "image", "nodes", "storage", "security", "resources",
                                "scheduling"})
@@ -18,8 +18,7 @@ SELECTIVE_FIELDS = KUBERNETES_FIELDS | CONTAINER_FIELDS
 validate warning. Every other common section (cluster, network, gpus, nccl, env, notes) every backend reads."""
 
 
-@dataclass(frozen=True)
-class BackendInfo:
+class BackendInfo(NamedTuple):
     """One backend: how to make it, and what it reads of a cluster file."""
 
     name: str
@@ -53,6 +52,8 @@ BACKENDS: dict[str, BackendInfo] = {
         BackendInfo("runai", "mlenv.backends.runai.backend:RunaiBackend", section="runai",
                     settings="mlenv.backends.runai.settings:parse",
                     uses=frozenset({"app", "image", "storage", "security"})),
+        BackendInfo("ssh", "mlenv.backends.ssh.backend:SshBackend", section="ssh",
+                    settings="mlenv.backends.ssh.settings:parse", cpu_nodes=True, uses=frozenset({"app"})),
     )
 }
 DEFAULT_BACKEND = "openshift"

@@ -1,0 +1,147 @@
+"""The ssh backend's host forms (host, user@host:port, ssh:// URLs, [v6addr]:port, aliases), the ``ssh:`` section's
+problems as file:line:col lines, and the command lines built from them (pure: nothing is run)."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import pytest
+from mlenv.backends.ssh.backend import SshBackend
+from mlenv.backends.ssh.hosts import HostError, HostSpec, parse_host
+from mlenv.backends.ssh.settings import SshSettings
+from mlenv.backends.ssh.target import SshTarget
+from mlenv.backends.ssh.transport import Transport
+from mlenv.plan import plan
+
+from tests.unit.config.files import ROOT, edited, loaded, position, problems
+
+LAB = (ROOT / "clusters/lab.yaml").read_text()
+HOSTS_LINE = '  hosts: [gpu1.lab.example, "me@gpu2.lab.example:2222"]'
+
+GOOD = [
+    # (as written, host, user, port, ssh destination with default user "dflt", how messages name it)
+    ("gpu1.lab.example", "gpu1.lab.example", None, None, "dflt@gpu1.lab.example", "gpu1.lab.example"),
+    ("me@gpu2.lab.example:2222", "gpu2.lab.example", "me", 2222, "me@gpu2.lab.example", "me@gpu2.lab.example:2222"),
+    ("ssh://me@gpu2:2222", "gpu2", "me", 2222, "me@gpu2", "me@gpu2:2222"),
+    ("ssh://gpu2/", "gpu2", None, None, "dflt@gpu2", "gpu2"),
+    ("GPU-Box_1", "GPU-Box_1", None, None, "dflt@GPU-Box_1", "GPU-Box_1"),  # an alias from ~/.ssh/config, case kept
+    ("10.0.0.7:22", "10.0.0.7", None, 22, "dflt@10.0.0.7", "10.0.0.7:22"),
+    ("[fd00::7]:2200", "fd00::7", None, 2200, "dflt@fd00::7", "[fd00::7]:2200"),
+    ("root@[::1]", "::1", "root", None, "root@::1", "root@[::1]"),
+    ("ssh://a.b@[fe80::1%eth0]:22", "fe80::1%eth0", "a.b", 22, "a.b@fe80::1%eth0", "a.b@[fe80::1%eth0]:22"),
+]
+
+BAD = [
+    ("", "expected host, user@host"),
+    ("fd00::7", "write an IPv6 address in brackets: [fd00::7] or [fd00::7]:22"),
+    ("[fd00::7", "Invalid IPv6 URL"),
+    ("[fd00::7]x", "unexpected 'x' after ']'"),
+    ("[gpu1]:22", "'gpu1' does not appear to be an IPv4 or IPv6 address"),
+    ("gpu1:", "expected a port 1-65535 after ':'"),
+    ("gpu1:0", "expected a port 1-65535 after ':'"),
+    ("gpu1:70000", "expected a port 1-65535 after ':', got '70000'"),
+    ("gpu1:ssh", "expected a port 1-65535 after ':', got 'ssh'"),
+    ("-oProxyCommand=touch /tmp/x", "a host cannot contain spaces"),
+    ("-oProxyCommand=x", "a host cannot start with '-' (ssh would read it as an option)"),
+    ("gpu1 gpu2", "a host cannot contain spaces or control characters"),
+    ("gpu1\n", "a host cannot contain spaces or control characters"),
+    ("https://gpu1", "only ssh:// URLs are understood"),
+    ("ssh://gpu1/home/me", "unexpected path or query after the host"),
+    ("gpu1?x=1", "unexpected path or query after the host"),
+    ("me:secret@gpu1", "a password in the host is not supported"),
+    ("a@b@gpu1", "expected a user name of letters, digits, '.', '_' or '-' before '@', got 'a@b'"),
+    ("gpu1;touch", "expected a host name, alias or address of letters, digits, '.', '_' or '-', got 'gpu1;touch'"),
+]
+
+
+@pytest.mark.parametrize(("text", "host", "user", "port", "destination", "display"), GOOD, ids=[g[0] for g in GOOD])
+def test_accepted_forms(text: str, host: str, user: str | None, port: int | None, destination: str,
+                        display: str) -> None:
+    spec = parse_host(text)
+    assert spec == HostSpec(host, user, port)
+    assert (spec.destination("dflt"), spec.display()) == (destination, display)
+
+
+@pytest.mark.parametrize(("text", "message"), BAD, ids=[repr(b[0]) for b in BAD])
+def test_rejected_forms_say_why(text: str, message: str) -> None:
+    with pytest.raises(HostError, match=None) as caught:
+        parse_host(text)
+    assert message in str(caught.value)
+
+
+def test_the_example_cluster_file_loads(tmp_path: Path) -> None:
+    settings = loaded(tmp_path / "lab.yaml", LAB).settings
+    assert settings == SshSettings(
+        hosts=(HostSpec("gpu1.lab.example"), HostSpec("gpu2.lab.example", "me", 2222)), user="me",
+        identity_file="~/.ssh/id_ed25519", jump="bastion.lab.example", known_hosts="~/.ssh/known_hosts",
+        workdir="~/mlenv/workspace", python="/opt/conda/bin/python3", connect_timeout=10)
+
+
+def test_every_bad_field_is_one_line_at_its_place(tmp_path: Path) -> None:
+    text = edited(LAB, (HOSTS_LINE, '  hosts: [gpu1, "fd00::7", "gpu1", "ok:99999"]'),
+                  ("identity_file: ~/.ssh/id_ed25519", "identity_file: keys/id"),
+                  ("jump: bastion.lab.example", "jump: bastion,-x"),
+                  ("workdir: ~/mlenv/workspace", "workdir: ~other/ws"),
+                  ("python: /opt/conda/bin/python3", "python: python3 -u"))
+    path = tmp_path / "x.yaml"
+    snippets = {"v6": '"fd00', "twice": '"gpu1"', "port": '"ok:', "key": "identity_file", "jump": "jump:",
+                "workdir": "workdir:", "python": "python:"}
+    at = {name: f"{path}:{position(text, snippet)}" for name, snippet in snippets.items()}
+    assert problems(path, text) == [
+        f'{at["v6"]}: ssh.hosts[1]: write an IPv6 address in brackets: [fd00::7] or [fd00::7]:22, got "fd00::7"',
+        f'{at["twice"]}: ssh.hosts[2]: "gpu1" is listed twice (first as hosts[0]); one node runs per host, so '
+        "list each host once",
+        f"{at['port']}: ssh.hosts[3]: expected a port 1-65535 after ':', got '99999', got \"ok:99999\"",
+        f'{at["key"]}: ssh.identity_file: expected an absolute path or one starting with ~/, got "keys/id"',
+        f"{at['jump']}: ssh.jump: a host cannot start with '-' (ssh would read it as an option), got "
+        '"bastion,-x" (several hops: a,b)',
+        f"{at['workdir']}: ssh.workdir: expected a directory path (absolute, or ~/... in the login's home), "
+        'got "~other/ws"',
+        f'{at["python"]}: ssh.python: expected a command or an absolute path like /opt/conda/bin/python3, got '
+        '"python3 -u"',
+    ]
+    bad_schema = edited(LAB, ("connect_timeout: 10", "connect_timeout: 0"), ("user: me", "user: me;rm"))
+    user, timeout = position(bad_schema, "user: me;rm"), position(bad_schema, "connect_timeout")
+    assert problems(path, bad_schema) == [
+        f"{path}:{user}: ssh.user: expected a login name (letters, digits, '.', '_' or '-'), got \"me;rm\"",
+        f"{path}:{timeout}: ssh.connect_timeout: expected seconds 1-300 (ssh's ConnectTimeout), got 0"]
+
+
+def test_hosts_are_the_nodes(tmp_path: Path) -> None:
+    three = edited(LAB, (HOSTS_LINE, "  hosts: [a, b, c]"), ("  default_nodes: 2\n", ""))
+    path = tmp_path / "x.yaml"
+    assert problems(path, three) == [
+        f"{path}:{position(three, 'hosts: [a')}: ssh.hosts: 3 hosts listed but gpus.default_nodes is not set "
+        "(default 2): set gpus.default_nodes: 3 to use them all"]
+    more = edited(LAB, ("default_nodes: 2", "default_nodes: 3"))
+    assert problems(path, more) == [
+        f"{path}:{position(more, 'default_nodes')}: gpus.default_nodes: 3 nodes but ssh.hosts lists 2: one node "
+        "runs per host; list more hosts or lower gpus.default_nodes"]
+    missing = LAB[:LAB.index("ssh:\n")] + LAB[LAB.index("gpus:\n"):]
+    assert problems(path, missing) == [
+        f"{path}:1:1: ssh: backend ssh needs an ssh: section with its hosts (see clusters/lab.yaml)"]
+
+
+def test_the_request_is_pure_and_every_value_is_quoted(tmp_path: Path) -> None:
+    cluster = loaded(tmp_path / "lab.yaml", edited(LAB, ("~/.ssh/id_ed25519", "/keys/my key%1")))
+    request = SshBackend(uid=1234).prepare(plan(cluster))
+    assert request == SshBackend(uid=1234).prepare(plan(cluster))
+    target = SshTarget.of(request.handle)
+    transport = target.transport
+    assert transport.control_dir == "/tmp/mlenv-ssh-1234" and not Path(transport.control_dir).exists()  # pure
+    assert transport.config_path.startswith("/tmp/mlenv-ssh-1234/") and " " not in transport.config_path
+    config = transport.config_text.splitlines()
+    assert config[1:4] == ["BatchMode yes", "ConnectTimeout 10", "StrictHostKeyChecking accept-new"]
+    assert 'IdentityFile "/keys/my key%%1"' in config and "ControlPath /tmp/mlenv-ssh-1234/%C" in config
+    assert config[-2:] == ["Include ~/.ssh/config", "Include /etc/ssh/ssh_config"]  # after ours: ours win
+    assert "StrictHostKeyChecking no" not in request.text
+    second = target.hosts[1]
+    argv = transport.ssh_argv(second, ["printf", "%s", "a b", "$HOME", "it's"])
+    assert argv == ["ssh", "-F", transport.config_path, "-p", "2222", "-J", "bastion.lab.example", "-T", "--",
+                    "me@gpu2.lab.example", "printf %s 'a b' '$HOME' 'it'\"'\"'s'"]
+    assert shlex.split(argv[-1]) == ["printf", "%s", "a b", "$HOME", "it's"]
+    assert transport.destination(target.hosts[0], "/home/me/ws") == "me@gpu1.lab.example:/home/me/ws/"
+    v6 = Transport(5, "/tmp/c", "u")
+    assert v6.destination(HostSpec("fd00::7", None, 2200), "/ws") == "u@[fd00::7]:/ws/"
+    assert v6.ssh_argv(HostSpec("fd00::7", None, 2200), ["true"])[-3:] == ["--", "u@fd00::7", "true"]

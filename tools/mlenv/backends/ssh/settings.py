@@ -1,0 +1,136 @@
+"""The ``ssh:`` section of a cluster file (schema: ``mlenv/backends/ssh.schema.json``), parsed for the ssh backend.
+Imported at validate time for files with ``backend: ssh``, so it imports nothing heavy."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from mlenv.backends.ssh.hosts import HostError, HostSpec, parse_host
+from mlenv.errors import show_value
+
+if TYPE_CHECKING:
+    from mlenv.config.reader import ClusterReader
+
+DEFAULT_WORKDIR = "~/mlenv/workspace"
+DEFAULT_PYTHON = "python3"
+DEFAULT_CONNECT_TIMEOUT = 10
+DEFAULT_NODES = 2
+"""``gpus.default_nodes`` when the file does not set it (mlenv.config.validate)."""
+
+
+@dataclass(frozen=True)
+class SshSettings:
+    """How the ssh backend reaches and uses the machines."""
+
+    hosts: tuple[HostSpec, ...]
+    """Node rank = position; host 0 is the master."""
+    user: str | None
+    """Login for hosts written without ``user@`` (else ssh's own default)."""
+    identity_file: str | None
+    jump: str | None
+    """ProxyJump host(s), ``ssh -J`` syntax."""
+    known_hosts: str | None
+    """UserKnownHostsFile (default: ssh's, the user's own)."""
+    workdir: str
+    """The workspace on every host: absolute, or relative to the login's home (``~/...``)."""
+    python: str
+    connect_timeout: int
+
+
+def _text(value: object) -> bool:
+    return isinstance(value, str) and bool(value) and all(c.isprintable() and c != '"' for c in value)
+
+
+def _file(reader: ClusterReader, key: str) -> str | None:
+    """A local file: absolute or ``~/``, printable, no double quote (ssh_config quotes values with them)."""
+    value = reader.get("ssh", key)
+    if value is None:
+        return None
+    if not _text(value) or not (value.startswith(("/", "~/"))):
+        reader.problem(("ssh", key), f"expected an absolute path or one starting with ~/, got {show_value(value)}")
+        return None
+    return str(value)
+
+
+def _hosts(reader: ClusterReader) -> tuple[HostSpec, ...]:
+    hosts: list[HostSpec] = []
+    seen: dict[tuple[str, int | None, str | None], int] = {}
+    default_user = reader.get("ssh", "user")
+    for index, text in enumerate(reader.get("ssh", "hosts", default=[])):
+        try:
+            spec = parse_host(text)
+        except HostError as exc:
+            reader.problem(("ssh", "hosts", index), f"{exc}, got {show_value(text)}")
+            continue
+        key = (spec.host, spec.port, spec.user or default_user)
+        if key in seen:
+            reader.problem(("ssh", "hosts", index), f"{show_value(text)} is listed twice (first as hosts[{seen[key]}]);"
+                                                    " one node runs per host, so list each host once")
+        seen.setdefault(key, index)
+        hosts.append(spec)
+    return tuple(hosts)
+
+
+def _jump(reader: ClusterReader) -> str | None:
+    value = reader.get("ssh", "jump")
+    if value is None:
+        return None
+    for hop in str(value).split(","):
+        try:
+            parse_host(hop)
+        except HostError as exc:
+            reader.problem(("ssh", "jump"), f"{exc}, got {show_value(value)} (several hops: a,b)")
+            return None
+    return str(value)
+
+
+def _workdir(reader: ClusterReader) -> str:
+    value = reader.get("ssh", "workdir", default=DEFAULT_WORKDIR)
+    if not _text(value) or (value.startswith("~") and value != "~" and not value.startswith("~/")):
+        reader.problem(("ssh", "workdir"), f"expected a directory path (absolute, or ~/... in the login's home), "
+                                           f"got {show_value(value)}")
+        return DEFAULT_WORKDIR
+    return str(value)
+
+
+def _python(reader: ClusterReader) -> str:
+    value = reader.get("ssh", "python", default=DEFAULT_PYTHON)
+    if not _text(value) or value.startswith("-") or any(c.isspace() for c in value):
+        reader.problem(("ssh", "python"), f"expected a command or an absolute path like /opt/conda/bin/python3, got "
+                                          f"{show_value(value)}")
+        return DEFAULT_PYTHON
+    return str(value)
+
+
+def _check_nodes(reader: ClusterReader, hosts: tuple[HostSpec, ...]) -> None:
+    """Every node is a host: gpus.default_nodes may use fewer of them, never more, and must be set when the host
+    count differs from its default."""
+    nodes = reader.get("gpus", "default_nodes")
+    if nodes is None:
+        if hosts and len(hosts) != DEFAULT_NODES:
+            reader.problem(("ssh", "hosts"), f"{len(hosts)} hosts listed but gpus.default_nodes is not set (default "
+                                             f"{DEFAULT_NODES}): set gpus.default_nodes: {len(hosts)} to use them all")
+    elif str(nodes).isdigit() and int(nodes) > len(hosts):
+        reader.problem(("gpus", "default_nodes"), f"{nodes} nodes but ssh.hosts lists {len(hosts)}: one node runs "
+                                                  "per host; list more hosts or lower gpus.default_nodes")
+
+
+def parse(reader: ClusterReader) -> SshSettings:
+    """The ssh backend's settings (BackendInfo.settings of ``ssh``)."""
+    hosts = _hosts(reader)
+    if reader.get("ssh") is None:
+        reader.problem(("ssh",), "backend ssh needs an ssh: section with its hosts (see clusters/lab.yaml)")
+    else:
+        _check_nodes(reader, hosts)
+    return SshSettings(
+        hosts=hosts,
+        user=reader.get("ssh", "user"),
+        identity_file=_file(reader, "identity_file"),
+        jump=_jump(reader),
+        known_hosts=_file(reader, "known_hosts"),
+        workdir=_workdir(reader),
+        python=_python(reader),
+        connect_timeout=reader.integer("ssh", "connect_timeout", default=DEFAULT_CONNECT_TIMEOUT, minimum=1,
+                                       maximum=300) or DEFAULT_CONNECT_TIMEOUT,
+    )
