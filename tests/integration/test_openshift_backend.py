@@ -23,7 +23,7 @@ from mlenv.backends.kubernetes.preflight import same_server
 from mlenv.backends.remote import script
 from mlenv.cli import main
 from mlenv.errors import OperationError
-from mlenv.ops.target import load_plan
+from mlenv.plan import load_plan
 
 from tests.fakekube.fixtures import FakeCluster, fake_kube_factory  # noqa: F401 - the fixture, re-exported
 

@@ -26,7 +26,7 @@ from mlenv.backends.remote import script
 from mlenv.backends.runai import tool
 from mlenv.backends.runai.backend import RunaiBackend
 from mlenv.cli import main
-from mlenv.ops.target import load_plan
+from mlenv.plan import load_plan
 from mlenv.runtime.topology import detect_topology
 
 from tests._prereq import require

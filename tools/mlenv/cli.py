@@ -63,13 +63,14 @@ def _one_cluster(positional: str | None, option: str | None) -> str | None:
 
 def _plan(cluster_ref: str | None, mode: str | None, nodes: int | None, image: str | None) -> JobPlan:
     """The plan of ``cluster_ref``, or of the current deployment (its mode, nodes and image unless given)."""
-    from mlenv.ops.target import load_plan, recorded_plan
-
     if cluster_ref is not None:
+        from mlenv.plan import load_plan
+
         return load_plan(cluster_ref, mode, nodes, image)
     from dataclasses import replace
 
     from mlenv import state
+    from mlenv.ops.target import recorded_plan
 
     recorded = state.current()
     recorded = replace(recorded, mode=mode or recorded.mode, nodes=nodes or recorded.nodes,

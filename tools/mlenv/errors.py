@@ -7,7 +7,7 @@ name, a key or a value from the user should pass it through one of them.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from typing import NamedTuple
 
 _SHORT_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
@@ -38,8 +38,7 @@ def show_value(value: object) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-@dataclass(frozen=True)
-class Problem:
+class Problem(NamedTuple):
     """One actionable problem in a user's input, rendered as ``file:line:col: path: message`` on one line."""
 
     file: str

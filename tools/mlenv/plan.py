@@ -7,7 +7,7 @@ from this plan; the plan knows none of them.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from mlenv.config.model import RENDEZVOUS_PORT, Cluster
 from mlenv.config.quantity import half_of
@@ -18,8 +18,7 @@ MAX_NODES = 1024
 DEFAULT_SHM = "8Gi"
 
 
-@dataclass(frozen=True)
-class StorageIntent:
+class StorageIntent(NamedTuple):
     """What storage the job wants: one workspace shared by every node, or one per node, and their sizes."""
 
     shared: bool
@@ -29,8 +28,7 @@ class StorageIntent:
     shm_size: str
 
 
-@dataclass(frozen=True)
-class JobPlan:
+class JobPlan(NamedTuple):
     """Everything decided about running ``cluster``'s environment, for any backend."""
 
     cluster: Cluster
@@ -163,3 +161,11 @@ def plan(cluster: Cluster, mode: str | None = None, nodes: int | None = None,
         ipc_lock=cluster.security.ipc_lock,
         warnings=cluster.warnings,
     )
+
+
+def load_plan(cluster_ref: str, mode: str | None = None, nodes: int | None = None,
+              image: str | None = None) -> JobPlan:
+    """Load, validate and plan the cluster file ``cluster_ref`` (a name in clusters/ or a path)."""
+    from mlenv.config import load_cluster
+
+    return plan(load_cluster(cluster_ref), mode=mode, nodes=nodes, image=image)

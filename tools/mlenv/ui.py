@@ -36,13 +36,14 @@ def table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any
     """A rich table on stdout; piped output gets a wide fixed width so cells are not folded."""
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     console = Console() if sys.stdout.isatty() else Console(width=PIPE_WIDTH)
     grid = Table(title=title, header_style="bold", show_edge=False, pad_edge=False)
     for index, column in enumerate(columns):
         grid.add_column(column, no_wrap=index == 0, overflow="fold")
     for row in rows:
-        grid.add_row(*(str(cell) for cell in row))
+        grid.add_row(*(Text(str(cell)) for cell in row))  # cells are data, never rich markup ([host]:22 stays)
     console.print(grid)
 
 

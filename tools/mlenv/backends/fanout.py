@@ -90,8 +90,10 @@ class FanoutJobs:
         return {node.ordinal: _state("\n".join(output.get(node.ordinal, [])), run_id) for node in nodes}
 
     def logs_argv(self, handle: Handle, node: Node, follow: bool) -> list[str]:
-        """The runtime's ``logs`` of the node's latest run (``--follow`` ends with the job)."""
-        return self.exec_argv(handle, node, self.runtime(handle, "logs", *(["--follow"] if follow else [])))
+        """The runtime's ``logs`` of the node's latest run (``--follow`` ends with the job, or when the local side
+        goes away)."""
+        return self.exec_argv(handle, node, self.runtime(handle, "logs", *(["--follow"] if follow else [])),
+                              stop_on_stdin_eof=follow)
 
 
 def _state(jobs_json: str, run_id: str) -> str:

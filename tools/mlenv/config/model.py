@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import NamedTuple
 
 from mlenv.config.positions import JsonPath, nearest_position
 
@@ -13,8 +15,7 @@ DEFAULT_KUBERNETES_VERSION = "1.30"
 RENDEZVOUS_PORT = 29500
 
 
-@dataclass(frozen=True)
-class ClusterInfo:
+class ClusterInfo(NamedTuple):
     """Which cluster, API server and namespace the file describes."""
 
     name: str
@@ -24,8 +25,7 @@ class ClusterInfo:
     description: str | None
 
 
-@dataclass(frozen=True)
-class Storage:
+class Storage(NamedTuple):
     """Shared RWX claims, or one volume per pod (``volumeClaimTemplates``)."""
 
     mode: str
@@ -41,8 +41,7 @@ class Storage:
         return self.class_rwx if self.mode == "rwx" else self.class_rwo
 
 
-@dataclass(frozen=True)
-class Rdma:
+class Rdma(NamedTuple):
     """RDMA (InfiniBand / RoCE) settings; ``gid_index`` "auto" leaves detection to the in-pod runtime."""
 
     enabled: bool
@@ -57,8 +56,7 @@ class Rdma:
     resources: Mapping[str, int]
 
 
-@dataclass(frozen=True)
-class Tcp:
+class Tcp(NamedTuple):
     """Socket transport settings."""
 
     interface_exclude: str | None
@@ -67,8 +65,7 @@ class Tcp:
     """Host name -> socket interface, overriding the runtime's route-based choice on that host."""
 
 
-@dataclass(frozen=True)
-class Security:
+class Security(NamedTuple):
     """ServiceAccount, the one extra capability mlenv may ask for, the user id and network isolation."""
 
     service_account: str
@@ -79,8 +76,7 @@ class Security:
     run_as_user: int | None
 
 
-@dataclass(frozen=True)
-class Gpus:
+class Gpus(NamedTuple):
     """GPUs per node, default node count and processes per node."""
 
     per_node: int
@@ -89,8 +85,7 @@ class Gpus:
     procs_per_node: int
 
 
-@dataclass(frozen=True)
-class Scheduling:
+class Scheduling(NamedTuple):
     """Extra tolerations and node selector for the pods."""
 
     tolerations: tuple[Mapping[str, object], ...]
@@ -121,8 +116,7 @@ class Container:
     """Set inside the container; values may use $VARS, which the container expands."""
 
 
-@dataclass(frozen=True)
-class Cluster:
+class Cluster(NamedTuple):
     """A validated cluster file."""
 
     source: str
@@ -151,7 +145,7 @@ class Cluster:
     """The backend's own section parsed by its settings parser (BackendInfo.settings), e.g. LocalSettings."""
     notes: str | None
     warnings: tuple[str, ...] = ()
-    positions: Mapping[JsonPath, tuple[int, int]] = field(default_factory=dict, compare=False, repr=False)
+    positions: Mapping[JsonPath, tuple[int, int]] = MappingProxyType({})
 
     def where(self, json_path: JsonPath) -> tuple[int | None, int | None]:
         """Line and column of a field (or its nearest present ancestor) in the source file."""

@@ -66,7 +66,7 @@ def run_demo(keep: bool = False, steps: int = 30) -> int:
     from mlenv.backends import get
     from mlenv.ops.deploy import deploy
     from mlenv.ops.sync import sync
-    from mlenv.ops.target import load_plan
+    from mlenv.plan import load_plan
     from mlenv.ui import error, table
 
     started = time.monotonic()

@@ -33,7 +33,7 @@ def exec_all(backend: Backend, handle: Handle, argv: Sequence[str], only: int | 
 def logs_all(backend: Backend, handle: Handle, only: int | None = None, follow: bool = False) -> int:
     """Print (or follow) the logs of every node (or node ``only``), prefixed ``[node-N]``."""
     nodes = select_nodes(backend, handle, only)
-    result = run_parallel({n.ordinal: backend.logs_argv(handle, n, follow) for n in nodes})
+    result = run_parallel({n.ordinal: backend.logs_argv(handle, n, follow) for n in nodes}, keep_stdin=follow)
     return 0 if result.interrupted and follow else result.exit_code
 
 

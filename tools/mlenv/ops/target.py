@@ -11,7 +11,7 @@ from mlenv import state
 from mlenv.backends import get
 from mlenv.backends.base import Backend, Handle
 from mlenv.errors import UsageError, shown
-from mlenv.plan import JobPlan
+from mlenv.plan import JobPlan, load_plan
 
 
 @dataclass(frozen=True)
@@ -22,15 +22,6 @@ class Target:
     handle: Handle
     recorded: state.Deployment | None
     plan: JobPlan | None = None
-
-
-def load_plan(cluster_ref: str, mode: str | None = None, nodes: int | None = None,
-              image: str | None = None) -> JobPlan:
-    """Load, validate and plan a cluster file."""
-    from mlenv.config import load_cluster
-    from mlenv.plan import plan
-
-    return plan(load_cluster(cluster_ref), mode=mode, nodes=nodes, image=image)
 
 
 def recorded_plan(deployment: state.Deployment) -> JobPlan:

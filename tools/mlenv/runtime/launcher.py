@@ -7,6 +7,7 @@ NCCL lines of the output are checked afterwards and a job that ran over sockets 
 
 from __future__ import annotations
 
+import os
 import shlex
 import signal
 import socket
@@ -187,8 +188,11 @@ def run_job(job: Job, log_path: Path | None = None) -> int:
     with ExitStack() as stack:
         sinks: list[IO[bytes]] = [stack.enter_context(log_path.open("ab"))] if log_path else []
         sinks += _container_log(stack, job.env.get(CONTAINER_LOG_VARIABLE))
-        process = subprocess.Popen(job.argv, env=job.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        stack.enter_context(forwarding_signals(process))
+        # its own process group: a signal reaches the launcher and every process it started (DeepSpeed's runner
+        # leaves its per-node launcher running otherwise, holding the output pipe)
+        process = subprocess.Popen(job.argv, env=job.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+        stack.enter_context(forwarding_signals(process, group=True))
         nccl_lines = _copy_output(process.stdout, sinks) if process.stdout else []
         status = process.wait()
     status = 128 - status if status < 0 else status  # killed by signal N: 128 + N, as shells report it
@@ -196,10 +200,16 @@ def run_job(job: Job, log_path: Path | None = None) -> int:
 
 
 @contextmanager
-def forwarding_signals(process: subprocess.Popen[bytes]) -> Iterator[None]:
-    """Pass SIGINT/SIGTERM/SIGHUP on to the launcher so it can stop its workers."""
+def forwarding_signals(process: subprocess.Popen[bytes], group: bool = False) -> Iterator[None]:
+    """Pass SIGINT/SIGTERM/SIGHUP on to ``process`` (to its whole process group with ``group``)."""
     def forward(signum: int, _frame: object) -> None:
-        process.send_signal(signum)
+        try:
+            if group:
+                os.killpg(process.pid, signum)
+            else:
+                process.send_signal(signum)
+        except ProcessLookupError:
+            return
 
     previous = {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
     try:

@@ -4,7 +4,7 @@ The one place these naming rules live; templates, status and clean all read them
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from mlenv.config.model import Cluster
 from mlenv.plan import JobPlan
@@ -19,8 +19,7 @@ IPC_LOCK_SCC = "mlenv-ipc-lock"
 INSTANCE_LABEL = "app.kubernetes.io/instance"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "mlenv"}
 DATA_KIND = "PersistentVolumeClaim"
-@dataclass(frozen=True)
-class Storage:
+class Storage(NamedTuple):
     """The plan's storage intent with the claim names."""
 
     shared: bool
@@ -32,8 +31,7 @@ class Storage:
     datasets_claim: str = DATASETS_CLAIM
 
 
-@dataclass(frozen=True)
-class KubeDeployment:
+class KubeDeployment(NamedTuple):
     """What the templates render: the plan in Kubernetes terms."""
 
     plan: JobPlan
@@ -121,8 +119,7 @@ def kube_deployment(plan: JobPlan, openshift: bool) -> KubeDeployment:
     )
 
 
-@dataclass(frozen=True)
-class Target:
+class Target(NamedTuple):
     """A deployment on a cluster, as its recorded handle names it: enough to operate it without the cluster file."""
 
     app: str

@@ -7,10 +7,9 @@ inject YAML. The rendered text is parsed back and each object validated before a
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import mlenv
 from mlenv.backends.kubernetes.naming import DATA_KIND, KubeDeployment
@@ -21,8 +20,7 @@ TEMPLATES = Path(mlenv.__file__).parent / "manifests" / "kubernetes"
 """In the package: manifests/ links to the checkout's manifests/ and is copied into an installed package."""
 
 
-@dataclass(frozen=True)
-class Rendered:
+class Rendered(NamedTuple):
     """The objects to apply, in dependency order, and those a cluster admin must apply."""
 
     objects: list[dict[str, Any]]
