@@ -1,4 +1,5 @@
-"""Deployments by name, with their backend and handle, plus which one is current: .mlenv/state.json.
+"""Deployments by name, with their backend and handle, plus which one is current, and the batch jobs mlenv
+submitted per cluster (deployed or not): .mlenv/state.json.
 
 ``deploy`` records a deployment before its first side effect, so a half-failed one can be inspected, re-deployed
 or cleaned. A corrupt or foreign-shaped file is a clear error naming it and the fix, never a reason to delete
@@ -36,15 +37,13 @@ class Deployment:
     """The --image override, if any."""
     handle: Handle
     runs: tuple[dict[str, Any], ...] = ()
-    """Launches started with --detach (or batch jobs): run id, when, what; newest last."""
-    jobs: tuple[dict[str, Any], ...] = ()
-    """Backend jobs mlenv submitted for this cluster file (Slurm job ids)."""
+    """Launches started with --detach: run id, when, what; newest last."""
 
     def to_json(self) -> dict[str, Any]:
         """The record in state.json."""
         record = asdict(self)
         record["handle"] = self.handle.to_json()
-        record["runs"], record["jobs"] = list(self.runs), list(self.jobs)
+        record["runs"] = list(self.runs)
         return record
 
     @classmethod
@@ -52,12 +51,11 @@ class Deployment:
         """Inverse of ``to_json``; TypeError/ValueError/KeyError on a record of another shape."""
         if not isinstance(record, dict):
             raise TypeError("a deployment is not a mapping")
-        fields = {**record, "handle": Handle.from_json(record["handle"]),
-                  "runs": tuple(record.get("runs") or ()), "jobs": tuple(record.get("jobs") or ())}
+        fields = {**record, "handle": Handle.from_json(record["handle"]), "runs": tuple(record.get("runs") or ())}
         deployment = cls(**fields)
         if not (isinstance(deployment.name, str) and isinstance(deployment.cluster_file, str)
                 and isinstance(deployment.mode, str) and isinstance(deployment.nodes, int)
-                and all(isinstance(item, dict) for item in (*deployment.runs, *deployment.jobs))):
+                and all(isinstance(item, dict) for item in deployment.runs)):
             raise TypeError("a deployment field has the wrong type")
         return deployment
 
@@ -68,6 +66,9 @@ class State:
 
     deployments: dict[str, Deployment] = field(default_factory=dict)
     current: str | None = None
+    jobs: dict[str, tuple[dict[str, Any], ...]] = field(default_factory=dict)
+    """Batch jobs mlenv submitted, by deployment (cluster) name, whether or not it is deployed: status and clean
+    touch only these."""
 
 
 def state_file() -> Path:
@@ -116,9 +117,12 @@ def load() -> State:
         current = data.get("current")
         if current is not None and current not in deployments:
             raise ValueError(f"current deployment {current!r} is not recorded")
+        jobs = {str(name): tuple(listed) for name, listed in dict(data.get("jobs") or {}).items()}
+        if not all(isinstance(job, dict) for listed in jobs.values() for job in listed):
+            raise TypeError("a job is not a mapping")
     except (KeyError, TypeError, ValueError) as exc:
         raise _corrupt(path, f"unexpected shape: {exc}") from None
-    return State(deployments, current)
+    return State(deployments, current, jobs)
 
 
 def _migrate(path: Path, old: dict[str, Any]) -> State:
@@ -144,7 +148,8 @@ def save(state: State) -> None:
     """Write ``state`` atomically."""
     path = state_file()
     data = {"version": VERSION, "current": state.current,
-            "deployments": {name: d.to_json() for name, d in sorted(state.deployments.items())}}
+            "deployments": {name: d.to_json() for name, d in sorted(state.deployments.items())},
+            "jobs": {name: list(listed) for name, listed in sorted(state.jobs.items()) if listed}}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".state.json.{os.getpid()}.tmp")
@@ -155,36 +160,48 @@ def save(state: State) -> None:
 
 
 def record(deployment: Deployment) -> None:
-    """Record (or update) ``deployment`` and make it the current one; its runs and jobs are kept."""
+    """Record (or update) ``deployment`` and make it the current one; its runs are kept."""
     with locked():
         state = load()
         known = state.deployments.get(deployment.name)
         if known is not None:
-            deployment = replace(deployment, runs=known.runs or deployment.runs, jobs=known.jobs or deployment.jobs)
+            deployment = replace(deployment, runs=known.runs or deployment.runs)
         state.deployments[deployment.name] = deployment
         state.current = deployment.name
         save(state)
 
 
-def update(name: str, *, runs: tuple[dict[str, Any], ...] | None = None,
-           jobs: tuple[dict[str, Any], ...] | None = None, handle: Handle | None = None) -> None:
-    """Change the runs, jobs or handle of a recorded deployment."""
+def update(name: str, *, runs: tuple[dict[str, Any], ...] | None = None, handle: Handle | None = None) -> None:
+    """Change the runs or handle of a recorded deployment."""
     with locked():
         state = load()
         known = state.deployments.get(name)
         if known is None:
             return
         state.deployments[name] = replace(known, runs=known.runs if runs is None else runs,
-                                          jobs=known.jobs if jobs is None else jobs,
                                           handle=known.handle if handle is None else handle)
         save(state)
 
 
-def forget(name: str) -> None:
-    """Drop the record of ``name`` (after a clean); the current one moves to another if it was this."""
+def add_job(name: str, job: dict[str, Any], keep: int) -> None:
+    """Record a batch job submitted for the cluster ``name`` (the newest ``keep`` are kept)."""
     with locked():
         state = load()
-        if state.deployments.pop(name, None) is None:
+        state.jobs[name] = (*state.jobs.get(name, ()), job)[-keep:]
+        save(state)
+
+
+def jobs_of(name: str) -> tuple[dict[str, Any], ...]:
+    """The batch jobs recorded for the cluster ``name``, oldest first."""
+    return load().jobs.get(name, ())
+
+
+def forget(name: str) -> None:
+    """Drop the record of ``name`` and its jobs (after a clean); the current one moves to another if it was this."""
+    with locked():
+        state = load()
+        had_jobs = state.jobs.pop(name, None) is not None
+        if state.deployments.pop(name, None) is None and not had_jobs:
             return
         if state.current == name:
             state.current = next(iter(sorted(state.deployments)), None)

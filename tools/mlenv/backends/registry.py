@@ -49,6 +49,8 @@ BACKENDS: dict[str, BackendInfo] = {
         BackendInfo("local", "mlenv.backends.local.backend:LocalBackend", section="local",
                     settings="mlenv.backends.local.settings:parse", cpu_nodes=True,
                     uses=frozenset({"app", "storage"})),
+        BackendInfo("slurm", "mlenv.backends.slurm.backend:SlurmBackend", section="slurm",
+                    settings="mlenv.backends.slurm.settings:parse", cpu_nodes=True, uses=CONTAINER_FIELDS),
         BackendInfo("runai", "mlenv.backends.runai.backend:RunaiBackend", section="runai",
                     settings="mlenv.backends.runai.settings:parse",
                     uses=frozenset({"app", "image", "storage", "security"})),

@@ -1,0 +1,308 @@
+"""The Slurm backend against a real Slurm (tests/integration/slurm_cluster.py: slurmctld and slurmd n1, n2 on this
+host, partition ``debug`` up and ``down`` down), through the real ``mlenv`` command: batch launches of the
+repository's workspace/train_multi_node.py (2 nodes x 2 processes, CPU/gloo) to a falling loss, a failing job's
+exit code and logs, Ctrl-C, an allocation from ``deploy`` with exec, shell, launch, logs, status and clean, pending
+reasons, sbatch's own errors and doctor. Every mlenv call has its own timeout."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from tests._prereq import clean_environ, require
+
+if TYPE_CHECKING:  # imported at run time as a plugin, so that pytest rewrites its asserts
+    from tests.integration.slurm_cluster import SlurmCluster
+
+pytest_plugins = ["tests.integration.slurm_cluster"]
+
+ROOT = Path(__file__).resolve().parents[2]
+MLENV = Path(sys.executable).parent / "mlenv"
+TRAIN = ("train_multi_node.py", "--engine", "ddp", "--steps", "5")
+DONE = re.compile(r"^\[node-(\d)\] done steps=5 first_loss=([\d.]+) last_loss=([\d.]+) world_size=4$", re.MULTILINE)
+# No torch: node 1's first process fails at once when asked to, every other one sleeps until stopped.
+FAILING_JOB = """\
+import os, sys, time
+print(f"secret {os.environ.get('MLENV_TEST_SECRET')}", flush=True)
+if "--fail" in sys.argv and os.environ["MLENV_NODE_RANK"] == "1" and os.environ["LOCAL_RANK"] == "0":
+    print("failing on purpose", flush=True)
+    sys.exit(3)
+print("sleeping", flush=True)
+time.sleep(300)
+"""
+CLUSTER = """\
+backend: slurm
+cluster: {{name: {name}}}
+slurm:
+  partition: {partition}
+  time: "15"
+  workdir: {workdir}
+  setup: ["source {venv}/bin/activate"]
+gpus: {{per_node: {gpus}, default_nodes: 2, procs_per_node: 2}}
+network: {{tcp: {{interface_exclude: "^docker0"}}}}
+"""
+
+
+@dataclass(frozen=True)
+class Project:
+    """A project (MLENV_HOME) with one Slurm cluster file and the repository's workspace, for a private Slurm."""
+
+    home: Path
+    name: str
+    workdir: Path
+    cluster: SlurmCluster
+    last_stderr: list[str] = field(default_factory=list)
+
+    @property
+    def env(self) -> dict[str, str]:
+        return clean_environ({**self.cluster.env, "MLENV_HOME": str(self.home)})
+
+    def mlenv(self, *args: str, timeout: float = 60, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        """The real `mlenv` against this project and the private Slurm."""
+        return subprocess.run([str(MLENV), *args], input=stdin or "", capture_output=True, text=True,
+                              timeout=timeout, env=self.env, cwd=self.home, check=False)
+
+    def ok(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        result = self.mlenv(*args, timeout=timeout)
+        assert result.returncode == 0, f"mlenv {' '.join(args)}: {result.returncode}\n{result.stdout}{result.stderr}"
+        return result
+
+    def status(self) -> list[dict[str, Any]]:
+        return list(json.loads(self.ok("status", "-c", self.name, "--json").stdout)["pods"])
+
+    def recorded_jobs(self) -> list[str]:
+        state = json.loads((self.home / ".mlenv" / "state.json").read_text())
+        return [job["id"] for job in state["jobs"].get(self.name, [])]
+
+    def submitted(self, stderr: str) -> str:
+        """The job id launch reported."""
+        match = re.search(r"^batch job (\d+) submitted", stderr, re.MULTILINE)
+        assert match, stderr
+        return match[1]
+
+
+def make_project(tmp_path: Path, cluster: SlurmCluster, name: str = "hpc", partition: str = "debug",
+                 gpus: int = 0, extra: str = "") -> Project:
+    require("torch", "deepspeed", "rsync")
+    home = tmp_path / "home"
+    (home / "clusters").mkdir(parents=True)
+    shutil.copytree(ROOT / "workspace", home / "workspace")
+    (home / "workspace" / "fail.py").write_text(FAILING_JOB)
+    workdir = tmp_path / "work"
+    (home / "clusters" / f"{name}.yaml").write_text(CLUSTER.format(
+        name=name, partition=partition, workdir=workdir, venv=Path(sys.executable).parent.parent, gpus=gpus) + extra)
+    return Project(home, name, workdir, cluster)
+
+
+@pytest.fixture
+def project(tmp_path: Path, slurm_cluster: SlurmCluster) -> Project:
+    """A synced project for partition debug."""
+    made = make_project(tmp_path, slurm_cluster)
+    made.ok("sync", "-c", made.name)
+    return made
+
+
+def losses(stdout: str) -> tuple[float, float]:
+    """(first, last) loss of the training's done line."""
+    (done,) = DONE.findall(stdout)
+    return float(done[1]), float(done[2])
+
+
+def test_batch_launch_trains_to_a_falling_loss(project: Project, slurm_cluster: SlurmCluster) -> None:
+    result = project.mlenv("launch", "-c", project.name, "--launcher", "torchrun", *TRAIN, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    first, last = losses(result.stdout)
+    assert last < first
+    job_id = project.submitted(result.stderr)
+    assert f"mlenv: job {job_id} on n[1-2], master n1 at " in result.stdout
+    assert {"[node-0] mlenv: node 0/2 (mlenv), 2 processes", "[node-1] mlenv: node 1/2 (mlenv), 2 processes"} <= {
+        line.partition(", master")[0] for line in result.stdout.splitlines()}
+    assert project.recorded_jobs() == [job_id]
+    (run,) = (project.home / "runs").iterdir()
+    assert "step 5/5 loss" in "".join((run / f"node-{n}.log").read_text() for n in (0, 1))
+    remote = project.workdir / ".mlenv" / "runs" / run.name
+    assert (remote / "exit").read_text() == "0\n" and "step 5/5 loss" in (remote / "output.log").read_text()
+    assert slurm_cluster.job(job_id)["JobState"] == "COMPLETED"
+    (row,) = project.status()
+    assert (row["name"], row["phase"], row["node"], row["detail"], row["extra"]["run"]) == (
+        f"job-{job_id}", "COMPLETED", "n[1-2]", "exit code 0", run.name)
+
+
+def test_a_failing_node_gives_the_job_its_exit_code(project: Project, slurm_cluster: SlurmCluster) -> None:
+    env = {**project.env, "MLENV_TEST_SECRET": "s3cr3t"}
+    result = subprocess.run([str(MLENV), "launch", "-c", project.name, "--launcher", "deepspeed", "--env",
+                             "MLENV_TEST_SECRET", "fail.py", "--fail"], capture_output=True, text=True, timeout=180,
+                            env=env, cwd=project.home, stdin=subprocess.DEVNULL, check=False)
+    assert result.returncode == 3, result.stdout + result.stderr
+    job_id = project.submitted(result.stderr)
+    assert "[node-1] failing on purpose" in result.stdout and "[node-0] secret s3cr3t" in result.stdout
+    assert "mlenv: node 1 failed first, with exit code 3" in result.stdout
+    assert "error: node-1 failed with exit code 3; the other nodes were stopped." in result.stderr
+    assert re.search(r"^node-0 +│ stopped \(exit 143\)", result.stdout, re.MULTILINE)
+    assert slurm_cluster.job(job_id)["ExitCode"] == "3:0"
+    assert "s3cr3t" not in slurm_cluster.ok("scontrol", "write", "batch_script", job_id, "-")
+    (row,) = project.status()
+    assert (row["phase"], row["detail"]) == ("FAILED", "exit code 3")
+    for follow in ([], ["-f"]):  # the run has ended: following it ends too
+        logs = project.ok("logs", "-c", project.name, "--pod", "1", *follow, timeout=30).stdout
+        assert "[node-1] failing on purpose" in logs.splitlines()
+
+
+def steps(cluster: SlurmCluster, job_id: str) -> list[str]:
+    """The job's own steps (not its batch and extern steps)."""
+    listed = cluster.ok("squeue", "-h", "-s", f"--jobs={job_id}", "-o", "%i").split()
+    return [step for step in listed if step.partition(".")[2].isdigit()]
+
+
+def interrupted(project: Project, args: list[str]) -> int:
+    """Launch ``args`` (a job whose every process prints "sleeping"), Ctrl-C it once all four sleep; its exit
+    code. Raises with what it printed when it does not end."""
+    process = subprocess.Popen([str(MLENV), "launch", "-c", project.name, *args], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env=project.env, cwd=project.home,
+                               stdin=subprocess.DEVNULL)
+    try:
+        seen = ""
+        deadline = time.monotonic() + 120
+        while seen.count("sleeping") < 4 and time.monotonic() < deadline and process.stdout:
+            seen += process.stdout.readline()
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    project.last_stderr.append(err)
+    assert process.returncode is not None, seen + out + err
+    return process.returncode
+
+
+def test_ctrl_c_cancels_the_batch_job(project: Project, slurm_cluster: SlurmCluster) -> None:
+    code = interrupted(project, ["--launcher", "torchrun", "fail.py"])
+    assert code == 130, project.last_stderr
+    (job_id,) = project.recorded_jobs()
+    assert f"error: job {job_id} cancelled" in project.last_stderr[-1]
+    slurm_cluster.wait(lambda: slurm_cluster.state(job_id) == "", f"job {job_id} to end", 30)
+    assert slurm_cluster.job(job_id)["JobState"] == "CANCELLED"
+
+
+def test_deploy_exec_shell_launch_logs_status_clean(project: Project, slurm_cluster: SlurmCluster) -> None:
+    deployed = project.ok("deploy", project.name, "--timeout", "60")
+    match = re.search(r"allocation (\d+) of hpc is running on n\[1-2\]; master n1 at (\S+):(\d+)", deployed.stderr)
+    assert match, deployed.stderr
+    allocation, master, port = match.groups()
+    rows = project.status()
+    assert [(r["name"], r["node"], r["phase"], r["ready"], r["extra"]["job"]) for r in rows] == [
+        ("node-0", "n1", "RUNNING", True, allocation), ("node-1", "n2", "RUNNING", True, allocation)]
+    shown = project.ok("exec", "-c", project.name, "--", "sh", "-c",
+                       'echo "$SLURMD_NODENAME $MLENV_NODE_RANK $MLENV_NUM_NODES $MASTER_ADDR:$MASTER_PORT $PWD"')
+    assert sorted(shown.stdout.splitlines()) == [f"[node-{n}] n{n + 1} {n} 2 {master}:{port} {project.workdir}"
+                                                 for n in (0, 1)]
+    assert project.mlenv("exec", "-c", project.name, "--", "sh", "-c", "exit $((MLENV_NODE_RANK * 5))").returncode == 5
+    shell = project.mlenv("shell", "-c", project.name, "--pod", "1", stdin='echo "on $SLURMD_NODENAME"; exit 4\n')
+    assert shell.returncode == 4 and "on n2" in shell.stdout.splitlines(), shell.stdout + shell.stderr
+
+    launched = project.mlenv("launch", "-c", project.name, "--launcher", "torchrun", *TRAIN, timeout=300)
+    assert launched.returncode == 0, launched.stdout + launched.stderr
+    first, last = losses(launched.stdout)
+    assert last < first
+    assert f"mlenv: job {allocation} on n[1-2], master n1 at {master}:{port}" in launched.stdout
+    assert "batch job" not in launched.stderr and slurm_cluster.ok("squeue", "-h", "-o", "%i").split() == [allocation]
+    assert "rank" in project.ok("logs", "-c", project.name, "--pod", "1").stdout
+
+    detached = project.ok("launch", "-c", project.name, "--launcher", "torchrun", "--detach", "fail.py")
+    assert f"started inside allocation {allocation}" in detached.stderr
+    output = max((project.workdir / ".mlenv" / "runs").glob("*/output.log"))  # run ids sort by time
+    slurm_cluster.wait(lambda: "mlenv: job" in output.read_text() and len(steps(slurm_cluster, allocation)) == 1,
+                       "the detached run's step (after the master's address)", 60)
+    (step,) = steps(slurm_cluster, allocation)
+    assert project.ok("stop", "-c", project.name).stderr == f"cancelled {step}\n"
+    slurm_cluster.wait(lambda: not steps(slurm_cluster, allocation), f"step {step} to end", 30)
+    assert interrupted(project, ["--launcher", "torchrun", "fail.py"]) == 130  # Ctrl-C cancels the step
+    slurm_cluster.wait(lambda: not steps(slurm_cluster, allocation), "the interrupted run's step to end", 30)
+    assert slurm_cluster.state(allocation) == "RUNNING"
+
+    cleaned = project.ok("clean", "-c", project.name)
+    assert f"cancelled job(s) {allocation} of hpc" in cleaned.stderr
+    assert slurm_cluster.job(allocation)["JobState"] == "CANCELLED"
+    assert project.name not in json.loads((project.home / ".mlenv" / "state.json").read_text())["deployments"]
+
+
+def test_a_pending_allocation_shows_its_reason_and_launch_waits_for_it(tmp_path: Path,
+                                                                      slurm_cluster: SlurmCluster) -> None:
+    project = make_project(tmp_path, slurm_cluster, partition="down")
+    waited = project.mlenv("deploy", project.name, "--timeout", "2")
+    assert waited.returncode == 1
+    match = re.search(r"error: allocation (\d+) of hpc is still PENDING \(PartitionDown: the partition is down\) "
+                      r"after 2s; it stays queued: mlenv status shows it; mlenv clean -c hpc cancels it$",
+                      waited.stderr, re.MULTILINE)
+    assert match, waited.stderr
+    allocation = match[1]
+    assert [(r["phase"], r["detail"]) for r in project.status()] == [
+        ("PENDING", "PartitionDown: the partition is down")] * 2
+    process = subprocess.Popen([str(MLENV), "launch", "-c", project.name, "fail.py"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env=project.env, cwd=project.home,
+                               stdin=subprocess.DEVNULL)
+    try:
+        time.sleep(3)
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=30)
+    finally:
+        process.kill()
+    assert process.returncode == 130 and f"allocation {allocation} of hpc: PENDING (PartitionDown" in err, err
+    assert slurm_cluster.ok("squeue", "-h", "-o", "%i").split() == [allocation]  # never a second job
+    project.ok("clean", "-c", project.name)
+    assert slurm_cluster.job(allocation)["JobState"] == "CANCELLED"
+
+
+def test_status_and_clean_touch_only_the_jobs_mlenv_submitted(tmp_path: Path, slurm_cluster: SlurmCluster) -> None:
+    project = make_project(tmp_path, slurm_cluster, partition="down")
+    job_id = project.submitted(project.ok("launch", "-c", project.name, "--detach", "fail.py").stderr)
+    foreign = slurm_cluster.ok("sbatch", "--parsable", "-p", "down", "--wrap", "true").strip()
+    (row,) = project.status()
+    assert (row["name"], row["phase"], row["detail"]) == (f"job-{job_id}", "PENDING",
+                                                          "PartitionDown: the partition is down")
+    assert f"cancelled job(s) {job_id} of hpc" in project.ok("clean", "-c", project.name).stderr
+    assert slurm_cluster.job(job_id)["JobState"] == "CANCELLED" and slurm_cluster.state(foreign) == "PENDING"
+
+
+def test_sbatch_errors_come_verbatim_with_a_hint(tmp_path: Path, slurm_cluster: SlurmCluster) -> None:
+    project = make_project(tmp_path, slurm_cluster, partition="nosuch")
+    words = ("error: sbatch: error: invalid partition specified: nosuch\n"
+             "error: sbatch: error: Batch job submission failed: Invalid partition name specified\n"
+             "error: hint: check slurm.partition: `sinfo -s` lists the partitions\n")
+    launched = project.mlenv("launch", "-c", project.name, "fail.py")
+    assert launched.returncode == 1 and launched.stderr.endswith(
+        "error: sbatch refused the job on this machine:\n" + words), launched.stderr
+    deployed = project.mlenv("deploy", project.name)
+    assert deployed.returncode == 1 and deployed.stderr.endswith(words) and "Traceback" not in deployed.stderr
+    assert slurm_cluster.ok("squeue", "-h", "-o", "%i") == ""
+
+
+def test_doctor(tmp_path: Path, slurm_cluster: SlurmCluster) -> None:
+    image = tmp_path / "pytorch.sif"
+    image.write_bytes(b"SIF")
+    good = make_project(tmp_path / "good", slurm_cluster, gpus=2, extra=f"container: {{image: {image}}}\n")
+    report = json.loads(good.ok("doctor", "-c", good.name, "--json").stdout)
+    checks = {c["name"]: (c["status"], c["evidence"]) for c in report["checks"]}
+    assert list(checks) == ["slurm", "partition", "nodes", "gpus", "time", "workdir", "apptainer", "image"]
+    assert {name: status for name, (status, _) in checks.items() if name != "apptainer"} == dict.fromkeys(
+        ("slurm", "partition", "nodes", "gpus", "time", "workdir", "image"), "PASS")
+    assert checks["nodes"][1] == "2 of 2 nodes of debug can run jobs; 2 asked"
+    assert checks["image"][1] == f"{image} is there on this machine"
+    assert checks["apptainer"][0] == ("PASS" if shutil.which("apptainer") else "WARN")
+    bad = make_project(tmp_path / "bad", slurm_cluster, partition="down", gpus=4)
+    result = bad.mlenv("doctor", "-c", bad.name, "--json")
+    assert result.returncode == 1
+    checks = {c["name"]: (c["status"], c["evidence"]) for c in json.loads(result.stdout)["checks"]}
+    assert checks["partition"] == ("FAIL", "down is down")
+    assert checks["gpus"] == ("FAIL", "0 usable nodes have 4 or more GPUs (gres 2 per node)")
+    assert checks["workdir"][0] == "PASS" and os.access(tmp_path, os.W_OK)

@@ -1,0 +1,291 @@
+"""The Slurm backend without a Slurm: golden scripts for a seed-001-like file (clusters/olivia.yaml: apptainer,
+binds, account, setup, extra_sbatch) and a seed-003-like one (clusters/slurm-gloo.yaml: 6 pinned single-GPU nodes
+with their own NIC names), exactly as ``mlenv render`` and ``mlenv launch --dry-run`` print them; the validation of
+the ``slurm:`` section; quoting that a shell really reads back; the parsers of squeue, scontrol and sinfo output
+(formats pinned by tests/integration/test_slurm_harness.py); and the ssh command lines for a login host."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import shutil
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+from mlenv.backends.base import LaunchSpec
+from mlenv.backends.slurm import jobs
+from mlenv.backends.slurm.backend import SlurmBackend
+from mlenv.backends.slurm.checks import NodeRow, minutes, parse_sinfo
+from mlenv.backends.slurm.jobs import JobInfo
+from mlenv.backends.slurm.login import Login
+from mlenv.backends.slurm.settings import SlurmSettings, owned_option
+from mlenv.cli import main
+from mlenv.config.model import Bind, Container
+from mlenv.ops.target import load_plan
+
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = ROOT / "tests" / "fixtures" / "slurm"
+RUN_ID = re.compile(r"\d{8}-\d{6}-(olivia|slurm-gloo|x)")
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A project holding the repository's two Slurm cluster files, as the current directory (so messages and
+    scripts name them clusters/NAME.yaml)."""
+    (tmp_path / "clusters").mkdir()
+    (tmp_path / "manifests").mkdir()
+    for name in ("olivia", "slurm-gloo"):
+        shutil.copy(ROOT / "clusters" / f"{name}.yaml", tmp_path / "clusters")
+    monkeypatch.setenv("MLENV_HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def mlenv(*args: str) -> Result:
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+def golden(name: str) -> str:
+    return (GOLDEN / name).read_text()
+
+
+@pytest.mark.parametrize("cluster", ["olivia", "slurm-gloo"])
+def test_render_and_deploy_dry_run_print_the_allocation_script(project: Path, cluster: str) -> None:
+    rendered = mlenv("render", cluster)
+    assert (rendered.exit_code, rendered.stdout) == (0, golden(f"{cluster}.allocation.sbatch"))
+    assert mlenv("deploy", cluster, "--dry-run").stdout == rendered.stdout
+
+
+@pytest.mark.parametrize(("cluster", "args"), [("olivia", ["--steps", "5"]), ("slurm-gloo", ["--engine", "ddp"])])
+def test_launch_dry_run_prints_the_batch_job(project: Path, cluster: str, args: list[str]) -> None:
+    result = mlenv("launch", "-c", cluster, "--launcher", "torchrun", "--dry-run", "train_multi_node.py", *args)
+    assert result.exit_code == 0, result.output
+    assert RUN_ID.sub("RUN", result.stdout) == golden(f"{cluster}.batch.sbatch")
+
+
+def test_the_container_line_of_seed_001(project: Path) -> None:
+    text = golden("olivia.batch.sbatch")
+    assert ("  apptainer exec --nv --bind /opt/cray/libfabric/1.22.0/lib64:/opt/libfabric/lib "
+            "--bind /opt/cray/libfabric/1.22.0/include:/opt/libfabric/include "
+            "--bind /cluster/work/support/nccl:/opt/nccl "
+            "--bind /usr/lib64:/usr/lib64 --bind /opt/nvidia/hpc_sdk/Linux_aarch64/24.11/compilers/lib:"
+            "/opt/nvidia/hpc_sdk/lib --bind /cluster/work/users/me/mlenv --pwd /cluster/work/users/me/mlenv "
+            "--env 'LD_LIBRARY_PATH=/opt/libfabric/lib:/opt/nccl/lib:/opt/nvidia/hpc_sdk/lib:/usr/lib64:"
+            "$LD_LIBRARY_PATH' --env 'CPATH=/opt/libfabric/include:$CPATH' "
+            "--env PYTHONPATH=/cluster/work/users/me/mlenv/.mlenv "
+            "/cluster/work/support/container/pytorch_nvidia_25.06_arm64.sif \\\n"
+            "  python3 -m mlenv.runtime launch --launcher torchrun --run-dir .mlenv/runs/RUN -- train_multi_node.py "
+            "--steps 5 &\n") in text
+    assert "#SBATCH --exclusive\n" in text and "\nmodule load NRIS/GPU\n" in text
+
+
+def test_the_per_host_interfaces_of_seed_003_replace_its_rank_table(project: Path) -> None:
+    text = golden("slurm-gloo.batch.sbatch")
+    assert ("case \"$SLURMD_NODENAME\" in master-node) export NCCL_SOCKET_IFNAME=ens1f1 GLOO_SOCKET_IFNAME=ens1f1 ;; "
+            "node01) export NCCL_SOCKET_IFNAME=ens1f1 GLOO_SOCKET_IFNAME=ens1f1 ;; node02) export "
+            "NCCL_SOCKET_IFNAME=ens1f0np0 GLOO_SOCKET_IFNAME=ens1f0np0 ;;") in text
+    assert "case $RANK" not in text and "MASTER_ADDR=$(srun --overlap --nodes=1 --ntasks=1 -w \"$head\"" in text
+
+
+def test_fewer_nodes_take_the_first_pinned_ones_and_more_are_refused(project: Path) -> None:
+    four = mlenv("render", "slurm-gloo", "--nodes", "4").stdout
+    assert "#SBATCH --nodes=4\n" in four and "#SBATCH --nodelist=master-node,node01,node02,node03\n" in four
+    refused = mlenv("render", "slurm-gloo", "--nodes", "7")
+    line = (project / "clusters/slurm-gloo.yaml").read_text().splitlines().index(
+        "  nodelist: [master-node, node01, node02, node03, node04, node05]") + 1
+    assert (refused.exit_code, refused.stderr) == (2, f"error: clusters/slurm-gloo.yaml:{line}:3: slurm.nodelist: 7 "
+                                                      "nodes requested but only 6 are pinned here; use --nodes 6 or "
+                                                      "fewer, or pin more nodes\n")
+
+
+def test_the_launch_inside_an_allocation(project: Path) -> None:
+    backend = SlurmBackend()
+    handle = backend.prepare(load_plan("olivia")).handle
+    handle = replace(handle, data={**handle.data, "allocation": {"id": "4242", "digest": "x"}})
+    spec = LaunchSpec("torchrun", "train_multi_node.py", ("--steps", "5"), run_id="RUN", secrets=("HF_TOKEN",))
+    request = backend.prepare_launch(handle, spec)
+    assert request.text == golden("olivia.allocation-launch.sh")
+    assert "HF_TOKEN=" not in request.text and request.env == {"MLENV_RUN_ID": "RUN"}
+    task = ["python3", "-m", "mlenv.runtime", "launch", "--launcher", "torchrun", "--run-dir", ".mlenv/runs/RUN", "--",
+            "train_multi_node.py", "--steps", "5"]
+    assert dict(request.commands) == {0: task, 1: task}
+
+
+def test_request_and_handle(project: Path) -> None:
+    request = SlurmBackend().prepare(load_plan("slurm-gloo"))
+    assert request.files == {"allocation.sbatch": golden("slurm-gloo.allocation.sbatch")}
+    handle = request.handle
+    assert (handle.backend, handle.name, handle.nodes, handle.mode, handle.shared_workspace) == (
+        "slurm", "slurm-gloo", 6, "tcp", True)
+    assert handle.data["allocation"] is None
+    assert list(handle.data["job"]["hosts"]) == ["master-node", "node01", "node02", "node03", "node04", "node05"]
+    assert "MASTER_ADDR" not in handle.env and handle.env["MLENV_NUM_NODES"] == "6"
+
+
+SLURM_FILE = """\
+backend: slurm
+cluster: {name: x}
+slurm:
+  partition: debug
+  workdir: /scratch/x
+  extra_sbatch: ["--exclusive", "--gres=gpu:a100:4"]
+gpus: {per_node: 0, default_nodes: 2, procs_per_node: 2}
+"""
+
+
+def write(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "clusters" / "x.yaml"
+    path.write_text(text)
+    return "clusters/x.yaml"
+
+
+@pytest.mark.parametrize(("option", "owned", "instead"), [
+    ("--nodes=4", "--nodes", "gpus.default_nodes (or mlenv --nodes)"),
+    ("-N4", "--nodes", "gpus.default_nodes (or mlenv --nodes)"),
+    ("--outp=x.log", "--output", "nothing: mlenv writes the output to slurm.workdir/.mlenv/runs/<run>/"),
+    ("-J", "--job-name", "cluster.name (jobs are named mlenv-<name>)"),
+    ("--partition=gpu", "--partition", "slurm.partition"),
+    ("--ntasks-per-node=4", "--ntasks-per-node", "gpus.procs_per_node (mlenv runs one task per node, which starts "
+                                                 "the processes)"),
+])
+def test_extra_sbatch_cannot_set_what_mlenv_sets(project: Path, option: str, owned: str, instead: str) -> None:
+    path = write(project, SLURM_FILE.replace('"--exclusive"', f'"{option}"'))
+    result = mlenv("validate", path)
+    assert (result.exit_code, result.stderr) == (
+        2, f'error: {path}:6:18: slurm.extra_sbatch[0]: "{option}" sets {owned}, which mlenv sets itself; '
+           f"use {instead}\n")
+
+
+def test_options_of_their_own_pass() -> None:
+    assert [owned_option(o) for o in ("--exclusive", "--gres=gpu:4", "--mem-per-cpu=4G", "--time-min=10",
+                                      "--nodefile=h", "--ntasks-per-core=1", "-x", "--mail-type=END")] == [None] * 8
+
+
+def test_the_slurm_section_is_validated_like_every_file(project: Path) -> None:
+    text = SLURM_FILE.replace("  partition: debug\n", "  partiton: debug\n  time: 1 hour\n").replace(
+        "  workdir: /scratch/x\n", "  workdir: relative/dir\n  login: -oProxyCommand=x\n")
+    result = mlenv("validate", write(project, text))
+    assert result.exit_code == 2
+    assert result.stderr.splitlines() == [
+        "error: clusters/x.yaml:3:1: slurm: missing required field 'partition'; add it (see clusters/template.yaml)",
+        "error: clusters/x.yaml:4:3: slurm.partiton: unknown field; did you mean 'partition'?",
+        'error: clusters/x.yaml:5:3: slurm.time: expected a Slurm time limit: minutes, "HH:MM:SS", "D-HH:MM:SS" '
+        'or "UNLIMITED", got "1 hour"',
+        'error: clusters/x.yaml:6:3: slurm.workdir: expected an absolute path without spaces, \':\' or \',\', got '
+        '"relative/dir"',
+        "error: clusters/x.yaml:7:3: slurm.login: expected an ssh destination like me@login.cluster.example "
+        '(user@host:port, ssh://user@host:port or an alias from ~/.ssh/config), got "-oProxyCommand=x"']
+
+
+def test_settings_and_the_ignored_sections(project: Path) -> None:
+    extra = "storage: {mode: rwx, class_rwx: nfs}\nnodes: {gpu_nodes: [a, b]}\n"
+    cluster = load_plan(write(project, SLURM_FILE + extra)).cluster
+    assert cluster.settings == SlurmSettings(partition="debug", workdir="/scratch/x",
+                                             extra_sbatch=("--exclusive", "--gres=gpu:a100:4"))
+    assert cluster.warnings == ("storage: is ignored: backend slurm does not use it",
+                                "nodes: is ignored: backend slurm does not use it")
+
+
+def test_values_reach_the_nodes_exactly_and_never_run(project: Path, tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    hostile = {"A": f"$(touch {marker})", "B": "it's `id`; echo \"x\" \\ $HOME", "C": "a\tb"}
+    text = SLURM_FILE + f"env: {json.dumps(hostile)}\n"
+    path = write(project, text)
+    args = ["--x", f"$(touch {marker})", "a'b"]
+    result = mlenv("launch", "-c", path, "--launcher", "torchrun", "--dry-run", "job.py\nrm -rf /", *args)
+    assert result.exit_code == 0, result.output
+    script = result.stdout
+    assert "# mlenv launch: run " in script and "job.py\\nrm -rf /" in script.splitlines()[1]
+    exports = "\n".join(line for line in script.splitlines() if line.startswith("export "))
+    shown = subprocess.run(["bash", "-c", exports + '\nprintf "%s\\0" "$A" "$B" "$C"'], capture_output=True,
+                           timeout=10, check=True, env={"PATH": "/usr/bin:/bin"}).stdout.decode()
+    assert shown.split("\0")[:3] == list(hostile.values())
+    task = script[script.index("  python3 -m mlenv.runtime"):script.index(" &\nwait \"$!\"")]
+    assert shlex.split(task)[-4:] == ["job.py\nrm -rf /", *args]
+    assert subprocess.run(["bash", "-n", "-c", script], timeout=10, check=False).returncode == 0
+    assert not marker.exists()
+
+
+def test_setup_lines_are_the_users_own_code(project: Path) -> None:
+    path = write(project, SLURM_FILE.replace("  extra_sbatch", "  setup: ['source ~/venv/bin/activate && "
+                                                               "export X=$(hostname)']\n  extra_sbatch"))
+    script = mlenv("launch", "-c", path, "--dry-run", "t.py").stdout
+    assert ("\n# slurm.setup: your own shell code, run as written\n"
+            "source ~/venv/bin/activate && export X=$(hostname)\n") in script
+
+
+def test_squeue_and_scontrol_output() -> None:
+    assert jobs.parse_squeue("5|RUNNING|None|n[1-2]|1:28\n6|PENDING|PartitionDown||0:00\n") == {
+        "5": JobInfo("5", "RUNNING", "None", "n[1-2]", "1:28"),
+        "6": JobInfo("6", "PENDING", "PartitionDown", None, "0:00")}
+    fields = jobs.parse_scontrol("JobId=6 JobName=wrap UserId=root(0) JobState=FAILED Reason=NonZeroExitCode "
+                                 "Dependency=(null) ExitCode=3:0 RunTime=00:00:01 NodeList=n[1-2] BatchHost=n1 "
+                                 "StdOut=/tmp/x/job_6.out\n")
+    assert {k: fields[k] for k in ("JobState", "Reason", "ExitCode", "NodeList", "StdOut")} == {
+        "JobState": "FAILED", "Reason": "NonZeroExitCode", "ExitCode": "3:0", "NodeList": "n[1-2]",
+        "StdOut": "/tmp/x/job_6.out"}
+    assert [jobs.exit_code(text) for text in ("3:0", "0:15", "0:0", "")] == [3, 143, 0, None]
+    pending = JobInfo("6", "PENDING", "PartitionNodeLimit")
+    assert pending.permanent and pending.words() == (
+        "PENDING (PartitionNodeLimit: it asks for more nodes than the partition allows: lower the node count or "
+        "pick another partition)")
+    assert not JobInfo("7", "PENDING", "Resources").permanent
+    assert JobInfo("8", "FAILED", exit_code=3).words() == "FAILED (exit code 3)"
+    assert JobInfo("9", "RUNNING", nodelist="gpu-[08-10]").hosts == ["gpu-08", "gpu-09", "gpu-10"]
+
+
+def test_sinfo_output_and_time_limits() -> None:
+    assert parse_sinfo("n1|up|mixed|gpu:2|infinite\nn2|up|drained*|gpu:a100:4(S:0-1)|1-00:00:00\n") == [
+        NodeRow("n1", True, "mixed", 2, "infinite"), NodeRow("n2", True, "drained*", 4, "1-00:00:00")]
+    assert [row.usable for row in parse_sinfo("a|up|idle|(null)|5\nb|up|down*|(null)|5\nc|up|mix~|(null)|5\n")] == [
+        True, False, True]
+    assert [minutes(t) for t in ("60", "1:30", "01:00:00", "1-00:00:00", "2-12", "infinite", "x")] == [
+        60, 1.5, 60, 1440, 3600, float("inf"), None]
+
+
+def test_commands_run_here_or_over_ssh_on_the_login_host() -> None:
+    command = ["sh", "-c", 'echo "$1"', "sh", "a b;c"]
+    assert Login(None).argv(command) == command
+    assert Login(None).copy_target("/scratch/x").destination == "/scratch/x/"
+    login = Login("me@login.example:2222")
+    argv = login.argv(command)
+    assert argv[:2] == ["ssh", "-F"] and argv[3:] == ["-p", "2222", "-T", "--", "me@login.example",
+                                                      shlex.join(command)]
+    config = Path(argv[2]).read_text()
+    for option in ("BatchMode yes", "ConnectTimeout 10", "StrictHostKeyChecking accept-new", "ControlMaster auto"):
+        assert option in config.splitlines()
+    assert login.argv(["bash"], tty=True)[3:] == ["-p", "2222", "-t", "--", "me@login.example", "bash"]
+    target = login.copy_target("/scratch/x")
+    assert (target.destination, target.rsh) == ("me@login.example:/scratch/x/", argv[:5])
+
+
+def test_the_login_shell_gets_back_exactly_the_arguments() -> None:
+    """sshd hands the remote command to the login shell as one string: ``sh -c`` must split it into the argv."""
+    command = ["printf", "%s\\n", "a b;c", "$(touch /nonexistent/x)", "it's", "`id`", "*", "tab\there", ""]
+    remote = Login("me@login.example").argv(command)[-1]
+    shown = subprocess.run(["sh", "-c", remote], capture_output=True, text=True, timeout=10, check=True).stdout
+    assert shown == "".join(f"{arg}\n" for arg in command[2:])
+
+
+def test_the_handle_keeps_the_settings_and_container(project: Path) -> None:
+    backend = SlurmBackend()
+    handle = backend.prepare(load_plan("olivia")).handle
+    from mlenv.backends.slurm.backend import job_from
+
+    job = job_from(handle)
+    assert job.container == Container("apptainer", "/cluster/work/support/container/pytorch_nvidia_25.06_arm64.sif",
+                                      True, tuple(Bind(h, c, "rw") for h, c in (
+                                          ("/opt/cray/libfabric/1.22.0/lib64", "/opt/libfabric/lib"),
+                                          ("/opt/cray/libfabric/1.22.0/include", "/opt/libfabric/include"),
+                                          ("/cluster/work/support/nccl", "/opt/nccl"),
+                                          ("/usr/lib64", "/usr/lib64"),
+                                          ("/opt/nvidia/hpc_sdk/Linux_aarch64/24.11/compilers/lib",
+                                           "/opt/nvidia/hpc_sdk/lib"))),
+                                      {"LD_LIBRARY_PATH": "/opt/libfabric/lib:/opt/nccl/lib:/opt/nvidia/hpc_sdk/lib:"
+                                                          "/usr/lib64:$LD_LIBRARY_PATH",
+                                       "CPATH": "/opt/libfabric/include:$CPATH"})
+    assert job.settings.account == "nn1234k" and job.settings.cpus_per_task == 72

@@ -1,0 +1,359 @@
+"""The Slurm backend: ``deploy`` holds N nodes with a batch job (the allocation), ``exec``/``shell``/``launch`` run
+steps inside it with ``srun --jobid --overlap``; without an allocation, ``launch`` submits the run as a batch job.
+Slurm's commands run on this machine or, with ``slurm.login``, over ssh on the login host. The workdir is on the
+cluster's shared filesystem: sync copies it once, and every run keeps its files in ``workdir/.mlenv/runs/<run>/``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+from mlenv.backends import remote
+from mlenv.backends.base import (
+    Check,
+    CopyTarget,
+    Handle,
+    LaunchOutcome,
+    LaunchRequest,
+    LaunchSpec,
+    Node,
+    NodeStatus,
+    Recorder,
+    Request,
+)
+from mlenv.backends.fanout import RUNS_DIR
+from mlenv.backends.slurm import jobs, run, script
+from mlenv.backends.slurm import record as recorded
+from mlenv.backends.slurm.checks import slurm_checks
+from mlenv.backends.slurm.jobs import JobInfo
+from mlenv.backends.slurm.login import Login
+from mlenv.backends.slurm.script import SlurmJob, master_port
+from mlenv.backends.slurm.settings import SlurmSettings
+from mlenv.backends.slurm.submit import submit
+from mlenv.backends.slurm.waiting import CannotStart, wait_started
+from mlenv.config.model import Bind, Container
+from mlenv.errors import ConfigError, OperationError, Problem, UsageError
+from mlenv.plan import JobPlan
+from mlenv.ui import info
+
+CLEAN_TIMEOUT = 60.0
+SHOWN_JOBS = 10
+"""Batch jobs status shows: the newest."""
+LOGS = """runs=$1 rank=$2 follow=$3 latest=
+for dir in "$runs"/*/; do [ -e "${dir}node$rank.log" ] && latest=$dir; done
+[ -n "$latest" ] || { echo "no run has a log of node $rank under $runs yet" >&2; exit 1; }
+[ -n "$follow" ] || exec cat "${latest}node$rank.log"
+tail -n +1 -f "${latest}node$rank.log" & tail=$!
+while [ ! -e "${latest}exit" ] && [ ! -e "${latest}node$rank.exit" ]; do sleep 1; done
+sleep 1; kill "$tail"
+"""
+"""The node's log of the newest run that has one; with follow, until the node's (or the run's) exit file."""
+
+
+def job_data(job: SlurmJob) -> dict[str, Any]:
+    """The handle's record of ``job`` (JSON)."""
+    data = asdict(job)
+    data["settings"] = job.settings.to_data()
+    return data
+
+
+def job_from(handle: Handle) -> SlurmJob:
+    """The job recorded in ``handle``; UsageError for a record of another shape."""
+    try:
+        data = dict(handle.data["job"])
+        container = data["container"]
+        if container is not None:
+            container = Container(**{**container, "binds": tuple(Bind(**b) for b in container["binds"])})
+        return SlurmJob(**{**data, "hosts": tuple(data["hosts"]), "container": container,
+                           "settings": SlurmSettings.from_data(data["settings"])})
+    except (KeyError, TypeError, ValueError) as exc:
+        raise UsageError(f"the recorded deployment {handle.name} is not a Slurm deployment of this mlenv ({exc}); "
+                         "clean it with --cluster FILE or remove it from .mlenv/state.json") from None
+
+
+def allocation_id(handle: Handle) -> str | None:
+    """The allocation's job id, once deploy submitted it."""
+    allocation = handle.data.get("allocation") or {}
+    job_id = allocation.get("id")
+    return job_id if isinstance(job_id, str) and job_id.isdigit() else None
+
+
+def _settings(plan: JobPlan) -> SlurmSettings:
+    settings = plan.cluster.settings
+    if not isinstance(settings, SlurmSettings):
+        raise UsageError(f"{plan.cluster.source}: backend slurm needs its slurm: settings")
+    return settings
+
+
+def _hosts(plan: JobPlan, settings: SlurmSettings) -> tuple[str, ...]:
+    """slurm.nodelist cut to the nodes asked for; ConfigError when it has fewer."""
+    if settings.nodelist and plan.nodes > len(settings.nodelist):
+        line, col = plan.cluster.where(("slurm", "nodelist"))
+        raise ConfigError([Problem(plan.cluster.source, line, col, "slurm.nodelist",
+                                   f"{plan.nodes} nodes requested but only {len(settings.nodelist)} are pinned here; "
+                                   f"use --nodes {len(settings.nodelist)} or fewer, or pin more nodes")])
+    return settings.nodelist[:plan.nodes]
+
+
+class SlurmBackend:
+    """Slurm through sbatch, squeue, scontrol, srun and scancel, here or on the login host."""
+
+    name = "slurm"
+
+    def prepare(self, plan: JobPlan) -> Request:
+        """PURE: the allocation's sbatch script, and the handle every later verb works from."""
+        settings = _settings(plan)
+        job = SlurmJob(name=plan.name, source=plan.cluster.source, job_name=f"mlenv-{plan.name}", nodes=plan.nodes,
+                       hosts=_hosts(plan, settings), gpus_per_node=plan.gpus_per_node,
+                       procs_per_node=plan.procs_per_node,
+                       env={k: v for k, v in plan.env.items() if k not in ("MASTER_ADDR", "MASTER_PORT")},
+                       settings=settings, container=plan.cluster.container,
+                       interfaces=dict(plan.cluster.tcp.interfaces))
+        text = script.allocation_script(job)
+        handle = Handle(self.name, plan.name, plan.nodes, plan.mode, True, dict(job.env),
+                        {"job": job_data(job), "allocation": None})
+        return Request(handle, text, {"allocation.sbatch": text}, job)
+
+    def apply(self, request: Request, record: Recorder) -> Handle:
+        """Submit the allocation (or keep the live one submitted with the same script); record its job id."""
+        handle = request.handle
+        job = job_from(handle)
+        login = Login(job.settings.login)
+        digest = hashlib.sha256(request.text.encode()).hexdigest()[:16]
+        known = self._live_allocation(login, handle.name)
+        if known is not None:
+            if (known.data.get("allocation") or {}).get("digest") == digest:
+                info(f"allocation {allocation_id(known)} of {handle.name} is already queued or running")
+                record(known)
+                return known
+            raise OperationError(f"allocation {allocation_id(known)} of {handle.name} is queued or running with "
+                                 f"other settings: mlenv clean -c {handle.name} cancels it, then deploy again")
+        record(handle)
+        job_id = submit(login, f"{job.workdir}/{RUNS_DIR}", request.text)
+        handle = replace(handle, data={**handle.data, "allocation": {"id": job_id, "digest": digest}})
+        record(handle)
+        info(f"allocation {job_id} submitted: {job.nodes} nodes of partition {job.settings.partition}")
+        return handle
+
+    @staticmethod
+    def _live_allocation(login: Login, name: str) -> Handle | None:
+        from mlenv import state
+
+        known = state.load().deployments.get(name)
+        job_id = allocation_id(known.handle) if known and known.backend == "slurm" else None
+        if known is None or job_id is None or not jobs.state(login, job_id).live:
+            return None
+        return known.handle
+
+    def wait_ready(self, handle: Handle, timeout: float) -> None:
+        """Slurm's pending reason live until the allocation runs; then find the master's address there."""
+        job_id = self._allocation(handle)
+        job = job_from(handle)
+        login = Login(job.settings.login)
+        what = f"allocation {job_id} of {handle.name}"
+        fix = f"mlenv status shows it; mlenv clean -c {handle.name} cancels it"
+        try:
+            current = wait_started(login, job_id, what, timeout)
+        except CannotStart as exc:
+            raise OperationError(f"{exc}\nfix the cluster file, then: mlenv clean -c {handle.name} and deploy "
+                                 "again") from None
+        except OperationError as exc:
+            raise OperationError(f"{exc}: {fix}") from None
+        if current.state != "RUNNING":
+            raise OperationError(f"{what} ended before it ran: {current.words()}; Slurm's messages: "
+                                 f"{job.allocation_output().replace('%j', job_id)}")
+        head = current.hosts[0]
+        address = login.ok(["srun", f"--jobid={job_id}", "--overlap", "--nodes=1", "--ntasks=1", "-w", head,
+                            "hostname", "--ip-address"]).split()
+        master = address[0] if address else head
+        allocation = {**handle.data["allocation"], "master_addr": master}
+        env = {**handle.env, "MASTER_ADDR": master, "MASTER_PORT": str(master_port(job_id))}
+        recorded.update_handle(replace(handle, env=env, data={**handle.data, "allocation": allocation}))
+        info(f"{what} is running on {current.nodelist}; master {head} at {master}:{master_port(job_id)}")
+
+    @staticmethod
+    def _allocation(handle: Handle) -> str:
+        job_id = allocation_id(handle)
+        if job_id is None:
+            raise OperationError(f"{handle.name} has no allocation: mlenv deploy {handle.name} holds nodes")
+        return job_id
+
+    def _jobs(self, handle: Handle, exit_codes: bool = False
+              ) -> tuple[Login, dict[str, JobInfo], list[dict[str, Any]]]:
+        """The allocation and the recorded batch jobs of ``handle`` (the newest SHOWN_JOBS with ``exit_codes``),
+        as Slurm knows them now."""
+        login = Login(job_from(handle).settings.login)
+        batch = recorded.jobs(handle.name)[-SHOWN_JOBS:] if exit_codes else recorded.jobs(handle.name)
+        allocation = allocation_id(handle)
+        ids = [*([allocation] if allocation else []), *(job["id"] for job in batch)]
+        return login, jobs.query(login, ids, exit_codes), batch
+
+    def status(self, handle: Handle) -> list[NodeStatus]:
+        """The allocation's nodes (or its pending reason), then the newest batch jobs mlenv submitted for the
+        file: pending with the reason, running, or ended with the exit code."""
+        job = job_from(handle)
+        login, found, batch = self._jobs(handle, exit_codes=True)
+        rows: list[NodeStatus] = []
+        allocation = allocation_id(handle)
+        if allocation is not None:
+            rows += self._allocation_rows(handle, job, found[allocation])
+        for index, submitted in enumerate(batch):
+            current = found[submitted["id"]]
+            run_id = str(submitted.get("run", ""))
+            rows.append(NodeStatus(f"job-{current.id}", index, current.nodelist, current.state,
+                                   current.state == "RUNNING", 0, job.gpus_per_node * job.nodes, None,
+                                   detail=_job_detail(login, job, run_id, current),
+                                   extra={"job": current.id, "run": run_id, "elapsed": current.elapsed or ""}))
+        return rows
+
+    @staticmethod
+    def _allocation_rows(handle: Handle, job: SlurmJob, current: JobInfo) -> list[NodeStatus]:
+        extra = {"job": current.id, "run": "allocation", "elapsed": current.elapsed or ""}
+        if current.state != "RUNNING":
+            detail = current.reason_words() if current.state == "PENDING" else current.words()
+            return [NodeStatus(f"node-{index}", index, None, current.state, False, 0, job.gpus_per_node, None,
+                               detail=detail, extra=extra) for index in range(job.nodes)]
+        master = (handle.data.get("allocation") or {}).get("master_addr")
+        return [NodeStatus(f"node-{index}", index, host, "RUNNING", True, 0, job.gpus_per_node,
+                           master if index == 0 else None, extra=extra) for index, host in enumerate(current.hosts)]
+
+    def nodes(self, handle: Handle) -> list[Node]:
+        """The allocation's nodes while it runs (ready: exec and shell reach them); otherwise the nodes as
+        placeholders, which share the workdir (sync and logs need no allocation)."""
+        job = job_from(handle)
+        allocation = allocation_id(handle)
+        current = jobs.state(Login(job.settings.login), allocation) if allocation else None
+        if current is not None and current.state == "RUNNING":
+            return [Node(index, host, job.workdir, ready=True) for index, host in enumerate(current.hosts)]
+        return [Node(index, f"node-{index}", job.workdir) for index in range(job.nodes)]
+
+    def exec_argv(self, handle: Handle, node: Node, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
+                  interactive: bool = False, stop_on_stdin_eof: bool = False,
+                  secrets: Sequence[str] = ()) -> list[str]:
+        """``srun --jobid=ID --overlap -w NODE env K=V... sh -c SCRIPT sh WORKDIR ARGV`` (with ``--pty`` for an
+        interactive shell on a terminal), over ssh with a login host. The step sees the env contract of the node:
+        its rank in the allocation, the master, and its socket interface when the file names one."""
+        job = job_from(handle)
+        job_id = allocation_id(handle)
+        if not node.ready or job_id is None:
+            raise OperationError(f"no running allocation of {handle.name}: exec and shell run inside it "
+                                 f"(mlenv deploy {handle.name}; mlenv status shows it)")
+        tty = interactive and sys.stdin.isatty()
+        variables = {**handle.env, "MASTER_PORT": str(master_port(job_id)), "MLENV_NODE_RANK": str(node.ordinal)}
+        master = (handle.data.get("allocation") or {}).get("master_addr")
+        if master:
+            variables["MASTER_ADDR"] = str(master)
+        if node.name in job.interfaces:
+            nic = job.interfaces[node.name]
+            variables.update(NCCL_SOCKET_IFNAME=nic, GLOO_SOCKET_IFNAME=nic)
+        variables.update(env or {})
+        step = ["srun", f"--jobid={job_id}", "--overlap", "--nodes=1", "--ntasks=1", "-w", node.name,
+                f"--chdir={job.workdir}", *(["--pty"] if tty else []),
+                "env", *(f"{name}={value}" for name, value in variables.items()),
+                "sh", "-c", remote.script(stop_on_stdin_eof=stop_on_stdin_eof and not interactive, secrets=secrets),
+                "sh", node.workspace, *argv]
+        return Login(job.settings.login).argv(step, tty=tty)
+
+    def copy_target(self, handle: Handle, node: Node) -> CopyTarget:
+        """The workdir, on the shared filesystem: here, or on the login host over ssh."""
+        job = job_from(handle)
+        return Login(job.settings.login).copy_target(job.workdir)
+
+    def logs_argv(self, handle: Handle, node: Node, follow: bool) -> list[str]:
+        """The node's log of the newest run (from the shared workdir; ``follow`` ends with the node's job)."""
+        job = job_from(handle)
+        command = ["sh", "-c", LOGS, "sh", f"{job.workdir}/{RUNS_DIR}", str(node.ordinal), "1" if follow else ""]
+        return Login(job.settings.login).argv(command)
+
+    def data_volumes(self, handle: Handle) -> list[str]:
+        """What ``clean --delete-data`` deletes: the runtime and runs mlenv keeps in the workdir (never the rest
+        of the workdir, which is yours)."""
+        return [f"{job_from(handle).workdir}/{remote.RUNTIME_DIR}"]
+
+    def clean(self, handle: Handle, delete_data: bool) -> None:
+        """Cancel the allocation and the batch jobs mlenv submitted that are still queued or running; wait
+        until Slurm has ended them. ``delete_data`` also removes workdir/.mlenv."""
+        login, found, _ = self._jobs(handle)
+        live = [job_id for job_id, current in found.items() if current.live]
+        if live:
+            login.ok(["scancel", *live])
+            _wait_gone(login, live)
+            info(f"cancelled job(s) {', '.join(live)} of {handle.name}")
+        else:
+            info(f"nothing to cancel: no queued or running job of {handle.name}")
+        if delete_data:
+            path = self.data_volumes(handle)[0]
+            login.ok(["rm", "-rf", "--", path])
+            info(f"deleted {path}")
+
+    def checks(self, plan: JobPlan) -> list[Check]:
+        """Slurm reachable, the partition up with enough nodes and GPUs, the pinned nodes in it, the time
+        limit within the partition's, the workdir writable and the container image there."""
+        job = job_from(self.prepare(plan).handle)
+        return slurm_checks(Login(job.settings.login), job)
+
+    def prepare_launch(self, handle: Handle, spec: LaunchSpec) -> LaunchRequest:
+        """PURE: the batch script of the run (no allocation), or the script that runs it inside the allocation."""
+        job = job_from(handle)
+        task = script.runtime_argv(spec.launcher, spec.run_id, spec.script, spec.args, spec.nproc)
+        allocation = allocation_id(handle)
+        forwarded = f"; forwarded from your environment: {', '.join(spec.secrets)}" if spec.secrets else ""
+        where = f"inside allocation {allocation}" if allocation else "as a batch job"
+        title = (f"mlenv launch: run {spec.run_id} of {handle.name}, {spec.script} with {spec.launcher} on "
+                 f"{job.nodes} nodes {where}{' (detached)' if spec.detach else ''}{forwarded}")
+        text = (script.launch_script(job, title, spec.run_id, task, allocation) if allocation
+                else script.batch_script(job, title, spec.run_id, task))
+        return LaunchRequest(spec, text, dict.fromkeys(range(job.nodes), task), {"MLENV_RUN_ID": spec.run_id}, text)
+
+    def launch(self, handle: Handle, request: LaunchRequest, secrets: Mapping[str, str],
+               log_dir: str) -> LaunchOutcome:
+        """Run the request: inside the allocation (waiting while it is pending), or as a batch job."""
+        job = job_from(handle)
+        this = run.Run(handle, job, Login(job.settings.login), request, Path(log_dir))
+        allocation = allocation_id(handle)
+        return run.in_allocation(this, allocation, secrets) if allocation else run.batch(this, secrets)
+
+    def stop(self, handle: Handle) -> int:
+        """Cancel the runs: the allocation's steps (it keeps holding the nodes) and the batch jobs."""
+        login, found, _ = self._jobs(handle)
+        allocation = allocation_id(handle)
+        targets = [job_id for job_id, current in found.items() if current.live and job_id != allocation]
+        if allocation is not None and found[allocation].state == "RUNNING":
+            steps = login.ok(["squeue", "-h", "-s", f"--jobs={allocation}", "-o", "%i"]).split()
+            targets += [step for step in steps if step.partition(".")[2].isdigit()]
+        if not targets:
+            info(f"nothing to stop: no run of {handle.name} is queued or running")
+            return 0
+        login.ok(["scancel", *targets])
+        info(f"cancelled {', '.join(targets)}")
+        return 0
+
+
+def _job_detail(login: Login, job: SlurmJob, run_id: str, current: JobInfo) -> str | None:
+    """A batch job's reason while pending, its exit code once ended (from its run's exit file once Slurm has
+    forgotten it)."""
+    if current.state == "PENDING":
+        return current.reason_words()
+    if current.live:
+        return None
+    code = current.exit_code
+    if current.state == jobs.GONE and run_id:
+        text = login.read(f"{job.run_path(run_id)}/{script.EXIT_FILE}", 0).decode(errors="replace").strip()
+        code = int(text) if text.isdigit() else None
+    return None if code is None else f"exit code {code}"
+
+
+def _wait_gone(login: Login, job_ids: list[str]) -> None:
+    import time
+
+    deadline = time.monotonic() + CLEAN_TIMEOUT
+    while any(current.live for current in jobs.query(login, job_ids, exit_codes=False).values()):
+        if time.monotonic() > deadline:
+            raise OperationError(f"job(s) {', '.join(job_ids)} still there {CLEAN_TIMEOUT:.0f}s after scancel; "
+                                 "squeue shows why")
+        time.sleep(0.25)

@@ -1,0 +1,116 @@
+"""Where Slurm's commands run: on this machine, or over ssh on the cluster's login host (``slurm.login``).
+
+Remote calls go through the ssh backend's transport: argv lists, BatchMode, ConnectTimeout, accept-new host keys
+and one multiplexed connection (so polling squeue pays the handshake once); the remote command is one
+shlex-quoted string for the login shell.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from mlenv.backends.base import CopyTarget
+from mlenv.errors import OperationError, shown
+
+if TYPE_CHECKING:
+    from mlenv.backends.ssh.hosts import HostSpec
+    from mlenv.backends.ssh.transport import Transport
+
+CALL_TIMEOUT = 60.0
+"""Seconds a Slurm command (or a file read) may take."""
+CONNECT_TIMEOUT = 10
+SSH_FAILED = 255
+
+
+@dataclass(frozen=True)
+class Login:
+    """This machine (``destination`` None) or the login host ``[user@]host[:port]``."""
+
+    destination: str | None
+
+    @property
+    def where(self) -> str:
+        """How messages name it."""
+        return f"the login host {shown(self.destination)}" if self.destination else "this machine"
+
+    @cached_property
+    def _ssh(self) -> tuple[Transport, HostSpec]:
+        from mlenv.backends.ssh.hosts import parse_host
+        from mlenv.backends.ssh.transport import Transport, control_dir
+
+        transport = Transport(connect_timeout=CONNECT_TIMEOUT, control_dir=control_dir(os.getuid()))
+        transport.write_config()
+        return transport, parse_host(self.destination)
+
+    def argv(self, command: Sequence[str], *, tty: bool = False) -> list[str]:
+        """A local command line that runs ``command`` (an argv) there."""
+        if self.destination is None:
+            return list(command)
+        transport, host = self._ssh
+        return transport.ssh_argv(host, command, tty=tty)
+
+    def copy_target(self, path: str) -> CopyTarget:
+        """rsync's destination for ``path`` there (over ssh for a login host)."""
+        if self.destination is None:
+            return CopyTarget(destination=path.rstrip("/") + "/")
+        transport, host = self._ssh
+        return CopyTarget(destination=transport.destination(host, path), rsh=transport.ssh_base(host))
+
+    def run(self, command: Sequence[str], *, stdin: bytes | None = None,
+            timeout: float = CALL_TIMEOUT) -> subprocess.CompletedProcess[bytes]:
+        """Run ``command`` there and wait; OperationError when it cannot start, the login host cannot be
+        reached, or it takes longer than ``timeout``."""
+        argv = self.argv(command)
+        try:
+            if stdin is None:
+                result = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout,
+                                        check=False)
+            else:
+                result = subprocess.run(argv, input=stdin, capture_output=True, timeout=timeout, check=False)
+        except FileNotFoundError:
+            raise OperationError(f"{argv[0]} not found on this machine: install the Slurm client tools (sbatch, "
+                                 "squeue, srun), or set slurm.login to run them on the cluster's login host"
+                                 ) from None
+        except subprocess.TimeoutExpired:
+            raise OperationError(f"{shlex.join(command)} on {self.where} took longer than {timeout:.0f}s") from None
+        if self.destination is not None and result.returncode == SSH_FAILED:
+            raise OperationError(f"cannot reach {self.where}: {last_line(result.stderr) or 'ssh failed'}; check "
+                                 f"that `ssh {self.destination}` works without a password (ssh-agent)")
+        return result
+
+    def ok(self, command: Sequence[str], *, stdin: bytes | None = None, timeout: float = CALL_TIMEOUT) -> str:
+        """Run ``command`` there; its stdout, or OperationError with its own message when it fails."""
+        result = self.run(command, stdin=stdin, timeout=timeout)
+        if result.returncode != 0:
+            message = result.stderr.decode(errors="replace").strip() or f"exit code {result.returncode}"
+            raise OperationError(f"{shlex.join(command)} failed on {self.where}:\n{message}")
+        return result.stdout.decode(errors="replace")
+
+    def read(self, path: str, offset: int) -> bytes:
+        """The bytes of the file ``path`` there from ``offset`` on (nothing while it does not exist)."""
+        if self.destination is None:
+            try:
+                with Path(path).open("rb") as handle:
+                    handle.seek(offset)
+                    return handle.read()
+            except FileNotFoundError:
+                return b""
+            except OSError as exc:
+                raise OperationError(f"cannot read {shown(path)}: {exc.strerror}") from None
+        result = self.run(["sh", "-c", 'test ! -e "$2" || exec tail -c "+$1" -- "$2"', "sh", str(offset + 1), path])
+        if result.returncode != 0:
+            raise OperationError(f"cannot read {shown(path)} on {self.where}: {last_line(result.stderr)}")
+        return result.stdout
+
+
+def last_line(stderr: bytes) -> str:
+    """The last non-empty line of a command's error output."""
+    lines = [line for line in stderr.decode(errors="replace").splitlines() if line.strip()]
+    return lines[-1].strip() if lines else ""

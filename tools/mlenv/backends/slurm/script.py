@@ -1,0 +1,196 @@
+"""The scripts Slurm runs, rendered from the jinja2 templates in manifests/slurm/. Pure.
+
+Every ``{{ }}`` in a template is shell-quoted on its way out (``finalize``), so no value from a cluster file can
+inject shell; only text composed here from quoted parts (:class:`Shell`) and the ``slurm.setup`` lines, which are
+the user's own shell code, are inserted as written. Values that would break a line (``#SBATCH`` lines, comments)
+are refused.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import mlenv
+from mlenv.backends.fanout import run_dir
+from mlenv.backends.remote import RUNTIME_DIR
+from mlenv.backends.slurm.settings import SlurmSettings
+from mlenv.config.model import Container
+from mlenv.errors import OperationError, UsageError, shown
+
+TEMPLATES = Path(mlenv.__file__).parent / "manifests" / "slurm"
+PORT_BASE, PORT_SPAN = 20000, 20000
+"""MASTER_PORT = PORT_BASE + job id % PORT_SPAN: jobs sharing a node (not exclusive) get different ports."""
+PYTHON = "python3"
+FAILED_FILE = "failed"
+"""In a run directory: ``<node> <exit code>`` of the first node that failed (created once, with noclobber)."""
+EXIT_FILE = "exit"
+"""In a run directory: the job's exit code, written by the script at its end."""
+OUTPUT_FILE = "output.log"
+"""In a run directory: a batch job's output (srun's --label lines of every node, and the script's own)."""
+
+
+class Shell(str):
+    """Shell text composed by mlenv from quoted parts: inserted into a script as it is."""
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    """Everything the scripts are made from, decided by ``prepare`` (and kept in the handle)."""
+
+    name: str
+    """The deployment's (cluster's) name."""
+    source: str
+    """The cluster file, as given."""
+    job_name: str
+    nodes: int
+    hosts: tuple[str, ...]
+    """slurm.nodelist cut to ``nodes`` (empty: any nodes)."""
+    gpus_per_node: int
+    procs_per_node: int
+    env: Mapping[str, str]
+    """The env contract (without MLENV_NODE_RANK, MASTER_ADDR and MASTER_PORT, which come from the job)."""
+    settings: SlurmSettings
+    container: Container | None
+    interfaces: Mapping[str, str]
+    """Slurm node name -> socket interface (network.tcp.interfaces)."""
+
+    @property
+    def workdir(self) -> str:
+        return self.settings.workdir
+
+    @property
+    def runtime_path(self) -> str:
+        """Where sync (or launch) ships the runtime: PYTHONPATH for ``python3 -m mlenv.runtime``."""
+        return f"{self.workdir}/{RUNTIME_DIR}"
+
+    def run_path(self, run_id: str) -> str:
+        """A run's directory on the cluster."""
+        return f"{self.workdir}/{run_dir(run_id)}"
+
+    def allocation_output(self) -> str:
+        """The allocation job's own output file (it holds nothing but Slurm's messages)."""
+        return f"{self.workdir}/{RUNTIME_DIR}/runs/allocation-%j.log"
+
+
+def master_port(job_id: str) -> int:
+    """The rendezvous port of a job (the scripts compute the same)."""
+    return PORT_BASE + int(job_id) % PORT_SPAN
+
+
+def _single_line(text: str, what: str) -> str:
+    if any(char in text for char in "\n\r\0"):
+        raise UsageError(f"{what}: {shown(text)} has a line break, which cannot go into a Slurm script")
+    return text
+
+
+def _finalize(value: Any) -> str:
+    """Every ``{{ }}``: shell-quoted, unless mlenv composed it (Shell)."""
+    if isinstance(value, Shell):
+        return str(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    return shlex.quote(_single_line(str(value), "a value"))
+
+
+@lru_cache(maxsize=2)
+def _environment(directory: str) -> Any:
+    import jinja2
+
+    environment = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(directory),
+        undefined=jinja2.StrictUndefined,
+        finalize=_finalize,
+        autoescape=False,  # noqa: S701 - the output is shell, quoted by finalize, not HTML
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    environment.filters["shell"] = lambda value: Shell(shlex.quote(_single_line(str(value), "a value")))
+    environment.filters["comment"] = lambda value: Shell(shown(str(value)))
+    environment.filters["verbatim"] = Shell
+    return environment
+
+
+def _render(template: str, **context: Any) -> str:
+    if not TEMPLATES.is_dir():
+        raise OperationError("the Slurm templates (manifests/slurm/) are missing from this installation: reinstall "
+                             "mlenv (pip install .) or run it from its checkout")
+    return str(_environment(str(TEMPLATES)).get_template(template).render(**context))
+
+
+def _context(job: SlurmJob, title: str, output: str) -> dict[str, Any]:
+    return {"job": job, "s": job.settings.to_data(), "title": title, "output": output}
+
+
+def allocation_script(job: SlurmJob) -> str:
+    """The sbatch script of ``deploy``: a job that holds the nodes until its time limit or ``clean``."""
+    title = f"mlenv deploy: allocation of {job.nodes} nodes for {job.name}"
+    return _render("allocation.sbatch.j2", **_context(job, title, job.allocation_output()))
+
+
+def container_argv(job: SlurmJob) -> list[str]:
+    """``apptainer exec [--nv] --bind ... --env ... IMAGE``, or nothing without a container."""
+    container = job.container
+    if container is None:
+        return []
+    binds = [f"{b.host}:{b.container}" + (":ro" if b.options == "ro" else "") for b in container.binds]
+    env = {**container.env, "PYTHONPATH": job.runtime_path}
+    return [container.runtime, "exec", *(["--nv"] if container.nv else []),
+            *(option for bind in (*binds, job.workdir) for option in ("--bind", bind)), "--pwd", job.workdir,
+            *(option for name, value in env.items() for option in ("--env", f"{name}={value}")), container.image]
+
+
+def runtime_argv(launcher: str, run_id: str, script: str, args: Sequence[str], nproc: int | None) -> list[str]:
+    """``python3 -m mlenv.runtime launch ...``: one node's share of a run (its node rank from Slurm)."""
+    return [PYTHON, "-m", "mlenv.runtime", "launch", "--launcher", launcher,
+            *(["--nproc", str(nproc)] if nproc else []), "--run-dir", run_dir(run_id), "--", script, *args]
+
+
+def task_wrapper(interfaces: Mapping[str, str]) -> str:
+    """The ``sh -c`` script around each node's task: the node's rank (its SLURM_NODEID in the step, which spans
+    every node) and socket interface when the file names one, then the task; a failing node records ``<node>
+    <code>`` in the run's ``failed`` file, the first one only."""
+    steps = ['export MLENV_NODE_RANK="$SLURM_NODEID"']
+    if interfaces:
+        cases = " ".join(f"{shlex.quote(host)}) export NCCL_SOCKET_IFNAME={shlex.quote(nic)} "
+                         f"GLOO_SOCKET_IFNAME={shlex.quote(nic)} ;;" for host, nic in sorted(interfaces.items()))
+        steps.append(f'case "$SLURMD_NODENAME" in {cases} esac')
+    steps += ['"$@"; code=$?',
+              f'[ "$code" -eq 0 ] || (set -C; echo "$SLURM_NODEID $code" > "$MLENV_RUN_DIR/{FAILED_FILE}") '
+              '2>/dev/null',
+              'exit "$code"']
+    return "; ".join(steps)
+
+
+def srun_line(job: SlurmJob, task: Sequence[str]) -> Shell:
+    """The srun of a run: one task per node, fail-fast, every line labelled with its node."""
+    options = ["srun", "--overlap", f"--nodes={job.nodes}", "--ntasks-per-node=1",
+               *([f"--cpus-per-task={job.settings.cpus_per_task}"] if job.settings.cpus_per_task else []),
+               "--kill-on-bad-exit=1", "--label"]
+    parts = [shlex.join(options), shlex.join(["sh", "-c", task_wrapper(job.interfaces), "sh"])]
+    if job.container is not None:
+        parts.append(shlex.join(container_argv(job)))
+    parts.append(shlex.join(task))
+    return Shell(" \\\n  ".join(parts))
+
+
+def _run_context(job: SlurmJob, title: str, run_id: str, task: Sequence[str]) -> dict[str, Any]:
+    env = {**job.env, "MLENV_RUN_ID": run_id, "MLENV_RUN_DIR": job.run_path(run_id), "PYTHONUNBUFFERED": "1"}
+    return {**_context(job, title, f"{job.run_path(run_id)}/{OUTPUT_FILE}"), "env": env,
+            "runtime_path": job.runtime_path, "port_base": PORT_BASE, "port_span": PORT_SPAN,
+            "srun": srun_line(job, task)}
+
+
+def batch_script(job: SlurmJob, title: str, run_id: str, task: Sequence[str]) -> str:
+    """The sbatch script of a launch without an allocation: the run as a batch job."""
+    return _render("batch.sbatch.j2", **_run_context(job, title, run_id, task))
+
+
+def launch_script(job: SlurmJob, title: str, run_id: str, task: Sequence[str], job_id: str) -> str:
+    """The bash script of a launch inside the allocation ``job_id``, run where Slurm's commands are."""
+    return _render("launch.sh.j2", **_run_context(job, title, run_id, task), job_id=job_id)

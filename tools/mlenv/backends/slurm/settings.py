@@ -1,0 +1,144 @@
+"""The ``slurm:`` section of a cluster file (schema: ``mlenv/backends/slurm.schema.json``), parsed for the Slurm
+backend. Imported at validate time for files with ``backend: slurm``, so it imports nothing heavy."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from mlenv.errors import show_value
+
+if TYPE_CHECKING:
+    from mlenv.config.reader import ClusterReader
+
+OWNED_OPTIONS: dict[str, tuple[tuple[str, ...], str]] = {
+    "--nodes": (("-N",), "gpus.default_nodes (or mlenv --nodes)"),
+    "--ntasks": (("-n",), "gpus.procs_per_node (mlenv runs one task per node, which starts the processes)"),
+    "--ntasks-per-node": ((), "gpus.procs_per_node (mlenv runs one task per node, which starts the processes)"),
+    "--output": (("-o",), "nothing: mlenv writes the output to slurm.workdir/.mlenv/runs/<run>/"),
+    "--error": (("-e",), "nothing: mlenv writes the output to slurm.workdir/.mlenv/runs/<run>/"),
+    "--job-name": (("-J",), "cluster.name (jobs are named mlenv-<name>)"),
+    "--chdir": (("-D",), "slurm.workdir"),
+    "--partition": (("-p",), "slurm.partition"),
+    "--account": (("-A",), "slurm.account"),
+    "--qos": (("-q",), "slurm.qos"),
+    "--reservation": ((), "slurm.reservation"),
+    "--constraint": (("-C",), "slurm.constraint"),
+    "--time": (("-t",), "slurm.time"),
+    "--nodelist": (("-w",), "slurm.nodelist"),
+    "--cpus-per-task": (("-c",), "slurm.cpus_per_task"),
+    "--mem": ((), "slurm.mem"),
+    "--gpus-per-node": ((), "gpus.per_node"),
+    "--wrap": ((), "nothing: mlenv writes the job script"),
+}
+"""sbatch options mlenv sets itself, their short forms, and the field to use instead."""
+MIN_PREFIX = 3
+"""sbatch takes unambiguous abbreviations of long options (``--outp``): a prefix this long of an owned option is
+that option."""
+
+
+@dataclass(frozen=True)
+class SlurmSettings:
+    """What the Slurm backend asks sbatch for, where jobs run and how Slurm is reached."""
+
+    partition: str
+    workdir: str
+    """Absolute path on the cluster's shared filesystem: the jobs' working directory and sync's target."""
+    account: str | None = None
+    qos: str | None = None
+    reservation: str | None = None
+    constraint: str | None = None
+    time: str | None = None
+    nodelist: tuple[str, ...] = ()
+    """Hosts to pin, in order; with fewer nodes asked, the first ones."""
+    cpus_per_task: int | None = None
+    mem: str | None = None
+    setup: tuple[str, ...] = ()
+    """Shell lines run before srun: the user's own code, inserted as written."""
+    extra_sbatch: tuple[str, ...] = ()
+    login: str | None = None
+    """``[user@]host[:port]``: run Slurm commands over ssh there; None runs them on this machine."""
+
+    def to_data(self) -> dict[str, Any]:
+        """JSON-serialisable form, for handles."""
+        return {name: list(value) if isinstance(value, tuple) else value for name, value in self.__dict__.items()}
+
+    @classmethod
+    def from_data(cls, data: dict[str, Any]) -> SlurmSettings:
+        """Inverse of ``to_data``; TypeError on a record of another shape."""
+        fields: dict[str, Any] = {name: tuple(value) if isinstance(value, list) else value
+                                  for name, value in data.items()}
+        return cls(**fields)
+
+
+def owned_option(option: str) -> tuple[str, str] | None:
+    """(the owned sbatch option, the field to use instead) when ``option`` is one mlenv sets, else None."""
+    name = option.split("=", 1)[0]
+    for owned, (short, instead) in OWNED_OPTIONS.items():
+        if name.startswith("--") and len(name) >= MIN_PREFIX + 2 and owned.startswith(name):
+            return owned, instead
+        if not name.startswith("--") and name[:2] in short:
+            return owned, instead
+    return None
+
+
+def _extra_sbatch(reader: ClusterReader) -> tuple[str, ...]:
+    options = tuple(reader.get("slurm", "extra_sbatch", default=[]))
+    for index, option in enumerate(options):
+        owned = owned_option(option)
+        if owned is not None:
+            reader.problem(("slurm", "extra_sbatch", index),
+                           f"{show_value(option)} sets {owned[0]}, which mlenv sets itself; use {owned[1]}")
+    return options
+
+
+def _nodelist(reader: ClusterReader) -> tuple[str, ...]:
+    nodes = tuple(reader.get("slurm", "nodelist", default=[]))
+    first: dict[str, int] = {}
+    for index, node in enumerate(nodes):
+        if node in first:
+            reader.problem(("slurm", "nodelist", index), f"{node} is listed twice (first as nodelist[{first[node]}]); "
+                                                         "one task runs per node, so list each node once")
+        first.setdefault(node, index)
+    asked = reader.get("gpus", "default_nodes")
+    if nodes and isinstance(asked, (int, str)) and str(asked).isdigit() and int(asked) > len(set(nodes)):
+        reader.problem(("gpus", "default_nodes"), f"{asked} nodes requested but only {len(set(nodes))} are pinned in "
+                                                  "slurm.nodelist; lower gpus.default_nodes or pin more nodes")
+    return nodes
+
+
+def _login(reader: ClusterReader) -> str | None:
+    from mlenv.backends.ssh.hosts import HostError, parse_host
+
+    login = reader.get("slurm", "login")
+    if login is None:
+        return None
+    try:
+        parse_host(login)
+    except HostError as exc:
+        reader.problem(("slurm", "login"), f"{exc}, got {show_value(login)}")
+    return str(login)
+
+
+def _text(reader: ClusterReader, field: str) -> str | None:
+    value = reader.get("slurm", field)
+    return None if value is None else str(value)
+
+
+def parse(reader: ClusterReader) -> SlurmSettings:
+    """The Slurm backend's settings (BackendInfo.settings of ``slurm``)."""
+    return SlurmSettings(
+        partition=reader.get("slurm", "partition", default=""),
+        workdir=str(reader.get("slurm", "workdir", default="/")).rstrip("/") or "/",
+        account=_text(reader, "account"),
+        qos=_text(reader, "qos"),
+        reservation=_text(reader, "reservation"),
+        constraint=_text(reader, "constraint"),
+        time=_text(reader, "time"),
+        nodelist=_nodelist(reader),
+        cpus_per_task=reader.integer("slurm", "cpus_per_task", minimum=1, maximum=4096),
+        mem=_text(reader, "mem"),
+        setup=tuple(reader.get("slurm", "setup", default=[])),
+        extra_sbatch=_extra_sbatch(reader),
+        login=_login(reader),
+    )
