@@ -2,11 +2,14 @@
 """All-reduce bandwidth across message sizes, reported like nccl-tests.
 
 algbw = bytes / time and busbw = algbw * 2(n-1)/n, the figure comparable to link speed.
-Start it on every node through the runtime launcher (gloo on CPU, NCCL on GPUs):
+Start it on every node through the runtime launcher (gloo on CPU, NCCL on GPUs); ``mlenv nccl-test`` does:
 
-    python3 -m mlenv.runtime launch -- allreduce_bench.py --max-bytes 1G
+    python3 -m mlenv.runtime launch -- allreduce_bench.py --sizes 8M:1G
 
-Rank 0 prints one line per size and a final ``peak_busbw_gbps=... size_bytes=... world_size=...`` line.
+Sizes are ``--sizes MIN:MAX[:FACTOR]`` (doubling by default) or a list ``1M,64M,1G``, or nccl-tests' ``-b MIN
+-e MAX -f FACTOR``. Rank 0 prints a table whose every line starts with ``allreduce`` (a header, then one line per
+size: size_bytes time_us algbw_GBps busbw_GBps) and a final ``peak_busbw_gbps=... size_bytes=... world_size=...
+backend=...`` line.
 """
 
 from __future__ import annotations
@@ -18,6 +21,10 @@ import time
 
 import torch
 import torch.distributed as dist
+from mlenv.runtime.sizes import parse_sizes
+
+DEFAULT_SIZES = {True: ("1M", "1G", 4), False: ("4K", "4M", 4)}
+"""MIN, MAX, FACTOR by device: on GPUs up to 1G, where NCCL's bus bandwidth levels off; on CPU (gloo) small."""
 
 
 def say(line: str) -> None:
@@ -26,24 +33,32 @@ def say(line: str) -> None:
     sys.stdout.flush()
 
 
-def parse_size(text: str) -> int:
-    """``4096``, ``64K``, ``16M``, ``1G`` -> bytes."""
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    suffix = text[-1:].upper()
-    return int(text[:-1]) * units[suffix] if suffix in units else int(text)
+def sizes_argument(text: str) -> list[int]:
+    try:
+        return parse_sizes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def parse_args(on_gpu: bool) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="all-reduce bus bandwidth across message sizes")
-    parser.add_argument("--min-bytes", type=parse_size, default=parse_size("4K"))
-    parser.add_argument("--max-bytes", type=parse_size, default=parse_size("256M" if on_gpu else "4M"))
-    parser.add_argument("--factor", type=int, default=4, help="size multiplier between steps")
+    low, high, factor = DEFAULT_SIZES[on_gpu]
+    parser.add_argument("--sizes", type=sizes_argument, help="MIN:MAX[:FACTOR] or A,B,C (wins over -b/-e/-f)")
+    parser.add_argument("-b", "--min-bytes", default=low, help=f"smallest size (default {low})")
+    parser.add_argument("-e", "--max-bytes", default=high, help=f"largest size (default {high})")
+    parser.add_argument("-f", "--factor", type=int, default=factor, help=f"size multiplier (default {factor})")
     parser.add_argument("--iters", type=int, default=20 if on_gpu else 5, help="timed iterations per size")
     parser.add_argument("--warmup", type=int, default=5 if on_gpu else 1)
+    parser.add_argument("--nccl-debug", metavar="LEVEL", help="set NCCL_DEBUG (INFO logs the transport NCCL uses)")
     parser.add_argument("--local_rank", type=int, help=argparse.SUPPRESS)  # DeepSpeed's launcher passes it
     args = parser.parse_args()
-    if args.factor < 2 or args.min_bytes < 4 or args.iters < 1:
-        parser.error("need --factor >= 2, --min-bytes >= 4 and --iters >= 1")
+    if args.iters < 1 or args.warmup < 0:
+        parser.error("need --iters >= 1 and --warmup >= 0")
+    if args.sizes is None:
+        try:
+            args.sizes = parse_sizes(f"{args.min_bytes}:{args.max_bytes}:{args.factor}")
+        except ValueError as exc:
+            parser.error(str(exc))
     return args
 
 
@@ -80,17 +95,19 @@ def check_sum(tensor: torch.Tensor) -> None:
 def main() -> None:
     on_gpu = torch.cuda.is_available()
     args = parse_args(on_gpu)
+    if args.nccl_debug:
+        os.environ["NCCL_DEBUG"] = args.nccl_debug  # read by NCCL when the first communicator is made
     local_rank = int(os.environ["LOCAL_RANK"])
     device = torch.device("cuda", local_rank) if on_gpu else torch.device("cpu")
     if on_gpu:
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if on_gpu else "gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank, world, backend = dist.get_rank(), dist.get_world_size(), dist.get_backend()
     if rank == 0:
-        say(f"all-reduce float32 backend={dist.get_backend()} world_size={world}")
-        say(f"{'size_bytes':>12} {'time_us':>12} {'algbw_GBps':>11} {'busbw_GBps':>11}")
-    peak, peak_size, size = 0.0, 0, args.min_bytes
-    while size <= args.max_bytes:
+        say(f"all-reduce float32 backend={backend} world_size={world}")
+        say(f"allreduce {'size_bytes':>12} {'time_us':>12} {'algbw_GBps':>11} {'busbw_GBps':>11}")
+    peak, peak_size = 0.0, 0
+    for size in args.sizes:
         tensor = torch.empty(size // 4, dtype=torch.float32, device=device)
         check_sum(tensor)
         seconds = time_all_reduce(tensor, args.iters, args.warmup)
@@ -99,11 +116,10 @@ def main() -> None:
         if busbw > peak:
             peak, peak_size = busbw, size
         if rank == 0:
-            say(f"{size:>12} {seconds * 1e6:>12.1f} {algbw:>11.3f} {busbw:>11.3f}")
-        size *= args.factor
+            say(f"allreduce {size:>12} {seconds * 1e6:>12.1f} {algbw:>11.3f} {busbw:>11.3f}")
+        del tensor
     if rank == 0:
-        say(f"peak_busbw_gbps={peak:.3f} size_bytes={peak_size} world_size={world} "
-            f"backend={dist.get_backend()}")
+        say(f"peak_busbw_gbps={peak:.3f} size_bytes={peak_size} world_size={world} backend={backend}")
     dist.destroy_process_group()
 
 

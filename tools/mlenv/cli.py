@@ -125,11 +125,14 @@ def list_clusters(as_json: bool) -> None:
 
 
 def _summary(cluster: Cluster) -> dict[str, Any]:
+    from mlenv.backends.registry import BACKENDS
+
     return {
         "name": cluster.info.name, "valid": True, "file": cluster.source, "backend": cluster.backend,
         "namespace": cluster.info.namespace, "nodes": cluster.gpus.default_nodes,
         "gpus_per_node": cluster.gpus.per_node, "rdma": cluster.rdma.enabled,
-        "storage_mode": cluster.storage.mode, "description": cluster.info.description,
+        "storage_mode": cluster.storage.mode if "storage" in BACKENDS[cluster.backend].uses else "-",
+        "description": cluster.info.description,
     }
 
 
@@ -154,8 +157,12 @@ def validate(cluster: str | None, cluster_ref: str | None, mode: str | None, nod
 
         print_json(summary)
         return
+    from mlenv.backends.registry import BACKENDS
+
+    storage = (f", {'shared' if job.storage.shared else 'per-node'} workspace"
+               if "storage" in BACKENDS[job.cluster.backend].uses else "")
     click.echo(f"OK {job.cluster.source}: {job.name} ({job.cluster.backend}, {job.nodes} x {job.gpus_per_node} "
-               f"GPUs, {job.mode}, {'shared' if job.storage.shared else 'per-node'} workspace)")
+               f"GPUs, {job.mode}{storage})")
 
 
 @main.command()
@@ -329,8 +336,7 @@ def clean(cluster_ref: str | None, delete_data: bool, yes: bool) -> None:
             sys.exit(1)
     with state.deploying(target.handle.name):
         target.backend.clean(target.handle, delete_data=delete_data)
-    if target.recorded is not None:
-        state.forget(target.recorded.name)
+    state.forget(target.handle.name)
 
 
 @main.command(context_settings=STOP_AT_COMMAND)

@@ -14,7 +14,7 @@ from runtime_support import Runner
 
 
 @pytest.mark.parametrize("command", [[], ["topology"], ["nccl-env"], ["launch"], ["nccl-log-check"], ["jobs"],
-                                     ["stop"], ["logs"]])
+                                     ["stop"], ["logs"], ["doctor"]])
 def test_every_command_has_help(command: list[str], run_runtime: Runner) -> None:
     result = run_runtime(*command, "--help")
     assert (result.returncode, result.stderr) == (0, "")

@@ -19,6 +19,8 @@ from __future__ import annotations
 import re
 from decimal import ROUND_UP, Context, Decimal
 
+from mlenv.errors import show_value
+
 _QUANTITY = re.compile(r"(?P<number>[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))"
                        r"(?:[eE](?P<exponent>[+-]?[0-9]+)|(?P<suffix>[KMGTPE]i|[numkMGTPE]?))")
 _BINARY = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}
@@ -77,3 +79,26 @@ def half_of(value: str) -> str:
         if half >= size and half % size == 0:
             return f"{half // size}{suffix}"
     return str(half)
+
+
+_NUMBER = r"[0-9]{1,9}(?:\.[0-9]{1,9})?"
+_BANDWIDTH = re.compile(rf"({_NUMBER}) ?([MGT])([Bb])/s")
+_GIGA_SCALE = {"M": 1e-3, "G": 1.0, "T": 1e3}
+
+
+def parse_bandwidth(value: object) -> float:
+    """``180GB/s`` (bytes) or ``1440Gb/s`` (bits), also M and T, in GB/s (decimal gigabytes). The unit is required:
+    bytes and bits differ eightfold. QuantityError saying what was expected."""
+    text = str(value)
+    match = _BANDWIDTH.fullmatch(text) if isinstance(value, str) else None
+    if match is None:
+        if re.fullmatch(_NUMBER, text):
+            raise QuantityError(f"{text} has no unit: write {text}GB/s for gigabytes per second (what nccl-tests "
+                                f"reports as busbw) or {text}Gb/s for gigabits (how NICs are rated; 8 bits make "
+                                f"a byte)")
+        raise QuantityError(f"expected a bandwidth like 180GB/s or 1440Gb/s (bytes: MB/s, GB/s, TB/s; bits: "
+                            f"Mb/s, Gb/s, Tb/s), got {show_value(value)}")
+    gbytes = float(match[1]) * _GIGA_SCALE[match[2]] / (8 if match[3] == "b" else 1)
+    if gbytes <= 0:
+        raise QuantityError(f"expected a bandwidth larger than 0, got {show_value(value)}")
+    return gbytes

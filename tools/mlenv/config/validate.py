@@ -8,7 +8,6 @@ sections it ignores (a warning), and which settings parser reads its own section
 from __future__ import annotations
 
 import importlib
-import re
 from decimal import Decimal
 from typing import Any
 
@@ -36,15 +35,10 @@ from mlenv.config.model import (
     Storage,
     Tcp,
 )
-from mlenv.config.quantity import QuantityError, half_of, parse_quantity
+from mlenv.config.quantity import QuantityError, half_of, parse_bandwidth, parse_quantity
 from mlenv.config.reader import ClusterReader, env_text
 from mlenv.config.schema import schema_problems
-from mlenv.errors import ConfigError, show_value
-
-_NUMBER = r"[0-9]{1,9}(?:\.[0-9]{1,9})?"
-_BANDWIDTH = re.compile(rf"({_NUMBER}) ?([MGT])([Bb])/s")
-_BARE_NUMBER = re.compile(_NUMBER)
-_GIGA_SCALE = {"M": 1e-3, "G": 1.0, "T": 1e3}
+from mlenv.errors import ConfigError
 
 
 def _amount(quantity: str) -> Decimal | None:
@@ -81,6 +75,8 @@ def _kubernetes_version(reader: ClusterReader) -> str:
 
 
 def _gpu_nodes(reader: ClusterReader) -> tuple[str, ...]:
+    if "nodes" not in reader.backend.uses:  # warned as ignored: it pins nothing for this backend
+        return ()
     nodes = tuple(reader.get("nodes", "gpu_nodes", default=[]))
     first: dict[str, int] = {}
     for index, node in enumerate(nodes):
@@ -145,22 +141,11 @@ def _busbw_gbytes(reader: ClusterReader) -> float | None:
     value = reader.get("network", "expected_busbw")
     if value is None:
         return None
-    path, text = ("network", "expected_busbw"), str(value)
-    match = _BANDWIDTH.fullmatch(text) if isinstance(value, str) else None
-    if match is None:
-        if _BARE_NUMBER.fullmatch(text):
-            reader.problem(path, f"{text} has no unit: write {text}GB/s for gigabytes per second (what nccl-tests "
-                                 f"reports as busbw) or {text}Gb/s for gigabits (how NICs are rated; 8 bits make "
-                                 f"a byte)")
-        else:
-            reader.problem(path, f"expected a bandwidth like 180GB/s or 1440Gb/s (bytes: MB/s, GB/s, TB/s; bits: "
-                                 f"Mb/s, Gb/s, Tb/s), got {show_value(value)}")
+    try:
+        return parse_bandwidth(value)
+    except QuantityError as exc:
+        reader.problem(("network", "expected_busbw"), str(exc))
         return None
-    gbytes = float(match[1]) * _GIGA_SCALE[match[2]] / (8 if match[3] == "b" else 1)
-    if gbytes <= 0:
-        reader.problem(path, f"expected a bandwidth larger than 0, got {show_value(value)}")
-        return None
-    return gbytes
 
 
 def _security(reader: ClusterReader) -> Security:

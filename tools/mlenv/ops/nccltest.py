@@ -1,65 +1,269 @@
-"""``mlenv nccl-test``: all-reduce bus bandwidth across every node, and, from NCCL's own log, the transport
-that carried it (RDMA+GDR, RDMA, sockets) checked against the deployment's network mode."""
+"""``mlenv nccl-test``: the fabric gate. Ships the all-reduce benchmark (workspace/allreduce_bench.py) with the
+runtime to every node, the way sync copies files, so it needs no sync first; runs it on every node and GPU through
+the launch workflow with NCCL_DEBUG=INFO; prints message size -> algbw/busbw, the transport NCCL used for every
+rank (from its own log), and PASS or FAIL: at least 80 % of the expected bus bandwidth at the largest size, the
+expectation from --expect, network.expected_busbw, or in RDMA mode the link rate x HCAs the nodes read in sysfs.
+A file that asks for RDMA and a log that shows sockets FAILs whatever the number. Results go to runs/<run id>/ as
+nccl-test.json and busbw.png."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
-import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
-from mlenv.backends.base import Backend
-from mlenv.ops.launch import LaunchResult, launch
-from mlenv.plan import Deployment
+from mlenv.backends.base import LaunchSpec
+from mlenv.errors import MlenvError, OperationError, UsageError
+from mlenv.ops.launch import LaunchResult, launch, run_id
+from mlenv.ops.target import Target
+from mlenv.runtime.ncclog import SOCKETS, UNKNOWN, LogReport, contradicts, parse_nccl_log
 
 PEAK = re.compile(r"peak_busbw_gbps=([\d.]+) size_bytes=(\d+)")
+RESULT = re.compile(r"^allreduce +(\d+) +([\d.]+) +([\d.]+) +([\d.]+) *$", re.MULTILINE)
+"""A line of the benchmark's table: size_bytes time_us algbw_GBps busbw_GBps."""
+PASS_RATIO = 0.8
+"""PASS from this share of the expected bus bandwidth at the largest size."""
+BENCH = "allreduce_bench.py"
+"""Shipped to the top of every node's workspace, as ``mlenv sync`` puts workspace/allreduce_bench.py there."""
+NO_NCCL = "gloo over TCP sockets (no NCCL in use)"
+
+
+@dataclass(frozen=True)
+class SizeResult:
+    """One message size of the benchmark (the slowest rank's time)."""
+
+    size_bytes: int
+    time_us: float
+    algbw_gbps: float
+    busbw_gbps: float
+
+
+@dataclass(frozen=True)
+class Expectation:
+    """The bus bandwidth to reach, in GB/s, and where it comes from."""
+
+    gbps: float
+    source: str
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """PASS or FAIL, and why."""
+
+    status: str
+    reasons: tuple[str, ...]
 
 
 def find_in_logs(pattern: re.Pattern[str], result: LaunchResult) -> re.Match[str] | None:
     """The last match of ``pattern`` in the first node log that has one (global rank 0 may be on any node)."""
-    for ordinal in sorted(result.node_exit_codes):
-        matches = list(pattern.finditer(result.log(ordinal).read_text(errors="replace")))
+    for ordinal in sorted(result.outcome.node_exit_codes):
+        matches = list(pattern.finditer(_read(result.log(ordinal))))
         if matches:
             return matches[-1]
     return None
 
 
-def transport(logs: Sequence[Path], expect: str | None = None) -> tuple[str, bool]:
-    """(what carried the collectives, whether that matches ``expect``), from the runtime's nccl-log-check."""
-    check = subprocess.run([sys.executable, "-m", "mlenv.runtime", "nccl-log-check", "--json",
-                            *(["--expect", expect] if expect else []), *map(str, logs)],
-                           capture_output=True, text=True, check=False)
+def _read(path: Path) -> str:
     try:
-        report = json.loads(check.stdout)
-    except ValueError:
-        return f"unknown (nccl-log-check failed: {check.stderr.strip()})", False
-    if not report.get("ranks"):
-        return "gloo over TCP sockets (no NCCL in use)", expect is None
-    return f"NCCL {report['verdict']}", check.returncode == 0
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
 
 
-def run_nccl_test(backend: Backend, deployment: Deployment, nproc: int | None = None) -> int:
-    """Run workspace/allreduce_bench.py on every node; 1 when it fails or RDMA was expected but not used."""
+def nccl_report(logs: Sequence[Path]) -> LogReport:
+    """What NCCL's INFO lines in the node logs say, rank by rank (the runtime's nccl-log-check)."""
+    return parse_nccl_log(line for path in logs for line in _read(path).splitlines())
+
+
+def transport(logs: Sequence[Path], expect: str | None = None) -> tuple[str, bool]:
+    """(what carried the collectives, whether that matches ``expect``)."""
+    report = nccl_report(logs)
+    if not report.ranks:
+        return NO_NCCL, expect is None
+    return f"NCCL {report.verdict}", not (expect and contradicts(report.verdict, expect))
+
+
+def read_results(logs: Sequence[Path]) -> list[SizeResult]:
+    """The benchmark's lines of global rank 0, from the first node log that has them, by size."""
+    for path in logs:
+        found = {int(m[1]): SizeResult(int(m[1]), float(m[2]), float(m[3]), float(m[4]))
+                 for m in RESULT.finditer(_read(path))}
+        if found:
+            return [found[size] for size in sorted(found)]
+    return []
+
+
+def parse_bandwidth(text: str) -> float:
+    """``180GB/s`` or ``1440Gb/s`` (the unit required, as for network.expected_busbw) in GB/s; UsageError."""
+    from mlenv.config.quantity import QuantityError
+    from mlenv.config.quantity import parse_bandwidth as parse
+
+    try:
+        return parse(text.strip())
+    except QuantityError as exc:
+        raise UsageError(f"--expect: {exc}") from None
+
+
+def expected_from_links(facts: Mapping[str, Mapping[str, Any]]) -> Expectation | None:
+    """The bus bandwidth the slowest node's RDMA links allow: the rates of its ACTIVE ports (sysfs
+    ``ports/*/rate``, Gb/s) summed over its HCAs, / 8; None when a node has no RDMA link."""
+    links = [(name, float(found.get("link_gbps") or 0), int(found.get("hca_count") or 0))
+             for name, found in facts.items()]
+    if not links or any(gbps <= 0 for _, gbps, _ in links):
+        return None
+    name, gbps, hcas = min(links, key=lambda link: link[1])
+    return Expectation(gbps / 8, f"link rate in sysfs: {hcas} HCAs, {gbps:g} Gb/s on {name}")
+
+
+def evaluate(results: Sequence[SizeResult], report: LogReport, mode: str,
+             expected: Expectation | None) -> Verdict:
+    """PASS at >= 80 % of ``expected`` at the largest size; RDMA asked and sockets seen FAILs whatever the number,
+    and so does RDMA asked and no NCCL log to prove it."""
+    reasons, failed = [], False
+    if mode == "rdma":
+        if contradicts(report.verdict, "rdma"):
+            socket_ranks = [str(r.rank) for r in report.ranks if r.verdict == SOCKETS]
+            failed = True
+            reasons.append(f"the cluster file asks for RDMA but NCCL used sockets (ranks {', '.join(socket_ranks)}): "
+                           "a FAIL whatever the bandwidth")
+        elif not report.ranks:
+            failed = True
+            reasons.append("the cluster file asks for RDMA but the logs have no NCCL INFO lines to prove it")
+        elif report.verdict == UNKNOWN:
+            reasons.append("NCCL's log names no network transport (a single node needs none)")
+        else:
+            reasons.append(f"NCCL used {report.verdict}, as the cluster file asks")
+    if not results:
+        return Verdict("FAIL", (*reasons, "the benchmark printed no result"))
+    largest = results[-1]
+    if expected is None:
+        reasons.append("no expected bandwidth (network.expected_busbw in the cluster file, or --expect 180GB/s): "
+                       "bandwidth not gated")
+    else:
+        ratio = largest.busbw_gbps / expected.gbps
+        enough = ratio >= PASS_RATIO
+        failed = failed or not enough
+        reasons.append(f"{largest.busbw_gbps:.2f} GB/s at {largest.size_bytes} bytes is {ratio:.0%} of the expected "
+                       f"{expected.gbps:.2f} GB/s ({expected.source}); PASS needs {PASS_RATIO:.0%}")
+    return Verdict("FAIL" if failed else "PASS", tuple(reasons))
+
+
+def bench_source() -> Path:
+    """The benchmark to ship: the project's workspace/allreduce_bench.py, else the one of mlenv's checkout."""
+    import mlenv
+    from mlenv.config.discover import project_root
+
+    for root in (project_root(), Path(mlenv.__file__).resolve().parents[2]):
+        if (root / "workspace" / BENCH).is_file():
+            return root / "workspace" / BENCH
+    raise UsageError(f"no workspace/{BENCH} in {project_root()} to run")
+
+
+def _file_expectation(target: Target) -> Expectation | None:
+    """network.expected_busbw of the deployment's cluster file, if it still loads."""
+    from mlenv.ops.target import recorded_plan
+    from mlenv.ui import warn
+
+    plan = target.plan
+    if plan is None and target.recorded is not None:
+        try:
+            plan = recorded_plan(target.recorded)
+        except MlenvError as exc:
+            warn(f"network.expected_busbw not read: {str(exc).splitlines()[0]}")
+            return None
+    gbps = plan.cluster.expected_busbw_gbytes if plan else None
+    return Expectation(gbps, "network.expected_busbw") if gbps else None
+
+
+def _link_facts(target: Target) -> dict[str, Mapping[str, Any]]:
+    """What each node's runtime doctor found of its RDMA links."""
+    from mlenv.ops.doctor import node_reports
+
+    nodes = target.backend.nodes(target.handle)
+    reports = node_reports(target.backend, target.handle, nodes)
+    return {r.node.name: r.facts for r in reports.values()}
+
+
+def _summary(target: Target, result: LaunchResult, results: Sequence[SizeResult], report: LogReport,
+             expected: Expectation | None, verdict: Verdict) -> dict[str, Any]:
+    keys = ("rank", "process", "verdict", "network", "devices", "gdr", "nccl_version")
+    ranks = [{key: value for key, value in rank.to_dict().items() if key in keys} for rank in report.ranks]
+    return {
+        "cluster": target.handle.name, "run_id": result.run_id, "mode": target.handle.mode,
+        "nodes": target.handle.nodes, "exit_code": result.exit_code,
+        "sizes": [asdict(r) for r in results],
+        "transport": {"verdict": report.verdict if report.ranks else NO_NCCL, "ranks": ranks},
+        "expected_busbw_gbps": expected.gbps if expected else None,
+        "expected_source": expected.source if expected else None,
+        "verdict": verdict.status, "reasons": list(verdict.reasons),
+        "files": {"json": str(result.run_dir / "nccl-test.json"), "png": str(result.run_dir / "busbw.png"),
+                  "logs": str(result.run_dir)},
+    }
+
+
+def _print(summary: Mapping[str, Any], plot: str) -> None:
     from mlenv.ui import error, table
 
-    result = launch(backend, deployment, launcher="torchrun", script="allreduce_bench.py", nproc=nproc)
-    if result.exit_code != 0:
+    table(f"all-reduce bus bandwidth: {summary['cluster']} ({summary['nodes']} nodes)",
+          ["SIZE (bytes)", "TIME (us)", "ALGBW (GB/s)", "BUSBW (GB/s)"],
+          [[r["size_bytes"], f"{r['time_us']:.1f}", f"{r['algbw_gbps']:.3f}", f"{r['busbw_gbps']:.3f}"]
+           for r in summary["sizes"]])
+    ranks = summary["transport"]["ranks"]
+    if ranks:
+        table(f"transport per rank: {summary['transport']['verdict']}", ["RANK", "PROCESS", "TRANSPORT", "DEVICES",
+                                                                           "NCCL"],
+              [[r["rank"], r["process"], r["verdict"], ", ".join(r["devices"]) or r["network"] or "-",
+                r["nccl_version"] or "-"] for r in ranks])
+    else:
+        print(f"transport: {summary['transport']['verdict']}")
+    print(plot, end="")
+    print(f"{summary['verdict']}: " + "; ".join(summary["reasons"]))
+    print(f"results: {summary['files']['json']}, plot: {summary['files']['png']}")
+    if summary["verdict"] == "FAIL":
+        error(f"nccl-test FAILED; the node logs are in {summary['files']['logs']}")
+
+
+def run_nccl_test(target: Target, nproc: int | None = None, sizes: str | None = None, expect: str | None = None,
+                  as_json: bool = False) -> int:
+    """Ship and run the benchmark on every node, judge it, save and print the results; 1 on FAIL."""
+    from mlenv.ops.doctor import ship_runtime
+    from mlenv.ops.plot import terminal_plot, write_png
+    from mlenv.runtime.sizes import parse_sizes
+    from mlenv.ui import print_json
+
+    if sizes is not None:
+        try:
+            parse_sizes(sizes)
+        except ValueError as exc:
+            raise UsageError(f"--sizes: {exc} (e.g. 8M:1G, 8M:1G:4 or 1M,64M,1G)") from None
+    expected = Expectation(parse_bandwidth(expect), f"--expect {expect}") if expect is not None else None
+    handle = target.handle
+    with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():
+        failed = ship_runtime(target.backend, handle, {BENCH: bench_source()})
+        if failed:
+            raise OperationError(f"cannot copy {BENCH} to the nodes: {'; '.join(failed)}")
+        expected = expected or _file_expectation(target)
+        if expected is None and handle.mode == "rdma":
+            expected = expected_from_links(_link_facts(target))
+        args = ("--nccl-debug", "INFO", *(("--sizes", sizes) if sizes else ()))
+        result = launch(target, LaunchSpec("torchrun", BENCH, args, nproc=nproc,
+                                           run_id=run_id(f"{handle.name}-nccl-test")))
+    if result.outcome.interrupted:
         return result.exit_code
-    expect = "rdma" if deployment.mode == "rdma" else None
-    verdict, ok = transport([result.log(n) for n in sorted(result.node_exit_codes)], expect)
-    peak = find_in_logs(PEAK, result)
-    table("mlenv nccl-test", ["WHAT", "RESULT"], [
-        ["nodes", str(deployment.nodes)],
-        ["peak bus bandwidth", f"{peak.group(1)} GB/s at {peak.group(2)} bytes" if peak else "-"],
-        ["transport", verdict],
-        ["expected", deployment.mode],
-        ["logs", str(result.run_dir)],
-    ])
-    if not ok:
-        error(f"{deployment.mode} mode, but the job ran over: {verdict}; see mlenv nccl-test logs in {result.run_dir}"
-              + (" (set nccl.debug: INFO in the cluster file so NCCL logs its transport)"
-                 if "NCCL_DEBUG" not in deployment.env else ""))
-        return 1
-    return 0
+    logs = [result.log(n) for n in sorted(result.outcome.node_exit_codes)]
+    results, report = read_results(logs), nccl_report(logs)
+    verdict = evaluate(results, report, handle.mode, expected)
+    summary = _summary(target, result, results, report, expected, verdict)
+    points = [(r.size_bytes, r.busbw_gbps) for r in results]
+    write_png(result.run_dir / "busbw.png", points, expected.gbps if expected else None)
+    (result.run_dir / "nccl-test.json").write_text(json.dumps(summary, indent=2) + "\n")
+    if as_json:
+        print_json(summary)
+    else:
+        _print(summary, terminal_plot(points, expected.gbps if expected else None))
+    return 0 if verdict.status == "PASS" else 1

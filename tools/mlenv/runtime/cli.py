@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import NoReturn
 
+from .doctor import examine, render
 from .jobs import (
     POLL_SECONDS,
     JobError,
@@ -127,6 +128,13 @@ def build_parser() -> argparse.ArgumentParser:
                       help="print new lines until the job ends, then exit with its exit status")
     logs.add_argument("--wait", type=_seconds, default=LOG_WAIT_SECONDS, metavar="SECONDS",
                       help="with --follow, how long to wait for a job that is just starting (default: %(default)s)")
+
+    doctor = commands.add_parser("doctor", help="check what this node sees: RDMA, GID, memlock, /dev/shm, master")
+    doctor.add_argument("--sysfs-root", default="/sys", help="sysfs mount (default: %(default)s)")
+    doctor.add_argument("--proc-root", default="/proc", help="procfs mount (default: %(default)s)")
+    doctor.add_argument("--rendezvous", type=_seconds, metavar="SECONDS",
+                        help="node 0 listens on the rendezvous port this long, the others connect to it")
+    doctor.add_argument("--json", action="store_true", help="print one JSON line: checks, facts and the clock")
 
     check = commands.add_parser("nccl-log-check", help="tell from NCCL_DEBUG=INFO output what NCCL used")
     check.add_argument("files", nargs="+", metavar="FILE", help="log files ('-' for stdin)")
@@ -301,6 +309,19 @@ def _node_job(jobs: list[NodeJob], environ: Mapping[str, str]) -> NodeJob | None
     return next((job for job in newest if job.record.node_rank == rank), newest[0])
 
 
+def _doctor(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    for root in (args.sysfs_root, args.proc_root):
+        if not Path(root).is_dir():
+            raise BadInput(f"{root} is not a directory")
+    report = examine(environ, sysfs_root=args.sysfs_root, proc_root=args.proc_root,
+                     rendezvous_seconds=args.rendezvous)
+    if args.json:
+        print(json.dumps({**report, "clock": time.time()}), flush=True)  # the clock read as late as possible
+    else:
+        print(render(report), end="")
+    return 1 if any(check["status"] == "FAIL" for check in report["checks"]) else 0
+
+
 def _nccl_log_check(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     report = parse_nccl_log(line for name in args.files for line in _read_lines(name))
     if args.json:
@@ -329,6 +350,7 @@ _COMMANDS = {
     "nccl-env": _nccl_env,
     "launch": _launch,
     "nccl-log-check": _nccl_log_check,
+    "doctor": _doctor,
     "jobs": _jobs,
     "stop": _stop,
     "logs": _logs,

@@ -1,0 +1,285 @@
+"""``python3 -m mlenv.runtime doctor``: what this node sees, each finding a check (PASS/WARN/FAIL, evidence, fix).
+
+RDMA ports with their link layer and rate, the GID index NCCL will use, memlock, /dev/shm, GPUDirect (peer memory
+or DMA-BUF), NCCL's own warnings (``nccl-env``), torch/CUDA/NCCL and driver versions, GPUs, whether the master's
+name resolves and, with ``rendezvous_seconds``, whether its rendezvous port answers. ``--json`` prints it all on
+one line with the facts ``mlenv doctor`` compares across nodes and this node's clock.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from .host import SHM_MOUNT, dmabuf_support, memlock_limit, peer_memory, shm_size, visible_gpu_count
+from .nccl import AUTO, MIN_SHM_BYTES, NcclEnv, detect_nccl_env
+from .netroute import LOOPBACK_INTERFACE, read_routes, resolve_ipv4, route_to
+from .rdma import IPV4_MAPPED_PREFIX, Port, match_nccl_hca_filter, natural_key, scan_hcas
+from .readfs import read_text
+from .rendezvous import PortProbe, connect, serve
+from .topology import Topology, TopologyError, detect_topology, host_name
+
+KIND = "mlenv-node-doctor"
+"""Marks the JSON line among whatever else a remote shell prints."""
+TORCH_SECONDS = 120.0
+_RATE = re.compile(r"([0-9.]+) Gb/sec")
+_DRIVER = re.compile(r"Kernel Module(?: for \S+)?\s+([0-9]+(?:\.[0-9]+)+)")
+TORCH_PROBE = """\
+import json
+try:
+    import torch
+except Exception as exc:
+    print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}))
+else:
+    try:
+        nccl = ".".join(map(str, torch.cuda.nccl.version()))
+    except Exception:
+        nccl = None
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    print(json.dumps({"torch": torch.__version__, "cuda": torch.version.cuda, "nccl": nccl, "gpus": gpus}))
+"""
+COVERED = ("RLIMIT_MEMLOCK ", f"{SHM_MOUNT} ")
+"""How the nccl-env warnings that the memlock and /dev/shm checks report begin."""
+RDMA_FIX = ("give the pods RDMA devices: network.rdma.networks and network.rdma.resources in the cluster file "
+            "(mlenv doctor CLUSTER --mode rdma checks them before deploy)")
+
+
+@dataclass(frozen=True)
+class NodeCheck:
+    """One finding on this node."""
+
+    name: str
+    status: str
+    evidence: str
+    fix: str | None = None
+
+
+@dataclass(frozen=True)
+class LinkPort:
+    """An ACTIVE port of a selected HCA, as NCCL will use it."""
+
+    port: Port
+    rate_gbps: float | None
+
+    def describe(self) -> str:
+        rate = f"{self.rate_gbps:g} Gb/s" if self.rate_gbps is not None else "rate unknown"
+        return f"{self.port.name} {self.port.link_layer} {rate}"
+
+
+def examine(environ: Mapping[str, str], *, sysfs_root: str | Path = "/sys", proc_root: str | Path = "/proc",
+            rendezvous_seconds: float | None = None, python: str = sys.executable) -> dict[str, Any]:
+    """Every check and fact of this node (the JSON shape of ``doctor --json``, without the clock)."""
+    checks: list[NodeCheck] = []
+    try:
+        topology: Topology | None = detect_topology(environ)
+    except TopologyError as err:
+        topology = None
+        checks.append(NodeCheck("topology", "FAIL", str(err), "set MLENV_NODE_RANK and MLENV_NUM_NODES "
+                                                              "(mlenv sets them on every node)"))
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        probe = _start_probe(pool, topology, rendezvous_seconds)
+        versions = _torch_versions(python)
+        nccl = detect_nccl_env(environ, sysfs_root=sysfs_root, proc_root=proc_root,
+                               master_addr=topology.master_addr if topology else None)
+        mode = environ.get("MLENV_NETWORK_MODE", "")
+        links = _links(environ, nccl, sysfs_root, mode)
+        gid = _gid(environ, nccl, links)
+        gpus = int(versions.get("gpus") or visible_gpu_count(environ, proc_root))
+        if mode == "rdma" or (not mode and links):
+            checks += _rdma_checks(links, gid, sysfs_root, proc_root, gpus)
+        checks += [_shm_check(proc_root), _torch_check(versions), _nccl_check(nccl)]
+        interface = None
+        if topology is not None:
+            master, interface = _master_check(topology, proc_root)
+            checks.append(master)
+        if probe is not None and topology is not None:
+            result = probe.result()
+            checks.append(NodeCheck("rendezvous port", "PASS" if result.ok else "FAIL", result.evidence,
+                                    None if result.ok else f"let the nodes reach TCP port {topology.master_port} "
+                                                           "of node 0 (NetworkPolicy, firewall)"))
+    facts = {
+        "mode": mode or None, "hcas": sorted({link.port.hca for link in links}, key=natural_key),
+        "hca_count": len({link.port.hca for link in links}),
+        "ports": [{"port": link.port.name, "link_layer": link.port.link_layer, "rate_gbps": link.rate_gbps}
+                  for link in links],
+        "link_layers": sorted({link.port.link_layer for link in links}),
+        "rates_gbps": sorted({link.rate_gbps for link in links if link.rate_gbps is not None}),
+        "link_gbps": sum(link.rate_gbps or 0 for link in links), "gid_type": gid[1] if gid else None,
+        "interface": interface, "gpus": gpus,
+        "driver": _driver(proc_root), "torch": versions.get("torch"), "cuda": versions.get("cuda"),
+        "nccl": versions.get("nccl"), "nccl_env": nccl.env, "warnings": nccl.warnings,
+    }
+    return {"kind": KIND, "host": host_name(environ), "node_rank": topology.node_rank if topology else None,
+            "facts": facts, "checks": [asdict(check) for check in checks]}
+
+
+def _start_probe(pool: ThreadPoolExecutor, topology: Topology | None,
+                 seconds: float | None) -> Future[PortProbe] | None:
+    """Node 0 listens on the rendezvous port, every other node connects to it, while the other checks run."""
+    if topology is None or seconds is None or topology.num_nodes < 2:
+        return None
+    if topology.node_rank == 0:
+        return pool.submit(serve, topology.master_port, topology.num_nodes - 1, seconds)
+    address = resolve_ipv4(topology.master_addr)
+    if address is None:
+        return pool.submit(PortProbe, False, f"{topology.master_addr} does not resolve: nothing to connect to")
+    return pool.submit(connect, str(address), topology.master_port, seconds)
+
+
+def _torch_versions(python: str) -> dict[str, Any]:
+    """torch, its CUDA and NCCL, and the GPUs it sees, from a child ``python`` (the runtime never imports torch)."""
+    try:
+        done = subprocess.run([python, "-c", TORCH_PROBE], capture_output=True, text=True, timeout=TORCH_SECONDS,
+                              check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return {"error": f"{python} -c 'import torch': {exc}"}
+    try:
+        found = json.loads(done.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return {"error": (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]}
+    return found if isinstance(found, dict) else {"error": "unexpected answer"}
+
+
+def _links(environ: Mapping[str, str], nccl: NcclEnv, sysfs_root: str | Path, mode: str) -> list[LinkPort]:
+    """The ACTIVE ports of the HCAs NCCL will use (none when it will not use RDMA)."""
+    disabled = nccl.env.get("NCCL_IB_DISABLE") or environ.get("NCCL_IB_DISABLE", "0")
+    if mode == "tcp" or disabled.strip() not in ("", "0"):
+        return []
+    hcas = scan_hcas(sysfs_root)
+    spec = nccl.env.get("NCCL_IB_HCA") or environ.get("NCCL_IB_HCA", "").strip()
+    chosen = set(match_nccl_hca_filter(spec, [h.name for h in hcas])) if spec else {h.name for h in hcas}
+    return [LinkPort(port, _rate(hca.path / "ports" / str(port.number) / "rate"))
+            for hca in hcas if hca.name in chosen for port in hca.active_ports]
+
+
+def _rate(path: Path) -> float | None:
+    """``ports/N/rate`` (``200 Gb/sec (4X HDR)``) in Gb/s."""
+    match = _RATE.match(read_text(path) or "")
+    return float(match[1]) if match else None
+
+
+def _gid(environ: Mapping[str, str], nccl: NcclEnv, links: list[LinkPort]) -> tuple[str, str] | None:
+    """(the GID index NCCL will use, its type) on the RoCE ports; None without RoCE ports."""
+    roce = [link.port for link in links if link.port.is_roce]
+    if not roce:
+        return None
+    index = nccl.env.get("NCCL_IB_GID_INDEX") or environ.get("NCCL_IB_GID_INDEX", "").strip()
+    if not index or index.lower() == AUTO:
+        return "", "none"
+    entries = [gid for port in roce for gid in port.gids if str(gid.index) == index]
+    if len(entries) < len(roce):
+        return index, "missing on some ports"
+    kinds = {f"{gid.type} {'IPv4' if gid.value.startswith(IPV4_MAPPED_PREFIX) else 'IPv6'}" for gid in entries}
+    return index, " / ".join(sorted(kinds))
+
+
+def _rdma_checks(links: list[LinkPort], gid: tuple[str, str] | None, sysfs_root: str | Path,
+                 proc_root: str | Path, gpus: int) -> list[NodeCheck]:
+    base = Path(sysfs_root, "class", "infiniband")
+    if not links:
+        found = ", ".join(f"{p.name} {p.state}" for h in scan_hcas(sysfs_root) for p in h.ports) or "none"
+        return [NodeCheck("RDMA ports", "FAIL", f"no ACTIVE RDMA port NCCL may use under {base} (found: {found})",
+                          RDMA_FIX)]
+    total = sum(link.rate_gbps or 0 for link in links)
+    checks = [NodeCheck("RDMA ports", "PASS", f"{len(links)} ACTIVE ({total:g} Gb/s in all): "
+                                              f"{', '.join(link.describe() for link in links)}")]
+    if gid is not None:
+        index, kind = gid
+        good = kind == "RoCE v2 IPv4"
+        ports = ", ".join(link.port.name for link in links if link.port.is_roce)
+        evidence = (f"NCCL_IB_GID_INDEX={index}: {kind} on {ports}" if index
+                    else f"no IPv4 RoCE v2 GID index common to {ports}: NCCL picks one itself")
+        checks.append(NodeCheck("GID index", "PASS" if good else "WARN", evidence, None if good else
+                                "give the RoCE interfaces an IPv4 address, or set network.rdma.gid_index "
+                                "(python3 -m mlenv.runtime nccl-env --explain lists the GIDs)"))
+    limit = memlock_limit(proc_root)
+    if limit is None:
+        checks.append(NodeCheck("memlock", "WARN", f"no 'Max locked memory' in {Path(proc_root, 'self/limits')}"))
+    else:
+        unlimited = limit.value == "unlimited"
+        checks.append(NodeCheck("memlock", "PASS" if unlimited else "FAIL",
+                                f"RLIMIT_MEMLOCK {limit.value}{'' if unlimited else ' bytes'} ({limit.path})",
+                                None if unlimited else "security.ipc_lock: true in the cluster file (on OpenShift "
+                                                       "with the SCC of mlenv render CLUSTER --admin), or an "
+                                                       "unlimited memlock ulimit in the container runtime"))
+    if gpus:
+        peer = peer_memory(sysfs_root)
+        dmabuf, reason = (True, "") if peer else dmabuf_support(sysfs_root, proc_root)
+        checks.append(NodeCheck("GPUDirect RDMA", "PASS" if dmabuf else "WARN",
+                                f"peer memory: {peer}" if peer else f"DMA-BUF: {reason}" if dmabuf else
+                                f"no peer memory module and no DMA-BUF ({reason}): NCCL stages GPU buffers in host "
+                                "memory", None if dmabuf else "load nvidia-peermem on the hosts (GPU operator: "
+                                                              "driver.rdma.enabled=true)"))
+    return checks
+
+
+def _shm_check(proc_root: str | Path) -> NodeCheck:
+    found = shm_size(proc_root)
+    if found is None:
+        return NodeCheck(SHM_MOUNT, "PASS", f"no size limit on {SHM_MOUNT} in {Path(proc_root, 'mounts')}")
+    evidence, size = found
+    big = size >= MIN_SHM_BYTES
+    return NodeCheck(SHM_MOUNT, "PASS" if big else "WARN", f"{size / (1 << 30):.2f} GiB ({evidence.path}: "
+                                                             f"{evidence.value})",
+                     None if big else "storage.shm_size in the cluster file (at least 1Gi; 8Gi or more for "
+                                      "data loader workers)")
+
+
+def _torch_check(versions: Mapping[str, Any]) -> NodeCheck:
+    if "error" in versions:
+        return NodeCheck("torch", "WARN", f"torch cannot be imported: {versions['error']}",
+                         "use an image with PyTorch (image: in the cluster file)")
+    return NodeCheck("torch", "PASS", f"torch {versions.get('torch')}, CUDA {versions.get('cuda') or '-'}, "
+                                      f"NCCL {versions.get('nccl') or '-'}, {versions.get('gpus', 0)} GPUs visible")
+
+
+def _nccl_check(nccl: NcclEnv) -> NodeCheck:
+    """nccl-env's decisions, or its warnings but those the memlock and /dev/shm checks already report."""
+    warnings = [w for w in nccl.warnings if not w.startswith(COVERED)]
+    if warnings:
+        return NodeCheck("NCCL settings", "WARN", "; ".join(warnings),
+                         "python3 -m mlenv.runtime nccl-env --explain on the node shows the reasoning")
+    chosen = ", ".join(f"{name}={value}" for name, value in sorted(nccl.env.items())) or "nothing to set"
+    return NodeCheck("NCCL settings", "PASS", f"nccl-env: {chosen}")
+
+
+def _master_check(topology: Topology, proc_root: str | Path) -> tuple[NodeCheck, str | None]:
+    """Whether the master's name resolves here, and the interface of the route to it (the runtime's pick)."""
+    name = topology.master_addr
+    address = resolve_ipv4(name)
+    if address is None:
+        return NodeCheck("master address", "FAIL", f"{name} does not resolve here",
+                         "pod 0 must be running and published by the headless Service (publishNotReadyAddresses); "
+                         f"check with: getent hosts {name}"), None
+    if address.is_loopback:
+        return NodeCheck("master address", "PASS", f"{name} is {address} (loopback), rendezvous port "
+                                                   f"{topology.master_port}"), LOOPBACK_INTERFACE
+    route = route_to(address, read_routes(proc_root))
+    if route is None:
+        return NodeCheck("master address", "FAIL", f"{name} is {address}, but {Path(proc_root, 'net/route')} has "
+                                                   "no route to it", "check the node's network (ip route)"), None
+    return NodeCheck("master address", "PASS", f"{name} is {address} (dev {route.interface}), rendezvous port "
+                                               f"{topology.master_port}"), route.interface
+
+
+def _driver(proc_root: str | Path) -> str | None:
+    """The NVIDIA kernel driver's version, from ``<proc>/driver/nvidia/version``."""
+    match = _DRIVER.search(read_text(Path(proc_root, "driver", "nvidia", "version")) or "")
+    return match[1] if match else None
+
+
+def render(report: Mapping[str, Any]) -> str:
+    """The checks for a terminal, one per line (and its fix below it)."""
+    lines = []
+    for check in report["checks"]:
+        lines.append(f"{check['status']:<5} {check['name']}: {check['evidence']}")
+        if check["fix"]:
+            lines.append(f"      fix: {check['fix']}")
+    return "\n".join(lines) + "\n"
