@@ -25,7 +25,7 @@ OTHER_HANDLE = {"backend": "openshift", "name": "barcelona", "nodes": 2, "mode":
                                     "kinds": ["statefulset"], "service_account": "ml-dev-sa", "ipc_lock_scc": None}}
 OTHER_RECORD = {"version": 2, "current": "barcelona", "deployments": {"barcelona": {
     "name": "barcelona", "backend": "openshift", "cluster_file": "/srv/clusters/barcelona.yaml", "mode": "rdma",
-    "nodes": 2, "image": None, "handle": OTHER_HANDLE, "runs": [], "jobs": []}}}
+    "nodes": 2, "image": None, "handle": OTHER_HANDLE, "runs": []}}, "jobs": {}}
 
 
 PR_SET_CHILD_SUBREAPER = 36

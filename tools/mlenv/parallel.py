@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,11 +94,17 @@ def _raise_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def _interrupt_on_sigterm() -> signal.Handlers | Callable[..., object] | int | None:
-    """Treat SIGTERM like Ctrl-C while commands run (main thread only); returns the previous handler."""
+@contextlib.contextmanager
+def interrupted_by_sigterm() -> Iterator[None]:
+    """SIGTERM (a killed session, a CI timeout) stops what runs as Ctrl-C does (main thread only)."""
     if threading.current_thread() is not threading.main_thread():
-        return None
-    return signal.signal(signal.SIGTERM, _raise_interrupt)
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def run_parallel(commands: Mapping[int, Sequence[str]], *, fail_fast: bool = False,
@@ -127,32 +133,30 @@ def run_parallel(commands: Mapping[int, Sequence[str]], *, fail_fast: bool = Fal
     codes: dict[int, int] = {}
     first_failure: int | None = None
     stopped: set[int] = set()
-    previous = _interrupt_on_sigterm()
     try:
-        for ordinal, argv in commands.items():
-            try:
-                nodes.append(_Node(ordinal, argv, keep_stdin, stdin, emit))
-            except OSError as exc:
-                _stop(nodes)
-                raise OperationError(f"cannot run {argv[0]} for node-{ordinal}: {exc.strerror}") from None
-        while len(codes) < len(nodes):
-            for node in nodes:
-                code = node.process.poll()
-                if code is None or node.ordinal in codes:
-                    continue
-                codes[node.ordinal] = code
-                if code != 0 and first_failure is None:
-                    first_failure = node.ordinal
-                    if fail_fast:
-                        stopped = _stop(nodes)
-            time.sleep(0.05)
+        with interrupted_by_sigterm():
+            for ordinal, argv in commands.items():
+                try:
+                    nodes.append(_Node(ordinal, argv, keep_stdin, stdin, emit))
+                except OSError as exc:
+                    _stop(nodes)
+                    raise OperationError(f"cannot run {argv[0]} for node-{ordinal}: {exc.strerror}") from None
+            while len(codes) < len(nodes):
+                for node in nodes:
+                    code = node.process.poll()
+                    if code is None or node.ordinal in codes:
+                        continue
+                    codes[node.ordinal] = code
+                    if code != 0 and first_failure is None:
+                        first_failure = node.ordinal
+                        if fail_fast:
+                            stopped = _stop(nodes)
+                time.sleep(0.05)
         interrupted = False
     except KeyboardInterrupt:
         stopped = _stop(nodes)
         interrupted = True
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
         deadline = time.monotonic() + READER_GRACE
         for node in nodes:  # output still buffered in the pipes; orphans that keep a pipe open are not awaited
             node.reader.join(timeout=max(0.0, deadline - time.monotonic()))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -59,3 +59,23 @@ def spinner(message: str) -> Iterator[None]:
         return
     with console.status(message):
         yield
+
+
+@contextmanager
+def live_view() -> Iterator[Callable[[Any], None]]:
+    """Yields ``update(renderable)``: a rich Live display on a terminal's stderr; elsewhere (CI logs, pipes)
+    only the last state is printed, once."""
+    from rich.console import Console
+    from rich.live import Live
+
+    console = Console(stderr=True)
+    if console.is_terminal:
+        with Live(console=console, refresh_per_second=4) as live:
+            yield live.update
+        return
+    last: list[Any] = []
+    try:
+        yield last.append
+    finally:
+        if last:
+            console.print(last[-1])

@@ -89,7 +89,8 @@ def launch(target: Target, spec: LaunchSpec) -> LaunchResult:
         if outcome.exit_code == 0:
             info(f"run {spec.run_id} started in the background: mlenv logs -f follows it, mlenv stop stops it")
         return result
-    _summary(result)
+    if outcome.node_exit_codes:
+        _summary(result)
     if outcome.message:
         error(outcome.message)
     if outcome.interrupted:

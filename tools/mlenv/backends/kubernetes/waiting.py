@@ -6,8 +6,7 @@ other workload's pods found by their labels and put in node order by the backend
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -17,32 +16,13 @@ from mlenv.backends.kubernetes.client import Client
 from mlenv.backends.kubernetes.explain import Trouble, pod_trouble, statefulset_trouble
 from mlenv.backends.kubernetes.naming import Target, instance
 from mlenv.errors import OperationError
+from mlenv.ui import live_view
 
 POLL_SECONDS = 1.0
 CLOCK_SLACK = timedelta(seconds=30)
 """Events up to this much older than the start of a deploy still count (client and server clocks differ)."""
 MAX_ROWS = 16
 REVISION_LABEL = "controller-revision-hash"
-
-
-@contextmanager
-def live_view() -> Iterator[Callable[[Any], None]]:
-    """Yields ``update(renderable)``: a rich Live display on a terminal's stderr; elsewhere (CI logs, pipes)
-    only the last state is printed, once."""
-    from rich.console import Console
-    from rich.live import Live
-
-    console = Console(stderr=True)
-    if console.is_terminal:
-        with Live(console=console, refresh_per_second=4) as live:
-            yield live.update
-        return
-    last: list[Any] = []
-    try:
-        yield last.append
-    finally:
-        if last:
-            console.print(last[-1])
 
 
 @dataclass(frozen=True)
