@@ -255,7 +255,8 @@ def status(cluster_ref: str | None, every: bool, as_json: bool) -> None:
 @cluster_option
 @click.option("--source", type=click.Path(exists=True, file_okay=False), default=None,
               help="Directory to sync (default: workspace/ of the project).")
-@click.option("--delete", is_flag=True, help="Also delete files on the nodes that are not in the source.")
+@click.option("--delete", is_flag=True, help="Also delete files on the nodes that are not in the source, and let a "
+              "directory replace a file of the same name (or the reverse); the nodes' .mlenv/ is never touched.")
 @json_option
 @reports_errors
 def sync(cluster_ref: str | None, source: str | None, delete: bool, as_json: bool) -> None:
