@@ -84,7 +84,23 @@ def _target(cluster_ref: str | None) -> Target:
     return resolve(cluster_ref)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+def _terminal_width() -> int:
+    """What shutil.get_terminal_size says ($COLUMNS, else the terminal, else 80), without importing shutil, which
+    click would otherwise import to format every help text."""
+    import os
+
+    try:
+        return int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        pass
+    try:
+        return os.get_terminal_size(1).columns or 80
+    except (ValueError, OSError):
+        return 80
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100,
+                               "terminal_width": _terminal_width()})
 @click.version_option(package_name="mlenv")
 def main() -> None:
     """mlenv: one YAML file per GPU cluster -> a working multi-node training environment.

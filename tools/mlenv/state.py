@@ -235,7 +235,7 @@ def _cluster_path(ref: str) -> str | None:
     from mlenv.config.discover import resolve
 
     try:
-        return str(resolve(ref)[0].resolve())
+        return os.path.realpath(resolve(ref)[0])
     except (UsageError, OSError):
         return None
 

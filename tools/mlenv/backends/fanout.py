@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import shlex
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
 from mlenv.backends.base import Handle, LaunchOutcome, LaunchRequest, LaunchSpec, Node
 from mlenv.backends.remote import RUNTIME_DIR, secrets_input
@@ -64,6 +63,8 @@ class FanoutJobs:
         names = request.spec.secrets
         commands = {n.ordinal: self.exec_argv(handle, n, request.commands[n.ordinal], env=request.env,
                                               stop_on_stdin_eof=not detach, secrets=names) for n in nodes}
+        from pathlib import Path
+
         logs = {n.ordinal: Path(log_dir) / f"node-{n.ordinal}.log" for n in nodes}
         result = run_parallel(commands, fail_fast=not detach, logs=logs, keep_stdin=not detach,
                               stdin=secrets_input(names, dict(secrets)))

@@ -16,7 +16,6 @@ import re
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import yaml
@@ -262,15 +261,56 @@ def _reader_problem(exc: yaml.reader.ReaderError, text: str, display_path: str) 
                                                 f"({shown(chr(exc.character))}) is not allowed in YAML; remove it")
 
 
+class _CLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+    """libyaml's parser and composer with _Loader's resolvers: the fast way to compose a well-formed file."""
+
+    yaml_implicit_resolvers = _Loader.yaml_implicit_resolvers
+
+
+def _fast_root(text: str) -> tuple[yaml.Node | None, Any] | None:
+    """(root node, loader) composed by libyaml, or None when libyaml is missing or the text is not simply
+    well-formed (too deep, or anything libyaml complains about): then the pure-Python path says exactly why.
+    The nesting is counted on libyaml's events first, since its composer recurses in C."""
+    if _CLoader.__mro__[1] is yaml.SafeLoader:
+        return None
+    try:
+        depth = 0
+        for event in yaml.parse(text, Loader=_CLoader):
+            depth += isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent))
+            depth -= isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent))
+            if depth > MAX_DEPTH:
+                return None
+        loader = _CLoader(text)
+        return loader.get_single_node(), loader
+    except yaml.YAMLError:
+        return None
+
+
 def parse_yaml(text: str, display_path: str) -> LoadedFile:
     """Parse one YAML document; raise ConfigError with every problem found, each with its position."""
+    fast = _fast_root(text)
+    if fast is not None:
+        return _built(fast[0], fast[1], display_path, text)
     try:
         loader = _Loader(text)
     except yaml.reader.ReaderError as exc:  # the reader checks a whole string for forbidden characters at once
         raise ConfigError([_reader_problem(exc, text, display_path)]) from None
-    builder = _Builder(display_path, loader)
     try:
         root = loader.get_single_node()
+    except yaml.MarkedYAMLError as exc:
+        raise ConfigError([_syntax_problem(exc, text, display_path)]) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError([Problem(display_path, None, None, "", f"invalid YAML: {exc}")]) from None
+    except _Refused as exc:
+        line, col = _where(exc.mark)
+        raise ConfigError([Problem(display_path, line, col, "", exc.message)]) from None
+    return _built(root, loader, display_path, text)
+
+
+def _built(root: yaml.Node | None, loader: Any, display_path: str, text: str) -> LoadedFile:
+    """The plain data of a composed document, within the budgets, with every problem at its position."""
+    builder = _Builder(display_path, loader)
+    try:
         data = builder.build(root, ()) if root is not None else None
     except _Refused as exc:
         line, col = _where(exc.mark)
@@ -307,7 +347,7 @@ def _too_big(display_path: str, size: int | None) -> ConfigError:
                                        f"is this the right file?")
 
 
-def read_capped(path: Path, display_path: str) -> bytes:
+def read_capped(path: str | os.PathLike[str], display_path: str) -> bytes:
     """The bytes of a regular file of at most MAX_BYTES, never blocking on (or reading) pipes and devices."""
     try:
         _check_regular(os.stat(path), display_path)
@@ -333,7 +373,7 @@ def _decode(data: bytes, display_path: str) -> str:
                                                                f"save the file as UTF-8")]) from None
 
 
-def load_file(path: Path, display_path: str | None = None) -> LoadedFile:
+def load_file(path: str | os.PathLike[str], display_path: str | None = None) -> LoadedFile:
     """Read and parse ``path``; every way it can be unreadable or unsafe is a ConfigError naming the file."""
     shown_path = display_path or str(path)
     return parse_yaml(_decode(read_capped(path, shown_path), shown_path), shown_path)

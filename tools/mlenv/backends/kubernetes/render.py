@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import os
 from functools import lru_cache
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import mlenv
 from mlenv.backends.kubernetes.naming import DATA_KIND, KubeDeployment
 from mlenv.errors import OperationError
+from mlenv.render.templates import Templates
 from mlenv.render.yamlsafe import yaml_value
 
-TEMPLATES = Path(mlenv.__file__).parent / "manifests" / "kubernetes"
+TEMPLATES = os.path.join(os.path.dirname(mlenv.__file__), "manifests", "kubernetes")
 """In the package: manifests/ links to the checkout's manifests/ and is copied into an installed package."""
 
 
@@ -29,48 +29,21 @@ class Rendered(NamedTuple):
 
 def templates_dir() -> str:
     """The directory of the Kubernetes templates; OperationError in one line when it is missing."""
-    if TEMPLATES.is_dir():
-        return str(TEMPLATES)
+    if os.path.isdir(TEMPLATES):
+        return TEMPLATES
     raise OperationError("the Kubernetes templates (manifests/kubernetes/) are missing from this installation: "
                          "reinstall mlenv (pip install .) or run it from its checkout")
 
 
 @lru_cache(maxsize=4)
-def _environment(directory: str) -> Any:
-    """The jinja2 environment of the templates; compiled templates are kept on disk (like .pyc), never output."""
-    import jinja2
-
-    return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(directory),
-        undefined=jinja2.StrictUndefined,
-        finalize=yaml_value,
-        autoescape=False,  # noqa: S701 - the output is YAML, escaped by finalize, not HTML
-        keep_trailing_newline=True,
-        bytecode_cache=_bytecode_cache(),
-    )
-
-
-def _bytecode_cache() -> Any:
-    """jinja2's own cache of compiled templates, in the first cache directory fastschema also trusts."""
-    import jinja2
-
-    from mlenv.fastschema import cache_directories
-
-    for directory in cache_directories():
-        templates = os.path.join(directory, "jinja2")
-        try:
-            os.makedirs(templates, mode=0o700, exist_ok=True)
-        except OSError:
-            continue
-        if os.stat(templates).st_uid == os.getuid() and not os.stat(templates).st_mode & 0o022:
-            return jinja2.FileSystemBytecodeCache(templates)
-    return None
+def _templates(directory: str) -> Templates:
+    return Templates(directory, yaml_value)
 
 
 def _render(template: str, **context: Any) -> dict[str, Any]:
     import yaml
 
-    text = _environment(templates_dir()).get_template(template).render(**context)
+    text = _templates(templates_dir()).render(template, **context)
     obj = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # noqa: S506 - a safe loader
     if not isinstance(obj, dict):
         raise OperationError(f"{template} did not render a mapping (this is an mlenv bug: please report it)")

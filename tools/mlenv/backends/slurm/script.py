@@ -9,7 +9,7 @@ are refused.
 from __future__ import annotations
 
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -21,6 +21,7 @@ from mlenv.backends.remote import RUNTIME_DIR
 from mlenv.backends.slurm.settings import SlurmSettings
 from mlenv.config.model import Container
 from mlenv.errors import OperationError, UsageError, shown
+from mlenv.render.templates import Templates
 
 TEMPLATES = Path(mlenv.__file__).parent / "manifests" / "slurm"
 PORT_BASE, PORT_SPAN = 20000, 20000
@@ -98,29 +99,18 @@ def _finalize(value: Any) -> str:
 
 
 @lru_cache(maxsize=2)
-def _environment(directory: str) -> Any:
-    import jinja2
-
-    environment = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(directory),
-        undefined=jinja2.StrictUndefined,
-        finalize=_finalize,
-        autoescape=False,  # noqa: S701 - the output is shell, quoted by finalize, not HTML
-        keep_trailing_newline=True,
-        trim_blocks=True,
-        lstrip_blocks=True,
-    )
-    environment.filters["shell"] = lambda value: Shell(shlex.quote(_single_line(str(value), "a value")))
-    environment.filters["comment"] = lambda value: Shell(shown(str(value)))
-    environment.filters["verbatim"] = Shell
-    return environment
+def _templates(directory: str) -> Templates:
+    filters: dict[str, Callable[..., Any]] = {
+        "shell": lambda value: Shell(shlex.quote(_single_line(str(value), "a value"))),
+        "comment": lambda value: Shell(shown(str(value))), "verbatim": Shell}
+    return Templates(directory, _finalize, filters, trim_blocks=True, lstrip_blocks=True)
 
 
 def _render(template: str, **context: Any) -> str:
     if not TEMPLATES.is_dir():
         raise OperationError("the Slurm templates (manifests/slurm/) are missing from this installation: reinstall "
                              "mlenv (pip install .) or run it from its checkout")
-    return str(_environment(str(TEMPLATES)).get_template(template).render(**context))
+    return _templates(str(TEMPLATES)).render(template, **context)
 
 
 def _context(job: SlurmJob, title: str, output: str) -> dict[str, Any]:
