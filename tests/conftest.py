@@ -21,6 +21,16 @@ def project_root() -> Path:
 
 
 @pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An MLENV_HOME of the test's own (the real manifests, an empty clusters/), so state.json lands there."""
+    home = tmp_path / "home"
+    (home / "clusters").mkdir(parents=True)
+    (home / "manifests").symlink_to(ROOT / "manifests")
+    monkeypatch.setenv("MLENV_HOME", str(home))
+    return home
+
+
+@pytest.fixture
 def run_mlenv(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
     """Run the installed `mlenv` console script as a user would, from the project root."""
 

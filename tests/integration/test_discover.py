@@ -24,15 +24,6 @@ NAMESPACE = "ml"
 
 
 @pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    home = tmp_path / "home"
-    (home / "clusters").mkdir(parents=True)
-    (home / "manifests").symlink_to(ROOT / "manifests")
-    monkeypatch.setenv("MLENV_HOME", str(home))
-    return home
-
-
-@pytest.fixture
 def cluster(fake_kube_factory: Callable[..., FakeCluster],  # noqa: F811 - pytest fixture injection
             monkeypatch: pytest.MonkeyPatch) -> Callable[..., FakeCluster]:
     def start(**options: Any) -> FakeCluster:

@@ -30,16 +30,6 @@ ADMIN_FIX = "a cluster admin applies the SCC and RBAC once: mlenv render {file} 
 
 
 @pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """An MLENV_HOME with the real manifests and an empty clusters/."""
-    home = tmp_path / "home"
-    (home / "clusters").mkdir(parents=True)
-    (home / "manifests").symlink_to(ROOT / "manifests")
-    monkeypatch.setenv("MLENV_HOME", str(home))
-    return home
-
-
-@pytest.fixture
 def cluster(fake_kube_factory: Callable[..., FakeCluster],  # noqa: F811 - pytest fixture injection
             monkeypatch: pytest.MonkeyPatch) -> Callable[..., FakeCluster]:
     """Start a fake cluster (nodes gpu-0 and gpu-1 with 8 GPUs and one rdma/rdma each, the NAD ml/roce) that the

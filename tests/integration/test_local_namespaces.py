@@ -160,7 +160,8 @@ def test_detached_job_status_logs_follow_and_stop(cluster: LocalProject) -> None
         assert "running on 2/2 nodes" in cluster.ok("status", "--cluster", cluster.name).stdout
         assert follow.stdout is not None
         seen: list[str] = []
-        while sum("sleeping" in line for line in seen) < 4:  # every rank of both nodes reached its sleep
+        # every rank of both nodes reached its sleep (two ranks' writes may share a line: "sleepingsleeping")
+        while sum(line.count("sleeping") for line in seen) < 4:
             line = follow.stdout.readline()
             assert line, "".join(seen)
             seen.append(line)

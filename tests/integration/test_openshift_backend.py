@@ -35,16 +35,10 @@ SELECTOR = f"app.kubernetes.io/instance={APP}"
 IMAGE = "nvcr.io/nvidia/pytorch:25.01-py3"
 
 
-@pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """An MLENV_HOME with the real manifests, so state.json lands in the test's directory."""
-    home = tmp_path / "home"
-    home.mkdir()
-    (home / "manifests").symlink_to(ROOT / "manifests")
-    (home / "clusters").mkdir()
-    monkeypatch.setenv("MLENV_HOME", str(home))
+@pytest.fixture(autouse=True)
+def fast_polling(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Poll the fake API server often: its pods change state in fractions of a second."""
     monkeypatch.setattr(waiting, "POLL_SECONDS", 0.2)
-    return home
 
 
 @pytest.fixture

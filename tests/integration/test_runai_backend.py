@@ -43,14 +43,10 @@ MASTER, WORKER = f"{APP}-master-0", f"{APP}-worker-0"
 IMAGE = "registry.example.com/ml/train:v1"
 
 
-@pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """An MLENV_HOME of the test's own, so state.json lands in the test's directory."""
-    home = tmp_path / "home"
-    (home / "clusters").mkdir(parents=True)
-    monkeypatch.setenv("MLENV_HOME", str(home))
+@pytest.fixture(autouse=True)
+def fast_polling(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Poll the fake API server often: its pods change state in fractions of a second."""
     monkeypatch.setattr(waiting, "POLL_SECONDS", 0.2)
-    return home
 
 
 @pytest.fixture

@@ -158,25 +158,15 @@ class KubernetesBackend(FanoutJobs):
     def status(self, handle: Handle) -> list[NodeStatus]:
         """Every pod of the deployment from one list call, in ordinal order."""
         from mlenv.backends.kubernetes import pods as podview
-        from mlenv.backends.kubernetes.explain import pod_trouble
 
-        _, pods = self._pods(handle)
-        rows = []
-        for index, pod in sorted(pods.items()):
-            trouble = pod_trouble(pod, [])
-            rows.append(podview.pod_status(pod, index, trouble.words if trouble else None))
-        return rows
+        return podview.statuses(self._pods(handle)[1])
 
     def nodes(self, handle: Handle) -> list[Node]:
         """The running pods, in ordinal order."""
         from mlenv.backends.kubernetes import pods as podview
 
         target, pods = self._pods(handle)
-        running = [Node(ordinal=index, name=pod["metadata"]["name"], workspace=WORKSPACE,
-                        ip=(pod.get("status") or {}).get("podIP"), ready=podview.is_ready(pod))
-                   for index, pod in sorted(pods.items())
-                   if (pod.get("status") or {}).get("phase") == "Running"
-                   and not pod["metadata"].get("deletionTimestamp")]
+        running = podview.running_nodes(pods, WORKSPACE)
         if not running:
             raise OperationError(f"no running pods of {target.app} in {target.namespace}: deploy first "
                                  f"(make deploy-cluster CLUSTER={target.cluster_name})")

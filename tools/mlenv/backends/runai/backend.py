@@ -17,7 +17,6 @@ from mlenv.backends.base import Check, CopyTarget, Handle, Node, NodeStatus, Rec
 from mlenv.backends.fanout import FanoutJobs
 from mlenv.backends.kubernetes import pods as podview
 from mlenv.backends.kubernetes.client import Client, resolve_binary
-from mlenv.backends.kubernetes.explain import pod_trouble
 from mlenv.backends.kubernetes.preflight import (
     can_i,
     check_allocatable,
@@ -143,21 +142,12 @@ class RunaiBackend(FanoutJobs):
 
     def status(self, handle: Handle) -> list[NodeStatus]:
         """Every pod of the workload from one list call, in node order."""
-        _, pods = self._pods(handle)
-        rows = []
-        for index, pod in sorted(pods.items()):
-            trouble = pod_trouble(pod, [])
-            rows.append(podview.pod_status(pod, index, trouble.words if trouble else None))
-        return rows
+        return podview.statuses(self._pods(handle)[1])
 
     def nodes(self, handle: Handle) -> list[Node]:
         """The running pods, in node order."""
         workload, pods = self._pods(handle)
-        running = [Node(ordinal=index, name=pod["metadata"]["name"], workspace=commands.WORKSPACE,
-                        ip=(pod.get("status") or {}).get("podIP"), ready=podview.is_ready(pod))
-                   for index, pod in sorted(pods.items())
-                   if (pod.get("status") or {}).get("phase") == "Running"
-                   and not pod["metadata"].get("deletionTimestamp")]
+        running = podview.running_nodes(pods, commands.WORKSPACE)
         if not running:
             raise OperationError(f"no running pods of {workload.name} in {workload.namespace}: deploy first "
                                  f"(make deploy-cluster CLUSTER={workload.cluster_name})")
