@@ -22,7 +22,7 @@ from tests.integration.test_openshift_backend import (  # noqa: F401 - fixtures,
     NAMESPACE,
     cluster_file,
     fake,
-    home,
+    fast_polling,
     mlenv,
     names,
 )
@@ -56,7 +56,7 @@ def _security(path: str, **settings: Any) -> str:
     return path
 
 
-def _recorded_kinds(home: Path) -> list[str]:  # noqa: F811
+def _recorded_kinds(home: Path) -> list[str]:
     state = json.loads((home / ".mlenv" / "state.json").read_text())
     return list(state["deployments"]["fake"]["handle"]["data"]["kinds"])
 
