@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from mlenv.backends.base import Node, NodeStatus
@@ -23,11 +23,13 @@ def ordinal(pod: dict[str, Any], app: str) -> int | None:
     return int(index) if str(index).isdigit() else None
 
 
-def by_ordinal(pods: Iterable[dict[str, Any]], app: str) -> dict[int, dict[str, Any]]:
-    """The pods of ``app`` keyed by ordinal."""
+def by_ordinal(pods: Iterable[dict[str, Any]], owner: str,
+               ordinal_of: Callable[[dict[str, Any], str], int | None] = ordinal) -> dict[int, dict[str, Any]]:
+    """The pods of ``owner`` (a StatefulSet's app, or another controller's name with its own ``ordinal_of``)
+    keyed by ordinal."""
     found = {}
     for pod in pods:
-        index = ordinal(pod, app)
+        index = ordinal_of(pod, owner)
         if index is not None:
             found[index] = pod
     return found

@@ -31,7 +31,7 @@ from mlenv.backends.runai import argv as commands
 from mlenv.backends.runai import tool
 from mlenv.backends.runai.project import check_project
 from mlenv.backends.runai.settings import RunaiSettings
-from mlenv.backends.runai.workload import Workload, by_ordinal
+from mlenv.backends.runai.workload import Workload, ordinal
 from mlenv.errors import MlenvError, OperationError, UsageError
 from mlenv.plan import JobPlan
 from mlenv.ui import info
@@ -138,7 +138,7 @@ class RunaiBackend(FanoutJobs):
     def _pods(self, handle: Handle) -> tuple[Workload, dict[int, dict[str, Any]]]:
         workload, client = self._connected(handle)
         with explained(workload.target(client.flavour), client.flavour):
-            return workload, by_ordinal(client.select("pods", workload.selector), workload.name)
+            return workload, podview.by_ordinal(client.select("pods", workload.selector), workload.name, ordinal)
 
     def status(self, handle: Handle) -> list[NodeStatus]:
         """Every pod of the workload from one list call, in node order."""

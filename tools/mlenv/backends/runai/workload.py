@@ -8,10 +8,11 @@ the operator gives each pod (tests/fixtures/runai/REFERENCE.md, "The Kubernetes 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from mlenv.backends.kubernetes import pods as podview
 from mlenv.backends.kubernetes.explain import owner_trouble
 from mlenv.backends.kubernetes.naming import Target
 from mlenv.backends.kubernetes.waiting import PodSet
@@ -74,7 +75,7 @@ class Workload:
 
     def pods(self, flavour: str) -> PodSet:
         """What deploy waits for: the workload's pods in node order; Run:ai's own warnings explain missing ones."""
-        return PodSet(self.target(flavour), self.selector, lambda found: by_ordinal(found, self.name),
+        return PodSet(self.target(flavour), self.selector, lambda found: podview.by_ordinal(found, self.name, ordinal),
                       lambda index: pod_name(self.name, index),
                       lambda events, since: owner_trouble(events, self.name, since),
                       again="deploy again to follow it once fixed (it is not submitted twice)")
@@ -96,16 +97,6 @@ def ordinal(pod: Mapping[str, Any], workload: str) -> int | None:
     if str(kind).lower() == "master":
         return 0 if int(index) == 0 else None
     return int(index) + 1 if str(kind).lower() == "worker" else None
-
-
-def by_ordinal(pods: Iterable[dict[str, Any]], workload: str) -> dict[int, dict[str, Any]]:
-    """The pods of ``workload`` keyed by node ordinal."""
-    found = {}
-    for pod in pods:
-        index = ordinal(pod, workload)
-        if index is not None:
-            found[index] = pod
-    return found
 
 
 def pod_name(workload: str, index: int) -> str:
