@@ -116,10 +116,10 @@ def main() -> None:
         if busbw > peak:
             peak, peak_size = busbw, size
         if rank == 0:
-            say(f"allreduce {size:>12} {seconds * 1e6:>12.1f} {algbw:>11.3f} {busbw:>11.3f}")
+            say(f"allreduce {size:>12} {seconds * 1e6:>12.1f} {algbw:>11.6f} {busbw:>11.6f}")
         del tensor
     if rank == 0:
-        say(f"peak_busbw_gbps={peak:.3f} size_bytes={peak_size} world_size={world} backend={backend}")
+        say(f"peak_busbw_gbps={peak:.6f} size_bytes={peak_size} world_size={world} backend={backend}")
     dist.destroy_process_group()
 
 

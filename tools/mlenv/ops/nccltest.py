@@ -211,7 +211,7 @@ def _print(summary: Mapping[str, Any], plot: str) -> None:
 
     table(f"all-reduce bus bandwidth: {summary['cluster']} ({summary['nodes']} nodes)",
           ["SIZE (bytes)", "TIME (us)", "ALGBW (GB/s)", "BUSBW (GB/s)"],
-          [[r["size_bytes"], f"{r['time_us']:.1f}", f"{r['algbw_gbps']:.3f}", f"{r['busbw_gbps']:.3f}"]
+          [[r["size_bytes"], f"{r['time_us']:.1f}", f"{r['algbw_gbps']:.4g}", f"{r['busbw_gbps']:.4g}"]
            for r in summary["sizes"]])
     ranks = summary["transport"]["ranks"]
     if ranks:
