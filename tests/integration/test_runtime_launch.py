@@ -140,7 +140,7 @@ def test_allreduce_bench_reports_bus_bandwidth(tmp_path: Path) -> None:
     job = [str(WORKSPACE / "allreduce_bench.py"), "--max-bytes", "256K", "--iters", "3"]
     (result,) = launch_nodes(tmp_path, "torchrun", job, nodes=1, nproc=2)
     assert result.status == 0, result.err[-2000:]
-    sizes = re.findall(r"(\d+) +\d+\.\d +\d+\.\d{3} +\d+\.\d{3}\b", result.out)
+    sizes = re.findall(r"(\d+) +\d+\.\d +\d+\.\d{6} +\d+\.\d{6}\b", result.out)
     assert sizes == ["4096", "16384", "65536", "262144"]
     (peak,) = re.findall(r"\bpeak_busbw_gbps=([\d.]+) size_bytes=\d+ world_size=2 backend=gloo", result.out)
     assert float(peak) > 0

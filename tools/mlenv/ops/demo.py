@@ -103,7 +103,7 @@ def run_demo(keep: bool = False, steps: int = 30) -> int:
         ["world size", done.group(4)],
         ["steps", done.group(1)],
         ["loss first -> last", f"{first:.4f} -> {last:.4f}"],
-        ["all-reduce peak busbw", f"{peak.group(1)} GB/s at {peak.group(2)} bytes" if peak else "-"],
+        ["all-reduce peak busbw", f"{float(peak.group(1)):.4g} GB/s at {peak.group(2)} bytes" if peak else "-"],
         ["transport", carried_by],
         ["logs", f"{trained.run_dir}, {bench.run_dir}"],
         ["wall time", f"{time.monotonic() - started:.0f} s"],
