@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import ssl
 import time
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
@@ -26,6 +27,10 @@ NAMESPACES = resources.by_kind("Namespace")
 UNAUTHENTICATED_PATHS = ("/version", "/healthz", "/livez", "/readyz")
 VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch"}
 WATCH_POLL_SECONDS = 0.5
+HOLD_SECONDS = 60.0
+"""The longest a held request waits for its release (FakeKube.held)."""
+CLIENT_GONE = 499
+"""Logged status of a request whose client hung up before the answer (nginx's convention)."""
 
 
 @dataclass
@@ -146,6 +151,8 @@ class Handler(BaseHTTPRequestHandler):
         except ApiError as exc:
             self._send_json(exc.code, exc.status())
             self._log(exc.code)
+        except (ConnectionError, ssl.SSLEOFError):  # the client gave up on a held request, which was still done
+            self._log(CLIENT_GONE)
         except Exception as exc:  # a bug in the fake: answer 500 and let the test fail
             self.fake.failures.append(f"{self.command} {self.path}: {exc!r}")
             self._send_json(500, ApiError(500, "InternalError", repr(exc)).status())
@@ -247,6 +254,10 @@ class Handler(BaseHTTPRequestHandler):
     def _resource(self, route: Route, raw: bytes) -> int:
         """Serve a resource request; return the HTTP status sent."""
         self._authorize(route)
+        release = self.fake.held.get((route.verb, route.rt.plural))
+        if release is not None:
+            self.fake.holding.set()
+            release.wait(HOLD_SECONDS)
         json_ok, table = _accepts(self.headers.get("Accept", ""))
         if not json_ok:
             raise errors.not_acceptable(self.headers.get("Accept", ""))

@@ -72,10 +72,10 @@ class FakeKube:
     becoming Ready. Use as a context manager, or call start() and stop().
 
     Tests steer it through ``faults`` (see :class:`Faults`), ``forbidden_namespaces`` (requests in them get
-    403 Forbidden), ``denied`` (:class:`Deny` rules: 403 and "no" from access reviews), ``hidden_groups`` (API
-    groups not served), ``pod_logs[(namespace, pod)]`` (what ``kubectl logs`` returns), ``token``, and the
-    methods below; they read ``requests`` (the :class:`RequestLog`) and ``failures`` (exceptions inside the
-    fake; should stay empty).
+    403 Forbidden), ``denied`` (:class:`Deny` rules: 403 and "no" from access reviews), ``held`` (hung
+    requests), ``hidden_groups`` (API groups not served), ``pod_logs[(namespace, pod)]`` (what ``kubectl logs``
+    returns), ``token``, and the methods below; they read ``requests`` (the :class:`RequestLog`) and
+    ``failures`` (exceptions inside the fake; should stay empty).
     """
 
     def __init__(
@@ -100,6 +100,11 @@ class FakeKube:
         self.denied: set[Deny | tuple[str, ...]] = set()
         self.hidden_groups: set[str] = set() if openshift else set(OPENSHIFT_GROUPS)
         self.pod_logs: dict[tuple[str, str], str] = {}
+        self.held: dict[tuple[str, str], threading.Event] = {}
+        """``(verb, plural)`` -> an Event: a matching request hangs until the Event is set, then is served as if
+        nothing happened (an API call that times out on the client and completes later)."""
+        self.holding = threading.Event()
+        """Set once a request is held."""
         self.requests = RequestLog()
         self.failures: list[str] = []  # bugs of the fake itself (handler or controller exceptions)
         self.store = Store()

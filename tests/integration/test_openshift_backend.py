@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -354,6 +356,29 @@ def test_a_half_failed_deploy_is_recorded_and_clean_removes_what_was_applied(fak
     assert names(fake, "statefulsets") == []
     recorded = json.loads((home / ".mlenv" / "state.json").read_text())
     assert recorded["current"] == "fake"  # recorded before the first object was sent
+    cleaned = mlenv("clean")
+    assert cleaned.exit_code == 0, cleaned.output
+    assert not any(names(fake, kind) for kind in ("serviceaccounts", "services", "networkpolicies", "statefulsets"))
+
+
+def test_a_hung_apply_that_completes_later_is_recorded_and_cleaned(fake: FakeCluster, home: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from mlenv.backends.kubernetes import client
+
+    monkeypatch.setattr(client, "CALL_TIMEOUT", 3)
+    release = fake.server.held[("patch", "statefulsets")] = threading.Event()
+    try:
+        hung = mlenv("deploy", cluster_file(home, fake))
+    finally:
+        release.set()  # the server now applies the StatefulSet the client gave up on
+    assert fake.server.holding.is_set()
+    assert hung.exit_code == 1 and "got no answer within 3s" in hung.stderr, hung.output
+    deadline = time.monotonic() + 30
+    while names(fake, "statefulsets") != [APP] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert names(fake, "statefulsets") == [APP]  # GPU pods come up with no client left to see them
+    status = mlenv("status")
+    assert status.exit_code == 0 and f"{APP}-0" in status.stdout, status.output
     cleaned = mlenv("clean")
     assert cleaned.exit_code == 0, cleaned.output
     assert not any(names(fake, kind) for kind in ("serviceaccounts", "services", "networkpolicies", "statefulsets"))

@@ -93,6 +93,9 @@ def test_the_per_host_interfaces_of_seed_003_replace_its_rank_table(project: Pat
 
 def test_fewer_nodes_take_the_first_pinned_ones_and_more_are_refused(project: Path) -> None:
     four = mlenv("render", "slurm-gloo", "--nodes", "4").stdout
+    path = project / "clusters/slurm-gloo.yaml"
+    path.write_text(path.read_text().replace("  default_nodes: 6\n", ""))  # default: every pinned node
+    assert "#SBATCH --nodes=6\n" in mlenv("render", "slurm-gloo").stdout
     assert "#SBATCH --nodes=4\n" in four and "#SBATCH --nodelist=master-node,node01,node02,node03\n" in four
     refused = mlenv("render", "slurm-gloo", "--nodes", "7")
     line = (project / "clusters/slurm-gloo.yaml").read_text().splitlines().index(

@@ -111,9 +111,8 @@ def test_every_bad_field_is_one_line_at_its_place(tmp_path: Path) -> None:
 def test_hosts_are_the_nodes(tmp_path: Path) -> None:
     three = edited(LAB, (HOSTS_LINE, "  hosts: [a, b, c]"), ("  default_nodes: 2\n", ""))
     path = tmp_path / "x.yaml"
-    assert problems(path, three) == [
-        f"{path}:{position(three, 'hosts: [a')}: ssh.hosts: 3 hosts listed but gpus.default_nodes is not set "
-        "(default 2): set gpus.default_nodes: 3 to use them all"]
+    assert plan(loaded(path, three)).nodes == 3  # without gpus.default_nodes, every host is a node
+    assert plan(loaded(path, edited(three, ("gpus:\n", "gpus:\n  default_nodes: 1\n")))).nodes == 1
     more = edited(LAB, ("default_nodes: 2", "default_nodes: 3"))
     assert problems(path, more) == [
         f"{path}:{position(more, 'default_nodes')}: gpus.default_nodes: 3 nodes but ssh.hosts lists 2: one node "

@@ -38,6 +38,9 @@ class BackendInfo(NamedTuple):
     """``gpus.per_node: 0`` (CPU nodes, gloo) is allowed, and the default."""
     uses: frozenset[str] = frozenset()
     """Which of SELECTIVE_FIELDS it reads; the others in a file for it are a validate warning naming it."""
+    machines: tuple[str, ...] | None = None
+    """Path of the file's list of machines, one node each (``ssh.hosts``): ``gpus.default_nodes`` defaults to
+    its length instead of 2, so every listed machine is used unless the file asks for fewer."""
 
 
 BACKENDS: dict[str, BackendInfo] = {
@@ -50,12 +53,14 @@ BACKENDS: dict[str, BackendInfo] = {
                     settings="mlenv.backends.local.settings:parse", cpu_nodes=True,
                     uses=frozenset({"app", "storage"})),
         BackendInfo("slurm", "mlenv.backends.slurm.backend:SlurmBackend", section="slurm",
-                    settings="mlenv.backends.slurm.settings:parse", cpu_nodes=True, uses=CONTAINER_FIELDS),
+                    settings="mlenv.backends.slurm.settings:parse", cpu_nodes=True, uses=CONTAINER_FIELDS,
+                    machines=("slurm", "nodelist")),
         BackendInfo("runai", "mlenv.backends.runai.backend:RunaiBackend", section="runai",
                     settings="mlenv.backends.runai.settings:parse",
                     uses=frozenset({"app", "image", "storage", "security"})),
         BackendInfo("ssh", "mlenv.backends.ssh.backend:SshBackend", section="ssh",
-                    settings="mlenv.backends.ssh.settings:parse", cpu_nodes=True, uses=frozenset({"app"})),
+                    settings="mlenv.backends.ssh.settings:parse", cpu_nodes=True, uses=frozenset({"app"}),
+                    machines=("ssh", "hosts")),
     )
 }
 DEFAULT_BACKEND = "openshift"

@@ -10,6 +10,8 @@ from typing import NamedTuple
 from mlenv.config.positions import JsonPath, nearest_position
 
 DEFAULT_APP = "ml-dev-env"
+DEFAULT_NODES = 2
+"""``gpus.default_nodes`` when the file sets neither it nor a list of machines (BackendInfo.machines)."""
 DEFAULT_IMAGE = "nvcr.io/nvidia/pytorch:25.01-py3"
 DEFAULT_KUBERNETES_VERSION = "1.30"
 RENDEZVOUS_PORT = 29500

@@ -24,6 +24,7 @@ from mlenv.config.model import (
     DEFAULT_APP,
     DEFAULT_IMAGE,
     DEFAULT_KUBERNETES_VERSION,
+    DEFAULT_NODES,
     Bind,
     Cluster,
     ClusterInfo,
@@ -183,10 +184,18 @@ def _resources(reader: ClusterReader, storage: Storage) -> tuple[dict[str, str],
     return requests, limits
 
 
+def _machine_count(reader: ClusterReader) -> int:
+    """How many machines the backend's own list names (BackendInfo.machines), 0 without one."""
+    path = reader.backend.machines
+    listed = reader.get(*path) if path else None
+    return len(listed) if isinstance(listed, list) else 0
+
+
 def _gpus(reader: ClusterReader, gpu_nodes: tuple[str, ...]) -> Gpus:
     least = 0 if reader.backend.cpu_nodes else 1
     per_node = reader.integer("gpus", "per_node", default=least, minimum=least, maximum=64) or 0
-    default_nodes = reader.integer("gpus", "default_nodes", default=2, minimum=1, maximum=1024) or 1
+    default_nodes = reader.integer("gpus", "default_nodes", default=_machine_count(reader) or DEFAULT_NODES,
+                                   minimum=1, maximum=1024) or 1
     procs = reader.integer("gpus", "procs_per_node", default=per_node or 2, minimum=1, maximum=64) or 1
     pinned = len(set(gpu_nodes))
     if pinned and default_nodes > pinned:

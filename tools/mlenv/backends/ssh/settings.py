@@ -15,8 +15,6 @@ if TYPE_CHECKING:
 DEFAULT_WORKDIR = "~/mlenv/workspace"
 DEFAULT_PYTHON = "python3"
 DEFAULT_CONNECT_TIMEOUT = 10
-DEFAULT_NODES = 2
-"""``gpus.default_nodes`` when the file does not set it (mlenv.config.validate)."""
 
 
 @dataclass(frozen=True)
@@ -104,14 +102,9 @@ def _python(reader: ClusterReader) -> str:
 
 
 def _check_nodes(reader: ClusterReader, hosts: tuple[HostSpec, ...]) -> None:
-    """Every node is a host: gpus.default_nodes may use fewer of them, never more, and must be set when the host
-    count differs from its default."""
+    """Every node is a host: gpus.default_nodes (default: all of them) may use fewer, never more."""
     nodes = reader.get("gpus", "default_nodes")
-    if nodes is None:
-        if hosts and len(hosts) != DEFAULT_NODES:
-            reader.problem(("ssh", "hosts"), f"{len(hosts)} hosts listed but gpus.default_nodes is not set (default "
-                                             f"{DEFAULT_NODES}): set gpus.default_nodes: {len(hosts)} to use them all")
-    elif str(nodes).isdigit() and int(nodes) > len(hosts):
+    if nodes is not None and str(nodes).isdigit() and int(nodes) > len(hosts):
         reader.problem(("gpus", "default_nodes"), f"{nodes} nodes but ssh.hosts lists {len(hosts)}: one node runs "
                                                   "per host; list more hosts or lower gpus.default_nodes")
 
