@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 from mlenv.backends.local.settings import LocalSettings
 from mlenv.backends.registry import BACKENDS
 from mlenv.config.model import Bind, Container
@@ -26,11 +28,41 @@ def _with(base: str, section: str) -> str:
 
 def test_backend_names_and_sections_come_from_the_registry() -> None:
     on_disk = json.loads((ROOT / "tools/mlenv/config/cluster.schema.json").read_text())
-    assert "enum" not in on_disk["properties"]["backend"] and "local" not in on_disk["properties"]
+    assert "enum" not in on_disk["properties"]["backend"]
     schema = cluster_schema()
     assert schema["properties"]["backend"]["enum"] == list(BACKENDS)
     assert list(BACKENDS)[:3] == ["openshift", "kubernetes", "local"]
     assert schema["properties"]["local"] == json.loads((ROOT / "tools/mlenv/backends/local.schema.json").read_text())
+
+
+def editor_validator() -> Any:
+    """What an editor does with a cluster file's ``yaml-language-server: $schema=`` line: the on-disk schema at its
+    file URI, each ``$ref`` (to a backend's fragment, and back) resolved as a file beside it."""
+    from jsonschema import Draft202012Validator
+    from referencing import Registry, Resource
+    from referencing.jsonschema import DRAFT202012
+
+    def retrieve(uri: str) -> Resource[Any]:
+        assert uri.startswith("file://"), uri
+        return DRAFT202012.create_resource(json.loads(Path(uri[len("file://"):]).read_text()))  # the root's dialect
+
+    root = (ROOT / "tools/mlenv/config/cluster.schema.json").resolve().as_uri()
+    return Draft202012Validator({"$ref": root}, registry=Registry(retrieve=retrieve))  # type: ignore[call-arg]
+
+
+def test_editors_see_every_backend_section_of_the_committed_files() -> None:
+    on_disk = json.loads((ROOT / "tools/mlenv/config/cluster.schema.json").read_text())
+    sections = {info.section: info.name for info in BACKENDS.values() if info.section}
+    assert {name: on_disk["properties"][name]["$ref"] for name in sections} == {
+        section: f"../backends/{name}.schema.json" for section, name in sections.items()}
+    validator = editor_validator()
+    for path in sorted((ROOT / "clusters").glob("*.yaml")):
+        text = path.read_text()
+        assert text.startswith("# yaml-language-server: $schema=../tools/mlenv/config/cluster.schema.json\n")
+        assert [e.message for e in validator.iter_errors(yaml.safe_load(text))] == [], path.name
+    lab = yaml.safe_load((ROOT / "clusters/lab.yaml").read_text())
+    lab["ssh"]["hostz"] = lab["ssh"].pop("hosts")
+    assert {tuple(e.path) for e in validator.iter_errors(lab)} == {("ssh",)}
 
 
 def test_unknown_backend_lists_the_registered_ones(tmp_path: Path) -> None:

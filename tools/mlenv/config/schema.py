@@ -34,6 +34,20 @@ def _fragment(name: str) -> str:
     return os.path.join(BACKENDS_DIR, f"{name}.schema.json")
 
 
+ROOT_REF = "../config/cluster.schema.json#"
+"""How a fragment refers to the common schema's ``$defs`` (a path, so that editors resolve it too)."""
+
+
+def _inlined(node: Any) -> Any:
+    """A fragment as part of the composed schema: its references to the common schema become local."""
+    if isinstance(node, dict):
+        return {key: (f"#{value[len(ROOT_REF):]}" if key == "$ref" and isinstance(value, str)
+                      and value.startswith(ROOT_REF) else _inlined(value)) for key, value in node.items()}
+    if isinstance(node, list):
+        return [_inlined(item) for item in node]
+    return node
+
+
 def _namespace_rule() -> dict[str, Any]:
     """``cluster.namespace`` is required when the file's backend (or the default) is Kubernetes-family."""
     kube = [name for name, info in BACKENDS.items() if info.kube_family]
@@ -51,7 +65,7 @@ def cluster_schema() -> dict[str, Any]:
     properties["backend"] = {"enum": list(BACKENDS), "x-expected": f"one of {', '.join(BACKENDS)}"}
     for info in BACKENDS.values():
         if info.section:
-            properties[info.section] = _schema_file(_fragment(info.name))
+            properties[info.section] = _inlined(_schema_file(_fragment(info.name)))
     schema["allOf"] = [_namespace_rule()]
     return schema
 
