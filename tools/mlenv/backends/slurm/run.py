@@ -19,7 +19,7 @@ from mlenv.backends.slurm import jobs, record
 from mlenv.backends.slurm.jobs import JobInfo
 from mlenv.backends.slurm.login import Login
 from mlenv.backends.slurm.output import NodeOutput
-from mlenv.backends.slurm.script import EXIT_FILE, OUTPUT_FILE, SlurmJob
+from mlenv.backends.slurm.script import EXIT_FILE, OUTPUT_FILE, SlurmJob, step_name
 from mlenv.backends.slurm.submit import SubmitError, ship_runtime, submit
 from mlenv.backends.slurm.waiting import POLL_SECONDS, CannotStart, wait_started
 from mlenv.errors import OperationError
@@ -119,6 +119,18 @@ def _exit_file(run: Run) -> int | None:
     return int(text) if text.isdigit() else None
 
 
+def _cancel_step(run: Run, job_id: str) -> str:
+    """Cancel what is left of the run's step in the allocation: srun ends it when stopped in time, but not when it
+    is killed first (a slow teardown, or a second Ctrl-C). Says what was done."""
+    listed = run.login.run(["squeue", "-h", "-s", f"--jobs={job_id}", "-o", "%i %j"])
+    name = step_name(run.run_id)
+    steps = [step for step, _, named in (line.partition(" ") for line in listed.stdout.decode().splitlines())
+             if named.strip() == name]
+    if listed.returncode != 0 or (steps and run.login.run(["scancel", *steps]).returncode != 0):
+        return f"the run's step may still be running: see squeue -s --jobs={job_id}, then scancel it"
+    return f"step {', '.join(steps)} cancelled" if steps else "the run's step has ended"
+
+
 def in_allocation(run: Run, job_id: str, secrets: Mapping[str, str]) -> LaunchOutcome:
     """Run the launch script inside the allocation ``job_id`` (waiting while it is pending)."""
     spec = run.request.spec
@@ -147,7 +159,7 @@ def in_allocation(run: Run, job_id: str, secrets: Mapping[str, str]) -> LaunchOu
     finally:
         output.close()
     if result.interrupted:
-        return run.outcome(130, None, output.paths, "interrupted: the run's step was cancelled", interrupted=True)
+        return run.outcome(130, None, output.paths, f"interrupted: {_cancel_step(run, job_id)}", interrupted=True)
     code = result.exit_codes[0]
     return run.outcome(128 - code if code < 0 else code, output.failed, output.paths)
 

@@ -157,9 +157,14 @@ def task_wrapper(interfaces: Mapping[str, str]) -> str:
     return "; ".join(steps)
 
 
-def srun_line(job: SlurmJob, task: Sequence[str]) -> Shell:
+def step_name(run_id: str) -> str:
+    """The name of a run's srun step (``squeue -s`` shows it), so that the run's own step can be found."""
+    return f"mlenv-{run_id}"
+
+
+def srun_line(job: SlurmJob, run_id: str, task: Sequence[str]) -> Shell:
     """The srun of a run: one task per node, fail-fast, every line labelled with its node."""
-    options = ["srun", "--overlap", f"--nodes={job.nodes}", "--ntasks-per-node=1",
+    options = ["srun", "--overlap", f"--job-name={step_name(run_id)}", f"--nodes={job.nodes}", "--ntasks-per-node=1",
                *([f"--cpus-per-task={job.settings.cpus_per_task}"] if job.settings.cpus_per_task else []),
                "--kill-on-bad-exit=1", "--label"]
     parts = [shlex.join(options), shlex.join(["sh", "-c", task_wrapper(job.interfaces), "sh"])]
@@ -173,7 +178,7 @@ def _run_context(job: SlurmJob, title: str, run_id: str, task: Sequence[str]) ->
     env = {**job.env, "MLENV_RUN_ID": run_id, "MLENV_RUN_DIR": job.run_path(run_id), "PYTHONUNBUFFERED": "1"}
     return {**_context(job, title, f"{job.run_path(run_id)}/{OUTPUT_FILE}"), "env": env,
             "runtime_path": job.runtime_path, "port_base": PORT_BASE, "port_span": PORT_SPAN,
-            "srun": srun_line(job, task)}
+            "srun": srun_line(job, run_id, task)}
 
 
 def batch_script(job: SlurmJob, title: str, run_id: str, task: Sequence[str]) -> str:
