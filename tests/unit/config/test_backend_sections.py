@@ -53,7 +53,8 @@ def editor_validator() -> Any:
 def test_editors_see_every_backend_section_of_the_committed_files() -> None:
     on_disk = json.loads((ROOT / "tools/mlenv/config/cluster.schema.json").read_text())
     sections = {info.section: info.name for info in BACKENDS.values() if info.section}
-    assert {name: on_disk["properties"][name]["$ref"] for name in sections} == {
+    assert {key: value["$ref"] for key, value in on_disk["properties"].items()
+            if value.get("$ref", "").startswith("../backends/")} == {
         section: f"../backends/{name}.schema.json" for section, name in sections.items()}
     validator = editor_validator()
     for path in sorted((ROOT / "clusters").glob("*.yaml")):
