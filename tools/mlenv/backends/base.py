@@ -11,12 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
+
+from mlenv.errors import UsageError
 
 if TYPE_CHECKING:
     from mlenv.plan import JobPlan
 
 CheckStatus = Literal["PASS", "WARN", "FAIL"]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,15 @@ class Handle:
                 and isinstance(handle.env, dict) and isinstance(handle.data, dict)):
             raise TypeError("handle fields have the wrong types")
         return handle
+
+    def decoded(self, decode: Callable[[Mapping[str, Any]], T]) -> T:
+        """``decode(self.data)``: the backend's view of what it recorded; UsageError (naming the deployment and the
+        fix) when the record has another shape (KeyError, TypeError, ValueError while decoding)."""
+        try:
+            return decode(self.data)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise UsageError(f"the recorded deployment {self.name} is not a {self.backend} deployment of this mlenv "
+                             f"({exc!r}); remove it from .mlenv/state.json") from None
 
 
 @dataclass(frozen=True)

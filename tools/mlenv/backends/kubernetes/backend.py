@@ -83,12 +83,7 @@ class KubernetesBackend(FanoutJobs):
     @staticmethod
     def target(handle: Handle) -> Target:
         """The cluster-side names recorded in ``handle``."""
-        try:
-            return Target.from_data(handle.data, handle.nodes)
-        except (KeyError, TypeError) as exc:
-            raise UsageError(f"the recorded deployment {handle.name} is not a {handle.backend} deployment of this "
-                             f"mlenv ({exc}); clean it with --cluster FILE or remove it from .mlenv/state.json"
-                             ) from None
+        return handle.decoded(lambda data: Target.from_data(data, handle.nodes))
 
     def _connected(self, handle: Handle) -> tuple[Target, Client]:
         target = self.target(handle)

@@ -179,14 +179,9 @@ class LocalBackend(FanoutJobs):
     @staticmethod
     def layout(handle: Handle) -> Layout:
         """The recorded directories and pods of ``handle``."""
-        data = handle.data
-        try:
-            pods = tuple(LocalPod(**pod) for pod in data["pods"])
-            return Layout(Path(str(data["base"])), str(data["app"]), str(data["owner"]), handle.shared_workspace,
-                          pods)
-        except (KeyError, TypeError) as exc:
-            raise UsageError(f"the recorded deployment {handle.name} is not a local deployment of this mlenv "
-                             f"({exc}); remove it from .mlenv/state.json") from None
+        return handle.decoded(lambda data: Layout(Path(str(data["base"])), str(data["app"]), str(data["owner"]),
+                                                  handle.shared_workspace,
+                                                  tuple(LocalPod(**pod) for pod in data["pods"])))
 
     def _check_ours(self, layout: Layout) -> None:
         """Refuse to adopt directories someone else made where the pods go."""

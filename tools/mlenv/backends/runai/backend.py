@@ -72,11 +72,7 @@ class RunaiBackend(FanoutJobs):
     @staticmethod
     def workload(handle: Handle) -> Workload:
         """The workload recorded in ``handle``."""
-        try:
-            return Workload.from_data(handle.data, handle.nodes)
-        except (KeyError, TypeError) as exc:
-            raise UsageError(f"the recorded deployment {handle.name} is not a runai deployment of this mlenv "
-                             f"({exc}); remove it from .mlenv/state.json") from None
+        return handle.decoded(lambda data: Workload.from_data(data, handle.nodes))
 
     def _client(self, workload: Workload) -> Client:
         return Client(self.kubectl, workload.namespace)

@@ -62,18 +62,18 @@ def job_data(job: SlurmJob) -> dict[str, Any]:
     return data
 
 
+def _job(recorded: Mapping[str, Any]) -> SlurmJob:
+    data = dict(recorded["job"])
+    container = data["container"]
+    if container is not None:
+        container = Container(**{**container, "binds": tuple(Bind(**b) for b in container["binds"])})
+    return SlurmJob(**{**data, "hosts": tuple(data["hosts"]), "container": container,
+                       "settings": SlurmSettings.from_data(data["settings"])})
+
+
 def job_from(handle: Handle) -> SlurmJob:
     """The job recorded in ``handle``; UsageError for a record of another shape."""
-    try:
-        data = dict(handle.data["job"])
-        container = data["container"]
-        if container is not None:
-            container = Container(**{**container, "binds": tuple(Bind(**b) for b in container["binds"])})
-        return SlurmJob(**{**data, "hosts": tuple(data["hosts"]), "container": container,
-                           "settings": SlurmSettings.from_data(data["settings"])})
-    except (KeyError, TypeError, ValueError) as exc:
-        raise UsageError(f"the recorded deployment {handle.name} is not a Slurm deployment of this mlenv ({exc}); "
-                         "clean it with --cluster FILE or remove it from .mlenv/state.json") from None
+    return handle.decoded(_job)
 
 
 def allocation_id(handle: Handle) -> str | None:

@@ -10,7 +10,7 @@ from typing import Any
 from mlenv.backends.base import Handle
 from mlenv.backends.ssh.hosts import HostSpec
 from mlenv.backends.ssh.transport import Transport
-from mlenv.errors import OperationError, UsageError
+from mlenv.errors import OperationError
 
 
 @dataclass(frozen=True)
@@ -45,11 +45,7 @@ class SshTarget:
     @classmethod
     def of(cls, handle: Handle) -> SshTarget:
         """The target recorded in ``handle`` (UsageError when it is not an ssh deployment of this mlenv)."""
-        try:
-            return cls.from_data(handle.data)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise UsageError(f"the recorded deployment {handle.name} is not an ssh deployment of this mlenv "
-                             f"({exc!r}); remove it from .mlenv/state.json and deploy again") from None
+        return handle.decoded(cls.from_data)
 
     def label(self, ordinal: int) -> str:
         """How messages name host ``ordinal``: ``user@host:port`` as far as the file says."""
