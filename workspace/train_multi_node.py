@@ -13,20 +13,24 @@ a final ``done steps=... first_loss=... last_loss=... world_size=...`` line.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import socket
 import sys
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import torch.distributed.nn  # before the process group exists: see main()
 from torch.nn.parallel import DistributedDataParallel
 
 FEATURES = 32
 Step = Callable[[torch.Tensor], None]
-Engine = tuple[torch.nn.Module, Step, str]  # model to call, optimizer step, description
+End = Callable[[], None]
+Engine = tuple[torch.nn.Module, Step, str, End]  # model to call, optimizer step, description, how it ends
 
 
 def say(line: str) -> None:
@@ -68,7 +72,17 @@ def deepspeed_engine(model: torch.nn.Module, config: dict) -> Engine:
         engine.backward(loss)
         engine.step()
 
-    return engine, step, f"deepspeed zero_stage={engine.zero_optimization_stage()}"
+    engine_ref = weakref.ref(engine)  # a strong one here would keep the engine, and its groups, to the end
+
+    def end() -> None:
+        alive = engine_ref()  # kept alive by the hooks it put on the model, until destroy() removes them
+        if alive is not None:
+            alive.destroy()
+        del alive
+        gc.collect()  # the unhooked engine is a plain reference cycle: free it, and its hold on the groups
+        deepspeed.comm.destroy_process_group()  # ends the groups, and forgets those DeepSpeed keeps
+
+    return engine, step, f"deepspeed zero_stage={engine.zero_optimization_stage()}", end
 
 
 def ddp_engine(model: torch.nn.Module, config: dict, device: torch.device) -> Engine:
@@ -83,7 +97,7 @@ def ddp_engine(model: torch.nn.Module, config: dict, device: torch.device) -> En
         loss.backward()
         optimizer.step()
 
-    return wrapped, step, "ddp"
+    return wrapped, step, "ddp", dist.destroy_process_group
 
 
 def mean_over_ranks(value: torch.Tensor) -> float:
@@ -93,9 +107,9 @@ def mean_over_ranks(value: torch.Tensor) -> float:
     return total.item() / dist.get_world_size()
 
 
-def main() -> None:
-    """Train a linear model on y = x @ w + noise; each rank draws its own samples."""
-    args = parse_args()
+def train(args: argparse.Namespace) -> End:
+    """Train a linear model on y = x @ w + noise; each rank draws its own samples. Returns how the engine
+    ends its process groups."""
     rank, local_rank, world_size = (int(os.environ[k]) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
     config = json.loads(args.deepspeed_config.read_text())
     device = pick_device(local_rank)
@@ -103,9 +117,9 @@ def main() -> None:
     true_weights = torch.randn(FEATURES, 1) / FEATURES**0.5
     model = torch.nn.Linear(FEATURES, 1)
     if args.engine == "deepspeed":
-        model, step, engine = deepspeed_engine(model, config)
+        model, step, engine, end = deepspeed_engine(model, config)
     else:
-        model, step, engine = ddp_engine(model, config, device)
+        model, step, engine, end = ddp_engine(model, config, device)
     host = socket.gethostname()
     say(f"rank {rank}/{world_size} local_rank {local_rank} on {host} device {device}")
     if rank == 0:
@@ -127,7 +141,22 @@ def main() -> None:
     if rank == 0:
         say(f"done steps={args.steps} first_loss={first_loss:.4f} last_loss={last_loss:.4f} "
             f"world_size={world_size}")
-    dist.destroy_process_group()
+    return end
+
+
+def main() -> None:
+    """Train, then end the process groups once nothing else holds them.
+
+    A group's gloo worker threads must end before the interpreter does: one still releasing a tensor once
+    exit has begun aborts the process ("terminate called without an active exception"). So the model, which
+    holds the groups, goes first (DDP's when train() returns, DeepSpeed's in its end()), and destroying the
+    groups then drops the last hold, which joins their threads. In the other order, the model would end a
+    group under the interpreter lock its threads may be waiting for. torch.distributed.nn is imported first
+    because, imported once a group exists (as DDP does through torch._dynamo), it binds the group into its
+    functions' defaults for good.
+    """
+    end = train(parse_args())
+    end()
 
 
 if __name__ == "__main__":

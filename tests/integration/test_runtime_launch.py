@@ -21,6 +21,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 from _prereq import clean_environ, require
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -109,6 +110,32 @@ def test_torchrun_two_nodes_train_to_a_falling_loss(tmp_path: Path) -> None:
     output = check_training(results, tmp_path / "run")
     assert "engine ddp backend gloo world_size 4" in output
     assert "--rdzv-conf is_host=true" in results[0].err and "--rdzv-conf is_host=false" in results[1].err
+
+
+# Runs a workspace script as __main__, then counts the gloo threads (pt_gloo_runloop, gloo_tcp_loop) still alive.
+THREADS_LEFT = """\
+import os, runpy, sys
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+names = [open(f"/proc/self/task/{task}/comm").read() for task in os.listdir("/proc/self/task")]
+print(f"rank {os.environ['RANK']}: gloo threads after main: {sum('gloo' in name for name in names)}", flush=True)
+"""
+
+
+@pytest.mark.parametrize("job", [[TRAIN, "--engine", "ddp", "--steps", "2"],
+                                 [TRAIN, "--engine", "deepspeed", "--steps", "2"],
+                                 [str(WORKSPACE / "allreduce_bench.py"), "--max-bytes", "4K", "--iters", "1"]],
+                         ids=["train-ddp", "train-deepspeed", "allreduce-bench"])
+def test_the_examples_end_their_process_group_before_the_interpreter_exits(tmp_path: Path, job: list[str]) -> None:
+    """A gloo thread still alive when the interpreter exits can abort a finished run (SIGABRT, "terminate called
+    without an active exception"), so each example's main() must have joined them all by the time it returns."""
+    require("torch", *(["deepspeed"] if "deepspeed" in job else []))
+    probe = tmp_path / "threads_left.py"
+    probe.write_text(THREADS_LEFT)
+    (result,) = launch_nodes(tmp_path, "torchrun", [str(probe), *job], nodes=1, nproc=2)
+    assert result.status == 0, result.err[-3000:]
+    left = sorted(re.findall(r"rank (\d): gloo threads after main: (\d+)", result.out))
+    assert left == [("0", "0"), ("1", "0")], result.out[-2000:]
 
 
 def test_a_failing_job_fails_the_launch(tmp_path: Path) -> None:
