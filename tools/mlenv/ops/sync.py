@@ -44,6 +44,9 @@ RUNTIME = f"{RUNTIME_DIR}/{PACKAGE.name}"
 """Where the runtime goes, relative to the workspace: ``.mlenv/mlenv``."""
 RAN = (0, 23, 24)
 """rsync exit codes after which it did its work: all done, some files not copied, some source files vanished."""
+REMOTE_SHELL_FAILED = 255
+"""rsync's exit code when its remote shell (ssh) could not connect or log in: rsync's own error says why, and a
+tar stream would not get further."""
 SHOWN_NAMES = 5
 SHARED_WITH = "shared with"
 PLAIN_EVERY = 10.0
@@ -56,6 +59,8 @@ UNOPENED = re.compile(r"^rsync: \[sender\] send_files failed to open ")
 VANISHED = re.compile(r'^file has vanished: "(.*)"')
 MAKE_WAY = re.compile(r"^could not make way for new [a-z ]+?: (.*)$")
 TRAILER = re.compile(r"^rsync error: ")
+SSH_NOTICE = re.compile(r"^Warning: Permanently added ")
+"""ssh telling that it learned a host key (accept-new): not why a copy failed."""
 PROGRESS = re.compile(r"^\s*(?P<bytes>[\d,.']+)\s+(?P<percent>\d+)%\s+(?P<rate>\S+/s)")
 TAR_PROBLEM = re.compile(r"^tar: (?:\./)?(.*): Cannot \w+: ")
 
@@ -279,7 +284,7 @@ def _outcome(pod: Node, run: Rsync, source: Path, conflicts: Sequence[str], star
                 unopened.append(unreadable[-1])
         elif match := MAKE_WAY.match(line):
             clashes.append(match.group(1))
-        elif not TRAILER.match(line):
+        elif not TRAILER.match(line) and not SSH_NOTICE.match(line):
             others.append(line)
     if run.code not in RAN or (run.code and others):
         error = (others or run.err.strip().splitlines() or [f"rsync exit {run.code}"])[0]
@@ -403,7 +408,8 @@ def _sync_pod(backend: Backend, handle: Handle, pod: Node, plan: Plan, lines: _L
         conflicts = _type_changes(run)
     if run is None or run.code in RAN:
         run = _copy(plan, target, conflicts, on_line)
-    if run.code not in RAN and target.rsh and not _has_rsync(backend, handle, pod):
+    if (run.code not in RAN and run.code != REMOTE_SHELL_FAILED and target.rsh
+            and not _has_rsync(backend, handle, pod)):
         lines.show(pod.ordinal, "tar stream (no rsync on the node)")
         unreadable, error = _tar(backend, handle, pod, plan)
         method = "tar (no rsync on the node: copies all, cannot --delete)" if plan.delete else "tar"
