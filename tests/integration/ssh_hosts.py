@@ -35,7 +35,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -214,18 +214,21 @@ class SshCluster:
 class SshHostsFactory(Protocol):
     """What the ``ssh_hosts`` fixture yields."""
 
-    def __call__(self, count: int = 2, *, separate: bool = False) -> SshCluster: ...
+    def __call__(self, count: int = 2, *, separate: bool = False,
+                 env: Mapping[str, str] | None = None) -> SshCluster: ...
 
 
 @pytest.fixture
 def ssh_hosts(tmp_path: Path) -> Iterator[SshHostsFactory]:
-    """Factory ``ssh_hosts(count=2, *, separate=False) -> SshCluster``; every machine stops after the test."""
+    """Factory ``ssh_hosts(count=2, *, separate=False, env=None) -> SshCluster``; ``env`` is set in every ssh
+    session (sshd's SetEnv), as a machine's profile would; every machine stops after the test."""
     require_ssh()
     clusters: list[SshCluster] = []
 
-    def start(count: int = 2, *, separate: bool = False) -> SshCluster:
+    def start(count: int = 2, *, separate: bool = False, env: Mapping[str, str] | None = None) -> SshCluster:
         first = FIRST_ADDRESS + sum(len(c.hosts) for c in clusters)
-        cluster = create_cluster(tmp_path / f"ssh{len(clusters)}", count, separate=separate, first_address=first)
+        cluster = create_cluster(tmp_path / f"ssh{len(clusters)}", count, separate=separate, first_address=first,
+                                 env=env or {})
         clusters.append(cluster)
         for host in cluster.hosts:
             cluster.start(host)
@@ -249,7 +252,8 @@ def require_ssh() -> None:
     require("ssh", "ssh-keygen", "unshare", *([] if _sshd() else ["sshd"]))
 
 
-def create_cluster(root: Path, count: int, *, separate: bool, first_address: ipaddress.IPv4Address) -> SshCluster:
+def create_cluster(root: Path, count: int, *, separate: bool, first_address: ipaddress.IPv4Address,
+                   env: Mapping[str, str] | None = None) -> SshCluster:
     """Keys and configuration of ``count`` machines under ``root`` (nothing started)."""
     workdir = root / "workdir"
     workdir.mkdir(parents=True)
@@ -259,7 +263,7 @@ def create_cluster(root: Path, count: int, *, separate: bool, first_address: ipa
         _keygen(cluster.identity, "mlenv-test-client")
         authorized_keys = root / "authorized_keys"
         shutil.copy(cluster.identity.with_suffix(".pub"), authorized_keys)
-        cluster.hosts.extend(_host(root, index, str(first_address + index), separate, authorized_keys)
+        cluster.hosts.extend(_host(root, index, str(first_address + index), separate, authorized_keys, env or {})
                              for index in range(count))
         cluster.config.write_text(_client_config(cluster))
     except BaseException:
@@ -268,19 +272,21 @@ def create_cluster(root: Path, count: int, *, separate: bool, first_address: ipa
     return cluster
 
 
-def _host(root: Path, index: int, address: str, separate: bool, authorized_keys: Path) -> SshHost:
+def _host(root: Path, index: int, address: str, separate: bool, authorized_keys: Path,
+          env: Mapping[str, str]) -> SshHost:
     home = root / "hosts" / f"node{index}"
     home.mkdir(parents=True)
     files = home / "workdir" if separate else root / "workdir"
     files.mkdir(exist_ok=True)
     host = SshHost(f"node{index}", address, _free_port(address), files, home)
     _keygen(host.host_key, host.name)
-    host.sshd_config.write_text(_sshd_config(host, authorized_keys))
+    host.sshd_config.write_text(_sshd_config(host, authorized_keys, env))
     return host
 
 
-def _sshd_config(host: SshHost, authorized_keys: Path) -> str:
+def _sshd_config(host: SshHost, authorized_keys: Path, env: Mapping[str, str]) -> str:
     penalties = "PerSourcePenalties no\n" if _sshd_version() >= (9, 8) else ""  # failure tests must not block
+    set_env = "".join(f"SetEnv {name}={value}\n" for name, value in env.items())
     return f"""\
 ListenAddress {host.address}:{host.port}
 HostKey {host.host_key}
@@ -297,7 +303,7 @@ PrintLastLog no
 Subsystem sftp internal-sftp
 MaxStartups 64
 MaxSessions 64
-{penalties}"""
+{penalties}{set_env}"""
 
 
 def _client_config(cluster: SshCluster) -> str:

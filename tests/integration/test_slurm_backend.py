@@ -23,10 +23,11 @@ import pytest
 
 from tests._prereq import clean_environ, require
 
-if TYPE_CHECKING:  # imported at run time as a plugin, so that pytest rewrites its asserts
+if TYPE_CHECKING:  # imported at run time as plugins, so that pytest rewrites their asserts
     from tests.integration.slurm_cluster import SlurmCluster
+    from tests.integration.ssh_hosts import SshHostsFactory
 
-pytest_plugins = ["tests.integration.slurm_cluster"]
+pytest_plugins = ["tests.integration.slurm_cluster", "tests.integration.ssh_hosts"]
 
 ROOT = Path(__file__).resolve().parents[2]
 MLENV = Path(sys.executable).parent / "mlenv"
@@ -53,7 +54,7 @@ slurm:
   time: "15"
   workdir: {workdir}
   setup: ["source {venv}/bin/activate"]
-gpus: {{per_node: {gpus}, default_nodes: 2, procs_per_node: 2}}
+{slurm_extra}gpus: {{per_node: {gpus}, default_nodes: 2, procs_per_node: 2}}
 network: {{tcp: {{interface_exclude: "^docker0"}}}}
 """
 
@@ -67,10 +68,12 @@ class Project:
     workdir: Path
     cluster: SlurmCluster
     last_stderr: list[str] = field(default_factory=list)
+    slurm_here: bool = True
+    """Whether mlenv's own environment reaches the private Slurm (False: only the login host's does)."""
 
     @property
     def env(self) -> dict[str, str]:
-        return clean_environ({**self.cluster.env, "MLENV_HOME": str(self.home)})
+        return clean_environ({**(self.cluster.env if self.slurm_here else {}), "MLENV_HOME": str(self.home)})
 
     def mlenv(self, *args: str, timeout: float = 60, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
         """The real `mlenv` against this project and the private Slurm."""
@@ -97,7 +100,7 @@ class Project:
 
 
 def make_project(tmp_path: Path, cluster: SlurmCluster, name: str = "hpc", partition: str = "debug",
-                 gpus: int = 0, extra: str = "") -> Project:
+                 gpus: int = 0, extra: str = "", slurm_extra: str = "", slurm_here: bool = True) -> Project:
     require("torch", "deepspeed", "rsync")
     home = tmp_path / "home"
     (home / "clusters").mkdir(parents=True)
@@ -105,8 +108,9 @@ def make_project(tmp_path: Path, cluster: SlurmCluster, name: str = "hpc", parti
     (home / "workspace" / "fail.py").write_text(FAILING_JOB)
     workdir = tmp_path / "work"
     (home / "clusters" / f"{name}.yaml").write_text(CLUSTER.format(
-        name=name, partition=partition, workdir=workdir, venv=Path(sys.executable).parent.parent, gpus=gpus) + extra)
-    return Project(home, name, workdir, cluster)
+        name=name, partition=partition, workdir=workdir, venv=Path(sys.executable).parent.parent, gpus=gpus,
+        slurm_extra=slurm_extra) + extra)
+    return Project(home, name, workdir, cluster, slurm_here=slurm_here)
 
 
 @pytest.fixture
@@ -240,6 +244,45 @@ def test_deploy_exec_shell_launch_logs_status_clean(project: Project, slurm_clus
     assert f"cancelled job(s) {allocation} of hpc" in cleaned.stderr
     assert slurm_cluster.job(allocation)["JobState"] == "CANCELLED"
     assert project.name not in json.loads((project.home / ".mlenv" / "state.json").read_text())["deployments"]
+
+
+def test_slurm_commands_run_on_the_login_host_over_ssh(tmp_path: Path, slurm_cluster: SlurmCluster,
+                                                       ssh_hosts: SshHostsFactory) -> None:
+    """slurm.login with slurm.ssh: sync, deploy, exec, status and clean reach Slurm only through the login host (an
+    sshd "machine" on this filesystem whose sessions know the private Slurm), with the file's key and known_hosts."""
+    machines = ssh_hosts(1, env=slurm_cluster.env)
+    login = machines.hosts[0]
+    known_hosts = tmp_path / "login_known_hosts"
+    project = make_project(tmp_path, slurm_cluster, slurm_here=False, slurm_extra=(
+        f"  login: {login.spec}\n  ssh: {{identity_file: {machines.identity}, known_hosts: {known_hosts}}}\n"))
+    here = subprocess.run(["squeue"], capture_output=True, text=True, env=project.env, timeout=30, check=False)
+    assert here.returncode != 0, "this machine reaches a Slurm without the test's SLURM_CONF: the test proves nothing"
+
+    wrong_key = tmp_path / "wrong_key"  # a key the login host does not accept: rsync's own error, nothing else
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(wrong_key)], check=True, timeout=30)
+    (project.home / "clusters" / "wrong-key.yaml").write_text(
+        (project.home / "clusters" / "hpc.yaml").read_text().replace(str(machines.identity), str(wrong_key))
+        .replace("name: hpc", "name: wrong-key"))
+    refused = project.mlenv("sync", "-c", "wrong-key", timeout=120)
+    assert refused.returncode == 1 and "Permission denied (publickey" in refused.stderr, refused.stderr
+    assert "allocation" not in refused.stderr and not (project.workdir / "train_multi_node.py").exists()
+
+    project.ok("sync", "-c", project.name, timeout=120)
+    assert (project.workdir / "train_multi_node.py").is_file()
+    deployed = project.ok("deploy", project.name, "--timeout", "60", timeout=120)
+    match = re.search(r"allocation (\d+) of hpc is running on n\[1-2\]", deployed.stderr)
+    assert match, deployed.stderr
+    assert [(r["node"], r["phase"]) for r in project.status()] == [("n1", "RUNNING"), ("n2", "RUNNING")]
+    shown = project.ok("exec", "-c", project.name, "--", "sh", "-c", 'echo "$SLURMD_NODENAME $MLENV_NODE_RANK"')
+    assert sorted(shown.stdout.splitlines()) == ["[node-0] n1 0", "[node-1] n2 1"]
+    cleaned = project.ok("clean", "-c", project.name)
+    assert f"cancelled job(s) {match[1]} of hpc" in cleaned.stderr
+    assert slurm_cluster.job(match[1])["JobState"] == "CANCELLED"
+
+    found = subprocess.run(["ssh-keygen", "-F", login.known_hosts_name, "-f", str(known_hosts)], capture_output=True,
+                           text=True, timeout=30, check=False)  # accept-new wrote the key into this file
+    assert found.returncode == 0 and " ssh-ed25519 " in found.stdout, found.stdout + found.stderr
+    assert "Accepted publickey for root" in login.log.read_text()
 
 
 def test_a_pending_allocation_shows_its_reason_and_launch_waits_for_it(tmp_path: Path,

@@ -193,6 +193,43 @@ def test_settings_and_the_ignored_sections(project: Path) -> None:
                                 "nodes: is ignored: backend slurm does not use it")
 
 
+def test_slurm_ssh_says_how_ssh_reaches_the_login_host(project: Path) -> None:
+    text = SLURM_FILE.replace("  workdir: /scratch/x\n", "  workdir: /scratch/x\n  login: me@login.example\n  ssh: {"
+                              "identity_file: ~/.ssh/hpc_ed25519, known_hosts: /etc/hpc_known_hosts, jump: bastion, "
+                              "connect_timeout: '25'}\n")
+    settings = load_plan(write(project, text)).cluster.settings
+    login = Login.of(settings)
+    assert login == Login("me@login.example", "~/.ssh/hpc_ed25519", "/etc/hpc_known_hosts", "bastion", 25)
+    argv = login.argv(["squeue"])
+    assert argv[3:5] == ["-J", "bastion"]
+    config = Path(argv[2]).read_text().splitlines()
+    for option in ('IdentityFile "~/.ssh/hpc_ed25519"', "IdentitiesOnly yes",
+                   'UserKnownHostsFile "/etc/hpc_known_hosts"', "ConnectTimeout 25"):
+        assert option in config
+    assert Login.of(SlurmSettings(partition="p", workdir="/w", login="h")).argv(["squeue"])[3:5] == ["-T", "--"]
+
+
+def test_slurm_ssh_is_checked_as_the_ssh_backend_checks_it(project: Path) -> None:
+    text = SLURM_FILE.replace("  workdir: /scratch/x\n", "  workdir: /scratch/x\n  ssh: {identity_file: key, "
+                              "known_hosts: '~/x\"y', jump: '-oProxyCommand=x', connect_timeout: 0, user: me}\n")
+    result = mlenv("validate", write(project, text))
+    assert result.exit_code == 2
+    assert result.stderr.splitlines() == [
+        "error: clusters/x.yaml:6:77: slurm.ssh.connect_timeout: expected seconds 1-300 (ssh's ConnectTimeout), got 0",
+        "error: clusters/x.yaml:6:97: slurm.ssh.user: unknown field; allowed here: connect_timeout, identity_file, "
+        "jump, known_hosts"]
+    result = mlenv("validate", write(project, text.replace(", connect_timeout: 0, user: me", "")))
+    assert result.stderr.splitlines() == [
+        "error: clusters/x.yaml:6:3: slurm.ssh: slurm.ssh says how to reach slurm.login, which is not set: set "
+        "slurm.login to the login host, or remove slurm.ssh",
+        'error: clusters/x.yaml:6:9: slurm.ssh.identity_file: expected an absolute path or one starting with ~/, '
+        'got "key"',
+        'error: clusters/x.yaml:6:29: slurm.ssh.known_hosts: expected an absolute path or one starting with ~/, '
+        'got "~/x\\"y"',
+        "error: clusters/x.yaml:6:51: slurm.ssh.jump: a host cannot start with '-' (ssh would read it as an option), "
+        'got "-oProxyCommand=x" (several hops: a,b)']
+
+
 def test_values_reach_the_nodes_exactly_and_never_run(project: Path, tmp_path: Path) -> None:
     marker = tmp_path / "pwned"
     hostile = {"A": f"$(touch {marker})", "B": "it's `id`; echo \"x\" \\ $HOME", "C": "a\tb"}

@@ -30,19 +30,35 @@ def _schema_file(path: str) -> dict[str, Any]:
     return schema
 
 
+FRAGMENT_SUFFIX = ".schema.json"
+
+
 def _fragment(name: str) -> str:
-    return os.path.join(BACKENDS_DIR, f"{name}.schema.json")
+    return os.path.join(BACKENDS_DIR, f"{name}{FRAGMENT_SUFFIX}")
 
 
 ROOT_REF = "../config/cluster.schema.json#"
 """How a fragment refers to the common schema's ``$defs`` (a path, so that editors resolve it too)."""
 
 
+def _local_ref(ref: str) -> str:
+    """A fragment's reference as the composed schema has it: into the common schema's ``$defs``, or into another
+    backend's fragment (``ssh.schema.json#/properties/jump``), which is that backend's section there."""
+    if ref.startswith(ROOT_REF):
+        return f"#{ref[len(ROOT_REF):]}"
+    file, _, pointer = ref.partition("#")
+    sibling = BACKENDS.get(file.removesuffix(FRAGMENT_SUFFIX)) if file.endswith(FRAGMENT_SUFFIX) else None
+    if sibling is None or not sibling.section:
+        raise ValueError(f"a backend schema refers to {ref}, which is neither {ROOT_REF}... nor a registered "
+                         "backend's fragment")
+    return f"#/properties/{sibling.section}{pointer}"
+
+
 def _inlined(node: Any) -> Any:
-    """A fragment as part of the composed schema: its references to the common schema become local."""
+    """A fragment as part of the composed schema: its references to other schema files become local."""
     if isinstance(node, dict):
-        return {key: (f"#{value[len(ROOT_REF):]}" if key == "$ref" and isinstance(value, str)
-                      and value.startswith(ROOT_REF) else _inlined(value)) for key, value in node.items()}
+        return {key: (_local_ref(value) if key == "$ref" and isinstance(value, str) else _inlined(value))
+                for key, value in node.items()}
     if isinstance(node, list):
         return [_inlined(item) for item in node]
     return node

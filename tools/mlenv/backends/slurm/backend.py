@@ -123,7 +123,7 @@ class SlurmBackend:
         """Submit the allocation (or keep the live one submitted with the same script); record its job id."""
         handle = request.handle
         job = job_from(handle)
-        login = Login(job.settings.login)
+        login = Login.of(job.settings)
         digest = hashlib.sha256(request.text.encode()).hexdigest()[:16]
         known = self._live_allocation(login, handle.name)
         if known is not None:
@@ -154,7 +154,7 @@ class SlurmBackend:
         """Slurm's pending reason live until the allocation runs; then find the master's address there."""
         job_id = self._allocation(handle)
         job = job_from(handle)
-        login = Login(job.settings.login)
+        login = Login.of(job.settings)
         what = f"allocation {job_id} of {handle.name}"
         fix = f"mlenv status shows it; mlenv clean -c {handle.name} cancels it"
         try:
@@ -187,7 +187,7 @@ class SlurmBackend:
               ) -> tuple[Login, dict[str, JobInfo], list[dict[str, Any]]]:
         """The allocation and the recorded batch jobs of ``handle`` (the newest SHOWN_JOBS with ``exit_codes``),
         as Slurm knows them now."""
-        login = Login(job_from(handle).settings.login)
+        login = Login.of(job_from(handle).settings)
         batch = recorded.jobs(handle.name)[-SHOWN_JOBS:] if exit_codes else recorded.jobs(handle.name)
         allocation = allocation_id(handle)
         ids = [*([allocation] if allocation else []), *(job["id"] for job in batch)]
@@ -227,7 +227,7 @@ class SlurmBackend:
         placeholders, which share the workdir (sync and logs need no allocation)."""
         job = job_from(handle)
         allocation = allocation_id(handle)
-        current = jobs.state(Login(job.settings.login), allocation) if allocation else None
+        current = jobs.state(Login.of(job.settings), allocation) if allocation else None
         if current is not None and current.state == "RUNNING":
             return [Node(index, host, job.workdir, ready=True) for index, host in enumerate(current.hosts)]
         return [Node(index, f"node-{index}", job.workdir) for index in range(job.nodes)]
@@ -257,18 +257,18 @@ class SlurmBackend:
                 "env", *(f"{name}={value}" for name, value in variables.items()),
                 "sh", "-c", remote.script(stop_on_stdin_eof=stop_on_stdin_eof and not interactive, secrets=secrets),
                 "sh", node.workspace, *argv]
-        return Login(job.settings.login).argv(step, tty=tty)
+        return Login.of(job.settings).argv(step, tty=tty)
 
     def copy_target(self, handle: Handle, node: Node) -> CopyTarget:
         """The workdir, on the shared filesystem: here, or on the login host over ssh."""
         job = job_from(handle)
-        return Login(job.settings.login).copy_target(job.workdir)
+        return Login.of(job.settings).copy_target(job.workdir)
 
     def logs_argv(self, handle: Handle, node: Node, follow: bool) -> list[str]:
         """The node's log of the newest run (from the shared workdir; ``follow`` ends with the node's job)."""
         job = job_from(handle)
         command = ["sh", "-c", LOGS, "sh", f"{job.workdir}/{RUNS_DIR}", str(node.ordinal), "1" if follow else ""]
-        return Login(job.settings.login).argv(command)
+        return Login.of(job.settings).argv(command)
 
     def data_volumes(self, handle: Handle) -> list[str]:
         """What ``clean --delete-data`` deletes: the runtime and runs mlenv keeps in the workdir (never the rest
@@ -295,7 +295,7 @@ class SlurmBackend:
         """Slurm reachable, the partition up with enough nodes and GPUs, the pinned nodes in it, the time
         limit within the partition's, the workdir writable and the container image there."""
         job = job_from(self.prepare(plan).handle)
-        return slurm_checks(Login(job.settings.login), job)
+        return slurm_checks(Login.of(job.settings), job)
 
     def prepare_launch(self, handle: Handle, spec: LaunchSpec) -> LaunchRequest:
         """PURE: the batch script of the run (no allocation), or the script that runs it inside the allocation."""
@@ -314,7 +314,7 @@ class SlurmBackend:
                log_dir: str) -> LaunchOutcome:
         """Run the request: inside the allocation (waiting while it is pending), or as a batch job."""
         job = job_from(handle)
-        this = run.Run(handle, job, Login(job.settings.login), request, Path(log_dir))
+        this = run.Run(handle, job, Login.of(job.settings), request, Path(log_dir))
         allocation = allocation_id(handle)
         return run.in_allocation(this, allocation, secrets) if allocation else run.batch(this, secrets)
 

@@ -20,6 +20,7 @@ from mlenv.backends.base import CopyTarget
 from mlenv.errors import OperationError, shown
 
 if TYPE_CHECKING:
+    from mlenv.backends.slurm.settings import SlurmSettings
     from mlenv.backends.ssh.hosts import HostSpec
     from mlenv.backends.ssh.transport import Transport
 
@@ -31,9 +32,20 @@ SSH_FAILED = 255
 
 @dataclass(frozen=True)
 class Login:
-    """This machine (``destination`` None) or the login host ``[user@]host[:port]``."""
+    """This machine (``destination`` None) or the login host ``[user@]host[:port]``, reached as ``slurm.ssh``
+    says (key, known_hosts, ProxyJump, connect timeout; None leaves each to ssh's own configuration)."""
 
     destination: str | None
+    identity_file: str | None = None
+    known_hosts: str | None = None
+    jump: str | None = None
+    connect_timeout: int = CONNECT_TIMEOUT
+
+    @classmethod
+    def of(cls, settings: SlurmSettings) -> Login:
+        """Where the cluster file's Slurm commands run."""
+        return cls(settings.login, settings.login_identity_file, settings.login_known_hosts, settings.login_jump,
+                   settings.login_connect_timeout or CONNECT_TIMEOUT)
 
     @property
     def where(self) -> str:
@@ -45,7 +57,8 @@ class Login:
         from mlenv.backends.ssh.hosts import parse_host
         from mlenv.backends.ssh.transport import Transport, control_dir
 
-        transport = Transport(connect_timeout=CONNECT_TIMEOUT, control_dir=control_dir(os.getuid()))
+        transport = Transport(connect_timeout=self.connect_timeout, control_dir=control_dir(os.getuid()),
+                              identity_file=self.identity_file, known_hosts=self.known_hosts, jump=self.jump)
         transport.write_config()
         return transport, parse_host(self.destination)
 

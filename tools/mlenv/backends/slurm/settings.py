@@ -58,6 +58,11 @@ class SlurmSettings:
     extra_sbatch: tuple[str, ...] = ()
     login: str | None = None
     """``[user@]host[:port]``: run Slurm commands over ssh there; None runs them on this machine."""
+    login_identity_file: str | None = None
+    login_known_hosts: str | None = None
+    login_jump: str | None = None
+    login_connect_timeout: int | None = None
+    """How ssh reaches ``login`` (``slurm.ssh``); None: ssh's own configuration decides."""
 
     def to_data(self) -> dict[str, Any]:
         """JSON-serialisable form, for handles."""
@@ -120,6 +125,19 @@ def _login(reader: ClusterReader) -> str | None:
     return str(login)
 
 
+def _login_ssh(reader: ClusterReader) -> dict[str, Any]:
+    """``slurm.ssh``: how ssh reaches the login host, checked as the ssh backend checks the same fields."""
+    from mlenv.backends.ssh.settings import jump_hosts, local_file
+
+    if reader.get("slurm", "ssh") is not None and reader.get("slurm", "login") is None:
+        reader.problem(("slurm", "ssh"), "slurm.ssh says how to reach slurm.login, which is not set: set "
+                                         "slurm.login to the login host, or remove slurm.ssh")
+    return {"login_identity_file": local_file(reader, "slurm", "ssh", "identity_file"),
+            "login_known_hosts": local_file(reader, "slurm", "ssh", "known_hosts"),
+            "login_jump": jump_hosts(reader, "slurm", "ssh", "jump"),
+            "login_connect_timeout": reader.integer("slurm", "ssh", "connect_timeout", minimum=1, maximum=300)}
+
+
 def _text(reader: ClusterReader, field: str) -> str | None:
     value = reader.get("slurm", field)
     return None if value is None else str(value)
@@ -141,4 +159,5 @@ def parse(reader: ClusterReader) -> SlurmSettings:
         setup=tuple(reader.get("slurm", "setup", default=[])),
         extra_sbatch=_extra_sbatch(reader),
         login=_login(reader),
+        **_login_ssh(reader),
     )

@@ -40,13 +40,14 @@ def _text(value: object) -> bool:
     return isinstance(value, str) and bool(value) and all(c.isprintable() and c != '"' for c in value)
 
 
-def _file(reader: ClusterReader, key: str) -> str | None:
-    """A local file: absolute or ``~/``, printable, no double quote (ssh_config quotes values with them)."""
-    value = reader.get("ssh", key)
+def local_file(reader: ClusterReader, *path: str) -> str | None:
+    """A local file for ssh (identity_file, known_hosts): absolute or ``~/``, printable, no double quote
+    (ssh_config quotes values with them)."""
+    value = reader.get(*path)
     if value is None:
         return None
     if not _text(value) or not (value.startswith(("/", "~/"))):
-        reader.problem(("ssh", key), f"expected an absolute path or one starting with ~/, got {show_value(value)}")
+        reader.problem(path, f"expected an absolute path or one starting with ~/, got {show_value(value)}")
         return None
     return str(value)
 
@@ -70,15 +71,16 @@ def _hosts(reader: ClusterReader) -> tuple[HostSpec, ...]:
     return tuple(hosts)
 
 
-def _jump(reader: ClusterReader) -> str | None:
-    value = reader.get("ssh", "jump")
+def jump_hosts(reader: ClusterReader, *path: str) -> str | None:
+    """ProxyJump host(s), ``ssh -J`` syntax: each hop a host ssh can parse."""
+    value = reader.get(*path)
     if value is None:
         return None
     for hop in str(value).split(","):
         try:
             parse_host(hop)
         except HostError as exc:
-            reader.problem(("ssh", "jump"), f"{exc}, got {show_value(value)} (several hops: a,b)")
+            reader.problem(path, f"{exc}, got {show_value(value)} (several hops: a,b)")
             return None
     return str(value)
 
@@ -119,9 +121,9 @@ def parse(reader: ClusterReader) -> SshSettings:
     return SshSettings(
         hosts=hosts,
         user=reader.get("ssh", "user"),
-        identity_file=_file(reader, "identity_file"),
-        jump=_jump(reader),
-        known_hosts=_file(reader, "known_hosts"),
+        identity_file=local_file(reader, "ssh", "identity_file"),
+        jump=jump_hosts(reader, "ssh", "jump"),
+        known_hosts=local_file(reader, "ssh", "known_hosts"),
         workdir=_workdir(reader),
         python=_python(reader),
         connect_timeout=reader.integer("ssh", "connect_timeout", default=DEFAULT_CONNECT_TIMEOUT, minimum=1,
