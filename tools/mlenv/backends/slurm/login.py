@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mlenv.backends.base import CopyTarget
+from mlenv.backends.ssh.diagnose import SSH_FAILED
+from mlenv.backends.ssh.settings import DEFAULT_CONNECT_TIMEOUT
 from mlenv.errors import OperationError, shown
 
 if TYPE_CHECKING:
@@ -26,8 +28,6 @@ if TYPE_CHECKING:
 
 CALL_TIMEOUT = 60.0
 """Seconds a Slurm command (or a file read) may take."""
-CONNECT_TIMEOUT = 10
-SSH_FAILED = 255
 
 
 @dataclass(frozen=True)
@@ -39,13 +39,13 @@ class Login:
     identity_file: str | None = None
     known_hosts: str | None = None
     jump: str | None = None
-    connect_timeout: int = CONNECT_TIMEOUT
+    connect_timeout: int = DEFAULT_CONNECT_TIMEOUT
 
     @classmethod
     def of(cls, settings: SlurmSettings) -> Login:
         """Where the cluster file's Slurm commands run."""
         return cls(settings.login, settings.login_identity_file, settings.login_known_hosts, settings.login_jump,
-                   settings.login_connect_timeout or CONNECT_TIMEOUT)
+                   settings.login_connect_timeout or DEFAULT_CONNECT_TIMEOUT)
 
     @property
     def where(self) -> str:
