@@ -228,7 +228,7 @@ def ssh_hosts(tmp_path: Path) -> Iterator[SshHostsFactory]:
     def start(count: int = 2, *, separate: bool = False, env: Mapping[str, str] | None = None) -> SshCluster:
         first = FIRST_ADDRESS + sum(len(c.hosts) for c in clusters)
         cluster = create_cluster(tmp_path / f"ssh{len(clusters)}", count, separate=separate, first_address=first,
-                                 env=env or {})
+                                 env=env)
         clusters.append(cluster)
         for host in cluster.hosts:
             cluster.start(host)
