@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 import yaml
 from click.testing import CliRunner, Result
-from mlenv.backends.base import Check, CopyTarget, Handle, Node, NodeStatus, Recorder, Request
-from mlenv.backends.fanout import FanoutJobs
-from mlenv.backends.registry import BACKENDS, BackendInfo
-from mlenv.backends.remote import script
 from mlenv.cli import main
 from mlenv.config.schema import cluster_schema
+from mlenv.core.capabilities import Check, CopyTarget, Handle, Node, NodeStatus, Recorder, Request
+from mlenv.core.fanout import FanoutJobs
+from mlenv.core.registry import BACKENDS, BackendInfo
+from mlenv.core.remote import script
 from mlenv.plan import JobPlan
 
 from tests._prereq import require

@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 import yaml
 from click.testing import CliRunner, Result
-from mlenv.backends.base import Handle, Node
 from mlenv.backends.kubernetes import explain, waiting
 from mlenv.backends.kubernetes.backend import KubernetesBackend
 from mlenv.backends.kubernetes.pods import rdma_devices
 from mlenv.backends.kubernetes.preflight import same_server
-from mlenv.backends.remote import script
 from mlenv.cli import main
+from mlenv.core.capabilities import Handle, Node
+from mlenv.core.remote import script
 from mlenv.errors import OperationError
 from mlenv.plan import load_plan
 

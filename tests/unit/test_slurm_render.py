@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
-from mlenv.backends.base import LaunchSpec
 from mlenv.backends.slurm import jobs
 from mlenv.backends.slurm.backend import SlurmBackend
 from mlenv.backends.slurm.checks import NodeRow, minutes, parse_sinfo
@@ -25,6 +24,7 @@ from mlenv.backends.slurm.login import Login
 from mlenv.backends.slurm.settings import SlurmSettings, owned_option
 from mlenv.cli import main
 from mlenv.config.model import Bind, Container
+from mlenv.core.capabilities import LaunchSpec
 from mlenv.ops.target import load_plan
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,10 +8,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from mlenv.backends import get
 from mlenv.backends.kubernetes import render as kubernetes_render
 from mlenv.backends.slurm import script as slurm_script
 from mlenv.config.discover import cluster_names
+from mlenv.core.registry import get
 from mlenv.plan import load_plan
 from mlenv.render import templates
 from mlenv.render.templates import Templates, Unsupported

@@ -141,7 +141,7 @@ def list_clusters(as_json: bool) -> None:
 
 
 def _summary(cluster: Cluster) -> dict[str, Any]:
-    from mlenv.backends.registry import BACKENDS
+    from mlenv.core.registry import BACKENDS
 
     return {
         "name": cluster.info.name, "valid": True, "file": cluster.source, "backend": cluster.backend,
@@ -173,7 +173,7 @@ def validate(cluster: str | None, cluster_ref: str | None, mode: str | None, nod
 
         print_json(summary)
         return
-    from mlenv.backends.registry import BACKENDS
+    from mlenv.core.registry import BACKENDS
 
     storage = (f", {'shared' if job.storage.shared else 'per-node'} workspace"
                if "storage" in BACKENDS[job.cluster.backend].uses else "")
@@ -377,8 +377,8 @@ def launch(cluster_ref: str | None, launcher: str, nproc: int | None, args_text:
     """
     import shlex
 
-    from mlenv.backends.base import LaunchSpec
-    from mlenv.backends.remote import NAME
+    from mlenv.core.capabilities import LaunchSpec
+    from mlenv.core.remote import NAME
     from mlenv.errors import UsageError
     from mlenv.ops import launch as launching
 

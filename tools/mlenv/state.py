@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from mlenv.backends.base import Handle
+from mlenv.core.capabilities import Handle
 from mlenv.errors import OperationError, UsageError, shown
 
 VERSION = 2
@@ -127,8 +127,8 @@ def load() -> State:
 
 def _migrate(path: Path, old: dict[str, Any]) -> State:
     """The single-deployment file of earlier versions: re-plan its cluster file to get the handle."""
-    from mlenv.backends import get
     from mlenv.config import load_cluster
+    from mlenv.core.registry import get
     from mlenv.errors import MlenvError
     from mlenv.plan import plan
 

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 import yaml
 from mlenv.backends.local.settings import LocalSettings
-from mlenv.backends.registry import BACKENDS
 from mlenv.config.model import Bind, Container
 from mlenv.config.schema import cluster_schema
+from mlenv.core.registry import BACKENDS
 
 from tests.unit.config.files import BARCELONA, LOCAL, ROOT, edited, loaded, position, problems
 

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlenv.backends.registry import BackendInfo
 from mlenv.config.load import LoadedFile
 from mlenv.config.positions import JsonPath, format_path
 from mlenv.config.quantity import QuantityError, parse_quantity
+from mlenv.core.registry import BackendInfo
 from mlenv.errors import Problem, show_value
 
 OWNED_VARIABLES = frozenset({"MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",

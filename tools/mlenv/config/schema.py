@@ -15,9 +15,9 @@ import os
 from functools import lru_cache
 from typing import Any
 
-from mlenv.backends.registry import BACKENDS, DEFAULT_BACKEND
 from mlenv.config.load import LoadedFile
 from mlenv.config.positions import JsonPath, format_path
+from mlenv.core.registry import BACKENDS, DEFAULT_BACKEND
 from mlenv.errors import Problem, show_value
 
 SCHEMA_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cluster.schema.json")

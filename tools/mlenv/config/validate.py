@@ -11,7 +11,6 @@ import importlib
 from decimal import Decimal
 from typing import Any
 
-from mlenv.backends.registry import BACKENDS, DEFAULT_BACKEND, SELECTIVE_FIELDS
 from mlenv.config.kubernetes import (
     app_name_problem,
     namespace_problem,
@@ -39,6 +38,7 @@ from mlenv.config.model import (
 from mlenv.config.quantity import QuantityError, half_of, parse_bandwidth, parse_quantity
 from mlenv.config.reader import ClusterReader, env_text
 from mlenv.config.schema import schema_problems
+from mlenv.core.registry import BACKENDS, DEFAULT_BACKEND, SELECTIVE_FIELDS
 from mlenv.errors import ConfigError
 
 

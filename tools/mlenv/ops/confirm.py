@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from mlenv.backends.base import Backend, Handle
+from mlenv.core.capabilities import Backend, Handle
 from mlenv.errors import UsageError
 from mlenv.ui import info
 

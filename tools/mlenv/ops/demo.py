@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 
 from mlenv import state
-from mlenv.backends.base import LaunchSpec
+from mlenv.core.capabilities import LaunchSpec
 from mlenv.ops.launch import launch, run_id
 from mlenv.ops.nccltest import PEAK, find_in_logs, transport
 from mlenv.ops.target import Target
@@ -63,7 +63,7 @@ def _finish(target: Target, before: Before, keep: bool) -> None:
 
 def run_demo(keep: bool = False, steps: int = 30) -> int:
     """Run the demo; 0 when training ended with a lower loss than it started with."""
-    from mlenv.backends import get
+    from mlenv.core.registry import get
     from mlenv.ops.deploy import deploy
     from mlenv.ops.sync import sync
     from mlenv.plan import load_plan

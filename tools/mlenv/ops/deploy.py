@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from mlenv.backends import get
+from mlenv.core.registry import get
 from mlenv.errors import UsageError, shown
 from mlenv.ui import warn
 
 if TYPE_CHECKING:
-    from mlenv.backends.base import Handle, Request
+    from mlenv.core.capabilities import Handle, Request
     from mlenv.plan import JobPlan
 
 

@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from mlenv import state
-from mlenv.backends import get
-from mlenv.backends.base import Backend, Check, Handle, Node
-from mlenv.backends.fanout import FanoutJobs
+from mlenv.core.capabilities import Backend, Check, Handle, Node
+from mlenv.core.fanout import FanoutJobs
+from mlenv.core.registry import get
 from mlenv.errors import MlenvError, OperationError, UsageError
 from mlenv.parallel import run_parallel
 from mlenv.plan import JobPlan

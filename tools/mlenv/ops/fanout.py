@@ -6,7 +6,7 @@ import signal
 import subprocess
 from collections.abc import Sequence
 
-from mlenv.backends.base import Backend, Handle, Node
+from mlenv.core.capabilities import Backend, Handle, Node
 from mlenv.errors import UsageError
 from mlenv.parallel import run_parallel
 

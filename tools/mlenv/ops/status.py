@@ -6,7 +6,7 @@ from dataclasses import asdict
 from typing import Any
 
 from mlenv import state
-from mlenv.backends import get
+from mlenv.core.registry import get
 from mlenv.errors import MlenvError
 from mlenv.ops.target import Target, resolve
 from mlenv.ui import error, print_json, table

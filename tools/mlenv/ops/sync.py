@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import IO, Any
 
 import mlenv
-from mlenv.backends.base import Backend, CopyTarget, Handle, Node
-from mlenv.backends.remote import RUNTIME_DIR
+from mlenv.core.capabilities import Backend, CopyTarget, Handle, Node
+from mlenv.core.remote import RUNTIME_DIR
 from mlenv.errors import ConfigError, OperationError, Problem, UsageError, shown
 from mlenv.ui import error, info, print_json, table
 

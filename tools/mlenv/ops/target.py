@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mlenv import state
-from mlenv.backends import get
-from mlenv.backends.base import Backend, Handle
+from mlenv.core.capabilities import Backend, Handle
+from mlenv.core.registry import get
 from mlenv.errors import UsageError, shown
 from mlenv.plan import JobPlan, load_plan
 

@@ -8,9 +8,6 @@ from collections.abc import Mapping, Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from mlenv.backends import remote
-from mlenv.backends.base import Check, CopyTarget, Handle, Node, NodeStatus, Recorder, Request
-from mlenv.backends.fanout import FanoutJobs
 from mlenv.backends.kubernetes.naming import (
     CONTAINER,
     DATA_KIND,
@@ -21,6 +18,9 @@ from mlenv.backends.kubernetes.naming import (
     kube_deployment,
     owned_labels,
 )
+from mlenv.core import remote
+from mlenv.core.capabilities import Check, CopyTarget, Handle, Node, NodeStatus, Recorder, Request
+from mlenv.core.fanout import FanoutJobs
 from mlenv.errors import OperationError, UsageError
 from mlenv.ui import info, warn
 

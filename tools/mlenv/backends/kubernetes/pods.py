@@ -6,7 +6,7 @@ import json
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from mlenv.backends.base import Node, NodeStatus
+from mlenv.core.capabilities import Node, NodeStatus
 
 POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"
 NETWORK_STATUS = "k8s.v1.cni.cncf.io/network-status"

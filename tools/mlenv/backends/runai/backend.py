@@ -12,9 +12,6 @@ from collections.abc import Mapping, Sequence
 from functools import cached_property
 from typing import Any
 
-from mlenv.backends import remote
-from mlenv.backends.base import Check, CopyTarget, Handle, Node, NodeStatus, Recorder, Request
-from mlenv.backends.fanout import FanoutJobs
 from mlenv.backends.kubernetes import pods as podview
 from mlenv.backends.kubernetes.client import Client, resolve_binary
 from mlenv.backends.kubernetes.preflight import (
@@ -32,6 +29,9 @@ from mlenv.backends.runai import tool
 from mlenv.backends.runai.project import check_project
 from mlenv.backends.runai.settings import RunaiSettings
 from mlenv.backends.runai.workload import Workload, ordinal
+from mlenv.core import remote
+from mlenv.core.capabilities import Check, CopyTarget, Handle, Node, NodeStatus, Recorder, Request
+from mlenv.core.fanout import FanoutJobs
 from mlenv.errors import MlenvError, OperationError, UsageError
 from mlenv.plan import JobPlan
 from mlenv.ui import info

@@ -11,8 +11,8 @@ import subprocess
 from collections.abc import Sequence
 from functools import lru_cache
 
-from mlenv.backends.base import Check
 from mlenv.backends.runai import argv as commands
+from mlenv.core.capabilities import Check
 from mlenv.errors import OperationError, UsageError
 
 CALL_TIMEOUT = 300

@@ -13,8 +13,18 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from mlenv.backends import remote
-from mlenv.backends.base import (
+from mlenv.backends.slurm import jobs, run, script
+from mlenv.backends.slurm import record as recorded
+from mlenv.backends.slurm.checks import slurm_checks
+from mlenv.backends.slurm.jobs import JobInfo
+from mlenv.backends.slurm.login import Login
+from mlenv.backends.slurm.script import SlurmJob, master_port
+from mlenv.backends.slurm.settings import SlurmSettings
+from mlenv.backends.slurm.submit import submit
+from mlenv.backends.slurm.waiting import CannotStart, wait_started
+from mlenv.config.model import Bind, Container
+from mlenv.core import remote
+from mlenv.core.capabilities import (
     Check,
     CopyTarget,
     Handle,
@@ -26,17 +36,7 @@ from mlenv.backends.base import (
     Recorder,
     Request,
 )
-from mlenv.backends.fanout import RUNS_DIR
-from mlenv.backends.slurm import jobs, run, script
-from mlenv.backends.slurm import record as recorded
-from mlenv.backends.slurm.checks import slurm_checks
-from mlenv.backends.slurm.jobs import JobInfo
-from mlenv.backends.slurm.login import Login
-from mlenv.backends.slurm.script import SlurmJob, master_port
-from mlenv.backends.slurm.settings import SlurmSettings
-from mlenv.backends.slurm.submit import submit
-from mlenv.backends.slurm.waiting import CannotStart, wait_started
-from mlenv.config.model import Bind, Container
+from mlenv.core.fanout import RUNS_DIR
 from mlenv.errors import ConfigError, OperationError, Problem, UsageError
 from mlenv.plan import JobPlan
 from mlenv.ui import info

@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from mlenv import state
-from mlenv.backends.base import Handle
+from mlenv.core.capabilities import Handle
 
 KEEP_JOBS = 50
 """The newest jobs kept per deployment."""

@@ -13,8 +13,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlenv.backends import remote
-from mlenv.backends.base import Handle, LaunchOutcome, LaunchRequest
 from mlenv.backends.slurm import jobs, record
 from mlenv.backends.slurm.jobs import JobInfo
 from mlenv.backends.slurm.login import Login
@@ -22,6 +20,8 @@ from mlenv.backends.slurm.output import NodeOutput
 from mlenv.backends.slurm.script import EXIT_FILE, OUTPUT_FILE, SlurmJob, step_name
 from mlenv.backends.slurm.submit import SubmitError, ship_runtime, submit
 from mlenv.backends.slurm.waiting import POLL_SECONDS, CannotStart, wait_started
+from mlenv.core import remote
+from mlenv.core.capabilities import Handle, LaunchOutcome, LaunchRequest
 from mlenv.errors import OperationError
 from mlenv.parallel import interrupted_by_sigterm, run_parallel
 from mlenv.ui import info

@@ -8,8 +8,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import mlenv
-from mlenv.backends.remote import read_secrets, secrets_input
 from mlenv.backends.slurm.login import Login
+from mlenv.core.remote import read_secrets, secrets_input
 from mlenv.errors import OperationError
 
 HINTS = (

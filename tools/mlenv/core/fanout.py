@@ -8,8 +8,8 @@ import json
 import shlex
 from collections.abc import Mapping, Sequence
 
-from mlenv.backends.base import Handle, LaunchOutcome, LaunchRequest, LaunchSpec, Node
-from mlenv.backends.remote import RUNTIME_DIR, secrets_input
+from mlenv.core.capabilities import Handle, LaunchOutcome, LaunchRequest, LaunchSpec, Node
+from mlenv.core.remote import RUNTIME_DIR, secrets_input
 from mlenv.errors import OperationError
 
 RUNS_DIR = f"{RUNTIME_DIR}/runs"

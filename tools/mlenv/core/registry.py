@@ -4,7 +4,13 @@ fragment (``mlenv/backends/<name>.schema.json``, validating that section) and it
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from importlib import import_module
+from typing import TYPE_CHECKING, NamedTuple, cast
+
+from mlenv.errors import UsageError
+
+if TYPE_CHECKING:
+    from mlenv.core.capabilities import Backend
 
 KUBERNETES_FIELDS = frozenset({"kubernetes_version", "app", "image", "nodes", "storage", "security", "resources",
                                "scheduling"})
@@ -64,3 +70,12 @@ BACKENDS: dict[str, BackendInfo] = {
     )
 }
 DEFAULT_BACKEND = "openshift"
+
+
+def get(name: str) -> Backend:
+    """A backend called ``name``, made now (it reads what it needs of this machine when made)."""
+    info = BACKENDS.get(name)
+    if info is None:
+        raise UsageError(f"unknown backend {name!r}: expected one of {', '.join(sorted(BACKENDS))}")
+    module, _, attribute = info.factory.partition(":")
+    return cast("Backend", getattr(import_module(module), attribute)())
