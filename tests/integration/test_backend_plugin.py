@@ -16,7 +16,7 @@ import pytest
 import yaml
 from click.testing import CliRunner, Result
 from mlenv.cli import main
-from mlenv.config.schema import cluster_schema
+from mlenv.config import schema
 from mlenv.core.capabilities import Check, CopyTarget, Handle, Node, NodeStatus, Recorder, Request
 from mlenv.core.fanout import FanoutJobs
 from mlenv.core.registry import BACKENDS, BackendInfo
@@ -48,7 +48,7 @@ class DirectoryBackend(FanoutJobs):
             Path(directory, "workspace").mkdir(parents=True, exist_ok=True)
         return request.handle
 
-    def wait_ready(self, handle: Handle, timeout: float) -> None:
+    def wait_ready(self, handle: Handle, timeout: float, record: Recorder) -> None:
         return None
 
     def status(self, handle: Handle) -> list[NodeStatus]:
@@ -87,7 +87,7 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """A project whose cluster file names the throw-away backend, registered for this test only."""
     monkeypatch.setitem(BACKENDS, "directories", BackendInfo("directories", f"{__name__}:DirectoryBackend",
                                                              cpu_nodes=True))
-    cluster_schema.cache_clear()
+    schema.cluster_schema.cache_clear()
     monkeypatch.setenv("MLENV_HOME", str(tmp_path))
     monkeypatch.chdir(tmp_path)
     (tmp_path / "clusters").mkdir()
@@ -97,7 +97,7 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
         "env: {OMP_NUM_THREADS: '1'}\n")
     yield tmp_path
     monkeypatch.undo()
-    cluster_schema.cache_clear()
+    schema.cluster_schema.cache_clear()
 
 
 def mlenv(*args: str) -> Result:

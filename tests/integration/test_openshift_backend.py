@@ -23,9 +23,9 @@ from mlenv.backends.kubernetes.pods import rdma_devices
 from mlenv.backends.kubernetes.preflight import same_server
 from mlenv.cli import main
 from mlenv.core.capabilities import Handle, Node
+from mlenv.core.clusters import load_plan
 from mlenv.core.remote import script
 from mlenv.errors import OperationError
-from mlenv.plan import load_plan
 
 from tests.fakekube.fixtures import FakeCluster, fake_kube_factory  # noqa: F401 - the fixture, re-exported
 

@@ -25,8 +25,8 @@ from mlenv.backends.runai import tool
 from mlenv.backends.runai.backend import RunaiBackend
 from mlenv.cli import main
 from mlenv.core.capabilities import Handle, Node
+from mlenv.core.clusters import load_plan
 from mlenv.core.remote import script
-from mlenv.plan import load_plan
 from mlenv.runtime.topology import detect_topology
 
 from tests._prereq import require

@@ -13,7 +13,7 @@ from mlenv.backends.runai import argv as commands
 from mlenv.backends.runai.backend import RunaiBackend
 from mlenv.backends.runai.workload import ordinal, pod_name
 from mlenv.cli import main
-from mlenv.plan import load_plan
+from mlenv.core.clusters import load_plan
 
 V1_COMMON = "V1-COMMON: run-ai/docs docs/snippets/common-submit-cli-commands.md @6c27d60a"
 V1_DIST = "V1-DIST: run-ai/docs docs/Researcher/cli-reference/runai-submit-dist-pytorch.md @106c5007"

@@ -64,7 +64,7 @@ def _one_cluster(positional: str | None, option: str | None) -> str | None:
 def _plan(cluster_ref: str | None, mode: str | None, nodes: int | None, image: str | None) -> JobPlan:
     """The plan of ``cluster_ref``, or of the current deployment (its mode, nodes and image unless given)."""
     if cluster_ref is not None:
-        from mlenv.plan import load_plan
+        from mlenv.core.clusters import load_plan
 
         return load_plan(cluster_ref, mode, nodes, image)
     from dataclasses import replace
@@ -114,8 +114,8 @@ def main() -> None:
 @reports_errors
 def list_clusters(as_json: bool) -> None:
     """List the clusters in clusters/: backend, nodes x GPUs, RDMA, storage mode."""
-    from mlenv.config import load_cluster
     from mlenv.config.discover import cluster_names
+    from mlenv.core.clusters import load_cluster
     from mlenv.errors import MlenvError
     from mlenv.ui import print_json, table
 
@@ -282,8 +282,8 @@ def sync(cluster_ref: str | None, source: str | None, delete: bool, as_json: boo
     target = _target(cluster_ref)
     from pathlib import Path
 
-    report = sync_workspace(target.backend, target.handle, source=Path(source) if source else None, delete=delete,
-                            as_json=as_json)
+    report = sync_workspace(target.backend.access, target.handle, source=Path(source) if source else None,
+                            delete=delete, as_json=as_json)
     sys.exit(0 if report.ok else 1)
 
 
@@ -298,7 +298,7 @@ def exec(cluster_ref: str | None, pod: int | None, command: tuple[str, ...]) -> 
 
     target = _target(cluster_ref)
     argv = list(command[1:] if command[:1] == ("--",) else command)
-    sys.exit(exec_all(target.backend, target.handle, argv, only=pod))
+    sys.exit(exec_all(target.backend.access, target.handle, argv, only=pod))
 
 
 @main.command()
@@ -310,7 +310,7 @@ def shell(cluster_ref: str | None, pod: int | None) -> None:
     from mlenv.ops.fanout import interactive
 
     target = _target(cluster_ref)
-    sys.exit(interactive(target.backend, target.handle, pod or 0))
+    sys.exit(interactive(target.backend.access, target.handle, pod or 0))
 
 
 @main.command()
@@ -323,7 +323,7 @@ def logs(cluster_ref: str | None, pod: int | None, follow: bool) -> None:
     from mlenv.ops.fanout import logs_all
 
     target = _target(cluster_ref)
-    sys.exit(logs_all(target.backend, target.handle, only=pod, follow=follow))
+    sys.exit(logs_all(target.backend.access, target.handle, only=pod, follow=follow))
 
 
 @main.command()
@@ -332,7 +332,7 @@ def logs(cluster_ref: str | None, pod: int | None, follow: bool) -> None:
 def stop(cluster_ref: str | None) -> None:
     """Stop the running job on every node; the environment stays."""
     target = _target(cluster_ref)
-    sys.exit(target.backend.stop(target.handle))
+    sys.exit(target.backend.jobs.stop(target.handle))
 
 
 @main.command()
@@ -348,11 +348,11 @@ def clean(cluster_ref: str | None, delete_data: bool, yes: bool) -> None:
     if delete_data and not yes:
         from mlenv.ops.confirm import confirm_data_deletion
 
-        if not confirm_data_deletion(target.backend, target.handle):
+        if not confirm_data_deletion(target.backend.deploy, target.handle):
             click.echo("nothing deleted", err=True)
             sys.exit(1)
     with state.deploying(target.handle.name):
-        target.backend.clean(target.handle, delete_data=delete_data)
+        target.backend.deploy.clean(target.handle, delete_data=delete_data)
     state.forget(target.handle.name)
 
 

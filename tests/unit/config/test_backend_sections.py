@@ -12,7 +12,7 @@ import pytest
 import yaml
 from mlenv.backends.local.settings import LocalSettings
 from mlenv.config.model import Bind, Container
-from mlenv.config.schema import cluster_schema
+from mlenv.core.clusters import cluster_schema
 from mlenv.core.registry import BACKENDS
 
 from tests.unit.config.files import BARCELONA, LOCAL, ROOT, edited, loaded, position, problems

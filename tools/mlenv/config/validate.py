@@ -7,9 +7,7 @@ sections it ignores (a warning), and which settings parser reads its own section
 
 from __future__ import annotations
 
-import importlib
 from decimal import Decimal
-from typing import Any
 
 from mlenv.config.kubernetes import (
     app_name_problem,
@@ -36,9 +34,8 @@ from mlenv.config.model import (
     Tcp,
 )
 from mlenv.config.quantity import QuantityError, half_of, parse_bandwidth, parse_quantity
-from mlenv.config.reader import ClusterReader, env_text
+from mlenv.config.reader import BackendTable, ClusterReader, env_text
 from mlenv.config.schema import schema_problems
-from mlenv.core.registry import BACKENDS, DEFAULT_BACKEND, SELECTIVE_FIELDS
 from mlenv.errors import ConfigError
 
 
@@ -226,30 +223,22 @@ def _container(reader: ClusterReader) -> Container | None:
                      env=reader.env("container", "env"))
 
 
-def _backend_settings(reader: ClusterReader) -> object | None:
-    """The backend's own section, parsed by the function its registry entry names."""
-    if reader.backend.settings is None:
-        return None
-    module, _, function = reader.backend.settings.partition(":")
-    parse: Any = getattr(importlib.import_module(module), function)
-    return parse(reader)
-
-
-def _warn_ignored_sections(reader: ClusterReader) -> None:
+def _warn_ignored_sections(reader: ClusterReader, table: BackendTable) -> None:
     """Sections the file's backend does not read are a warning, never silently dropped."""
     backend = reader.backend
-    owners = {info.section: info.name for info in BACKENDS.values() if info.section}
+    owners = {info.section: info.name for info in table.backends.values() if info.section}
     for key in reader.data:
-        if key in SELECTIVE_FIELDS and key not in backend.uses:
+        if key in table.selective and key not in backend.uses:
             reader.warn(f"{key}: is ignored: backend {backend.name} does not use it")
         elif key in owners and owners[key] != backend.name:
             reader.warn(f"{key}: is ignored: backend is {backend.name}")
 
 
-def build_cluster(loaded: LoadedFile) -> Cluster:
-    """Turn a schema-valid file into a ``Cluster``, raising ConfigError with every semantic problem."""
-    reader = ClusterReader(loaded, BACKENDS[loaded.data.get("backend") or DEFAULT_BACKEND])
-    _warn_ignored_sections(reader)
+def build_cluster(loaded: LoadedFile, table: BackendTable) -> Cluster:
+    """Turn a schema-valid file into a ``Cluster``, raising ConfigError with every semantic problem; ``table``
+    is the backend registry's rules, handed down by ``mlenv.core.clusters``."""
+    reader = ClusterReader(loaded, table.backends[loaded.data.get("backend") or table.default])
+    _warn_ignored_sections(reader, table)
     gpu_nodes = _gpu_nodes(reader)
     storage = _storage(reader)
     requests, limits = _resources(reader, storage)
@@ -277,7 +266,7 @@ def build_cluster(loaded: LoadedFile) -> Cluster:
         env=reader.env("env"),
         container=_container(reader),
         expected_busbw_gbytes=_busbw_gbytes(reader),
-        settings=_backend_settings(reader),
+        settings=reader.backend.parse_settings(reader),
         notes=reader.get("notes"),
         warnings=tuple(reader.warnings),
         positions=dict(loaded.positions),
@@ -287,9 +276,10 @@ def build_cluster(loaded: LoadedFile) -> Cluster:
     return cluster
 
 
-def validate(loaded: LoadedFile) -> Cluster:
-    """Schema-check then semantically check ``loaded``; all problems are reported at once."""
-    problems = schema_problems(loaded)
+def validate(loaded: LoadedFile, table: BackendTable) -> Cluster:
+    """Schema-check then semantically check ``loaded`` against the registry's ``table``; all problems are
+    reported at once."""
+    problems = schema_problems(loaded, table)
     if problems:
         raise ConfigError(problems)
-    return build_cluster(loaded)
+    return build_cluster(loaded, table)

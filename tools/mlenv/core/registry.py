@@ -1,16 +1,41 @@
-"""Every backend, by name, in one table: where its code lives (imported only when used) and what of a cluster
-file it reads. Adding a backend is its module, one line here, and, when it has a section of its own, its schema
-fragment (``mlenv/backends/<name>.schema.json``, validating that section) and its settings parser."""
+"""Every backend, by name, in one table: where its code lives (imported only when used), the capabilities it
+implements and what of a cluster file it reads. Adding a backend is its module, one line here, and, when it has a
+section of its own, its schema fragment (``mlenv/backends/<name>.schema.json``, validating that section) and its
+settings parser.
+
+``get`` makes a backend; ops ask the result for the capability they need (``backend.jobs``), and a capability the
+backend lacks is a one-line UsageError (exit 2) naming the backend and what to use instead, never an AttributeError.
+The cluster-file rules (section, settings parser, ...) are handed down to ``mlenv.config`` from here
+(``config_rules``): config imports nothing above it."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from importlib import import_module
-from typing import TYPE_CHECKING, NamedTuple, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
 
+from mlenv.config.reader import BackendTable
+from mlenv.core.capabilities import (
+    CAPABILITIES,
+    CHECKS,
+    DEPLOY,
+    JOBS,
+    NODE_ACCESS,
+    Capability,
+    Checks,
+    Deploy,
+    Handle,
+    Jobs,
+    NodeAccess,
+)
 from mlenv.errors import UsageError
 
 if TYPE_CHECKING:
-    from mlenv.core.capabilities import Backend
+    from mlenv.config.reader import ClusterReader
+
+C = TypeVar("C")
+ALL = frozenset(capability.name for capability in CAPABILITIES)
 
 KUBERNETES_FIELDS = frozenset({"kubernetes_version", "app", "image", "nodes", "storage", "security", "resources",
                                "scheduling"})
@@ -47,6 +72,21 @@ class BackendInfo(NamedTuple):
     machines: tuple[str, ...] | None = None
     """Path of the file's list of machines, one node each (``ssh.hosts``): ``gpus.default_nodes`` defaults to
     its length instead of 2, so every listed machine is used unless the file asks for fewer."""
+    capabilities: frozenset[str] = ALL
+    """Which of ``core.capabilities.CAPABILITIES`` it implements (by name); the conformance suite runs each."""
+    instead: Mapping[str, str] = {}
+    """Capability name -> what to use instead, where better than the capability's own advice."""
+    keeps_records: bool = False
+    """Reads and records what it submitted (batch jobs) itself: its factory takes the ``Records`` it is handed
+    (``mlenv.state.RECORDS``), as backends never import state."""
+
+    def parse_settings(self, reader: ClusterReader) -> object | None:
+        """Its own section, parsed by the function ``settings`` names (None without one)."""
+        if self.settings is None:
+            return None
+        module, _, function = self.settings.partition(":")
+        parse: Any = getattr(import_module(module), function)
+        return parse(reader)
 
 
 BACKENDS: dict[str, BackendInfo] = {
@@ -60,7 +100,7 @@ BACKENDS: dict[str, BackendInfo] = {
                     uses=frozenset({"app", "storage"})),
         BackendInfo("slurm", "mlenv.backends.slurm.backend:SlurmBackend", section="slurm",
                     settings="mlenv.backends.slurm.settings:parse", cpu_nodes=True, uses=CONTAINER_FIELDS,
-                    machines=("slurm", "nodelist")),
+                    machines=("slurm", "nodelist"), keeps_records=True),
         BackendInfo("runai", "mlenv.backends.runai.backend:RunaiBackend", section="runai",
                     settings="mlenv.backends.runai.settings:parse",
                     uses=frozenset({"app", "image", "storage", "security"})),
@@ -72,10 +112,71 @@ BACKENDS: dict[str, BackendInfo] = {
 DEFAULT_BACKEND = "openshift"
 
 
-def get(name: str) -> Backend:
-    """A backend called ``name``, made now (it reads what it needs of this machine when made)."""
+CONFIG_RULES = BackendTable(BACKENDS, DEFAULT_BACKEND, SELECTIVE_FIELDS)
+"""What mlenv.config needs of the registry, handed down to it (core.clusters)."""
+
+
+class Records(Protocol):
+    """What a backend may read and record of mlenv's records (``mlenv.state.RECORDS`` provides it), by deployment
+    name: the recorded handle, and the batch jobs submitted whether or not the cluster is deployed."""
+
+    def handle_of(self, name: str) -> Handle | None:
+        """The recorded deployment's handle, if ``name`` is recorded."""
+
+    def jobs_of(self, name: str) -> tuple[dict[str, Any], ...]:
+        """The jobs recorded for ``name``, oldest first."""
+
+    def add_job(self, name: str, job: dict[str, Any], keep: int) -> None:
+        """Record ``job`` for ``name``, keeping the newest ``keep``."""
+
+
+@dataclass(frozen=True)
+class Backend:
+    """A backend made by ``get``: ask it for the capability an operation needs."""
+
+    info: BackendInfo
+    impl: object
+
+    @property
+    def name(self) -> str:
+        return self.info.name
+
+    def has(self, capability: Capability[Any]) -> bool:
+        """Whether the backend declares and implements ``capability``."""
+        return capability.name in self.info.capabilities and isinstance(self.impl, capability.protocol)
+
+    def need(self, capability: Capability[C]) -> C:
+        """The backend as ``capability``; UsageError (one line, exit 2) naming the backend and what to use
+        instead when it lacks it."""
+        impl = self.impl
+        if capability.name in self.info.capabilities and isinstance(impl, capability.protocol):
+            return impl
+        instead = self.info.instead.get(capability.name, capability.instead)
+        raise UsageError(f"the {self.name} backend cannot {capability.does}; {instead}")
+
+    @property
+    def deploy(self) -> Deploy:
+        return self.need(DEPLOY)
+
+    @property
+    def access(self) -> NodeAccess:
+        return self.need(NODE_ACCESS)
+
+    @property
+    def jobs(self) -> Jobs:
+        return self.need(JOBS)
+
+    @property
+    def checks(self) -> Checks:
+        return self.need(CHECKS)
+
+
+def get(name: str, records: Records) -> Backend:
+    """A backend called ``name``, made now (it reads what it needs of this machine when made); a backend that keeps
+    records is handed ``records``."""
     info = BACKENDS.get(name)
     if info is None:
         raise UsageError(f"unknown backend {name!r}: expected one of {', '.join(sorted(BACKENDS))}")
     module, _, attribute = info.factory.partition(":")
-    return cast("Backend", getattr(import_module(module), attribute)())
+    factory: Any = getattr(import_module(module), attribute)
+    return Backend(info, factory(records) if info.keeps_records else factory())

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from mlenv.core.capabilities import Backend, Handle
+from mlenv.core.capabilities import Deploy, Handle
 from mlenv.errors import UsageError
 from mlenv.ui import info
 
@@ -32,7 +32,7 @@ def ask(question: str) -> bool:
     return answer.decode(errors="replace").strip().lower() in ("y", "yes")
 
 
-def confirm_data_deletion(backend: Backend, handle: Handle) -> bool:
+def confirm_data_deletion(backend: Deploy, handle: Handle) -> bool:
     """List the volumes ``--delete-data`` deletes and ask; True to go ahead (also when there are none)."""
     volumes = backend.data_volumes(handle)
     if not volumes:

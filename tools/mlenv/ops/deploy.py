@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from mlenv.core.registry import get
 from mlenv.errors import UsageError, shown
 from mlenv.ui import warn
 
@@ -15,7 +14,9 @@ if TYPE_CHECKING:
 
 def prepared(job: JobPlan) -> Request:
     """The backend's request for ``job``, with every warning of the plan and the request printed once."""
-    request = get(job.cluster.backend).prepare(job)
+    from mlenv.ops.target import backend_of
+
+    request = backend_of(job.cluster.backend).deploy.prepare(job)
     for message in (*job.warnings, *request.warnings):
         warn(message)
     return request
@@ -40,8 +41,9 @@ def deploy(job: JobPlan, image: str | None, timeout: float) -> Handle:
     from pathlib import Path
 
     from mlenv import state
+    from mlenv.ops.target import backend_of
 
-    backend = get(job.cluster.backend)
+    backend = backend_of(job.cluster.backend).deploy
     request = prepared(job)
     cluster_file = str(Path(job.cluster.source).resolve())
     _check_name(job, cluster_file)
@@ -51,5 +53,5 @@ def deploy(job: JobPlan, image: str | None, timeout: float) -> Handle:
 
     with state.deploying(job.name):
         handle = backend.apply(request, record)
-        backend.wait_ready(handle, timeout)
+        backend.wait_ready(handle, timeout, record)
     return handle

@@ -20,9 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from mlenv import state
-from mlenv.core.capabilities import Backend, Check, Handle, Node
+from mlenv.core.capabilities import Check, Handle, Node, NodeAccess
 from mlenv.core.fanout import FanoutJobs
-from mlenv.core.registry import get
 from mlenv.errors import MlenvError, OperationError, UsageError
 from mlenv.parallel import run_parallel
 from mlenv.plan import JobPlan
@@ -69,14 +68,14 @@ class NodeReport:
         return (self.report or {}).get("facts") or {}
 
 
-def runtime_command(backend: Backend, handle: Handle, *args: str) -> list[str]:
+def runtime_command(backend: NodeAccess, handle: Handle, *args: str) -> list[str]:
     """``python3 -m mlenv.runtime ARGS`` with the Python the backend runs the runtime with."""
     if isinstance(backend, FanoutJobs):
         return backend.runtime(handle, *args)
     return ["python3", "-m", "mlenv.runtime", *args]
 
 
-def ship_runtime(backend: Backend, handle: Handle, extra: Mapping[str, Path] | None = None) -> list[str]:
+def ship_runtime(backend: NodeAccess, handle: Handle, extra: Mapping[str, Path] | None = None) -> list[str]:
     """Copy the runtime, and ``extra`` (path in the workspace -> local file), to every node the way ``mlenv sync``
     does, so that nothing needs a sync first; the copy's table goes to stderr. The errors, one per failed node."""
     from mlenv.ops.sync import sync
@@ -93,7 +92,7 @@ def ship_runtime(backend: Backend, handle: Handle, extra: Mapping[str, Path] | N
     return [f"{row.pod}: {row.result}" for row in report.pods if not row.ok]
 
 
-def node_reports(backend: Backend, handle: Handle, nodes: Sequence[Node],
+def node_reports(backend: NodeAccess, handle: Handle, nodes: Sequence[Node],
                  rendezvous: float | None = None) -> dict[int, NodeReport]:
     """The runtime's ``doctor --json`` on every node at once (with ``rendezvous``: node 0 listens that long)."""
     args = ["doctor", "--json", *(["--rendezvous", str(rendezvous)] if rendezvous else [])]
@@ -204,7 +203,7 @@ def _recorded(cluster_ref: str | None) -> state.Deployment | None:
         return None
 
 
-def deployed_checks(backend: Backend, deployment: state.Deployment, gpus_per_node: int) -> list[Check]:
+def deployed_checks(backend: NodeAccess, deployment: state.Deployment, gpus_per_node: int) -> list[Check]:
     """The checks on the nodes of a recorded deployment; one WARN when none is running."""
     from mlenv.ui import spinner
 
@@ -227,12 +226,13 @@ def deployed_checks(backend: Backend, deployment: state.Deployment, gpus_per_nod
 
 def run_doctor(job: JobPlan, cluster_ref: str | None, as_json: bool) -> int:
     """Print every check; 1 when any FAILs. ``cluster_ref``: what the user named (None: the current deployment)."""
+    from mlenv.ops.target import backend_of
     from mlenv.ui import print_json, table
 
-    backend = get(job.cluster.backend)
-    before = backend.checks(job)
+    backend = backend_of(job.cluster.backend)
+    before = backend.checks.checks(job)
     deployment = _recorded(cluster_ref)
-    after = deployed_checks(backend, deployment, job.gpus_per_node) if deployment else []
+    after = deployed_checks(backend.access, deployment, job.gpus_per_node) if deployment else []
     if as_json:
         print_json({"cluster": job.name, "backend": job.cluster.backend, "mode": job.mode,
                     "deployment": deployment.name if deployment else None,

@@ -6,12 +6,12 @@ import signal
 import subprocess
 from collections.abc import Sequence
 
-from mlenv.core.capabilities import Backend, Handle, Node
+from mlenv.core.capabilities import Handle, Node, NodeAccess
 from mlenv.errors import UsageError
 from mlenv.parallel import run_parallel
 
 
-def select_nodes(backend: Backend, handle: Handle, only: int | None) -> list[Node]:
+def select_nodes(backend: NodeAccess, handle: Handle, only: int | None) -> list[Node]:
     """Every node, or just node ``only`` (UsageError naming the valid ordinals when it does not exist)."""
     nodes = backend.nodes(handle)
     if only is None:
@@ -23,21 +23,21 @@ def select_nodes(backend: Backend, handle: Handle, only: int | None) -> list[Nod
     return chosen
 
 
-def exec_all(backend: Backend, handle: Handle, argv: Sequence[str], only: int | None = None) -> int:
+def exec_all(backend: NodeAccess, handle: Handle, argv: Sequence[str], only: int | None = None) -> int:
     """Run ``argv`` on every node (or node ``only``) at once; 0 when all succeeded."""
     nodes = select_nodes(backend, handle, only)
     commands = {n.ordinal: backend.exec_argv(handle, n, argv, stop_on_stdin_eof=True) for n in nodes}
     return run_parallel(commands, keep_stdin=True).exit_code
 
 
-def logs_all(backend: Backend, handle: Handle, only: int | None = None, follow: bool = False) -> int:
+def logs_all(backend: NodeAccess, handle: Handle, only: int | None = None, follow: bool = False) -> int:
     """Print (or follow) the logs of every node (or node ``only``), prefixed ``[node-N]``."""
     nodes = select_nodes(backend, handle, only)
     result = run_parallel({n.ordinal: backend.logs_argv(handle, n, follow) for n in nodes}, keep_stdin=follow)
     return 0 if result.interrupted and follow else result.exit_code
 
 
-def interactive(backend: Backend, handle: Handle, ordinal: int) -> int:
+def interactive(backend: NodeAccess, handle: Handle, ordinal: int) -> int:
     """An interactive shell (bash when the node has it) on node ``ordinal``, in its workspace."""
     (node,) = select_nodes(backend, handle, ordinal)
     shell = ["sh", "-c", "command -v bash >/dev/null 2>&1 && exec bash -i || exec sh -i"]

@@ -69,7 +69,7 @@ def _secrets(names: tuple[str, ...]) -> dict[str, str]:
 
 def dry_run(target: Target, spec: LaunchSpec) -> str:
     """What ``launch`` would run, as the backend prints it (secret values masked)."""
-    return target.backend.prepare_launch(target.handle, spec).text
+    return target.backend.jobs.prepare_launch(target.handle, spec).text
 
 
 def launch(target: Target, spec: LaunchSpec) -> LaunchResult:
@@ -77,12 +77,12 @@ def launch(target: Target, spec: LaunchSpec) -> LaunchResult:
     from mlenv.ui import error, info
 
     secrets = _secrets(spec.secrets)
-    request = target.backend.prepare_launch(target.handle, spec)
+    request = target.backend.jobs.prepare_launch(target.handle, spec)
     run_dir = _run_dir(spec.run_id)
     info(f"launching {spec.script} with {spec.launcher} on {target.handle.nodes} nodes of {target.handle.name}"
          f"{' (detached)' if spec.detach else ''}; logs in {run_dir}")
     started = time.monotonic()
-    outcome = target.backend.launch(target.handle, request, secrets, str(run_dir))
+    outcome = target.backend.jobs.launch(target.handle, request, secrets, str(run_dir))
     result = LaunchResult(outcome, spec.run_id, run_dir, round(time.monotonic() - started, 1))
     if spec.detach:
         _remember(target, spec)

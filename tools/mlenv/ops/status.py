@@ -6,9 +6,9 @@ from dataclasses import asdict
 from typing import Any
 
 from mlenv import state
-from mlenv.core.registry import get
+from mlenv.core.capabilities import JOBS
 from mlenv.errors import MlenvError
-from mlenv.ops.target import Target, resolve
+from mlenv.ops.target import Target, backend_of, resolve
 from mlenv.ui import error, print_json, table
 
 
@@ -23,14 +23,18 @@ def _report(target: Target, current: str | None, tolerant: bool) -> dict[str, An
         "runs": list(target.recorded.runs) if target.recorded else [],
     }
     try:
-        report["pods"] = [asdict(row) for row in target.backend.status(handle)]
-        if report["runs"] and report["pods"]:
+        report["pods"] = [asdict(row) for row in target.backend.deploy.status(handle)]
+        if report["runs"] and report["pods"] and target.backend.has(JOBS):
             latest = report["runs"][-1]["id"]
-            report["run_states"] = {str(n): s for n, s in target.backend.run_states(handle, latest).items()}
+            report["run_states"] = {str(n): s for n, s in target.backend.jobs.run_states(handle, latest).items()}
     except MlenvError as exc:
         if not tolerant:
             raise
         report["pods"], report["error"] = [], str(exc)
+    except Exception as exc:  # with --all, one deployment's failure never hides the others
+        if not tolerant:
+            raise
+        report["pods"], report["error"] = [], f"cannot query it: {type(exc).__name__}: {exc}"
     return report
 
 
@@ -60,14 +64,26 @@ def _print(report: dict[str, Any]) -> None:
               "mlenv logs -f follows it, mlenv stop stops it")
 
 
+def _recorded(deployment: state.Deployment) -> Target | dict[str, Any]:
+    """The target of a recorded deployment, or (an unknown backend) its report with the error."""
+    try:
+        return Target(backend_of(deployment.backend), deployment.handle, deployment)
+    except MlenvError as exc:
+        return {"name": deployment.name, "cluster": deployment.name, "backend": deployment.backend,
+                "mode": deployment.mode, "nodes": deployment.nodes, "namespace": None, "current": False,
+                "deployed": True, "cluster_file": deployment.cluster_file, "runs": list(deployment.runs), "pods": [],
+                "error": str(exc)}
+
+
 def show(cluster_ref: str | None, every: bool, as_json: bool) -> int:
     """Print the status; 1 when a deployment could not be queried."""
     recorded = state.load()
     if every:
-        targets = [Target(get(d.backend), d.handle, d) for _, d in sorted(recorded.deployments.items())]
+        targets: list[Target | dict[str, Any]] = [_recorded(d) for _, d in sorted(recorded.deployments.items())]
     else:
         targets = [resolve(cluster_ref)]
-    reports = [_report(target, recorded.current, tolerant=every) for target in targets]
+    reports = [_report(target, recorded.current, tolerant=every) if isinstance(target, Target) else target
+               for target in targets]
     if as_json:
         print_json({"deployments": reports} if every else reports[0])
     else:

@@ -5,13 +5,18 @@ never stops status, exec or clean."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 from mlenv import state
-from mlenv.core.capabilities import Backend, Handle
-from mlenv.core.registry import get
+from mlenv.core.capabilities import Handle
+from mlenv.core.clusters import load_plan
+from mlenv.core.registry import Backend, get
 from mlenv.errors import UsageError, shown
-from mlenv.plan import JobPlan, load_plan
+from mlenv.plan import JobPlan
+
+
+def backend_of(name: str) -> Backend:
+    """The backend called ``name``, handed mlenv's records."""
+    return get(name, state.RECORDS)
 
 
 @dataclass(frozen=True)
@@ -48,17 +53,12 @@ def resolve(cluster_ref: str | None) -> Target:
     current one without it, else the cluster file's plan (not deployed)."""
     if cluster_ref is None:
         deployment = state.current()
-        return Target(get(deployment.backend), deployment.handle, deployment)
+        return Target(backend_of(deployment.backend), deployment.handle, deployment)
     recorded = state.load()
     try:
         deployment = state.find(recorded, cluster_ref)
     except UsageError:
         job = load_plan(cluster_ref)
-        backend = get(job.cluster.backend)
-        return Target(backend, backend.prepare(job).handle, None, job)
-    return Target(get(deployment.backend), deployment.handle, deployment)
-
-
-def cluster_path(job: JobPlan) -> str:
-    """How the state names a plan's cluster file: its absolute path."""
-    return str(Path(job.cluster.source).resolve())
+        backend = backend_of(job.cluster.backend)
+        return Target(backend, backend.deploy.prepare(job).handle, None, job)
+    return Target(backend_of(deployment.backend), deployment.handle, deployment)

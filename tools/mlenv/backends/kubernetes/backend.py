@@ -132,7 +132,7 @@ class KubernetesBackend(FanoutJobs):
              "(server-side, field manager mlenv)")
         return request.handle
 
-    def wait_ready(self, handle: Handle, timeout: float) -> None:
+    def wait_ready(self, handle: Handle, timeout: float, record: Recorder) -> None:
         """Live view until every pod is Ready on the latest spec; plain-words reasons when not."""
         from mlenv.backends.kubernetes.preflight import explained
         from mlenv.backends.kubernetes.waiting import wait_ready

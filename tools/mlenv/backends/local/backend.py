@@ -229,7 +229,7 @@ class LocalBackend(FanoutJobs):
             log.write(f"{message}, workspace {workspace}\n")
         info(message)
 
-    def wait_ready(self, handle: Handle, timeout: float) -> None:
+    def wait_ready(self, handle: Handle, timeout: float, record: Recorder) -> None:
         """Local pods are ready once made; a broken one is named."""
         broken = [row.name for row in self.status(handle) if not row.ready]
         if broken:

@@ -124,7 +124,7 @@ class RunaiBackend(FanoutJobs):
         info(result.stdout.strip() or f"submitted {workload.name} to project {workload.project}")
         return request.handle
 
-    def wait_ready(self, handle: Handle, timeout: float) -> None:
+    def wait_ready(self, handle: Handle, timeout: float, record: Recorder) -> None:
         """Live view until every pod of the workload is Ready; plain-words reasons when not."""
         workload, client = self._connected(handle)
         with explained(workload.target(client.flavour), client.flavour):

@@ -37,6 +37,7 @@ from mlenv.core.capabilities import (
     Request,
 )
 from mlenv.core.fanout import RUNS_DIR
+from mlenv.core.registry import Records
 from mlenv.errors import ConfigError, OperationError, Problem, UsageError
 from mlenv.plan import JobPlan
 from mlenv.ui import info
@@ -105,6 +106,10 @@ class SlurmBackend:
 
     name = "slurm"
 
+    def __init__(self, records: Records) -> None:
+        self.records = records
+        """mlenv's records (the recorded deployment, the batch jobs submitted), handed to the backend."""
+
     def prepare(self, plan: JobPlan) -> Request:
         """PURE: the allocation's sbatch script, and the handle every later verb works from."""
         settings = _settings(plan)
@@ -140,17 +145,14 @@ class SlurmBackend:
         info(f"allocation {job_id} submitted: {job.nodes} nodes of partition {job.settings.partition}")
         return handle
 
-    @staticmethod
-    def _live_allocation(login: Login, name: str) -> Handle | None:
-        from mlenv import state
-
-        known = state.load().deployments.get(name)
-        job_id = allocation_id(known.handle) if known and known.backend == "slurm" else None
+    def _live_allocation(self, login: Login, name: str) -> Handle | None:
+        known = self.records.handle_of(name)
+        job_id = allocation_id(known) if known and known.backend == self.name else None
         if known is None or job_id is None or not jobs.state(login, job_id).live:
             return None
-        return known.handle
+        return known
 
-    def wait_ready(self, handle: Handle, timeout: float) -> None:
+    def wait_ready(self, handle: Handle, timeout: float, record: Recorder) -> None:
         """Slurm's pending reason live until the allocation runs; then find the master's address there."""
         job_id = self._allocation(handle)
         job = job_from(handle)
@@ -173,7 +175,7 @@ class SlurmBackend:
         master = address[0] if address else head
         allocation = {**handle.data["allocation"], "master_addr": master}
         env = {**handle.env, "MASTER_ADDR": master, "MASTER_PORT": str(master_port(job_id))}
-        recorded.update_handle(replace(handle, env=env, data={**handle.data, "allocation": allocation}))
+        record(replace(handle, env=env, data={**handle.data, "allocation": allocation}))
         info(f"{what} is running on {current.nodelist}; master {head} at {master}:{master_port(job_id)}")
 
     @staticmethod
@@ -188,7 +190,8 @@ class SlurmBackend:
         """The allocation and the recorded batch jobs of ``handle`` (the newest SHOWN_JOBS with ``exit_codes``),
         as Slurm knows them now."""
         login = Login.of(job_from(handle).settings)
-        batch = recorded.jobs(handle.name)[-SHOWN_JOBS:] if exit_codes else recorded.jobs(handle.name)
+        submitted = recorded.jobs(self.records, handle.name)
+        batch = submitted[-SHOWN_JOBS:] if exit_codes else submitted
         allocation = allocation_id(handle)
         ids = [*([allocation] if allocation else []), *(job["id"] for job in batch)]
         return login, jobs.query(login, ids, exit_codes), batch
@@ -314,7 +317,7 @@ class SlurmBackend:
                log_dir: str) -> LaunchOutcome:
         """Run the request: inside the allocation (waiting while it is pending), or as a batch job."""
         job = job_from(handle)
-        this = run.Run(handle, job, Login.of(job.settings), request, Path(log_dir))
+        this = run.Run(handle, job, Login.of(job.settings), request, Path(log_dir), self.records)
         allocation = allocation_id(handle)
         return run.in_allocation(this, allocation, secrets) if allocation else run.batch(this, secrets)
 
@@ -332,6 +335,22 @@ class SlurmBackend:
         login.ok(["scancel", *targets])
         info(f"cancelled {', '.join(targets)}")
         return 0
+
+    def run_states(self, handle: Handle, run_id: str) -> dict[int, str]:
+        """Node ordinal -> ``exited (N)`` from the node's exit file in the shared run directory, else ``running``
+        while the run's step (in the allocation) or batch job is live, else ``-``."""
+        job = job_from(handle)
+        login, found, batch = self._jobs(handle)
+        live = any(found[submitted["id"]].live for submitted in batch if submitted.get("run") == run_id)
+        allocation = allocation_id(handle)
+        if not live and allocation is not None and found[allocation].state == "RUNNING":
+            steps = login.ok(["squeue", "-h", "-s", f"--jobs={allocation}", "-o", "%j"]).split()
+            live = script.step_name(run_id) in steps
+        states: dict[int, str] = {}
+        for node in range(job.nodes):
+            code = login.read(f"{job.run_path(run_id)}/node{node}.exit", 0).decode(errors="replace").strip()
+            states[node] = f"exited ({code})" if code.isdigit() else "running" if live else "-"
+        return states
 
 
 def _job_detail(login: Login, job: SlurmJob, run_id: str, current: JobInfo) -> str | None:

@@ -101,7 +101,7 @@ class SshBackend(FanoutJobs):
              "then mlenv launch SCRIPT")
         return handle
 
-    def wait_ready(self, handle: Handle, timeout: float) -> None:
+    def wait_ready(self, handle: Handle, timeout: float, record: Recorder) -> None:
         """Hosts are ready once deploy checked them; each must still answer (through its open connection)."""
         target = SshTarget.of(handle)
         target.deployed(handle.name)
