@@ -34,13 +34,14 @@ install-train: ## install + torch (CPU) and deepspeed
 install-system: ## install + Debian packages (rsync, iproute2, slurm, munge, openssh) and kubectl when missing
 	@scripts/install.sh system
 
-test: ## Install everything the tests need, then run them
+test: lint ## make lint, install everything the tests need, then run the tests
 	@scripts/install.sh train system scan
 	@scripts/test.sh
 
-lint: install ## ruff (with bandit S rules) and mypy
+lint: install ## ruff (with bandit S rules), mypy --strict and import-linter (the layers of docs/architecture.md)
 	"$$VENV/bin/ruff" check .
 	"$$VENV/bin/mypy"
+	"$$VENV/bin/lint-imports"
 
 bench: ## Benchmarks (ratios against a reference run in the same process)
 	@scripts/install.sh train system

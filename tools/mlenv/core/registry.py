@@ -10,7 +10,7 @@ The cluster-file rules (section, settings parser, ...) are handed down to ``mlen
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib import import_module
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
@@ -85,7 +85,7 @@ class BackendInfo(NamedTuple):
         if self.settings is None:
             return None
         module, _, function = self.settings.partition(":")
-        parse: Any = getattr(import_module(module), function)
+        parse: Callable[[ClusterReader], object] = getattr(import_module(module), function)
         return parse(reader)
 
 

@@ -152,9 +152,9 @@ class KubernetesBackend(FanoutJobs):
 
     def status(self, handle: Handle) -> list[NodeStatus]:
         """Every pod of the deployment from one list call, in ordinal order."""
-        from mlenv.backends.kubernetes import pods as podview
+        from mlenv.backends.kubernetes import explain
 
-        return podview.statuses(self._pods(handle)[1])
+        return explain.statuses(self._pods(handle)[1])
 
     def nodes(self, handle: Handle) -> list[Node]:
         """The running pods, in ordinal order."""

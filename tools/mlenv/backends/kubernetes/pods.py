@@ -92,17 +92,6 @@ def pod_status(pod: dict[str, Any], index: int, detail: str | None) -> NodeStatu
     )
 
 
-def statuses(pods: dict[int, dict[str, Any]]) -> list[NodeStatus]:
-    """The ``status`` rows of pods keyed by ordinal, in ordinal order, each with why it is not Ready."""
-    from mlenv.backends.kubernetes.explain import pod_trouble
-
-    rows = []
-    for index, pod in sorted(pods.items()):
-        trouble = pod_trouble(pod, [])
-        rows.append(pod_status(pod, index, trouble.words if trouble else None))
-    return rows
-
-
 def running_nodes(pods: dict[int, dict[str, Any]], workspace: str) -> list[Node]:
     """The Running pods that are not being deleted, as nodes in ordinal order."""
     return [Node(ordinal=index, name=pod["metadata"]["name"], workspace=workspace,

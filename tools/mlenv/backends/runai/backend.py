@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from functools import cached_property
 from typing import Any
 
+from mlenv.backends.kubernetes import explain
 from mlenv.backends.kubernetes import pods as podview
 from mlenv.backends.kubernetes.client import Client, resolve_binary
 from mlenv.backends.kubernetes.preflight import (
@@ -25,7 +26,7 @@ from mlenv.backends.kubernetes.preflight import (
 )
 from mlenv.backends.kubernetes.waiting import wait_pods_gone, wait_pods_ready
 from mlenv.backends.runai import argv as commands
-from mlenv.backends.runai import tool
+from mlenv.backends.runai import flags, tool
 from mlenv.backends.runai.project import check_project
 from mlenv.backends.runai.settings import RunaiSettings
 from mlenv.backends.runai.workload import Workload, ordinal
@@ -91,7 +92,7 @@ class RunaiBackend(FanoutJobs):
         workload = Workload(name=plan.app, project=settings.project, namespace=settings.namespace, cli=settings.cli,
                             nodes=plan.nodes, cluster_name=plan.name, cluster_file=plan.cluster.source,
                             api=plan.cluster.info.api, workspace_claim=claim)
-        shared = claim is not None or any(pvc.path == commands.WORKSPACE for pvc in settings.existing_pvcs)
+        shared = claim is not None or any(pvc.path == flags.WORKSPACE for pvc in settings.existing_pvcs)
         handle = Handle(self.name, plan.name, plan.nodes, plan.mode, shared, {}, workload.to_data())
         text = shlex.join(submission.argv) + "\n"
         return Request(handle, text, {"runai-submit.sh": f"#!/bin/sh\n{text}"}, submission,
@@ -138,12 +139,12 @@ class RunaiBackend(FanoutJobs):
 
     def status(self, handle: Handle) -> list[NodeStatus]:
         """Every pod of the workload from one list call, in node order."""
-        return podview.statuses(self._pods(handle)[1])
+        return explain.statuses(self._pods(handle)[1])
 
     def nodes(self, handle: Handle) -> list[Node]:
         """The running pods, in node order."""
         workload, pods = self._pods(handle)
-        running = podview.running_nodes(pods, commands.WORKSPACE)
+        running = podview.running_nodes(pods, flags.WORKSPACE)
         if not running:
             raise OperationError(f"no running pods of {workload.name} in {workload.namespace}: deploy first "
                                  f"(make deploy-cluster CLUSTER={workload.cluster_name})")
