@@ -1,13 +1,13 @@
 # mlenv: thin front end over the `mlenv` CLI. `make help` lists the targets.
 # Variables: CLUSTER (deployment, cluster name or file), MODE (rdma|tcp), NODES, IMAGE, OUT, POD, CMD, FOLLOW,
-#            DELETE_DATA, YES, SCRIPT, ARGS, LAUNCHER, DETACH, ENV, NAME, STEPS, SIZES, VENV.
+#            DELETE_DATA, YES, SCRIPT, ARGS, LAUNCHER, DETACH, ENV, NAME, STEPS, SIZES, EXPECT, FORCE, VENV.
 
 SHELL := /bin/bash
 VENV ?= .venv
 # Every value reaches the CLI through the environment ("$$VAR"), never spliced into the shell command line, and
 # verbatim: make does not expand a `$` inside it (make exec CMD='echo $HOSTNAME' echoes each pod's name).
 USER_VARS := CLUSTER MODE NODES IMAGE OUT POD CMD FOLLOW DELETE_DATA YES SCRIPT ARGS LAUNCHER DETACH ENV NAME STEPS \
-             SIZES VENV
+             SIZES EXPECT FORCE VENV
 $(foreach v,$(USER_VARS),$(if $(filter command line environment,$(origin $(v))),$(eval override $(v) := $$(value $(v)))))
 export $(USER_VARS)
 MLENV = "$$VENV/bin/mlenv"
@@ -84,7 +84,7 @@ exec: install ## Run CMD="..." on every node (or POD=N) in parallel
 logs: install ## The latest run's output of every node (or POD=N); FOLLOW=1 follows it
 	@$(MLENV) logs $(CLUSTER_OPT) $(POD_OPT) $(if $(FOLLOW),--follow)
 
-launch: install ## Run SCRIPT= [ARGS=] [LAUNCHER=deepspeed|torchrun] [ENV="HF_TOKEN ..."] [DETACH=1] on every node
+launch: install ## Run SCRIPT= [ARGS=] [LAUNCHER=torchrun|deepspeed] [ENV="HF_TOKEN ..."] [DETACH=1] on every node
 	@$(MLENV) launch $(CLUSTER_OPT) $(if $(LAUNCHER),--launcher "$$LAUNCHER") $(if $(ARGS),--args "$$ARGS") \
 	    $(ENV_OPTS) $(if $(DETACH),--detach) -- "$${SCRIPT:-train_multi_node.py}"
 
@@ -95,14 +95,14 @@ launch-dry-run: install ## Print what launch would run on every node (same varia
 stop: install ## Stop the running job on every node (the environment stays)
 	@$(MLENV) stop $(CLUSTER_OPT)
 
-nccl-test: install ## Fabric gate: all-reduce busbw [SIZES=8M:1G], transport per rank, PASS/FAIL, plot in runs/
-	@$(MLENV) nccl-test $(CLUSTER_OPT) $(if $(SIZES),--sizes "$$SIZES")
+nccl-test: install ## Fabric gate: all-reduce busbw [SIZES=8M:1G] [EXPECT=180GB/s], transport per rank, PASS/FAIL, plot
+	@$(MLENV) nccl-test $(CLUSTER_OPT) $(if $(SIZES),--sizes "$$SIZES") $(if $(EXPECT),--expect "$$EXPECT")
 
 doctor: install ## Preflight checklist for CLUSTER= [MODE=]: PASS/WARN/FAIL, evidence and fix
 	@$(MLENV) doctor $(CLUSTER_OPT) $(if $(MODE),--mode "$$MODE")
 
-discover: install ## Write clusters/NAME.yaml from the logged-in cluster (TODOs mark what to decide)
-	@$(MLENV) discover "$$NAME"
+discover: install ## Write clusters/NAME.yaml from the logged-in cluster (TODOs mark what to decide) [FORCE=1]
+	@$(MLENV) discover "$$NAME" $(if $(FORCE),--force)
 
 clean-cluster: install ## Delete the deployment (keeps data unless DELETE_DATA=1; YES=1 skips the question)
 	@$(MLENV) clean $(CLUSTER_OPT) $(if $(DELETE_DATA),--delete-data) $(if $(YES),--yes)

@@ -136,3 +136,21 @@ def test_a_backend_from_a_test_module_runs_every_verb(project: Path) -> None:
     assert cleaned.exit_code == 0, cleaned.output
     assert not (project / "nodes" / "dirs" / "node-0").exists()
     assert json.loads((project / ".mlenv" / "state.json").read_text())["deployments"] == {}
+
+
+def test_a_capability_the_backend_lacks_is_one_line_exit_2(project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Registered without Jobs: launch and stop say what to use instead; deploy, status and exec still work, and
+    status --all shows no traceback."""
+    monkeypatch.setitem(BACKENDS, "directories", BackendInfo("directories", f"{__name__}:DirectoryBackend",
+                                                             cpu_nodes=True,
+                                                             capabilities=frozenset({"deploy", "nodes", "checks"})))
+    assert mlenv("deploy", "dirs").exit_code == 0
+    for verb in (["launch", "tiny.py"], ["stop"]):
+        refused = CliRunner().invoke(main, verb)
+        assert refused.exit_code == 2, refused.output
+        assert refused.output == ("error: the directories backend cannot launch, follow or stop jobs; run the job "
+                                  "with mlenv exec on every node\n")
+    assert mlenv("exec", "--", "true").exit_code == 0
+    everything = mlenv("status", "--all", "--json")
+    assert everything.exit_code == 0 and json.loads(everything.stdout)["deployments"][0]["pods"], everything.output
+    assert mlenv("clean", "--delete-data", "--yes").exit_code == 0

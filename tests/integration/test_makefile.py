@@ -168,7 +168,9 @@ def test_launch_logs_stop_and_dry_run(project: LocalProject) -> None:
 def test_nccl_test_target(project: LocalProject) -> None:
     shutil.copy(ROOT / "workspace" / "allreduce_bench.py", project.home / "workspace")
     ok("sync-multi-node", home=project.home)
-    assert "gloo over TCP sockets" in ok("nccl-test", "CLUSTER=mk", home=project.home).stdout
+    judged = make("nccl-test", "CLUSTER=mk", "EXPECT=1000GB/s", home=project.home)  # far above what gloo does
+    assert judged.returncode == 1 and "gloo over TCP sockets" in judged.stdout, judged.stdout + judged.stderr
+    assert "of the expected 1000.00 GB/s (--expect 1000GB/s)" in judged.stdout + judged.stderr
 
 
 def test_clean_target_keeps_data_unless_asked(project: LocalProject) -> None:

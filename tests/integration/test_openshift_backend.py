@@ -392,7 +392,7 @@ def test_detached_launch_logs_and_stop_on_kubernetes(fake: FakeCluster, home: Pa
     lines = dry.stdout.splitlines()
     assert "HF_TOKEN=<forwarded from your environment>" in lines[2]
     run = lines[0].split()[4]  # "# mlenv launch: run <id> of ..."
-    assert lines[3:] == [f"node-{n}: python3 -m mlenv.runtime launch --launcher deepspeed --run-dir "
+    assert lines[3:] == [f"node-{n}: python3 -m mlenv.runtime launch --launcher torchrun --run-dir "
                          f".mlenv/runs/{run} --detach -- train.py -c cfg.yaml" for n in (0, 1)]
 
     backend = KubernetesBackend("kubectl")

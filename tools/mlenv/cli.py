@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
+from mlenv.runtime.launchers import DEFAULT_LAUNCHER, LAUNCHERS
+
 if TYPE_CHECKING:
 
     from mlenv.config.model import Cluster
@@ -16,7 +18,6 @@ if TYPE_CHECKING:
     from mlenv.plan import JobPlan
 
 F = TypeVar("F", bound=Callable[..., Any])
-MAX_NODES = 1024
 
 
 def reports_errors(func: F) -> F:
@@ -41,7 +42,7 @@ def reports_errors(func: F) -> F:
 
 mode_option = click.option("--mode", type=click.Choice(["rdma", "tcp"]), default=None,
                            help="Network mode (default: rdma when the cluster has RDMA enabled, else tcp).")
-nodes_option = click.option("--nodes", type=click.IntRange(1, MAX_NODES), default=None,
+nodes_option = click.option("--nodes", type=click.IntRange(1), default=None,
                             help="Number of nodes; default gpus.default_nodes.")
 image_option = click.option("--image", default=None, help="Container image (overrides the cluster file).")
 json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output (only JSON on stdout).")
@@ -358,7 +359,7 @@ def clean(cluster_ref: str | None, delete_data: bool, yes: bool) -> None:
 
 @main.command(context_settings=STOP_AT_COMMAND)
 @cluster_option
-@click.option("--launcher", type=click.Choice(["torchrun", "deepspeed"]), default="deepspeed", show_default=True)
+@click.option("--launcher", type=click.Choice(LAUNCHERS), default=DEFAULT_LAUNCHER, show_default=True)
 @click.option("--nproc", type=click.IntRange(1, 64), default=None, help="Processes per node.")
 @click.option("--args", "args_text", default=None, help="Script arguments as one string (for make ARGS=...).")
 @click.option("--env", "secrets", multiple=True, metavar="NAME[,NAME]",
@@ -378,7 +379,7 @@ def launch(cluster_ref: str | None, launcher: str, nproc: int | None, args_text:
     import shlex
 
     from mlenv.core.capabilities import LaunchSpec
-    from mlenv.core.remote import NAME
+    from mlenv.core.remote import secret_names
     from mlenv.errors import UsageError
     from mlenv.ops import launch as launching
 
@@ -386,13 +387,10 @@ def launch(cluster_ref: str | None, launcher: str, nproc: int | None, args_text:
         extra = shlex.split(args_text) if args_text else []
     except ValueError as exc:
         raise UsageError(f"--args: cannot split {args_text!r} like a shell ({exc}); quote it as in sh") from None
-    names = [name for text in secrets for name in text.replace(",", " ").split()]
-    for name in names:
-        if not NAME.fullmatch(name):
-            raise UsageError(f"--env: expected a variable name like HF_TOKEN, got {name!r}")
+    names = secret_names(secrets)
     target = _target(cluster_ref)
     spec = LaunchSpec(launcher, script, (*script_args, *extra), nproc, launching.run_id(target.handle.name),
-                      detach, tuple(dict.fromkeys(names)))
+                      detach, names)
     if dry_run:
         click.echo(launching.dry_run(target, spec), nl=False)
         return

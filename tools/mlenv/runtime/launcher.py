@@ -26,7 +26,6 @@ from .nccl import NcclEnv, detect_nccl_env
 from .ncclog import contradicts, parse_nccl_log
 from .topology import DEFAULT_APP_NAME, Topology, detect_topology
 
-LAUNCHERS = ("torchrun", "deepspeed")
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 CONTAINER_LOG_VARIABLE = "MLENV_CONTAINER_LOG"
 """Set by the rendered StatefulSet: where the container's own stdout can be opened (e.g. /proc/1/fd/1)."""

@@ -53,7 +53,8 @@ def _security_warnings(d: KubeDeployment) -> list[str]:
     return warnings
 
 
-def _rdma_warning(plan: JobPlan) -> list[str]:
+def rdma_warning(plan: JobPlan) -> list[str]:
+    """The warning when RDMA mode would give the pods no RDMA device (Kubernetes and Run:ai pods alike)."""
     if plan.mode == "rdma" and not plan.rdma_networks and not plan.rdma_resources:
         return ["RDMA mode without network.rdma.networks or network.rdma.resources: pods will get no RDMA device "
                 "and NCCL will fall back to sockets; add the Multus network names "
@@ -109,7 +110,7 @@ class KubernetesBackend(FanoutJobs):
         admin = [document(obj) for obj in rendered.admin_objects]
         extras = {"admin": "".join(admin)} if admin else {}
         return Request(handle, "".join(documents), files(rendered, documents, admin), rendered, extras,
-                       (*_rdma_warning(plan), *_security_warnings(d)))
+                       (*rdma_warning(plan), *_security_warnings(d)))
 
     def apply(self, request: Request, record: Recorder) -> Handle:
         """Check server, login and namespace; record; server-side apply exactly the request's YAML stream."""

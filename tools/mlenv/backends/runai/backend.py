@@ -14,6 +14,7 @@ from typing import Any
 
 from mlenv.backends.kubernetes import explain
 from mlenv.backends.kubernetes import pods as podview
+from mlenv.backends.kubernetes.backend import rdma_warning
 from mlenv.backends.kubernetes.client import Client, resolve_binary
 from mlenv.backends.kubernetes.preflight import (
     can_i,
@@ -49,11 +50,7 @@ def _settings(plan: JobPlan) -> RunaiSettings:
 
 
 def _warnings(plan: JobPlan, claim: str | None) -> list[str]:
-    warnings = []
-    if plan.mode == "rdma" and not plan.rdma_networks and not plan.rdma_resources:
-        warnings.append("RDMA mode without network.rdma.networks or network.rdma.resources: the pods get no RDMA "
-                        "device and NCCL falls back to sockets; add the Multus network (e.g. kube-system/roce) and "
-                        "the device resource (e.g. rdma/rdma: 1)")
+    warnings = rdma_warning(plan)
     if claim is not None and not plan.storage.shared and plan.nodes > 1:
         warnings.append(f"the workspace PVC {claim} is ReadWriteOnce (storage.mode is not rwx) and mounted by all "
                         f"{plan.nodes} pods: pods on different machines cannot attach it; use storage.mode: rwx")
