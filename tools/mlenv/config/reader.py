@@ -47,6 +47,9 @@ class BackendRules(Protocol):
     @property
     def machines(self) -> tuple[str, ...] | None: ...
 
+    def check_common(self, reader: ClusterReader) -> None:
+        """The backend's own rules on the common sections, reported with ``reader.problem`` and ``reader.warn``."""
+
     def parse_settings(self, reader: ClusterReader) -> object | None:
         """Its own section as a frozen dataclass (``Cluster.settings``), bad values reported with
         ``reader.problem``; None when it has no section."""

@@ -154,13 +154,7 @@ def _security(reader: ClusterReader) -> Security:
         network_policy=bool(reader.get("security", "network_policy", default=True)),
         run_as_user=reader.integer("security", "run_as_user", maximum=2**31 - 1),
     )
-    if security.run_as_user == 0 and reader.backend.name == "openshift":
-        reader.problem(("security", "run_as_user"),
-                       "0 (root) cannot run on OpenShift: its restricted-v2 SCC assigns each pod a non-root UID "
-                       "from the namespace's range; remove security.run_as_user")
-    if security.requires_privileged_scc and reader.backend.name == "openshift":
-        reader.warn("security.requires_privileged_scc is ignored: mlenv never uses the privileged SCC; with "
-                    "security.ipc_lock: true it renders a minimal SCC that allows only IPC_LOCK (mlenv render --admin)")
+    reader.backend.check_common(reader)  # the backend's own rules on the common sections (OpenShift's SCC)
     return security
 
 

@@ -72,6 +72,9 @@ class BackendInfo(NamedTuple):
     machines: tuple[str, ...] | None = None
     """Path of the file's list of machines, one node each (``ssh.hosts``): ``gpus.default_nodes`` defaults to
     its length instead of 2, so every listed machine is used unless the file asks for fewer."""
+    rules: str | None = None
+    """``module:function`` checking the common sections by its own rules: ``function(reader)`` reports with
+    ``reader.problem`` / ``reader.warn`` (OpenShift's SCC); imported only for files of this backend."""
     capabilities: frozenset[str] = ALL
     """Which of ``core.capabilities.CAPABILITIES`` it implements (by name); the conformance suite runs each."""
     instead: Mapping[str, str] = {}
@@ -82,17 +85,18 @@ class BackendInfo(NamedTuple):
 
     def parse_settings(self, reader: ClusterReader) -> object | None:
         """Its own section, parsed by the function ``settings`` names (None without one)."""
-        if self.settings is None:
-            return None
-        module, _, function = self.settings.partition(":")
-        parse: Callable[[ClusterReader], object] = getattr(import_module(module), function)
-        return parse(reader)
+        return None if self.settings is None else _function(self.settings)(reader)
+
+    def check_common(self, reader: ClusterReader) -> None:
+        """Its own rules on the common sections, by the function ``rules`` names (none without one)."""
+        if self.rules is not None:
+            _function(self.rules)(reader)
 
 
 BACKENDS: dict[str, BackendInfo] = {
     info.name: info for info in (
         BackendInfo("openshift", "mlenv.backends.kubernetes.backend:openshift", kube_family=True,
-                    creates_volumes=True, uses=KUBERNETES_FIELDS),
+                    creates_volumes=True, uses=KUBERNETES_FIELDS, rules="mlenv.backends.kubernetes.scc:check"),
         BackendInfo("kubernetes", "mlenv.backends.kubernetes.backend:kubernetes", kube_family=True,
                     creates_volumes=True, uses=KUBERNETES_FIELDS),
         BackendInfo("local", "mlenv.backends.local.backend:LocalBackend", section="local",
@@ -110,6 +114,13 @@ BACKENDS: dict[str, BackendInfo] = {
     )
 }
 DEFAULT_BACKEND = "openshift"
+
+
+def _function(path: str) -> Callable[[ClusterReader], Any]:
+    """The function ``module:function`` names, imported now."""
+    module, _, function = path.partition(":")
+    found: Callable[[ClusterReader], Any] = getattr(import_module(module), function)
+    return found
 
 
 CONFIG_RULES = BackendTable(BACKENDS, DEFAULT_BACKEND, SELECTIVE_FIELDS)
