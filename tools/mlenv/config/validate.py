@@ -9,18 +9,10 @@ from __future__ import annotations
 
 from decimal import Decimal
 
-from mlenv.config.kubernetes import (
-    app_name_problem,
-    namespace_problem,
-    rdma_resource_problem,
-    toleration_problems,
-    version_problem,
-)
 from mlenv.config.load import LoadedFile
 from mlenv.config.model import (
     DEFAULT_APP,
     DEFAULT_IMAGE,
-    DEFAULT_KUBERNETES_VERSION,
     DEFAULT_NODES,
     Bind,
     Cluster,
@@ -47,29 +39,9 @@ def _amount(quantity: str) -> Decimal | None:
 
 
 def _info(reader: ClusterReader) -> ClusterInfo:
-    namespace = reader.get("cluster", "namespace")
-    if reader.backend.kube_family and namespace is not None:
-        if (reason := namespace_problem(namespace)) is not None:
-            reader.problem(("cluster", "namespace"), reason)
-        elif namespace == "default":
-            reader.warn("cluster.namespace: default is shared by everything in the cluster; a namespace of your "
-                        "own keeps mlenv's objects, and what clean deletes, apart")
-    return ClusterInfo(name=reader.get("cluster", "name"), api=reader.get("cluster", "api"), namespace=namespace,
+    return ClusterInfo(name=reader.get("cluster", "name"), api=reader.get("cluster", "api"),
+                       namespace=reader.get("cluster", "namespace"),
                        description=reader.get("cluster", "description"))
-
-
-def _app_name(reader: ClusterReader) -> str:
-    name = str(reader.get("app", "name", default=DEFAULT_APP))
-    if reader.backend.kube_family and (reason := app_name_problem(name)) is not None:
-        reader.problem(("app", "name"), reason)
-    return name
-
-
-def _kubernetes_version(reader: ClusterReader) -> str:
-    version = str(reader.get("kubernetes_version", default=DEFAULT_KUBERNETES_VERSION)).lstrip("v")
-    if "kubernetes_version" in reader.backend.uses and (reason := version_problem(version)) is not None:
-        reader.problem(("kubernetes_version",), reason)
-    return version
 
 
 def _gpu_nodes(reader: ClusterReader) -> tuple[str, ...]:
@@ -110,9 +82,6 @@ def _rdma(reader: ClusterReader) -> Rdma:
         reader.problem(("network", "rdma", "gid_index"), f'expected an integer 0-255 or "auto", got {gid}')
     gdr = reader.get("network", "rdma", "gdr_level")
     resources = reader.get("network", "rdma", "resources", default={})
-    for name in resources:
-        if (reason := rdma_resource_problem(name)) is not None:
-            reader.problem(("network", "rdma", "resources", name), reason)
     return Rdma(
         enabled=bool(reader.get("network", "rdma", "enabled", default=False)),
         devices=reader.names("network", "rdma", "devices"),
@@ -154,7 +123,6 @@ def _security(reader: ClusterReader) -> Security:
         network_policy=bool(reader.get("security", "network_policy", default=True)),
         run_as_user=reader.integer("security", "run_as_user", maximum=2**31 - 1),
     )
-    reader.backend.check_common(reader)  # the backend's own rules on the common sections (OpenShift's SCC)
     return security
 
 
@@ -198,11 +166,7 @@ def _gpus(reader: ClusterReader, gpu_nodes: tuple[str, ...]) -> Gpus:
 
 
 def _scheduling(reader: ClusterReader) -> Scheduling:
-    tolerations = reader.get("scheduling", "tolerations", default=[])
-    for index, toleration in enumerate(tolerations):
-        for name, message in toleration_problems(toleration):
-            reader.problem(("scheduling", "tolerations", index, name), message)
-    return Scheduling(tolerations=tuple(tolerations),
+    return Scheduling(tolerations=tuple(reader.get("scheduling", "tolerations", default=[])),
                       node_selector=dict(reader.get("scheduling", "nodeSelector", default={})))
 
 
@@ -233,6 +197,7 @@ def build_cluster(loaded: LoadedFile, table: BackendTable) -> Cluster:
     is the backend registry's rules, handed down by ``mlenv.core.clusters``."""
     reader = ClusterReader(loaded, table.backends[loaded.data.get("backend") or table.default])
     _warn_ignored_sections(reader, table)
+    reader.backend.check_common(reader)  # the backend's own rules on the common sections (Kubernetes')
     gpu_nodes = _gpu_nodes(reader)
     storage = _storage(reader)
     requests, limits = _resources(reader, storage)
@@ -243,8 +208,7 @@ def build_cluster(loaded: LoadedFile, table: BackendTable) -> Cluster:
         source=loaded.path,
         info=_info(reader),
         backend=reader.backend.name,
-        kubernetes_version=_kubernetes_version(reader),
-        app_name=_app_name(reader),
+        app_name=str(reader.get("app", "name", default=DEFAULT_APP)),
         image=reader.get("image", default=DEFAULT_IMAGE),
         gpu_nodes=gpu_nodes,
         storage=storage,

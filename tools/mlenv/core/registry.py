@@ -96,9 +96,11 @@ class BackendInfo(NamedTuple):
 BACKENDS: dict[str, BackendInfo] = {
     info.name: info for info in (
         BackendInfo("openshift", "mlenv.backends.kubernetes.backend:openshift", kube_family=True,
-                    creates_volumes=True, uses=KUBERNETES_FIELDS, rules="mlenv.backends.kubernetes.scc:check"),
+                    creates_volumes=True, uses=KUBERNETES_FIELDS, settings="mlenv.backends.kubernetes.rules:parse",
+                    rules="mlenv.backends.kubernetes.rules:check_openshift"),
         BackendInfo("kubernetes", "mlenv.backends.kubernetes.backend:kubernetes", kube_family=True,
-                    creates_volumes=True, uses=KUBERNETES_FIELDS),
+                    creates_volumes=True, uses=KUBERNETES_FIELDS, settings="mlenv.backends.kubernetes.rules:parse",
+                    rules="mlenv.backends.kubernetes.rules:check"),
         BackendInfo("local", "mlenv.backends.local.backend:LocalBackend", section="local",
                     settings="mlenv.backends.local.settings:parse", cpu_nodes=True,
                     uses=frozenset({"app", "storage"})),
@@ -107,6 +109,7 @@ BACKENDS: dict[str, BackendInfo] = {
                     machines=("slurm", "nodelist"), keeps_records=True),
         BackendInfo("runai", "mlenv.backends.runai.backend:RunaiBackend", section="runai",
                     settings="mlenv.backends.runai.settings:parse",
+                    rules="mlenv.backends.kubernetes.rules:check_resources",
                     uses=frozenset({"app", "image", "storage", "security"})),
         BackendInfo("ssh", "mlenv.backends.ssh.backend:SshBackend", section="ssh",
                     settings="mlenv.backends.ssh.settings:parse", cpu_nodes=True, uses=frozenset({"app"}),
