@@ -169,7 +169,7 @@ def test_nccl_test_target(project: LocalProject) -> None:
     shutil.copy(ROOT / "workspace" / "allreduce_bench.py", project.home / "workspace")
     ok("sync-multi-node", home=project.home)
     judged = make("nccl-test", "CLUSTER=mk", "EXPECT=1000GB/s", home=project.home)  # far above what gloo does
-    assert judged.returncode == 1 and "gloo over TCP sockets" in judged.stdout, judged.stdout + judged.stderr
+    assert judged.returncode != 0 and "gloo over TCP sockets" in judged.stdout, judged.stdout + judged.stderr  # FAIL
     assert "of the expected 1000.00 GB/s (--expect 1000GB/s)" in judged.stdout + judged.stderr
 
 
