@@ -263,15 +263,15 @@ C = TypeVar("C")
 
 @dataclass(frozen=True)
 class Capability(Generic[C]):
-    """One capability: its Protocol, what it lets mlenv do (for the error when a backend lacks it) and what to
-    use instead."""
+    """One capability: its Protocol, what it lets mlenv do and what to use instead (the error when a backend
+    lacks it)."""
 
     name: str
     protocol: type[C]
     does: str
     """``the X backend cannot <does>``."""
     instead: str
-    """What to use instead, when the backend's registry entry does not say better."""
+    """What to use instead."""
 
 
 # A Protocol class is what isinstance checks (runtime_checkable), though mypy wants a concrete class for type[C].

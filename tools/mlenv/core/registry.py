@@ -6,11 +6,11 @@ settings parser.
 ``get`` makes a backend; ops ask the result for the capability they need (``backend.jobs``), and a capability the
 backend lacks is a one-line UsageError (exit 2) naming the backend and what to use instead, never an AttributeError.
 The cluster-file rules (section, settings parser, ...) are handed down to ``mlenv.config`` from here
-(``config_rules``): config imports nothing above it."""
+(``CONFIG_RULES``, through ``core.clusters``): config imports nothing above it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import import_module
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
@@ -77,8 +77,6 @@ class BackendInfo(NamedTuple):
     ``reader.problem`` / ``reader.warn`` (OpenShift's SCC); imported only for files of this backend."""
     capabilities: frozenset[str] = ALL
     """Which of ``core.capabilities.CAPABILITIES`` it implements (by name); the conformance suite runs each."""
-    instead: Mapping[str, str] = {}
-    """Capability name -> what to use instead, where better than the capability's own advice."""
     keeps_records: bool = False
     """Reads and records what it submitted (batch jobs) itself: its factory takes the ``Records`` it is handed
     (``mlenv.state.RECORDS``), as backends never import state."""
@@ -165,8 +163,7 @@ class Backend:
         impl = self.impl
         if capability.name in self.info.capabilities and isinstance(impl, capability.protocol):
             return impl
-        instead = self.info.instead.get(capability.name, capability.instead)
-        raise UsageError(f"the {self.name} backend cannot {capability.does}; {instead}")
+        raise UsageError(f"the {self.name} backend cannot {capability.does}; {capability.instead}")
 
     @property
     def deploy(self) -> Deploy:
