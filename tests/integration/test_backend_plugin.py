@@ -153,4 +153,13 @@ def test_a_capability_the_backend_lacks_is_one_line_exit_2(project: Path, monkey
     assert mlenv("exec", "--", "true").exit_code == 0
     everything = mlenv("status", "--all", "--json")
     assert everything.exit_code == 0 and json.loads(everything.stdout)["deployments"][0]["pods"], everything.output
+
+    info = BACKENDS.pop("directories")  # its code is gone: status --all says so for it, without a traceback
+    try:
+        gone = CliRunner().invoke(main, ["status", "--all", "--json"])
+    finally:
+        BACKENDS["directories"] = info
+    assert gone.exit_code == 1 and "Traceback" not in gone.output, gone.output
+    (report,) = json.loads(gone.stdout)["deployments"]
+    assert report["error"].startswith("unknown backend 'directories'"), report
     assert mlenv("clean", "--delete-data", "--yes").exit_code == 0

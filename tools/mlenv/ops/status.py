@@ -2,31 +2,36 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict
+from functools import partial
 from typing import Any
 
 from mlenv import state
-from mlenv.core.capabilities import JOBS
+from mlenv.core.capabilities import JOBS, Handle
+from mlenv.core.registry import Backend
 from mlenv.errors import MlenvError
-from mlenv.ops.target import Target, backend_of, resolve
+from mlenv.ops.target import backend_of, resolve
 from mlenv.ui import error, print_json, table
 
 
-def _report(target: Target, current: str | None, tolerant: bool) -> dict[str, Any]:
-    """What status shows of ``target``; with ``tolerant`` a failure to query it becomes the report's error."""
-    handle = target.handle
+def _report(handle: Handle, recorded: state.Deployment | None, current: str | None, tolerant: bool,
+            backend: Callable[[], Backend]) -> dict[str, Any]:
+    """What status shows of ``handle``, asking the ``backend()``; with ``tolerant`` any failure (an unknown backend
+    included) becomes the report's error."""
     report: dict[str, Any] = {
         "name": handle.name, "cluster": handle.name, "backend": handle.backend, "mode": handle.mode,
         "nodes": handle.nodes, "namespace": handle.data.get("namespace"), "current": handle.name == current,
-        "deployed": target.recorded is not None,
-        "cluster_file": target.recorded.cluster_file if target.recorded else None,
-        "runs": list(target.recorded.runs) if target.recorded else [],
+        "deployed": recorded is not None,
+        "cluster_file": recorded.cluster_file if recorded else None,
+        "runs": list(recorded.runs) if recorded else [],
     }
     try:
-        report["pods"] = [asdict(row) for row in target.backend.deploy.status(handle)]
-        if report["runs"] and report["pods"] and target.backend.has(JOBS):
+        made = backend()
+        report["pods"] = [asdict(row) for row in made.deploy.status(handle)]
+        if report["runs"] and report["pods"] and made.has(JOBS):
             latest = report["runs"][-1]["id"]
-            report["run_states"] = {str(n): s for n, s in target.backend.jobs.run_states(handle, latest).items()}
+            report["run_states"] = {str(n): s for n, s in made.jobs.run_states(handle, latest).items()}
     except MlenvError as exc:
         if not tolerant:
             raise
@@ -64,26 +69,15 @@ def _print(report: dict[str, Any]) -> None:
               "mlenv logs -f follows it, mlenv stop stops it")
 
 
-def _recorded(deployment: state.Deployment) -> Target | dict[str, Any]:
-    """The target of a recorded deployment, or (an unknown backend) its report with the error."""
-    try:
-        return Target(backend_of(deployment.backend), deployment.handle, deployment)
-    except MlenvError as exc:
-        return {"name": deployment.name, "cluster": deployment.name, "backend": deployment.backend,
-                "mode": deployment.mode, "nodes": deployment.nodes, "namespace": None, "current": False,
-                "deployed": True, "cluster_file": deployment.cluster_file, "runs": list(deployment.runs), "pods": [],
-                "error": str(exc)}
-
-
 def show(cluster_ref: str | None, every: bool, as_json: bool) -> int:
     """Print the status; 1 when a deployment could not be queried."""
     recorded = state.load()
     if every:
-        targets: list[Target | dict[str, Any]] = [_recorded(d) for _, d in sorted(recorded.deployments.items())]
+        reports = [_report(d.handle, d, recorded.current, True, partial(backend_of, d.backend))
+                   for _, d in sorted(recorded.deployments.items())]
     else:
-        targets = [resolve(cluster_ref)]
-    reports = [_report(target, recorded.current, tolerant=every) if isinstance(target, Target) else target
-               for target in targets]
+        target = resolve(cluster_ref)
+        reports = [_report(target.handle, target.recorded, recorded.current, False, lambda: target.backend)]
     if as_json:
         print_json({"deployments": reports} if every else reports[0])
     else:
