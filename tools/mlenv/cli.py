@@ -40,7 +40,7 @@ def reports_errors(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-mode_option = click.option("--mode", type=click.Choice(["rdma", "tcp"]), default=None,
+mode_option = click.option("--mode", metavar="rdma|tcp", default=None,  # the plan checks it (plan.MODES)
                            help="Network mode (default: rdma when the cluster has RDMA enabled, else tcp).")
 nodes_option = click.option("--nodes", type=click.IntRange(1), default=None,
                             help="Number of nodes; default gpus.default_nodes.")
