@@ -196,3 +196,12 @@ def read_state(node_dir: NodeDir) -> dict[str, Any]:
     """The node's state.json (empty when missing or unreadable)."""
     data = read_json(node_dir.state)
     return data if isinstance(data, dict) else {}
+
+
+_PRECEDENCE = (HUNG, RESTARTING, REQUEUED, FAILED, RUNNING, STOPPED, SUCCEEDED)
+
+
+def run_state(node_states: list[str]) -> str | None:
+    """The state of a run from its nodes' states: hung, restarting or requeued on any node, else failed on any
+    (the others are being stopped), else running on any, else stopped, else succeeded; None when none is known."""
+    return next((state for state in _PRECEDENCE if state in node_states), None)
