@@ -64,9 +64,10 @@ class Sinks:
 
     files: list[IO[bytes]]
 
-    def write(self, line: str) -> None:
+    def write(self, line: str, note: bool = False) -> None:
+        """One line to stdout (a note: stderr) and every file."""
         data = (line + "\n").encode(errors="replace")
-        for sink in [sys.stdout.buffer, *self.files]:
+        for sink in [sys.stderr.buffer if note else sys.stdout.buffer, *self.files]:
             with contextlib.suppress(OSError, ValueError):
                 sink.write(data)
                 sink.flush()
@@ -127,10 +128,7 @@ class Supervisor:
         return [self.ranks_by_number[number].info for number in sorted(self.ranks_by_number)]
 
     def note(self, message: str) -> None:
-        line = f"mlenv: {message}"
-        for observer in self.observers:
-            observer.line(None, line)
-        self.sinks.write(line)
+        self.sinks.write(f"mlenv: {message}", note=True)
 
     def set_state(self, state: str, **fields: object) -> None:
         self.extra_state.update(fields)
