@@ -41,8 +41,9 @@ from .runlayout import (
     write_json,
 )
 
-STOP_GRACE = 5.0
-"""Seconds between the launcher's SIGTERM and SIGKILL for everything of the job, when it must stop."""
+STOP_GRACE = 3.0
+"""Seconds between the launcher's SIGTERM and SIGKILL for everything of the job, when it must stop (less than
+mlenv's own grace for the node's command, so that the supervisor ends its job before it is killed itself)."""
 DRAIN_SECONDS = 2.0
 """After the launcher ended, how long output still held open by a rank's leftover children is read."""
 MAX_LINE = 16 << 20
@@ -200,7 +201,8 @@ class Supervisor:
             waiting = self.channel is not None and self.channel.waiting_for_peers()
             if self.channel is not None and not self.channel.finished:
                 self.channel.done()
-            if (not reading or now - ended_at > DRAIN_SECONDS) and not waiting:
+            stopping = self.kill_at is not None and bool(marked_processes(self.marker))  # SIGTERM ignored?
+            if (not reading or now - ended_at > DRAIN_SECONDS) and not waiting and not stopping:
                 return status
 
     def _open_channel(self) -> None:
@@ -364,14 +366,14 @@ class Supervisor:
         for rank in self.ranks_by_number.values():
             if rank.record.state == RUNNING:  # its wrapper never reported: killed with the launcher
                 rank.record = replace(rank.record, state=STOPPED, ended_at=utc_now())
-        if self.user_signal is not None:
-            state, reason = STOPPED, f"stopped by {signal.Signals(self.user_signal).name}"
-            code = status or 128 + self.user_signal
-        elif self.first_failure is not None:
+        if self.first_failure is not None:
             ff = self.first_failure
             state, code = FAILED, ff.exit_code
             reason = f"rank {ff.rank} {ff.reason}" if ff.node == self.node and self.local_failure == ff \
                 else f"stopped after rank {ff.rank} failed"
+        elif self.user_signal is not None:
+            state, reason = STOPPED, f"stopped by {signal.Signals(self.user_signal).name}"
+            code = 128 + self.user_signal
         elif self.stop_reason is not None:
             state, reason, code = FAILED, self.stop_reason, self.stop_code or 1
         else:
