@@ -132,6 +132,8 @@ def test_batch_launch_trains_to_a_falling_loss(project: Project, slurm_cluster: 
     assert result.returncode == 0, result.stdout + result.stderr
     first, last = losses(result.stdout)
     assert last < first
+    reported = re.findall(r"^\[node-(\d) r(\d)\] rank (\d)/4 local_rank \d on ", result.stdout, re.MULTILINE)
+    assert sorted(own for _, tag, own in reported if tag == own) == ["0", "1", "2", "3"], result.stdout  # 4 ranks
     job_id = project.submitted(result.stderr)
     assert f"mlenv: job {job_id} on n[1-2], master n1 at " in result.stdout
     assert {"[node-0] mlenv: node 0/2 (mlenv), 2 processes", "[node-1] mlenv: node 1/2 (mlenv), 2 processes"} <= {
