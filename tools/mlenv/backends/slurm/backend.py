@@ -51,9 +51,10 @@ node=${latest%/output.log} run=${latest%/attempt-*/node*/output.log}
 show() { if [ -n "$only" ]; then grep --line-buffered -a "^\\[node-$rank r$only\\] "; else cat; fi; }
 [ -z "$only" ] || grep -q "\\"rank\\": $only," "$node/ranks.json" 2>/dev/null || exit 2  # not on this node
 [ -n "$follow" ] || { show < "$latest"; exit 0; }
-tail -n +1 -f "$latest" | show & tail=$!
+pid=$(mktemp)
+{ tail -n +1 -f "$latest" & echo $! > "$pid"; wait; } | show &
 while [ ! -e "$run/exit" ] && [ ! -e "$node/exit" ]; do sleep 1; done
-sleep 1; kill "$tail"
+sleep 1; kill "$(cat "$pid")"; rm -f "$pid"; wait
 """
 """The node's log of the newest run that has one (its newest attempt); with follow, until the node's (or the
 batch job's) exit file; with a rank, only that rank's lines (exit 2, silently, when the node's ranks.json lacks
