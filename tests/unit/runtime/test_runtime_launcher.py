@@ -161,3 +161,13 @@ def test_rdma_used_passes(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> 
 
 def test_a_failed_job_keeps_its_own_status_even_on_sockets(tmp_path: Path) -> None:
     assert run(python_job(tmp_path, SOCKET_LINES + "; raise SystemExit(7)"), tmp_path, expect="rdma") == 7
+
+
+def test_the_rank_wrapper_without_a_supervisor_runs_the_script_with_deepspeed_s_argument_after_it(
+        tmp_path: Path) -> None:
+    script = tmp_path / "args.py"
+    script.write_text("import sys; print(sys.argv[1:]); sys.exit(4)")
+    env = {**os.environ, "PYTHONPATH": RUNTIME_PARENT, "MLENV_SUPERVISOR_SOCKET": str(tmp_path / "gone")}
+    result = subprocess.run([sys.executable, "-m", "mlenv.runtime.rank", "--local_rank=1", str(script), "a"],
+                            env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert (result.returncode, result.stdout) == (4, "['--local_rank=1', 'a']\n")
