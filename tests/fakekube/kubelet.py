@@ -17,7 +17,7 @@ import os
 import re
 import secrets
 import shutil
-import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -56,8 +56,10 @@ def field_value(pod: dict[str, Any], path: str) -> str:
 
 
 def container_env(pod: dict[str, Any], container: dict[str, Any]) -> dict[str, str]:
-    """The environment: this machine's PATH (the "image"), HOSTNAME, then the container's ``env`` in order."""
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/root", "HOSTNAME": pod["metadata"]["name"]}
+    """The environment: the test environment's PATH (the "image"; this Python's directory first, so ``python3`` is
+    the one running the tests), HOSTNAME, then the container's ``env`` in order."""
+    path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "/usr/bin:/bin")])
+    env = {"PATH": path, "HOME": "/root", "HOSTNAME": pod["metadata"]["name"]}
     for item in container.get("env") or []:
         source = item.get("valueFrom") or {}
         if "fieldRef" in source:
