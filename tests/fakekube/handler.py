@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import ssl
 import time
 from collections.abc import Set as AbstractSet
@@ -401,7 +402,8 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.flush()
         self._log(101)
-        session = streams.ExecSession(self.rfile, self.wfile, protocol)  # type: ignore[arg-type]
+        session = streams.ExecSession(self.rfile, self.wfile, protocol,  # type: ignore[arg-type]
+                                      lambda: self.connection.shutdown(socket.SHUT_RDWR))
         session.run(container.exec_argv(command), command, stdin=flags["stdin"], stdout=flags["stdout"], stderr=flags["stderr"], tty=flags["tty"])
         self.close_connection = True
         return 101

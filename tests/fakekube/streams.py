@@ -23,12 +23,14 @@ from typing import Any, BinaryIO
 
 from wsproto.connection import Connection, ConnectionType
 from wsproto.events import BytesMessage, CloseConnection, Message, Ping
-from wsproto.utilities import generate_accept_token
+from wsproto.utilities import LocalProtocolError, generate_accept_token
 
 PROTOCOLS = ("v5.channel.k8s.io", "v4.channel.k8s.io")
 STDIN, STDOUT, STDERR, ERROR, RESIZE, CLOSE = 0, 1, 2, 3, 4, 255
 CHUNK = 32 * 1024
 LOG_POLL_SECONDS = 0.1
+CLOSE_SECONDS = 5.0
+"""How long the client has to answer our close frame before the connection is shut down."""
 
 
 def choose_protocol(offered: str) -> str | None:
@@ -53,25 +55,53 @@ def exit_status_document(code: int, command: Sequence[str]) -> dict[str, Any]:
             "reason": "NonZeroExitCode", "details": {"causes": [{"reason": "ExitCode", "message": str(code)}]}}
 
 
-class ExecSession:
-    """One exec: a WebSocket (``rfile``/``wfile`` of the upgraded connection) bound to a process's streams."""
+class _Stdin:
+    """The command's stdin (a pipe, or the terminal's master side), closed exactly once whoever closes it."""
 
-    def __init__(self, rfile: BinaryIO, wfile: BinaryIO, protocol: str) -> None:
-        self._rfile, self._wfile = rfile, wfile
+    def __init__(self, fd: int, owned: bool) -> None:
+        self._fd, self._owned, self._lock = fd, owned, threading.Lock()
+
+    def write(self, data: bytes) -> None:
+        with self._lock:
+            if self._fd >= 0:
+                with contextlib.suppress(OSError):
+                    _write_all(self._fd, data)
+
+    def resize(self, width: int, height: int) -> None:
+        with self._lock:
+            if self._fd >= 0:
+                fcntl.ioctl(self._fd, termios.TIOCSWINSZ, struct.pack("HHHH", height, width, 0, 0))
+
+    def close(self) -> None:
+        """Close it (a terminal stays open for its output until :meth:`release`)."""
+        if self._owned:
+            self.release()
+
+    def release(self) -> None:
+        with self._lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+
+
+class ExecSession:
+    """One exec: a WebSocket (``rfile``/``wfile`` of the upgraded connection) bound to a process's streams;
+    ``hang_up`` shuts the connection down (to end a client that never answers the close)."""
+
+    def __init__(self, rfile: BinaryIO, wfile: BinaryIO, protocol: str, hang_up: Callable[[], None]) -> None:
+        self._rfile, self._wfile, self._hang_up = rfile, wfile, hang_up
         self._ws = Connection(ConnectionType.SERVER)
         self._send_lock = threading.Lock()
         self._v5 = protocol.startswith("v5.")
 
-    def _send_raw(self, data: bytes) -> None:
+    def _send_event(self, event: Any) -> None:
         with self._send_lock:
-            self._wfile.write(data)
+            self._wfile.write(self._ws.send(event))
             self._wfile.flush()
 
     def send(self, channel: int, data: bytes) -> None:
         """One binary message on ``channel``."""
-        with self._send_lock:
-            self._wfile.write(self._ws.send(Message(data=bytes([channel]) + data)))
-            self._wfile.flush()
+        self._send_event(Message(data=bytes([channel]) + data))
 
     def run(self, argv: Sequence[str], command: Sequence[str], *, stdin: bool, stdout: bool, stderr: bool,
             tty: bool) -> int:
@@ -82,27 +112,35 @@ class ExecSession:
             process = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave,  # noqa: S603
                                        start_new_session=True, preexec_fn=_take_terminal)
             os.close(slave)
-            outputs, sink = [(STDOUT, master)], master
+            outputs, sink = [(STDOUT, master)], _Stdin(master, owned=False)
         else:
             pipe, none = subprocess.PIPE, subprocess.DEVNULL
             process = subprocess.Popen(argv, stdin=pipe if stdin else none, stdout=pipe if stdout else none,  # noqa: S603
-                                       stderr=pipe if stderr else none)
+                                       stderr=pipe if stderr else none, bufsize=0)
             outputs = [(ch, s.fileno()) for ch, s in ((STDOUT, process.stdout), (STDERR, process.stderr)) if s]
-            sink = process.stdin.fileno() if process.stdin else -1
+            sink = _Stdin(os.dup(process.stdin.fileno()) if process.stdin else -1, owned=True)
+            if process.stdin:
+                process.stdin.close()
         pumps = [threading.Thread(target=self._pump, args=(ch, fd), daemon=True) for ch, fd in outputs]
-        for pump in pumps:
-            pump.start()
-        reader = threading.Thread(target=self._read_client, args=(process, sink, tty), daemon=True)
-        reader.start()
+        reader = threading.Thread(target=self._read_client, args=(sink,), daemon=True)
+        for thread in (*pumps, reader):
+            thread.start()
         code = process.wait()
         code = 128 - code if code < 0 else code
         for pump in pumps:
             pump.join()
-        if tty:
-            os.close(master)
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError, LocalProtocolError):
             self.send(ERROR, json.dumps(exit_status_document(code, command)).encode())
-            self._send_raw(self._ws.send(CloseConnection(code=1000)))
+            self._send_event(CloseConnection(code=1000))
+        reader.join(CLOSE_SECONDS)
+        if reader.is_alive():
+            with contextlib.suppress(OSError):
+                self._hang_up()
+            reader.join()
+        sink.release()
+        for stream in (process.stdout, process.stderr):
+            if stream:
+                stream.close()
         return code
 
     def _pump(self, channel: int, fd: int) -> None:
@@ -114,51 +152,40 @@ class ExecSession:
                 data = b""
             if not data:
                 return
-            try:
+            with contextlib.suppress(OSError, LocalProtocolError):  # the client left: drain, do not block
                 self.send(channel, data)
-            except OSError:  # the client left; keep draining so the process is not blocked
-                continue
 
-    def _read_client(self, process: subprocess.Popen[bytes], sink: int, tty: bool) -> None:
+    def _read_client(self, sink: _Stdin) -> None:
         """Client messages: stdin data, resizes, stdin close; ends when the connection does (stdin closed then)."""
         pending = b""
         try:
-            while True:
-                data = self._rfile.read1(CHUNK)  # type: ignore[attr-defined]
-                if not data:
-                    return
+            while data := self._rfile.read1(CHUNK):  # type: ignore[attr-defined]
                 self._ws.receive_data(data)
                 for event in self._ws.events():
                     if isinstance(event, Ping):
-                        self._send_raw(self._ws.send(event.response()))
+                        self._send_event(event.response())
                     elif isinstance(event, CloseConnection):
                         return
                     elif isinstance(event, BytesMessage):
                         pending += bytes(event.data)
                         if event.message_finished:
-                            sink = self._message(pending, sink, tty)
+                            self._message(pending, sink)
                             pending = b""
-        except OSError:
+        except (OSError, ValueError, LocalProtocolError):  # the connection went away or was shut down
             return
         finally:
-            if sink >= 0 and not tty:
-                with contextlib.suppress(OSError):
-                    os.close(sink)
+            sink.close()
 
-    def _message(self, message: bytes, sink: int, tty: bool) -> int:
-        """Act on one client message; the stdin fd afterwards (-1 once closed)."""
+    def _message(self, message: bytes, sink: _Stdin) -> None:
+        """Act on one client message."""
         channel, data = message[:1], message[1:]
-        if channel == bytes([STDIN]) and sink >= 0 and data:
-            with contextlib.suppress(OSError):
-                os.write(sink, data) if tty else _write_all(sink, data)
-        elif channel == bytes([RESIZE]) and tty and sink >= 0:
+        if channel == bytes([STDIN]) and data:
+            sink.write(data)
+        elif channel == bytes([RESIZE]):
             size = json.loads(data or b"{}")
-            fcntl.ioctl(sink, termios.TIOCSWINSZ, struct.pack("HHHH", size.get("Height", 24), size.get("Width", 80),
-                                                              0, 0))
-        elif channel == bytes([CLOSE]) and self._v5 and data[:1] == bytes([STDIN]) and sink >= 0 and not tty:
-            os.close(sink)
-            return -1
-        return sink
+            sink.resize(int(size.get("Width", 80)), int(size.get("Height", 24)))
+        elif channel == bytes([CLOSE]) and self._v5 and data[:1] == bytes([STDIN]):
+            sink.close()
 
 
 def _write_all(fd: int, data: bytes) -> None:
