@@ -118,6 +118,7 @@ class Kubelet:
         self._runs: dict[str, PodRun] = {}
         self._ports = iter(range(1_000_000))
         self._lock = threading.Lock()
+        self._closed = False
         if self.network:
             net.ensure_bridge(self.bridge)
 
@@ -132,6 +133,8 @@ class Kubelet:
         /etc/hosts lists. Returns what its status should say."""
         with self._lock:
             run = self._runs.get(pod["metadata"]["uid"])
+            if self._closed:
+                return View({"waiting": {"reason": "ContainerCreating"}}, {}, 0, False, "Pending", "")
             if run is None:
                 run = self._runs[pod["metadata"]["uid"]] = self._new_run(pod)
             run.pod = pod
@@ -166,8 +169,9 @@ class Kubelet:
             self.delete(run.uid, grace, lambda: None)
 
     def shutdown(self) -> None:
-        """Kill every pod's processes now and remove their namespaces and the bridge."""
+        """Kill every pod's processes now and remove their namespaces and the bridge; nothing starts after."""
         with self._lock:
+            self._closed = True
             runs = list(self._runs.values())
         for run in runs:
             run.stopping = True

@@ -56,8 +56,9 @@ class KubeProject:
                               check=False)
 
 
-def cluster_document(name: str, port: int, backend: str = "kubernetes") -> str:
-    """A 2-node cluster file for the fake at ``port``: two processes per node (a 2x2 world; torch on CPU, gloo)."""
+def cluster_document(name: str, port: int, backend: str = "kubernetes", extra: str = "") -> str:
+    """A 2-node cluster file for the fake at ``port``: two processes per node (a 2x2 world; torch on CPU, gloo);
+    ``extra`` is appended YAML."""
     return f"""\
 backend: {backend}
 cluster:
@@ -77,7 +78,7 @@ gpus:
 network:
   tcp:
     interface_exclude: "^lo"
-"""
+{extra}"""
 
 
 def _free_port() -> int:

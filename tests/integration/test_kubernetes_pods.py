@@ -6,8 +6,18 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import time
+from collections.abc import Callable
 
-from tests.integration.kube_pods import APP, KubeProject, kube_project, pod_processes  # noqa: F401 - fixture
+from tests.integration.kube_pods import (  # noqa: F401 - kube_project is a fixture
+    APP,
+    MLENV,
+    ROOT,
+    KubeProject,
+    kube_project,
+    pod_processes,
+)
 from tests.integration.local_cluster import TINY_JOB
 
 DONE = re.compile(r"done world_size=4 node_rank=\d")
@@ -31,5 +41,74 @@ def test_deploy_sync_exec_torchrun_clean(kube_project: KubeProject) -> None:  # 
     assert DONE.search(launched.stdout), launched.stdout + launched.stderr
     assert "sum 4" in launched.stdout.replace("step 1/3 sum 10", ""), launched.stdout
 
+    project.ok("clean")
+    assert not pod_processes(project.pods_root)
+
+
+TRAPPING_JOB = """\
+import os, signal, sys, time
+from pathlib import Path
+
+me = f"{os.environ['MLENV_NODE_RANK']}-{os.environ['LOCAL_RANK']}"
+
+def stop(signum, frame):
+    Path(f"/workspace/stopped-{me}").write_text(signal.Signals(signum).name)
+    sys.exit(0)
+
+signal.signal(signal.SIGTERM, stop)
+Path(f"/workspace/started-{me}").write_text("yes")
+print(f"rank {me} started", flush=True)
+while True:
+    time.sleep(0.1)
+"""
+
+
+def _until(condition: Callable[[], bool], what: str, seconds: float = 120) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def _files(project: KubeProject, ordinal: int, pattern: str) -> str:
+    found = project.kubectl("exec", f"{APP}-{ordinal}", "--", "sh", "-c", f"cd /workspace && cat {pattern}")
+    return found.stdout
+
+
+def test_deleting_a_pod_under_a_running_job_gives_its_ranks_sigterm(kube_project: KubeProject) -> None:  # noqa: F811
+    project = kube_project
+    project.cluster_file.write_text(project.cluster_file.read_text() + "scheduling:\n  grace_period: 5m\n")
+    project.ok("deploy", str(project.cluster_file))
+    grace = project.kubectl("get", "sts", APP, "-o", "jsonpath={.spec.template.spec.terminationGracePeriodSeconds}")
+    assert grace.stdout == "300"
+    init = project.kubectl("exec", f"{APP}-1", "--", "cat", "/proc/1/cmdline").stdout
+    assert init.startswith("python3\x00-c\x00") and init.endswith("\x00300\x00")  # PID 1 is the init, with the grace
+
+    source = project.home / "workspace"
+    source.mkdir()
+    (source / "trap.py").write_text(TRAPPING_JOB)
+    project.ok("sync", "--source", str(source))
+    project.ok("launch", "--detach", "--launcher", "torchrun", "trap.py")
+    follow = subprocess.Popen([str(MLENV), "logs", "-f", "--pod", "1"], cwd=ROOT, env=project.env, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        assert follow.stdout is not None
+        seen = next((line for line in follow.stdout if "started" in line), "")
+        assert seen.startswith("[node-1] ") and "rank 1-" in seen, seen
+    finally:
+        follow.terminate()
+        follow.wait(timeout=30)
+    _until(lambda: _files(project, 1, "started-1-*") == "yesyes", "both ranks of pod 1 started")
+
+    started = time.monotonic()
+    deleted = project.kubectl("delete", "pod", f"{APP}-1", timeout=400)
+    took = time.monotonic() - started
+    assert deleted.returncode == 0, deleted.stderr
+    assert took < 60, f"the pod took {took:.0f}s to go: its ranks did not get SIGTERM before the 300s SIGKILL"
+    _until(lambda: all(p["ready"] for p in json.loads(project.ok("status", "--json").stdout)["pods"]), "pod 1 back")
+    assert _files(project, 1, "stopped-1-*") == "SIGTERMSIGTERM"  # its volume kept what the ranks wrote
+
+    project.ok("stop")
+    _until(lambda: _files(project, 0, "stopped-0-*") == "SIGTERMSIGTERM", "pod 0's ranks stopped")
     project.ok("clean")
     assert not pod_processes(project.pods_root)
