@@ -8,6 +8,7 @@ container's PID 1 (``pid1``). When it ends, the kernel kills everything else in 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -90,7 +91,7 @@ class Container:
             argv = ["ip", "netns", "exec", sandbox.netns, *argv]
         read_end, write_end = os.pipe()
         try:
-            process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=write_end, stderr=write_end,  # noqa: S603
+            process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=write_end, stderr=write_end,
                                        start_new_session=True)
         finally:
             os.close(write_end)
@@ -112,10 +113,8 @@ class Container:
     def signal(self, signum: signal.Signals) -> None:
         """Send ``signum`` to PID 1 (a PID 1 without a handler for it ignores it, except SIGKILL)."""
         if not self.ended.is_set():
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid1, signum)
-            except ProcessLookupError:
-                pass
 
     def stop(self, grace: float) -> None:
         """SIGTERM, then SIGKILL after ``grace`` seconds; returns once it ended."""

@@ -322,7 +322,8 @@ class Controller:
         container = (pod["spec"].get("containers") or [{}])[0].get("name", "")
         self.record_event(pod, "Normal", "Killing", f"Stopping container {container}", "kubelet",
                           pod["spec"]["nodeName"])
-        self.kubelet.delete(meta["uid"], seconds, lambda: self._forget_pod(meta["namespace"], meta["name"], meta["uid"]))
+        namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
+        self.kubelet.delete(uid, seconds, lambda: self._forget_pod(namespace, name, uid))
         return marked
 
     def _forget_pod(self, namespace: str, name: str, uid: str) -> None:

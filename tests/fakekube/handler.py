@@ -404,7 +404,8 @@ class Handler(BaseHTTPRequestHandler):
         self._log(101)
         session = streams.ExecSession(self.rfile, self.wfile, protocol,  # type: ignore[arg-type]
                                       lambda: self.connection.shutdown(socket.SHUT_RDWR))
-        session.run(container.exec_argv(command), command, stdin=flags["stdin"], stdout=flags["stdout"], stderr=flags["stderr"], tty=flags["tty"])
+        session.run(container.exec_argv(command), command, stdin=flags["stdin"], stdout=flags["stdout"],
+                    stderr=flags["stderr"], tty=flags["tty"])
         self.close_connection = True
         return 101
 

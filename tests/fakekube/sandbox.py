@@ -1,10 +1,11 @@
-"""A pod's container root, set up inside fresh mount, PID and UTS namespaces: ``python3 sandbox.py SPEC.json``.
+"""A pod's container root, set up inside fresh mount, PID and UTS namespaces: ``python3 -I sandbox.py SPEC.json``.
 
 The kubelet starts this under ``unshare --pid --fork unshare --mount --uts`` (and ``ip netns exec POD`` for the
-pod's network); ``exec`` sessions under ``nsenter`` into the pod's PID and network namespaces, then the same. It builds the container's root from this machine's own top-level directories (the image is not pulled:
-the container runs this machine's programs), mounts a fresh /proc for the PID namespace, binds the pod's volumes
-and /etc/hosts at their mount paths, sets the hostname, changes root and working directory, and then *becomes*
-the container's command, so that command is PID 1. Standard library only; it runs before anything else exists.
+pod's network); ``exec`` sessions under ``nsenter`` into the pod's PID and network namespaces, then the same. It
+builds the container's root from this machine's own top-level directories (the image is not pulled: the container
+runs this machine's programs), mounts a fresh /proc for the PID namespace, binds the pod's volumes and /etc/hosts
+at their mount paths, sets the hostname, changes root and working directory, and then *becomes* the command, so
+the container's command is PID 1. Standard library only; it runs before anything else exists.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ def main(spec_path: str) -> None:
     os.chdir(spec["workdir"] or "/")
     argv, env = spec["argv"], spec["env"]
     try:
-        os.execvpe(argv[0], argv, env)
+        os.execvpe(argv[0], argv, env)  # noqa: S606 - becoming the container's command is the point
     except OSError as exc:
         print(f"fakekube: cannot run {argv[0]!r}: {exc.strerror}", file=sys.stderr, flush=True)
         os._exit(NOT_FOUND if isinstance(exc, FileNotFoundError) else CANNOT_RUN)

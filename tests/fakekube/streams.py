@@ -109,13 +109,13 @@ class ExecSession:
         the status went out and the WebSocket is closed."""
         if tty:
             master, slave = os.openpty()
-            process = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave,  # noqa: S603
+            process = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave,
                                        start_new_session=True, preexec_fn=_take_terminal)
             os.close(slave)
             outputs, sink = [(STDOUT, master)], _Stdin(master, owned=False)
         else:
             pipe, none = subprocess.PIPE, subprocess.DEVNULL
-            process = subprocess.Popen(argv, stdin=pipe if stdin else none, stdout=pipe if stdout else none,  # noqa: S603
+            process = subprocess.Popen(argv, stdin=pipe if stdin else none, stdout=pipe if stdout else none,
                                        stderr=pipe if stderr else none, bufsize=0)
             outputs = [(ch, s.fileno()) for ch, s in ((STDOUT, process.stdout), (STDERR, process.stderr)) if s]
             sink = _Stdin(os.dup(process.stdin.fileno()) if process.stdin else -1, owned=True)

@@ -21,8 +21,8 @@ from mlenv.config.kubernetes import (
 )
 from mlenv.config.load import LoadedFile
 from mlenv.config.model import (
-    DEFAULT_GRACE_SECONDS,
     DEFAULT_APP,
+    DEFAULT_GRACE_SECONDS,
     DEFAULT_IMAGE,
     DEFAULT_KUBERNETES_VERSION,
     DEFAULT_NODES,
@@ -214,7 +214,8 @@ def _scheduling(reader: ClusterReader) -> Scheduling:
             reader.problem(("scheduling", "tolerations", index, name), message)
     return Scheduling(tolerations=tuple(tolerations),
                       node_selector=dict(reader.get("scheduling", "nodeSelector", default={})),
-                      grace_period=parse_seconds(reader.get("scheduling", "grace_period", default=DEFAULT_GRACE_SECONDS)))
+                      grace_period=parse_seconds(reader.get("scheduling", "grace_period",
+                                                            default=DEFAULT_GRACE_SECONDS)))
 
 
 def _container(reader: ClusterReader) -> Container | None:
