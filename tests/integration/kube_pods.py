@@ -116,7 +116,7 @@ def kube_project(tmp_path: Path) -> Iterator[KubeProject]:
     kubeconfig = tmp_path / "kubeconfig"
     server = subprocess.Popen(
         [sys.executable, "-m", "tests.fakekube", "--port", str(port), "--namespace", NAMESPACE, "--run-pods",
-         "--restart-backoff", "1", "--kubeconfig", str(kubeconfig)],
+         "--restart-backoff", "30", "--kubeconfig", str(kubeconfig)],
         cwd=ROOT, env={**os.environ, "TMPDIR": str(pods_root)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True)
     assert server.stdout is not None

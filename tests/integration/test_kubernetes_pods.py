@@ -112,3 +112,21 @@ def test_deleting_a_pod_under_a_running_job_gives_its_ranks_sigterm(kube_project
     _until(lambda: _files(project, 0, "stopped-0-*") == "SIGTERMSIGTERM", "pod 0's ranks stopped")
     project.ok("clean")
     assert not pod_processes(project.pods_root)
+
+
+def test_exec_into_a_pod_whose_container_is_not_running(kube_project: KubeProject) -> None:  # noqa: F811
+    project = kube_project
+    project.ok("deploy", str(project.cluster_file))
+    pod = f"{APP}-1"
+    for restarts in (1, 2):  # PID 1 (the init) ends on SIGTERM; the second time the kubelet backs off 30 s
+        project.kubectl("exec", pod, "--", "kill", "1")
+        _until(lambda: f'"restartCount":{restarts}' in project.kubectl(
+            "get", "pod", pod, "-o", "jsonpath={.status.containerStatuses[0]}").stdout, f"restart {restarts}")
+    status = json.loads(project.ok("status", "--json").stdout)["pods"]
+    assert "CrashLoopBackOff" in (status[1]["detail"] or "") and "exit code 0" in status[1]["detail"], status
+    refused = project.mlenv("exec", "--pod", "1", "--", "true")
+    assert refused.returncode != 0
+    assert 'container not found ("ml-dev")' in refused.stdout  # kubectl's own words, as the node's output
+    assert f"node-1 ({pod}): exit status 1" in refused.stderr
+    answered = project.mlenv("exec", "--pod", "0", "--", "true")
+    assert answered.returncode == 0, answered.stderr
