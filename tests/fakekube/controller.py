@@ -38,6 +38,7 @@ NODES = by_kind("Node")
 EVENTS = by_kind("Event")
 NAMESPACES = by_kind("Namespace")
 STATEFULSETS = by_kind("StatefulSet")
+SERVICES = by_kind("Service")
 POD_NAME_LABEL = "statefulset.kubernetes.io/pod-name"
 POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"
 REVISION_LABEL = "controller-revision-hash"
@@ -347,6 +348,7 @@ class Controller:
         pods = sorted(self.store.list(PODS), key=_natural_key)
         placed = [(p, nodes[p["spec"]["nodeName"]]) for p in pods
                   if (p.get("spec") or {}).get("nodeName") in nodes]
+        services = self.store.list(SERVICES) if self.kubelet is not None else []
         if self.kubelet is not None:
             self.kubelet.prune({p["metadata"]["uid"] for p in pods})
             self._waiting = self.kubelet.waiting()
@@ -363,7 +365,7 @@ class Controller:
             if self.kubelet is None:
                 self._start_containers(pod, nodes.get(pod["spec"]["nodeName"]))
             elif not pod["metadata"].get("deletionTimestamp"):
-                self._write_view(pod, self.kubelet.sync(pod, pods))
+                self._write_view(pod, self.kubelet.sync(pod, pods, services))
         alive = {p["metadata"]["uid"] for p in pods}
         for uid in set(self._scheduled_at) - alive:
             del self._scheduled_at[uid]

@@ -20,7 +20,7 @@ import shutil
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -128,9 +128,11 @@ class Kubelet:
         """The IP of the ``ordinal``-th pod scheduled (its own namespace), or 127.0.0.1 (the machine's network)."""
         return f"10.128.{ordinal // 250}.{ordinal % 250 + 2}" if self.network else "127.0.0.1"
 
-    def sync(self, pod: dict[str, Any], peers: Iterable[dict[str, Any]]) -> View:
-        """Make ``pod`` run (starting, or restarting after its back-off); ``peers`` are the pods whose names its
-        /etc/hosts lists. Returns what its status should say."""
+    def sync(self, pod: dict[str, Any], peers: Sequence[dict[str, Any]],
+             services: Iterable[dict[str, Any]] = ()) -> View:
+        """Make ``pod`` run (starting, or restarting after its back-off); its /etc/hosts names the ``peers`` of its
+        headless Service and the headless ``services`` of its namespace (the cluster DNS it has instead).
+        Returns what its status should say."""
         with self._lock:
             run = self._runs.get(pod["metadata"]["uid"])
             if self._closed:
@@ -138,7 +140,7 @@ class Kubelet:
             if run is None:
                 run = self._runs[pod["metadata"]["uid"]] = self._new_run(pod)
             run.pod = pod
-            self._write_hosts(run, peers)
+            self._write_hosts(run, peers, services)
             if run.current is None and not run.failure and not run.stopping and time.monotonic() >= run.next_start:
                 self._start(run)
             return self._view(run)
@@ -237,11 +239,23 @@ class Kubelet:
             mounts.append((str(source), str(mount["mountPath"])))
         return [*mounts, (str(run.directory / "hosts"), "/etc/hosts")]
 
-    def _write_hosts(self, run: PodRun, peers: Iterable[dict[str, Any]]) -> None:
-        """The pod's /etc/hosts: localhost and, for the pods of its headless Service (``subdomain``), their IPs
-        and names (``pod.service.namespace.svc.cluster.local`` and shorter). Written in place: it is bound."""
+    def _write_hosts(self, run: PodRun, peers: Sequence[dict[str, Any]], services: Iterable[dict[str, Any]]) -> None:
+        """The pod's /etc/hosts: localhost; for the pods of its headless Service (``subdomain``) their IPs and
+        names (``pod.service.namespace.svc.cluster.local`` and shorter); for each headless Service of its namespace
+        with a selector, the IPs of the pods it selects under its names. Written in place: it is bound."""
         spec = run.pod.get("spec") or {}
+        namespace = run.pod["metadata"].get("namespace", "")
         lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
+        for service in services:
+            sspec, name = service.get("spec") or {}, service["metadata"]["name"]
+            selector = sspec.get("selector") or {}
+            if service["metadata"].get("namespace") != namespace or sspec.get("clusterIP") != "None" or not selector:
+                continue
+            for peer in peers:
+                ip = (peer.get("status") or {}).get("podIP")
+                labels = peer["metadata"].get("labels") or {}
+                if ip and peer["metadata"].get("namespace") == namespace and selector.items() <= labels.items():
+                    lines.append(f"{ip}\t{name}.{namespace}.svc.{CLUSTER_DOMAIN} {name}.{namespace}.svc {name}")
         for peer in peers:
             pspec, ip = peer.get("spec") or {}, (peer.get("status") or {}).get("podIP")
             if not ip or not spec.get("subdomain") or pspec.get("subdomain") != spec["subdomain"]:

@@ -1,5 +1,5 @@
-"""A Kubernetes (or Run:ai) deployment whose pods really run: fakekube started from its command line with
-``--run-pods``, the real kubectl, and the real ``mlenv`` in subprocesses.
+"""A Kubernetes or Run:ai deployment whose pods really run: fakekube started from its command line with
+``--run-pods``, the real kubectl (and the Run:ai stand-in), and the real ``mlenv`` in subprocesses.
 
 :func:`kube_project` yields a :class:`KubeProject`: a project directory (MLENV_HOME) with ``clusters/<name>.yaml``
 for the fake, and ``env`` (KUBECONFIG, KUBECACHEDIR, MLENV_HOME) for anything that should reach it. Everything the
@@ -56,21 +56,42 @@ class KubeProject:
                               check=False)
 
 
-def cluster_document(name: str, port: int, backend: str = "kubernetes", extra: str = "") -> str:
-    """A 2-node cluster file for the fake at ``port``: two processes per node (a 2x2 world; torch on CPU, gloo);
-    ``extra`` is appended YAML."""
-    return f"""\
-backend: {backend}
+RUNAI_PROJECT = "ml"
+RUNAI_STANDIN = ROOT / "tests" / "fixtures" / "runai"
+NAMESPACES = {"kubernetes": NAMESPACE, "runai": f"runai-{RUNAI_PROJECT}"}
+BACKEND_SECTIONS = {
+    "kubernetes": f"""\
 cluster:
-  name: {name}
-  api: 127.0.0.1:{port}
+  name: fake
+  api: 127.0.0.1:{{port}}
   namespace: {NAMESPACE}
-image: python:3.12-slim
 storage:
   mode: volumeClaimTemplates
   class_rwo: nfs-csi
   workspace_size: 1Gi
   datasets_size: 1Gi
+""",
+    "runai": f"""\
+cluster:
+  name: fake
+runai:
+  project: {RUNAI_PROJECT}
+  cli: v2
+  large_shm: true
+storage:
+  mode: rwx
+  class_rwx: nfs-csi
+  workspace_size: 1Gi
+""",
+}
+
+
+def cluster_document(backend: str, port: int) -> str:
+    """A 2-node cluster file of ``backend`` for the fake at ``port``: two processes per node (a 2x2 world; torch
+    on CPU, gloo)."""
+    return f"""\
+backend: {backend}
+{BACKEND_SECTIONS[backend].format(port=port)}image: python:3.12-slim
 gpus:
   per_node: 2
   default_nodes: 2
@@ -78,7 +99,7 @@ gpus:
 network:
   tcp:
     interface_exclude: "^lo"
-{extra}"""
+"""
 
 
 def _free_port() -> int:
@@ -103,8 +124,11 @@ def pod_processes(pods_root: Path) -> list[int]:
 
 
 @pytest.fixture
-def kube_project(tmp_path: Path) -> Iterator[KubeProject]:
-    """fakekube (``python -m tests.fakekube --run-pods``) serving a project's 2-node Kubernetes cluster file."""
+def kube_project(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[KubeProject]:
+    """fakekube (``python -m tests.fakekube --run-pods``) serving a project's 2-node cluster file of the backend
+    the test's parameter names (``indirect``; default ``kubernetes``; ``runai`` adds the Run:ai stand-in on PATH
+    and labels the project's namespace as Run:ai does)."""
+    backend = getattr(request, "param", "kubernetes")
     require_kubectl()
     require("rsync", "torch")
     home = tmp_path / "home"
@@ -114,8 +138,9 @@ def kube_project(tmp_path: Path) -> Iterator[KubeProject]:
     pods_root.mkdir()
     port = _free_port()
     kubeconfig = tmp_path / "kubeconfig"
+    namespace = NAMESPACES[backend]
     server = subprocess.Popen(
-        [sys.executable, "-m", "tests.fakekube", "--port", str(port), "--namespace", NAMESPACE, "--run-pods",
+        [sys.executable, "-m", "tests.fakekube", "--port", str(port), "--namespace", namespace, "--run-pods",
          "--restart-backoff", "30", "--kubeconfig", str(kubeconfig)],
         cwd=ROOT, env={**os.environ, "TMPDIR": str(pods_root)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True)
@@ -123,11 +148,18 @@ def kube_project(tmp_path: Path) -> Iterator[KubeProject]:
     first = server.stdout.readline()
     assert first.startswith("fakekube serving"), first + server.stdout.read()
     cluster_file = home / "clusters" / "fake.yaml"
-    cluster_file.write_text(cluster_document("fake", port))
+    cluster_file.write_text(cluster_document(backend, port))
     env = {**os.environ, "MLENV_HOME": str(home), "KUBECONFIG": str(kubeconfig),
            "KUBECACHEDIR": str(tmp_path / "kube-cache")}
+    if backend == "runai":
+        env.update(PATH=f"{RUNAI_STANDIN}{os.pathsep}{env['PATH']}", RUNAI_STANDIN_CLI="v2",
+                   RUNAI_STANDIN_LOG=str(tmp_path / "runai-argv.jsonl"))
+    project = KubeProject(home, cluster_file, env, pods_root)
     try:
-        yield KubeProject(home, cluster_file, env, pods_root)
+        if backend == "runai":
+            labelled = project.kubectl("label", "namespace", namespace, f"runai/queue={RUNAI_PROJECT}")
+            assert labelled.returncode == 0, labelled.stderr
+        yield project
     finally:
         server.terminate()
         output = server.communicate(timeout=START_SECONDS)[0]

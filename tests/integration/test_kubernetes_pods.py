@@ -10,6 +10,8 @@ import subprocess
 import time
 from collections.abc import Callable
 
+import pytest
+
 from tests.integration.kube_pods import (  # noqa: F401 - kube_project is a fixture
     APP,
     MLENV,
@@ -18,28 +20,43 @@ from tests.integration.kube_pods import (  # noqa: F401 - kube_project is a fixt
     kube_project,
     pod_processes,
 )
-from tests.integration.local_cluster import TINY_JOB
 
-DONE = re.compile(r"done world_size=4 node_rank=\d")
+ALLREDUCE_JOB = """\
+import os
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+t = torch.ones(1)
+dist.all_reduce(t)
+print(f"rank {dist.get_rank()} on node {os.environ['MLENV_NODE_RANK']}: world {dist.get_world_size()} "
+      f"sum {t.item():.0f}", flush=True)
+dist.destroy_process_group()
+"""
+RESULT = re.compile(r"^\[node-(\d)\] rank (\d) on node \1: world 4 sum 4$", re.MULTILINE)
 
 
+@pytest.mark.parametrize("kube_project", ["kubernetes", "runai"], indirect=True)
 def test_deploy_sync_exec_torchrun_clean(kube_project: KubeProject) -> None:  # noqa: F811 - fixture
     project = kube_project
     project.ok("deploy", str(project.cluster_file))
     pods = json.loads(project.ok("status", "--json").stdout)["pods"]
-    assert [(p["name"], p["phase"], p["ready"]) for p in pods] == [(f"{APP}-{i}", "Running", True) for i in (0, 1)]
+    assert [(p["phase"], p["ready"]) for p in pods] == [("Running", True)] * 2, pods
 
     source = project.home / "workspace"
     source.mkdir()
-    (source / "tiny.py").write_text(TINY_JOB)
+    (source / "allreduce.py").write_text(ALLREDUCE_JOB)
     project.ok("sync", "--source", str(source))
-    for ordinal in (0, 1):
-        answer = project.ok("exec", "--pod", str(ordinal), "--", "sh", "-c", 'echo "$(hostname) $(pwd)"; ls')
-        assert f"{APP}-{ordinal} /workspace" in answer.stdout and "tiny.py" in answer.stdout, answer.stdout
+    for ordinal, pod in enumerate(pods):
+        answer = project.ok("exec", "--pod", str(ordinal), "--", "sh", "-c",
+                            'echo "$(hostname) $(pwd) $MLENV_NODE_RANK"; ls')
+        assert f"{pod['name']} /workspace {ordinal}" in answer.stdout, answer.stdout
+        assert "allreduce.py" in answer.stdout, answer.stdout
 
-    launched = project.ok("launch", "--launcher", "torchrun", "tiny.py", timeout=300)
-    assert DONE.search(launched.stdout), launched.stdout + launched.stderr
-    assert "sum 4" in launched.stdout.replace("step 1/3 sum 10", ""), launched.stdout
+    launched = project.ok("launch", "--launcher", "torchrun", "allreduce.py", timeout=300)
+    ranks = {(int(node), int(rank)) for node, rank in RESULT.findall(launched.stdout)}
+    assert sorted(rank for _, rank in ranks) == [0, 1, 2, 3], launched.stdout + launched.stderr
+    assert {node for node, _ in ranks} == {0, 1}  # two ranks on each pod
 
     project.ok("clean")
     assert not pod_processes(project.pods_root)
@@ -120,7 +137,7 @@ def test_exec_into_a_pod_whose_container_is_not_running(kube_project: KubeProjec
     pod = f"{APP}-1"
     for restarts in (1, 2):  # PID 1 (the init) ends on SIGTERM; the second time the kubelet backs off 30 s
         project.kubectl("exec", pod, "--", "kill", "1")
-        _until(lambda: f'"restartCount":{restarts}' in project.kubectl(
+        _until(lambda wanted=restarts: f'"restartCount":{wanted}' in project.kubectl(
             "get", "pod", pod, "-o", "jsonpath={.status.containerStatuses[0]}").stdout, f"restart {restarts}")
     status = json.loads(project.ok("status", "--json").stdout)["pods"]
     assert "CrashLoopBackOff" in (status[1]["detail"] or "") and "exit code 0" in status[1]["detail"], status
