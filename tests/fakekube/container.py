@@ -95,17 +95,15 @@ class Container:
                                        start_new_session=True)
         finally:
             os.close(write_end)
-        pid1 = _child(process)
-        container = cls(sandbox, log, process, pid1)
-        threading.Thread(target=container._keep_log, args=(read_end,), name=f"log-{sandbox.hostname}",
-                         daemon=True).start()
+        copier = threading.Thread(target=_copy, args=(read_end, log), name=f"log-{sandbox.hostname}", daemon=True)
+        copier.start()  # before PID 1 is found: a sandbox that fails says why in the log
+        container = cls(sandbox, log, process, _child(process))
+        threading.Thread(target=container._wait, args=(copier,), name=f"wait-{sandbox.hostname}", daemon=True).start()
         return container
 
-    def _keep_log(self, read_end: int) -> None:
-        """Copy the output into the log until the last writer is gone, then wait for the exit."""
-        with open(read_end, "rb", buffering=0) as pipe, self.log.open("ab", buffering=0) as out:
-            while chunk := pipe.read(65536):
-                out.write(chunk)
+    def _wait(self, copier: threading.Thread) -> None:
+        """Once the output is all in the log (the last writer is gone), record the exit."""
+        copier.join()
         code = exit_status(self.process.wait())
         self.terminated = Terminated(code, self.started_at, now_iso(), self.container_id)
         self.ended.set()
@@ -140,6 +138,13 @@ def _sandbox_argv(sandbox: Sandbox, spec_path: Path, remove: bool = False) -> li
             "workdir": sandbox.workdir, "argv": list(sandbox.argv), "env": dict(sandbox.env), "remove": remove}
     spec_path.write_text(json.dumps(spec))
     return ["unshare", "--mount", "--uts", "--", sys.executable, "-I", str(SANDBOX), str(spec_path)]
+
+
+def _copy(read_end: int, log: Path) -> None:
+    """Copy the container's output into its log until the last writer is gone."""
+    with open(read_end, "rb", buffering=0) as pipe, log.open("ab", buffering=0) as out:
+        while chunk := pipe.read(65536):
+            out.write(chunk)
 
 
 def _children(pid: int) -> list[int]:

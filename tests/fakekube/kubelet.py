@@ -107,11 +107,13 @@ class Kubelet:
     """Runs the pods the controller hands it; ``on_change`` is called (from a worker thread) whenever a container
     ends or a pod finished terminating, so the controller writes the new status at once."""
 
-    def __init__(self, root: Path, on_change: Callable[[], None], restart_backoff: float = 10.0) -> None:
+    def __init__(self, root: Path, on_change: Callable[[], None], restart_backoff: float = 10.0,
+                 network: bool | None = None) -> None:
         self.root = root
         self.on_change = on_change
         self.restart_backoff = restart_backoff
-        self.network = net.available()
+        self.network = net.available() if network is None else network and net.available()
+        """Pods get network namespaces (``network``: None when this process can make them, i.e. root)."""
         self.user_namespace = os.geteuid() != 0
         self.prefix = f"fk{secrets.token_hex(3)}"
         self.bridge = f"{self.prefix}-br"
@@ -285,7 +287,8 @@ class Kubelet:
             run.current = Container.start(sandbox, run.directory / f"container-{run.restarts}.log",
                                           run.directory / "sandbox.json")
         except OSError as exc:
-            run.failure = str(exc)
+            said = _last_line(run.directory / f"container-{run.restarts}.log")
+            run.failure = f"{exc}: {said}" if said else str(exc)
             return
         threading.Thread(target=self._watch, args=(run, run.current), name=f"watch-{run.uid[:8]}",
                          daemon=True).start()
@@ -343,6 +346,15 @@ class Kubelet:
         with contextlib.suppress(OSError):
             shutil.rmtree(run.directory)
         run.done.set()
+
+
+def _last_line(path: Path) -> str:
+    """The last line of a file (''  when there is none)."""
+    try:
+        lines = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return lines[-1] if lines else ""
 
 
 _ENDED = threading.Event()

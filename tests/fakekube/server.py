@@ -73,7 +73,8 @@ class FakeKube:
     objects (default :data:`seeds.DEFAULT_STORAGE_CLASSES`); ``openshift``: serve the OpenShift API groups (with
     the default SCCs) or not, like plain Kubernetes; ``ready_delay``: seconds between a pod being scheduled and
     becoming Ready; ``run_pods``: really run scheduled pods on this machine (:mod:`kubelet`; ``restart_backoff`` is
-    the first CrashLoopBackOff delay), and serve exec and logs from them. Use as a context manager, or call start()
+    the first CrashLoopBackOff delay; ``pod_network=False``: no network namespaces even as root), and serve exec
+    and logs from them. Use as a context manager, or call start()
     and stop(): stop ends every pod's processes.
 
     Tests steer it through ``faults`` (see :class:`Faults`), ``forbidden_namespaces`` (requests in them get
@@ -99,6 +100,7 @@ class FakeKube:
         port: int = 0,
         run_pods: bool = False,
         restart_backoff: float = 10.0,
+        pod_network: bool | None = None,
     ) -> None:
         self.token = token
         self.user = user
@@ -121,7 +123,7 @@ class FakeKube:
         self._pod_root: Path | None = None
         if run_pods:
             self._pod_root = Path(tempfile.mkdtemp(prefix="fakekube-pods-"))
-            self.kubelet = Kubelet(self._pod_root, lambda: self.controller.reconcile(), restart_backoff)
+            self.kubelet = Kubelet(self._pod_root, lambda: self.controller.reconcile(), restart_backoff, pod_network)
         self.controller = Controller(self.store, self.api, self.faults, self.failures, ready_delay, resync_seconds,
                                      self.kubelet)
         if self.kubelet is not None:

@@ -184,3 +184,46 @@ def test_64_parallel_execs_are_all_served_in_bounded_memory(cluster: FakeCluster
 def _rss_kib() -> int:
     status = Path(f"/proc/{os.getpid()}/status").read_text()
     return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:")))
+
+
+def test_exec_with_a_terminal(cluster: FakeCluster) -> None:
+    """``kubectl exec -it`` from a terminal: the command gets a terminal of its size, input is echoed back, and
+    kubectl exits with its code."""
+    import pty
+
+    cluster.kubectl("apply", "-f", "-", input=pod("p", "exec sleep infinity"))
+    running(cluster, "p")
+    assert cluster.kubectl_path is not None
+    pid, terminal = pty.fork()
+    if pid == 0:  # the child: kubectl on a terminal of its own
+        os.execve(cluster.kubectl_path, [cluster.kubectl_path, "exec", "-it", "p", "--", "sh", "-c",  # noqa: S606
+                                         'tty; stty size; read line; echo "got $line"; exit 5'], cluster.env)
+    seen = b""
+    os.write(terminal, b"hello\n")
+    while True:
+        try:
+            chunk = os.read(terminal, 4096)
+        except OSError:  # EIO: kubectl closed the terminal
+            break
+        if not chunk:
+            break
+        seen += chunk
+    _, status = os.waitpid(pid, 0)
+    text = seen.decode(errors="replace")
+    assert os.waitstatus_to_exitcode(status) == 5, text
+    assert "/dev/pts/" in text and "got hello" in text, text
+
+
+def test_without_network_namespaces_pods_share_loopback(fake_kube_factory: Callable[..., FakeCluster]) -> None:
+    """As without root (``pod_network=False`` here): pods share this machine's network, pod IP 127.0.0.1, and
+    their headless Service's names resolve to it; PID, mount and UTS namespaces as ever."""
+    cluster = fake_kube_factory(run_pods=True, pod_network=False)
+    sts = {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": "w"},
+           "spec": {"replicas": 2, "serviceName": "w", "selector": {"matchLabels": {"app": "w"}},
+                    "template": {"metadata": {"labels": {"app": "w"}}, "spec": {
+                        "containers": [{"name": "main", "image": "x", "command": ["sleep", "infinity"]}]}}}}
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(sts))
+    assert running(cluster, "w-0")["status"]["podIP"] == running(cluster, "w-1")["status"]["podIP"] == "127.0.0.1"
+    inside = cluster.kubectl("exec", "w-1", "--", "sh", "-c", "hostname; getent hosts w-0.w.ml.svc.cluster.local")
+    assert inside.stdout.split() == ["w-1", "127.0.0.1", "w-0.w.ml.svc.cluster.local", "w-0.w.ml.svc", "w-0.w",
+                                     "w-0"], inside
