@@ -87,11 +87,17 @@ class Gpus(NamedTuple):
     procs_per_node: int
 
 
+DEFAULT_GRACE_SECONDS = 30
+"""Kubernetes' own default terminationGracePeriodSeconds."""
+
+
 class Scheduling(NamedTuple):
-    """Extra tolerations and node selector for the pods."""
+    """Extra tolerations and node selector for the pods, and their termination grace."""
 
     tolerations: tuple[Mapping[str, object], ...]
     node_selector: Mapping[str, str]
+    grace_period: int = DEFAULT_GRACE_SECONDS
+    """Seconds between SIGTERM and SIGKILL when a pod is deleted (terminationGracePeriodSeconds)."""
 
 
 @dataclass(frozen=True)
