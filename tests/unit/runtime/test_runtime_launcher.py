@@ -13,12 +13,14 @@ from mlenv.runtime.launcher import (
     deepspeed_argv,
     default_nproc,
     hostfile_text,
+    launch,
     local_address,
     rendezvous_id,
     run_job,
     torchrun_argv,
 )
 from mlenv.runtime.topology import Topology
+from mlenv.runtime.transport import Expectation
 
 NODE0 = Topology(0, 2, 4, "ml-dev-env-0.ml-dev-env-headless", 29500, "mlenv")
 NODE1 = Topology(1, 2, 4, "ml-dev-env-0.ml-dev-env-headless", 29500, "mlenv")
@@ -79,8 +81,11 @@ def test_local_address_towards_the_master() -> None:
     assert local_address("no-such-host.invalid", 29500) is None
 
 
-def python_job(code: str, expect: str | None = None) -> Job:
-    return Job([sys.executable, "-c", code], {"PYTHONUNBUFFERED": "1"}, {}, {}, expect)
+ANY = Expectation("any", explicit=False)
+
+
+def python_job(code: str, expected: Expectation = ANY, env: dict[str, str] | None = None) -> Job:
+    return Job([sys.executable, "-c", code], {"PYTHONUNBUFFERED": "1", **(env or {})}, {}, {}, expected)
 
 
 def test_run_job_copies_output_to_the_node_log_and_returns_the_exit_status(
@@ -99,7 +104,7 @@ def test_run_job_also_feeds_the_container_log(tmp_path: Path, capfd: pytest.Capt
     os.mkfifo(container_log)
     reader = subprocess.Popen(["cat", str(container_log)], stdout=subprocess.PIPE, text=True)
     job = Job([sys.executable, "-c", "print('step 1/2 loss 0.5')"],
-              {"PYTHONUNBUFFERED": "1", "MLENV_CONTAINER_LOG": str(container_log)}, {}, {}, None)
+              {"PYTHONUNBUFFERED": "1", "MLENV_CONTAINER_LOG": str(container_log)}, {}, {}, ANY)
     assert run_job(job) == 0
     assert reader.communicate(timeout=10)[0] == "step 1/2 loss 0.5\n"
     assert "step 1/2 loss 0.5" in capfd.readouterr().out
@@ -107,7 +112,7 @@ def test_run_job_also_feeds_the_container_log(tmp_path: Path, capfd: pytest.Capt
 
 def test_an_unwritable_container_log_only_warns(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     job = Job([sys.executable, "-c", "print('ok')"],
-              {"MLENV_CONTAINER_LOG": str(tmp_path / "missing" / "stdout")}, {}, {}, None)
+              {"MLENV_CONTAINER_LOG": str(tmp_path / "missing" / "stdout")}, {}, {}, ANY)
     assert run_job(job) == 0
     captured = capfd.readouterr()
     assert captured.out == "ok\n" and "not copying output to the container log" in captured.err
@@ -123,16 +128,55 @@ SOCKET_LINES = (
 )
 
 
+RDMA_DEFAULT = Expectation("rdma", explicit=False)
+RDMA_ASKED = Expectation("rdma", explicit=True)
+
+
 def test_rdma_expected_but_sockets_used_fails_the_job(capfd: pytest.CaptureFixture[str]) -> None:
-    assert run_job(python_job(SOCKET_LINES, expect="rdma")) == 1
-    assert "error: the cluster file asks for rdma but NCCL used SOCKETS" in capfd.readouterr().err
+    assert run_job(python_job(SOCKET_LINES, RDMA_DEFAULT)) == 1
+    assert "error: expected rdma, the log shows SOCKETS (NCCL chose NET/Socket)" in capfd.readouterr().err
 
 
 def test_rdma_used_passes(capfd: pytest.CaptureFixture[str]) -> None:
     rdma = SOCKET_LINES.replace("NET/Socket : Using [0]eth0:10.0.0.5<0>", "NET/IB : Using [0]mlx5_0:1/IB")
-    assert run_job(python_job(rdma.replace("network Socket", "network IB"), expect="rdma")) == 0
-    assert "NCCL transport: RDMA (no GDR)" in capfd.readouterr().err
+    assert run_job(python_job(rdma.replace("network Socket", "network IB"), RDMA_DEFAULT)) == 0
+    assert "mlenv: RDMA (no GDR), as expected" in capfd.readouterr().err
 
 
 def test_a_failed_job_keeps_its_own_status_even_on_sockets() -> None:
-    assert run_job(python_job(SOCKET_LINES + "; raise SystemExit(7)", expect="rdma")) == 7
+    assert run_job(python_job(SOCKET_LINES + "; raise SystemExit(7)", RDMA_DEFAULT)) == 7
+
+
+def test_nothing_proven_fails_an_explicit_expectation(capfd: pytest.CaptureFixture[str]) -> None:
+    assert run_job(python_job("print('step 1/2 loss 0.5')", RDMA_ASKED)) == 1
+    assert ("error: could not prove rdma: no NCCL lines in the output: the job may not use NCCL"
+            in capfd.readouterr().err)
+
+
+@pytest.mark.parametrize(("env", "why"), [
+    ({}, "no NCCL lines in the output: the job may not use NCCL"),
+    ({"NCCL_DEBUG": "WARN"}, "NCCL_DEBUG=WARN hides the INFO lines that name the transport"),
+    ({"NCCL_DEBUG": "INFO", "NCCL_DEBUG_FILE": "/tmp/nccl.%h.%p"}, "NCCL_DEBUG_FILE=/tmp/nccl.%h.%p sends NCCL's "
+                                                                   "lines to a file, not to the output"),
+])
+def test_nothing_proven_under_the_rdma_mode_default_only_warns(env: dict[str, str], why: str,
+                                                               capfd: pytest.CaptureFixture[str]) -> None:
+    assert run_job(python_job("print('step 1/2 loss 0.5')", RDMA_DEFAULT, env)) == 0
+    assert f"mlenv: warning: could not prove rdma: {why}" in capfd.readouterr().err
+
+
+def test_any_reports_the_verdict_and_keeps_the_exit_code(capfd: pytest.CaptureFixture[str]) -> None:
+    assert run_job(python_job(SOCKET_LINES + "; raise SystemExit(3)")) == 3
+    assert "mlenv: NCCL transport: SOCKETS" in capfd.readouterr().err
+
+
+def test_rdma_mode_refuses_to_start_without_an_active_port(tmp_path: Path, fixtures: Path,
+                                                           capfd: pytest.CaptureFixture[str]) -> None:
+    marker = tmp_path / "started"
+    script = tmp_path / "train.py"
+    script.write_text(f"open({str(marker)!r}, 'w').close()\n")
+    env = {"MLENV_NODE_RANK": "0", "MLENV_NUM_NODES": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29561",
+           "MLENV_NETWORK_MODE": "rdma", "PATH": os.environ["PATH"]}
+    status = launch([str(script)], launcher="torchrun", environ=env, nproc=1, sysfs_root=fixtures / "sysfs/ib_down")
+    assert (status, marker.exists()) == (1, False)
+    assert ("not starting the job (--expect-transport any starts it anyway)" in capfd.readouterr().err)

@@ -1,8 +1,9 @@
 """Start the job on this node: torchrun with a c10d rendezvous, or DeepSpeed's launcher without ssh.
 
 Run the same command on every node. The job's output goes to stdout and, with a run directory, to
-``<run_dir>/node<R>.log``; its exit status becomes ours. When the cluster file asked for RDMA, the
-NCCL lines of the output are checked afterwards and a job that ran over sockets fails.
+``<run_dir>/node<R>.log``; its exit status becomes ours. In rdma mode a node without a usable RDMA network is
+refused before the job starts; the NCCL lines of the output are checked against the expected transport
+(transport.py) once the job ends.
 """
 
 from __future__ import annotations
@@ -23,8 +24,10 @@ from typing import IO
 
 from .host import visible_gpu_count
 from .nccl import NcclEnv, detect_nccl_env
-from .ncclog import contradicts, parse_nccl_log
+from .ncclog import parse_nccl_log
+from .preflight import library_dirs, rdma_preflight
 from .topology import DEFAULT_APP_NAME, Topology, detect_topology
+from .transport import Expectation, debug_env, expectation, final_verdict
 
 LAUNCHERS = ("torchrun", "deepspeed")
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -40,7 +43,7 @@ class Job:
     env: dict[str, str]
     added_env: dict[str, str]  # what mlenv added to the inherited environment
     files: dict[Path, str]  # written before the job starts (DeepSpeed's hostfile)
-    expect: str | None  # "rdma" when the NCCL output must show RDMA
+    expected: Expectation  # what NCCL's output must prove
 
 
 def torchrun_argv(
@@ -121,6 +124,7 @@ def launch(
     proc_root: str | Path = "/proc",
     dry_run: bool = False,
     node_log: bool = True,
+    expect_transport: str | None = None,
 ) -> int:
     """Configure NCCL, start the job through ``launcher`` and return its exit status; with a ``run_dir``,
     the output also goes to its ``node<R>.log`` unless ``node_log`` is off (stdout already is that file)."""
@@ -131,9 +135,17 @@ def launch(
     )
     for warning in nccl.warnings:
         _note(f"warning: {warning}")
+    expected = expectation(expect_transport, environ)
+    if not dry_run and environ.get("MLENV_NETWORK_MODE") == "rdma" and expected.expect != "any":
+        check = rdma_preflight(environ, sysfs_root=sysfs_root, lib_dirs=library_dirs(environ))
+        for line in [*check.notes, *(f"warning: {w}" for w in check.warnings)]:
+            _note(line)
+        if check.refusal:
+            _note(f"error: {check.refusal}; not starting the job (--expect-transport any starts it anyway)")
+            return 1
     with ExitStack() as stack:
         workdir = run_dir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mlenv-launch-")))
-        job = _prepare(command, launcher, topology, nproc, environ, nccl, workdir)
+        job = _prepare(command, launcher, topology, nproc, environ, nccl, workdir, expected)
         _note(f"node {topology.node_rank}/{topology.num_nodes} ({topology.source}), {nproc} processes, "
               f"master {topology.master_addr}:{topology.master_port}")
         removed = [f"unset {name}" for name in nccl.unset]
@@ -158,12 +170,10 @@ def _prepare(
     environ: Mapping[str, str],
     nccl: NcclEnv,
     workdir: Path,
+    expected: Expectation,
 ) -> Job:
     """The argv, environment and files for this node."""
-    added = dict(nccl.env)
-    expect = "rdma" if environ.get("MLENV_NETWORK_MODE") == "rdma" else None
-    if expect and "NCCL_DEBUG" not in environ:
-        added["NCCL_DEBUG"] = "INFO"  # the transport check reads NCCL's INFO lines
+    added = {**nccl.env, **debug_env(expected, environ)}  # the transport check reads NCCL's INFO lines
     if "PYTHONUNBUFFERED" not in environ:
         added["PYTHONUNBUFFERED"] = "1"  # progress lines through the pipe as they happen
     files = {}
@@ -178,7 +188,7 @@ def _prepare(
         files[hostfile] = hostfile_text(topology.num_nodes, nproc)
         argv = deepspeed_argv(topology, nproc, command, hostfile=hostfile)
     inherited = {name: value for name, value in environ.items() if name not in nccl.unset}
-    return Job(argv, {**inherited, **added}, added, files, expect)
+    return Job(argv, {**inherited, **added}, added, files, expected)
 
 
 def run_job(job: Job, log_path: Path | None = None) -> int:
@@ -196,7 +206,10 @@ def run_job(job: Job, log_path: Path | None = None) -> int:
         nccl_lines = _copy_output(process.stdout, sinks) if process.stdout else []
         status = process.wait()
     status = 128 - status if status < 0 else status  # killed by signal N: 128 + N, as shells report it
-    return _check_transport(nccl_lines, job.expect, status)
+    status, lines = final_verdict(parse_nccl_log(nccl_lines), job.expected, job.env, status)
+    for line in lines:
+        _note(line)
+    return status
 
 
 @contextmanager
@@ -217,22 +230,6 @@ def forwarding_signals(process: subprocess.Popen[bytes], group: bool = False) ->
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-
-
-def _check_transport(nccl_lines: list[str], expect: str | None, status: int) -> int:
-    """Report what NCCL used; fail a successful job whose transport contradicts ``expect``."""
-    report = parse_nccl_log(nccl_lines)
-    if not report.ranks:
-        if expect:
-            _note(f"no NCCL INFO lines in the output: cannot verify that NCCL used {expect}")
-        return status
-    for rank in report.ranks:
-        _note(rank.summary())
-    _note(f"NCCL transport: {report.verdict}")
-    if expect and contradicts(report.verdict, expect):
-        _note(f"error: the cluster file asks for {expect} but NCCL used {report.verdict}")
-        return status or 1
-    return status
 
 
 def _container_log(stack: ExitStack, path: str | None) -> list[IO[bytes]]:
