@@ -44,7 +44,8 @@ class FanoutJobs:
     def prepare_launch(self, handle: Handle, spec: LaunchSpec) -> LaunchRequest:
         """PURE: the same runtime launch on every node, in its workspace."""
         options = ["--launcher", spec.launcher, *(["--nproc", str(spec.nproc)] if spec.nproc else []),
-                   "--run-dir", run_dir(spec.run_id), *(["--detach"] if spec.detach else [])]
+                   "--run-dir", run_dir(spec.run_id), *(["--detach"] if spec.detach else []),
+                   *(["--expect-transport", spec.expect_transport] if spec.expect_transport else [])]
         command = self.runtime(handle, "launch", *options, "--", spec.script, *spec.args)
         env = {"MLENV_RUN_ID": spec.run_id, "PYTHONUNBUFFERED": "1"}
         commands = {ordinal: command for ordinal in range(handle.nodes)}
