@@ -338,7 +338,9 @@ class LogReport:
 class NcclLogReader:
     """Reads NCCL lines one at a time (from files, or live from a running job) and reports at any moment."""
 
-    def __init__(self) -> None:
+    def __init__(self, nodes: int | None = None) -> None:
+        """``nodes``: how many nodes the job has, when the caller knows (1: a verdict can only be INTRA-NODE)."""
+        self._nodes = nodes
         self._processes: dict[str, RankReport] = {}
         self._version: str | None = None
         self.lines = 0
@@ -409,6 +411,8 @@ class NcclLogReader:
         return LogReport(ordered, node_reports, verdict, reason, self._version)
 
     def _multi_node(self, nodes: dict[str, Evidence]) -> bool | None:
+        if self._nodes is not None:
+            return self._nodes > 1
         named = [name for name in nodes if name != "?"]
         if len(named) > 1 or any(ev.net_channels() for ev in nodes.values()):
             return True

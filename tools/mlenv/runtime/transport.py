@@ -1,5 +1,6 @@
 """What a launch expects NCCL to prove about its transport, and how the job's own output proves it.
 
+:class:`TransportProof` watches the ranks' lines while the job runs (an observer of the node's supervisor).
 The expectation is ``--expect-transport`` (from ``mlenv launch``, ``EXPECT_TRANSPORT=`` or the cluster file's
 ``network.expect_transport``), else ``rdma`` in rdma mode and ``any`` otherwise. An explicit expectation that
 nothing proves fails the job; the rdma-mode default only warns, saying why nothing was proven.
@@ -10,7 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .ncclog import UNKNOWN, LogReport, judge
+from .ncclog import UNKNOWN, LogReport, NcclLogReader, NodeReport, contradicts, judge
+from .observers import BaseObserver, RankInfo
+from .runlayout import RUNNING
 
 DEBUG_SUBSYS = "INIT,NET"
 """The NCCL_DEBUG_SUBSYS that prints what the proof reads: the network NCCL picks and the channels it sets up."""
@@ -74,3 +77,70 @@ def final_verdict(report: LogReport, expected: Expectation, environ: Mapping[str
     if not passed:
         return status or 1, [f"error: {message}"]
     return status, [message]
+
+
+class TransportProof(BaseObserver):
+    """The live proof: reads the ranks' NCCL lines while the job runs, prints this node's verdict as soon as NCCL
+    names its network or connects its channels (and again when the channels add GDR detail), records it in
+    state.json, stops the whole job on a contradiction and judges what was proven once the job ends."""
+
+    def __init__(self, expected: Expectation, environ: Mapping[str, str]) -> None:
+        self.expected = expected
+        self.environ = environ
+        nodes = environ.get("MLENV_NUM_NODES", "")
+        self.reader = NcclLogReader(nodes=int(nodes) if nodes.isdigit() else None)
+        self.lines: dict[int | None, int] = {}
+        self.changed = False
+        self.shown: tuple[object, ...] | None = None
+        self.stopped = False
+
+    def line(self, rank: RankInfo | None, text: str) -> None:
+        if "NCCL" not in text or self.stopped:
+            return
+        who = rank.rank if rank else None
+        self.lines[who] = self.lines.get(who, 0) + 1
+        where = f"rank{who}:{self.lines[who]}" if rank else f"launcher:{self.lines[who]}"
+        node = f"node-{rank.node}" if rank else None
+        self.changed |= self.reader.feed(text, where, node=node, rank=who)
+
+    def tick(self, now: float) -> None:
+        if self.changed and not self.stopped:
+            self.changed = False
+            self._decide()
+
+    def finished(self, exit_code: int) -> int:
+        if self.stopped:
+            return exit_code
+        report = self._decide()
+        if self.stopped:
+            return exit_code or 1
+        status, lines = final_verdict(report, self.expected, self.environ, exit_code)
+        for line in lines:
+            self.note(line)
+        return status
+
+    def _decide(self) -> LogReport:
+        report = self.reader.report()
+        node = report.nodes[0] if report.nodes else None
+        if node is None or node.verdict == UNKNOWN:
+            return report
+        shown = (node.verdict, tuple(node.devices), node.plugin, node.nccl_version)
+        if shown != self.shown:
+            self.shown = shown
+            self.note(node.line())
+            if self.control is not None:
+                self.control.set_state(RUNNING, transport=transport_record(node))
+        if self.expected.judged and contradicts(node.verdict, self.expected.expect):
+            self.stopped = True
+            reason = (f"NCCL uses {node.verdict} but --expect-transport is {self.expected.expect}: {node.reason} "
+                      f"(evidence: {', '.join(node.evidence)})")
+            self.note(f"error: {reason}; stopping the job on every node")
+            if self.control is not None:
+                self.control.stop(reason, 1)
+        return report
+
+
+def transport_record(node: NodeReport) -> dict[str, object]:
+    """What state.json keeps of a node's verdict (``latest_run.transport`` of ``mlenv status --json``)."""
+    return {"verdict": node.verdict, "plugin": node.plugin, "devices": node.devices,
+            "nccl_version": node.nccl_version}
