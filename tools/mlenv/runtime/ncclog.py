@@ -86,7 +86,7 @@ class Evidence:
     bootstrap_format: bool = False  # 2.5+ names its bootstrap socket "Bootstrap : Using"
     ib_missing: bool = False  # "NET/IB : No device found": NCCL goes on to sockets
     socket_data: bool = False  # a "NET/Socket : Using" line that is not NCCL 2.4's bootstrap one
-    devices: list[str] = field(default_factory=list)
+    net_devices: dict[str, list[str]] = field(default_factory=dict)  # network -> devices it reported
     provider: str | None = None  # libfabric provider (OFI plugin)
     ofi: str | None = None  # aws-ofi-nccl version
     channels: Counter[str] = field(default_factory=Counter)  # "NET/IB/0/GDRDMA" -> count
@@ -119,6 +119,16 @@ class Evidence:
             return sockets[-1]
         return "Socket" if self.ib_missing else None
 
+    def devices(self) -> list[str]:
+        """The devices of the data network (a bootstrap socket's interface is not one)."""
+        network = self.network()
+        if network is None:
+            return []
+        if network in self.net_devices:
+            return self.net_devices[network]
+        sockets = is_socket_network(network, self.provider)  # IBext, UCX: the devices come as "NET/IB : Using"
+        return next((found for name, found in self.net_devices.items() if is_socket_network(name) == sockets), [])
+
     def net_channels(self) -> int:
         return sum(n for via, n in self.channels.items() if _net_name(via))
 
@@ -135,7 +145,9 @@ class Evidence:
         self.nccl_version = self.nccl_version or other.nccl_version
         self.named = self.named or other.named
         self.inits += other.inits
-        self.devices += [d for d in other.devices if d not in self.devices]
+        for name, found in other.net_devices.items():
+            mine = self.net_devices.setdefault(name, [])
+            mine += [d for d in found if d not in mine]
         self.provider = self.provider or other.provider
         self.ofi = self.ofi or other.ofi
         self.channels.update(other.channels)
@@ -220,7 +232,7 @@ class RankReport:
 
     @property
     def devices(self) -> list[str]:
-        return self.evidence_.devices
+        return self.evidence_.devices()
 
     @property
     def warnings(self) -> list[str]:
@@ -241,7 +253,7 @@ class RankReport:
             "nccl_version": ev.nccl_version,
             "network": network,
             "plugin": f"NET/{network}" if network else None,
-            "devices": ev.devices,
+            "devices": ev.devices(),
             "gdr": bool(ev.gdr()) and self.verdict == RDMA_GDR,
             "net_channels": ev.net_channels(),
             "p2p": any(via.startswith("P2P") for via in ev.channels),
@@ -260,7 +272,7 @@ class RankReport:
         parts = [f"rank {rank} ({self.process}): {self.verdict}"]
         network = ev.network()
         if network:
-            parts.append(f"network {network} [{', '.join(ev.devices)}]")
+            parts.append(f"network {network} [{', '.join(ev.devices())}]")
         net = {via: n for via, n in ev.channels.items() if _net_name(via)}
         if net:
             gdr = sum(n for via, n in net.items() if "GDRDMA" in via)
@@ -479,7 +491,7 @@ def _node_decision(ev: Evidence, multi: bool | None, processes: list[RankReport]
 def _node_report(name: str, ev: Evidence, decision: Decision) -> NodeReport:
     network = ev.network()
     return NodeReport(name, decision.verdict, decision.reason, network, f"NET/{network}" if network else None,
-                      ev.devices, ev.nccl_version, ev.provider, ev.evidence)
+                      ev.devices(), ev.nccl_version, ev.provider, ev.evidence)
 
 
 def _overall(nodes: list[NodeReport]) -> tuple[str, str]:
@@ -525,12 +537,13 @@ def _read_message(ev: Evidence, level: str, message: str, where: str) -> bool:
                 # NCCL 2.4 set up its bootstrap socket with this same line, before the data network
                 ev.socket_data |= ev.bootstrap_format or ev.ib_missing or name in ev.inits
             ev.inits.append(name)
-            ev.devices = _DEVICE.findall(rest) or ev.devices
+            ev.net_devices[name] = _DEVICE.findall(rest) or ev.net_devices.get(name, [])
             return note()
         return False
     if device := _NET_23_DEVICE.match(message):
-        if device["device"] not in ev.devices:
-            ev.devices.append(device["device"])
+        found = ev.net_devices.setdefault(device["name"], [])
+        if device["device"] not in found:
+            found.append(device["device"])
         if device["name"] not in ev.inits:
             ev.inits.append(device["name"])
         return note()
@@ -603,8 +616,8 @@ def compact_devices(devices: list[str]) -> str:
     match = [re.fullmatch(r"(.*?)(\d+)", n) for n in names]
     if len(names) > 2 and all(match):
         stems = {m[1] for m in match if m}
-        numbers = [int(m[2]) for m in match if m]
-        if len(stems) == 1 and numbers == list(range(numbers[0], numbers[0] + len(numbers))):
+        numbers = sorted({int(m[2]) for m in match if m})
+        if len(stems) == 1 and len(numbers) > 2 and numbers == list(range(numbers[0], numbers[-1] + 1)):
             return f"{stems.pop()}{numbers[0]}..{numbers[-1]}"
     return ",".join(dict.fromkeys(names))
 
