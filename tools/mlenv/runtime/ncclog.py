@@ -470,7 +470,10 @@ def _key(host: str | None, pid: str | None, dev: str | None, launcher: re.Match[
 
 
 def _multi_for(ev: Evidence, job: bool | None) -> bool | None:
-    """Whether ``ev``'s communicators span nodes: its own comm lines first, else the whole log's."""
+    """Whether ``ev``'s communicators span nodes: never when the job has one node, else its own comm lines first,
+    then the whole log's."""
+    if job is False:
+        return False
     if (ev.nnodes or 0) > 1 or ev.net_channels() or (ev.top_rank >= _MAX_LOCAL_GPUS and not ev.mnnvl):
         return True
     if ev.single_node_comm and ev.nnodes == 1:
