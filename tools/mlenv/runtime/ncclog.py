@@ -193,8 +193,9 @@ def decide(ev: Evidence, multi_node: bool | None) -> Decision:
                         + ("" if gdr else ", not all with GPUDirect RDMA"))
     if ev.mnnvl and multi_node:
         return Decision(MNNVL, "ranks on several nodes share one NVLink domain (MNNVL) and no channel uses NET/")
-    if network and multi_node is False:
-        return Decision(INTRA_NODE, f"one node: NCCL set up {plugin} but no channel crossed it")
+    if multi_node is False:
+        return Decision(INTRA_NODE, f"one node: NCCL set up {plugin} but no channel crossed it" if network
+                        else "one node ran every rank: no network to cross")
     if network:
         if is_socket_network(network, ev.provider):
             return Decision(SOCKETS, f"NCCL chose {plugin}" + (f" (libfabric provider {ev.provider})"
@@ -430,6 +431,11 @@ class NcclLogReader:
             return True
         if any((ev.nnodes or 0) > 1 for ev in nodes.values()):
             return True
+        if len(named) == 1 and "?" not in nodes:  # one host: single-node when it ran every rank of the job
+            ranks = max((p.evidence_.nranks or 0 for p in self._processes.values()), default=0)
+            running = {p.evidence_.rank for p in self._processes.values() if p.evidence_.rank is not None}
+            if ranks and (len(self._processes) >= ranks or len(running) >= ranks):
+                return False
         return None
 
 
@@ -478,8 +484,8 @@ def _multi_for(ev: Evidence, job: bool | None) -> bool | None:
         return True
     if ev.single_node_comm and ev.nnodes == 1:
         return False
-    if job:
-        return True
+    if job is not None:
+        return job
     if ev.channels:  # channels set up and none crossed a node
         return False
     return False if ev.single_node_comm else None
