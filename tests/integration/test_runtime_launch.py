@@ -332,3 +332,29 @@ def test_stop_kills_what_ignores_sigterm_after_the_grace_time(tmp_path: Path) ->
     assert job_processes("run-c") == []
     [job] = jobs_of(env)
     assert job["state"] == "stopped" and job["exit_code"] != 0
+
+
+def test_a_lost_node_stops_the_others(tmp_path: Path) -> None:
+    """Node 1's supervisor dies without a word (SIGKILL): node 0 takes its lost control connection for a failure
+    and stops its own share within seconds."""
+    require("torch")
+    script = tmp_path / "sleeps.py"
+    script.write_text("import time\nprint('sleeping', flush=True)\ntime.sleep(300)\n")
+    port, run_dir = free_port(), tmp_path / "run"
+    argv = [sys.executable, "-m", "mlenv.runtime", "launch", "--", str(script)]
+    commands = [(argv, node_env(rank, 2, 1, port, run_dir)) for rank in range(2)]
+    try:
+        with running(commands, tmp_path) as processes:
+            for rank in (0, 1):
+                wait_for_line(NodeDir(run_dir, 0, rank).log, "sleeping")
+            os.killpg(processes[1].pid, signal.SIGKILL)  # node 1's launch and supervisor, at once
+            lost = time.monotonic()
+            assert processes[0].wait(timeout=60) == 1
+            assert time.monotonic() - lost < 10
+    finally:
+        for pid in job_processes(f"test-{port}"):  # node 1's torchrun and rank, orphaned by the kill
+            with suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    state = json.loads(NodeDir(run_dir, 0, 0).state.read_text())
+    assert (state["state"], state["reason"], state["first_failure"]) == ("failed", "lost node 1", None)
+    assert "mlenv: stopping the job: lost node 1" in (tmp_path / "0.err").read_text() + (tmp_path / "0.out").read_text()

@@ -220,3 +220,12 @@ def test_rdma_mode_refuses_to_start_without_an_active_port(tmp_path: Path, fixtu
     assert (status, marker.exists()) == (1, False)
     assert ("not starting the job (--expect-transport any starts it anyway)" in capfd.readouterr().err)
 
+
+def test_the_rank_wrapper_without_a_supervisor_runs_the_script_with_deepspeed_s_argument_after_it(
+        tmp_path: Path) -> None:
+    script = tmp_path / "args.py"
+    script.write_text("import sys; print(sys.argv[1:]); sys.exit(4)")
+    env = {**os.environ, "PYTHONPATH": RUNTIME_PARENT, "MLENV_SUPERVISOR_SOCKET": str(tmp_path / "gone")}
+    result = subprocess.run([sys.executable, "-m", "mlenv.runtime.rank", "--local_rank=1", str(script), "a"],
+                            env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert (result.returncode, result.stdout) == (4, "['--local_rank=1', 'a']\n")

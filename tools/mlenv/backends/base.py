@@ -206,8 +206,9 @@ class Backend(Protocol):
     def copy_target(self, handle: Handle, node: Node) -> CopyTarget:
         """Where rsync copies the workspace of ``node`` to."""
 
-    def logs_argv(self, handle: Handle, node: Node, follow: bool) -> list[str]:
-        """A local command line that prints (or follows) the node's log: the latest run's output."""
+    def logs_argv(self, handle: Handle, node: Node, follow: bool, rank: int | None = None) -> list[str]:
+        """A local command line that prints (or follows) the node's log: the latest run's output (``rank``: only
+        that global rank's lines; the command exits 2 when the rank did not run on the node)."""
 
     def data_volumes(self, handle: Handle) -> list[str]:
         """What ``clean --delete-data`` deletes beyond the nodes (listed before asking)."""

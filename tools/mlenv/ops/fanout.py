@@ -46,10 +46,10 @@ def logs_all(backend: Backend, handle: Handle, only: int | None = None, follow: 
             known = ", ".join(map(str, sorted(where))) or "none"
             raise UsageError(f"rank {rank} is not in the latest run of {handle.name} (its ranks: {known})")
         (node,) = select_nodes(backend, handle, where[rank])
-        argvs = {node.ordinal: backend.logs_argv(handle, node, follow, rank)}  # type: ignore[call-arg]
+        argvs = {node.ordinal: backend.logs_argv(handle, node, follow, rank)}
     else:  # every node's logs, filtered there; the nodes without the rank end with 2 and say nothing
         nodes = select_nodes(backend, handle, only)
-        argvs = {n.ordinal: backend.logs_argv(handle, n, follow, rank) for n in nodes}  # type: ignore[call-arg]
+        argvs = {n.ordinal: backend.logs_argv(handle, n, follow, rank) for n in nodes}
         result = run_parallel(argvs, keep_stdin=follow)
         codes = [code for code in result.exit_codes.values() if code != UNKNOWN_RANK]
         if not codes:

@@ -31,7 +31,7 @@ def _report(target: Target, current: str | None, tolerant: bool) -> dict[str, An
                 run = target.backend.latest_run(handle, latest)
                 report["run_states"] = {str(n): s for n, s in run.pop("nodes").items()}
                 report["latest_run"] = run
-            else:
+            elif hasattr(target.backend, "run_states"):  # Slurm has neither: its runs are batch jobs
                 report["run_states"] = {str(n): s for n, s in target.backend.run_states(handle, latest).items()}
     except MlenvError as exc:
         if not tolerant:
