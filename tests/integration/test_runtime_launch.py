@@ -167,19 +167,21 @@ def test_a_group_sigterm_reaches_torchrun_once(tmp_path: Path) -> None:
     assert (state["state"], state["first_failure"]) == ("stopped", None)
 
 
-def test_rdma_mode_rejects_a_job_that_ran_over_sockets(tmp_path: Path) -> None:
+def test_rdma_mode_stops_a_job_that_runs_over_sockets(tmp_path: Path) -> None:
     require("torch")
     script = tmp_path / "sockets.py"
     script.write_text(
-        "import os\n"
-        "assert os.environ['NCCL_DEBUG'] == 'INFO'\n"
+        "import os, time\n"
+        "assert (os.environ['NCCL_DEBUG'], os.environ['NCCL_DEBUG_SUBSYS']) == ('INFO', 'INIT,NET')\n"
         "print('n0:7:7 [0] NCCL INFO NET/Socket : Using [0]eth0:10.0.0.5<0>')\n"
-        "print('n0:7:7 [0] NCCL INFO Using network Socket')\n"
+        "print('n0:7:7 [0] NCCL INFO Using network Socket', flush=True)\n"
+        "time.sleep(300)\n"
     )
-    (result,) = launch_nodes(tmp_path, "torchrun", [str(script)], nodes=1, nproc=1, MLENV_NETWORK_MODE="rdma")
-    assert result.status == 1, result.err[-2000:]
-    assert "NCCL transport: SOCKETS" in result.err
-    assert "error: the cluster file asks for rdma but NCCL used SOCKETS" in result.err
+    results = launch_nodes(tmp_path, "torchrun", [str(script)], nodes=2, nproc=1, timeout=120,
+                           MLENV_NETWORK_MODE="rdma")
+    assert [r.status for r in results] == [1, 1], [r.err[-2000:] for r in results]
+    for node, result in enumerate(results):
+        assert f"mlenv: node-{node}: SOCKETS via eth0 (NET/Socket): NCCL chose NET/Socket" in result.out + result.err
 
 
 def test_allreduce_bench_reports_bus_bandwidth(tmp_path: Path) -> None:

@@ -136,6 +136,8 @@ class LaunchSpec:
     detach: bool = False
     secrets: tuple[str, ...] = ()
     """Names of local environment variables forwarded for this run only (values never written anywhere)."""
+    expect_transport: str | None = None
+    """rdma, sockets or any, as the user asked (flag or cluster file); None: the runtime's default for the mode."""
 
 
 @dataclass(frozen=True)

@@ -280,6 +280,7 @@ def build_cluster(loaded: LoadedFile) -> Cluster:
         env=reader.env("env"),
         container=_container(reader),
         expected_busbw_gbytes=_busbw_gbytes(reader),
+        expect_transport=reader.get("network", "expect_transport"),
         settings=_backend_settings(reader),
         notes=reader.get("notes"),
         warnings=tuple(reader.warnings),

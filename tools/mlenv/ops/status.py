@@ -65,6 +65,10 @@ def _print(report: dict[str, Any]) -> None:
               f"{run.get('state') or 'state unknown'}, running on {running}/{len(states)} nodes "
               f"({', '.join(f'node-{n} {s}' for n, s in sorted(states.items()))}); "
               "mlenv logs -f follows it, mlenv stop stops it")
+        transport = run.get("transport") or {}
+        if transport:
+            print("transport: " + ", ".join(f"{node} {found['verdict']} ({found.get('plugin') or 'no network'})"
+                                            for node, found in transport.items()))
         if run.get("first_failure"):
             failure = run["first_failure"]
             print(f"first failure: rank {failure['rank']} (node-{failure['node']}) {failure['reason']}")
