@@ -12,6 +12,7 @@ from decimal import Decimal
 from mlenv.config.load import LoadedFile
 from mlenv.config.model import (
     DEFAULT_APP,
+    DEFAULT_GRACE_SECONDS,
     DEFAULT_IMAGE,
     DEFAULT_NODES,
     Bind,
@@ -25,7 +26,7 @@ from mlenv.config.model import (
     Storage,
     Tcp,
 )
-from mlenv.config.quantity import QuantityError, half_of, parse_bandwidth, parse_quantity
+from mlenv.config.quantity import QuantityError, half_of, parse_bandwidth, parse_quantity, parse_seconds
 from mlenv.config.reader import BackendTable, ClusterReader, env_text
 from mlenv.config.schema import schema_problems
 from mlenv.errors import ConfigError
@@ -167,7 +168,9 @@ def _gpus(reader: ClusterReader, gpu_nodes: tuple[str, ...]) -> Gpus:
 
 def _scheduling(reader: ClusterReader) -> Scheduling:
     return Scheduling(tolerations=tuple(reader.get("scheduling", "tolerations", default=[])),
-                      node_selector=dict(reader.get("scheduling", "nodeSelector", default={})))
+                      node_selector=dict(reader.get("scheduling", "nodeSelector", default={})),
+                      grace_period=parse_seconds(reader.get("scheduling", "grace_period",
+                                                            default=DEFAULT_GRACE_SECONDS)))
 
 
 def _container(reader: ClusterReader) -> Container | None:
@@ -224,6 +227,7 @@ def build_cluster(loaded: LoadedFile, table: BackendTable) -> Cluster:
         env=reader.env("env"),
         container=_container(reader),
         expected_busbw_gbytes=_busbw_gbytes(reader),
+        expect_transport=reader.get("network", "expect_transport"),
         settings=reader.backend.parse_settings(reader),
         notes=reader.get("notes"),
         warnings=tuple(reader.warnings),

@@ -25,13 +25,20 @@ def _report(handle: Handle, recorded: state.Deployment | None, current: str | No
         "deployed": recorded is not None,
         "cluster_file": recorded.cluster_file if recorded else None,
         "runs": list(recorded.runs) if recorded else [],
+        "latest_run": None,  # the latest detached run, as its nodes' supervisors recorded it (docs/runs.md)
     }
     try:
         made = backend()
         report["pods"] = [asdict(row) for row in made.deploy.status(handle)]
         if report["runs"] and report["pods"] and made.has(JOBS):
             latest = report["runs"][-1]["id"]
-            report["run_states"] = {str(n): s for n, s in made.jobs.run_states(handle, latest).items()}
+            jobs = made.jobs
+            if hasattr(jobs, "latest_run"):  # the fanout backends' supervisors' records
+                run = jobs.latest_run(handle, latest)
+                report["run_states"] = {str(n): s for n, s in run.pop("nodes").items()}
+                report["latest_run"] = run
+            else:
+                report["run_states"] = {str(n): s for n, s in jobs.run_states(handle, latest).items()}
     except MlenvError as exc:
         if not tolerant:
             raise
@@ -63,10 +70,18 @@ def _print(report: dict[str, Any]) -> None:
         latest = report["runs"][-1]
         states = report.get("run_states", {})
         running = sum(state == "running" for state in states.values())
+        run = report.get("latest_run") or {}
         print(f"latest detached run: {latest['id']} ({latest['script']}, started {latest['started']}): "
-              f"running on {running}/{len(states)} nodes "
+              f"{run.get('state') or 'state unknown'}, running on {running}/{len(states)} nodes "
               f"({', '.join(f'node-{n} {s}' for n, s in sorted(states.items()))}); "
               "mlenv logs -f follows it, mlenv stop stops it")
+        transport = run.get("transport") or {}
+        if transport:
+            print("transport: " + ", ".join(f"{node} {found['verdict']} ({found.get('plugin') or 'no network'})"
+                                            for node, found in transport.items()))
+        if run.get("first_failure"):
+            failure = run["first_failure"]
+            print(f"first failure: rank {failure['rank']} (node-{failure['node']}) {failure['reason']}")
 
 
 def show(cluster_ref: str | None, every: bool, as_json: bool) -> int:

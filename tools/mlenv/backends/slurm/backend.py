@@ -7,6 +7,8 @@ cluster's shared filesystem: sync copies it once, and every run keeps its files 
 from __future__ import annotations
 
 import hashlib
+import json
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, replace
@@ -45,15 +47,21 @@ from mlenv.ui import info
 CLEAN_TIMEOUT = 60.0
 SHOWN_JOBS = 10
 """Batch jobs status shows: the newest."""
-LOGS = """runs=$1 rank=$2 follow=$3 latest=
-for dir in "$runs"/*/; do [ -e "${dir}node$rank.log" ] && latest=$dir; done
+LOGS = """runs=$1 rank=$2 follow=$3 only=$4 latest=
+for log in "$runs"/*/attempt-*/node"$rank"/output.log; do [ -e "$log" ] && latest=$log; done
 [ -n "$latest" ] || { echo "no run has a log of node $rank under $runs yet" >&2; exit 1; }
-[ -n "$follow" ] || exec cat "${latest}node$rank.log"
-tail -n +1 -f "${latest}node$rank.log" & tail=$!
-while [ ! -e "${latest}exit" ] && [ ! -e "${latest}node$rank.exit" ]; do sleep 1; done
-sleep 1; kill "$tail"
+node=${latest%/output.log} run=${latest%/attempt-*/node*/output.log}
+show() { if [ -n "$only" ]; then grep --line-buffered -a "^\\[node-$rank r$only\\] "; else cat; fi; }
+[ -z "$only" ] || grep -q "\\"rank\\": $only," "$node/ranks.json" 2>/dev/null || exit 2  # not on this node
+[ -n "$follow" ] || { show < "$latest"; exit 0; }
+pid=$(mktemp)
+{ tail -n +1 -f "$latest" & echo $! > "$pid"; wait; } | show &
+while [ ! -e "$run/exit" ] && [ ! -e "$node/exit" ]; do sleep 1; done
+sleep 1; kill "$(cat "$pid")"; rm -f "$pid"; wait
 """
-"""The node's log of the newest run that has one; with follow, until the node's (or the run's) exit file."""
+"""The node's log of the newest run that has one (its newest attempt); with follow, until the node's (or the
+batch job's) exit file; with a rank, only that rank's lines (exit 2, silently, when the node's ranks.json lacks
+it)."""
 
 
 def job_data(job: SlurmJob) -> dict[str, Any]:
@@ -267,10 +275,11 @@ class SlurmBackend:
         job = job_from(handle)
         return Login.of(job.settings).copy_target(job.workdir)
 
-    def logs_argv(self, handle: Handle, node: Node, follow: bool) -> list[str]:
+    def logs_argv(self, handle: Handle, node: Node, follow: bool, rank: int | None = None) -> list[str]:
         """The node's log of the newest run (from the shared workdir; ``follow`` ends with the node's job)."""
         job = job_from(handle)
-        command = ["sh", "-c", LOGS, "sh", f"{job.workdir}/{RUNS_DIR}", str(node.ordinal), "1" if follow else ""]
+        command = ["sh", "-c", LOGS, "sh", f"{job.workdir}/{RUNS_DIR}", str(node.ordinal), "1" if follow else "",
+                   "" if rank is None else str(rank)]
         return Login.of(job.settings).argv(command)
 
     def data_volumes(self, handle: Handle) -> list[str]:
@@ -303,7 +312,8 @@ class SlurmBackend:
     def prepare_launch(self, handle: Handle, spec: LaunchSpec) -> LaunchRequest:
         """PURE: the batch script of the run (no allocation), or the script that runs it inside the allocation."""
         job = job_from(handle)
-        task = script.runtime_argv(spec.launcher, spec.run_id, spec.script, spec.args, spec.nproc)
+        task = script.runtime_argv(spec.launcher, spec.run_id, spec.script, spec.args, spec.nproc,
+                                   spec.expect_transport)
         allocation = allocation_id(handle)
         forwarded = f"; forwarded from your environment: {', '.join(spec.secrets)}" if spec.secrets else ""
         where = f"inside allocation {allocation}" if allocation else "as a batch job"
@@ -337,8 +347,9 @@ class SlurmBackend:
         return 0
 
     def run_states(self, handle: Handle, run_id: str) -> dict[int, str]:
-        """Node ordinal -> ``exited (N)`` from the node's exit file in the shared run directory, else ``running``
-        while the run's step (in the allocation) or batch job is live, else ``-``."""
+        """Node ordinal -> ``<state> (N)`` once the node's supervisor wrote its exit status in the shared run
+        directory (its newest attempt), else ``running`` while the run's step (in the allocation) or batch job is
+        live, else ``-``."""
         job = job_from(handle)
         login, found, batch = self._jobs(handle)
         live = any(found[submitted["id"]].live for submitted in batch if submitted.get("run") == run_id)
@@ -346,12 +357,23 @@ class SlurmBackend:
         if not live and allocation is not None and found[allocation].state == "RUNNING":
             steps = login.ok(["squeue", "-h", "-s", f"--jobs={allocation}", "-o", "%j"]).split()
             live = script.step_name(run_id) in steps
+        listed = login.run(["ls", "-1", job.run_path(run_id)])
+        attempts = sorted(int(name[len("attempt-"):]) for name in listed.stdout.decode(errors="replace").split()
+                          if re.fullmatch(r"attempt-\d+", name)) if listed.returncode == 0 else []
         states: dict[int, str] = {}
         for node in range(job.nodes):
-            code = login.read(f"{job.run_path(run_id)}/node{node}.exit", 0).decode(errors="replace").strip()
-            states[node] = f"exited ({code})" if code.isdigit() else "running" if live else "-"
+            where = f"{job.run_path(run_id)}/attempt-{attempts[-1]}/node{node}" if attempts else None
+            code = login.read(f"{where}/exit", 0).decode(errors="replace").strip() if where else ""
+            if not code.isdigit():
+                states[node] = "running" if live else "-"
+                continue
+            try:
+                recorded = json.loads(login.read(f"{where}/state.json", 0) or b"null")
+            except ValueError:
+                recorded = None
+            state = recorded.get("state") if isinstance(recorded, dict) else None
+            states[node] = f"{state or ('succeeded' if code == '0' else 'failed')} ({code})"
         return states
-
 
 def _job_detail(login: Login, job: SlurmJob, run_id: str, current: JobInfo) -> str | None:
     """A batch job's reason while pending, its exit code once ended (from its run's exit file once Slurm has
