@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -48,6 +49,8 @@ os.write(1, f"conformance node={os.environ['MLENV_NODE_RANK']} rank={os.environ[
 time.sleep(600)
 """
 """Every rank says who it is (one write: the ranks of a node share its log), then waits to be stopped."""
+LINE = re.compile(r"\[node-(?P<tag>\d+)[^\]]*\] conformance node=(?P<node>\d+) rank=(?P<rank>\d+)$")
+"""A rank's line as logs shows it: ``[node-N rR] conformance node=N rank=R`` (the runtime tags it)."""
 WAIT = 120.0
 CALL_TIMEOUT = 240.0
 
@@ -259,14 +262,14 @@ def _jobs(subject: Subject) -> None:
 
     follower = Follower(subject)
     try:
-        def seen() -> list[tuple[str, str]]:
-            """(node, global rank) of every rank's line: torchrun gives out the global ranks."""
-            return sorted((line.split()[0], line.rpartition(" rank=")[2]) for line in follower.lines
-                          if "conformance node=" in line)
+        def seen() -> list[tuple[int, int]]:
+            """(node, global rank) of every rank's line, from a node tagged as it says (torchrun gives out the
+            global ranks)."""
+            found = (LINE.search(line) for line in follower.lines)
+            return sorted((int(m["node"]), int(m["rank"])) for m in found if m and m["node"] == m["tag"])
 
-        ranks = [(f"[node-{rank // 2}]", str(rank)) for rank in range(subject.nodes * 2)]
-        wait_for(lambda: [node for node, _ in seen()] == [node for node, _ in ranks]
-                 and sorted(rank for _, rank in seen()) == sorted(rank for _, rank in ranks),
+        wait_for(lambda: [node for node, _ in seen()] == sorted(list(range(subject.nodes)) * 2)
+                 and sorted(rank for _, rank in seen()) == list(range(subject.nodes * 2)),
                  lambda: f"logs -f to show every rank's line ({follower.lines[-6:]})")
         subject.ok("stop", "-c", name)
         wait_for(lambda: follower.process.poll() is not None,
