@@ -258,13 +258,31 @@ def use(name: str) -> None:
 @main.command()
 @cluster_option
 @click.option("--all", "every", is_flag=True, help="Every recorded deployment.")
+@click.option("--gpus", is_flag=True, help="Also each node's GPUs (utilisation, memory, temperature, power, ECC), "
+              "Xid events since the run started and the ranks' CPU, RSS and last output (asks every node).")
 @json_option
 @reports_errors
-def status(cluster_ref: str | None, every: bool, as_json: bool) -> None:
+def status(cluster_ref: str | None, every: bool, gpus: bool, as_json: bool) -> None:
     """Nodes of the current deployment (or --cluster, or --all): node, phase, ready, GPUs, IP, jobs."""
     from mlenv.ops.status import show
 
-    sys.exit(show(cluster_ref, every, as_json))
+    sys.exit(show(cluster_ref, every, as_json, gpus))
+
+
+@main.command()
+@cluster_option
+@pod_option
+@click.option("--interval", type=click.FloatRange(min=0.5), default=2.0, show_default=True, metavar="SECONDS",
+              help="Time between refreshes.")
+@click.option("--count", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Refresh N times, then exit (default: until Ctrl-C).")
+@reports_errors
+def top(cluster_ref: str | None, pod: int | None, interval: float, count: int | None) -> None:
+    """Live GPU state of every node (or --pod N): GPUs, Xid/ECC events, the job's ranks' CPU, RSS, last output."""
+    from mlenv.ops.gpus import top as live
+
+    target = _target(cluster_ref)
+    sys.exit(live(target.backend, target.handle, pod, interval, count))
 
 
 @main.command()

@@ -12,8 +12,9 @@ from mlenv.ops.target import Target, resolve
 from mlenv.ui import error, print_json, table
 
 
-def _report(target: Target, current: str | None, tolerant: bool) -> dict[str, Any]:
-    """What status shows of ``target``; with ``tolerant`` a failure to query it becomes the report's error."""
+def _report(target: Target, current: str | None, tolerant: bool, gpus: bool = False) -> dict[str, Any]:
+    """What status shows of ``target``; with ``tolerant`` a failure to query it becomes the report's error; with
+    ``gpus`` each node's GPU state too (``gpu_state``)."""
     handle = target.handle
     report: dict[str, Any] = {
         "name": handle.name, "cluster": handle.name, "backend": handle.backend, "mode": handle.mode,
@@ -27,6 +28,10 @@ def _report(target: Target, current: str | None, tolerant: bool) -> dict[str, An
         if report["runs"] and report["pods"]:
             latest = report["runs"][-1]["id"]
             report["run_states"] = {str(n): s for n, s in target.backend.run_states(handle, latest).items()}
+        if gpus and report["pods"]:
+            from mlenv.ops.gpus import gather
+
+            report["gpu_state"] = gather(target.backend, handle)
     except MlenvError as exc:
         if not tolerant:
             raise
@@ -58,16 +63,20 @@ def _print(report: dict[str, Any]) -> None:
               f"running on {running}/{len(states)} nodes "
               f"({', '.join(f'node-{n} {s}' for n, s in sorted(states.items()))}); "
               "mlenv logs -f follows it, mlenv stop stops it")
+    if "gpu_state" in report:
+        from mlenv.ops.gpus import render
+
+        print(render(report["gpu_state"]))
 
 
-def show(cluster_ref: str | None, every: bool, as_json: bool) -> int:
-    """Print the status; 1 when a deployment could not be queried."""
+def show(cluster_ref: str | None, every: bool, as_json: bool, gpus: bool = False) -> int:
+    """Print the status; 1 when a deployment could not be queried (or, with ``gpus``, a node did not answer)."""
     recorded = state.load()
     if every:
         targets = [Target(get(d.backend), d.handle, d) for _, d in sorted(recorded.deployments.items())]
     else:
         targets = [resolve(cluster_ref)]
-    reports = [_report(target, recorded.current, tolerant=every) for target in targets]
+    reports = [_report(target, recorded.current, tolerant=every, gpus=gpus) for target in targets]
     if as_json:
         print_json({"deployments": reports} if every else reports[0])
     else:
@@ -75,4 +84,6 @@ def show(cluster_ref: str | None, every: bool, as_json: bool) -> int:
             print("no deployments recorded")
         for report in reports:
             _print(report)
-    return 1 if any(r.get("error") for r in reports) else 0
+    from mlenv.ops.gpus import unreachable
+
+    return 1 if any(r.get("error") or unreachable(r.get("gpu_state", [])) for r in reports) else 0

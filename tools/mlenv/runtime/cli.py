@@ -30,6 +30,7 @@ from .jobs import (
     stop_jobs,
     write_atomic,
 )
+from .gpus import latest_ranks_file, read_node, render_node
 from .launcher import LAUNCHERS, forwarding_signals, launch
 from .nccl import detect_nccl_env
 from .ncclog import CONTRADICTS, contradicts, parse_nccl_log
@@ -135,6 +136,13 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--rendezvous", type=_seconds, metavar="SECONDS",
                         help="node 0 listens on the rendezvous port this long, the others connect to it")
     doctor.add_argument("--json", action="store_true", help="print one JSON line: checks, facts and the clock")
+
+    gpus = commands.add_parser("gpus", help="this node's GPUs, Xid/ECC events since the run started, its ranks")
+    gpus.add_argument("--runs-root", type=Path, metavar="DIR", help=runs_help)
+    gpus.add_argument("--proc-root", type=Path, default=Path("/proc"), help="procfs mount (default: %(default)s)")
+    gpus.add_argument("--kmsg", type=Path, default=Path("/dev/kmsg"),
+                      help="the kernel log, read for Xid events (default: %(default)s)")
+    gpus.add_argument("--json", action="store_true", help="print one JSON object")
 
     check = commands.add_parser("nccl-log-check", help="tell from NCCL_DEBUG=INFO output what NCCL used")
     check.add_argument("files", nargs="+", metavar="FILE", help="log files ('-' for stdin)")
@@ -322,6 +330,15 @@ def _doctor(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     return 1 if any(check["status"] == "FAIL" for check in report["checks"]) else 0
 
 
+def _gpus(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    host = host_name(environ)
+    rank = environ.get("MLENV_NODE_RANK", "")
+    ranks = latest_ranks_file(args.runs_root or runs_root(environ), int(rank) if rank.isdigit() else None, host)
+    found = read_node(host, ranks_file=ranks, kmsg=args.kmsg, proc_root=args.proc_root)
+    print(json.dumps(found.to_dict()) if args.json else render_node(found), flush=True)
+    return 0
+
+
 def _nccl_log_check(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     report = parse_nccl_log(line for name in args.files for line in _read_lines(name))
     if args.json:
@@ -350,6 +367,7 @@ _COMMANDS = {
     "nccl-env": _nccl_env,
     "launch": _launch,
     "nccl-log-check": _nccl_log_check,
+    "gpus": _gpus,
     "doctor": _doctor,
     "jobs": _jobs,
     "stop": _stop,
