@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from .forensics import flight_recorder_env
 from .host import visible_gpu_count
 from .nccl import NcclEnv, detect_nccl_env
 from .ncclog import contradicts, parse_nccl_log
@@ -133,7 +134,7 @@ def launch(
         _note(f"warning: {warning}")
     with ExitStack() as stack:
         workdir = run_dir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mlenv-launch-")))
-        job = _prepare(command, launcher, topology, nproc, environ, nccl, workdir)
+        job = _prepare(command, launcher, topology, nproc, environ, nccl, workdir, run_dir)
         _note(f"node {topology.node_rank}/{topology.num_nodes} ({topology.source}), {nproc} processes, "
               f"master {topology.master_addr}:{topology.master_port}")
         removed = [f"unset {name}" for name in nccl.unset]
@@ -158,9 +159,10 @@ def _prepare(
     environ: Mapping[str, str],
     nccl: NcclEnv,
     workdir: Path,
+    run_dir: Path | None = None,
 ) -> Job:
     """The argv, environment and files for this node."""
-    added = dict(nccl.env)
+    added = {**nccl.env, **flight_recorder_env(environ, run_dir)}
     expect = "rdma" if environ.get("MLENV_NETWORK_MODE") == "rdma" else None
     if expect and "NCCL_DEBUG" not in environ:
         added["NCCL_DEBUG"] = "INFO"  # the transport check reads NCCL's INFO lines
