@@ -10,7 +10,6 @@ import shutil
 import signal
 import subprocess
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -41,8 +40,9 @@ def test_status_gpus_of_every_node(project: LocalProject) -> None:
     assert [(s["node"], s["name"], s["host"]) for s in states] == [(0, "lgp-app-0", "lgp-app-0"),
                                                                   (1, "lgp-app-1", "lgp-app-1")]
     for state in states:
+        h100 = "NVIDIA H100 80GB HBM3"
         assert [(g["index"], g["name"], g["memory_total_mib"], g["ecc"]["volatile_uncorrectable"])
-                for g in state["gpus"]] == [(0, "NVIDIA H100 80GB HBM3", 81559, 0), (1, "NVIDIA H100 80GB HBM3", 81559, 0)]
+                for g in state["gpus"]] == [(0, h100, 81559, 0), (1, h100, 81559, 0)]
     text = project.ok("status", "--gpus").stdout
     assert "node-1 lgp-app-1 (host lgp-app-1)" in text and text.count("NVIDIA H100 80GB HBM3") == 4
     assert "lgp (local, tcp" in text  # the plain status comes first, as without --gpus

@@ -13,9 +13,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
-from runtime_support import FIXTURES, Runner
-
 from mlenv.runtime.gpus import Ecc, bus_key, parse_ecc, parse_query, read_node, render_node
+from runtime_support import FIXTURES, Runner
 
 STANDIN = FIXTURES / "nvidia_smi"
 BOOT = 1_764_000_000.0

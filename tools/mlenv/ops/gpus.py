@@ -42,11 +42,6 @@ def render(reports: Sequence[dict[str, Any]]) -> str:
     return "\n".join(blocks)
 
 
-def unreachable(reports: Sequence[dict[str, Any]]) -> bool:
-    """Whether any node did not answer."""
-    return any("error" in report for report in reports)
-
-
 def top(backend: Backend, handle: Handle, only: int | None, interval: float, count: int | None) -> int:
     """Refresh the GPU state of every node every ``interval`` seconds (``count`` times, or until Ctrl-C)."""
     shown = 0

@@ -84,6 +84,5 @@ def show(cluster_ref: str | None, every: bool, as_json: bool, gpus: bool = False
             print("no deployments recorded")
         for report in reports:
             _print(report)
-    from mlenv.ops.gpus import unreachable
-
-    return 1 if any(r.get("error") or unreachable(r.get("gpu_state", [])) for r in reports) else 0
+    unanswered = any("error" in node for r in reports for node in r.get("gpu_state", []))
+    return 1 if unanswered or any(r.get("error") for r in reports) else 0

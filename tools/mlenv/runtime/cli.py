@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from .doctor import examine, render
+from .gpus import latest_ranks_file, read_node, render_node
 from .jobs import (
     POLL_SECONDS,
     JobError,
@@ -30,7 +31,6 @@ from .jobs import (
     stop_jobs,
     write_atomic,
 )
-from .gpus import latest_ranks_file, read_node, render_node
 from .launcher import LAUNCHERS, forwarding_signals, launch
 from .nccl import detect_nccl_env
 from .ncclog import CONTRADICTS, contradicts, parse_nccl_log

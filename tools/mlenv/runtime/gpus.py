@@ -173,13 +173,13 @@ def _sum(values: Iterable[int | None]) -> int | None:
 
 
 def parse_ecc(text: str) -> dict[str, Ecc]:
-    """Bus key (:func:`bus_key`) -> ECC counts from ``nvidia-smi -q -d ECC,PAGE_RETIREMENT``: the ``SRAM``/``DRAM`` counters of
-    drivers since R510 and the ``Single Bit``/``Double Bit`` totals of older ones."""
+    """Bus key (:func:`bus_key`) -> ECC counts from ``nvidia-smi -q -d ECC,PAGE_RETIREMENT``: the ``SRAM``/``DRAM``
+    counters of drivers since R510 and the ``Single Bit``/``Double Bit`` totals of older ones."""
     found = {}
     for bus, values in _sections(text):
         volatile = {path[2:]: value for path, value in values.items() if path[:2] == ("ECC Errors", "Volatile")}
-        correctable = [_count(v) for k, v in volatile.items()
-                       if (k[-1].endswith("Correctable") and "Uncorrectable" not in k[-1]) or k == ("Single Bit", "Total")]
+        correctable = [_count(v) for k, v in volatile.items() if k == ("Single Bit", "Total")
+                       or (k[-1].endswith("Correctable") and "Uncorrectable" not in k[-1])]
         uncorrectable = [_count(v) for k, v in volatile.items()
                          if "Uncorrectable" in k[-1] or k == ("Double Bit", "Total")]
         retired = [_count(values.get(("Retired Pages", f"{kind} Bit ECC"))) for kind in ("Single", "Double")]
@@ -321,21 +321,22 @@ def read_node(host: str, *, ranks_file: Path | None, nvidia_smi: str = "nvidia-s
     """This node's GPUs, Xid events since the run in ``ranks_file`` started, and its ranks."""
     now = time.time() if now is None else now
     errors = []
+    gpus: list[Gpu] = []
     try:
         gpus = read_gpus(nvidia_smi)
     except OSError as err:
-        gpus, _ = [], errors.append(f"GPUs: {err.strerror or err}")
+        errors.append(f"GPUs: {err.strerror or err}")
     ranks = _load_ranks(ranks_file) if ranks_file else []
     starts = [t for t in (_iso(rank.get("started_at")) for rank in ranks) if t is not None]
     since = min(starts) if starts else None
-    xid: list[Xid] | None
+    xid: list[Xid] | None = None
     booted = boot_time(proc_root)
     try:
         if booted is None:
             raise OSError(f"no btime in {proc_root / 'stat'}")
         xid = parse_kmsg(read_kmsg(kmsg), booted, since)
     except OSError as err:
-        xid, _ = None, errors.append(f"Xid events: cannot read {kmsg}: {err.strerror or err}")
+        errors.append(f"Xid events: cannot read {kmsg}: {err.strerror or err}")
     if xid is not None:
         index = {bus_key(gpu.bus_id): gpu.index for gpu in gpus}
         xid = [replace(event, gpu=index.get(bus_key(event.bus_id))) for event in xid]
@@ -359,7 +360,8 @@ def render_node(report: Mapping[str, object] | NodeGpus) -> str:
     gpus, ranks, xid = (data.get(key) for key in ("gpus", "ranks", "xid"))
     lines = []
     if isinstance(gpus, list) and gpus:
-        rows = [("GPU", "NAME", "UTIL", "MEMORY", "TEMP", "POWER", "ECC VOLATILE C/U", "RETIRED PAGES")]
+        rows: list[tuple[str, ...]] = [("GPU", "NAME", "UTIL", "MEMORY", "TEMP", "POWER", "ECC VOLATILE C/U",
+                                        "RETIRED PAGES")]
         for gpu in gpus:
             ecc = gpu.get("ecc") or {}
             memory = (f"{_figure(gpu['memory_used_mib'], '')}/{_figure(gpu['memory_total_mib'], ' MiB')}"
@@ -387,5 +389,6 @@ def render_node(report: Mapping[str, object] | NodeGpus) -> str:
         lines += _columns(rows)
     elif data.get("run_id") is None:
         lines.append("  no run of mlenv's on this node")
-    lines += [f"  {error}" for error in data.get("errors") or []]  # type: ignore[union-attr]
+    errors = data.get("errors")
+    lines += [f"  {error}" for error in errors] if isinstance(errors, list) else []
     return "\n".join(lines)
