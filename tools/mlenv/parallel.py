@@ -120,8 +120,9 @@ def run_parallel(commands: Mapping[int, Sequence[str]], *, fail_fast: bool = Fal
 
     def emit(ordinal: int, line: str) -> None:
         with lock:
-            if echo:
-                sys.stdout.write(f"[node-{ordinal}] {line}\n")
+            if echo:  # the runtime's tagged lines ([node-N rR] ...) already name their node
+                tagged = line.startswith(f"[node-{ordinal}")
+                sys.stdout.write(f"{line}\n" if tagged else f"[node-{ordinal}] {line}\n")
                 sys.stdout.flush()
             if ordinal in files:
                 files[ordinal].write(line + "\n")

@@ -40,10 +40,10 @@ def test_every_rank_of_a_real_launch_gets_the_flight_recorder(run_runtime: Runne
                               "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])},
                          timeout=180)
     assert result.returncode == 0, result.stderr
-    lines = sorted(line for line in result.stdout.splitlines() if "TORCH_NCCL_" in line)
-    prefix = f"{tmp_path / 'run'}/{DUMP_PREFIX}"
-    assert [line.split(" ", 2)[2] for line in lines] == [
-        f"TORCH_NCCL_TRACE_BUFFER_SIZE=64 TORCH_NCCL_DUMP_ON_TIMEOUT=1 TORCH_NCCL_DEBUG_INFO_TEMP_FILE={prefix}"] * 2
+    shown = sorted(line.partition("rank ")[2] for line in result.stdout.splitlines() if "TORCH_NCCL_" in line)
+    prefix = f"{tmp_path / 'run' / 'attempt-0' / 'node0'}/{DUMP_PREFIX}"  # this node's directory of the run
+    assert shown == [f"{rank} TORCH_NCCL_TRACE_BUFFER_SIZE=64 TORCH_NCCL_DUMP_ON_TIMEOUT=1 "
+                     f"TORCH_NCCL_DEBUG_INFO_TEMP_FILE={prefix}" for rank in (0, 1)]
 
 
 def test_dumps_are_found_where_the_ranks_wrote_them(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from mlenv.runtime.gpus import Ecc, bus_key, parse_ecc, parse_query, read_node, render_node
+from mlenv.runtime.runlayout import NodeDir
 from runtime_support import FIXTURES, Runner
 
 STANDIN = FIXTURES / "nvidia_smi"
@@ -64,6 +65,18 @@ def _proc(tmp_path: Path) -> Path:
     return root
 
 
+def _node_dir(root: Path, run: str, node: int, host: str, ranks: list[dict[str, object]]) -> NodeDir:
+    """A node's directory of ``run`` as the supervisor leaves it: its record and its ranks.json."""
+    found = NodeDir(root / run, 0, node)
+    found.path.mkdir(parents=True)
+    found.record.write_text(json.dumps({"run_id": run, "node_rank": node, "host": host, "pid": 1, "start_ticks": 1,
+                                        "started_at": _iso(BOOT), "argv": ["x"], "attempt": 0}))
+    records = [{"node": node, "host": host, "exit_code": None, "signal": None, "ended_at": None, "state": "running",
+                "local_rank": 0, "last_output_at": None, "started_at": _iso(BOOT), **rank} for rank in ranks]
+    found.ranks.write_text(json.dumps(records))
+    return found
+
+
 def _kmsg(tmp_path: Path, records: list[tuple[float, str]]) -> Path:
     path = tmp_path / "kmsg"
     path.write_text("".join(f"4,{n},{int((at - BOOT) * 1e6)},-;{text}\n" for n, (at, text) in enumerate(records)))
@@ -101,12 +114,9 @@ def test_node_report_gpus_xid_since_the_run_and_ranks(standin: Path, tmp_path: P
         (started + 5, "NVRM: loading NVIDIA UNIX x86_64 Kernel Module"),
         (started + 20, "NVRM: Xid (PCI:0000:2a:00): 79, pid=4242, name=python3, GPU has fallen off the bus."),
     ])
-    ranks = tmp_path / "runs" / "r1" / "attempt-0" / "node0" / "ranks.json"
-    ranks.parent.mkdir(parents=True)
-    last = time.time() - 42
-    ranks.write_text(json.dumps([{"rank": 2, "local_rank": 0, "node": 0, "host": "h", "pid": rank_process.pid,
-                                  "state": "running", "started_at": _iso(started), "last_output_at": _iso(last)}]))
-    report = read_node("h", ranks_file=ranks, kmsg=kmsg, proc_root=_proc(tmp_path))
+    run = _node_dir(tmp_path / "runs", "r1", 0, "h", [{"rank": 2, "pid": rank_process.pid, "started_at": _iso(started),
+                                                        "last_output_at": _iso(time.time() - 42)}])
+    report = read_node("h", run=run, kmsg=kmsg, proc_root=_proc(tmp_path))
     assert report.errors == [] and report.run_id == "r1" and report.since == started
     assert [(x.gpu, x.code, x.message) for x in report.xid or []] == [(1, 79, "pid=4242, name=python3, GPU has "
                                                                               "fallen off the bus.")]
@@ -122,7 +132,7 @@ def test_node_report_gpus_xid_since_the_run_and_ranks(standin: Path, tmp_path: P
 def test_unreadable_sources_are_named_and_the_rest_answers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                           standin: Path) -> None:
     monkeypatch.setenv("NVIDIA_SMI_STANDIN_FAIL", "1")
-    report = read_node("h", ranks_file=None, kmsg=tmp_path / "missing", proc_root=_proc(tmp_path))
+    report = read_node("h", run=None, kmsg=tmp_path / "missing", proc_root=_proc(tmp_path))
     assert report.gpus == [] and report.xid is None
     assert report.errors[0].startswith("GPUs: ") and "couldn't communicate with the NVIDIA driver" in report.errors[0]
     assert report.errors[1].startswith(f"Xid events: cannot read {tmp_path / 'missing'}")
@@ -131,12 +141,10 @@ def test_unreadable_sources_are_named_and_the_rest_answers(tmp_path: Path, monke
 def test_runtime_gpus_command_finds_this_nodes_latest_run(run_runtime: Runner, standin: Path,
                                                          tmp_path: Path) -> None:
     records = (("old", 1, "here"), ("new", 1, "here"), ("new", 0, "here"), ("other", 1, "there"))
-    for order, (run, node, host) in enumerate(records):
-        ranks = tmp_path / "runs" / run / "attempt-0" / f"node{node}" / "ranks.json"
-        ranks.parent.mkdir(parents=True)
-        ranks.write_text(json.dumps([{"rank": node, "local_rank": 0, "node": node, "host": host, "pid": 1,
-                                      "state": "running", "started_at": _iso(BOOT), "last_output_at": None}]))
-        os.utime(ranks, (BOOT + order, BOOT + order))  # "other" (another host's) is newest, then "new"
+    for order, (run, node, host) in enumerate(records):  # "other" (another host's) started last, then "new"
+        found = _node_dir(tmp_path / "runs", run, node, host, [{"rank": node, "pid": 1}])
+        record = json.loads(found.record.read_text())
+        found.record.write_text(json.dumps({**record, "started_at": _iso(BOOT + order)}))
     env = {"MLENV_RUNS_ROOT": str(tmp_path / "runs"), "MLENV_NODE_RANK": "1", "HOSTNAME": "here",
            "PATH": os.environ["PATH"], "NVIDIA_SMI_STANDIN": str(standin)}
     proc, kmsg = _proc(tmp_path), _kmsg(tmp_path, [])

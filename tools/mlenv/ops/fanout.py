@@ -81,10 +81,23 @@ def exec_all(backend: Backend, handle: Handle, argv: Sequence[str], only: int | 
     return run_parallel(commands, keep_stdin=True).exit_code
 
 
-def logs_all(backend: Backend, handle: Handle, only: int | None = None, follow: bool = False) -> int:
-    """Print (or follow) the logs of every node (or node ``only``), prefixed ``[node-N]``."""
-    nodes = select_nodes(backend, handle, only)
-    result = run_parallel({n.ordinal: backend.logs_argv(handle, n, follow) for n in nodes}, keep_stdin=follow)
+def logs_all(backend: Backend, handle: Handle, only: int | None = None, follow: bool = False,
+             rank: int | None = None) -> int:
+    """Print (or follow) the logs of every node (or node ``only``), prefixed ``[node-N]``; with ``rank`` only the
+    lines of that global rank, from the node it ran on (UsageError when no node of the newest run has it)."""
+    if rank is None:
+        nodes = select_nodes(backend, handle, only)
+        argvs = {n.ordinal: backend.logs_argv(handle, n, follow) for n in nodes}
+    else:
+        if not hasattr(backend, "rank_nodes"):
+            raise UsageError(f"logs --rank is not available for {handle.backend} deployments")
+        where = backend.rank_nodes(handle)
+        if rank not in where:
+            known = ", ".join(map(str, sorted(where))) or "none"
+            raise UsageError(f"rank {rank} is not in the latest run of {handle.name} (its ranks: {known})")
+        (node,) = select_nodes(backend, handle, where[rank])
+        argvs = {node.ordinal: backend.logs_argv(handle, node, follow, rank)}  # type: ignore[call-arg]
+    result = run_parallel(argvs, keep_stdin=follow)
     return 0 if result.interrupted and follow else result.exit_code
 
 

@@ -10,7 +10,6 @@ A source that cannot be read is named in ``errors`` and the rest still answers.
 from __future__ import annotations
 
 import csv
-import json
 import os
 import re
 import subprocess
@@ -21,6 +20,7 @@ from datetime import datetime
 from pathlib import Path
 
 from .readfs import read_text
+from .runlayout import NodeDir, RankRecord, read_ranks
 
 QUERY_FIELDS = ("index", "uuid", "name", "pci.bus_id", "utilization.gpu", "memory.used", "memory.total",
                 "temperature.gpu", "power.draw")
@@ -258,26 +258,6 @@ def _iso(text: object) -> float | None:
         return None
 
 
-def latest_ranks_file(runs_root: Path, node_rank: int | None, host: str) -> Path | None:
-    """The newest ``<run>/attempt-<K>/node<R>/ranks.json`` under ``runs_root`` of this node (this host's, when
-    nodes share the root)."""
-    pattern = f"*/attempt-*/node{'*' if node_rank is None else node_rank}/ranks.json"
-    found = sorted(runs_root.glob(pattern), key=lambda path: path.stat().st_mtime, reverse=True)
-    for path in found:
-        ranks = _load_ranks(path)
-        if not ranks or any(rank.get("host") in (host, None) for rank in ranks):
-            return path
-    return None
-
-
-def _load_ranks(path: Path) -> list[dict[str, object]]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return []
-    return [rank for rank in data if isinstance(rank, dict)] if isinstance(data, list) else []
-
-
 def _cpu_ticks(proc_root: Path, pid: int) -> int | None:
     """utime + stime of ``pid`` and its waited-for children, in clock ticks."""
     stat = read_text(proc_root / str(pid) / "stat")
@@ -294,10 +274,10 @@ def _rss_mib(proc_root: Path, pid: int) -> float | None:
     return None
 
 
-def rank_usage(ranks: Sequence[Mapping[str, object]], proc_root: Path, now: float,
+def rank_usage(ranks: Sequence[RankRecord], proc_root: Path, now: float,
                sample: float = CPU_SAMPLE_SECONDS) -> list[RankUsage]:
-    """CPU (over ``sample`` seconds), RSS and last-output age of the running ranks of a ``ranks.json``."""
-    pids = {int(str(r["pid"])): r for r in ranks if str(r.get("pid", "")).isdigit()}
+    """CPU (over ``sample`` seconds), RSS and last-output age of the ranks of a ``ranks.json``."""
+    pids = {rank.pid: rank for rank in ranks}
     before = {pid: _cpu_ticks(proc_root, pid) for pid in pids}
     started = time.monotonic()
     if any(value is not None for value in before.values()) and sample > 0:
@@ -308,17 +288,16 @@ def rank_usage(ranks: Sequence[Mapping[str, object]], proc_root: Path, now: floa
     for pid, rank in pids.items():
         after, first = _cpu_ticks(proc_root, pid), before[pid]
         cpu = None if after is None or first is None else round(100 * (after - first) / hertz / elapsed, 1)
-        last = _iso(rank.get("last_output_at"))
-        usage.append(RankUsage(int(str(rank.get("rank", -1))), int(str(rank.get("local_rank", -1))), pid,
-                               str(rank.get("state", "?")), cpu, _rss_mib(proc_root, pid),
+        last = _iso(rank.last_output_at)
+        usage.append(RankUsage(rank.rank, rank.local_rank, pid, rank.state, cpu, _rss_mib(proc_root, pid),
                                None if last is None else round(max(0.0, now - last), 1)))
     return sorted(usage, key=lambda r: r.rank)
 
 
-def read_node(host: str, *, ranks_file: Path | None, nvidia_smi: str = "nvidia-smi",
+def read_node(host: str, *, run: NodeDir | None, nvidia_smi: str = "nvidia-smi",
               kmsg: Path = Path("/dev/kmsg"), proc_root: Path = Path("/proc"),
               now: float | None = None) -> NodeGpus:
-    """This node's GPUs, Xid events since the run in ``ranks_file`` started, and its ranks."""
+    """This node's GPUs, Xid events since its share of ``run`` (a run's node directory) started, and its ranks."""
     now = time.time() if now is None else now
     errors = []
     gpus: list[Gpu] = []
@@ -326,8 +305,8 @@ def read_node(host: str, *, ranks_file: Path | None, nvidia_smi: str = "nvidia-s
         gpus = read_gpus(nvidia_smi)
     except OSError as err:
         errors.append(f"GPUs: {err.strerror or err}")
-    ranks = _load_ranks(ranks_file) if ranks_file else []
-    starts = [t for t in (_iso(rank.get("started_at")) for rank in ranks) if t is not None]
+    ranks = read_ranks(run) if run else []
+    starts = [t for t in (_iso(rank.started_at) for rank in ranks) if t is not None]
     since = min(starts) if starts else None
     xid: list[Xid] | None = None
     booted = boot_time(proc_root)
@@ -340,8 +319,8 @@ def read_node(host: str, *, ranks_file: Path | None, nvidia_smi: str = "nvidia-s
     if xid is not None:
         index = {bus_key(gpu.bus_id): gpu.index for gpu in gpus}
         xid = [replace(event, gpu=index.get(bus_key(event.bus_id))) for event in xid]
-    run_id = ranks_file.parent.parent.parent.name if ranks_file else None
-    return NodeGpus(host, gpus, xid, since, run_id, rank_usage(ranks, proc_root, now), errors)
+    return NodeGpus(host, gpus, xid, since, run.run_dir.name if run else None, rank_usage(ranks, proc_root, now),
+                    errors)
 
 
 def _figure(value: object, unit: str, digits: int = 0) -> str:
