@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from _prereq import require
-from mlenv.runtime.forensics import DUMP_PREFIX, flight_dumps, flight_recorder_env, keep_ras_answer
+from mlenv.runtime.forensics import DUMP_PREFIX, flight_dumps, flight_recorder_env, keep_ras_answer, torch_version
 from runtime_support import Runner
 
 NODE0 = {"MLENV_NODE_RANK": "0", "MLENV_NUM_NODES": "1", "MLENV_PROCS_PER_NODE": "2", "MASTER_ADDR": "127.0.0.1",
@@ -18,16 +18,26 @@ NODE0 = {"MLENV_NODE_RANK": "0", "MLENV_NUM_NODES": "1", "MLENV_PROCS_PER_NODE":
 SHOW = """\
 import os
 print("rank", os.environ["RANK"], *(f"{name}={os.environ.get(name)}" for name in
-      ("TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")), flush=True)
+      ("TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_FR_DUMP_TEMP_FILE")), flush=True)
 """
 
 
-def test_the_user_keeps_what_they_set(tmp_path: Path) -> None:
-    assert flight_recorder_env({}, tmp_path) == {
+def test_the_names_the_torch_version_reads_and_the_user_keeps_what_they_set(tmp_path: Path) -> None:
+    assert flight_recorder_env({}, tmp_path, (2, 4)) == {
         "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
         "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": f"{tmp_path}/{DUMP_PREFIX}"}
-    assert flight_recorder_env({"TORCH_NCCL_TRACE_BUFFER_SIZE": "0", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/x/t_"},
-                               tmp_path) == {"TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
+    assert flight_recorder_env({}, None, (2, 13)) == {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
+    user = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "0", "TORCH_FR_DUMP_TEMP_FILE": "/x/t_"}
+    assert flight_recorder_env(user, tmp_path, (2, 13)) == flight_recorder_env(user, tmp_path, None) == {
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
+
+
+def test_the_torch_version_is_read_without_importing_torch(tmp_path: Path) -> None:
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text("raise SystemExit('imported')\n")
+    (tmp_path / "torch" / "version.py").write_text("__version__ = '2.9.1+cu128'\n")
+    assert torch_version([str(tmp_path)]) == (2, 9)
+    assert torch_version([str(tmp_path / "nothing")]) is None
 
 
 def test_every_rank_of_a_real_launch_gets_the_flight_recorder(run_runtime: Runner, tmp_path: Path) -> None:
@@ -42,8 +52,9 @@ def test_every_rank_of_a_real_launch_gets_the_flight_recorder(run_runtime: Runne
     assert result.returncode == 0, result.stderr
     shown = sorted(line.partition("rank ")[2] for line in result.stdout.splitlines() if "TORCH_NCCL_" in line)
     prefix = f"{tmp_path / 'run' / 'attempt-0' / 'node0'}/{DUMP_PREFIX}"  # this node's directory of the run
+    assert torch_version() == (2, 13)  # the pinned torch reads the TORCH_FR_ names
     assert shown == [f"{rank} TORCH_NCCL_TRACE_BUFFER_SIZE=64 TORCH_NCCL_DUMP_ON_TIMEOUT=1 "
-                     f"TORCH_NCCL_DEBUG_INFO_TEMP_FILE={prefix}" for rank in (0, 1)]
+                     f"TORCH_FR_DUMP_TEMP_FILE={prefix}" for rank in (0, 1)]
 
 
 def test_dumps_are_found_where_the_ranks_wrote_them(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import IO, Any, NoReturn, cast
 
 from .doctor import examine, render
+from .forensics import flight_dumps
 from .gpus import read_node, render_node
 from .jobs import POLL_SECONDS, JobError, NodeJob, follow_log, host_jobs, start_recorded, stop_jobs
 from .launcher import LAUNCHERS, forwarding_signals, launch
@@ -26,6 +27,8 @@ from .nccl import detect_nccl_env
 from .ncclog import CONTRADICTS, contradicts, parse_nccl_log
 from .observers import observers_for
 from .runlayout import NodeDir, attempt_of, read_ranks, runs_root, write_atomic
+from .stacks import METHODS, group, sample
+from .stacks import render as render_stacks
 from .topology import TopologyError, detect_topology, host_name
 
 LOG_WAIT_SECONDS = 60.0
@@ -143,6 +146,14 @@ def build_parser() -> argparse.ArgumentParser:
     gpus.add_argument("--kmsg", type=Path, default=Path("/dev/kmsg"),
                       help="the kernel log, read for Xid events (default: %(default)s)")
     gpus.add_argument("--json", action="store_true", help="print one JSON object")
+
+    stacks = commands.add_parser("stacks", help="the Python stack of every rank of this node's latest run")
+    stacks.add_argument("--runs-root", type=Path, metavar="DIR", help=runs_help)
+    stacks.add_argument("--native", action="store_true", help="add native frames (py-spy only)")
+    stacks.add_argument("--method", choices=METHODS, default="auto",
+                        help="py-spy (ptrace), faulthandler (the signal the runtime armed), or auto: py-spy, "
+                             "else faulthandler (default)")
+    stacks.add_argument("--json", action="store_true", help="print one JSON object")
 
     check = commands.add_parser("nccl-log-check", help="tell from NCCL_DEBUG=INFO output what NCCL used")
     check.add_argument("files", nargs="+", metavar="FILE", help="log files ('-' for stdin)")
@@ -365,6 +376,26 @@ def _gpus(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     return 0
 
 
+def _stacks(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    host = host_name(environ)
+    job = _node_job(host_jobs(args.runs_root or runs_root(environ), host), environ)
+    if job is None:
+        found: dict[str, object] = {"run": None, "host": host}
+    else:
+        ranks = [r.to_dict() for r in read_ranks(job.files) if r.state == "running"]
+        taken = sample(ranks, native=args.native, method=args.method, dumps=job.files.stacks / "faulthandler")
+        found = {"run": job.record.run_id, "node": job.record.node_rank, "host": host, "state": job.state,
+                 "ranks": [stack.to_dict() for stack in taken],
+                 "flight_dumps": [str(path) for path in flight_dumps(job.files.path)]}
+    if args.json:
+        print(json.dumps(found), flush=True)
+    elif job is None:
+        print(f"no run of {host}")
+    else:
+        print(render_stacks(group(found["ranks"])))  # type: ignore[arg-type]
+    return 0
+
+
 def _nccl_log_check(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     report = parse_nccl_log(line for name in args.files for line in _read_lines(name))
     if args.json:
@@ -394,6 +425,7 @@ _COMMANDS = {
     "launch": _launch,
     "nccl-log-check": _nccl_log_check,
     "gpus": _gpus,
+    "stacks": _stacks,
     "doctor": _doctor,
     "jobs": _jobs,
     "stop": _stop,

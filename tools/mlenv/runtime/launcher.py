@@ -22,11 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from .forensics import flight_recorder_env
+from .forensics import flight_recorder_env, torch_version
 from .host import visible_gpu_count
 from .nccl import NcclEnv, detect_nccl_env
 from .observers import Observer, expected_transport
 from .runlayout import NodeDir, attempt_of
+from .stacks import FAULTHANDLER_DIR
 from .supervisor import FORWARDED_SIGNALS, Sinks, Supervisor
 from .topology import DEFAULT_APP_NAME, Topology, detect_topology, host_name
 
@@ -35,6 +36,8 @@ RANK_MODULE = "mlenv.runtime.rank"
 """What torchrun and DeepSpeed start for each rank (``-m``/``--module``): the wrapper that runs the script."""
 RUNTIME_PARENT = str(Path(__file__).resolve().parents[2])
 """The directory holding the ``mlenv`` package, on the workers' PYTHONPATH so that they find the wrapper."""
+SITE_DIR = str(Path(__file__).resolve().parent / "site")
+"""First on the workers' PYTHONPATH: its sitecustomize arms faulthandler, then runs the image's own."""
 CONTROL_PORT_OFFSET = 1
 """Node 0's supervisor listens for the others on MASTER_PORT + 1."""
 CONTAINER_LOG_VARIABLE = "MLENV_CONTAINER_LOG"
@@ -177,8 +180,9 @@ def _prepare(
     workdir: Path,
     dump_dir: Path | None = None,
 ) -> Job:
-    """The argv, environment and files for this node (NCCL flight recorder dumps into ``dump_dir``)."""
-    added = {**nccl.env, **flight_recorder_env(environ, dump_dir)}
+    """The argv, environment and files for this node; with ``dump_dir`` (the node's directory of the run) the
+    ranks' NCCL flight recorder dumps and faulthandler files go there."""
+    added = {**nccl.env, **flight_recorder_env(environ, dump_dir, torch_version())}
     if expected_transport(environ) and "NCCL_DEBUG" not in environ:
         added["NCCL_DEBUG"] = "INFO"  # the transport check reads NCCL's INFO lines
     if "PYTHONUNBUFFERED" not in environ:
@@ -196,7 +200,9 @@ def _prepare(
         argv = deepspeed_argv(topology, nproc, command, hostfile=hostfile)
     inherited = {name: value for name, value in environ.items() if name not in nccl.unset}
     env = {**inherited, **added}
-    env["PYTHONPATH"] = os.pathsep.join([RUNTIME_PARENT, *filter(None, [environ.get("PYTHONPATH")])])
+    if dump_dir is not None:  # faulthandler armed in every rank: mlenv stacks without ptrace rights
+        env[FAULTHANDLER_DIR] = str(dump_dir / "stacks" / "faulthandler")
+    env["PYTHONPATH"] = os.pathsep.join([SITE_DIR, RUNTIME_PARENT, *filter(None, [environ.get("PYTHONPATH")])])
     return Job(argv, env, added, files)
 
 
