@@ -20,7 +20,7 @@ ENV_OPTS = $(if $(ENV),--env "$$ENV")
 .DEFAULT_GOAL := help
 .PHONY: help install install-train install-system test lint bench demo list-clusters validate-cluster \
         render-cluster deploy-cluster-dry-run deploy-cluster use status-cluster sync-multi-node shell-multi-node \
-        exec logs clean-cluster launch launch-dry-run stop top nccl-test doctor discover
+        exec logs clean-cluster launch launch-dry-run stop top stacks nccl-test doctor discover
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  \033[1m%-24s\033[0m %s\n", $$1, $$2}'
@@ -90,6 +90,9 @@ launch: install ## Run SCRIPT= [ARGS=] [LAUNCHER=deepspeed|torchrun] [ENV="HF_TO
 launch-dry-run: install ## Print what launch would run on every node (same variables as launch)
 	@$(MLENV) launch $(CLUSTER_OPT) $(if $(LAUNCHER),--launcher "$$LAUNCHER") $(if $(ARGS),--args "$$ARGS") \
 	    $(ENV_OPTS) $(if $(DETACH),--detach) --dry-run -- "$${SCRIPT:-train_multi_node.py}"
+
+stacks: install ## Python stack of every rank of the latest run (or POD=N's), grouped, odd ones out first
+	@$(MLENV) stacks $(CLUSTER_OPT) $(POD_OPT)
 
 top: install ## Live GPU state of every node (or POD=N): GPUs, Xid/ECC events, ranks' CPU, RSS, last output
 	@$(MLENV) top $(CLUSTER_OPT) $(POD_OPT)

@@ -272,6 +272,28 @@ def status(cluster_ref: str | None, every: bool, gpus: bool, as_json: bool) -> N
 @main.command()
 @cluster_option
 @pod_option
+@click.option("--native", is_flag=True, help="Add native frames (py-spy only; file and line null where unknown).")
+@click.option("--method", type=click.Choice(["auto", "py-spy", "faulthandler"]), default="auto", show_default=True,
+              help="py-spy (needs ptrace), faulthandler (the signal the runtime armed in every rank), or auto.")
+@json_option
+@reports_errors
+def stacks(cluster_ref: str | None, pod: int | None, native: bool, method: str, as_json: bool) -> None:
+    """Python stack of every rank of the latest run (or of --pod N's), grouped: the odd ones out first."""
+    from mlenv.ops.stacks import take, text
+    from mlenv.ui import print_json
+
+    target = _target(cluster_ref)
+    report = take(target.backend, target.handle, pod, native=native, method=method)
+    if as_json:
+        print_json(report)
+    else:
+        print(text(report))
+    sys.exit(1 if report["unreachable"] else 0)
+
+
+@main.command()
+@cluster_option
+@pod_option
 @click.option("--interval", type=click.FloatRange(min=0.5), default=2.0, show_default=True, metavar="SECONDS",
               help="Time between refreshes.")
 @click.option("--count", type=click.IntRange(min=1), default=None, metavar="N",

@@ -383,8 +383,10 @@ def _stacks(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         found: dict[str, object] = {"run": None, "host": host}
     else:
         ranks = [r.to_dict() for r in read_ranks(job.files) if r.state == "running"]
-        taken = sample(ranks, native=args.native, method=args.method, dumps=job.files.stacks / "faulthandler")
-        found = {"run": job.record.run_id, "node": job.record.node_rank, "host": host, "state": job.state,
+        taken = sample(ranks, native=args.native, method=args.method, dumps=job.files.stacks / "faulthandler",
+                       workspace=Path.cwd())
+        found = {"run": job.record.run_id, "started_at": job.record.started_at, "node": job.record.node_rank,
+                 "host": host, "state": job.state,
                  "ranks": [stack.to_dict() for stack in taken],
                  "flight_dumps": [str(path) for path in flight_dumps(job.files.path)]}
     if args.json:

@@ -18,7 +18,7 @@ import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from .readfs import read_text
@@ -198,14 +198,28 @@ def sample_rank(rank: Mapping[str, object], *, native: bool, method: str, dumps:
 
 
 def sample(ranks: Sequence[Mapping[str, object]], *, native: bool = False, method: str = "auto",
-           dumps: Path | None = None, proc_root: Path = Path("/proc")) -> list[RankStack]:
-    """Every rank's stack, all at once, by global rank."""
+           dumps: Path | None = None, proc_root: Path = Path("/proc"),
+           workspace: Path | None = None) -> list[RankStack]:
+    """Every rank's stack, all at once, by global rank; files under ``workspace`` named relative to it (the same
+    script is the same file on every node, wherever the node keeps its workspace)."""
     if not ranks:
         return []
     with ThreadPoolExecutor(max_workers=min(32, len(ranks))) as pool:
         found = list(pool.map(lambda r: sample_rank(r, native=native, method=method, dumps=dumps,
                                                     proc_root=proc_root), ranks))
+    if workspace is not None:
+        found = [replace(stack, frames=[replace(frame, file=_relative(frame.file, workspace))
+                                        for frame in stack.frames]) for stack in found]
     return sorted(found, key=lambda stack: stack.rank)
+
+
+def _relative(file: str | None, workspace: Path) -> str | None:
+    if file is None or not os.path.isabs(file):
+        return file
+    try:
+        return str(Path(file).relative_to(workspace.resolve()))
+    except ValueError:
+        return file
 
 
 def _key(stack: Mapping[str, object]) -> str:
