@@ -407,15 +407,21 @@ def clean(cluster_ref: str | None, delete_data: bool, yes: bool) -> None:
               help="Forward NAME from your environment for this run only (never written; masked in --dry-run).")
 @click.option("--detach", is_flag=True, help="Start the job and return; mlenv logs -f follows, mlenv stop stops.")
 @click.option("--dry-run", is_flag=True, help="Print what launch would run on every node; run nothing.")
+@click.option("--hang-timeout", type=float, default=None, metavar="SECONDS",
+              help="No output from any rank for this long: capture every rank's stack into the run directory, "
+                   "say so, state hung (default: launch.hang_timeout of the cluster file, else off).")
+@click.option("--on-hang", type=click.Choice(["stop"]), default=None,
+              help="With a hang timeout: also stop the job, exit code 124 (as timeout).")
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 @reports_errors
 def launch(cluster_ref: str | None, launcher: str, nproc: int | None, args_text: str | None, secrets: tuple[str, ...],
-           detach: bool, dry_run: bool, script: str, script_args: tuple[str, ...]) -> None:
+           detach: bool, dry_run: bool, hang_timeout: float | None, on_hang: str | None, script: str,
+           script_args: tuple[str, ...]) -> None:
     """Start SCRIPT on every node at once through the runtime; fail-fast, logs in runs/.
 
     Everything after SCRIPT belongs to it: `mlenv launch train.py -c cfg.yaml` passes -c cfg.yaml to train.py.
-    Exits with the job's exit code once it started.
+    Exits with the job's exit code once it started; 124 when --on-hang stop stopped a hung job.
     """
     import shlex
 
@@ -432,9 +438,14 @@ def launch(cluster_ref: str | None, launcher: str, nproc: int | None, args_text:
     for name in names:
         if not NAME.fullmatch(name):
             raise UsageError(f"--env: expected a variable name like HF_TOKEN, got {name!r}")
+    if hang_timeout is not None and not 0 < hang_timeout < float("inf"):
+        raise UsageError(f"--hang-timeout: expected a positive number of seconds, got {hang_timeout:g}")
     target = _target(cluster_ref)
+    hang_timeout = hang_timeout or launching.hang_timeout(target)
+    if on_hang and not hang_timeout:
+        raise UsageError("--on-hang stop needs a hang timeout: --hang-timeout SECONDS (or launch.hang_timeout)")
     spec = LaunchSpec(launcher, script, (*script_args, *extra), nproc, launching.run_id(target.handle.name),
-                      detach, tuple(dict.fromkeys(names)))
+                      detach, tuple(dict.fromkeys(names)), hang_timeout, on_hang)
     if dry_run:
         click.echo(launching.dry_run(target, spec), nl=False)
         return

@@ -279,6 +279,7 @@ def build_cluster(loaded: LoadedFile) -> Cluster:
         expected_busbw_gbytes=_busbw_gbytes(reader),
         settings=_backend_settings(reader),
         notes=reader.get("notes"),
+        hang_timeout=reader.get("launch", "hang_timeout"),
         warnings=tuple(reader.warnings),
         positions=dict(loaded.positions),
     )

@@ -52,6 +52,22 @@ def run_id(app: str) -> str:
     raise UsageError(f"too many runs named {stamp}-{app}-N under {runs}")
 
 
+def hang_timeout(target: Target) -> float | None:
+    """``launch.hang_timeout`` of the deployment's cluster file (None when it has none, or it cannot be read: the
+    recorded deployment still launches)."""
+    if target.plan is not None:
+        return target.plan.cluster.hang_timeout
+    if target.recorded is None:
+        return None
+    from mlenv.errors import MlenvError
+    from mlenv.ops.target import recorded_plan
+
+    try:
+        return recorded_plan(target.recorded).cluster.hang_timeout
+    except MlenvError:
+        return None
+
+
 def _run_dir(run: str) -> Path:
     from mlenv.config.discover import project_root
 

@@ -21,6 +21,7 @@ from typing import IO, Any, NoReturn, cast
 from .doctor import examine, render
 from .forensics import flight_dumps
 from .gpus import read_node, render_node
+from .hang import HANG_EXIT_CODE
 from .jobs import POLL_SECONDS, JobError, NodeJob, follow_log, host_jobs, start_recorded, stop_jobs
 from .launcher import LAUNCHERS, forwarding_signals, launch
 from .nccl import detect_nccl_env
@@ -67,6 +68,16 @@ def _rank(text: str) -> int:
     return int(text)
 
 
+def _hang_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
 def _run_id(text: str) -> str:
     if not text or "/" in text or text in (".", ".."):
         raise argparse.ArgumentTypeError(f"expected the name of a run directory, got {text!r}")
@@ -109,6 +120,11 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--dry-run", action="store_true", help="print the added variables and the command")
     mode.add_argument("--detach", action="store_true",
                       help="run in the background (needs a run directory); docs/runs.md has its files")
+    run.add_argument("--hang-timeout", type=_hang_seconds, metavar="SECONDS",
+                     help="no rank output on any node for this long: capture every rank's stack into the run "
+                          "directory, tell the attached user, state hung")
+    run.add_argument("--on-hang", choices=["stop"],
+                     help=f"with --hang-timeout: also stop the job (exit code {HANG_EXIT_CODE}, as timeout)")
     run.add_argument("--exit-file", type=Path, help=argparse.SUPPRESS)  # the recorded supervisor's
     run.add_argument("--detached-supervisor", action="store_true", help=argparse.SUPPRESS)  # stdout is the log
     run.add_argument("job", nargs=argparse.REMAINDER, help="the script and its arguments, after --")
@@ -245,6 +261,8 @@ def _recorded(
     files = NodeDir(run_dir.absolute(), attempt_of(environ), rank)
     supervisor = [sys.executable, "-m", "mlenv.runtime", "launch", "--launcher", launcher,
                   *(["--nproc", str(args.nproc)] if args.nproc else []), "--run-dir", str(files.run_dir),
+                  *(["--hang-timeout", str(args.hang_timeout)] if args.hang_timeout else []),
+                  *(["--on-hang", args.on_hang] if args.on_hang else []),
                   "--exit-file", str(files.exit), *(["--detached-supervisor"] if args.detach else []), "--", *job]
     process, record = start_recorded(supervisor, files, run_id=environ.get("MLENV_RUN_ID") or files.run_dir.name,
                                      host=host_name(environ), environ=environ, detached=args.detach)
