@@ -109,3 +109,13 @@ def test_bad_timeouts_exit_2_and_help_names_124(project: LocalProject) -> None:
         result = project.mlenv("launch", "--hang-timeout", value, "hang.py")
         assert result.returncode == 2, (value, result.stderr)
     assert "124" in project.ok("launch", "--help").stdout
+    assert project.mlenv("launch", "--on-hang", "stop", "hang.py").returncode == 2  # no timeout to act on
+    cluster_file = project.home / "clusters" / f"{project.name}.yaml"
+    original = cluster_file.read_text()
+    cluster_file.write_text(original + "launch:\n  hang_timeout: 20\n")
+    try:
+        dry = project.ok("launch", "--dry-run", "--on-hang", "stop", "hang.py").stdout
+        assert "--hang-timeout 20 --on-hang stop --" in dry
+        assert "--hang-timeout 7 " in project.ok("launch", "--dry-run", "--hang-timeout", "7", "hang.py").stdout
+    finally:
+        cluster_file.write_text(original)

@@ -283,10 +283,8 @@ def summary(frames: Sequence[Mapping[str, object]]) -> str:
     anchor = own[-1] if own else frames[-1]
     where = f"{os.path.basename(str(anchor['file']))}:{anchor['line']} " if anchor.get("file") else ""
     text = f"{where}{anchor['function']}"
-    innermost = frames[-1]
-    python = [frame for frame in frames if frame.get("file")]
-    if python and python[-1] is not anchor:  # the innermost Python frame (native ones follow it)
-        innermost = python[-1]
+    python = [frame for frame in frames if frame.get("file")]  # native frames (--native) have no file
+    innermost = python[-1] if python else frames[-1]
     return text if innermost is anchor else f"{text} → {innermost['function']}"
 
 
