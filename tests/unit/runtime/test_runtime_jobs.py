@@ -161,3 +161,18 @@ def test_follow_picks_up_a_job_that_starts_while_waiting(runtime: Runner, tmp_pa
         write_record(tmp_path / "runs/late", pid=NO_PID, log="hello\n", exit_code=0)
         out, err = follower.communicate(timeout=30)
     assert (follower.returncode, out) == (0, "hello\n"), err
+
+
+def test_logs_of_one_rank(runtime: Runner, tmp_path: Path) -> None:
+    lines = "[node-0 r1] a\nmlenv: note\n[node-0 r10] not rank 1\n[node-0] torchrun says\n[node-0 r1] b\n"
+    write_record(tmp_path / "runs/r", pid=NO_PID, log=lines, exit_code=0)
+    ranks = [{"rank": rank, "local_rank": rank - 1, "node": 0, "host": HOST, "pid": 1, "state": "succeeded",
+              "exit_code": 0, "signal": None, "started_at": "t", "ended_at": "t", "last_output_at": None}
+             for rank in (1, 10)]
+    NodeDir(tmp_path / "runs/r", 0, 0).ranks.write_text(json.dumps(ranks))
+    assert runtime("logs", "--rank", "1").stdout == "[node-0 r1] a\n[node-0 r1] b\n"
+    assert runtime("logs", "--rank", "1", "--follow").stdout == "[node-0 r1] a\n[node-0 r1] b\n"
+    unknown = runtime("logs", "--rank", "2")
+    assert (unknown.returncode, unknown.stdout) == (2, "")
+    assert unknown.stderr == "mlenv.runtime logs: error: rank 2 is not on node 0 of run r (its ranks: 1, 10)\n"
+    assert runtime("logs", "--rank", "x").returncode == 2

@@ -14,6 +14,9 @@ from mlenv.backends.fanout import FanoutJobs
 from mlenv.errors import UsageError
 from mlenv.parallel import run_parallel
 
+UNKNOWN_RANK = 2
+"""A node's ``logs --rank N`` when rank N did not run there."""
+
 
 def select_nodes(backend: Backend, handle: Handle, only: int | None) -> list[Node]:
     """Every node, or just node ``only`` (UsageError naming the valid ordinals when it does not exist)."""
@@ -88,15 +91,21 @@ def logs_all(backend: Backend, handle: Handle, only: int | None = None, follow: 
     if rank is None:
         nodes = select_nodes(backend, handle, only)
         argvs = {n.ordinal: backend.logs_argv(handle, n, follow) for n in nodes}
-    else:
-        if not hasattr(backend, "rank_nodes"):
-            raise UsageError(f"logs --rank is not available for {handle.backend} deployments")
+    elif hasattr(backend, "rank_nodes"):  # ask the nodes' records where the rank ran
         where = backend.rank_nodes(handle)
         if rank not in where:
             known = ", ".join(map(str, sorted(where))) or "none"
             raise UsageError(f"rank {rank} is not in the latest run of {handle.name} (its ranks: {known})")
         (node,) = select_nodes(backend, handle, where[rank])
-        argvs = {node.ordinal: backend.logs_argv(handle, node, follow, rank)}  # type: ignore[call-arg]
+        argvs = {node.ordinal: backend.logs_argv(handle, node, follow, rank)}
+    else:  # every node's logs, filtered there; the nodes without the rank end with 2 and say nothing
+        nodes = select_nodes(backend, handle, only)
+        argvs = {n.ordinal: backend.logs_argv(handle, n, follow, rank) for n in nodes}
+        result = run_parallel(argvs, keep_stdin=follow)
+        codes = [code for code in result.exit_codes.values() if code != UNKNOWN_RANK]
+        if not codes:
+            raise UsageError(f"rank {rank} is not in the latest run of {handle.name}")
+        return 0 if result.interrupted and follow else next((code for code in codes if code), 0)
     result = run_parallel(argvs, keep_stdin=follow)
     return 0 if result.interrupted and follow else result.exit_code
 

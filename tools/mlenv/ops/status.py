@@ -22,6 +22,7 @@ def _report(target: Target, current: str | None, tolerant: bool, gpus: bool = Fa
         "deployed": target.recorded is not None,
         "cluster_file": target.recorded.cluster_file if target.recorded else None,
         "runs": list(target.recorded.runs) if target.recorded else [],
+        "latest_run": None,  # the latest detached run, as its nodes' supervisors recorded it (docs/runs.md)
     }
     try:
         report["pods"] = [asdict(row) for row in target.backend.status(handle)]

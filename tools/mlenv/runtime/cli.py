@@ -130,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("job", nargs=argparse.REMAINDER, help="the script and its arguments, after --")
 
     runs_help = "where the runs are (default: $MLENV_RUNS_ROOT, else .mlenv/runs)"
-    jobs = commands.add_parser("jobs", help="this host's detached jobs: running, exited (code) or lost")
+    jobs = commands.add_parser("jobs", help="this host's jobs and their states (running, succeeded, failed, ...)")
     jobs.add_argument("--runs-root", type=Path, metavar="DIR", help=runs_help)
     jobs.add_argument("--json", action="store_true", help="print a JSON list")
 

@@ -11,6 +11,7 @@ its environment (inherited from the supervisor), so a reused PID is never taken 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -197,11 +198,16 @@ def _node_files(runs: Iterable[Path]) -> Iterator[NodeDir]:
 
 
 def stop_jobs(jobs: Sequence[NodeJob], grace: float, proc_root: str | Path = "/proc") -> list[Stopped]:
-    """SIGTERM every process of ``jobs``, SIGKILL what is left after ``grace`` seconds; record the exit status
-    of the jobs whose supervisor could not (killed before writing it)."""
+    """SIGTERM each job's live supervisor, which stops its job in order and records it as stopped (every process
+    of a job without one), SIGKILL what is left after ``grace`` seconds; record the exit status of the jobs whose
+    supervisor could not (killed before writing it)."""
     processes = _processes(proc_root)
     targets = [job for job in jobs if _members(job, processes, proc_root)]
-    _signal_all(targets, signal.SIGTERM, proc_root)
+    supervised = [job for job in targets if is_running(job.record, job.files, proc_root)]
+    for job in supervised:  # once: not also to its ranks, which it would then take for failed
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(job.record.pid, signal.SIGTERM)
+    _signal_all([job for job in targets if job not in supervised], signal.SIGTERM, proc_root)
     survivors = _wait_until_gone(targets, grace, proc_root)
     _signal_all(survivors, signal.SIGKILL, proc_root)
     left = _wait_until_gone(survivors, KILL_WAIT_SECONDS, proc_root, resend=signal.SIGKILL)

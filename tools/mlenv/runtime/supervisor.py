@@ -41,8 +41,9 @@ from .runlayout import (
     write_json,
 )
 
-STOP_GRACE = 5.0
-"""Seconds between the launcher's SIGTERM and SIGKILL for everything of the job, when it must stop."""
+STOP_GRACE = 3.0
+"""Seconds between the launcher's SIGTERM and SIGKILL for everything of the job, when it must stop (less than
+mlenv's own grace for the node's command, so that the supervisor ends its job before it is killed itself)."""
 DRAIN_SECONDS = 2.0
 """After the launcher ended, how long output still held open by a rank's leftover children is read."""
 MAX_LINE = 16 << 20
@@ -78,7 +79,6 @@ class _Rank:
     info: RankInfo
     record: RankRecord
     tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
-    outputs: int = 0  # open output connections
 
 
 @dataclass
@@ -117,6 +117,7 @@ class Supervisor:
     extra_state: dict[str, object] = field(default_factory=dict)
     oom_before: int | None = None
     marker: bytes = b""  # MLENV_JOB=...: in the environment of every process of the job
+    written_ranks: list[dict[str, Any]] | None = None
     run_dir: Path = field(init=False)  # JobControl: this node's attempt directory
 
     def __post_init__(self) -> None:
@@ -209,6 +210,7 @@ class Supervisor:
                 self.kill_at = None
                 self._kill(signal.SIGKILL)
             if ended_at is None and (code := process.poll()) is not None:
+                self._dispatch_ready()  # the ranks' last words, sent before torchrun could see them end
                 status, ended_at = (128 - code if code < 0 else code), now
                 if self.stop_reason is None and status != 0 and self.first_failure is None:
                     self._launcher_failed(status)
@@ -219,8 +221,18 @@ class Supervisor:
             waiting = self.channel is not None and self.channel.waiting_for_peers()
             if self.channel is not None and not self.channel.finished:
                 self.channel.done()
-            if (not reading or now - ended_at > DRAIN_SECONDS) and not waiting:
+            stopping = self.kill_at is not None and bool(marked_processes(self.marker))  # SIGTERM ignored?
+            if (not reading or now - ended_at > DRAIN_SECONDS) and not waiting and not stopping:
                 return status
+
+    def _dispatch_ready(self) -> None:
+        """Handle everything the connections hold now, without waiting."""
+        for _ in range(1000):
+            ready = self.selector.select(0)
+            if not ready:
+                return
+            for key, _ in ready:
+                key.data()
 
     def _open_channel(self) -> None:
         if self.control_address is None or self.num_nodes < 2:
@@ -259,23 +271,18 @@ class Supervisor:
             self.selector.unregister(connection.sock)
         connection.sock.close()
         rank = self.ranks_by_number.get(connection.rank) if connection.rank is not None else None
-        if connection.kind == "output" and rank is not None:
-            rank.outputs -= 1
-        elif connection.kind == "control" and rank is not None and rank.record.state == RUNNING:
+        if connection.kind == "control" and rank is not None and rank.record.state == RUNNING:
             self._rank_exited(rank, 128 + signal.SIGKILL, "SIGKILL")  # the wrapper died without a word
 
     def _header(self, connection: _Connection, header: dict[str, Any]) -> None:
         connection.kind = str(header.get("kind"))
         number = int(header.get("rank", 0))
         connection.rank = number
-        rank = self.ranks_by_number.get(number)
-        if rank is None:
+        if number not in self.ranks_by_number:
             info = RankInfo(number, int(header.get("local_rank", 0)), self.node, self.host, 0)
             record = RankRecord(number, info.local_rank, self.node, self.host, 0, RUNNING, None, None, utc_now(),
                                 None, None)
-            rank = self.ranks_by_number[number] = _Rank(info, record)
-        if connection.kind == "output":
-            rank.outputs += 1
+            self.ranks_by_number[number] = _Rank(info, record)
 
     def _message(self, connection: _Connection, message: dict[str, Any]) -> None:
         rank = self.ranks_by_number[connection.rank or 0]
@@ -383,14 +390,14 @@ class Supervisor:
         for rank in self.ranks_by_number.values():
             if rank.record.state == RUNNING:  # its wrapper never reported: killed with the launcher
                 rank.record = replace(rank.record, state=STOPPED, ended_at=utc_now())
-        if self.user_signal is not None:
-            state, reason = STOPPED, f"stopped by {signal.Signals(self.user_signal).name}"
-            code = status or 128 + self.user_signal
-        elif self.first_failure is not None:
+        if self.first_failure is not None:
             ff = self.first_failure
             state, code = FAILED, ff.exit_code
             reason = f"rank {ff.rank} {ff.reason}" if ff.node == self.node and self.local_failure == ff \
                 else f"stopped after rank {ff.rank} failed"
+        elif self.user_signal is not None:
+            state, reason = STOPPED, f"stopped by {signal.Signals(self.user_signal).name}"
+            code = 128 + self.user_signal
         elif self.stop_reason is not None:
             state, reason, code = FAILED, self.stop_reason, self.stop_code or 1
         else:
@@ -407,8 +414,10 @@ class Supervisor:
 
     def _write_ranks(self) -> None:
         records = [self.ranks_by_number[number].record.to_dict() for number in sorted(self.ranks_by_number)]
-        with contextlib.suppress(OSError):
-            write_json(self.node_dir.ranks, records)
+        if records != self.written_ranks:
+            with contextlib.suppress(OSError):
+                write_json(self.node_dir.ranks, records)
+            self.written_ranks = records
 
     def _write_state(self, state: str, reason: str) -> None:
         data = {**self.extra_state, "state": state, "reason": reason,
