@@ -397,7 +397,7 @@ def test_status_gpus_over_ssh_names_a_host_that_went_down(ssh_hosts: SshHostsFac
     project = _project(tmp_path / "project", "gpus")
     _cluster_file(project, "gpus", machines, connect_timeout=2)
     project.ok("deploy", "gpus")
-    project.ok("sync", "--cluster", "gpus")
+    project.ok("sync", "--cluster", "gpus", "--source", str(project.source({"noop.py": "pass\n"})))  # the runtime
     states = json.loads(project.ok("status", "--gpus", "--json").stdout)["gpu_state"]
     assert [(s["node"], [g["name"] for g in s["gpus"]]) for s in states] == [
         (0, ["NVIDIA H100 80GB HBM3"] * 2), (1, ["NVIDIA H100 80GB HBM3"] * 2)]
