@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-import shutil
+import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -39,7 +39,7 @@ def table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any
     ``status``'s time on 256 pods), anything else by rich."""
     cells = [[str(cell) for cell in row] for row in rows]
     terminal = sys.stdout.isatty()
-    width = shutil.get_terminal_size().columns if terminal else PIPE_WIDTH
+    width = os.get_terminal_size(sys.stdout.fileno()).columns if terminal else PIPE_WIDTH
     text = _plain_table(title, [str(c) for c in columns], cells, width, terminal)
     if text is not None:
         sys.stdout.write(text)
