@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from typing import Any
 
 from mlenv import state
@@ -25,7 +24,8 @@ def _report(target: Target, current: str | None, tolerant: bool, gpus: bool = Fa
         "latest_run": None,  # the latest detached run, as its nodes' supervisors recorded it (docs/runs.md)
     }
     try:
-        report["pods"] = [asdict(row) for row in target.backend.status(handle)]
+        # a shallow copy: asdict's deep one took ~0.4 ms a row (a tenth of a second for 256 pods)
+        report["pods"] = [{**vars(row), "extra": dict(row.extra)} for row in target.backend.status(handle)]
         if report["runs"] and report["pods"]:
             latest = report["runs"][-1]["id"]
             if hasattr(target.backend, "latest_run"):  # the fanout backends' supervisors' records
