@@ -6,8 +6,10 @@ stops the job with exit code 124."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import string
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +19,7 @@ import pytest
 from mlenv.runtime.stacks import find_py_spy
 
 from tests._prereq import require
-from tests.integration.local_cluster import LocalProject, make_project, require_local
+from tests.integration.local_cluster import MLENV, ROOT, LocalProject, make_project, require_local
 from tests.integration.test_makefile import make
 
 HANG = """\
@@ -95,6 +97,22 @@ def test_hung_with_a_capture_that_names_the_function_then_output_again(project: 
     assert _latest_run(project, "running")["stacks"] == run["stacks"]
     assert "output again: the job is no longer hung" in project.ok("logs").stdout
     project.ok("stop")
+
+
+def test_an_attached_run_is_hung_in_status_from_another_terminal(project: LocalProject, tmp_path: Path) -> None:
+    function, _ = _job(project, tmp_path / "never")
+    attached = subprocess.Popen([str(MLENV), "launch", "--launcher", "torchrun", "--hang-timeout", "10", "hang.py"],
+                                cwd=ROOT, env={**os.environ, "MLENV_HOME": str(project.home)},
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        run = _latest_run(project, "hung")
+        assert function in (Path(run["stacks"]) / "stacks.txt").read_text()
+        project.ok("stop")
+        output, _ = attached.communicate(timeout=120)
+        assert "the job looks hung" in output and function in output  # told to the attached user
+    finally:
+        attached.kill()
+        attached.wait()
 
 
 def test_on_hang_stop_ends_the_job_with_124_through_make(project: LocalProject, tmp_path: Path) -> None:

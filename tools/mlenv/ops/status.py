@@ -66,7 +66,8 @@ def _print(report: dict[str, Any]) -> None:
         states = report.get("run_states", {})
         running = sum(state == "running" for state in states.values())
         run = report.get("latest_run") or {}
-        print(f"latest detached run: {latest['id']} ({latest['script']}, started {latest['started']}): "
+        kind = "detached run" if latest.get("detached", True) else "run"
+        print(f"latest {kind}: {latest['id']} ({latest['script']}, started {latest['started']}): "
               f"{run.get('state') or 'state unknown'}, running on {running}/{len(states)} nodes "
               f"({', '.join(f'node-{n} {s}' for n, s in sorted(states.items()))}); "
               "mlenv logs -f follows it, mlenv stop stops it")
