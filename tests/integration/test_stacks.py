@@ -72,9 +72,10 @@ def _sampled(project: LocalProject, *args: str, deadline: float = 120) -> dict[s
 @pytest.mark.parametrize("method", ["py-spy", "faulthandler"])
 def test_every_rank_grouped_odd_one_first(hung: tuple[LocalProject, str, int], method: str) -> None:
     project, function, stuck = hung
+    _sampled(project, "--method", method)  # every rank in its place
     started = time.monotonic()
-    report = _sampled(project, "--method", method)
-    assert time.monotonic() - started < 120
+    report = json.loads(project.ok("stacks", "--json", "--method", method).stdout)
+    assert time.monotonic() - started < 30  # one answer of every node, on a loaded 2-core machine
     ranks = {rank["rank"]: rank for rank in report["ranks"]}
     assert sorted(ranks) == [0, 1, 2, 3] and {r["node"] for r in ranks.values()} == {0, 1}
     assert {r["method"] for r in ranks.values()} == {method}
