@@ -169,6 +169,12 @@ def test_a_failing_node_gives_the_job_its_exit_code(project: Project, slurm_clus
     for follow in ([], ["-f"]):  # the run has ended: following it ends too
         logs = project.ok("logs", "-c", project.name, "--pod", "1", *follow, timeout=30).stdout
         assert any(re.fullmatch(r"\[node-1 r[23]\] failing on purpose", line) for line in logs.splitlines())
+    for rank in (2, 3):  # node 1's ranks: one failed, the other was stopped
+        one = project.mlenv("logs", "-c", project.name, "--rank", str(rank), timeout=30)
+        assert one.returncode == 0 and one.stdout, one.stderr
+        assert all(line.startswith(f"[node-1 r{rank}] ") for line in one.stdout.splitlines()), one.stdout
+    unknown = project.mlenv("logs", "-c", project.name, "--rank", "9", timeout=30)
+    assert (unknown.returncode, unknown.stderr) == (2, "error: rank 9 is not in the latest run of hpc\n")
 
 
 def steps(cluster: SlurmCluster, job_id: str) -> list[str]:

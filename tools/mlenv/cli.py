@@ -406,6 +406,9 @@ def clean(cluster_ref: str | None, delete_data: bool, yes: bool) -> None:
 @click.option("--env", "secrets", multiple=True, metavar="NAME[,NAME]",
               help="Forward NAME from your environment for this run only (never written; masked in --dry-run).")
 @click.option("--detach", is_flag=True, help="Start the job and return; mlenv logs -f follows, mlenv stop stops.")
+@click.option("--expect-transport", type=click.Choice(["rdma", "sockets", "any"]), default=None,
+              help="What NCCL must prove it uses; a contradiction stops the job (default: the cluster file's "
+                   "network.expect_transport, else rdma in rdma mode and any otherwise).")
 @click.option("--dry-run", is_flag=True, help="Print what launch would run on every node; run nothing.")
 @click.option("--hang-timeout", type=float, default=None, metavar="SECONDS",
               help="No output from any rank for this long: capture every rank's stack into the run directory, "
@@ -416,7 +419,8 @@ def clean(cluster_ref: str | None, delete_data: bool, yes: bool) -> None:
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 @reports_errors
 def launch(cluster_ref: str | None, launcher: str, nproc: int | None, args_text: str | None, secrets: tuple[str, ...],
-           detach: bool, dry_run: bool, hang_timeout: float | None, on_hang: str | None, script: str,
+           detach: bool, expect_transport: str | None, dry_run: bool, hang_timeout: float | None,
+           on_hang: str | None, script: str,
            script_args: tuple[str, ...]) -> None:
     """Start SCRIPT on every node at once through the runtime; fail-fast, logs in runs/.
 
@@ -445,7 +449,8 @@ def launch(cluster_ref: str | None, launcher: str, nproc: int | None, args_text:
     if on_hang and not hang_timeout:
         raise UsageError("--on-hang stop needs a hang timeout: --hang-timeout SECONDS (or launch.hang_timeout)")
     spec = LaunchSpec(launcher, script, (*script_args, *extra), nproc, launching.run_id(target.handle.name),
-                      detach, tuple(dict.fromkeys(names)), hang_timeout, on_hang)
+                      detach, tuple(dict.fromkeys(names)),
+                      expect_transport or launching.file_expect_transport(target), hang_timeout, on_hang)
     if dry_run:
         click.echo(launching.dry_run(target, spec), nl=False)
         return

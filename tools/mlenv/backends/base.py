@@ -136,6 +136,8 @@ class LaunchSpec:
     detach: bool = False
     secrets: tuple[str, ...] = ()
     """Names of local environment variables forwarded for this run only (values never written anywhere)."""
+    expect_transport: str | None = None
+    """rdma, sockets or any, as the user asked (flag or cluster file); None: the runtime's default for the mode."""
     hang_timeout: float | None = None
     """Seconds without output from any rank after which the watchdog captures every rank's stack (state hung)."""
     on_hang: str | None = None

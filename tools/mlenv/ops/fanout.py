@@ -13,6 +13,7 @@ from mlenv.backends.base import Backend, Handle, Node
 from mlenv.backends.fanout import FanoutJobs
 from mlenv.errors import UsageError
 from mlenv.parallel import run_parallel
+from mlenv.ui import info
 
 UNKNOWN_RANK = 2
 """A node's ``logs --rank N`` when rank N did not run there."""
@@ -78,10 +79,17 @@ def _object(line: str) -> dict[str, Any] | None:
 
 
 def exec_all(backend: Backend, handle: Handle, argv: Sequence[str], only: int | None = None) -> int:
-    """Run ``argv`` on every node (or node ``only``) at once; 0 when all succeeded."""
+    """Run ``argv`` on every node (or node ``only``) at once; 0 when all succeeded. A node that failed is named
+    (its exec tool's own error, e.g. kubectl's, says what went wrong but not on which pod or host)."""
     nodes = select_nodes(backend, handle, only)
     commands = {n.ordinal: backend.exec_argv(handle, n, argv, stop_on_stdin_eof=True) for n in nodes}
-    return run_parallel(commands, keep_stdin=True).exit_code
+    result = run_parallel(commands, keep_stdin=True)
+    for node in nodes:
+        code = result.exit_codes.get(node.ordinal, 0)
+        if code and node.ordinal not in result.stopped:
+            how = f"exit status {code}" if code > 0 else f"ended by signal {-code}"
+            info(f"node-{node.ordinal} ({node.name}): {how}")
+    return result.exit_code
 
 
 def logs_all(backend: Backend, handle: Handle, only: int | None = None, follow: bool = False,

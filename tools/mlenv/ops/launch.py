@@ -53,19 +53,11 @@ def run_id(app: str) -> str:
 
 
 def hang_timeout(target: Target) -> float | None:
-    """``launch.hang_timeout`` of the deployment's cluster file (None when it has none, or it cannot be read: the
-    recorded deployment still launches)."""
-    if target.plan is not None:
-        return target.plan.cluster.hang_timeout
-    if target.recorded is None:
-        return None
-    from mlenv.errors import MlenvError
-    from mlenv.ops.target import recorded_plan
+    """``launch.hang_timeout`` of the deployment's cluster file, if it sets one and still loads."""
+    from mlenv.ops.target import file_cluster
 
-    try:
-        return recorded_plan(target.recorded).cluster.hang_timeout
-    except MlenvError:
-        return None
+    cluster = file_cluster(target, "launch.hang_timeout")
+    return cluster.hang_timeout if cluster else None
 
 
 def _run_dir(run: str) -> Path:
@@ -81,6 +73,14 @@ def _secrets(names: tuple[str, ...]) -> dict[str, str]:
     if missing:
         raise UsageError(f"--env {missing[0]}: not set in your environment (export {missing[0]}=... first)")
     return {name: os.environ[name] for name in names}
+
+
+def file_expect_transport(target: Target) -> str | None:
+    """``network.expect_transport`` of the deployment's cluster file, if it sets one and still loads."""
+    from mlenv.ops.target import file_cluster
+
+    cluster = file_cluster(target, "network.expect_transport")
+    return cluster.expect_transport if cluster else None
 
 
 def dry_run(target: Target, spec: LaunchSpec) -> str:

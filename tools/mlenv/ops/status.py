@@ -32,7 +32,7 @@ def _report(target: Target, current: str | None, tolerant: bool, gpus: bool = Fa
                 run = target.backend.latest_run(handle, latest)
                 report["run_states"] = {str(n): s for n, s in run.pop("nodes").items()}
                 report["latest_run"] = run
-            else:
+            elif hasattr(target.backend, "run_states"):  # Slurm has neither: its runs are batch jobs
                 report["run_states"] = {str(n): s for n, s in target.backend.run_states(handle, latest).items()}
         if gpus and report["pods"]:
             from mlenv.ops.gpus import gather
@@ -71,6 +71,10 @@ def _print(report: dict[str, Any]) -> None:
               f"{run.get('state') or 'state unknown'}, running on {running}/{len(states)} nodes "
               f"({', '.join(f'node-{n} {s}' for n, s in sorted(states.items()))}); "
               "mlenv logs -f follows it, mlenv stop stops it")
+        transport = run.get("transport") or {}
+        if transport:
+            print("transport: " + ", ".join(f"{node} {found['verdict']} ({found.get('plugin') or 'no network'})"
+                                            for node, found in transport.items()))
         if run.get("first_failure"):
             failure = run["first_failure"]
             print(f"first failure: rank {failure['rank']} (node-{failure['node']}) {failure['reason']}")

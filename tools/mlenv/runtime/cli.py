@@ -25,7 +25,7 @@ from .hang import HANG_EXIT_CODE
 from .jobs import POLL_SECONDS, JobError, NodeJob, follow_log, host_jobs, start_recorded, stop_jobs
 from .launcher import LAUNCHERS, forwarding_signals, launch
 from .nccl import detect_nccl_env
-from .ncclog import CONTRADICTS, contradicts, parse_nccl_log
+from .ncclog import EXPECTATIONS, LogReport, NcclLogReader, iter_lines, judge
 from .observers import observers_for
 from .runlayout import NodeDir, attempt_of, read_ranks, runs_root, write_atomic
 from .stacks import METHODS, group, sample
@@ -120,6 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--dry-run", action="store_true", help="print the added variables and the command")
     mode.add_argument("--detach", action="store_true",
                       help="run in the background (needs a run directory); docs/runs.md has its files")
+    run.add_argument("--expect-transport", choices=EXPECTATIONS, metavar="{rdma,sockets,any}",
+                     help="what NCCL's output must prove; a contradiction fails the job "
+                          "(default: rdma in rdma mode, else any)")
     run.add_argument("--hang-timeout", type=_hang_seconds, metavar="SECONDS",
                      help="no rank output on any node for this long: capture every rank's stack into the run "
                           "directory, tell the attached user, state hung")
@@ -173,8 +176,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     check = commands.add_parser("nccl-log-check", help="tell from NCCL_DEBUG=INFO output what NCCL used")
     check.add_argument("files", nargs="+", metavar="FILE", help="log files ('-' for stdin)")
-    check.add_argument("--json", action="store_true", help='print {"verdict": ..., "ranks": [...]}')
-    check.add_argument("--expect", choices=sorted(CONTRADICTS), help="exit 1 if the log shows the other")
+    check.add_argument("--json", action="store_true", help='print {"verdict", "reason", "nodes", "ranks", ...}')
+    check.add_argument("--expect", choices=EXPECTATIONS, default="any",
+                       help="exit 1 unless the log proves it (rdma, sockets; default: any, report only)")
     return parser
 
 
@@ -247,7 +251,7 @@ def _launch(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         return _recorded(args, environ, launcher, job, run_dir)
     return launch(job, launcher=launcher, environ=environ, nproc=args.nproc, run_dir=run_dir,
                   dry_run=args.dry_run, node_log=args.exit_file is None or not args.detached_supervisor,
-                  observers=observers_for(args, environ))
+                  expect_transport=args.expect_transport, observers=observers_for(args, environ))
 
 
 def _recorded(
@@ -261,6 +265,7 @@ def _recorded(
     files = NodeDir(run_dir.absolute(), attempt_of(environ), rank)
     supervisor = [sys.executable, "-m", "mlenv.runtime", "launch", "--launcher", launcher,
                   *(["--nproc", str(args.nproc)] if args.nproc else []), "--run-dir", str(files.run_dir),
+                  *(["--expect-transport", args.expect_transport] if args.expect_transport else []),
                   *(["--hang-timeout", str(args.hang_timeout)] if args.hang_timeout else []),
                   *(["--on-hang", args.on_hang] if args.on_hang else []),
                   "--exit-file", str(files.exit), *(["--detached-supervisor"] if args.detach else []), "--", *job]
@@ -417,26 +422,36 @@ def _stacks(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 
 
 def _nccl_log_check(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    report = parse_nccl_log(line for name in args.files for line in _read_lines(name))
+    report = _read_logs(args.files)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:
         for rank in report.ranks:
             print(rank.summary())
             print("".join(f"  NCCL WARN {w}\n" for w in rank.warnings), end="")
+        for node in report.nodes:
+            print(node.line())
         print(f"verdict: {report.verdict}")
-    if args.expect and contradicts(report.verdict, args.expect):
-        print(f"error: expected {args.expect}, the log shows {report.verdict}", file=sys.stderr)
+    passed, message = judge(report, args.expect)
+    if not passed:
+        print(f"error: {message}", file=sys.stderr)
         return 1
+    if args.expect != "any":
+        print(f"mlenv: {message}", file=sys.stderr)
     return 0
 
 
-def _read_lines(name: str) -> list[str]:
-    """Lines of a log file, or of stdin for ``-``."""
-    try:
-        return sys.stdin.readlines() if name == "-" else Path(name).read_text(errors="replace").splitlines()
-    except OSError as err:
-        raise BadInput(f"cannot read {name}: {err.strerror}") from None
+def _read_logs(names: Sequence[str]) -> LogReport:
+    """Every line of the log files (stdin for ``-``), read in bounded chunks."""
+    reader = NcclLogReader()
+    for name in names:
+        try:
+            with open(sys.stdin.fileno(), "rb", closefd=False) if name == "-" else open(name, "rb") as stream:
+                for number, line in enumerate(iter_lines(stream), 1):
+                    reader.feed(line, f"{name}:{number}")
+        except OSError as err:
+            raise BadInput(f"cannot read {name}: {err.strerror}") from None
+    return reader.report()
 
 
 _COMMANDS = {

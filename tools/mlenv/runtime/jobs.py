@@ -94,7 +94,8 @@ class NodeJob:
         recorded = read_state(self.files)
         return {**self.record.to_dict(), "state": self.state, "exit_code": self.exit_code,
                 "reason": recorded.get("reason") or ("gone without an exit status" if self.lost else None),
-                "first_failure": recorded.get("first_failure"), "stacks": recorded.get("stacks"),
+                "first_failure": recorded.get("first_failure"),
+                "transport": recorded.get("transport"), "stacks": recorded.get("stacks"),
                 "ranks": [rank.to_dict() for rank in read_ranks(self.files)],
                 "run_dir": str(self.files.run_dir), "node_dir": str(self.files.path), "log": str(self.files.log)}
 

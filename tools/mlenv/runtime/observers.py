@@ -13,8 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from .ncclog import contradicts, parse_nccl_log
-
 
 @dataclass(frozen=True)
 class RankInfo:
@@ -112,43 +110,13 @@ class BaseObserver:
             self.control.note(message)
 
 
-class TransportCheck(BaseObserver):
-    """After the job: what NCCL's INFO lines say it used; a successful job that contradicts ``expect`` fails."""
-
-    def __init__(self, expect: str | None) -> None:
-        self.expect = expect
-        self.lines: list[str] = []
-
-    def line(self, rank: RankInfo | None, text: str) -> None:
-        if "NCCL" in text:
-            self.lines.append(text)
-
-    def finished(self, exit_code: int) -> int:
-        report = parse_nccl_log(self.lines)
-        if not report.ranks:
-            if self.expect:
-                self.note(f"no NCCL INFO lines in the output: cannot verify that NCCL used {self.expect}")
-            return exit_code
-        for rank in report.ranks:
-            self.note(rank.summary())
-        self.note(f"NCCL transport: {report.verdict}")
-        if self.expect and contradicts(report.verdict, self.expect):
-            self.note(f"error: the cluster file asks for {self.expect} but NCCL used {report.verdict}")
-            return exit_code or 1
-        return exit_code
-
-
-def expected_transport(environ: Mapping[str, str]) -> str | None:
-    """``rdma`` when the cluster file asked for it (``MLENV_NETWORK_MODE``)."""
-    return "rdma" if environ.get("MLENV_NETWORK_MODE") == "rdma" else None
-
-
 def observers_for(options: argparse.Namespace, environ: Mapping[str, str]) -> list[Observer]:
     """Every observer of a launch, from its options (``python3 -m mlenv.runtime launch ...``) and environment.
     The one place observers are built: each later option adds its own here."""
     from .hang import HangWatchdog
+    from .transport import TransportProof, expectation
 
-    found: list[Observer] = [TransportCheck(expected_transport(environ))]
+    found: list[Observer] = [TransportProof(expectation(getattr(options, "expect_transport", None), environ), environ)]
     if getattr(options, "hang_timeout", None):
         found.append(HangWatchdog(options.hang_timeout, getattr(options, "on_hang", None)))
     return found

@@ -29,7 +29,7 @@ from typing import IO, Any
 from .control import ControlChannel
 from .observers import Observer, RankInfo
 from .oom import kernel_killed, oom_kills
-from .rank import SOCKET_VARIABLE
+from .rank import SOCKET_VARIABLE, signal_name
 from .runlayout import (
     FAILED,
     RUNNING,
@@ -396,7 +396,7 @@ class Supervisor:
             reason = f"rank {ff.rank} {ff.reason}" if ff.node == self.node and self.local_failure == ff \
                 else f"stopped after rank {ff.rank} failed"
         elif self.user_signal is not None:
-            state, reason = STOPPED, f"stopped by {signal.Signals(self.user_signal).name}"
+            state, reason = STOPPED, f"stopped by {signal_name(self.user_signal)}"
             code = 128 + self.user_signal
         elif self.stop_reason is not None:
             state, reason, code = FAILED, self.stop_reason, self.stop_code or 1
