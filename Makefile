@@ -1,7 +1,7 @@
 # mlenv: thin front end over the `mlenv` CLI. `make help` lists the targets.
 # Variables: CLUSTER (deployment, cluster name or file), MODE (rdma|tcp), NODES, IMAGE, OUT, POD, CMD, FOLLOW,
-#            DELETE_DATA, YES, SCRIPT, ARGS, LAUNCHER, DETACH, ENV, NAME, STEPS, SIZES, VENV, LOG_RANK, HANG_TIMEOUT,
-#            ON_HANG.
+#            DELETE_DATA, YES, SCRIPT, ARGS, LAUNCHER, DETACH, ENV, NAME, STEPS, SIZES, VENV, LOG_RANK,
+#            EXPECT_TRANSPORT, HANG_TIMEOUT, ON_HANG.
 
 SHELL := /bin/bash
 VENV ?= .venv
