@@ -230,6 +230,7 @@ def build_cluster(loaded: LoadedFile, table: BackendTable) -> Cluster:
         expect_transport=reader.get("network", "expect_transport"),
         settings=reader.backend.parse_settings(reader),
         notes=reader.get("notes"),
+        hang_timeout=reader.get("launch", "hang_timeout"),
         warnings=tuple(reader.warnings),
         positions=dict(loaded.positions),
     )

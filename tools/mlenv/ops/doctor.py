@@ -21,8 +21,8 @@ from typing import Any
 
 from mlenv import state
 from mlenv.core.capabilities import Check, Handle, Node, NodeAccess
-from mlenv.core.fanout import FanoutJobs
 from mlenv.errors import MlenvError, OperationError, UsageError
+from mlenv.ops.fanout import runtime_command
 from mlenv.parallel import run_parallel
 from mlenv.plan import JobPlan
 from mlenv.runtime.doctor import KIND
@@ -66,13 +66,6 @@ class NodeReport:
     def facts(self) -> Mapping[str, Any]:
         """The node's facts (empty without a report)."""
         return (self.report or {}).get("facts") or {}
-
-
-def runtime_command(backend: NodeAccess, handle: Handle, *args: str) -> list[str]:
-    """``python3 -m mlenv.runtime ARGS`` with the Python the backend runs the runtime with."""
-    if isinstance(backend, FanoutJobs):
-        return backend.runtime(handle, *args)
-    return ["python3", "-m", "mlenv.runtime", *args]
 
 
 def ship_runtime(backend: NodeAccess, handle: Handle, extra: Mapping[str, Path] | None = None) -> list[str]:

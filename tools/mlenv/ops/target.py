@@ -5,19 +5,22 @@ never stops status, exec or clean."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from mlenv import state
 from mlenv.config.model import Cluster
 from mlenv.core.capabilities import Handle
-from mlenv.core.clusters import load_plan
 from mlenv.core.registry import Backend, get
 from mlenv.errors import UsageError, shown
-from mlenv.plan import JobPlan
 
 
 def backend_of(name: str) -> Backend:
     """The backend called ``name``, handed mlenv's records."""
     return get(name, state.RECORDS)
+
+
+if TYPE_CHECKING:  # planning (config, schema, quantities) is imported only where a file is planned
+    from mlenv.plan import JobPlan
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,7 @@ def file_cluster(target: Target, reading: str) -> Cluster | None:
 def recorded_plan(deployment: state.Deployment) -> JobPlan:
     """Plan a recorded deployment again from its cluster file, with the mode, nodes and image it was deployed
     with; bad values there blame the record, not options the user never passed."""
+    from mlenv.core.clusters import load_plan
     from mlenv.plan import MAX_NODES, MODES
 
     wrong = []
@@ -75,6 +79,8 @@ def resolve(cluster_ref: str | None) -> Target:
     try:
         deployment = state.find(recorded, cluster_ref)
     except UsageError:
+        from mlenv.core.clusters import load_plan
+
         job = load_plan(cluster_ref)
         backend = backend_of(job.cluster.backend)
         return Target(backend, backend.deploy.prepare(job).handle, None, job)
