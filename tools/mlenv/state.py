@@ -21,6 +21,9 @@ from mlenv.errors import OperationError, UsageError, shown
 
 VERSION = 2
 MAX_BYTES = 4 * 1024 * 1024
+READY, FAILED, PARTIAL = "ready", "failed", "partial"
+DEPLOY_STATES = (READY, FAILED, PARTIAL)
+UNFINISHED = "the deploy did not finish (interrupted?)"
 
 
 @dataclass(frozen=True)
@@ -38,12 +41,22 @@ class Deployment:
     handle: Handle
     runs: tuple[dict[str, Any], ...] = ()
     """Launches started with --detach: run id, when, what; newest last."""
+    deploy: dict[str, Any] = field(default_factory=lambda: {"state": READY, "error": None})
+    """How the last deploy ended: ``state`` ready, failed (none succeeded yet) or partial (a re-deploy failed; the
+    deployment before it is still the one operated), ``error`` why not ready."""
+    attempt: Deployment | None = None
+    """A re-deploy that did not (yet) succeed: what it created, for clean; the record above stays operated."""
+
+    @property
+    def handles(self) -> tuple[Handle, ...]:
+        """Every handle clean must reach: the deployment's, and a failed re-deploy's when it differs."""
+        extra = self.attempt.handle if self.attempt is not None else None
+        return (self.handle,) if extra is None or extra == self.handle else (self.handle, extra)
 
     def to_json(self) -> dict[str, Any]:
         """The record in state.json."""
-        record = asdict(self)
-        record["handle"] = self.handle.to_json()
-        record["runs"] = list(self.runs)
+        record = {**asdict(self), "handle": self.handle.to_json(), "runs": list(self.runs),
+                  "attempt": None if self.attempt is None else self.attempt.to_json()}
         return record
 
     @classmethod
@@ -51,11 +64,15 @@ class Deployment:
         """Inverse of ``to_json``; TypeError/ValueError/KeyError on a record of another shape."""
         if not isinstance(record, dict):
             raise TypeError("a deployment is not a mapping")
-        fields = {**record, "handle": Handle.from_json(record["handle"]), "runs": tuple(record.get("runs") or ())}
+        attempt = record.get("attempt")
+        fields = {**record, "handle": Handle.from_json(record["handle"]), "runs": tuple(record.get("runs") or ()),
+                  "deploy": record.get("deploy") or {"state": READY, "error": None},
+                  "attempt": None if attempt is None else cls.from_json(attempt)}
         deployment = cls(**fields)
         if not (isinstance(deployment.name, str) and isinstance(deployment.cluster_file, str)
                 and isinstance(deployment.mode, str) and isinstance(deployment.nodes, int)
-                and all(isinstance(item, dict) for item in deployment.runs)):
+                and all(isinstance(item, dict) for item in deployment.runs)
+                and isinstance(deployment.deploy, dict) and deployment.deploy.get("state") in DEPLOY_STATES):
             raise TypeError("a deployment field has the wrong type")
         return deployment
 
@@ -160,14 +177,42 @@ def save(state: State) -> None:
 
 
 def record(deployment: Deployment) -> None:
-    """Record (or update) ``deployment`` and make it the current one; its runs are kept."""
+    """Record what a deploy in progress knows (before its first change, and whenever it learns more). A
+    deployment that was ready before is kept as it is, operated as before, with this one as its ``attempt``; a new
+    one is recorded, so that clean finds it, but not made current until ``succeeded``."""
     with locked():
         state = load()
         known = state.deployments.get(deployment.name)
-        if known is not None:
-            deployment = replace(deployment, runs=known.runs or deployment.runs)
-        state.deployments[deployment.name] = deployment
-        state.current = deployment.name
+        if known is not None and known.deploy["state"] != FAILED:
+            state.deployments[deployment.name] = replace(known, attempt=deployment,
+                                                         deploy={"state": PARTIAL, "error": UNFINISHED})
+        else:
+            state.deployments[deployment.name] = replace(deployment, runs=known.runs if known else (),
+                                                         deploy={"state": FAILED, "error": UNFINISHED})
+        save(state)
+
+
+def succeeded(name: str) -> None:
+    """The deploy of ``name`` finished: what it recorded replaces the deployment (its runs are kept), which is
+    ready and current."""
+    with locked():
+        state = load()
+        known = state.deployments[name]
+        latest = known.attempt or known
+        state.deployments[name] = replace(latest, runs=known.runs, deploy={"state": READY, "error": None},
+                                          attempt=None)
+        state.current = name
+        save(state)
+
+
+def failed(name: str, why: str) -> None:
+    """The deploy of ``name`` failed with ``why``: the record keeps what it knew, and what the attempt created."""
+    with locked():
+        state = load()
+        known = state.deployments.get(name)
+        if known is None:
+            return
+        state.deployments[name] = replace(known, deploy={**known.deploy, "error": why})
         save(state)
 
 

@@ -1,4 +1,9 @@
-"""Terminal output: errors, warnings, tables, progress. rich is imported only when something is drawn."""
+"""Terminal output: errors, warnings, tables, progress. rich is imported only when something is drawn.
+
+Everything printed here may quote values from a cluster file or a remote host: control characters in it are
+escaped (``errors.shown``), line by line, so that no value can colour, move or reorder the terminal's text. The
+output of a job passes elsewhere (``parallel``), untouched.
+"""
 
 from __future__ import annotations
 
@@ -8,23 +13,35 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from mlenv.errors import shown
+
 PIPE_WIDTH = 200
+
+
+def safe_lines(message: str) -> str:
+    """``message`` with every line's control characters escaped; the line breaks stay."""
+    return "\n".join(shown(line) for line in message.split("\n"))
 
 
 def error(message: str) -> None:
     """One problem per line on stderr."""
-    for line in message.splitlines():
+    for line in safe_lines(message).splitlines():
         print(f"error: {line}" if not line.startswith("error:") else line, file=sys.stderr)
 
 
 def warn(message: str) -> None:
     """A WARNING line on stderr."""
-    print(f"WARNING: {message}", file=sys.stderr)
+    print(f"WARNING: {safe_lines(message)}", file=sys.stderr)
 
 
 def info(message: str) -> None:
     """Progress and summaries go to stderr so stdout stays machine-readable."""
-    print(message, file=sys.stderr)
+    print(safe_lines(message), file=sys.stderr)
+
+
+def say(message: str) -> None:
+    """A line of a report on stdout, escaped as ``info`` escapes."""
+    print(safe_lines(message))
 
 
 def print_json(data: Any) -> None:
@@ -39,11 +56,12 @@ def table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any
     from rich.text import Text
 
     console = Console() if sys.stdout.isatty() else Console(width=PIPE_WIDTH)
-    grid = Table(title=title, header_style="bold", show_edge=False, pad_edge=False)
+    grid = Table(title=None if title is None else Text(shown(title)), header_style="bold", show_edge=False,
+                 pad_edge=False)
     for index, column in enumerate(columns):
         grid.add_column(column, no_wrap=index == 0, overflow="fold")
     for row in rows:
-        grid.add_row(*(Text(str(cell)) for cell in row))  # cells are data, never rich markup ([host]:22 stays)
+        grid.add_row(*(Text(shown(str(cell))) for cell in row))  # data, never rich markup ([host]:22 stays)
     console.print(grid)
 
 

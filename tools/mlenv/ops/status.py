@@ -9,7 +9,7 @@ from mlenv import state
 from mlenv.backends import get
 from mlenv.errors import MlenvError
 from mlenv.ops.target import Target, resolve
-from mlenv.ui import error, print_json, table
+from mlenv.ui import error, print_json, say, table
 
 
 def _report(target: Target, current: str | None, tolerant: bool) -> dict[str, Any]:
@@ -21,9 +21,12 @@ def _report(target: Target, current: str | None, tolerant: bool) -> dict[str, An
         "deployed": target.recorded is not None,
         "cluster_file": target.recorded.cluster_file if target.recorded else None,
         "runs": list(target.recorded.runs) if target.recorded else [],
+        "deploy": dict(target.recorded.deploy) if target.recorded else None,
     }
     try:
-        report["pods"] = [asdict(row) for row in target.backend.status(handle)]
+        never_ready = target.recorded is not None and target.recorded.deploy["state"] == state.FAILED
+        report["pods"] = [{**asdict(row), "ready": row.ready and not never_ready}
+                          for row in target.backend.status(handle)]
         if report["runs"] and report["pods"]:
             latest = report["runs"][-1]["id"]
             report["run_states"] = {str(n): s for n, s in target.backend.run_states(handle, latest).items()}
@@ -40,9 +43,15 @@ def _print(report: dict[str, Any]) -> None:
     if report.get("error"):
         error(f"{report['name']}: {report['error']}")
         return
+    deploy = report["deploy"] or {"state": state.READY}
+    if deploy["state"] == state.FAILED:
+        say(f"{report['name']}: deploy failed: {deploy['error']}; not ready (mlenv deploy again, or mlenv clean)")
+    elif deploy["state"] == state.PARTIAL:
+        say(f"{report['name']}: the last deploy failed: {deploy['error']}; shown is the deployment before it, "
+            "which is still operated (mlenv deploy again, or mlenv clean)")
     rows = report["pods"]
     if not rows:
-        print(f"{title}: no nodes" + ("" if report["deployed"] else " (not deployed)"))
+        say(f"{title}: no nodes" + ("" if report["deployed"] else " (not deployed)"))
         return
     extra = sorted({key for row in rows for key in row["extra"]})
     table(title, ["POD", "NODE", "PHASE", "READY", "RESTARTS", "GPUS", "IP", "RDMA", *[c.upper() for c in extra],
@@ -54,7 +63,7 @@ def _print(report: dict[str, Any]) -> None:
         latest = report["runs"][-1]
         states = report.get("run_states", {})
         running = sum(state == "running" for state in states.values())
-        print(f"latest detached run: {latest['id']} ({latest['script']}, started {latest['started']}): "
+        say(f"latest detached run: {latest['id']} ({latest['script']}, started {latest['started']}): "
               f"running on {running}/{len(states)} nodes "
               f"({', '.join(f'node-{n} {s}' for n, s in sorted(states.items()))}); "
               "mlenv logs -f follows it, mlenv stop stops it")
