@@ -434,7 +434,10 @@ def _sync_pod(backend: Backend, handle: Handle, pod: Node, plan: Plan, lines: _L
 
 def _unreachable(backend: Backend, handle: Handle, pod: Node) -> str | None:
     """Why ``pod`` cannot be reached (``true`` run there through exec fails), or None: a host that shares the
-    workspace gets no copy of its own, but one it cannot reach must still fail the sync."""
+    workspace gets no copy of its own, but one it cannot reach must still fail the sync. A node that is only a
+    placeholder (a Slurm node without an allocation: the workdir is reached through the login) is not asked."""
+    if not pod.ready:
+        return None
     try:
         result = subprocess.run(backend.exec_argv(handle, pod, ["true"]), stdin=subprocess.DEVNULL,
                                 capture_output=True, text=True, errors="surrogateescape", timeout=REACH_TIMEOUT,

@@ -41,6 +41,12 @@ from mlenv.errors import ConfigError, OperationError, Problem, UsageError
 from mlenv.plan import JobPlan
 from mlenv.ui import info
 
+_SECRETS_REFUSED = (
+    "--env {names}: on Slurm, {run} (like a batch job, a detached run or a requeue) would need the secret later, "
+    "when mlenv is no longer there to pass it on, and Slurm saves a job's environment in its state directory. "
+    "Instead deploy an allocation (mlenv deploy {name}) and launch attached: the secret then reaches the run's "
+    "step on its stdin only; or provide the variable yourself through slurm.setup (e.g. a line that reads it "
+    "from a file only you can read)")
 CLEAN_TIMEOUT = 60.0
 SHOWN_JOBS = 10
 """Batch jobs status shows: the newest."""
@@ -302,11 +308,14 @@ class SlurmBackend:
         job = job_from(handle)
         task = script.runtime_argv(spec.launcher, spec.run_id, spec.script, spec.args, spec.nproc)
         allocation = allocation_id(handle)
+        if spec.secrets and (allocation is None or spec.detach):
+            raise UsageError(_SECRETS_REFUSED.format(names=" ".join(spec.secrets), name=handle.name,
+                                                     run="a detached run" if allocation else "a batch job"))
         forwarded = f"; forwarded from your environment: {', '.join(spec.secrets)}" if spec.secrets else ""
         where = f"inside allocation {allocation}" if allocation else "as a batch job"
         title = (f"mlenv launch: run {spec.run_id} of {handle.name}, {spec.script} with {spec.launcher} on "
                  f"{job.nodes} nodes {where}{' (detached)' if spec.detach else ''}{forwarded}")
-        text = (script.launch_script(job, title, spec.run_id, task, allocation) if allocation
+        text = (script.launch_script(job, title, spec.run_id, task, allocation, spec.secrets) if allocation
                 else script.batch_script(job, title, spec.run_id, task))
         return LaunchRequest(spec, text, dict.fromkeys(range(job.nodes), task), {"MLENV_RUN_ID": spec.run_id}, text)
 
@@ -316,7 +325,7 @@ class SlurmBackend:
         job = job_from(handle)
         this = run.Run(handle, job, Login.of(job.settings), request, Path(log_dir))
         allocation = allocation_id(handle)
-        return run.in_allocation(this, allocation, secrets) if allocation else run.batch(this, secrets)
+        return run.in_allocation(this, allocation, secrets) if allocation else run.batch(this)
 
     def stop(self, handle: Handle) -> int:
         """Cancel the runs: the allocation's steps (it keeps holding the nodes) and the batch jobs."""
