@@ -273,6 +273,10 @@ def test_deploy_exec_shell_launch_logs_status_clean(project: Project, slurm_clus
     slurm_cluster.wait(lambda: not steps(slurm_cluster, allocation), "the interrupted run's step to end", 30)
     assert slurm_cluster.state(allocation) == "RUNNING"
 
+    doctor = json.loads(project.mlenv("doctor", "-c", project.name, "--json", timeout=120).stdout)
+    torch = {c["name"]: (c["status"], c["evidence"]) for c in doctor["checks"] if c["name"].endswith(": torch")}
+    assert {name: status for name, (status, _) in torch.items()} == {"n1: torch": "PASS", "n2: torch": "PASS"}, \
+        torch  # found through slurm.setup (source VENV/bin/activate), as launch finds it
     cleaned = project.ok("clean", "-c", project.name)
     assert f"cancelled job(s) {allocation} of hpc" in cleaned.stderr
     assert slurm_cluster.job(allocation)["JobState"] == "CANCELLED"

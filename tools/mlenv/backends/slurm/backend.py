@@ -244,12 +244,32 @@ class SlurmBackend:
         """``srun --jobid=ID --overlap -w NODE env K=V... sh -c SCRIPT sh WORKDIR ARGV`` (with ``--pty`` for an
         interactive shell on a terminal), over ssh with a login host. The step sees the env contract of the node:
         its rank in the allocation, the master, and its socket interface when the file names one."""
+        tty = interactive and sys.stdin.isatty()
+        step = self._step(handle, node, argv, env=env, tty=tty, stop_on_stdin_eof=stop_on_stdin_eof and not interactive,
+                          secrets=secrets)
+        return Login.of(job_from(handle).settings).argv(step, tty=tty)
+
+    torch_fix = ("install PyTorch where slurm.setup puts the job (e.g. `source VENV/bin/activate`), or run in a "
+                 "container: with it (container.image in the cluster file)")
+    """What doctor names when a node cannot import torch: the fields a Slurm launch takes its software from."""
+
+    def runtime_as_launched(self, handle: Handle, node: Node, args: Sequence[str],
+                            env: Mapping[str, str]) -> list[str]:
+        """``python3 -m mlenv.runtime ARGS`` on ``node`` as a launch runs it: the step started after the
+        slurm.setup lines (where Slurm's commands are, as the launch script does), inside container: when the
+        file names one."""
+        job = job_from(handle)
+        runtime = [*script.container_argv(job), script.PYTHON, "-m", "mlenv.runtime", *args]
+        return Login.of(job.settings).argv(script.after_setup(job, self._step(handle, node, runtime, env=env)))
+
+    def _step(self, handle: Handle, node: Node, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
+              tty: bool = False, stop_on_stdin_eof: bool = False, secrets: Sequence[str] = ()) -> list[str]:
+        """The srun of ``argv`` on ``node`` in the allocation, as run where Slurm's commands are."""
         job = job_from(handle)
         job_id = allocation_id(handle)
         if not node.ready or job_id is None:
             raise OperationError(f"no running allocation of {handle.name}: exec and shell run inside it "
                                  f"(mlenv deploy {handle.name}; mlenv status shows it)")
-        tty = interactive and sys.stdin.isatty()
         variables = {**handle.env, "MASTER_PORT": str(master_port(job_id)), "MLENV_NODE_RANK": str(node.ordinal)}
         master = (handle.data.get("allocation") or {}).get("master_addr")
         if master:
@@ -261,9 +281,9 @@ class SlurmBackend:
         step = ["srun", f"--jobid={job_id}", "--overlap", "--nodes=1", "--ntasks=1", "-w", node.name,
                 f"--chdir={job.workdir}", *(["--pty"] if tty else []),
                 "env", *(f"{name}={value}" for name, value in variables.items()),
-                "sh", "-c", remote.script(stop_on_stdin_eof=stop_on_stdin_eof and not interactive, secrets=secrets),
+                "sh", "-c", remote.script(stop_on_stdin_eof=stop_on_stdin_eof, secrets=secrets),
                 "sh", node.workspace, *argv]
-        return Login.of(job.settings).argv(step, tty=tty)
+        return step
 
     def copy_target(self, handle: Handle, node: Node) -> CopyTarget:
         """The workdir, on the shared filesystem: here, or on the login host over ssh."""

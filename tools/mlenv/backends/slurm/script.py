@@ -123,6 +123,14 @@ def allocation_script(job: SlurmJob) -> str:
     return _render("allocation.sbatch.j2", **_context(job, title, job.allocation_output()))
 
 
+def after_setup(job: SlurmJob, argv: Sequence[str]) -> list[str]:
+    """``argv`` run by bash after the slurm.setup lines, as written (the user's own shell code), as the launch
+    script runs its srun after them; ``argv`` alone without setup lines."""
+    if not job.settings.setup:
+        return list(argv)
+    return ["bash", "-c", "\n".join([*job.settings.setup, 'exec "$@"']), "bash", *argv]
+
+
 def container_argv(job: SlurmJob) -> list[str]:
     """``apptainer exec [--nv] --bind ... --env ... IMAGE``, or nothing without a container."""
     container = job.container
