@@ -233,6 +233,7 @@ def test_deploy_exec_shell_launch_logs_status_clean(project: Project, slurm_clus
     rows = project.status()
     assert [(r["name"], r["node"], r["phase"], r["ready"], r["extra"]["job"]) for r in rows] == [
         ("node-0", "n1", "RUNNING", True, allocation), ("node-1", "n2", "RUNNING", True, allocation)]
+    assert [r["ip"] for r in rows] == [master, master]  # every node's address (here all on this host), not node 0's
     shown = project.ok("exec", "-c", project.name, "--", "sh", "-c",
                        'echo "$SLURMD_NODENAME $MLENV_NODE_RANK $MLENV_NUM_NODES $MASTER_ADDR:$MASTER_PORT $PWD"')
     assert sorted(shown.stdout.splitlines()) == [f"[node-{n}] n{n + 1} {n} 2 {master}:{port} {project.workdir}"

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+import yaml
 from mlenv.backends.ssh.hosts import Resolved, resolve
 from mlenv.backends.ssh.transport import Transport
 
@@ -486,3 +487,15 @@ def test_a_failed_redeploy_keeps_the_running_job_in_reach(ssh_hosts: SshHostsFac
     recorded = json.loads((project.home / ".mlenv" / "state.json").read_text())["deployments"]["keep"]
     assert recorded["deploy"] == {"state": "ready", "error": None} and recorded["attempt"] is None
     assert len(recorded["runs"]) == 1
+
+
+def test_deploy_dry_run_shows_no_fixed_master_port(tmp_path: Path) -> None:
+    """launch picks the port free on host 0: the dry run says so instead of showing 29500 as the port."""
+    project = _project(tmp_path / "project", "dry")
+    (project.home / "clusters" / "dry.yaml").write_text(
+        "backend: ssh\ncluster: {name: dry}\nssh: {hosts: [a.example, b.example], workdir: /srv/ml}\n"
+        "gpus: {per_node: 0, default_nodes: 2, procs_per_node: 1}\n")
+    dry = project.ok("deploy", "dry", "--dry-run").stdout
+    env = yaml.safe_load(dry)["env"]
+    assert env["MASTER_PORT"] == "<picked free on host 0 at launch; exec and shell see 29500>", dry
+    assert "'29500'" not in dry

@@ -174,10 +174,9 @@ class SlurmBackend:
             raise OperationError(f"{what} ended before it ran: {current.words()}; Slurm's messages: "
                                  f"{job.allocation_output().replace('%j', job_id)}")
         head = current.hosts[0]
-        address = login.ok(["srun", f"--jobid={job_id}", "--overlap", "--nodes=1", "--ntasks=1", "-w", head,
-                            "hostname", "--ip-address"]).split()
-        master = address[0] if address else head
-        allocation = {**handle.data["allocation"], "master_addr": master}
+        addresses = _addresses(login, job_id, current.hosts)
+        master = addresses[0] or head
+        allocation = {**handle.data["allocation"], "master_addr": master, "addresses": addresses}
         env = {**handle.env, "MASTER_ADDR": master, "MASTER_PORT": str(master_port(job_id))}
         recorded.update_handle(replace(handle, env=env, data={**handle.data, "allocation": allocation}))
         info(f"{what} is running on {current.nodelist}; master {head} at {master}:{master_port(job_id)}")
@@ -224,9 +223,11 @@ class SlurmBackend:
             detail = current.reason_words() if current.state == "PENDING" else current.words()
             return [NodeStatus(f"node-{index}", index, None, current.state, False, 0, job.gpus_per_node, None,
                                detail=detail, extra=extra) for index in range(job.nodes)]
-        master = (handle.data.get("allocation") or {}).get("master_addr")
-        return [NodeStatus(f"node-{index}", index, host, "RUNNING", True, 0, job.gpus_per_node,
-                           master if index == 0 else None, extra=extra) for index, host in enumerate(current.hosts)]
+        allocation = handle.data.get("allocation") or {}
+        addresses = list(allocation.get("addresses") or [allocation.get("master_addr")])
+        addresses += [None] * (len(current.hosts) - len(addresses))
+        return [NodeStatus(f"node-{index}", index, host, "RUNNING", True, 0, job.gpus_per_node, addresses[index],
+                           extra=extra) for index, host in enumerate(current.hosts)]
 
     def nodes(self, handle: Handle) -> list[Node]:
         """The allocation's nodes while it runs (ready: exec and shell reach them); otherwise the nodes as
@@ -375,6 +376,19 @@ def _job_detail(login: Login, job: SlurmJob, run_id: str, current: JobInfo) -> s
         text = login.read(f"{job.run_path(run_id)}/{script.EXIT_FILE}", 0).decode(errors="replace").strip()
         code = int(text) if text.isdigit() else None
     return None if code is None else f"exit code {code}"
+
+
+def _addresses(login: Login, job_id: str, hosts: Sequence[str]) -> list[str | None]:
+    """Each node's address, as ``hostname --ip-address`` says there (one step over every node, its lines labelled
+    with the task, which is the node's index); None for a node that did not say."""
+    said = login.ok(["srun", f"--jobid={job_id}", "--overlap", f"--nodes={len(hosts)}", "--ntasks-per-node=1",
+                     "--label", "hostname", "--ip-address"])
+    found: dict[int, str] = {}
+    for line in said.splitlines():
+        task, _, words = line.partition(":")
+        if task.strip().isdigit() and words.split():
+            found[int(task)] = words.split()[0]
+    return [found.get(index) for index in range(len(hosts))]
 
 
 def _wait_gone(login: Login, job_ids: list[str]) -> None:
