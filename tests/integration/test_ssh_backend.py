@@ -446,6 +446,10 @@ def test_sync_fails_naming_a_host_it_cannot_reach_even_when_shared(ssh_hosts: Ss
     assert changed.returncode == 1
     assert (f"error: sync to {second.spec}: FAILED: cannot be reached: Host key verification failed."
             in changed.stderr), changed.stderr
+    machines.change_host_key(first)  # the host sync copies through: rsync's own ssh is refused
+    copied = project.mlenv("sync", "--cluster", "both")
+    assert copied.returncode == 1
+    assert f"error: sync to {first.spec}: FAILED: Host key verification failed." in copied.stderr, copied.stderr
 
 
 def test_a_failed_redeploy_keeps_the_running_job_in_reach(ssh_hosts: SshHostsFactory, tmp_path: Path) -> None:

@@ -68,8 +68,9 @@ UNOPENED = re.compile(r"^rsync: \[sender\] send_files failed to open ")
 VANISHED = re.compile(r'^file has vanished: "(.*)"')
 MAKE_WAY = re.compile(r"^could not make way for new [a-z ]+?: (.*)$")
 TRAILER = re.compile(r"^rsync error: ")
-SSH_NOTICE = re.compile(r"^Warning: Permanently added ")
-"""ssh telling that it learned a host key (accept-new): not why a copy failed."""
+SSH_NOTICE = re.compile(r"^(?:Warning: Permanently added |@)")
+"""ssh telling that it learned a host key (accept-new), or the banner of its changed-key warning (``@@@...``, the
+reason comes after it): not why a copy failed."""
 PROGRESS = re.compile(r"^\s*(?P<bytes>[\d,.']+)\s+(?P<percent>\d+)%\s+(?P<rate>\S+/s)")
 TAR_PROBLEM = re.compile(r"^tar: (?:\./)?(.*): Cannot \w+: ")
 
@@ -298,7 +299,9 @@ def _outcome(pod: Node, run: Rsync, source: Path, conflicts: Sequence[str], star
         elif not TRAILER.match(line) and not SSH_NOTICE.match(line):
             others.append(line)
     if run.code not in RAN or (run.code and others):
-        error = (others or run.err.strip().splitlines() or [f"rsync exit {run.code}"])[0]
+        remote_shell = [line for line in others if not line.startswith("rsync")]  # ssh's last line says why
+        said = remote_shell[-1:] if run.code == REMOTE_SHELL_FAILED else []
+        error = (said or others or run.err.strip().splitlines() or [f"rsync exit {run.code}"])[0]
         return PodSync(pod.name, pod.ordinal, "rsync", False, seconds=_since(started), error=error,
                        unreadable=tuple(unreadable), conflicts=tuple(clashes))
     files = _count("Number of regular files transferred", run.out) - len(unopened)
@@ -446,8 +449,7 @@ def _unreachable(backend: Backend, handle: Handle, pod: Node) -> str | None:
         return f"no answer within {REACH_TIMEOUT} s"
     if result.returncode == 0:
         return None
-    said = [line for line in result.stderr.splitlines() if line.strip() and not SSH_NOTICE.match(line)
-            and not line.startswith("@")]
+    said = [line for line in result.stderr.splitlines() if line.strip() and not SSH_NOTICE.match(line)]
     return f"cannot be reached: {said[-1] if said else f'exit {result.returncode}'}"
 
 
