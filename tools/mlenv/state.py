@@ -217,14 +217,18 @@ def failed(name: str, why: str) -> None:
 
 
 def update(name: str, *, runs: tuple[dict[str, Any], ...] | None = None, handle: Handle | None = None) -> None:
-    """Change the runs or handle of a recorded deployment."""
+    """Change the runs or handle of a recorded deployment; the handle of a re-deploy in progress goes to its
+    attempt (the deployment before it stays operated until it succeeds)."""
     with locked():
         state = load()
         known = state.deployments.get(name)
         if known is None:
             return
-        state.deployments[name] = replace(known, runs=known.runs if runs is None else runs,
-                                          handle=known.handle if handle is None else handle)
+        if handle is not None and known.attempt is not None and known.deploy["error"] == UNFINISHED:
+            known = replace(known, attempt=replace(known.attempt, handle=handle))
+        elif handle is not None:
+            known = replace(known, handle=handle)
+        state.deployments[name] = replace(known, runs=known.runs if runs is None else runs)
         save(state)
 
 
