@@ -173,6 +173,9 @@ def test_a_failing_node_gives_the_job_its_exit_code(project: Project, slurm_clus
     assert "through slurm.setup" in refused.stderr
     unset = project.mlenv("launch", "-c", project.name, "--env", "MLENV_NOT_SET_ANYWHERE", "fail.py")
     assert unset.returncode == 2 and "--env MLENV_NOT_SET_ANYWHERE: not set in your environment" in unset.stderr
+    for typo in (["--detatch"], ["--nodes", "3"]):  # an option launch does not know, before SCRIPT
+        mistyped = project.mlenv("launch", "-c", project.name, *typo, "fail.py")
+        assert mistyped.returncode == 2 and f"No such option '{typo[0]}'" in mistyped.stderr, mistyped.stderr
     assert not (project.home / ".mlenv" / "state.json").exists()  # nothing submitted, nothing recorded
     assert slurm_cluster.ok("squeue", "-h", "-o", "%i") == ""
     result = project.mlenv("launch", "-c", project.name, "--launcher", "deepspeed", "fail.py", "--fail", timeout=180)

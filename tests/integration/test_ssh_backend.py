@@ -424,6 +424,8 @@ def test_a_team_workspace_root_keeps_its_mode_owner_and_group(ssh_hosts: SshHost
     assert (stat.S_IMODE(root.stat().st_mode), root.stat().st_uid, root.stat().st_gid) == before
     project.ok("sync", "--cluster", "team", "--delete")
     assert (stat.S_IMODE(root.stat().st_mode), root.stat().st_uid, root.stat().st_gid) == before
+    asked = project.mlenv("clean", "--cluster", "team", "--delete-data")  # no terminal to ask on: lists, refuses
+    assert asked.returncode == 2 and "deletes this volume of team and everything stored on it:" in asked.stderr
 
 
 def test_sync_fails_naming_a_host_it_cannot_reach_even_when_shared(ssh_hosts: SshHostsFactory,
@@ -487,6 +489,9 @@ def test_a_failed_redeploy_keeps_the_running_job_in_reach(ssh_hosts: SshHostsFac
     assert _gone(SLEEPER) == []
     machines.start(second)
     assert project.ok("stop").returncode == 0  # every host answers again: nothing left to stop
+    asked = project.mlenv("clean", "--delete-data")  # no terminal to ask on: lists, then refuses
+    assert asked.returncode == 2, asked.stderr
+    assert "--delete-data deletes these 2 volumes of keep and everything stored on them:" in asked.stderr  # both
     project.ok("deploy", "keep")
     recorded = json.loads((project.home / ".mlenv" / "state.json").read_text())["deployments"]["keep"]
     assert recorded["deploy"] == {"state": "ready", "error": None} and recorded["attempt"] is None
