@@ -65,3 +65,20 @@ def test_a_record_of_an_earlier_mlenv_reads_as_ready(home: Path) -> None:
     (home / ".mlenv" / "state.json").write_text(json.dumps({"version": 2, "current": "lab",
                                                             "deployments": {"lab": record}}))
     assert state.load().deployments["lab"].deploy == {"state": "ready", "error": None}
+
+
+def test_every_failed_attempt_stays_in_reach_of_clean() -> None:
+    first, second, third = _deployment(), _deployment(hosts=["c", "d"]), _deployment(hosts=["e", "f"])
+    state.record(first)
+    state.failed("lab", "host b: connection refused")
+    state.record(second)  # the file fixed (other hosts): the first attempt's workspaces are kept in reach
+    state.update("lab", handle=replace(second.handle, env={"MASTER_ADDR": "c"}))  # the same attempt learns more
+    learned = replace(second.handle, env={"MASTER_ADDR": "c"})
+    assert state.load().deployments["lab"].handles == (learned, first.handle)
+    state.succeeded("lab")
+    state.record(third)
+    state.failed("lab", "host f: connection refused")
+    state.record(third)  # a third try of the same re-deploy
+    kept = state.load().deployments["lab"]
+    assert kept.handle == learned and kept.deploy["state"] == "partial"
+    assert kept.handles == (learned, third.handle, first.handle)

@@ -46,17 +46,21 @@ class Deployment:
     deployment before it is still the one operated), ``error`` why not ready."""
     attempt: Deployment | None = None
     """A re-deploy that did not (yet) succeed: what it created, for clean; the record above stays operated."""
+    leftovers: tuple[Handle, ...] = ()
+    """The handles of earlier deploy attempts that failed and were replaced by a later attempt: clean reaches what
+    they created too."""
 
     @property
     def handles(self) -> tuple[Handle, ...]:
-        """Every handle clean must reach: the deployment's, and a failed re-deploy's when it differs."""
-        extra = self.attempt.handle if self.attempt is not None else None
-        return (self.handle,) if extra is None or extra == self.handle else (self.handle, extra)
+        """Every handle clean must reach, each once: the deployment's, a failed re-deploy's, the leftovers."""
+        every = (self.handle, *([self.attempt.handle] if self.attempt is not None else []), *self.leftovers)
+        return tuple(handle for index, handle in enumerate(every) if handle not in every[:index])
 
     def to_json(self) -> dict[str, Any]:
         """The record in state.json."""
         record = {**asdict(self), "handle": self.handle.to_json(), "runs": list(self.runs),
-                  "attempt": None if self.attempt is None else self.attempt.to_json()}
+                  "attempt": None if self.attempt is None else self.attempt.to_json(),
+                  "leftovers": [handle.to_json() for handle in self.leftovers]}
         return record
 
     @classmethod
@@ -67,7 +71,8 @@ class Deployment:
         attempt = record.get("attempt")
         fields = {**record, "handle": Handle.from_json(record["handle"]), "runs": tuple(record.get("runs") or ()),
                   "deploy": record.get("deploy") or {"state": READY, "error": None},
-                  "attempt": None if attempt is None else cls.from_json(attempt)}
+                  "attempt": None if attempt is None else cls.from_json(attempt),
+                  "leftovers": tuple(Handle.from_json(handle) for handle in record.get("leftovers") or ())}
         deployment = cls(**fields)
         if not (isinstance(deployment.name, str) and isinstance(deployment.cluster_file, str)
                 and isinstance(deployment.mode, str) and isinstance(deployment.nodes, int)
@@ -183,12 +188,17 @@ def record(deployment: Deployment) -> None:
     with locked():
         state = load()
         known = state.deployments.get(deployment.name)
+        ended = known is not None and known.deploy["error"] not in (None, UNFINISHED)  # an earlier attempt failed
         if known is not None and known.deploy["state"] != FAILED:
+            earlier = [known.attempt.handle] if ended and known.attempt is not None else []
             state.deployments[deployment.name] = replace(known, attempt=deployment,
-                                                         deploy={"state": PARTIAL, "error": UNFINISHED})
+                                                         deploy={"state": PARTIAL, "error": UNFINISHED},
+                                                         leftovers=(*known.leftovers, *earlier))
         else:
+            earlier = [*known.leftovers, *([known.handle] if ended else [])] if known is not None else []
             state.deployments[deployment.name] = replace(deployment, runs=known.runs if known else (),
-                                                         deploy={"state": FAILED, "error": UNFINISHED})
+                                                         deploy={"state": FAILED, "error": UNFINISHED},
+                                                         leftovers=tuple(earlier))
         save(state)
 
 
@@ -200,7 +210,7 @@ def succeeded(name: str) -> None:
         known = state.deployments[name]
         latest = known.attempt or known
         state.deployments[name] = replace(latest, runs=known.runs, deploy={"state": READY, "error": None},
-                                          attempt=None)
+                                          attempt=None, leftovers=known.leftovers)
         state.current = name
         save(state)
 
