@@ -60,7 +60,7 @@ def test_a_failed_redeploy_keeps_the_deployment_before_it_and_the_attempt() -> N
 
 def test_a_record_of_an_earlier_mlenv_reads_as_ready(home: Path) -> None:
     record = _deployment().to_json()
-    del record["deploy"], record["attempt"]
+    assert not {"deploy", "attempt", "leftovers"} & set(record)  # written as an earlier mlenv wrote it
     (home / ".mlenv").mkdir()
     (home / ".mlenv" / "state.json").write_text(json.dumps({"version": 2, "current": "lab",
                                                             "deployments": {"lab": record}}))
