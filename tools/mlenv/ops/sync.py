@@ -422,8 +422,8 @@ def _sync_pod(backend: Backend, handle: Handle, pod: Node, plan: Plan, lines: _L
         conflicts = _type_changes(run)
     if run is None or run.code in RAN:
         run = _copy(plan, target, conflicts, on_line)
-    if (run.code not in RAN and run.code != REMOTE_SHELL_FAILED and target.rsh
-            and not _has_rsync(backend, handle, pod)):
+    if (run.code not in RAN and run.code != REMOTE_SHELL_FAILED and target.rsh and pod.ready
+            and not _has_rsync(backend, handle, pod)):  # a placeholder node (no allocation) has no exec to ask
         lines.show(pod.ordinal, "tar stream (no rsync on the node)")
         unreadable, error = _tar(backend, handle, pod, plan)
         method = "tar (no rsync on the node: copies all, cannot --delete)" if plan.delete else "tar"
