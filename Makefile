@@ -1,13 +1,13 @@
 # mlenv: thin front end over the `mlenv` CLI. `make help` lists the targets.
 # Variables: CLUSTER (deployment, cluster name or file), MODE (rdma|tcp), NODES, IMAGE, OUT, POD, CMD, FOLLOW,
-#            DELETE_DATA, YES, SCRIPT, ARGS, LAUNCHER, DETACH, ENV, NAME, STEPS, SIZES, VENV.
+#            DELETE_DATA, YES, SCRIPT, ARGS, LAUNCHER, DETACH, ENV, NAME, STEPS, SIZES, VENV, LOG_RANK.
 
 SHELL := /bin/bash
 VENV ?= .venv
 # Every value reaches the CLI through the environment ("$$VAR"), never spliced into the shell command line, and
 # verbatim: make does not expand a `$` inside it (make exec CMD='echo $HOSTNAME' echoes each pod's name).
 USER_VARS := CLUSTER MODE NODES IMAGE OUT POD CMD FOLLOW DELETE_DATA YES SCRIPT ARGS LAUNCHER DETACH ENV NAME STEPS \
-             SIZES VENV
+             SIZES VENV LOG_RANK EXPECT_TRANSPORT
 $(foreach v,$(USER_VARS),$(if $(filter command line environment,$(origin $(v))),$(eval override $(v) := $$(value $(v)))))
 export $(USER_VARS)
 MLENV = "$$VENV/bin/mlenv"
@@ -26,6 +26,7 @@ FLAG_VALUE = $(strip $(eval FLAG_TEXT := $$(strip $$(value $(1))))$(foreach pair
 FLAG_WORD = $(if $(filter 0 no false,$(1)),,$(if $(filter 1 yes true,$(1)),$(2),$(call FLAG_ERROR,$(3))))
 flag = $(if $(filter 1,$(words $(FLAG_VALUE))),$(call FLAG_WORD,$(FLAG_VALUE),$(2),$(1)),$(if $(FLAG_VALUE),$(FLAG_ERROR)))
 FLAG_ERROR = $(error $(1)=$(value $(1)): expected 1, yes or true (or 0, no, false or nothing))
+EXPECT_OPT = $(if $(EXPECT_TRANSPORT),--expect-transport "$$EXPECT_TRANSPORT")
 
 .DEFAULT_GOAL := help
 .PHONY: help install install-train install-system test lint bench demo list-clusters validate-cluster \
@@ -90,16 +91,16 @@ shell-multi-node: install ## Interactive shell on node 0 (or POD=N)
 exec: install ## Run CMD="..." on every node (or POD=N) in parallel
 	@$(MLENV) exec $(CLUSTER_OPT) $(POD_OPT) -- sh -c "$$CMD"
 
-logs: install ## The latest run's output of every node (or POD=N); FOLLOW=1 follows it
-	@$(MLENV) logs $(CLUSTER_OPT) $(POD_OPT) $(call flag,FOLLOW,--follow)
+logs: install ## The latest run's output of every node (or POD=N, or one rank: LOG_RANK=N); FOLLOW=1 follows it
+	@$(MLENV) logs $(CLUSTER_OPT) $(POD_OPT) $(call flag,FOLLOW,--follow) $(if $(LOG_RANK),--rank "$$LOG_RANK")
 
-launch: install ## Run SCRIPT= [ARGS=] [LAUNCHER=deepspeed|torchrun] [ENV="HF_TOKEN ..."] [DETACH=1] on every node
+launch: install ## Run SCRIPT= [ARGS=] [LAUNCHER=deepspeed|torchrun] [ENV="HF_TOKEN ..."] [DETACH=1] [EXPECT_TRANSPORT=rdma|sockets|any] on every node
 	@$(MLENV) launch $(CLUSTER_OPT) $(if $(LAUNCHER),--launcher "$$LAUNCHER") $(if $(ARGS),--args "$$ARGS") \
-	    $(ENV_OPTS) $(call flag,DETACH,--detach) -- "$${SCRIPT:-train_multi_node.py}"
+	    $(ENV_OPTS) $(call flag,DETACH,--detach) $(EXPECT_OPT) -- "$${SCRIPT:-train_multi_node.py}"
 
 launch-dry-run: install ## Print what launch would run on every node (same variables as launch)
 	@$(MLENV) launch $(CLUSTER_OPT) $(if $(LAUNCHER),--launcher "$$LAUNCHER") $(if $(ARGS),--args "$$ARGS") \
-	    $(ENV_OPTS) $(call flag,DETACH,--detach) --dry-run -- "$${SCRIPT:-train_multi_node.py}"
+	    $(ENV_OPTS) $(call flag,DETACH,--detach) $(EXPECT_OPT) --dry-run -- "$${SCRIPT:-train_multi_node.py}"
 
 stop: install ## Stop the running job on every node (the environment stays)
 	@$(MLENV) stop $(CLUSTER_OPT)

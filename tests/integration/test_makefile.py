@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -101,7 +102,7 @@ def test_variables_reach_the_cli_verbatim(tmp_path: Path, project: LocalProject)
     statefulset = list(yaml.safe_load_all(rendered))[-1]
     assert statefulset["spec"]["template"]["spec"]["containers"][0]["image"] == image  # verbatim, `$` included
     spliced = f"$(shell touch {marker})"  # expanded by make, this would create the marker
-    for variable in ("POD", "ARGS", "ENV", "NAME", "STEPS", "VENV"):
+    for variable in ("POD", "ARGS", "ENV", "NAME", "STEPS", "VENV", "LOG_RANK", "EXPECT_TRANSPORT"):
         shown = make("-n", "clean-cluster", "logs", "launch", "demo", f"{variable}={spliced}")  # print, run nothing
         assert shown.returncode == 0, shown.stderr
     for variable in BOOLEANS:  # not a boolean: a usage error naming it, still never expanded
@@ -133,13 +134,21 @@ def test_launch_logs_stop_and_dry_run(project: LocalProject) -> None:
              home=home, extra_env={"HF_TOKEN": "hf_secret"}).stdout
     assert "launch --launcher torchrun --run-dir .mlenv/runs/" in dry and "-- tiny.py --steps 'two words'" in dry
     assert "HF_TOKEN=<forwarded from your environment>" in dry and "hf_secret" not in dry
+    expecting = ok("launch-dry-run", "SCRIPT=tiny.py", "EXPECT_TRANSPORT=sockets", home=home).stdout
+    assert "--expect-transport sockets -- tiny.py" in expecting
+    fast = make("launch-dry-run", "SCRIPT=tiny.py", "EXPECT_TRANSPORT=fast", home=home)
+    assert fast.returncode == 2 and "'fast' is not one of 'rdma', 'sockets', 'any'" in fast.stderr
     launched = ok("launch", "SCRIPT=tiny.py", "LAUNCHER=torchrun", "ENV=HF_TOKEN", home=home,
                   extra_env={"HF_TOKEN": "hf_secret"})
     assert DONE.search(launched.stdout), launched.stdout
     assert "hf_secret" not in launched.stdout + launched.stderr
     assert not [p for p in (home / "runs").rglob("*") if p.is_file() and "hf_secret" in p.read_text()]
     logs = ok("logs", "POD=0", "FOLLOW=1", home=home).stdout  # a finished run: follow ends with it
-    assert logs == "" or all(line.startswith("[node-0] ") for line in logs.splitlines())
+    assert logs == "" or all(line.startswith(("[node-0] ", "[node-0 r")) for line in logs.splitlines())
+    rank0 = ok("logs", "LOG_RANK=0", home=home).stdout.splitlines()  # tiny.py prints on rank 0 only
+    assert rank0 and all(re.match(r"\[node-\d r0\] ", line) for line in rank0) and "done world_size=4" in rank0[-1]
+    unknown = make("logs", "LOG_RANK=9", home=home)
+    assert unknown.returncode == 2 and "rank 9 is not in the latest run" in unknown.stderr, unknown.stderr
     attached = ok("launch", "SCRIPT=tiny.py", "LAUNCHER=torchrun", "DETACH=0", home=home)  # 0 is no
     assert DONE.search(attached.stdout) and "started in the background" not in attached.stderr
     maybe = make("launch", "SCRIPT=tiny.py", "DETACH=maybe", home=home)

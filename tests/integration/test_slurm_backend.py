@@ -38,7 +38,7 @@ NO_STOP_GRACE = (sys.executable, "-c", "import mlenv.parallel; mlenv.parallel.ST
 SECRET = f"tok-{os.getpid()}-{time.time_ns()}"
 """A forwarded token: found in no file under Slurm's state and spool directories or the workdir."""
 TRAIN = ("train_multi_node.py", "--engine", "ddp", "--steps", "5")
-DONE = re.compile(r"^\[node-(\d)\] done steps=5 first_loss=([\d.]+) last_loss=([\d.]+) world_size=4$", re.MULTILINE)
+DONE = re.compile(r"^\[node-(\d) r\d\] done steps=5 first_loss=([\d.]+) last_loss=([\d.]+) world_size=4$", re.MULTILINE)
 # No torch: node 1's first process fails at once when asked to, every other one sleeps until stopped.
 FAILING_JOB = """\
 import hashlib, os, sys, time
@@ -136,6 +136,8 @@ def test_batch_launch_trains_to_a_falling_loss(project: Project, slurm_cluster: 
     assert result.returncode == 0, result.stdout + result.stderr
     first, last = losses(result.stdout)
     assert last < first
+    reported = re.findall(r"^\[node-(\d) r(\d)\] rank (\d)/4 local_rank \d on ", result.stdout, re.MULTILINE)
+    assert sorted(own for _, tag, own in reported if tag == own) == ["0", "1", "2", "3"], result.stdout  # 4 ranks
     job_id = project.submitted(result.stderr)
     assert f"mlenv: job {job_id} on n[1-2], master n1 at " in result.stdout
     assert {"[node-0] mlenv: node 0/2 (mlenv), 2 processes", "[node-1] mlenv: node 1/2 (mlenv), 2 processes"} <= {
@@ -181,16 +183,24 @@ def test_a_failing_node_gives_the_job_its_exit_code(project: Project, slurm_clus
     result = project.mlenv("launch", "-c", project.name, "--launcher", "deepspeed", "fail.py", "--fail", timeout=180)
     assert result.returncode == 3, result.stdout + result.stderr
     job_id = project.submitted(result.stderr)
-    assert "[node-1] failing on purpose" in result.stdout
+    assert re.search(r"^\[node-1 r[23]\] failing on purpose$", result.stdout, re.MULTILINE), result.stdout
+    assert re.search(r"^\[node-0 r[01]\] secret None$", result.stdout, re.MULTILINE)  # nothing forwarded
+    assert re.search(r"mlenv: rank [23] \(node-1, pid \d+\) exited with 3 first", result.stdout)
     assert "mlenv: node 1 failed first, with exit code 3" in result.stdout
     assert "error: node-1 failed with exit code 3; the other nodes were stopped." in result.stderr
-    assert re.search(r"^node-0 +│ stopped \(exit 143\)", result.stdout, re.MULTILINE)
+    assert re.search(r"^node-0 +│ stopped \(exit (143|3)\)", result.stdout, re.MULTILINE)  # srun's stop, or ours
     assert slurm_cluster.job(job_id)["ExitCode"] == "3:0"
     (row,) = project.status()
     assert (row["phase"], row["detail"]) == ("FAILED", "exit code 3")
     for follow in ([], ["-f"]):  # the run has ended: following it ends too
         logs = project.ok("logs", "-c", project.name, "--pod", "1", *follow, timeout=30).stdout
-        assert "[node-1] failing on purpose" in logs.splitlines()
+        assert any(re.fullmatch(r"\[node-1 r[23]\] failing on purpose", line) for line in logs.splitlines())
+    for rank in (2, 3):  # node 1's ranks: one failed, the other was stopped
+        one = project.mlenv("logs", "-c", project.name, "--rank", str(rank), timeout=30)
+        assert one.returncode == 0 and one.stdout, one.stderr
+        assert all(line.startswith(f"[node-1 r{rank}] ") for line in one.stdout.splitlines()), one.stdout
+    unknown = project.mlenv("logs", "-c", project.name, "--rank", "9", timeout=30)
+    assert (unknown.returncode, unknown.stderr) == (2, "error: rank 9 is not in the latest run of hpc\n")
 
 
 def steps(cluster: SlurmCluster, job_id: str) -> list[str]:
@@ -256,8 +266,8 @@ def test_deploy_exec_shell_launch_logs_status_clean(project: Project, slurm_clus
     forwarded = _launch_with_secret(project, "--launcher", "deepspeed", "fail.py", "--fail")  # attached: stdin
     assert forwarded.returncode == 3, forwarded.stdout + forwarded.stderr
     digest = hashlib.sha256(SECRET.encode()).hexdigest()[:16]
-    assert {line[:8] for line in forwarded.stdout.splitlines() if f"secret {digest}" in line} == {
-        "[node-0]", "[node-1]"}, forwarded.stdout  # every node's processes got it (their lines may mix)
+    assert {line.split()[0].strip("[") for line in forwarded.stdout.splitlines() if f"secret {digest}" in line} == {
+        "node-0", "node-1"}, forwarded.stdout  # every node's processes got it
     assert SECRET not in forwarded.stdout + forwarded.stderr
     assert _files_holding(SECRET, slurm_cluster.tmp, project.workdir, project.home) == []
     refused = _launch_with_secret(project, "--detach", "fail.py")

@@ -320,13 +320,15 @@ def shell(cluster_ref: str | None, pod: int | None) -> None:
 @cluster_option
 @pod_option
 @click.option("-f", "--follow", is_flag=True, help="Keep streaming new lines.")
+@click.option("--rank", type=click.IntRange(min=0), metavar="N",
+              help="Only the lines of global rank N (exit 2 when the latest run has no such rank).")
 @reports_errors
-def logs(cluster_ref: str | None, pod: int | None, follow: bool) -> None:
-    """The latest run's output on every node (or --pod N), each line prefixed [node-N]."""
+def logs(cluster_ref: str | None, pod: int | None, follow: bool, rank: int | None) -> None:
+    """The latest run's output on every node (or --pod N): every rank's lines whole, tagged [node-N rR]."""
     from mlenv.ops.fanout import logs_all
 
     target = _target(cluster_ref)
-    sys.exit(logs_all(target.backend, target.handle, only=pod, follow=follow))
+    sys.exit(logs_all(target.backend, target.handle, only=pod, follow=follow, rank=rank))
 
 
 @main.command()
@@ -370,12 +372,16 @@ def clean(cluster_ref: str | None, delete_data: bool, yes: bool) -> None:
 @click.option("--env", "secrets", multiple=True, metavar="NAME[,NAME]",
               help="Forward NAME from your environment for this run only (never written; masked in --dry-run).")
 @click.option("--detach", is_flag=True, help="Start the job and return; mlenv logs -f follows, mlenv stop stops.")
+@click.option("--expect-transport", type=click.Choice(["rdma", "sockets", "any"]), default=None,
+              help="What NCCL must prove it uses; a contradiction stops the job (default: the cluster file's "
+                   "network.expect_transport, else rdma in rdma mode and any otherwise).")
 @click.option("--dry-run", is_flag=True, help="Print what launch would run on every node; run nothing.")
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 @reports_errors
 def launch(cluster_ref: str | None, launcher: str, nproc: int | None, args_text: str | None, secrets: tuple[str, ...],
-           detach: bool, dry_run: bool, script: str, script_args: tuple[str, ...]) -> None:
+           detach: bool, expect_transport: str | None, dry_run: bool, script: str,
+           script_args: tuple[str, ...]) -> None:
     """Start SCRIPT on every node at once through the runtime; fail-fast, logs in runs/.
 
     Everything after SCRIPT belongs to it: `mlenv launch train.py -c cfg.yaml` passes -c cfg.yaml to train.py.
@@ -398,7 +404,8 @@ def launch(cluster_ref: str | None, launcher: str, nproc: int | None, args_text:
             raise UsageError(f"--env: expected a variable name like HF_TOKEN, got {name!r}")
     target = _target(cluster_ref)
     spec = LaunchSpec(launcher, script, (*script_args, *extra), nproc, launching.run_id(target.handle.name),
-                      detach, tuple(dict.fromkeys(names)))
+                      detach, tuple(dict.fromkeys(names)),
+                      expect_transport or launching.file_expect_transport(target))
     if dry_run:
         click.echo(launching.dry_run(target, spec), nl=False)
         return

@@ -136,6 +136,8 @@ class LaunchSpec:
     detach: bool = False
     secrets: tuple[str, ...] = ()
     """Names of local environment variables forwarded for this run only (values never written anywhere)."""
+    expect_transport: str | None = None
+    """rdma, sockets or any, as the user asked (flag or cluster file); None: the runtime's default for the mode."""
 
 
 @dataclass(frozen=True)
@@ -204,8 +206,9 @@ class Backend(Protocol):
     def copy_target(self, handle: Handle, node: Node) -> CopyTarget:
         """Where rsync copies the workspace of ``node`` to."""
 
-    def logs_argv(self, handle: Handle, node: Node, follow: bool) -> list[str]:
-        """A local command line that prints (or follows) the node's log: the latest run's output."""
+    def logs_argv(self, handle: Handle, node: Node, follow: bool, rank: int | None = None) -> list[str]:
+        """A local command line that prints (or follows) the node's log: the latest run's output (``rank``: only
+        that global rank's lines; the command exits 2 when the rank did not run on the node)."""
 
     def data_volumes(self, handle: Handle) -> list[str]:
         """What ``clean --delete-data`` deletes beyond the nodes (listed before asking)."""
@@ -227,4 +230,5 @@ class Backend(Protocol):
         """Stop the running job on every node (the environment stays); exit code."""
 
     def run_states(self, handle: Handle, run_id: str) -> dict[int, str]:
-        """Node ordinal -> what became of run ``run_id`` there: running, exited (N), lost, or - (unknown)."""
+        """Node ordinal -> what became of run ``run_id`` there: its state (docs/runs.md) with the exit code once it
+        ended (``failed (7)``), or - (unknown)."""

@@ -22,6 +22,7 @@ from mlenv.config.kubernetes import (
 from mlenv.config.load import LoadedFile
 from mlenv.config.model import (
     DEFAULT_APP,
+    DEFAULT_GRACE_SECONDS,
     DEFAULT_IMAGE,
     DEFAULT_KUBERNETES_VERSION,
     DEFAULT_NODES,
@@ -36,7 +37,7 @@ from mlenv.config.model import (
     Storage,
     Tcp,
 )
-from mlenv.config.quantity import QuantityError, half_of, parse_bandwidth, parse_quantity
+from mlenv.config.quantity import QuantityError, half_of, parse_bandwidth, parse_quantity, parse_seconds
 from mlenv.config.reader import ClusterReader, env_text
 from mlenv.config.schema import schema_problems
 from mlenv.errors import ConfigError
@@ -212,7 +213,9 @@ def _scheduling(reader: ClusterReader) -> Scheduling:
         for name, message in toleration_problems(toleration):
             reader.problem(("scheduling", "tolerations", index, name), message)
     return Scheduling(tolerations=tuple(tolerations),
-                      node_selector=dict(reader.get("scheduling", "nodeSelector", default={})))
+                      node_selector=dict(reader.get("scheduling", "nodeSelector", default={})),
+                      grace_period=parse_seconds(reader.get("scheduling", "grace_period",
+                                                            default=DEFAULT_GRACE_SECONDS)))
 
 
 def _container(reader: ClusterReader) -> Container | None:
@@ -277,6 +280,7 @@ def build_cluster(loaded: LoadedFile) -> Cluster:
         env=reader.env("env"),
         container=_container(reader),
         expected_busbw_gbytes=_busbw_gbytes(reader),
+        expect_transport=reader.get("network", "expect_transport"),
         settings=_backend_settings(reader),
         notes=reader.get("notes"),
         warnings=tuple(reader.warnings),

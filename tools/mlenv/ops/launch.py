@@ -67,6 +67,14 @@ def _secrets(names: tuple[str, ...]) -> dict[str, str]:
     return {name: os.environ[name] for name in names}
 
 
+def file_expect_transport(target: Target) -> str | None:
+    """``network.expect_transport`` of the deployment's cluster file, if it sets one and still loads."""
+    from mlenv.ops.target import file_cluster
+
+    cluster = file_cluster(target, "network.expect_transport")
+    return cluster.expect_transport if cluster else None
+
+
 def dry_run(target: Target, spec: LaunchSpec) -> str:
     """What ``launch`` would run, as the backend prints it (secret values masked)."""
     return target.backend.prepare_launch(target.handle, spec).text

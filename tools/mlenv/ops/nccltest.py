@@ -18,13 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from mlenv.backends.base import LaunchSpec
-from mlenv.errors import MlenvError, OperationError, UsageError
+from mlenv.errors import OperationError, UsageError
 from mlenv.ops.launch import LaunchResult, launch, run_id
 from mlenv.ops.target import Target
-from mlenv.runtime.ncclog import SOCKETS, UNKNOWN, LogReport, contradicts, parse_nccl_log
+from mlenv.runtime.ncclog import INTRA_NODE, SOCKETS, UNKNOWN, LogReport, contradicts, parse_nccl_log
 
 PEAK = re.compile(r"peak_busbw_gbps=([\d.]+) size_bytes=(\d+)")
-RESULT = re.compile(r"^allreduce +(\d+) +([\d.]+) +([\d.]+) +([\d.]+) *$", re.MULTILINE)
+RESULT = re.compile(r"^(?:\[node-\d+ r0\] )?allreduce +(\d+) +([\d.]+) +([\d.]+) +([\d.]+) *$", re.MULTILINE)
+"""A result line of the benchmark's rank 0, as the runtime tagged it ([node-N r0])."""
 """A line of the benchmark's table: size_bytes time_us algbw_GBps busbw_GBps."""
 PASS_RATIO = 0.8
 """PASS from this share of the expected bus bandwidth at the largest size."""
@@ -135,7 +136,10 @@ def evaluate(results: Sequence[SizeResult], report: LogReport, mode: str,
             failed = True
             reasons.append("the cluster file asks for RDMA but the logs have no NCCL INFO lines to prove it")
         elif report.verdict == UNKNOWN:
-            reasons.append("NCCL's log names no network transport (a single node needs none)")
+            failed = True
+            reasons.append(f"the cluster file asks for RDMA but NCCL's log cannot prove it: {report.reason}")
+        elif report.verdict == INTRA_NODE:
+            reasons.append("a single node: NCCL used no network, so there is no transport to prove")
         else:
             reasons.append(f"NCCL used {report.verdict}, as the cluster file asks")
     if not results:
@@ -166,17 +170,10 @@ def bench_source() -> Path:
 
 def _file_expectation(target: Target) -> Expectation | None:
     """network.expected_busbw of the deployment's cluster file, if it still loads."""
-    from mlenv.ops.target import recorded_plan
-    from mlenv.ui import warn
+    from mlenv.ops.target import file_cluster
 
-    plan = target.plan
-    if plan is None and target.recorded is not None:
-        try:
-            plan = recorded_plan(target.recorded)
-        except MlenvError as exc:
-            warn(f"network.expected_busbw not read: {str(exc).splitlines()[0]}")
-            return None
-    gbps = plan.cluster.expected_busbw_gbytes if plan else None
+    cluster = file_cluster(target, "network.expected_busbw")
+    gbps = cluster.expected_busbw_gbytes if cluster else None
     return Expectation(gbps, "network.expected_busbw") if gbps else None
 
 

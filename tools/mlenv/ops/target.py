@@ -10,6 +10,7 @@ from pathlib import Path
 from mlenv import state
 from mlenv.backends import get
 from mlenv.backends.base import Backend, Handle
+from mlenv.config.model import Cluster
 from mlenv.errors import UsageError, shown
 from mlenv.plan import JobPlan, load_plan
 
@@ -22,6 +23,22 @@ class Target:
     handle: Handle
     recorded: state.Deployment | None
     plan: JobPlan | None = None
+
+
+def file_cluster(target: Target, reading: str) -> Cluster | None:
+    """The deployment's cluster file as validated, if it still loads; else a warning that ``reading`` (the
+    setting wanted from it) was not read, and None."""
+    from mlenv.errors import MlenvError
+    from mlenv.ui import warn
+
+    plan = target.plan
+    if plan is None and target.recorded is not None:
+        try:
+            plan = recorded_plan(target.recorded)
+        except MlenvError as exc:
+            warn(f"{reading} not read: {str(exc).splitlines()[0]}")
+            return None
+    return plan.cluster if plan else None
 
 
 def recorded_plan(deployment: state.Deployment) -> JobPlan:

@@ -24,8 +24,9 @@ from mlenv.errors import OperationError, UsageError, shown
 from mlenv.render.templates import Templates
 
 TEMPLATES = Path(mlenv.__file__).parent / "manifests" / "slurm"
-PORT_BASE, PORT_SPAN = 20000, 20000
-"""MASTER_PORT = PORT_BASE + job id % PORT_SPAN: jobs sharing a node (not exclusive) get different ports."""
+PORT_BASE, PORT_SPAN = 20000, 10000
+"""MASTER_PORT = PORT_BASE + 2 * (job id % PORT_SPAN): jobs sharing a node (not exclusive) get different ports, and
+MASTER_PORT + 1 (the supervisors' control channel) stays free for each."""
 PYTHON = "python3"
 FAILED_FILE = "failed"
 """In a run directory: ``<node> <exit code>`` of the first node that failed (created once, with noclobber)."""
@@ -80,7 +81,7 @@ class SlurmJob:
 
 def master_port(job_id: str) -> int:
     """The rendezvous port of a job (the scripts compute the same)."""
-    return PORT_BASE + int(job_id) % PORT_SPAN
+    return PORT_BASE + 2 * (int(job_id) % PORT_SPAN)
 
 
 def _single_line(text: str, what: str) -> str:
@@ -143,10 +144,12 @@ def container_argv(job: SlurmJob) -> list[str]:
             *(option for name, value in env.items() for option in ("--env", f"{name}={value}")), container.image]
 
 
-def runtime_argv(launcher: str, run_id: str, script: str, args: Sequence[str], nproc: int | None) -> list[str]:
+def runtime_argv(launcher: str, run_id: str, script: str, args: Sequence[str], nproc: int | None,
+                 expect_transport: str | None = None) -> list[str]:
     """``python3 -m mlenv.runtime launch ...``: one node's share of a run (its node rank from Slurm)."""
     return [PYTHON, "-m", "mlenv.runtime", "launch", "--launcher", launcher,
-            *(["--nproc", str(nproc)] if nproc else []), "--run-dir", run_dir(run_id), "--", script, *args]
+            *(["--nproc", str(nproc)] if nproc else []), "--run-dir", run_dir(run_id),
+            *(["--expect-transport", expect_transport] if expect_transport else []), "--", script, *args]
 
 
 def task_wrapper(interfaces: Mapping[str, str], secrets: Sequence[str] = ()) -> str:
