@@ -266,8 +266,9 @@ def test_deploy_exec_shell_launch_logs_status_clean(project: Project, slurm_clus
     forwarded = _launch_with_secret(project, "--launcher", "deepspeed", "fail.py", "--fail")  # attached: stdin
     assert forwarded.returncode == 3, forwarded.stdout + forwarded.stderr
     digest = hashlib.sha256(SECRET.encode()).hexdigest()[:16]
-    assert {line.split()[0].strip("[") for line in forwarded.stdout.splitlines() if f"secret {digest}" in line} == {
-        "node-0", "node-1"}, forwarded.stdout  # every node's processes got it
+    got = {match[1] for line in forwarded.stdout.splitlines()
+           if (match := re.match(rf"\[(node-\d) r\d\] secret {digest}$", line))}
+    assert got == {"node-0", "node-1"}, forwarded.stdout  # every node's processes got it
     assert SECRET not in forwarded.stdout + forwarded.stderr
     assert _files_holding(SECRET, slurm_cluster.tmp, project.workdir, project.home) == []
     refused = _launch_with_secret(project, "--detach", "fail.py")
