@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TARGETS = ("install", "install-train", "install-system", "test", "lint", "bench", "demo", "list-clusters",
            "validate-cluster", "render-cluster", "deploy-cluster-dry-run", "deploy-cluster", "use", "status-cluster",
            "sync-multi-node", "shell-multi-node", "exec", "logs", "launch", "launch-dry-run", "stop", "nccl-test",
-           "doctor", "discover", "clean-cluster")
+           "doctor", "discover", "clean-cluster", "top", "stacks")
 BOOLEANS = ("FOLLOW", "DELETE_DATA", "YES", "DETACH")
 
 

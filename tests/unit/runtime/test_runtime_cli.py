@@ -161,7 +161,8 @@ def test_launch_dry_run_torchrun(run_runtime: Runner) -> None:
     result = run_runtime("launch", "--dry-run", "--", __file__, "--steps", "3", env=NODE1)
     assert result.returncode == 0
     *variables, command = result.stdout.splitlines()
-    assert variables == ["GLOO_SOCKET_IFNAME=lo", "NCCL_IB_DISABLE=1", "NCCL_SOCKET_IFNAME=lo", "PYTHONUNBUFFERED=1"]
+    assert variables == ["GLOO_SOCKET_IFNAME=lo", "NCCL_IB_DISABLE=1", "NCCL_SOCKET_IFNAME=lo", "PYTHONUNBUFFERED=1",
+                         "TORCH_FR_BUFFER_SIZE=2000", "TORCH_NCCL_DUMP_ON_TIMEOUT=1"]
     assert shlex.split(command)[1:] == [
         "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
         "--rdzv-endpoint", "127.0.0.1:29555", "--rdzv-id", "run-7", "--rdzv-conf", "is_host=false",

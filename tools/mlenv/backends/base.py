@@ -138,6 +138,15 @@ class LaunchSpec:
     """Names of local environment variables forwarded for this run only (values never written anywhere)."""
     expect_transport: str | None = None
     """rdma, sockets or any, as the user asked (flag or cluster file); None: the runtime's default for the mode."""
+    hang_timeout: float | None = None
+    """Seconds without output from any rank after which the watchdog captures every rank's stack (state hung)."""
+    on_hang: str | None = None
+    """``stop``: the watchdog also stops the job (exit code 124)."""
+
+    def watchdog_options(self) -> list[str]:
+        """The runtime launch's options for the hang watchdog."""
+        return [*(["--hang-timeout", f"{self.hang_timeout:g}"] if self.hang_timeout else []),
+                *(["--on-hang", self.on_hang] if self.on_hang else [])]
 
 
 @dataclass(frozen=True)

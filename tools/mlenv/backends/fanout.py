@@ -47,7 +47,8 @@ class FanoutJobs:
         """PURE: the same runtime launch on every node, in its workspace."""
         options = ["--launcher", spec.launcher, *(["--nproc", str(spec.nproc)] if spec.nproc else []),
                    "--run-dir", run_dir(spec.run_id), *(["--detach"] if spec.detach else []),
-                   *(["--expect-transport", spec.expect_transport] if spec.expect_transport else [])]
+                   *(["--expect-transport", spec.expect_transport] if spec.expect_transport else []),
+                   *spec.watchdog_options()]
         command = self.runtime(handle, "launch", *options, "--", spec.script, *spec.args)
         env = {"MLENV_RUN_ID": spec.run_id, "PYTHONUNBUFFERED": "1"}
         commands = {ordinal: command for ordinal in range(handle.nodes)}
@@ -90,7 +91,7 @@ class FanoutJobs:
     def latest_run(self, handle: Handle, run_id: str) -> dict[str, Any]:
         """Run ``run_id`` as its nodes' supervisors recorded it (docs/runs.md): ``{"id", "state", "attempt",
         "ranks", "first_failure", "transport": {"node-N": {"verdict", "plugin", "devices", "nccl_version"}},
-        "nodes": {ordinal: state}}``."""
+        "stacks", "nodes": {ordinal: state}}`` (``stacks``: the hang watchdog's capture of the whole job, on node 0)."""
         jobs = self._node_jobs(handle, run_id)
         known = [job for job in jobs.values() if job is not None]
         failures = [job["first_failure"] for job in known if job.get("first_failure")]  # the same on every node
@@ -101,6 +102,7 @@ class FanoutJobs:
                 "first_failure": failures[0] if failures else None,
                 "transport": {f"node-{ordinal}": job["transport"] for ordinal, job in sorted(jobs.items())
                               if job is not None and job.get("transport")},
+                "stacks": next((job["stacks"] for job in known if job.get("stacks")), None),
                 "nodes": {ordinal: _state(job) for ordinal, job in jobs.items()}}
 
     def rank_nodes(self, handle: Handle) -> dict[int, int]:

@@ -154,6 +154,8 @@ class Cluster(NamedTuple):
     settings: object | None
     """The backend's own section parsed by its settings parser (BackendInfo.settings), e.g. LocalSettings."""
     notes: str | None
+    hang_timeout: float | None = None
+    """launch.hang_timeout: the default of ``mlenv launch --hang-timeout``."""
     warnings: tuple[str, ...] = ()
     positions: Mapping[JsonPath, tuple[int, int]] = MappingProxyType({})
 

@@ -283,6 +283,7 @@ def build_cluster(loaded: LoadedFile) -> Cluster:
         expect_transport=reader.get("network", "expect_transport"),
         settings=_backend_settings(reader),
         notes=reader.get("notes"),
+        hang_timeout=reader.get("launch", "hang_timeout"),
         warnings=tuple(reader.warnings),
         positions=dict(loaded.positions),
     )

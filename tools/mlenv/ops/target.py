@@ -6,13 +6,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mlenv import state
 from mlenv.backends import get
 from mlenv.backends.base import Backend, Handle
 from mlenv.config.model import Cluster
 from mlenv.errors import UsageError, shown
-from mlenv.plan import JobPlan, load_plan
+
+if TYPE_CHECKING:  # planning (config, schema, quantities) is imported only where a file is planned
+    from mlenv.plan import JobPlan
 
 
 @dataclass(frozen=True)
@@ -44,7 +47,7 @@ def file_cluster(target: Target, reading: str) -> Cluster | None:
 def recorded_plan(deployment: state.Deployment) -> JobPlan:
     """Plan a recorded deployment again from its cluster file, with the mode, nodes and image it was deployed
     with; bad values there blame the record, not options the user never passed."""
-    from mlenv.plan import MAX_NODES, MODES
+    from mlenv.plan import MAX_NODES, MODES, load_plan
 
     wrong = []
     if deployment.mode not in MODES:
@@ -70,6 +73,8 @@ def resolve(cluster_ref: str | None) -> Target:
     try:
         deployment = state.find(recorded, cluster_ref)
     except UsageError:
+        from mlenv.plan import load_plan
+
         job = load_plan(cluster_ref)
         backend = get(job.cluster.backend)
         return Target(backend, backend.prepare(job).handle, None, job)

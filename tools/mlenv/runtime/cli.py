@@ -19,12 +19,17 @@ from pathlib import Path
 from typing import IO, Any, NoReturn, cast
 
 from .doctor import examine, render
+from .forensics import flight_dumps
+from .gpus import read_node, render_node
+from .hang import HANG_EXIT_CODE
 from .jobs import POLL_SECONDS, JobError, NodeJob, follow_log, host_jobs, start_recorded, stop_jobs
 from .launcher import LAUNCHERS, forwarding_signals, launch
 from .nccl import detect_nccl_env
 from .ncclog import EXPECTATIONS, LogReport, NcclLogReader, iter_lines, judge
 from .observers import observers_for
 from .runlayout import NodeDir, attempt_of, read_ranks, runs_root, write_atomic
+from .stacks import METHODS, group, sample
+from .stacks import render as render_stacks
 from .topology import TopologyError, detect_topology, host_name
 
 LOG_WAIT_SECONDS = 60.0
@@ -61,6 +66,16 @@ def _rank(text: str) -> int:
     if not text.isdigit():
         raise argparse.ArgumentTypeError(f"expected a rank (0, 1, ...), got {text!r}")
     return int(text)
+
+
+def _hang_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
 
 
 def _run_id(text: str) -> str:
@@ -108,6 +123,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--expect-transport", choices=EXPECTATIONS, metavar="{rdma,sockets,any}",
                      help="what NCCL's output must prove; a contradiction fails the job "
                           "(default: rdma in rdma mode, else any)")
+    run.add_argument("--hang-timeout", type=_hang_seconds, metavar="SECONDS",
+                     help="no rank output on any node for this long: capture every rank's stack into the run "
+                          "directory, tell the attached user, state hung")
+    run.add_argument("--on-hang", choices=["stop"],
+                     help=f"with --hang-timeout: also stop the job (exit code {HANG_EXIT_CODE}, as timeout)")
     run.add_argument("--exit-file", type=Path, help=argparse.SUPPRESS)  # the recorded supervisor's
     run.add_argument("--detached-supervisor", action="store_true", help=argparse.SUPPRESS)  # stdout is the log
     run.add_argument("job", nargs=argparse.REMAINDER, help="the script and its arguments, after --")
@@ -138,6 +158,21 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--rendezvous", type=_seconds, metavar="SECONDS",
                         help="node 0 listens on the rendezvous port this long, the others connect to it")
     doctor.add_argument("--json", action="store_true", help="print one JSON line: checks, facts and the clock")
+
+    gpus = commands.add_parser("gpus", help="this node's GPUs, Xid/ECC events since the run started, its ranks")
+    gpus.add_argument("--runs-root", type=Path, metavar="DIR", help=runs_help)
+    gpus.add_argument("--proc-root", type=Path, default=Path("/proc"), help="procfs mount (default: %(default)s)")
+    gpus.add_argument("--kmsg", type=Path, default=Path("/dev/kmsg"),
+                      help="the kernel log, read for Xid events (default: %(default)s)")
+    gpus.add_argument("--json", action="store_true", help="print one JSON object")
+
+    stacks = commands.add_parser("stacks", help="the Python stack of every rank of this node's latest run")
+    stacks.add_argument("--runs-root", type=Path, metavar="DIR", help=runs_help)
+    stacks.add_argument("--native", action="store_true", help="add native frames (py-spy only)")
+    stacks.add_argument("--method", choices=METHODS, default="auto",
+                        help="py-spy (ptrace), faulthandler (the signal the runtime armed), or auto: py-spy, "
+                             "else faulthandler (default)")
+    stacks.add_argument("--json", action="store_true", help="print one JSON object")
 
     check = commands.add_parser("nccl-log-check", help="tell from NCCL_DEBUG=INFO output what NCCL used")
     check.add_argument("files", nargs="+", metavar="FILE", help="log files ('-' for stdin)")
@@ -231,6 +266,8 @@ def _recorded(
     supervisor = [sys.executable, "-m", "mlenv.runtime", "launch", "--launcher", launcher,
                   *(["--nproc", str(args.nproc)] if args.nproc else []), "--run-dir", str(files.run_dir),
                   *(["--expect-transport", args.expect_transport] if args.expect_transport else []),
+                  *(["--hang-timeout", str(args.hang_timeout)] if args.hang_timeout else []),
+                  *(["--on-hang", args.on_hang] if args.on_hang else []),
                   "--exit-file", str(files.exit), *(["--detached-supervisor"] if args.detach else []), "--", *job]
     process, record = start_recorded(supervisor, files, run_id=environ.get("MLENV_RUN_ID") or files.run_dir.name,
                                      host=host_name(environ), environ=environ, detached=args.detach)
@@ -354,6 +391,36 @@ def _doctor(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     return 1 if any(check["status"] == "FAIL" for check in report["checks"]) else 0
 
 
+def _gpus(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    host = host_name(environ)
+    job = _node_job(host_jobs(args.runs_root or runs_root(environ), host), environ)
+    found = read_node(host, run=job.files if job else None, kmsg=args.kmsg, proc_root=args.proc_root)
+    print(json.dumps(found.to_dict()) if args.json else render_node(found), flush=True)
+    return 0
+
+
+def _stacks(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    host = host_name(environ)
+    job = _node_job(host_jobs(args.runs_root or runs_root(environ), host), environ)
+    if job is None:
+        found: dict[str, object] = {"run": None, "host": host}
+    else:
+        ranks = [r.to_dict() for r in read_ranks(job.files) if r.state == "running"]
+        taken = sample(ranks, native=args.native, method=args.method, dumps=job.files.stacks / "faulthandler",
+                       workspace=Path.cwd())
+        found = {"run": job.record.run_id, "started_at": job.record.started_at, "node": job.record.node_rank,
+                 "host": host, "state": job.state,
+                 "ranks": [stack.to_dict() for stack in taken],
+                 "flight_dumps": [str(path) for path in flight_dumps(job.files.path)]}
+    if args.json:
+        print(json.dumps(found), flush=True)
+    elif job is None:
+        print(f"no run of {host}")
+    else:
+        print(render_stacks(group(found["ranks"])))  # type: ignore[arg-type]
+    return 0
+
+
 def _nccl_log_check(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     report = _read_logs(args.files)
     if args.json:
@@ -392,6 +459,8 @@ _COMMANDS = {
     "nccl-env": _nccl_env,
     "launch": _launch,
     "nccl-log-check": _nccl_log_check,
+    "gpus": _gpus,
+    "stacks": _stacks,
     "doctor": _doctor,
     "jobs": _jobs,
     "stop": _stop,

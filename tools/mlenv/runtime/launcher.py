@@ -23,11 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from .forensics import flight_recorder_env, torch_version
 from .host import visible_gpu_count
 from .nccl import NcclEnv, detect_nccl_env
 from .observers import Observer
 from .preflight import library_dirs, rdma_preflight
 from .runlayout import NodeDir, attempt_of
+from .stacks import FAULTHANDLER_DIR
 from .supervisor import FORWARDED_SIGNALS, Sinks, Supervisor
 from .topology import DEFAULT_APP_NAME, Topology, detect_topology, host_name
 from .transport import Expectation, debug_env, expectation
@@ -37,6 +39,8 @@ RANK_MODULE = "mlenv.runtime.rank"
 """What torchrun and DeepSpeed start for each rank (``-m``/``--module``): the wrapper that runs the script."""
 RUNTIME_PARENT = str(Path(__file__).resolve().parents[2])
 """The directory holding the ``mlenv`` package, on the workers' PYTHONPATH so that they find the wrapper."""
+SITE_DIR = str(Path(__file__).resolve().parent / "site")
+"""First on the workers' PYTHONPATH: its sitecustomize arms faulthandler, then runs the image's own."""
 CONTROL_PORT_OFFSET = 1
 """Node 0's supervisor listens for the others on MASTER_PORT + 1."""
 CONTAINER_LOG_VARIABLE = "MLENV_CONTAINER_LOG"
@@ -158,7 +162,8 @@ def launch(
     with ExitStack() as stack:
         workdir = run_dir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mlenv-launch-")))
         node_dir = NodeDir(workdir, attempt_of(environ), topology.node_rank)
-        job = _prepare(command, launcher, topology, nproc, environ, nccl, node_dir.path, expected)
+        job = _prepare(command, launcher, topology, nproc, environ, nccl, node_dir.path, expected,
+                       node_dir.path if run_dir else None)
         _note(f"node {topology.node_rank}/{topology.num_nodes} ({topology.source}), {nproc} processes, "
               f"master {topology.master_addr}:{topology.master_port}")
         removed = [f"unset {name}" for name in nccl.unset]
@@ -186,9 +191,12 @@ def _prepare(
     nccl: NcclEnv,
     workdir: Path,
     expected: Expectation,
+    dump_dir: Path | None = None,
 ) -> Job:
-    """The argv, environment and files for this node."""
-    added = {**nccl.env, **debug_env(expected, environ)}  # the transport proof reads NCCL's INFO lines
+    """The argv, environment and files for this node; with ``dump_dir`` (the node's directory of the run) the
+    ranks' NCCL flight recorder dumps and faulthandler files go there."""
+    added = {**nccl.env, **debug_env(expected, environ),  # the transport proof reads NCCL's INFO lines
+             **flight_recorder_env(environ, dump_dir, torch_version())}
     if "PYTHONUNBUFFERED" not in environ:
         added["PYTHONUNBUFFERED"] = "1"  # progress lines through the pipe as they happen
     files = {}
@@ -204,7 +212,9 @@ def _prepare(
         argv = deepspeed_argv(topology, nproc, command, hostfile=hostfile)
     inherited = {name: value for name, value in environ.items() if name not in nccl.unset}
     env = {**inherited, **added}
-    env["PYTHONPATH"] = os.pathsep.join([RUNTIME_PARENT, *filter(None, [environ.get("PYTHONPATH")])])
+    if dump_dir is not None:  # faulthandler armed in every rank: mlenv stacks without ptrace rights
+        env[FAULTHANDLER_DIR] = str(dump_dir / "stacks" / "faulthandler")
+    env["PYTHONPATH"] = os.pathsep.join([SITE_DIR, RUNTIME_PARENT, *filter(None, [environ.get("PYTHONPATH")])])
     return Job(argv, env, added, files)
 
 

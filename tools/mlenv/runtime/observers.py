@@ -11,7 +11,7 @@ import argparse
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,18 @@ class JobControl(Protocol):
 
     run_dir: Path
     """This node's attempt directory: ``runs/<id>/attempt-<K>/node<R>``."""
+    node: int
+    num_nodes: int
+
+    @property
+    def hub(self) -> bool:
+        """Whether this node decides for the job (node 0, or a node that cannot reach node 0)."""
+
+    def tell_hub(self, message: dict[str, Any]) -> None:
+        """Hand ``message`` to the observers of the hub (this node's own when it is the hub)."""
+
+    def tell_all(self, message: dict[str, Any]) -> None:
+        """From the hub: hand ``message`` to the observers of every node, this one included."""
 
     def ranks(self) -> list[RankInfo]:
         """The ranks of this node that have started, by global rank."""
@@ -63,6 +75,9 @@ class Observer(Protocol):
     def finished(self, exit_code: int) -> int:
         """The node's exit code so far; returns it, or another (e.g. nothing proven -> 1)."""
 
+    def message(self, message: Mapping[str, Any]) -> None:
+        """A message an observer sent with ``tell_hub``/``tell_all`` (observers tell their kind apart)."""
+
 
 class BaseObserver:
     """No-op methods: an observer implements only what it needs."""
@@ -87,6 +102,9 @@ class BaseObserver:
     def finished(self, exit_code: int) -> int:
         return exit_code
 
+    def message(self, message: Mapping[str, Any]) -> None:
+        return None
+
     def note(self, message: str) -> None:
         if self.control is not None:
             self.control.note(message)
@@ -95,6 +113,10 @@ class BaseObserver:
 def observers_for(options: argparse.Namespace, environ: Mapping[str, str]) -> list[Observer]:
     """Every observer of a launch, from its options (``python3 -m mlenv.runtime launch ...``) and environment.
     The one place observers are built: each later option adds its own here."""
+    from .hang import HangWatchdog
     from .transport import TransportProof, expectation
 
-    return [TransportProof(expectation(getattr(options, "expect_transport", None), environ), environ)]
+    found: list[Observer] = [TransportProof(expectation(getattr(options, "expect_transport", None), environ), environ)]
+    if getattr(options, "hang_timeout", None):
+        found.append(HangWatchdog(options.hang_timeout, getattr(options, "on_hang", None)))
+    return found

@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 SOCKET_VARIABLE = "MLENV_SUPERVISOR_SOCKET"
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
@@ -69,7 +70,7 @@ def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
 
     for sig in FORWARDED:
         signal.signal(sig, forward)
-    child = subprocess.Popen(command, stdout=output.fileno(), stderr=output.fileno(),
+    child = subprocess.Popen(command, stdout=output.fileno(), stderr=output.fileno(), env=child_environ(environ),
                              preexec_fn=_die_with_parent)  # only os and prctl: safe with threads
     output.close()  # the child holds it; the supervisor sees its end when the child's last holder closes it
     _send(control, {"event": "started", "pid": child.pid})
@@ -78,6 +79,17 @@ def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     _send(control, {"event": "exited", "exit_code": code, "signal": killed_by})
     control.close()
     return status
+
+
+def child_environ(environ: Mapping[str, str]) -> dict[str, str]:
+    """The user's process's environment: ours, plus its own faulthandler file when the launcher armed the job
+    (the runtime's sitecustomize arms it there, in that process only)."""
+    from .stacks import FAULTHANDLER_DIR, FAULTHANDLER_FILE, faulthandler_file
+
+    child = dict(environ)
+    if environ.get(FAULTHANDLER_DIR):
+        child[FAULTHANDLER_FILE] = str(faulthandler_file(Path(environ[FAULTHANDLER_DIR]), identity(environ)["rank"]))
+    return child
 
 
 def signal_name(number: int) -> str:

@@ -135,6 +135,25 @@ class Supervisor:
         self.extra_state.update(fields)
         self._write_state(state, str(self.extra_state.get("reason") or ""))
 
+    @property
+    def hub(self) -> bool:
+        return self.node == 0 or self.channel is None or self.channel.upstream is None
+
+    def tell_hub(self, message: dict[str, Any]) -> None:
+        if self.hub or self.channel is None:
+            self._observer_message(message)
+        else:
+            self.channel.relay(message)
+
+    def tell_all(self, message: dict[str, Any]) -> None:
+        if self.channel is not None and self.node == 0:
+            self.channel.relay(message)
+        self._observer_message(message)
+
+    def _observer_message(self, message: dict[str, Any]) -> None:
+        for observer in self.observers:
+            observer.message(message)
+
     def stop(self, reason: str, exit_code: int) -> None:
         if self.channel is not None:
             self.channel.stop(reason, exit_code)
@@ -220,7 +239,7 @@ class Supervisor:
             return
         address, port = self.control_address
         self.channel = ControlChannel(self.node, self.num_nodes, address, port, self._stop_here, self.note,
-                                      self.selector)
+                                      self.selector, on_message=self._observer_message)
         self.channel.open()
 
     @contextlib.contextmanager

@@ -335,7 +335,7 @@ class SlurmBackend:
         """PURE: the batch script of the run (no allocation), or the script that runs it inside the allocation."""
         job = job_from(handle)
         task = script.runtime_argv(spec.launcher, spec.run_id, spec.script, spec.args, spec.nproc,
-                                   spec.expect_transport)
+                                   spec.expect_transport, spec.watchdog_options())
         allocation = allocation_id(handle)
         if spec.secrets and (allocation is None or spec.detach):
             raise UsageError(_SECRETS_REFUSED.format(names=" ".join(spec.secrets), name=handle.name,
