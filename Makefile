@@ -17,6 +17,16 @@ POD_OPT = $(if $(POD),--pod "$$POD")
 PLAN_OPTS = $(if $(MODE),--mode "$$MODE") $(if $(NODES),--nodes "$$NODES")
 IMAGE_OPT = $(if $(IMAGE),--image "$$IMAGE")
 ENV_OPTS = $(if $(ENV),--env "$$ENV")
+# Booleans (FOLLOW, DELETE_DATA, YES, DETACH, and any added later) are read by ONE helper: $(call flag,VAR,--option)
+# gives --option for 1/yes/true, nothing for 0/no/false/empty (any case); any other value stops make with a usage
+# error (exit 2) before the CLI runs, so that DELETE_DATA=0 never reads as "set".
+FLAG_LETTERS := A:a E:e F:f L:l N:n O:o R:r S:s T:t U:u Y:y
+comma := ,
+FLAG_VALUE = $(strip $(eval FLAG_TEXT := $$(strip $$(value $(1))))$(foreach pair,$(FLAG_LETTERS),$(eval \
+             FLAG_TEXT := $$(subst $(subst :,$(comma),$(pair)),$$(FLAG_TEXT))))$(FLAG_TEXT))
+FLAG_WORD = $(if $(filter 0 no false,$(1)),,$(if $(filter 1 yes true,$(1)),$(2),$(call FLAG_ERROR,$(3))))
+flag = $(if $(filter 1,$(words $(FLAG_VALUE))),$(call FLAG_WORD,$(FLAG_VALUE),$(2),$(1)),$(if $(FLAG_VALUE),$(FLAG_ERROR)))
+FLAG_ERROR = $(error $(1)=$(value $(1)): expected 1, yes or true (or 0, no, false or nothing))
 EXPECT_OPT = $(if $(EXPECT_TRANSPORT),--expect-transport "$$EXPECT_TRANSPORT")
 HANG_OPTS = $(if $(HANG_TIMEOUT),--hang-timeout "$$HANG_TIMEOUT") $(if $(ON_HANG),--on-hang "$$ON_HANG")
 
@@ -85,15 +95,15 @@ exec: install ## Run CMD="..." on every node (or POD=N) in parallel
 	@$(MLENV) exec $(CLUSTER_OPT) $(POD_OPT) -- sh -c "$$CMD"
 
 logs: install ## The latest run's output of every node (or POD=N, or one rank: LOG_RANK=N); FOLLOW=1 follows it
-	@$(MLENV) logs $(CLUSTER_OPT) $(POD_OPT) $(if $(FOLLOW),--follow) $(if $(LOG_RANK),--rank "$$LOG_RANK")
+	@$(MLENV) logs $(CLUSTER_OPT) $(POD_OPT) $(call flag,FOLLOW,--follow) $(if $(LOG_RANK),--rank "$$LOG_RANK")
 
 launch: install ## Run SCRIPT= [ARGS=] [LAUNCHER=] [ENV=] [DETACH=1] [EXPECT_TRANSPORT=] [HANG_TIMEOUT=s [ON_HANG=stop]] on every node
 	@$(MLENV) launch $(CLUSTER_OPT) $(if $(LAUNCHER),--launcher "$$LAUNCHER") $(if $(ARGS),--args "$$ARGS") \
-	    $(ENV_OPTS) $(if $(DETACH),--detach) $(EXPECT_OPT) $(HANG_OPTS) -- "$${SCRIPT:-train_multi_node.py}"
+	    $(ENV_OPTS) $(call flag,DETACH,--detach) $(EXPECT_OPT) $(HANG_OPTS) -- "$${SCRIPT:-train_multi_node.py}"
 
 launch-dry-run: install ## Print what launch would run on every node (same variables as launch)
 	@$(MLENV) launch $(CLUSTER_OPT) $(if $(LAUNCHER),--launcher "$$LAUNCHER") $(if $(ARGS),--args "$$ARGS") \
-	    $(ENV_OPTS) $(if $(DETACH),--detach) $(EXPECT_OPT) $(HANG_OPTS) --dry-run -- "$${SCRIPT:-train_multi_node.py}"
+	    $(ENV_OPTS) $(call flag,DETACH,--detach) $(EXPECT_OPT) $(HANG_OPTS) --dry-run -- "$${SCRIPT:-train_multi_node.py}"
 
 stacks: install ## Python stack of every rank of the latest run (or POD=N's), grouped, odd ones out first
 	@$(MLENV) stacks $(CLUSTER_OPT) $(POD_OPT)
@@ -114,4 +124,4 @@ discover: install ## Write clusters/NAME.yaml from the logged-in cluster (TODOs 
 	@$(MLENV) discover "$$NAME" $(if $(FORCE),--force)
 
 clean-cluster: install ## Delete the deployment (keeps data unless DELETE_DATA=1; YES=1 skips the question)
-	@$(MLENV) clean $(CLUSTER_OPT) $(if $(DELETE_DATA),--delete-data) $(if $(YES),--yes)
+	@$(MLENV) clean $(CLUSTER_OPT) $(call flag,DELETE_DATA,--delete-data) $(call flag,YES,--yes)

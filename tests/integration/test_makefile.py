@@ -24,6 +24,7 @@ TARGETS = ("install", "install-train", "install-system", "test", "lint", "bench"
            "validate-cluster", "render-cluster", "deploy-cluster-dry-run", "deploy-cluster", "use", "status-cluster",
            "sync-multi-node", "shell-multi-node", "exec", "logs", "launch", "launch-dry-run", "stop", "nccl-test",
            "doctor", "discover", "clean-cluster", "top", "stacks")
+BOOLEANS = ("FOLLOW", "DELETE_DATA", "YES", "DETACH")
 
 
 def make(*args: str, home: Path | None = None, stdin: str | None = None,
@@ -124,10 +125,12 @@ def test_variables_reach_the_cli_verbatim(tmp_path: Path, project: LocalProject)
     statefulset = list(yaml.safe_load_all(rendered))[-1]
     assert statefulset["spec"]["template"]["spec"]["containers"][0]["image"] == image  # verbatim, `$` included
     spliced = f"$(shell touch {marker})"  # expanded by make, this would create the marker
-    for variable in ("FOLLOW", "DELETE_DATA", "YES", "POD", "ARGS", "ENV", "NAME", "DETACH", "STEPS", "VENV",
-                     "LOG_RANK", "EXPECT_TRANSPORT"):
+    for variable in ("POD", "ARGS", "ENV", "NAME", "STEPS", "VENV", "LOG_RANK", "EXPECT_TRANSPORT"):
         shown = make("-n", "clean-cluster", "logs", "launch", "demo", f"{variable}={spliced}")  # print, run nothing
         assert shown.returncode == 0, shown.stderr
+    for variable in BOOLEANS:  # not a boolean: a usage error naming it, still never expanded
+        refused = make("-n", "clean-cluster", "logs", "launch", f"{variable}={spliced}")
+        assert refused.returncode == 2 and f"{variable}={spliced}: expected 1, yes or true" in refused.stderr
     make("status-cluster", f"POD={spliced}", home=project.home)  # and for real, where it runs nothing else
     assert not marker.exists()
 
@@ -169,8 +172,14 @@ def test_launch_logs_stop_and_dry_run(project: LocalProject) -> None:
     assert rank0 and all(re.match(r"\[node-\d r0\] ", line) for line in rank0) and "done world_size=4" in rank0[-1]
     unknown = make("logs", "LOG_RANK=9", home=home)
     assert unknown.returncode == 2 and "rank 9 is not in the latest run" in unknown.stderr, unknown.stderr
+    attached = ok("launch", "SCRIPT=tiny.py", "LAUNCHER=torchrun", "DETACH=0", home=home)  # 0 is no
+    assert DONE.search(attached.stdout) and "started in the background" not in attached.stderr
+    maybe = make("launch", "SCRIPT=tiny.py", "DETACH=maybe", home=home)
+    assert maybe.returncode == 2 and "DETACH=maybe: expected" in maybe.stderr and "started" not in maybe.stderr
     detached = ok("launch", "SCRIPT=fail.py", "LAUNCHER=torchrun", "DETACH=1", home=home)
     assert "started in the background" in detached.stderr
+    unfollowed = make("logs", "POD=0", "FOLLOW=0", home=home)  # the job sleeps 300 s: following would hang
+    assert unfollowed.returncode == 0, unfollowed.stderr
     stopped = ok("stop", "CLUSTER=mk", home=home).stdout
     assert stopped.count("stopped node") == 2, stopped
 
@@ -187,9 +196,30 @@ def test_clean_target_keeps_data_unless_asked(project: LocalProject) -> None:
     home = project.home
     ok("clean-cluster", "CLUSTER=mk", home=home)
     assert (project.pod_dir(0) / "workspace" / "tiny.py").is_file()
+    for kept in (("DELETE_DATA=0", "YES=0"), ("DELETE_DATA=no", "YES=1"), ("DELETE_DATA=False", "YES=")):
+        ok("clean-cluster", "CLUSTER=mk", *kept, home=home)
+        assert (project.pod_dir(0) / "workspace" / "tiny.py").is_file(), kept
     refused = make("clean-cluster", "CLUSTER=mk", "DELETE_DATA=1", home=home)  # no terminal to ask on, no YES
     assert refused.returncode == 2 and "YES=1" in refused.stderr
     assert (project.pod_dir(0) / "workspace" / "tiny.py").is_file()
     ok("clean-cluster", "CLUSTER=mk", "DELETE_DATA=1", "YES=1", home=home)
     assert not project.pod_dir(0).exists()
     assert json.loads((home / ".mlenv" / "state.json").read_text())["deployments"] == {}
+
+
+@pytest.mark.parametrize("value", ["1", "yes", "TRUE", "True", "0", "no", "FALSE", "", "maybe", "yes no", "2"])
+def test_every_boolean_variable_reads_the_same(value: str) -> None:
+    """One helper decides every boolean variable: 1/yes/true and 0/no/false/empty in any case; else exit 2."""
+    require("make")
+    for variable, target, option in (("FOLLOW", "logs", "--follow"), ("DETACH", "launch", "--detach"),
+                                     ("DELETE_DATA", "clean-cluster", "--delete-data"),
+                                     ("YES", "clean-cluster", "--yes")):
+        shown = make("-n", target, f"{variable}={value}")  # -n: print the command line, run nothing
+        if value.lower() in ("maybe", "yes no", "2"):
+            assert shown.returncode == 2, shown.stdout
+            assert f"{variable}={value}: expected 1, yes or true (or 0, no, false or nothing)" in shown.stderr
+            assert "bin/mlenv" not in shown.stdout
+            continue
+        assert shown.returncode == 0, shown.stderr
+        line = shown.stdout.splitlines()[-1]
+        assert (option in line.split()) == (value.lower() in ("1", "yes", "true")), line

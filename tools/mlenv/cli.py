@@ -50,8 +50,11 @@ cluster_option = click.option("--cluster", "-c", "cluster_ref", default=None, me
                               help="Deployment, cluster name or cluster file (default: the current deployment).")
 pod_option = click.option("--pod", type=click.IntRange(min=0), default=None, metavar="N",
                           help="Node (pod) ordinal (default: every node, or node 0 for shell).")
-STOP_AT_COMMAND = {"allow_interspersed_args": False, "ignore_unknown_options": True}
-"""launch and exec: option parsing stops at the script or command; everything after it belongs to it."""
+STOP_AT_SCRIPT = {"allow_interspersed_args": False}
+"""launch: option parsing stops at the script; everything after it belongs to it, and an option launch does not
+know before it is a usage error (``--detatch`` is never taken for the script)."""
+STOP_AT_COMMAND = {**STOP_AT_SCRIPT, "ignore_unknown_options": True}
+"""exec: as launch, and the command may start with what looks like an option."""
 
 
 def _one_cluster(positional: str | None, option: str | None) -> str | None:
@@ -391,15 +394,18 @@ def clean(cluster_ref: str | None, delete_data: bool, yes: bool) -> None:
     if delete_data and not yes:
         from mlenv.ops.confirm import confirm_data_deletion
 
-        if not confirm_data_deletion(target.backend.deploy, target.handle):
+        if not confirm_data_deletion(target.backend.deploy, target.recorded.handles if target.recorded else
+                                     (target.handle,)):
             click.echo("nothing deleted", err=True)
             sys.exit(1)
+    handles = target.recorded.handles if target.recorded else (target.handle,)
     with state.deploying(target.handle.name):
-        target.backend.deploy.clean(target.handle, delete_data=delete_data)
+        for handle in handles:  # a failed re-deploy's too
+            target.backend.deploy.clean(handle, delete_data=delete_data)
     state.forget(target.handle.name)
 
 
-@main.command(context_settings=STOP_AT_COMMAND)
+@main.command(context_settings=STOP_AT_SCRIPT)
 @cluster_option
 @click.option("--launcher", type=click.Choice(LAUNCHERS), default=DEFAULT_LAUNCHER, show_default=True)
 @click.option("--nproc", type=click.IntRange(1, 64), default=None, help="Processes per node.")

@@ -1,10 +1,14 @@
-"""``mlenv deploy``: prepare the request, record the deployment before the first change, apply, wait for Ready."""
+"""``mlenv deploy``: prepare the request, record the deployment before the first change, apply, wait for Ready.
+
+A deploy that fails is recorded as such (``state.failed``): a first one can be cleaned but is not made current;
+a re-deploy leaves the deployment before it operated as it was (a running job can still be seen, followed and
+stopped), with what the attempt created kept for clean."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from mlenv.errors import UsageError, shown
+from mlenv.errors import MlenvError, UsageError, shown
 from mlenv.ui import warn
 
 if TYPE_CHECKING:
@@ -52,6 +56,14 @@ def deploy(job: JobPlan, image: str | None, timeout: float) -> Handle:
         state.record(state.Deployment(handle.name, handle.backend, cluster_file, job.mode, job.nodes, image, handle))
 
     with state.deploying(job.name):
-        handle = backend.apply(request, record)
-        backend.wait_ready(handle, timeout, record)
+        try:
+            handle = backend.apply(request, record)
+            backend.wait_ready(handle, timeout, record)
+        except MlenvError as exc:
+            state.failed(job.name, str(exc))
+            raise
+        except KeyboardInterrupt:
+            state.failed(job.name, "interrupted")
+            raise
+        state.succeeded(job.name)
     return handle

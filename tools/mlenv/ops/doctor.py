@@ -25,7 +25,7 @@ from mlenv.errors import MlenvError, OperationError, UsageError
 from mlenv.ops.fanout import runtime_command
 from mlenv.parallel import run_parallel
 from mlenv.plan import JobPlan
-from mlenv.runtime.doctor import KIND
+from mlenv.runtime.doctor import KIND, TORCH_FIX_VARIABLE
 
 RENDEZVOUS_SECONDS = 10
 """How long node 0 listens on the rendezvous port while the other nodes connect."""
@@ -85,11 +85,23 @@ def ship_runtime(backend: NodeAccess, handle: Handle, extra: Mapping[str, Path] 
     return [f"{row.pod}: {row.result}" for row in report.pods if not row.ok]
 
 
+def _as_launched(backend: NodeAccess, handle: Handle, node: Node, args: Sequence[str]) -> list[str]:
+    """The runtime with ``args`` on ``node``, in the software a launch there gets: through the backend's
+    ``runtime_as_launched`` where launch sets up more than exec does (Slurm: slurm.setup and container:), else
+    through exec. A missing torch is blamed on the field the backend takes its software from (``torch_fix``)."""
+    fix = getattr(backend, "torch_fix", None)
+    env = {TORCH_FIX_VARIABLE: fix} if fix else {}
+    as_launched = getattr(backend, "runtime_as_launched", None)
+    if as_launched is not None:
+        return list(as_launched(handle, node, args, env))
+    return backend.exec_argv(handle, node, runtime_command(backend, handle, *args), env=env)
+
+
 def node_reports(backend: NodeAccess, handle: Handle, nodes: Sequence[Node],
                  rendezvous: float | None = None) -> dict[int, NodeReport]:
     """The runtime's ``doctor --json`` on every node at once (with ``rendezvous``: node 0 listens that long)."""
     args = ["doctor", "--json", *(["--rendezvous", str(rendezvous)] if rendezvous else [])]
-    commands = {n.ordinal: backend.exec_argv(handle, n, runtime_command(backend, handle, *args)) for n in nodes}
+    commands = {n.ordinal: _as_launched(backend, handle, n, args) for n in nodes}
     lines: dict[int, list[tuple[float, str]]] = {}
     run_parallel(commands, echo=False, on_line=lambda node, line: lines.setdefault(node, []).append((time.time(),
                                                                                                       line)))

@@ -204,7 +204,7 @@ def _summary(target: Target, result: LaunchResult, results: Sequence[SizeResult]
 
 
 def _print(summary: Mapping[str, Any], plot: str) -> None:
-    from mlenv.ui import error, table
+    from mlenv.ui import error, say, table
 
     table(f"all-reduce bus bandwidth: {summary['cluster']} ({summary['nodes']} nodes)",
           ["SIZE (bytes)", "TIME (us)", "ALGBW (GB/s)", "BUSBW (GB/s)"],
@@ -217,10 +217,10 @@ def _print(summary: Mapping[str, Any], plot: str) -> None:
               [[r["rank"], r["process"], r["verdict"], ", ".join(r["devices"]) or r["network"] or "-",
                 r["nccl_version"] or "-"] for r in ranks])
     else:
-        print(f"transport: {summary['transport']['verdict']}")
+        say(f"transport: {summary['transport']['verdict']}")
     print(plot, end="")
-    print(f"{summary['verdict']}: " + "; ".join(summary["reasons"]))
-    print(f"results: {summary['files']['json']}, plot: {summary['files']['png']}")
+    say(f"{summary['verdict']}: " + "; ".join(summary["reasons"]))
+    say(f"results: {summary['files']['json']}, plot: {summary['files']['png']}")
     if summary["verdict"] == "FAIL":
         error(f"nccl-test FAILED; the node logs are in {summary['files']['logs']}")
 

@@ -11,7 +11,7 @@ from mlenv.core.capabilities import JOBS, Handle
 from mlenv.core.registry import Backend
 from mlenv.errors import MlenvError
 from mlenv.ops.target import backend_of, resolve
-from mlenv.ui import error, print_json, table
+from mlenv.ui import error, print_json, say, table
 
 
 def _report(handle: Handle, recorded: state.Deployment | None, current: str | None, tolerant: bool,
@@ -24,12 +24,15 @@ def _report(handle: Handle, recorded: state.Deployment | None, current: str | No
         "deployed": recorded is not None,
         "cluster_file": recorded.cluster_file if recorded else None,
         "runs": list(recorded.runs) if recorded else [],
+        "deploy": dict(recorded.deploy) if recorded else None,
         "latest_run": None,  # the latest detached run, as its nodes' supervisors recorded it (docs/runs.md)
     }
     try:
         made = backend()
+        never_ready = recorded is not None and recorded.deploy["state"] == state.FAILED
         # a shallow copy: asdict's deep one took ~0.4 ms a row (a tenth of a second for 256 pods)
-        report["pods"] = [{**vars(row), "extra": dict(row.extra)} for row in made.deploy.status(handle)]
+        report["pods"] = [{**vars(row), "extra": dict(row.extra), "ready": row.ready and not never_ready}
+                          for row in made.deploy.status(handle)]
         if report["runs"] and report["pods"] and made.has(JOBS):
             latest = report["runs"][-1]["id"]
             jobs = made.jobs
@@ -60,9 +63,15 @@ def _print(report: dict[str, Any]) -> None:
     if report.get("error"):
         error(f"{report['name']}: {report['error']}")
         return
+    deploy = report["deploy"] or {"state": state.READY}
+    if deploy["state"] == state.FAILED:
+        say(f"{report['name']}: deploy failed: {deploy['error']}; not ready (mlenv deploy again, or mlenv clean)")
+    elif deploy["state"] == state.PARTIAL:
+        say(f"{report['name']}: the last deploy failed: {deploy['error']}; shown is the deployment before it, "
+            "which is still operated (mlenv deploy again, or mlenv clean)")
     rows = report["pods"]
     if not rows:
-        print(f"{title}: no nodes" + ("" if report["deployed"] else " (not deployed)"))
+        say(f"{title}: no nodes" + ("" if report["deployed"] else " (not deployed)"))
         return
     extra = sorted({key for row in rows for key in row["extra"]})
     table(title, ["POD", "NODE", "PHASE", "READY", "RESTARTS", "GPUS", "IP", "RDMA", *[c.upper() for c in extra],
@@ -76,21 +85,21 @@ def _print(report: dict[str, Any]) -> None:
         running = sum(state == "running" for state in states.values())
         run = report.get("latest_run") or {}
         kind = "detached run" if latest.get("detached", True) else "run"
-        print(f"latest {kind}: {latest['id']} ({latest['script']}, started {latest['started']}): "
-              f"{run.get('state') or 'state unknown'}, running on {running}/{len(states)} nodes "
-              f"({', '.join(f'node-{n} {s}' for n, s in sorted(states.items()))}); "
-              "mlenv logs -f follows it, mlenv stop stops it")
+        say(f"latest {kind}: {latest['id']} ({latest['script']}, started {latest['started']}): "
+            f"{run.get('state') or 'state unknown'}, running on {running}/{len(states)} nodes "
+            f"({', '.join(f'node-{n} {s}' for n, s in sorted(states.items()))}); "
+            "mlenv logs -f follows it, mlenv stop stops it")
         transport = run.get("transport") or {}
         if transport:
-            print("transport: " + ", ".join(f"{node} {found['verdict']} ({found.get('plugin') or 'no network'})"
-                                            for node, found in transport.items()))
+            say("transport: " + ", ".join(f"{node} {found['verdict']} ({found.get('plugin') or 'no network'})"
+                                          for node, found in transport.items()))
         if run.get("first_failure"):
             failure = run["first_failure"]
-            print(f"first failure: rank {failure['rank']} (node-{failure['node']}) {failure['reason']}")
+            say(f"first failure: rank {failure['rank']} (node-{failure['node']}) {failure['reason']}")
     if "gpu_state" in report:
         from mlenv.ops.gpus import render
 
-        print(render(report["gpu_state"]))
+        say(render(report["gpu_state"]))
 
 
 def show(cluster_ref: str | None, every: bool, as_json: bool, gpus: bool = False) -> int:

@@ -44,6 +44,12 @@ from mlenv.errors import ConfigError, OperationError, Problem, UsageError
 from mlenv.plan import JobPlan
 from mlenv.ui import info
 
+_SECRETS_REFUSED = (
+    "--env {names}: on Slurm, {run} (like a batch job, a detached run or a requeue) would need the secret later, "
+    "when mlenv is no longer there to pass it on, and Slurm saves a job's environment in its state directory. "
+    "Instead deploy an allocation (mlenv deploy {name}) and launch attached: the secret then reaches the run's "
+    "step on its stdin only; or provide the variable yourself through slurm.setup (e.g. a line that reads it "
+    "from a file only you can read)")
 CLEAN_TIMEOUT = 60.0
 SHOWN_JOBS = 10
 """Batch jobs status shows: the newest."""
@@ -178,10 +184,9 @@ class SlurmBackend:
             raise OperationError(f"{what} ended before it ran: {current.words()}; Slurm's messages: "
                                  f"{job.allocation_output().replace('%j', job_id)}")
         head = current.hosts[0]
-        address = login.ok(["srun", f"--jobid={job_id}", "--overlap", "--nodes=1", "--ntasks=1", "-w", head,
-                            "hostname", "--ip-address"]).split()
-        master = address[0] if address else head
-        allocation = {**handle.data["allocation"], "master_addr": master}
+        addresses = _addresses(login, job_id, current.hosts)
+        master = addresses[0] or head
+        allocation = {**handle.data["allocation"], "master_addr": master, "addresses": addresses}
         env = {**handle.env, "MASTER_ADDR": master, "MASTER_PORT": str(master_port(job_id))}
         record(replace(handle, env=env, data={**handle.data, "allocation": allocation}))
         info(f"{what} is running on {current.nodelist}; master {head} at {master}:{master_port(job_id)}")
@@ -229,9 +234,11 @@ class SlurmBackend:
             detail = current.reason_words() if current.state == "PENDING" else current.words()
             return [NodeStatus(f"node-{index}", index, None, current.state, False, 0, job.gpus_per_node, None,
                                detail=detail, extra=extra) for index in range(job.nodes)]
-        master = (handle.data.get("allocation") or {}).get("master_addr")
-        return [NodeStatus(f"node-{index}", index, host, "RUNNING", True, 0, job.gpus_per_node,
-                           master if index == 0 else None, extra=extra) for index, host in enumerate(current.hosts)]
+        allocation = handle.data.get("allocation") or {}
+        addresses = list(allocation.get("addresses") or [allocation.get("master_addr")])
+        addresses += [None] * (len(current.hosts) - len(addresses))
+        return [NodeStatus(f"node-{index}", index, host, "RUNNING", True, 0, job.gpus_per_node, addresses[index],
+                           extra=extra) for index, host in enumerate(current.hosts)]
 
     def nodes(self, handle: Handle) -> list[Node]:
         """The allocation's nodes while it runs (ready: exec and shell reach them); otherwise the nodes as
@@ -249,12 +256,32 @@ class SlurmBackend:
         """``srun --jobid=ID --overlap -w NODE env K=V... sh -c SCRIPT sh WORKDIR ARGV`` (with ``--pty`` for an
         interactive shell on a terminal), over ssh with a login host. The step sees the env contract of the node:
         its rank in the allocation, the master, and its socket interface when the file names one."""
+        tty = interactive and sys.stdin.isatty()
+        step = self._step(handle, node, argv, env=env, tty=tty, stop_on_stdin_eof=stop_on_stdin_eof and not interactive,
+                          secrets=secrets)
+        return Login.of(job_from(handle).settings).argv(step, tty=tty)
+
+    torch_fix = ("install PyTorch where slurm.setup puts the job (e.g. `source VENV/bin/activate`), or run in a "
+                 "container: with it (container.image in the cluster file)")
+    """What doctor names when a node cannot import torch: the fields a Slurm launch takes its software from."""
+
+    def runtime_as_launched(self, handle: Handle, node: Node, args: Sequence[str],
+                            env: Mapping[str, str]) -> list[str]:
+        """``python3 -m mlenv.runtime ARGS`` on ``node`` as a launch runs it: the step started after the
+        slurm.setup lines (where Slurm's commands are, as the launch script does), inside container: when the
+        file names one."""
+        job = job_from(handle)
+        runtime = [*script.container_argv(job), script.PYTHON, "-m", "mlenv.runtime", *args]
+        return Login.of(job.settings).argv(script.after_setup(job, self._step(handle, node, runtime, env=env)))
+
+    def _step(self, handle: Handle, node: Node, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
+              tty: bool = False, stop_on_stdin_eof: bool = False, secrets: Sequence[str] = ()) -> list[str]:
+        """The srun of ``argv`` on ``node`` in the allocation, as run where Slurm's commands are."""
         job = job_from(handle)
         job_id = allocation_id(handle)
         if not node.ready or job_id is None:
             raise OperationError(f"no running allocation of {handle.name}: exec and shell run inside it "
                                  f"(mlenv deploy {handle.name}; mlenv status shows it)")
-        tty = interactive and sys.stdin.isatty()
         variables = {**handle.env, "MASTER_PORT": str(master_port(job_id)), "MLENV_NODE_RANK": str(node.ordinal)}
         master = (handle.data.get("allocation") or {}).get("master_addr")
         if master:
@@ -266,9 +293,9 @@ class SlurmBackend:
         step = ["srun", f"--jobid={job_id}", "--overlap", "--nodes=1", "--ntasks=1", "-w", node.name,
                 f"--chdir={job.workdir}", *(["--pty"] if tty else []),
                 "env", *(f"{name}={value}" for name, value in variables.items()),
-                "sh", "-c", remote.script(stop_on_stdin_eof=stop_on_stdin_eof and not interactive, secrets=secrets),
+                "sh", "-c", remote.script(stop_on_stdin_eof=stop_on_stdin_eof, secrets=secrets),
                 "sh", node.workspace, *argv]
-        return Login.of(job.settings).argv(step, tty=tty)
+        return step
 
     def copy_target(self, handle: Handle, node: Node) -> CopyTarget:
         """The workdir, on the shared filesystem: here, or on the login host over ssh."""
@@ -315,11 +342,14 @@ class SlurmBackend:
         task = script.runtime_argv(spec.launcher, spec.run_id, spec.script, spec.args, spec.nproc,
                                    spec.expect_transport, spec.watchdog_options())
         allocation = allocation_id(handle)
+        if spec.secrets and (allocation is None or spec.detach):
+            raise UsageError(_SECRETS_REFUSED.format(names=" ".join(spec.secrets), name=handle.name,
+                                                     run="a detached run" if allocation else "a batch job"))
         forwarded = f"; forwarded from your environment: {', '.join(spec.secrets)}" if spec.secrets else ""
         where = f"inside allocation {allocation}" if allocation else "as a batch job"
         title = (f"mlenv launch: run {spec.run_id} of {handle.name}, {spec.script} with {spec.launcher} on "
                  f"{job.nodes} nodes {where}{' (detached)' if spec.detach else ''}{forwarded}")
-        text = (script.launch_script(job, title, spec.run_id, task, allocation) if allocation
+        text = (script.launch_script(job, title, spec.run_id, task, allocation, spec.secrets) if allocation
                 else script.batch_script(job, title, spec.run_id, task))
         return LaunchRequest(spec, text, dict.fromkeys(range(job.nodes), task), {"MLENV_RUN_ID": spec.run_id}, text)
 
@@ -329,7 +359,7 @@ class SlurmBackend:
         job = job_from(handle)
         this = run.Run(handle, job, Login.of(job.settings), request, Path(log_dir), self.records)
         allocation = allocation_id(handle)
-        return run.in_allocation(this, allocation, secrets) if allocation else run.batch(this, secrets)
+        return run.in_allocation(this, allocation, secrets) if allocation else run.batch(this)
 
     def stop(self, handle: Handle) -> int:
         """Cancel the runs: the allocation's steps (it keeps holding the nodes) and the batch jobs."""
@@ -387,6 +417,19 @@ def _job_detail(login: Login, job: SlurmJob, run_id: str, current: JobInfo) -> s
         text = login.read(f"{job.run_path(run_id)}/{script.EXIT_FILE}", 0).decode(errors="replace").strip()
         code = int(text) if text.isdigit() else None
     return None if code is None else f"exit code {code}"
+
+
+def _addresses(login: Login, job_id: str, hosts: Sequence[str]) -> list[str | None]:
+    """Each node's address, as ``hostname --ip-address`` says there (one step over every node, its lines labelled
+    with the task, which is the node's index); None for a node that did not say."""
+    said = login.ok(["srun", f"--jobid={job_id}", "--overlap", f"--nodes={len(hosts)}", "--ntasks-per-node=1",
+                     "--label", "hostname", "--ip-address"])
+    found: dict[int, str] = {}
+    for line in said.splitlines():
+        task, _, words = line.partition(":")
+        if task.strip().isdigit() and words.split():
+            found[int(task)] = words.split()[0]
+    return [found.get(index) for index in range(len(hosts))]
 
 
 def _wait_gone(login: Login, job_ids: list[str]) -> None:

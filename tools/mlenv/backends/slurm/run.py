@@ -66,12 +66,12 @@ class Run:
                              message=message)
 
 
-def batch(run: Run, secrets: Mapping[str, str]) -> LaunchOutcome:
+def batch(run: Run) -> LaunchOutcome:
     """Submit the run as a batch job, record it, then (unless detached) follow it to its end."""
     spec = run.request.spec
     ship_runtime(run.login, run.job.runtime_path)
     try:
-        job_id = submit(run.login, run.run_path, str(run.request.payload), spec.secrets, secrets)
+        job_id = submit(run.login, run.run_path, str(run.request.payload))
     except SubmitError as exc:
         return LaunchOutcome(1, {}, {}, message=str(exc))
     record.remember(run.records, run.handle, job_id, run.run_id, spec.script)
@@ -134,7 +134,8 @@ def _cancel_step(run: Run, job_id: str) -> str:
 
 
 def in_allocation(run: Run, job_id: str, secrets: Mapping[str, str]) -> LaunchOutcome:
-    """Run the launch script inside the allocation ``job_id`` (waiting while it is pending)."""
+    """Run the launch script inside the allocation ``job_id`` (waiting while it is pending); attached, the
+    forwarded ``secrets`` go to its stdin (never with --detach: ``prepare_launch`` refuses that)."""
     spec = run.request.spec
     current = wait_started(run.login, job_id, f"allocation {job_id} of {run.handle.name}")
     if current.state != "RUNNING":
@@ -143,9 +144,9 @@ def in_allocation(run: Run, job_id: str, secrets: Mapping[str, str]) -> LaunchOu
     ship_runtime(run.login, run.job.runtime_path)
     script = ["bash", "-c", str(run.request.payload), "bash"]
     if spec.detach:
-        wrapped = ["sh", "-c", remote.script(secrets=spec.secrets), "sh", run.job.workdir, "sh", "-c", DETACH, "sh",
+        wrapped = ["sh", "-c", remote.script(), "sh", run.job.workdir, "sh", "-c", DETACH, "sh",
                    f"{run.run_path}/{OUTPUT_FILE}", *script]
-        started = run.login.run(wrapped, stdin=remote.secrets_input(spec.secrets, dict(secrets)))
+        started = run.login.run(wrapped)
         if started.returncode != 0:
             return LaunchOutcome(1, {}, {}, message=f"cannot start the run on {run.login.where}: "
                                                     f"{started.stderr.decode(errors='replace').strip()}")

@@ -19,7 +19,7 @@ import mlenv
 from mlenv.backends.slurm.settings import SlurmSettings
 from mlenv.config.model import Container
 from mlenv.core.fanout import run_dir
-from mlenv.core.remote import RUNTIME_DIR
+from mlenv.core.remote import RUNTIME_DIR, read_secrets
 from mlenv.errors import OperationError, UsageError, shown
 from mlenv.render.templates import Templates
 
@@ -124,6 +124,14 @@ def allocation_script(job: SlurmJob) -> str:
     return _render("allocation.sbatch.j2", **_context(job, title, job.allocation_output()))
 
 
+def after_setup(job: SlurmJob, argv: Sequence[str]) -> list[str]:
+    """``argv`` run by bash after the slurm.setup lines, as written (the user's own shell code), as the launch
+    script runs its srun after them; ``argv`` alone without setup lines."""
+    if not job.settings.setup:
+        return list(argv)
+    return ["bash", "-c", "\n".join([*job.settings.setup, 'exec "$@"']), "bash", *argv]
+
+
 def container_argv(job: SlurmJob) -> list[str]:
     """``apptainer exec [--nv] --bind ... --env ... IMAGE``, or nothing without a container."""
     container = job.container
@@ -145,11 +153,11 @@ def runtime_argv(launcher: str, run_id: str, script: str, args: Sequence[str], n
             *(["--expect-transport", expect_transport] if expect_transport else []), *options, "--", script, *args]
 
 
-def task_wrapper(interfaces: Mapping[str, str]) -> str:
-    """The ``sh -c`` script around each node's task: the node's rank (its SLURM_NODEID in the step, which spans
-    every node) and socket interface when the file names one, then the task; a failing node records ``<node>
-    <code>`` in the run's ``failed`` file, the first one only."""
-    steps = ['export MLENV_NODE_RANK="$SLURM_NODEID"']
+def task_wrapper(interfaces: Mapping[str, str], secrets: Sequence[str] = ()) -> str:
+    """The ``sh -c`` script around each node's task: the forwarded ``secrets`` from the step's stdin, the node's
+    rank (its SLURM_NODEID in the step, which spans every node) and socket interface when the file names one, then
+    the task; a failing node records ``<node> <code>`` in the run's ``failed`` file, the first one only."""
+    steps = [*([read_secrets(secrets).rstrip("; ")] if secrets else []), 'export MLENV_NODE_RANK="$SLURM_NODEID"']
     if interfaces:
         cases = " ".join(f"{shlex.quote(host)}) export NCCL_SOCKET_IFNAME={shlex.quote(nic)} "
                          f"GLOO_SOCKET_IFNAME={shlex.quote(nic)} ;;" for host, nic in sorted(interfaces.items()))
@@ -166,23 +174,28 @@ def step_name(run_id: str) -> str:
     return f"mlenv-{run_id}"
 
 
-def srun_line(job: SlurmJob, run_id: str, task: Sequence[str]) -> Shell:
-    """The srun of a run: one task per node, fail-fast, every line labelled with its node."""
+def srun_line(job: SlurmJob, run_id: str, task: Sequence[str], secrets: Sequence[str] = ()) -> Shell:
+    """The srun of a run: one task per node, fail-fast, every line labelled with its node. Forwarded ``secrets``
+    (shell variables of the launch script, exported to nothing) reach every task on the step's stdin, which Slurm
+    hands over and never saves, unlike a job's or a step's environment."""
     options = ["srun", "--overlap", f"--job-name={step_name(run_id)}", f"--nodes={job.nodes}", "--ntasks-per-node=1",
                *([f"--cpus-per-task={job.settings.cpus_per_task}"] if job.settings.cpus_per_task else []),
-               "--kill-on-bad-exit=1", "--label"]
-    parts = [shlex.join(options), shlex.join(["sh", "-c", task_wrapper(job.interfaces), "sh"])]
+               "--kill-on-bad-exit=1", "--label", *(["--input=all"] if secrets else [])]
+    parts = [shlex.join(options), shlex.join(["sh", "-c", task_wrapper(job.interfaces, secrets), "sh"])]
     if job.container is not None:
         parts.append(shlex.join(container_argv(job)))
     parts.append(shlex.join(task))
-    return Shell(" \\\n  ".join(parts))
+    values = " ".join(f'"${name}"' for name in secrets)
+    return Shell((f"printf '%s\\n' {values} | " if secrets else "") + " \\\n  ".join(parts))
 
 
-def _run_context(job: SlurmJob, title: str, run_id: str, task: Sequence[str]) -> dict[str, Any]:
+def _run_context(job: SlurmJob, title: str, run_id: str, task: Sequence[str],
+                 secrets: Sequence[str] = ()) -> dict[str, Any]:
     env = {**job.env, "MLENV_RUN_ID": run_id, "MLENV_RUN_DIR": job.run_path(run_id), "PYTHONUNBUFFERED": "1"}
     return {**_context(job, title, f"{job.run_path(run_id)}/{OUTPUT_FILE}"), "env": env,
             "runtime_path": job.runtime_path, "port_base": PORT_BASE, "port_span": PORT_SPAN,
-            "srun": srun_line(job, run_id, task)}
+            "srun": srun_line(job, run_id, task, secrets),
+            "unexported": Shell(" ".join(secrets))}  # names checked by read_secrets in srun_line
 
 
 def batch_script(job: SlurmJob, title: str, run_id: str, task: Sequence[str]) -> str:
@@ -190,6 +203,8 @@ def batch_script(job: SlurmJob, title: str, run_id: str, task: Sequence[str]) ->
     return _render("batch.sbatch.j2", **_run_context(job, title, run_id, task))
 
 
-def launch_script(job: SlurmJob, title: str, run_id: str, task: Sequence[str], job_id: str) -> str:
-    """The bash script of a launch inside the allocation ``job_id``, run where Slurm's commands are."""
-    return _render("launch.sh.j2", **_run_context(job, title, run_id, task), job_id=job_id)
+def launch_script(job: SlurmJob, title: str, run_id: str, task: Sequence[str], job_id: str,
+                  secrets: Sequence[str] = ()) -> str:
+    """The bash script of a launch inside the allocation ``job_id``, run where Slurm's commands are; the forwarded
+    ``secrets`` arrive in its environment and leave it at once, for the run's step's stdin alone."""
+    return _render("launch.sh.j2", **_run_context(job, title, run_id, task, secrets), job_id=job_id)

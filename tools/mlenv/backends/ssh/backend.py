@@ -269,7 +269,8 @@ def _request_text(plan: JobPlan, target: SshTarget) -> str:
         "workdir": target.workdir,
         "python": target.python,
         "deploy_checks": checks,
-        "env": {**plan.env, "MASTER_ADDR": "<host 0's address, as its ssh server sees the connection>"},
+        "env": {**plan.env, "MASTER_ADDR": "<host 0's address, as its ssh server sees the connection>",
+                "MASTER_PORT": f"<picked free on host 0 at launch; exec and shell see {plan.env.get('MASTER_PORT')}>"},
         "launch": f"{PORT_NOTE}; the runtime on each host picks its NIC and NCCL settings",
     }
     config = "".join(f"#   {line}\n" for line in transport.config_text.splitlines())
