@@ -1,6 +1,6 @@
 # mlenv: thin front end over the `mlenv` CLI. `make help` lists the targets.
 # Variables: CLUSTER (deployment, cluster name or file), MODE (rdma|tcp), NODES, IMAGE, OUT, POD, CMD, FOLLOW,
-#            DELETE_DATA, YES, SCRIPT, ARGS, LAUNCHER, DETACH, ENV, NAME, STEPS, SIZES, VENV, LOG_RANK,
+#            DELETE_DATA, YES, SCRIPT, ARGS, LAUNCHER, DETACH, ENV, NAME, STEPS, SIZES, EXPECT, FORCE, VENV, LOG_RANK,
 #            EXPECT_TRANSPORT, HANG_TIMEOUT, ON_HANG.
 
 SHELL := /bin/bash
@@ -8,7 +8,7 @@ VENV ?= .venv
 # Every value reaches the CLI through the environment ("$$VAR"), never spliced into the shell command line, and
 # verbatim: make does not expand a `$` inside it (make exec CMD='echo $HOSTNAME' echoes each pod's name).
 USER_VARS := CLUSTER MODE NODES IMAGE OUT POD CMD FOLLOW DELETE_DATA YES SCRIPT ARGS LAUNCHER DETACH ENV NAME STEPS \
-             SIZES VENV LOG_RANK EXPECT_TRANSPORT HANG_TIMEOUT ON_HANG
+             SIZES EXPECT FORCE VENV LOG_RANK EXPECT_TRANSPORT HANG_TIMEOUT ON_HANG
 $(foreach v,$(USER_VARS),$(if $(filter command line environment,$(origin $(v))),$(eval override $(v) := $$(value $(v)))))
 export $(USER_VARS)
 MLENV = "$$VENV/bin/mlenv"
@@ -47,13 +47,14 @@ install-train: ## install + torch (CPU) and deepspeed
 install-system: ## install + Debian packages (rsync, iproute2, slurm, munge, openssh) and kubectl when missing
 	@scripts/install.sh system
 
-test: ## Install everything the tests need, then run them
+test: lint ## make lint, install everything the tests need, then run the tests
 	@scripts/install.sh train system scan
 	@scripts/test.sh
 
-lint: install ## ruff (with bandit S rules) and mypy
+lint: install ## ruff (with bandit S rules), mypy --strict and import-linter (the layers of docs/architecture.md)
 	"$$VENV/bin/ruff" check .
 	"$$VENV/bin/mypy"
+	"$$VENV/bin/lint-imports"
 
 bench: ## Benchmarks (ratios against a reference run in the same process)
 	@scripts/install.sh train system
@@ -113,14 +114,14 @@ top: install ## Live GPU state of every node (or POD=N): GPUs, Xid/ECC events, r
 stop: install ## Stop the running job on every node (the environment stays)
 	@$(MLENV) stop $(CLUSTER_OPT)
 
-nccl-test: install ## Fabric gate: all-reduce busbw [SIZES=8M:1G], transport per rank, PASS/FAIL, plot in runs/
-	@$(MLENV) nccl-test $(CLUSTER_OPT) $(if $(SIZES),--sizes "$$SIZES")
+nccl-test: install ## Fabric gate: all-reduce busbw [SIZES=8M:1G] [EXPECT=180GB/s], transport per rank, PASS/FAIL, plot
+	@$(MLENV) nccl-test $(CLUSTER_OPT) $(if $(SIZES),--sizes "$$SIZES") $(if $(EXPECT),--expect "$$EXPECT")
 
 doctor: install ## Preflight checklist for CLUSTER= [MODE=]: PASS/WARN/FAIL, evidence and fix
 	@$(MLENV) doctor $(CLUSTER_OPT) $(if $(MODE),--mode "$$MODE")
 
-discover: install ## Write clusters/NAME.yaml from the logged-in cluster (TODOs mark what to decide)
-	@$(MLENV) discover "$$NAME"
+discover: install ## Write clusters/NAME.yaml from the logged-in cluster (TODOs mark what to decide) [FORCE=1]
+	@$(MLENV) discover "$$NAME" $(if $(FORCE),--force)
 
 clean-cluster: install ## Delete the deployment (keeps data unless DELETE_DATA=1; YES=1 skips the question)
 	@$(MLENV) clean $(CLUSTER_OPT) $(call flag,DELETE_DATA,--delete-data) $(call flag,YES,--yes)

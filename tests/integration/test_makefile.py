@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import tomllib
 import yaml
 
 from tests._prereq import require
@@ -74,6 +75,28 @@ def test_install_targets_are_idempotent() -> None:
 def test_lint_is_clean() -> None:
     require("make")
     ok("lint")
+
+
+def test_make_test_runs_lint_first_ruff_strict_mypy_and_import_linter() -> None:
+    require("make")
+    planned = ok("-n", "test").stdout.splitlines()  # what make would run, in order, without running it
+    steps = [next(i for i, line in enumerate(planned) if needle in line)
+             for needle in ("bin/ruff\" check", "bin/mypy", "bin/lint-imports", "scripts/test.sh")]
+    assert steps == sorted(steps), planned
+    assert tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mypy"]["strict"] is True
+
+
+def test_the_test_script_runs_the_venv_it_is_given(tmp_path: Path) -> None:
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    marker = tmp_path / "used"
+    python = venv / "bin" / "python"
+    python.write_text(f"#!/bin/sh\ntouch {marker}\nexec {ROOT / '.venv' / 'bin' / 'python'} \"$@\"\n")
+    python.chmod(0o755)
+    ran = subprocess.run([str(ROOT / "scripts" / "test.sh"), "-q", "-p", "no:cacheprovider", "tests/unit/test_plot.py"],
+                         cwd=ROOT, env={**os.environ, "VENV": str(venv)}, capture_output=True, text=True, timeout=300,
+                         check=False)
+    assert ran.returncode == 0 and marker.exists(), ran.stdout + ran.stderr
 
 
 def test_validate_list_render_and_dry_run(tmp_path: Path) -> None:
@@ -164,7 +187,9 @@ def test_launch_logs_stop_and_dry_run(project: LocalProject) -> None:
 def test_nccl_test_target(project: LocalProject) -> None:
     shutil.copy(ROOT / "workspace" / "allreduce_bench.py", project.home / "workspace")
     ok("sync-multi-node", home=project.home)
-    assert "gloo over TCP sockets" in ok("nccl-test", "CLUSTER=mk", home=project.home).stdout
+    judged = make("nccl-test", "CLUSTER=mk", "EXPECT=1000GB/s", home=project.home)  # far above what gloo does
+    assert judged.returncode != 0 and "gloo over TCP sockets" in judged.stdout, judged.stdout + judged.stderr  # FAIL
+    assert "of the expected 1000.00 GB/s (--expect 1000GB/s)" in judged.stdout + judged.stderr
 
 
 def test_clean_target_keeps_data_unless_asked(project: LocalProject) -> None:

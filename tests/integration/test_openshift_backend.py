@@ -17,15 +17,15 @@ from pathlib import Path
 import pytest
 import yaml
 from click.testing import CliRunner, Result
-from mlenv.backends.base import Handle, Node
 from mlenv.backends.kubernetes import explain, waiting
 from mlenv.backends.kubernetes.backend import KubernetesBackend
 from mlenv.backends.kubernetes.pods import rdma_devices
 from mlenv.backends.kubernetes.preflight import same_server
-from mlenv.backends.remote import script
 from mlenv.cli import main
+from mlenv.core.capabilities import Handle, Node
+from mlenv.core.clusters import load_plan
+from mlenv.core.remote import script
 from mlenv.errors import OperationError
-from mlenv.plan import load_plan
 
 from tests.fakekube.fixtures import FakeCluster, fake_kube_factory  # noqa: F401 - the fixture, re-exported
 
@@ -395,7 +395,7 @@ def test_detached_launch_logs_and_stop_on_kubernetes(fake: FakeCluster, home: Pa
     lines = dry.stdout.splitlines()
     assert "HF_TOKEN=<forwarded from your environment>" in lines[2]
     run = lines[0].split()[4]  # "# mlenv launch: run <id> of ..."
-    assert lines[3:] == [f"node-{n}: python3 -m mlenv.runtime launch --launcher deepspeed --run-dir "
+    assert lines[3:] == [f"node-{n}: python3 -m mlenv.runtime launch --launcher torchrun --run-dir "
                          f".mlenv/runs/{run} --detach -- train.py -c cfg.yaml" for n in (0, 1)]
 
     backend = KubernetesBackend("kubectl")

@@ -19,13 +19,13 @@ from typing import Any
 import pytest
 import yaml
 from click.testing import CliRunner, Result
-from mlenv.backends.base import Handle, Node
 from mlenv.backends.kubernetes import explain, waiting
-from mlenv.backends.remote import script
 from mlenv.backends.runai import tool
 from mlenv.backends.runai.backend import RunaiBackend
 from mlenv.cli import main
-from mlenv.plan import load_plan
+from mlenv.core.capabilities import Handle, Node
+from mlenv.core.clusters import load_plan
+from mlenv.core.remote import script
 from mlenv.runtime.topology import detect_topology
 
 from tests.fakekube import NodeSpec

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from mlenv import state
-from mlenv.backends.base import Handle
+from mlenv.core.capabilities import Handle
 
 
 @pytest.fixture(autouse=True)

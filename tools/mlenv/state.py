@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from mlenv.backends.base import Handle
+from mlenv.core.capabilities import Handle
 from mlenv.errors import OperationError, UsageError, shown
 
 VERSION = 2
@@ -151,15 +151,15 @@ def load() -> State:
 
 def _migrate(path: Path, old: dict[str, Any]) -> State:
     """The single-deployment file of earlier versions: re-plan its cluster file to get the handle."""
-    from mlenv.backends import get
-    from mlenv.config import load_cluster
+    from mlenv.core.clusters import load_cluster
+    from mlenv.core.registry import get
     from mlenv.errors import MlenvError
     from mlenv.plan import plan
 
     try:
         cluster_file = str(old["cluster_file"])
         job = plan(load_cluster(cluster_file), mode=old.get("mode"), nodes=old.get("nodes"), image=old.get("image"))
-        handle = get(job.cluster.backend).prepare(job).handle
+        handle = get(job.cluster.backend, RECORDS).deploy.prepare(job).handle
     except (KeyError, TypeError, ValueError, MlenvError) as exc:
         raise _corrupt(path, f"an earlier mlenv's record whose cluster file cannot be planned again: {exc}") from None
     deployment = Deployment(handle.name, handle.backend, cluster_file, job.mode, job.nodes, old.get("image"), handle)
@@ -255,6 +255,23 @@ def add_job(name: str, job: dict[str, Any], keep: int) -> None:
 def jobs_of(name: str) -> tuple[dict[str, Any], ...]:
     """The batch jobs recorded for the cluster ``name``, oldest first."""
     return load().jobs.get(name, ())
+
+
+class StateRecords:
+    """``core.registry.Records`` on .mlenv/state.json: what backends read and record, handed to them."""
+
+    def handle_of(self, name: str) -> Handle | None:
+        known = load().deployments.get(name)
+        return known.handle if known is not None else None
+
+    def jobs_of(self, name: str) -> tuple[dict[str, Any], ...]:
+        return jobs_of(name)
+
+    def add_job(self, name: str, job: dict[str, Any], keep: int) -> None:
+        add_job(name, job, keep)
+
+
+RECORDS = StateRecords()
 
 
 def forget(name: str) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from mlenv.backends.base import Backend, Handle
+from mlenv.core.capabilities import Deploy, Handle
 from mlenv.errors import UsageError
 from mlenv.ui import info
 
@@ -33,7 +33,7 @@ def ask(question: str) -> bool:
     return answer.decode(errors="replace").strip().lower() in ("y", "yes")
 
 
-def confirm_data_deletion(backend: Backend, handles: Sequence[Handle]) -> bool:
+def confirm_data_deletion(backend: Deploy, handles: Sequence[Handle]) -> bool:
     """List the volumes ``--delete-data`` deletes (of every handle of one deployment) and ask; True to go ahead
     (also when there are none)."""
     volumes = list(dict.fromkeys(volume for handle in handles for volume in backend.data_volumes(handle)))

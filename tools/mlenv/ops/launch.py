@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from mlenv import state
-from mlenv.backends.base import LaunchOutcome, LaunchSpec
+from mlenv.core.capabilities import LaunchOutcome, LaunchSpec
 from mlenv.errors import UsageError
 from mlenv.ops.target import Target
 
@@ -85,7 +85,7 @@ def file_expect_transport(target: Target) -> str | None:
 
 def dry_run(target: Target, spec: LaunchSpec) -> str:
     """What ``launch`` would run, as the backend prints it (secret values masked)."""
-    return target.backend.prepare_launch(target.handle, spec).text
+    return target.backend.jobs.prepare_launch(target.handle, spec).text
 
 
 def launch(target: Target, spec: LaunchSpec) -> LaunchResult:
@@ -93,13 +93,13 @@ def launch(target: Target, spec: LaunchSpec) -> LaunchResult:
     from mlenv.ui import error, info
 
     secrets = _secrets(spec.secrets)
-    request = target.backend.prepare_launch(target.handle, spec)
+    request = target.backend.jobs.prepare_launch(target.handle, spec)
     run_dir = _run_dir(spec.run_id)
     info(f"launching {spec.script} with {spec.launcher} on {target.handle.nodes} nodes of {target.handle.name}"
          f"{' (detached)' if spec.detach else ''}; logs in {run_dir}")
     started = time.monotonic()
     _remember(target, spec)  # before it starts: status, stacks and the hang watchdog's state see it while it runs
-    outcome = target.backend.launch(target.handle, request, secrets, str(run_dir))
+    outcome = target.backend.jobs.launch(target.handle, request, secrets, str(run_dir))
     result = LaunchResult(outcome, spec.run_id, run_dir, round(time.monotonic() - started, 1))
     if spec.detach:
         if outcome.exit_code == 0:

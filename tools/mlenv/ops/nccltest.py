@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from mlenv.backends.base import LaunchSpec
+from mlenv.core.capabilities import LaunchSpec
 from mlenv.errors import OperationError, UsageError
 from mlenv.ops.launch import LaunchResult, launch, run_id
 from mlenv.ops.target import Target
@@ -181,8 +181,8 @@ def _link_facts(target: Target) -> dict[str, Mapping[str, Any]]:
     """What each node's runtime doctor found of its RDMA links."""
     from mlenv.ops.doctor import node_reports
 
-    nodes = target.backend.nodes(target.handle)
-    reports = node_reports(target.backend, target.handle, nodes)
+    nodes = target.backend.access.nodes(target.handle)
+    reports = node_reports(target.backend.access, target.handle, nodes)
     return {r.node.name: r.facts for r in reports.values()}
 
 
@@ -241,7 +241,7 @@ def run_nccl_test(target: Target, nproc: int | None = None, sizes: str | None = 
     expected = Expectation(parse_bandwidth(expect), f"--expect {expect}") if expect is not None else None
     handle = target.handle
     with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():
-        failed = ship_runtime(target.backend, handle, {BENCH: bench_source()})
+        failed = ship_runtime(target.backend.access, handle, {BENCH: bench_source()})
         if failed:
             raise OperationError(f"cannot copy {BENCH} to the nodes: {'; '.join(failed)}")
         expected = expected or _file_expectation(target)

@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import IO, Any
 
 import mlenv
-from mlenv.backends.base import Backend, CopyTarget, Handle, Node
-from mlenv.backends.remote import RUNTIME_DIR
+from mlenv.core.capabilities import CopyTarget, Handle, Node, NodeAccess
+from mlenv.core.remote import RUNTIME_DIR
 from mlenv.errors import ConfigError, OperationError, Problem, UsageError, shown
 from mlenv.ui import error, info, print_json, table
 
@@ -327,7 +327,7 @@ def _stream(pack: Sequence[str], unpack: Sequence[str]) -> tuple[list[str], str 
     return unreadable, None
 
 
-def _tar(backend: Backend, handle: Handle, pod: Node, plan: Plan) -> tuple[list[str], str | None]:
+def _tar(backend: NodeAccess, handle: Handle, pod: Node, plan: Plan) -> tuple[list[str], str | None]:
     """Two tar streams through exec (not incremental, nothing deleted but the old runtime): the workspace without
     its .mlenv/, then the runtime, which no .mlenvignore pattern reaches, into a fresh .mlenv/mlenv."""
     excludes = [f"--exclude={p.strip('/')}" for p in (*EXCLUDES, *plan.patterns)]
@@ -343,7 +343,7 @@ def _tar(backend: Backend, handle: Handle, pod: Node, plan: Plan) -> tuple[list[
     return unreadable, error
 
 
-def _has_rsync(backend: Backend, handle: Handle, pod: Node) -> bool:
+def _has_rsync(backend: NodeAccess, handle: Handle, pod: Node) -> bool:
     """Whether rsync is on the node's PATH (asked only after rsync over a remote shell failed)."""
     probe = backend.exec_argv(handle, pod, ["sh", "-c", "command -v rsync"])
     return subprocess.run(probe, capture_output=True, check=False).returncode == 0
@@ -404,7 +404,7 @@ def _size(count: int) -> str:
     raise AssertionError("unreachable")
 
 
-def _sync_pod(backend: Backend, handle: Handle, pod: Node, plan: Plan, lines: _Lines) -> PodSync:
+def _sync_pod(backend: NodeAccess, handle: Handle, pod: Node, plan: Plan, lines: _Lines) -> PodSync:
     started = time.monotonic()
     target = backend.copy_target(handle, pod)
     copied = [""]
@@ -435,7 +435,7 @@ def _sync_pod(backend: Backend, handle: Handle, pod: Node, plan: Plan, lines: _L
     return row
 
 
-def _unreachable(backend: Backend, handle: Handle, pod: Node) -> str | None:
+def _unreachable(backend: NodeAccess, handle: Handle, pod: Node) -> str | None:
     """Why ``pod`` cannot be reached (``true`` run there through exec fails), or None: a host that shares the
     workspace gets no copy of its own, but one it cannot reach must still fail the sync. A node that is only a
     placeholder (a Slurm node without an allocation: the workdir is reached through the login) is not asked."""
@@ -457,7 +457,7 @@ def _since(started: float) -> float:
     return round(time.monotonic() - started, 3)
 
 
-def sync(backend: Backend, handle: Handle, source: Path | None = None, delete: bool = False,
+def sync(backend: NodeAccess, handle: Handle, source: Path | None = None, delete: bool = False,
          as_json: bool = False) -> SyncReport:
     """Sync ``source`` (default: the project's workspace/) to every pod and print a summary."""
     from mlenv.config.discover import project_root

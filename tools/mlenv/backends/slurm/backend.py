@@ -7,14 +7,26 @@ cluster's shared filesystem: sync copies it once, and every run keeps its files 
 from __future__ import annotations
 
 import hashlib
+import json
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from mlenv.backends import remote
-from mlenv.backends.base import (
+from mlenv.backends.slurm import jobs, run, script
+from mlenv.backends.slurm import record as recorded
+from mlenv.backends.slurm.checks import slurm_checks
+from mlenv.backends.slurm.jobs import JobInfo
+from mlenv.backends.slurm.login import Login
+from mlenv.backends.slurm.script import SlurmJob, master_port
+from mlenv.backends.slurm.settings import SlurmSettings
+from mlenv.backends.slurm.submit import submit
+from mlenv.backends.slurm.waiting import CannotStart, wait_started
+from mlenv.config.model import Bind, Container
+from mlenv.core import remote
+from mlenv.core.capabilities import (
     Check,
     CopyTarget,
     Handle,
@@ -26,17 +38,8 @@ from mlenv.backends.base import (
     Recorder,
     Request,
 )
-from mlenv.backends.fanout import RUNS_DIR
-from mlenv.backends.slurm import jobs, run, script
-from mlenv.backends.slurm import record as recorded
-from mlenv.backends.slurm.checks import slurm_checks
-from mlenv.backends.slurm.jobs import JobInfo
-from mlenv.backends.slurm.login import Login
-from mlenv.backends.slurm.script import SlurmJob, master_port
-from mlenv.backends.slurm.settings import SlurmSettings
-from mlenv.backends.slurm.submit import submit
-from mlenv.backends.slurm.waiting import CannotStart, wait_started
-from mlenv.config.model import Bind, Container
+from mlenv.core.fanout import RUNS_DIR
+from mlenv.core.registry import Records
 from mlenv.errors import ConfigError, OperationError, Problem, UsageError
 from mlenv.plan import JobPlan
 from mlenv.ui import info
@@ -117,6 +120,10 @@ class SlurmBackend:
 
     name = "slurm"
 
+    def __init__(self, records: Records) -> None:
+        self.records = records
+        """mlenv's records (the recorded deployment, the batch jobs submitted), handed to the backend."""
+
     def prepare(self, plan: JobPlan) -> Request:
         """PURE: the allocation's sbatch script, and the handle every later verb works from."""
         settings = _settings(plan)
@@ -152,17 +159,14 @@ class SlurmBackend:
         info(f"allocation {job_id} submitted: {job.nodes} nodes of partition {job.settings.partition}")
         return handle
 
-    @staticmethod
-    def _live_allocation(login: Login, name: str) -> Handle | None:
-        from mlenv import state
-
-        known = state.load().deployments.get(name)
-        job_id = allocation_id(known.handle) if known and known.backend == "slurm" else None
+    def _live_allocation(self, login: Login, name: str) -> Handle | None:
+        known = self.records.handle_of(name)
+        job_id = allocation_id(known) if known and known.backend == self.name else None
         if known is None or job_id is None or not jobs.state(login, job_id).live:
             return None
-        return known.handle
+        return known
 
-    def wait_ready(self, handle: Handle, timeout: float) -> None:
+    def wait_ready(self, handle: Handle, timeout: float, record: Recorder) -> None:
         """Slurm's pending reason live until the allocation runs; then find the master's address there."""
         job_id = self._allocation(handle)
         job = job_from(handle)
@@ -184,7 +188,7 @@ class SlurmBackend:
         master = addresses[0] or head
         allocation = {**handle.data["allocation"], "master_addr": master, "addresses": addresses}
         env = {**handle.env, "MASTER_ADDR": master, "MASTER_PORT": str(master_port(job_id))}
-        recorded.update_handle(replace(handle, env=env, data={**handle.data, "allocation": allocation}))
+        record(replace(handle, env=env, data={**handle.data, "allocation": allocation}))
         info(f"{what} is running on {current.nodelist}; master {head} at {master}:{master_port(job_id)}")
 
     @staticmethod
@@ -199,7 +203,8 @@ class SlurmBackend:
         """The allocation and the recorded batch jobs of ``handle`` (the newest SHOWN_JOBS with ``exit_codes``),
         as Slurm knows them now."""
         login = Login.of(job_from(handle).settings)
-        batch = recorded.jobs(handle.name)[-SHOWN_JOBS:] if exit_codes else recorded.jobs(handle.name)
+        submitted = recorded.jobs(self.records, handle.name)
+        batch = submitted[-SHOWN_JOBS:] if exit_codes else submitted
         allocation = allocation_id(handle)
         ids = [*([allocation] if allocation else []), *(job["id"] for job in batch)]
         return login, jobs.query(login, ids, exit_codes), batch
@@ -352,7 +357,7 @@ class SlurmBackend:
                log_dir: str) -> LaunchOutcome:
         """Run the request: inside the allocation (waiting while it is pending), or as a batch job."""
         job = job_from(handle)
-        this = run.Run(handle, job, Login.of(job.settings), request, Path(log_dir))
+        this = run.Run(handle, job, Login.of(job.settings), request, Path(log_dir), self.records)
         allocation = allocation_id(handle)
         return run.in_allocation(this, allocation, secrets) if allocation else run.batch(this)
 
@@ -371,6 +376,34 @@ class SlurmBackend:
         info(f"cancelled {', '.join(targets)}")
         return 0
 
+    def run_states(self, handle: Handle, run_id: str) -> dict[int, str]:
+        """Node ordinal -> ``<state> (N)`` once the node's supervisor wrote its exit status in the shared run
+        directory (its newest attempt), else ``running`` while the run's step (in the allocation) or batch job is
+        live, else ``-``."""
+        job = job_from(handle)
+        login, found, batch = self._jobs(handle)
+        live = any(found[submitted["id"]].live for submitted in batch if submitted.get("run") == run_id)
+        allocation = allocation_id(handle)
+        if not live and allocation is not None and found[allocation].state == "RUNNING":
+            steps = login.ok(["squeue", "-h", "-s", f"--jobs={allocation}", "-o", "%j"]).split()
+            live = script.step_name(run_id) in steps
+        listed = login.run(["ls", "-1", job.run_path(run_id)])
+        attempts = sorted(int(name[len("attempt-"):]) for name in listed.stdout.decode(errors="replace").split()
+                          if re.fullmatch(r"attempt-\d+", name)) if listed.returncode == 0 else []
+        states: dict[int, str] = {}
+        for node in range(job.nodes):
+            where = f"{job.run_path(run_id)}/attempt-{attempts[-1]}/node{node}" if attempts else None
+            code = login.read(f"{where}/exit", 0).decode(errors="replace").strip() if where else ""
+            if not code.isdigit():
+                states[node] = "running" if live else "-"
+                continue
+            try:
+                recorded = json.loads(login.read(f"{where}/state.json", 0) or b"null")
+            except ValueError:
+                recorded = None
+            state = recorded.get("state") if isinstance(recorded, dict) else None
+            states[node] = f"{state or ('succeeded' if code == '0' else 'failed')} ({code})"
+        return states
 
 def _job_detail(login: Login, job: SlurmJob, run_id: str, current: JobInfo) -> str | None:
     """A batch job's reason while pending, its exit code once ended (from its run's exit file once Slurm has

@@ -13,8 +13,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlenv.backends import remote
-from mlenv.backends.base import Handle, LaunchOutcome, LaunchRequest
 from mlenv.backends.slurm import jobs, record
 from mlenv.backends.slurm.jobs import JobInfo
 from mlenv.backends.slurm.login import Login
@@ -22,6 +20,9 @@ from mlenv.backends.slurm.output import NodeOutput
 from mlenv.backends.slurm.script import EXIT_FILE, OUTPUT_FILE, SlurmJob, step_name
 from mlenv.backends.slurm.submit import SubmitError, ship_runtime, submit
 from mlenv.backends.slurm.waiting import POLL_SECONDS, CannotStart, wait_started
+from mlenv.core import remote
+from mlenv.core.capabilities import Handle, LaunchOutcome, LaunchRequest
+from mlenv.core.registry import Records
 from mlenv.errors import OperationError
 from mlenv.parallel import interrupted_by_sigterm, run_parallel
 from mlenv.ui import info
@@ -41,6 +42,7 @@ class Run:
     login: Login
     request: LaunchRequest
     log_dir: Path
+    records: Records
 
     @property
     def run_id(self) -> str:
@@ -72,7 +74,7 @@ def batch(run: Run) -> LaunchOutcome:
         job_id = submit(run.login, run.run_path, str(run.request.payload))
     except SubmitError as exc:
         return LaunchOutcome(1, {}, {}, message=str(exc))
-    record.remember(run.handle, job_id, run.run_id, spec.script)
+    record.remember(run.records, run.handle, job_id, run.run_id, spec.script)
     info(f"batch job {job_id} submitted to partition {run.job.settings.partition}; its output: "
          f"{run.run_path}/{OUTPUT_FILE}")
     if spec.detach:

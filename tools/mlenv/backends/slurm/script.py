@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import mlenv
-from mlenv.backends.fanout import run_dir
-from mlenv.backends.remote import RUNTIME_DIR, read_secrets
 from mlenv.backends.slurm.settings import SlurmSettings
 from mlenv.config.model import Container
+from mlenv.core.fanout import run_dir
+from mlenv.core.remote import RUNTIME_DIR, read_secrets
 from mlenv.errors import OperationError, UsageError, shown
 from mlenv.render.templates import Templates
 
