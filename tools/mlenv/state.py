@@ -38,12 +38,16 @@ class Deployment:
     handle: Handle
     runs: tuple[dict[str, Any], ...] = ()
     """Launches started with --detach: run id, when, what; newest last."""
+    excluded: tuple[dict[str, Any], ...] = ()
+    """Nodes left out of the next runs: ``{"node", "host", "reason", "since"}``, by node number; the one record of
+    them (nccl-test --pairs --exclude-bad and restarts add, ``mlenv nodes --forget-excluded`` clears)."""
 
     def to_json(self) -> dict[str, Any]:
         """The record in state.json."""
         record = asdict(self)
         record["handle"] = self.handle.to_json()
         record["runs"] = list(self.runs)
+        record["excluded"] = list(self.excluded)
         return record
 
     @classmethod
@@ -51,11 +55,12 @@ class Deployment:
         """Inverse of ``to_json``; TypeError/ValueError/KeyError on a record of another shape."""
         if not isinstance(record, dict):
             raise TypeError("a deployment is not a mapping")
-        fields = {**record, "handle": Handle.from_json(record["handle"]), "runs": tuple(record.get("runs") or ())}
+        fields = {**record, "handle": Handle.from_json(record["handle"]), "runs": tuple(record.get("runs") or ()),
+                  "excluded": tuple(record.get("excluded") or ())}
         deployment = cls(**fields)
         if not (isinstance(deployment.name, str) and isinstance(deployment.cluster_file, str)
                 and isinstance(deployment.mode, str) and isinstance(deployment.nodes, int)
-                and all(isinstance(item, dict) for item in deployment.runs)):
+                and all(isinstance(item, dict) for item in (*deployment.runs, *deployment.excluded))):
             raise TypeError("a deployment field has the wrong type")
         return deployment
 
@@ -160,12 +165,13 @@ def save(state: State) -> None:
 
 
 def record(deployment: Deployment) -> None:
-    """Record (or update) ``deployment`` and make it the current one; its runs are kept."""
+    """Record (or update) ``deployment`` and make it the current one; its runs and excluded nodes are kept."""
     with locked():
         state = load()
         known = state.deployments.get(deployment.name)
         if known is not None:
-            deployment = replace(deployment, runs=known.runs or deployment.runs)
+            deployment = replace(deployment, runs=known.runs or deployment.runs,
+                                 excluded=known.excluded or deployment.excluded)
         state.deployments[deployment.name] = deployment
         state.current = deployment.name
         save(state)
@@ -181,6 +187,38 @@ def update(name: str, *, runs: tuple[dict[str, Any], ...] | None = None, handle:
         state.deployments[name] = replace(known, runs=known.runs if runs is None else runs,
                                           handle=known.handle if handle is None else handle)
         save(state)
+
+
+def exclude(name: str, nodes: dict[int, tuple[str, str]]) -> tuple[dict[str, Any], ...]:
+    """Record ``nodes`` (node number -> (host, why)) as excluded from the deployment ``name``'s next runs; a node
+    already excluded keeps its first reason. The excluded nodes afterwards."""
+    from datetime import datetime, timezone
+
+    since = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    with locked():
+        state = load()
+        known = state.deployments.get(name)
+        if known is None:
+            raise UsageError(f"no deployment {shown(name)} is recorded to exclude nodes of")
+        listed = {int(entry["node"]): entry for entry in known.excluded}
+        for node, (host, reason) in nodes.items():
+            listed.setdefault(node, {"node": node, "host": host, "reason": reason, "since": since})
+        excluded = tuple(listed[node] for node in sorted(listed))
+        state.deployments[name] = replace(known, excluded=excluded)
+        save(state)
+        return excluded
+
+
+def forget_excluded(name: str) -> tuple[dict[str, Any], ...]:
+    """Clear the deployment ``name``'s excluded nodes; those it had."""
+    with locked():
+        state = load()
+        known = state.deployments.get(name)
+        if known is None or not known.excluded:
+            return ()
+        state.deployments[name] = replace(known, excluded=())
+        save(state)
+        return known.excluded
 
 
 def add_job(name: str, job: dict[str, Any], keep: int) -> None:

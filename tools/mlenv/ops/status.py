@@ -21,6 +21,7 @@ def _report(target: Target, current: str | None, tolerant: bool) -> dict[str, An
         "deployed": target.recorded is not None,
         "cluster_file": target.recorded.cluster_file if target.recorded else None,
         "runs": list(target.recorded.runs) if target.recorded else [],
+        "excluded": list(target.recorded.excluded) if target.recorded else [],
     }
     try:
         report["pods"] = [asdict(row) for row in target.backend.status(handle)]
@@ -50,6 +51,9 @@ def _print(report: dict[str, Any]) -> None:
           [[row["name"], row["node"] or "-", row["phase"], "yes" if row["ready"] else "no", row["restarts"],
             row["gpus"], row["ip"] or "-", row["rdma_devices"] or "-", *[row["extra"].get(c, "") for c in extra],
             row["detail"] or ""] for row in rows])
+    for entry in report["excluded"]:
+        print(f"excluded: node-{entry['node']} ({entry.get('host', '-')}) since {entry.get('since', '-')}: "
+              f"{entry.get('reason', '-')}; mlenv nodes --forget-excluded clears")
     if report["runs"]:
         latest = report["runs"][-1]
         states = report.get("run_states", {})
