@@ -343,8 +343,7 @@ def _job_detail(login: Login, job: SlurmJob, run_id: str, current: JobInfo) -> s
         return None
     code = current.exit_code
     if current.state == jobs.GONE and run_id:
-        text = login.read(f"{job.run_path(run_id)}/{script.EXIT_FILE}", 0).decode(errors="replace").strip()
-        code = int(text) if text.isdigit() else None
+        code = run.exit_file(login, job.run_path(run_id))
     return None if code is None else f"exit code {code}"
 
 
