@@ -1,0 +1,100 @@
+"""Slurm's warning signal, checkpoint and requeue on a real Slurm (tests/integration/slurm_cluster.py): a detached
+batch job of 2 nodes x 2 ranks under ``slurm.signal: "USR1@60"`` and ``slurm.requeue: true`` gets ``scancel
+--signal=USR1 --batch``; the batch shell passes it to the 4 ranks, which checkpoint and exit while every other
+process of the step (task shell, runtime, torchrun's agent) lives on; mlenv requeues the job, and the next attempt
+(MLENV_RESTART_COUNT 1) resumes from the checkpoints and completes. Each attempt has its own exit file."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tests.integration.test_slurm_backend import Project, make_project
+
+if TYPE_CHECKING:
+    from tests.integration.slurm_cluster import SlurmCluster
+
+pytest_plugins = ["tests.integration.slurm_cluster"]
+
+# No torch: attempt 0 waits for the warning, writes its checkpoint and exits; attempt 1 resumes from it.
+CHECKPOINTING_JOB = """\
+import os, signal, sys, time
+rank, attempt = os.environ["RANK"], int(os.environ["MLENV_RESTART_COUNT"])
+checkpoint = os.path.join(os.getcwd(), "checkpoints", f"rank{rank}")
+if attempt:
+    with open(checkpoint) as saved:
+        print(f"rank {rank} attempt {attempt} resumed from step {saved.read()} of run {os.environ['MLENV_RUN_ID']}",
+              flush=True)
+    sys.exit(0)
+def save(signum, frame):
+    os.makedirs(os.path.dirname(checkpoint), exist_ok=True)
+    with open(checkpoint, "w") as out:
+        out.write("7")
+    print(f"rank {rank} got {signal.Signals(signum).name}: checkpointed step 7", flush=True)
+    sys.exit(0)
+signal.signal(signal.SIGUSR1, save)
+print(f"rank {rank} attempt {attempt} training", flush=True)
+time.sleep(300)
+print(f"rank {rank} never warned", flush=True)
+sys.exit(1)
+"""
+
+
+def test_the_warning_signal_checkpoints_requeues_and_resumes(tmp_path: Path, slurm_cluster: SlurmCluster) -> None:
+    project: Project = make_project(tmp_path, slurm_cluster, slurm_extra='  signal: "USR1@60"\n  requeue: true\n')
+    (project.home / "workspace" / "ckpt.py").write_text(CHECKPOINTING_JOB)
+    project.ok("sync", "-c", project.name)
+    started = project.ok("launch", "-c", project.name, "--launcher", "torchrun", "--detach", "ckpt.py", timeout=120)
+    job_id = project.submitted(started.stderr)
+    script = slurm_cluster.ok("scontrol", "write", "batch_script", job_id, "-")
+    assert "#SBATCH --signal=B:USR1@60\n#SBATCH --requeue\n" in script
+    (run,) = (project.workdir / ".mlenv" / "runs").iterdir()
+    output = run / "output.log"
+
+    def text() -> str:
+        return output.read_text() if output.exists() else ""
+
+    slurm_cluster.wait(lambda: text().count("attempt 0 training") == 4, "the 4 ranks to train", 120)
+    slurm_cluster.ok("scancel", "--signal=USR1", "--batch", job_id)
+    slurm_cluster.wait(lambda: int(slurm_cluster.job(job_id).get("Restarts", "0")) >= 1, "the requeue", 60)
+    attempt0 = text()
+    assert "mlenv: got SIGUSR1: passing it to every rank" in attempt0
+    assert sorted(re.findall(r"rank (\d) got SIGUSR1: checkpointed step 7", attempt0)) == ["0", "1", "2", "3"]
+    assert f"mlenv: attempt 0 ended after the warning (exit 0): requeueing job {job_id}" in attempt0
+    assert (run / "attempt-0" / "exit").read_text() == "0\n"  # torchrun's agent and the runtime lived on
+    # Slurm holds a requeued job back (Reason=BeginTime) until the first attempt's job credential has expired on
+    # the nodes (about 2 minutes): starting it earlier (scontrol update StartTime=now) only gets it killed with
+    # "Job credential revoked"
+    slurm_cluster.wait(lambda: slurm_cluster.job(job_id).get("Reason") == "BeginTime", "the requeued job to wait", 60)
+    slurm_cluster.wait(lambda: slurm_cluster.state(job_id) == "", "the resumed attempt to end", 360)
+    assert slurm_cluster.job(job_id)["JobState"] == "COMPLETED"
+    assert (run / "attempt-1" / "exit").read_text() == "0\n" and (run / "attempt").read_text() == "1\n"
+    resumed = re.findall(rf"rank (\d) attempt 1 resumed from step 7 of run {run.name}", text())
+    assert sorted(resumed) == ["0", "1", "2", "3"]
+    logs = project.ok("logs", "-c", project.name, timeout=30).stdout
+    for node in (0, 1):  # both attempts of every node: 2 ranks each
+        lines = [line for line in logs.splitlines() if line.startswith(f"[node-{node}] rank ")]
+        assert sum("checkpointed step 7" in line for line in lines) == 2, logs
+        assert sum("attempt 1 resumed from step 7" in line for line in lines) == 2, logs
+    (row,) = project.status()
+    assert (row["phase"], row["detail"]) == ("COMPLETED", "exit code 0")
+
+
+def test_doctor_checks_that_jobs_may_be_requeued(tmp_path: Path, slurm_cluster: SlurmCluster) -> None:
+    from mlenv.backends.slurm.checks import requeue_check
+
+    project = make_project(tmp_path, slurm_cluster, slurm_extra="  requeue: true\n")
+    report = json.loads(project.ok("doctor", "-c", project.name, "--json").stdout)
+    checks = {c["name"]: (c["status"], c["evidence"]) for c in report["checks"]}
+    assert checks["requeue"] == ("PASS", "JobRequeue=1: batch jobs may be requeued")
+    # this Slurm's own configuration, as a site that forbids requeues by default would show it
+    config = slurm_cluster.ok("scontrol", "show", "config")
+    assert re.search(r"^JobRequeue\s*=\s*1$", config, re.MULTILINE)
+    forbidding = re.sub(r"^(JobRequeue\s*=\s*)1$", r"\g<1>0", config, flags=re.MULTILINE)
+    check = requeue_check(forbidding)
+    assert check.status == "WARN" and "this Slurm has JobRequeue=0" in check.evidence
+    without = make_project(tmp_path / "plain", slurm_cluster)
+    plain = json.loads(without.ok("doctor", "-c", without.name, "--json").stdout)
+    assert "requeue" not in {c["name"] for c in plain["checks"]}
