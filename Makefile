@@ -1,13 +1,13 @@
 # mlenv: thin front end over the `mlenv` CLI. `make help` lists the targets.
 # Variables: CLUSTER (deployment, cluster name or file), MODE (rdma|tcp), NODES, IMAGE, OUT, POD, CMD, FOLLOW,
-#            DELETE_DATA, YES, SCRIPT, ARGS, LAUNCHER, DETACH, ENV, NAME, STEPS, SIZES, VENV.
+#            DELETE_DATA, YES, SCRIPT, ARGS, LAUNCHER, DETACH, ENV, NAME, STEPS, SIZES, VENV, LOG_RANK.
 
 SHELL := /bin/bash
 VENV ?= .venv
 # Every value reaches the CLI through the environment ("$$VAR"), never spliced into the shell command line, and
 # verbatim: make does not expand a `$` inside it (make exec CMD='echo $HOSTNAME' echoes each pod's name).
 USER_VARS := CLUSTER MODE NODES IMAGE OUT POD CMD FOLLOW DELETE_DATA YES SCRIPT ARGS LAUNCHER DETACH ENV NAME STEPS \
-             SIZES VENV
+             SIZES VENV LOG_RANK
 $(foreach v,$(USER_VARS),$(if $(filter command line environment,$(origin $(v))),$(eval override $(v) := $$(value $(v)))))
 export $(USER_VARS)
 MLENV = "$$VENV/bin/mlenv"
@@ -80,8 +80,8 @@ shell-multi-node: install ## Interactive shell on node 0 (or POD=N)
 exec: install ## Run CMD="..." on every node (or POD=N) in parallel
 	@$(MLENV) exec $(CLUSTER_OPT) $(POD_OPT) -- sh -c "$$CMD"
 
-logs: install ## The latest run's output of every node (or POD=N); FOLLOW=1 follows it
-	@$(MLENV) logs $(CLUSTER_OPT) $(POD_OPT) $(if $(FOLLOW),--follow)
+logs: install ## The latest run's output of every node (or POD=N, or one rank: LOG_RANK=N); FOLLOW=1 follows it
+	@$(MLENV) logs $(CLUSTER_OPT) $(POD_OPT) $(if $(FOLLOW),--follow) $(if $(LOG_RANK),--rank "$$LOG_RANK")
 
 launch: install ## Run SCRIPT= [ARGS=] [LAUNCHER=deepspeed|torchrun] [ENV="HF_TOKEN ..."] [DETACH=1] on every node
 	@$(MLENV) launch $(CLUSTER_OPT) $(if $(LAUNCHER),--launcher "$$LAUNCHER") $(if $(ARGS),--args "$$ARGS") \

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -100,7 +101,8 @@ def test_variables_reach_the_cli_verbatim(tmp_path: Path, project: LocalProject)
     statefulset = list(yaml.safe_load_all(rendered))[-1]
     assert statefulset["spec"]["template"]["spec"]["containers"][0]["image"] == image  # verbatim, `$` included
     spliced = f"$(shell touch {marker})"  # expanded by make, this would create the marker
-    for variable in ("FOLLOW", "DELETE_DATA", "YES", "POD", "ARGS", "ENV", "NAME", "DETACH", "STEPS", "VENV"):
+    for variable in ("FOLLOW", "DELETE_DATA", "YES", "POD", "ARGS", "ENV", "NAME", "DETACH", "STEPS", "VENV",
+                     "LOG_RANK"):
         shown = make("-n", "clean-cluster", "logs", "launch", "demo", f"{variable}={spliced}")  # print, run nothing
         assert shown.returncode == 0, shown.stderr
     make("status-cluster", f"POD={spliced}", home=project.home)  # and for real, where it runs nothing else
@@ -135,7 +137,11 @@ def test_launch_logs_stop_and_dry_run(project: LocalProject) -> None:
     assert "hf_secret" not in launched.stdout + launched.stderr
     assert not [p for p in (home / "runs").rglob("*") if p.is_file() and "hf_secret" in p.read_text()]
     logs = ok("logs", "POD=0", "FOLLOW=1", home=home).stdout  # a finished run: follow ends with it
-    assert logs == "" or all(line.startswith("[node-0] ") for line in logs.splitlines())
+    assert logs == "" or all(line.startswith(("[node-0] ", "[node-0 r")) for line in logs.splitlines())
+    rank0 = ok("logs", "LOG_RANK=0", home=home).stdout.splitlines()  # tiny.py prints on rank 0 only
+    assert rank0 and all(re.match(r"\[node-\d r0\] ", line) for line in rank0) and "done world_size=4" in rank0[-1]
+    unknown = make("logs", "LOG_RANK=9", home=home)
+    assert unknown.returncode == 2 and "rank 9 is not in the latest run" in unknown.stderr, unknown.stderr
     detached = ok("launch", "SCRIPT=fail.py", "LAUNCHER=torchrun", "DETACH=1", home=home)
     assert "started in the background" in detached.stderr
     stopped = ok("stop", "CLUSTER=mk", home=home).stdout

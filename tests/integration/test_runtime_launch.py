@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 from _prereq import clean_environ, require
+from mlenv.runtime.runlayout import NodeDir
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKSPACE = ROOT / "workspace"
@@ -100,7 +101,7 @@ def check_training(results: list[NodeResult], run_dir: Path) -> str:
     losses = [float(x) for x in re.findall(r"\bstep \d+/30 loss (\d+\.\d{4})", output)]
     assert len(losses) == 4 and losses == sorted(losses, reverse=True)
     for rank in (0, 1):  # each node wrote its own log
-        assert "local_rank" in (run_dir / f"node{rank}.log").read_text()
+        assert "local_rank" in NodeDir(run_dir, 0, rank).log.read_text()
     return output
 
 
@@ -138,13 +139,32 @@ def test_the_examples_end_their_process_group_before_the_interpreter_exits(tmp_p
     assert left == [("0", "0"), ("1", "0")], result.out[-2000:]
 
 
-def test_a_failing_job_fails_the_launch(tmp_path: Path) -> None:
+def test_a_failing_job_fails_the_launch_with_the_rank_s_own_code(tmp_path: Path) -> None:
     require("torch")
     script = tmp_path / "fail.py"
     script.write_text("import os, sys\nprint('rank', os.environ['RANK'], flush=True)\nsys.exit(3)\n")
     (result,) = launch_nodes(tmp_path, "torchrun", [str(script)], nodes=1, nproc=1)
-    assert result.status == 1  # torchrun reports a failed worker as 1
-    assert "rank 0" in result.out
+    assert result.status == 3  # torchrun itself reports a failed worker as 1
+    assert "[node-0 r0] rank 0\n" in result.out
+    assert re.search(r"mlenv: rank 0 \(node-0, pid \d+\) exited with 3 first; last lines: rank 0\n", result.err)
+
+
+def test_a_group_sigterm_reaches_torchrun_once(tmp_path: Path) -> None:
+    """mlenv stops a node's command by SIGTERM to its process group, which holds the recorded launch and its
+    supervisor; the launch also forwards it. torchrun must still get it once, or its orderly stop is cut short."""
+    require("torch")
+    script = tmp_path / "sleeps.py"
+    script.write_text("import time\nprint('sleeping', flush=True)\ntime.sleep(300)\n")
+    env = node_env(0, 1, 1, free_port(), tmp_path / "run")
+    argv = [sys.executable, "-m", "mlenv.runtime", "launch", "--", str(script)]
+    with running([(argv, env)], tmp_path) as (process,):
+        wait_for_line(NodeDir(tmp_path / "run", 0, 0).log, "sleeping")
+        os.killpg(process.pid, signal.SIGTERM)
+        assert process.wait(timeout=60) == 128 + signal.SIGTERM
+    out = (tmp_path / "0.out").read_text()
+    assert out.count("Received 15 death signal") == 1, out
+    state = json.loads(NodeDir(tmp_path / "run", 0, 0).state.read_text())
+    assert (state["state"], state["first_failure"]) == ("stopped", None)
 
 
 def test_rdma_mode_rejects_a_job_that_ran_over_sockets(tmp_path: Path) -> None:
@@ -194,7 +214,7 @@ def start_detached(env: dict[str, str], script: Path) -> int:
     """``launch --detach``: it returns at once with one line; the pid of the detached supervisor."""
     result = runtime(env, "launch", "--detach", "--", str(script), timeout=60)
     assert result.returncode == 0, result.stderr
-    log = Path(env["MLENV_RUN_DIR"]) / "node0.log"
+    log = NodeDir(Path(env["MLENV_RUN_DIR"]), 0, 0).log
     match = re.fullmatch(rf"mlenv: node 0 started in the background: pid (\d+), log {re.escape(str(log))}\n",
                          result.stdout)
     assert match, result.stdout
@@ -240,7 +260,8 @@ def test_a_detached_job_runs_on_and_logs_follow_it_to_its_exit_status(tmp_path: 
     env = detached_env(tmp_path, "run-a", MLENV_CONTAINER_LOG=str(container_log))
     pid = start_detached(env, script)
     run_dir = Path(env["MLENV_RUN_DIR"])
-    record = json.loads((run_dir / "node0.json").read_text())
+    node = NodeDir(run_dir, 0, 0)
+    record = json.loads(node.record.read_text())
     assert (record["pid"], record["host"], record["run_id"], record["node_rank"]) == (pid, HOST, "run-a", 0)
     assert record["argv"][-2:] == ["--", str(script)] and record["started_at"]
     stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -251,16 +272,16 @@ def test_a_detached_job_runs_on_and_logs_follow_it_to_its_exit_status(tmp_path: 
 
     with subprocess.Popen([sys.executable, "-m", "mlenv.runtime", "logs", "--follow"], env=env, cwd=WORKSPACE,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as follower:
-        wait_for_line(run_dir / "node0.log", "rank 0 started")
+        wait_for_line(node.log, "rank 0 started")
         go.touch()
         out, err = follower.communicate(timeout=120)
     assert follower.returncode == 0, err
     assert "rank 0 started" in out and "finished" in out
     assert "mlenv: node 0/1" in out  # the runtime's own notes are in the node log too
-    assert (run_dir / "node0.exit").read_text() == "0\n"
+    assert node.exit.read_text() == "0\n"
     assert "finished" in container_log.read_text()
     [job] = jobs_of(env)
-    assert (job["state"], job["exit_code"]) == ("exited", 0)
+    assert (job["state"], job["exit_code"]) == ("succeeded", 0)
     assert job_processes("run-a") == []
 
 
@@ -275,7 +296,7 @@ def test_stop_ends_a_detached_job_and_every_process_it_started(tmp_path: Path) -
     )
     env = detached_env(tmp_path, "run-b")
     pid = start_detached(env, script)
-    wait_for_line(Path(env["MLENV_RUN_DIR"]) / "node0.log", "child ")
+    wait_for_line(NodeDir(Path(env["MLENV_RUN_DIR"]), 0, 0).log, "child ")
     assert len(job_processes("run-b")) >= 4  # supervisor, torchrun, worker, sleep
 
     again = runtime(env, "launch", "--detach", "--", str(script))
@@ -287,7 +308,7 @@ def test_stop_ends_a_detached_job_and_every_process_it_started(tmp_path: Path) -
     assert (result.returncode, result.stdout) == (0, f"stopped node 0 of run run-b (pid {pid}): ended after SIGTERM\n")
     assert job_processes("run-b") == []
     [job] = jobs_of(env)
-    assert job["state"] == "exited" and job["exit_code"] != 0
+    assert job["state"] == "stopped" and job["exit_code"] != 0
     assert runtime(env, "stop").stdout == "nothing to stop\n"
 
 
@@ -302,10 +323,10 @@ def test_stop_kills_what_ignores_sigterm_after_the_grace_time(tmp_path: Path) ->
     )
     env = detached_env(tmp_path, "run-c")
     pid = start_detached(env, script)
-    wait_for_line(Path(env["MLENV_RUN_DIR"]) / "node0.log", "helper ready")
+    wait_for_line(NodeDir(Path(env["MLENV_RUN_DIR"]), 0, 0).log, "helper ready")
     result = runtime(env, "stop", "--grace", "1")
     assert (result.returncode, result.stdout) == (
         0, f"stopped node 0 of run run-c (pid {pid}): killed with SIGKILL after 1 s\n")
     assert job_processes("run-c") == []
     [job] = jobs_of(env)
-    assert job["state"] == "exited" and job["exit_code"] != 0
+    assert job["state"] == "stopped" and job["exit_code"] != 0

@@ -35,7 +35,7 @@ NO_STOP_GRACE = (sys.executable, "-c", "import mlenv.parallel; mlenv.parallel.ST
                                        "from mlenv.cli import main; main()")
 """mlenv killing what it runs right after SIGTERM: srun dies before it can end its step, as on a slow machine."""
 TRAIN = ("train_multi_node.py", "--engine", "ddp", "--steps", "5")
-DONE = re.compile(r"^\[node-(\d)\] done steps=5 first_loss=([\d.]+) last_loss=([\d.]+) world_size=4$", re.MULTILINE)
+DONE = re.compile(r"^\[node-(\d) r\d\] done steps=5 first_loss=([\d.]+) last_loss=([\d.]+) world_size=4$", re.MULTILINE)
 # No torch: node 1's first process fails at once when asked to, every other one sleeps until stopped.
 FAILING_JOB = """\
 import os, sys, time
@@ -132,6 +132,8 @@ def test_batch_launch_trains_to_a_falling_loss(project: Project, slurm_cluster: 
     assert result.returncode == 0, result.stdout + result.stderr
     first, last = losses(result.stdout)
     assert last < first
+    reported = re.findall(r"^\[node-(\d) r(\d)\] rank (\d)/4 local_rank \d on ", result.stdout, re.MULTILINE)
+    assert sorted(own for _, tag, own in reported if tag == own) == ["0", "1", "2", "3"], result.stdout  # 4 ranks
     job_id = project.submitted(result.stderr)
     assert f"mlenv: job {job_id} on n[1-2], master n1 at " in result.stdout
     assert {"[node-0] mlenv: node 0/2 (mlenv), 2 processes", "[node-1] mlenv: node 1/2 (mlenv), 2 processes"} <= {
@@ -155,17 +157,19 @@ def test_a_failing_node_gives_the_job_its_exit_code(project: Project, slurm_clus
                             env=env, cwd=project.home, stdin=subprocess.DEVNULL, check=False)
     assert result.returncode == 3, result.stdout + result.stderr
     job_id = project.submitted(result.stderr)
-    assert "[node-1] failing on purpose" in result.stdout and "[node-0] secret s3cr3t" in result.stdout
+    assert re.search(r"^\[node-1 r[23]\] failing on purpose$", result.stdout, re.MULTILINE), result.stdout
+    assert re.search(r"^\[node-0 r[01]\] secret s3cr3t$", result.stdout, re.MULTILINE)
+    assert re.search(r"mlenv: rank [23] \(node-1, pid \d+\) exited with 3 first", result.stdout)
     assert "mlenv: node 1 failed first, with exit code 3" in result.stdout
     assert "error: node-1 failed with exit code 3; the other nodes were stopped." in result.stderr
-    assert re.search(r"^node-0 +│ stopped \(exit 143\)", result.stdout, re.MULTILINE)
+    assert re.search(r"^node-0 +│ stopped \(exit (143|3)\)", result.stdout, re.MULTILINE)  # srun's stop, or ours
     assert slurm_cluster.job(job_id)["ExitCode"] == "3:0"
     assert "s3cr3t" not in slurm_cluster.ok("scontrol", "write", "batch_script", job_id, "-")
     (row,) = project.status()
     assert (row["phase"], row["detail"]) == ("FAILED", "exit code 3")
     for follow in ([], ["-f"]):  # the run has ended: following it ends too
         logs = project.ok("logs", "-c", project.name, "--pod", "1", *follow, timeout=30).stdout
-        assert "[node-1] failing on purpose" in logs.splitlines()
+        assert any(re.fullmatch(r"\[node-1 r[23]\] failing on purpose", line) for line in logs.splitlines())
 
 
 def steps(cluster: SlurmCluster, job_id: str) -> list[str]:

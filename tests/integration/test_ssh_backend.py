@@ -48,7 +48,7 @@ sys.stdout.flush()
 time.sleep(300)
 """
 FORWARDED = "s3cr3t value"
-DONE = re.compile(r"^\[node-\d\] done steps=5 first_loss=([\d.]+) last_loss=([\d.]+) world_size=4$", re.MULTILINE)
+DONE = re.compile(r"^\[node-\d r\d\] done steps=5 first_loss=([\d.]+) last_loss=([\d.]+) world_size=4$", re.MULTILINE)
 PORT = re.compile(r"^MASTER_PORT (\d+) \(free on root@127\.0\.0\.40:\d+\), MASTER_ADDR 127\.0\.0\.40$", re.MULTILINE)
 GONE_WITHIN = 20.0
 LAUNCH_TIMEOUT = 240
@@ -212,8 +212,8 @@ def test_launch_trains_on_two_hosts_with_two_processes_each(lab: Lab,
     assert f"--rdzv-endpoint 127.0.0.40:{port[1]}" in result.stdout
     (run,) = [p.name for p in (project.home / "runs").iterdir()]
     on_hosts = lab.shared.workdir / PAIR / ".mlenv" / "runs" / run  # one shared directory, a file per node rank
-    assert sorted(p.name for p in on_hosts.glob("node*.log")) == ["node0.log", "node1.log"]
-    assert [(on_hosts / f"node{rank}.exit").read_text() for rank in (0, 1)] == ["0\n", "0\n"]
+    assert sorted(p.parent.name for p in on_hosts.glob("attempt-0/node*/output.log")) == ["node0", "node1"]
+    assert [(on_hosts / "attempt-0" / f"node{rank}" / "exit").read_text() for rank in (0, 1)] == ["0\n", "0\n"]
 
 
 def test_fail_fast_stops_the_other_host(lab: Lab, deployed: subprocess.CompletedProcess[str]) -> None:

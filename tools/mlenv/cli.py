@@ -317,13 +317,15 @@ def shell(cluster_ref: str | None, pod: int | None) -> None:
 @cluster_option
 @pod_option
 @click.option("-f", "--follow", is_flag=True, help="Keep streaming new lines.")
+@click.option("--rank", type=click.IntRange(min=0), metavar="N",
+              help="Only the lines of global rank N (exit 2 when the latest run has no such rank).")
 @reports_errors
-def logs(cluster_ref: str | None, pod: int | None, follow: bool) -> None:
-    """The latest run's output on every node (or --pod N), each line prefixed [node-N]."""
+def logs(cluster_ref: str | None, pod: int | None, follow: bool, rank: int | None) -> None:
+    """The latest run's output on every node (or --pod N): every rank's lines whole, tagged [node-N rR]."""
     from mlenv.ops.fanout import logs_all
 
     target = _target(cluster_ref)
-    sys.exit(logs_all(target.backend, target.handle, only=pod, follow=follow))
+    sys.exit(logs_all(target.backend, target.handle, only=pod, follow=follow, rank=rank))
 
 
 @main.command()

@@ -24,6 +24,11 @@ READER_GRACE = 2.0
 LineHandler = Callable[[int, str], None]
 
 
+def node_line(ordinal: int, line: str) -> str:
+    """``[node-N] line``; a rank's line, which the runtime tagged ``[node-N rR]``, as it is."""
+    return line if line.startswith(f"[node-{ordinal} r") else f"[node-{ordinal}] {line}"
+
+
 @dataclass(frozen=True)
 class FanoutResult:
     """Exit code per node (negative: ended by that signal), the node that failed first, if any, and the
@@ -121,7 +126,7 @@ def run_parallel(commands: Mapping[int, Sequence[str]], *, fail_fast: bool = Fal
     def emit(ordinal: int, line: str) -> None:
         with lock:
             if echo:
-                sys.stdout.write(f"[node-{ordinal}] {line}\n")
+                sys.stdout.write(node_line(ordinal, line) + "\n")
                 sys.stdout.flush()
             if ordinal in files:
                 files[ordinal].write(line + "\n")

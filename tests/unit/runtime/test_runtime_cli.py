@@ -137,7 +137,7 @@ def test_launch_dry_run_torchrun(run_runtime: Runner) -> None:
     assert shlex.split(command)[1:] == [
         "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
         "--rdzv-endpoint", "127.0.0.1:29555", "--rdzv-id", "run-7", "--rdzv-conf", "is_host=false",
-        "--max-restarts", "0", "--local-addr", "127.0.0.1", __file__, "--steps", "3",
+        "--max-restarts", "0", "--local-addr", "127.0.0.1", "-m", "mlenv.runtime.rank", __file__, "--steps", "3",
     ]
     assert "mlenv: node 1/2 (mlenv), 2 processes, master 127.0.0.1:29555" in result.stderr
 
@@ -149,7 +149,8 @@ def test_launch_dry_run_deepspeed_in_rdma_mode(run_runtime: Runner, tmp_path: Pa
     assert "NCCL_DEBUG=INFO" in variables  # the transport check needs NCCL's INFO lines
     assert shlex.split(command)[1:] == [
         "-m", "deepspeed.launcher.runner", "--no_ssh", "--node_rank", "1", "--num_nodes", "2", "--num_gpus", "3",
-        "--master_addr", "127.0.0.1", "--master_port", "29555", "--hostfile", str(tmp_path / "hostfile.node1"),
+        "--master_addr", "127.0.0.1", "--master_port", "29555",
+        "--hostfile", str(tmp_path / "attempt-0" / "node1" / "hostfile.node1"), "--module", "mlenv.runtime.rank",
         __file__,
     ]
     assert list(tmp_path.iterdir()) == []  # a dry run writes nothing

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from _prereq import clean_environ
+from mlenv.runtime.runlayout import NodeDir
 from runtime_support import Runner
 
 HOST = "ml-dev-env-0"
@@ -25,13 +26,15 @@ def write_record(run_dir: Path, rank: int = 0, *, pid: int, start_ticks: int = 0
                  started_at: str = "2030-01-01T00:00:00.000+00:00", log: str = "",
                  exit_code: int | None = None) -> None:
     """A node's files as ``launch --detach`` leaves them (the log exists before the record)."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / f"node{rank}.log").write_text(log)
+    node = NodeDir(run_dir, 0, rank)
+    node.path.mkdir(parents=True, exist_ok=True)
+    node.log.write_text(log)
     if exit_code is not None:
-        (run_dir / f"node{rank}.exit").write_text(f"{exit_code}\n")
+        node.exit.write_text(f"{exit_code}\n")
     record = {"run_id": run_dir.name, "node_rank": rank, "host": host, "pid": pid, "start_ticks": start_ticks,
-              "started_at": started_at, "argv": ["python3", "-m", "mlenv.runtime", "launch", "--", "train.py"]}
-    (run_dir / f"node{rank}.json").write_text(json.dumps(record))
+              "started_at": started_at, "argv": ["python3", "-m", "mlenv.runtime", "launch", "--", "train.py"],
+              "attempt": 0}
+    node.record.write_text(json.dumps(record))
 
 
 def start_ticks(pid: int) -> int:
@@ -80,12 +83,13 @@ def test_a_reused_pid_is_not_the_job(runtime: Runner, tmp_path: Path, unrelated:
     write_record(tmp_path / "runs/no-marker", pid=unrelated.pid, start_ticks=start_ticks(unrelated.pid))
     found = json.loads(runtime("jobs", "--json").stdout)
     assert [(job["run_id"], job["state"], job["exit_code"]) for job in found] == [
-        ("no-marker", "lost", None), ("old-start", "lost", None)]
+        ("no-marker", "failed", None), ("old-start", "failed", None)]
+    assert found[0]["reason"] == "gone without an exit status"
     result = runtime("stop", "--grace", "0")
     assert (result.returncode, result.stdout) == (0, "nothing to stop\n")
     time.sleep(0.3)
     assert alive(unrelated.pid)
-    assert not (tmp_path / "runs/old-start/node0.exit").exists()
+    assert not NodeDir(tmp_path / "runs/old-start", 0, 0).exit.exists()
 
 
 def test_states_hosts_and_table(runtime: Runner, tmp_path: Path, unrelated: subprocess.Popen[bytes]) -> None:
@@ -93,20 +97,20 @@ def test_states_hosts_and_table(runtime: Runner, tmp_path: Path, unrelated: subp
     write_record(runs / "r1", pid=unrelated.pid, exit_code=0, started_at="2030-01-01T00:00:00.000+00:00")
     write_record(runs / "r2", rank=1, pid=unrelated.pid, exit_code=137, started_at="2030-01-02T00:00:00.000+00:00")
     write_record(runs / "r2", rank=0, pid=unrelated.pid, host="ml-dev-env-1")  # another host's node, shared FS
-    (runs / "r3").mkdir()
-    (runs / "r3" / "node0.json").write_text("{not json")  # unreadable: skipped
+    NodeDir(runs / "r3", 0, 0).path.mkdir(parents=True)
+    NodeDir(runs / "r3", 0, 0).record.write_text("{not json")  # unreadable: skipped
     lines = runtime("jobs").stdout.splitlines()
     assert [line.split()[:5] for line in lines] == [
         ["RUN", "NODE", "STATE", "PID", "STARTED"],
-        ["r1", "0", "exited", "(0)", str(unrelated.pid)],
-        ["r2", "1", "exited", "(137)", str(unrelated.pid)],
+        ["r1", "0", "succeeded", "(0)", str(unrelated.pid)],
+        ["r2", "1", "stopped", "(137)", str(unrelated.pid)],  # killed, with no state of its own: stopped
     ]
-    assert lines[1].endswith(str(runs / "r1" / "node0.log"))
+    assert lines[1].endswith(str(NodeDir(runs / "r1", 0, 0).log))
     other = json.loads(runtime("jobs", "--json", env={"HOSTNAME": "ml-dev-env-1"}).stdout)
     assert [(job["run_id"], job["node_rank"], job["host"], job["state"]) for job in other] == [
-        ("r2", 0, "ml-dev-env-1", "lost")]
-    assert set(other[0]) == {"run_id", "node_rank", "host", "pid", "start_ticks", "started_at", "argv", "state",
-                             "exit_code", "run_dir", "log"}
+        ("r2", 0, "ml-dev-env-1", "failed")]
+    assert set(other[0]) == {"run_id", "node_rank", "host", "pid", "start_ticks", "started_at", "argv", "attempt",
+                             "state", "exit_code", "reason", "first_failure", "ranks", "run_dir", "node_dir", "log"}
 
 
 def test_logs_prints_the_newest_run_of_this_host(runtime: Runner, tmp_path: Path) -> None:
@@ -157,3 +161,18 @@ def test_follow_picks_up_a_job_that_starts_while_waiting(runtime: Runner, tmp_pa
         write_record(tmp_path / "runs/late", pid=NO_PID, log="hello\n", exit_code=0)
         out, err = follower.communicate(timeout=30)
     assert (follower.returncode, out) == (0, "hello\n"), err
+
+
+def test_logs_of_one_rank(runtime: Runner, tmp_path: Path) -> None:
+    lines = "[node-0 r1] a\nmlenv: note\n[node-0 r10] not rank 1\n[node-0] torchrun says\n[node-0 r1] b\n"
+    write_record(tmp_path / "runs/r", pid=NO_PID, log=lines, exit_code=0)
+    ranks = [{"rank": rank, "local_rank": rank - 1, "node": 0, "host": HOST, "pid": 1, "state": "succeeded",
+              "exit_code": 0, "signal": None, "started_at": "t", "ended_at": "t", "last_output_at": None}
+             for rank in (1, 10)]
+    NodeDir(tmp_path / "runs/r", 0, 0).ranks.write_text(json.dumps(ranks))
+    assert runtime("logs", "--rank", "1").stdout == "[node-0 r1] a\n[node-0 r1] b\n"
+    assert runtime("logs", "--rank", "1", "--follow").stdout == "[node-0 r1] a\n[node-0 r1] b\n"
+    unknown = runtime("logs", "--rank", "2")
+    assert (unknown.returncode, unknown.stdout) == (2, "")
+    assert unknown.stderr == "mlenv.runtime logs: error: rank 2 is not on node 0 of run r (its ranks: 1, 10)\n"
+    assert runtime("logs", "--rank", "x").returncode == 2

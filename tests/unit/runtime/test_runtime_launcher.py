@@ -1,4 +1,5 @@
-"""The launcher's command lines, and running a job: output copy, node log, exit status, transport check."""
+"""The launcher's command lines, and running a job under the supervisor: tagged lines, node log, the rank's exit
+status, transport check."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from mlenv.runtime.launcher import (
+    RUNTIME_PARENT,
     Job,
     deepspeed_argv,
     default_nproc,
@@ -18,6 +20,8 @@ from mlenv.runtime.launcher import (
     run_job,
     torchrun_argv,
 )
+from mlenv.runtime.observers import TransportCheck
+from mlenv.runtime.runlayout import NodeDir, read_ranks, read_state
 from mlenv.runtime.topology import Topology
 
 NODE0 = Topology(0, 2, 4, "ml-dev-env-0.ml-dev-env-headless", 29500, "mlenv")
@@ -30,7 +34,7 @@ def test_torchrun_node0_hosts_the_rendezvous() -> None:
         sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "4",
         "--rdzv-backend", "c10d", "--rdzv-endpoint", "ml-dev-env-0.ml-dev-env-headless:29500",
         "--rdzv-id", "ml-dev-env-1a2b", "--rdzv-conf", "is_host=true", "--max-restarts", "0",
-        "--local-addr", "10.128.2.15", "train.py", "--steps", "5",
+        "--local-addr", "10.128.2.15", "-m", "mlenv.runtime.rank", "train.py", "--steps", "5",
     ]
 
 
@@ -47,7 +51,7 @@ def test_deepspeed_without_ssh() -> None:
     assert argv == [
         sys.executable, "-m", "deepspeed.launcher.runner", "--no_ssh", "--node_rank", "1", "--num_nodes", "2",
         "--num_gpus", "4", "--master_addr", "ml-dev-env-0.ml-dev-env-headless", "--master_port", "29500",
-        "--hostfile", "/run/hostfile.node1", "train.py", "--steps", "5",
+        "--hostfile", "/run/hostfile.node1", "--module", "mlenv.runtime.rank", "train.py", "--steps", "5",
     ]
 
 
@@ -79,42 +83,63 @@ def test_local_address_towards_the_master() -> None:
     assert local_address("no-such-host.invalid", 29500) is None
 
 
-def python_job(code: str, expect: str | None = None) -> Job:
-    return Job([sys.executable, "-c", code], {"PYTHONUNBUFFERED": "1"}, {}, {}, expect)
+LAUNCHER = """
+import os, subprocess, sys
+script, nproc = sys.argv[1], int(sys.argv[2])
+ranks = [subprocess.Popen([sys.executable, "-m", "mlenv.runtime.rank", script],
+                          env={**os.environ, "RANK": str(r), "LOCAL_RANK": str(r)}) for r in range(nproc)]
+codes = [rank.wait() for rank in ranks]
+sys.exit(next((c for c in codes if c), 0) and 1)
+"""
+"""A launcher as small as can be: ``nproc`` ranks through the wrapper, exit 1 when one failed (as torchrun)."""
 
 
-def test_run_job_copies_output_to_the_node_log_and_returns_the_exit_status(
+def python_job(tmp_path: Path, code: str, nproc: int = 1, env: dict[str, str] | None = None) -> Job:
+    script = tmp_path / "job.py"
+    script.write_text(code)
+    return Job([sys.executable, "-c", LAUNCHER, str(script), str(nproc)],
+               {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": RUNTIME_PARENT, **(env or {})}, {}, {})
+
+
+def run(job: Job, tmp_path: Path, log: Path | None = None, expect: str | None = None) -> int:
+    return run_job(job, log, node_dir=NodeDir(tmp_path / "run", 0, 0), observers=[TransportCheck(expect)])
+
+
+def test_run_job_copies_tagged_lines_to_the_node_log_and_returns_the_rank_s_exit_status(
     tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    log = tmp_path / "node0.log"
-    status = run_job(python_job("import sys; print('step 1/2 loss 0.5'); sys.stderr.write('oops\\n'); sys.exit(3)"),
-                     log)
-    assert status == 3
-    assert log.read_text() == "step 1/2 loss 0.5\noops\n"
-    assert "step 1/2 loss 0.5" in capfd.readouterr().out
+    log = tmp_path / "output.log"
+    job = python_job(tmp_path, "import sys; print('step 1/2 loss 0.5'); sys.stderr.write('oops\\n'); sys.exit(3)")
+    assert run(job, tmp_path, log) == 3  # the rank's own code, not the launcher's 1
+    lines = log.read_text().splitlines()
+    assert lines[:2] == ["[node-0 r0] step 1/2 loss 0.5", "[node-0 r0] oops"]
+    assert lines[2].startswith("mlenv: rank 0 (node-0, pid ") and " exited with 3 first; last lines: " in lines[2]
+    assert "[node-0 r0] step 1/2 loss 0.5" in capfd.readouterr().out
 
 
 def test_run_job_also_feeds_the_container_log(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     container_log = tmp_path / "pid1-stdout"  # stands for /proc/1/fd/1 in a pod: a pipe read by the runtime
     os.mkfifo(container_log)
     reader = subprocess.Popen(["cat", str(container_log)], stdout=subprocess.PIPE, text=True)
-    job = Job([sys.executable, "-c", "print('step 1/2 loss 0.5')"],
-              {"PYTHONUNBUFFERED": "1", "MLENV_CONTAINER_LOG": str(container_log)}, {}, {}, None)
-    assert run_job(job) == 0
-    assert reader.communicate(timeout=10)[0] == "step 1/2 loss 0.5\n"
-    assert "step 1/2 loss 0.5" in capfd.readouterr().out
+    job = python_job(tmp_path, "print('step 1/2 loss 0.5')", env={"MLENV_CONTAINER_LOG": str(container_log)})
+    assert run(job, tmp_path) == 0
+    assert reader.communicate(timeout=10)[0] == "[node-0 r0] step 1/2 loss 0.5\n"
+    assert "[node-0 r0] step 1/2 loss 0.5" in capfd.readouterr().out
 
 
 def test_an_unwritable_container_log_only_warns(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
-    job = Job([sys.executable, "-c", "print('ok')"],
-              {"MLENV_CONTAINER_LOG": str(tmp_path / "missing" / "stdout")}, {}, {}, None)
-    assert run_job(job) == 0
+    job = python_job(tmp_path, "print('ok')", env={"MLENV_CONTAINER_LOG": str(tmp_path / "missing" / "stdout")})
+    assert run(job, tmp_path) == 0
     captured = capfd.readouterr()
-    assert captured.out == "ok\n" and "not copying output to the container log" in captured.err
+    assert captured.out == "[node-0 r0] ok\n" and "not copying output to the container log" in captured.err
 
 
-def test_run_job_reports_death_by_signal_like_a_shell() -> None:
-    assert run_job(python_job("import os, signal; os.kill(os.getpid(), signal.SIGTERM)")) == 128 + 15
+def test_a_rank_killed_by_a_signal_is_named_and_exits_like_a_shell(tmp_path: Path) -> None:
+    assert run(python_job(tmp_path, "import os, signal; os.kill(os.getpid(), signal.SIGTERM)"), tmp_path) == 128 + 15
+    node_dir = NodeDir(tmp_path / "run", 0, 0)
+    (rank,) = read_ranks(node_dir)
+    assert (rank.state, rank.exit_code, rank.signal) == ("failed", 143, "SIGTERM")
+    assert read_state(node_dir)["first_failure"]["reason"] == "killed by SIGTERM"
 
 
 SOCKET_LINES = (
@@ -123,16 +148,16 @@ SOCKET_LINES = (
 )
 
 
-def test_rdma_expected_but_sockets_used_fails_the_job(capfd: pytest.CaptureFixture[str]) -> None:
-    assert run_job(python_job(SOCKET_LINES, expect="rdma")) == 1
+def test_rdma_expected_but_sockets_used_fails_the_job(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    assert run(python_job(tmp_path, SOCKET_LINES), tmp_path, expect="rdma") == 1
     assert "error: the cluster file asks for rdma but NCCL used SOCKETS" in capfd.readouterr().err
 
 
-def test_rdma_used_passes(capfd: pytest.CaptureFixture[str]) -> None:
+def test_rdma_used_passes(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     rdma = SOCKET_LINES.replace("NET/Socket : Using [0]eth0:10.0.0.5<0>", "NET/IB : Using [0]mlx5_0:1/IB")
-    assert run_job(python_job(rdma.replace("network Socket", "network IB"), expect="rdma")) == 0
+    assert run(python_job(tmp_path, rdma.replace("network Socket", "network IB")), tmp_path, expect="rdma") == 0
     assert "NCCL transport: RDMA (no GDR)" in capfd.readouterr().err
 
 
-def test_a_failed_job_keeps_its_own_status_even_on_sockets() -> None:
-    assert run_job(python_job(SOCKET_LINES + "; raise SystemExit(7)", expect="rdma")) == 7
+def test_a_failed_job_keeps_its_own_status_even_on_sockets(tmp_path: Path) -> None:
+    assert run(python_job(tmp_path, SOCKET_LINES + "; raise SystemExit(7)"), tmp_path, expect="rdma") == 7

@@ -227,4 +227,5 @@ class Backend(Protocol):
         """Stop the running job on every node (the environment stays); exit code."""
 
     def run_states(self, handle: Handle, run_id: str) -> dict[int, str]:
-        """Node ordinal -> what became of run ``run_id`` there: running, exited (N), lost, or - (unknown)."""
+        """Node ordinal -> what became of run ``run_id`` there: its state (docs/runs.md) with the exit code once it
+        ended (``failed (7)``), or - (unknown)."""

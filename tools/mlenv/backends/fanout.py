@@ -7,13 +7,15 @@ from __future__ import annotations
 import json
 import shlex
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from mlenv.backends.base import Handle, LaunchOutcome, LaunchRequest, LaunchSpec, Node
 from mlenv.backends.remote import RUNTIME_DIR, secrets_input
 from mlenv.errors import OperationError
+from mlenv.runtime.runlayout import run_state
 
 RUNS_DIR = f"{RUNTIME_DIR}/runs"
-"""Where each node keeps its runs, relative to its workspace: ``.mlenv/runs/<run id>/node<R>.log``."""
+"""Where each node keeps its runs, relative to its workspace: ``.mlenv/runs/<run id>/attempt-<K>/node<R>/``."""
 MASK = "<forwarded from your environment>"
 
 
@@ -81,34 +83,61 @@ class FanoutJobs:
         return run_parallel(commands).exit_code
 
     def run_states(self, handle: Handle, run_id: str) -> dict[int, str]:
-        """Node ordinal -> ``running``, ``exited (N)``, ``lost`` or ``-``, from the runtime's ``jobs --json``."""
+        """Node ordinal -> its state of run ``run_id`` (``failed (7)`` once it ended), or ``-``."""
+        return {ordinal: _state(job) for ordinal, job in self._node_jobs(handle, run_id).items()}
+
+    def latest_run(self, handle: Handle, run_id: str) -> dict[str, Any]:
+        """Run ``run_id`` as its nodes' supervisors recorded it (docs/runs.md): ``{"id", "state", "attempt",
+        "ranks", "first_failure", "nodes": {ordinal: state}}``."""
+        jobs = self._node_jobs(handle, run_id)
+        known = [job for job in jobs.values() if job is not None]
+        failures = [job["first_failure"] for job in known if job.get("first_failure")]  # the same on every node
+        return {"id": run_id, "state": run_state([str(job.get("state")) for job in known]),
+                "attempt": max((int(job.get("attempt", 0)) for job in known), default=0),
+                "ranks": sorted((rank for job in known for rank in job.get("ranks", [])),
+                                key=lambda rank: rank["rank"]),
+                "first_failure": failures[0] if failures else None,
+                "nodes": {ordinal: _state(job) for ordinal, job in jobs.items()}}
+
+    def rank_nodes(self, handle: Handle) -> dict[int, int]:
+        """Global rank -> the ordinal of the node it ran on, in each node's newest run."""
+        return {rank["rank"]: ordinal for ordinal, job in self._node_jobs(handle, None).items() if job
+                for rank in job.get("ranks", [])}
+
+    def _node_jobs(self, handle: Handle, run_id: str | None) -> dict[int, dict[str, Any] | None]:
+        """Node ordinal -> its runtime's ``jobs --json`` entry of ``run_id`` (its newest run when None; None: none
+        there, or unreadable)."""
         from mlenv.parallel import run_parallel
 
         output: dict[int, list[str]] = {}
         nodes = self.nodes(handle)
         commands = {n.ordinal: self.exec_argv(handle, n, self.runtime(handle, "jobs", "--json")) for n in nodes}
         run_parallel(commands, echo=False, on_line=lambda node, line: output.setdefault(node, []).append(line))
-        return {node.ordinal: _state("\n".join(output.get(node.ordinal, [])), run_id) for node in nodes}
+        return {node.ordinal: _job("\n".join(output.get(node.ordinal, [])), run_id) for node in nodes}
 
-    def logs_argv(self, handle: Handle, node: Node, follow: bool) -> list[str]:
+    def logs_argv(self, handle: Handle, node: Node, follow: bool, rank: int | None = None) -> list[str]:
         """The runtime's ``logs`` of the node's latest run (``--follow`` ends with the job, or when the local side
-        goes away)."""
-        return self.exec_argv(handle, node, self.runtime(handle, "logs", *(["--follow"] if follow else [])),
-                              stop_on_stdin_eof=follow)
+        goes away; ``rank``: only that global rank's lines)."""
+        options = [*(["--follow"] if follow else []), *(["--rank", str(rank)] if rank is not None else [])]
+        return self.exec_argv(handle, node, self.runtime(handle, "logs", *options), stop_on_stdin_eof=follow)
 
 
-def _state(jobs_json: str, run_id: str) -> str:
-    """What one node's ``jobs --json`` says of ``run_id``."""
+def _job(jobs_json: str, run_id: str | None) -> dict[str, Any] | None:
+    """One node's ``jobs --json`` entry of ``run_id`` (of its newest run when None)."""
     try:
         jobs = json.loads(jobs_json or "[]")
     except ValueError:
-        return "?"
-    mine = [job for job in jobs if isinstance(job, dict) and job.get("run_id") == run_id] if isinstance(jobs, list) \
-        else []
-    if not mine:
+        return None
+    mine = [job for job in jobs if isinstance(job, dict) and run_id in (None, job.get("run_id"))] \
+        if isinstance(jobs, list) else []
+    return mine[-1] if mine else None
+
+
+def _state(job: dict[str, Any] | None) -> str:
+    if job is None:
         return "-"
-    code = mine[-1].get("exit_code")
-    return f"exited ({code})" if code is not None else str(mine[-1].get("state", "?"))
+    code = job.get("exit_code")
+    return f"{job.get('state', '?')} ({code})" if code is not None else str(job.get("state", "?"))
 
 
 def launch_text(handle: Handle, spec: LaunchSpec, env: Mapping[str, str],

@@ -24,7 +24,8 @@ from mlenv.ops.target import Target
 from mlenv.runtime.ncclog import SOCKETS, UNKNOWN, LogReport, contradicts, parse_nccl_log
 
 PEAK = re.compile(r"peak_busbw_gbps=([\d.]+) size_bytes=(\d+)")
-RESULT = re.compile(r"^allreduce +(\d+) +([\d.]+) +([\d.]+) +([\d.]+) *$", re.MULTILINE)
+RESULT = re.compile(r"^(?:\[node-\d+ r0\] )?allreduce +(\d+) +([\d.]+) +([\d.]+) +([\d.]+) *$", re.MULTILINE)
+"""A result line of the benchmark's rank 0, as the runtime tagged it ([node-N r0])."""
 """A line of the benchmark's table: size_bytes time_us algbw_GBps busbw_GBps."""
 PASS_RATIO = 0.8
 """PASS from this share of the expected bus bandwidth at the largest size."""

@@ -21,13 +21,19 @@ def _report(target: Target, current: str | None, tolerant: bool) -> dict[str, An
         "deployed": target.recorded is not None,
         "cluster_file": target.recorded.cluster_file if target.recorded else None,
         "runs": list(target.recorded.runs) if target.recorded else [],
+        "latest_run": None,  # the latest detached run, as its nodes' supervisors recorded it (docs/runs.md)
         "excluded": list(target.recorded.excluded) if target.recorded else [],
     }
     try:
         report["pods"] = [asdict(row) for row in target.backend.status(handle)]
         if report["runs"] and report["pods"]:
             latest = report["runs"][-1]["id"]
-            report["run_states"] = {str(n): s for n, s in target.backend.run_states(handle, latest).items()}
+            if hasattr(target.backend, "latest_run"):  # the fanout backends' supervisors' records
+                run = target.backend.latest_run(handle, latest)
+                report["run_states"] = {str(n): s for n, s in run.pop("nodes").items()}
+                report["latest_run"] = run
+            else:
+                report["run_states"] = {str(n): s for n, s in target.backend.run_states(handle, latest).items()}
     except MlenvError as exc:
         if not tolerant:
             raise
@@ -58,10 +64,14 @@ def _print(report: dict[str, Any]) -> None:
         latest = report["runs"][-1]
         states = report.get("run_states", {})
         running = sum(state == "running" for state in states.values())
+        run = report.get("latest_run") or {}
         print(f"latest detached run: {latest['id']} ({latest['script']}, started {latest['started']}): "
-              f"running on {running}/{len(states)} nodes "
+              f"{run.get('state') or 'state unknown'}, running on {running}/{len(states)} nodes "
               f"({', '.join(f'node-{n} {s}' for n, s in sorted(states.items()))}); "
               "mlenv logs -f follows it, mlenv stop stops it")
+        if run.get("first_failure"):
+            failure = run["first_failure"]
+            print(f"first failure: rank {failure['rank']} (node-{failure['node']}) {failure['reason']}")
 
 
 def show(cluster_ref: str | None, every: bool, as_json: bool) -> int:

@@ -7,6 +7,7 @@ Exit status: 0 ok, 1 the check or the job failed, 2 bad input (one line on stder
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import shlex
@@ -15,24 +16,15 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import IO, Any, NoReturn, cast
 
 from .doctor import examine, render
-from .jobs import (
-    POLL_SECONDS,
-    JobError,
-    NodeFiles,
-    NodeJob,
-    follow_log,
-    host_jobs,
-    runs_root,
-    start_recorded,
-    stop_jobs,
-    write_atomic,
-)
+from .jobs import POLL_SECONDS, JobError, NodeJob, follow_log, host_jobs, start_recorded, stop_jobs
 from .launcher import LAUNCHERS, forwarding_signals, launch
 from .nccl import detect_nccl_env
 from .ncclog import CONTRADICTS, contradicts, parse_nccl_log
+from .observers import observers_for
+from .runlayout import NodeDir, attempt_of, read_ranks, runs_root, write_atomic
 from .topology import TopologyError, detect_topology, host_name
 
 LOG_WAIT_SECONDS = 60.0
@@ -63,6 +55,12 @@ def _seconds(text: str) -> float:
     if not 0 <= value < float("inf"):
         raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}")
     return value
+
+
+def _rank(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a rank (0, 1, ...), got {text!r}")
+    return int(text)
 
 
 def _run_id(text: str) -> str:
@@ -101,17 +99,18 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--nproc", type=_positive_int, metavar="N",
                      help="processes on this node (default: $MLENV_PROCS_PER_NODE, else one per GPU, else 1)")
     run.add_argument("--run-dir", type=Path, metavar="DIR",
-                     help="write node<R>.log and the hostfile there (default: $MLENV_RUN_DIR)")
+                     help="the run's directory: this node's records, output.log and hostfile go to "
+                          "DIR/attempt-<K>/node<R>/ (default: $MLENV_RUN_DIR)")
     mode = run.add_mutually_exclusive_group()
     mode.add_argument("--dry-run", action="store_true", help="print the added variables and the command")
     mode.add_argument("--detach", action="store_true",
-                      help="run in the background (needs a run directory): node<R>.log, node<R>.json, node<R>.exit")
+                      help="run in the background (needs a run directory); docs/runs.md has its files")
     run.add_argument("--exit-file", type=Path, help=argparse.SUPPRESS)  # the recorded supervisor's
     run.add_argument("--detached-supervisor", action="store_true", help=argparse.SUPPRESS)  # stdout is the log
     run.add_argument("job", nargs=argparse.REMAINDER, help="the script and its arguments, after --")
 
     runs_help = "where the runs are (default: $MLENV_RUNS_ROOT, else .mlenv/runs)"
-    jobs = commands.add_parser("jobs", help="this host's detached jobs: running, exited (code) or lost")
+    jobs = commands.add_parser("jobs", help="this host's jobs and their states (running, succeeded, failed, ...)")
     jobs.add_argument("--runs-root", type=Path, metavar="DIR", help=runs_help)
     jobs.add_argument("--json", action="store_true", help="print a JSON list")
 
@@ -124,6 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     logs = commands.add_parser("logs", help="print this node's log of a detached job")
     logs.add_argument("--runs-root", type=Path, metavar="DIR", help=runs_help)
     logs.add_argument("--run", type=_run_id, metavar="ID", help="default: the newest run with a job of this host")
+    logs.add_argument("--rank", type=_rank, metavar="N", help="only the lines of global rank N (exit 2: not here)")
     logs.add_argument("-f", "--follow", action="store_true",
                       help="print new lines until the job ends, then exit with its exit status")
     logs.add_argument("--wait", type=_seconds, default=LOG_WAIT_SECONDS, metavar="SECONDS",
@@ -211,7 +211,8 @@ def _launch(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     if args.detach or (run_dir is not None and args.exit_file is None and not args.dry_run):
         return _recorded(args, environ, launcher, job, run_dir)
     return launch(job, launcher=launcher, environ=environ, nproc=args.nproc, run_dir=run_dir,
-                  dry_run=args.dry_run, node_log=args.exit_file is None or not args.detached_supervisor)
+                  dry_run=args.dry_run, node_log=args.exit_file is None or not args.detached_supervisor,
+                  observers=observers_for(args, environ))
 
 
 def _recorded(
@@ -222,14 +223,14 @@ def _recorded(
     if run_dir is None:
         raise BadInput("launch --detach needs a run directory: --run-dir DIR or MLENV_RUN_DIR")
     rank = detect_topology(environ).node_rank
-    files = NodeFiles(run_dir.absolute(), rank)
+    files = NodeDir(run_dir.absolute(), attempt_of(environ), rank)
     supervisor = [sys.executable, "-m", "mlenv.runtime", "launch", "--launcher", launcher,
                   *(["--nproc", str(args.nproc)] if args.nproc else []), "--run-dir", str(files.run_dir),
                   "--exit-file", str(files.exit), *(["--detached-supervisor"] if args.detach else []), "--", *job]
     process, record = start_recorded(supervisor, files, run_id=environ.get("MLENV_RUN_ID") or files.run_dir.name,
                                      host=host_name(environ), environ=environ, detached=args.detach)
     if args.detach:
-        print(f"mlenv: node {rank} started in the background: pid {record.pid}, log {run_dir / files.log.name}")
+        print(f"mlenv: node {rank} started in the background: pid {record.pid}, log {files.log}")
         return 0
     with forwarding_signals(process):
         status = process.wait()
@@ -254,7 +255,7 @@ def _jobs(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 
 
 def _state(job: NodeJob) -> str:
-    return f"exited ({job.exit_code})" if job.exit_code is not None else job.state
+    return f"{job.state} ({job.exit_code})" if job.exit_code is not None else job.state
 
 
 def _stop(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
@@ -282,18 +283,44 @@ def _logs(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
             raise BadInput(f"no job of {host} in run {args.run} under {root}")
         else:
             raise JobError(f"no job of {host} under {root}")
+    out: IO[bytes] = sys.stdout.buffer
+    if args.rank is not None:
+        known = sorted(rank.rank for rank in read_ranks(job.files))
+        if args.rank not in known:
+            raise BadInput(f"rank {args.rank} is not on node {job.record.node_rank} of run {job.record.run_id} "
+                           f"(its ranks: {', '.join(map(str, known)) or 'none yet'})")
+        out = cast(IO[bytes], RankLines(out, job.record.node_rank, args.rank))
     if not args.follow:
         with job.files.log.open("rb") as log:
-            shutil.copyfileobj(log, sys.stdout.buffer)
+            shutil.copyfileobj(log, out)
+        out.flush()
         return 0
     try:
-        code = follow_log(job, sys.stdout.buffer)
+        code = follow_log(job, out)
     except KeyboardInterrupt:
         return 130  # stopped following; the job goes on
     if code is None:
         print(f"mlenv: {job.describe()} is gone without an exit status", file=sys.stderr)
         return 1
     return code
+
+
+class RankLines(io.RawIOBase):
+    """A writer that passes on only the whole lines of one rank (``[node-R rN] ...``)."""
+
+    def __init__(self, out: IO[bytes], node: int, rank: int) -> None:
+        self.out, self.prefix, self.pending = out, f"[node-{node} r{rank}] ".encode(), b""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        *lines, self.pending = (self.pending + bytes(data)).split(b"\n")
+        self.out.write(b"".join(line + b"\n" for line in lines if line.startswith(self.prefix)))
+        return len(data)
+
+    def flush(self) -> None:
+        self.out.flush()
 
 
 def _node_job(jobs: list[NodeJob], environ: Mapping[str, str]) -> NodeJob | None:

@@ -1,8 +1,9 @@
 """Detached jobs: this node's share of a job started in the background, then listed, followed and stopped.
 
-A run directory holds, for each node R: ``node<R>.log`` (the output), ``node<R>.json`` (the record: pid of the
-detached supervisor, which leads its own session and process group, host, run id, argv, start time) and, once
-the job has ended, ``node<R>.exit`` (its exit status). Runs may live on a filesystem that several hosts share,
+A run directory holds, for each attempt K and node R, ``attempt-<K>/node<R>/`` (runlayout.py, docs/runs.md):
+``output.log``, ``record.json`` (pid of the supervisor, which leads its own session and process group when
+detached, host, run id, argv, start time, attempt), ``ranks.json``, ``state.json`` and, once the job has ended,
+``exit`` (its exit status). Runs may live on a filesystem that several hosts share,
 so callers act only on the records of their own host, and only on processes that really are the job's: the
 supervisor must have the recorded start time, and every process of the job carries ``MLENV_JOB=<record>`` in
 its environment (inherited from the supervisor), so a reused PID is never taken for the job.
@@ -10,9 +11,9 @@ its environment (inherited from the supervisor), so a reused PID is never taken 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import re
 import signal
 import subprocess
 import time
@@ -23,43 +24,30 @@ from pathlib import Path
 from typing import IO, NamedTuple
 
 from .readfs import read_int
+from .runlayout import (
+    FAILED,
+    RUNNING,
+    STOPPED,
+    SUCCEEDED,
+    NodeDir,
+    latest_node_dirs,
+    read_ranks,
+    read_state,
+    write_atomic,
+)
+from .supervisor import JOB_VARIABLE
 
-JOB_VARIABLE = "MLENV_JOB"
-"""Set to the record's path in the supervisor's environment; every process of the job inherits it."""
-DEFAULT_RUNS_ROOT = Path(".mlenv", "runs")
-RUNNING, EXITED, LOST = "running", "exited", "lost"
 POLL_SECONDS = 0.2
 KILL_WAIT_SECONDS = 5.0
-_RECORD = re.compile(r"node(\d+)\.json")
 
 
 class JobError(Exception):
     """A job operation that cannot be done (exit status 1)."""
 
 
-@dataclass(frozen=True)
-class NodeFiles:
-    """Where one node's job keeps its files in a run directory."""
-
-    run_dir: Path
-    rank: int
-
-    @property
-    def log(self) -> Path:
-        return self.run_dir / f"node{self.rank}.log"
-
-    @property
-    def record(self) -> Path:
-        return self.run_dir / f"node{self.rank}.json"
-
-    @property
-    def exit(self) -> Path:
-        return self.run_dir / f"node{self.rank}.exit"
-
-    @property
-    def marker(self) -> bytes:
-        """``MLENV_JOB=<record>``, as it appears in the environment of the job's processes."""
-        return f"{JOB_VARIABLE}={self.record.resolve()}".encode()
+def job_marker(files: NodeDir) -> bytes:
+    """``MLENV_JOB=<record>``, as it appears in the environment of the job's processes."""
+    return f"{JOB_VARIABLE}={files.record.resolve()}".encode()
 
 
 @dataclass(frozen=True)
@@ -73,6 +61,7 @@ class Record:
     start_ticks: int  # its start time in clock ticks after boot (/proc/<pid>/stat), which PID reuse cannot fake
     started_at: str  # ISO 8601, UTC
     argv: tuple[str, ...]
+    attempt: int = 0
 
     @classmethod
     def load(cls, path: Path) -> Record | None:
@@ -80,7 +69,8 @@ class Record:
         try:
             data = json.loads(path.read_text())
             return cls(str(data["run_id"]), int(data["node_rank"]), str(data["host"]), int(data["pid"]),
-                       int(data["start_ticks"]), str(data["started_at"]), tuple(map(str, data["argv"])))
+                       int(data["start_ticks"]), str(data["started_at"]), tuple(map(str, data["argv"])),
+                       int(data.get("attempt", 0)))
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
@@ -92,15 +82,24 @@ class Record:
 class NodeJob:
     """A node's job and what became of it."""
 
-    files: NodeFiles
+    files: NodeDir
     record: Record
-    state: str  # running, exited or lost (gone without an exit status)
+    state: str  # a run state (runlayout.RUN_STATES)
     exit_code: int | None
 
     def to_dict(self) -> dict[str, object]:
-        """The JSON shape of one job in ``jobs --json``."""
+        """The JSON shape of one job in ``jobs --json``: the record, state, exit code, the node's ranks and the
+        first failure of the job as this node knows it."""
+        recorded = read_state(self.files)
         return {**self.record.to_dict(), "state": self.state, "exit_code": self.exit_code,
-                "run_dir": str(self.files.run_dir), "log": str(self.files.log)}
+                "reason": recorded.get("reason") or ("gone without an exit status" if self.lost else None),
+                "first_failure": recorded.get("first_failure"),
+                "ranks": [rank.to_dict() for rank in read_ranks(self.files)],
+                "run_dir": str(self.files.run_dir), "node_dir": str(self.files.path), "log": str(self.files.log)}
+
+    @property
+    def lost(self) -> bool:
+        return self.state == FAILED and self.exit_code is None
 
     def describe(self) -> str:
         return f"node {self.record.node_rank} of run {self.record.run_id} (pid {self.record.pid})"
@@ -130,13 +129,13 @@ class _Process(NamedTuple):
 
 
 def start_recorded(
-    argv: Sequence[str], files: NodeFiles, *, run_id: str, host: str, environ: Mapping[str, str],
+    argv: Sequence[str], files: NodeDir, *, run_id: str, host: str, environ: Mapping[str, str],
     detached: bool, proc_root: str | Path = "/proc",
 ) -> tuple[subprocess.Popen[bytes], Record]:
     """Start ``argv`` (the supervisor, which writes the exit file) and write its record. ``detached``: in a
     session of its own, stdin from /dev/null and output appended to the node log; else in this process's
     session with this process's stdout (the caller waits for it)."""
-    files.run_dir.mkdir(parents=True, exist_ok=True)
+    files.path.mkdir(parents=True, exist_ok=True)
     previous = node_job(files, proc_root)
     if previous is not None and previous.state == RUNNING:
         raise JobError(f"{previous.describe()} is still running; stop it first")
@@ -151,17 +150,10 @@ def start_recorded(
     stat = _stat(process.pid, proc_root)  # our child: readable until we wait for it, even after it ended
     if stat is None:
         raise JobError(f"cannot read the start time of the job's process {process.pid}")
-    record = Record(run_id, files.rank, host, process.pid, stat.start_ticks,
-                    datetime.now(timezone.utc).isoformat(timespec="milliseconds"), tuple(argv))
+    record = Record(run_id, files.node, host, process.pid, stat.start_ticks,
+                    datetime.now(timezone.utc).isoformat(timespec="milliseconds"), tuple(argv), files.attempt)
     write_atomic(files.record, json.dumps(record.to_dict(), indent=2) + "\n")
     return process, record
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Replace ``path`` at once, so that readers see the old or the new content, never a part."""
-    temporary = path.with_name(f".{path.name}.{os.getpid()}")
-    temporary.write_text(text)
-    temporary.replace(path)
 
 
 def read_exit(path: Path) -> int | None:
@@ -169,13 +161,9 @@ def read_exit(path: Path) -> int | None:
     return read_int(path)
 
 
-def runs_root(environ: Mapping[str, str]) -> Path:
-    """``$MLENV_RUNS_ROOT``, else ``.mlenv/runs`` in the current directory (the workspace)."""
-    return Path(environ["MLENV_RUNS_ROOT"]) if environ.get("MLENV_RUNS_ROOT") else DEFAULT_RUNS_ROOT
-
-
-def node_job(files: NodeFiles, proc_root: str | Path = "/proc") -> NodeJob | None:
-    """The job recorded in ``files``, with its state; None without a readable record."""
+def node_job(files: NodeDir, proc_root: str | Path = "/proc") -> NodeJob | None:
+    """The job recorded in ``files``, with its state; None without a readable record. A job gone without an
+    exit status is ``failed`` (lost)."""
     record = Record.load(files.record)
     if record is None:
         return None
@@ -184,7 +172,15 @@ def node_job(files: NodeFiles, proc_root: str | Path = "/proc") -> NodeJob | Non
         return NodeJob(files, record, RUNNING, None)
     if code is None:
         code = read_exit(files.exit)  # it may have ended since the first look
-    return NodeJob(files, record, LOST if code is None else EXITED, code)
+    if code is None:
+        return NodeJob(files, record, FAILED, None)
+    recorded = str(read_state(files).get("state") or "")
+    return NodeJob(files, record, recorded if recorded and recorded != RUNNING else _ended(code), code)
+
+
+def _ended(code: int) -> str:
+    """The state of a job that ended with ``code`` and left no state of its own (killed before writing it)."""
+    return SUCCEEDED if code == 0 else STOPPED if code in (128 + signal.SIGTERM, 128 + signal.SIGKILL) else FAILED
 
 
 def host_jobs(root: Path, host: str, run_id: str | None = None, proc_root: str | Path = "/proc") -> list[NodeJob]:
@@ -194,19 +190,22 @@ def host_jobs(root: Path, host: str, run_id: str | None = None, proc_root: str |
     return sorted(jobs, key=lambda job: (job.record.started_at, job.record.run_id, job.record.node_rank))
 
 
-def _node_files(runs: Iterable[Path]) -> Iterator[NodeFiles]:
+def _node_files(runs: Iterable[Path]) -> Iterator[NodeDir]:
     for run in runs:
-        entries = sorted(run.iterdir()) if run.is_dir() else []
-        ranks = sorted(int(match[1]) for entry in entries if (match := _RECORD.fullmatch(entry.name)))
-        yield from (NodeFiles(run, rank) for rank in ranks)
+        yield from latest_node_dirs(run)
 
 
 def stop_jobs(jobs: Sequence[NodeJob], grace: float, proc_root: str | Path = "/proc") -> list[Stopped]:
-    """SIGTERM every process of ``jobs``, SIGKILL what is left after ``grace`` seconds; record the exit status
-    of the jobs whose supervisor could not (killed before writing it)."""
+    """SIGTERM each job's live supervisor, which stops its job in order and records it as stopped (every process
+    of a job without one), SIGKILL what is left after ``grace`` seconds; record the exit status of the jobs whose
+    supervisor could not (killed before writing it)."""
     processes = _processes(proc_root)
     targets = [job for job in jobs if _members(job, processes, proc_root)]
-    _signal_all(targets, signal.SIGTERM, proc_root)
+    supervised = [job for job in targets if is_running(job.record, job.files, proc_root)]
+    for job in supervised:  # once: not also to its ranks, which it would then take for failed
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(job.record.pid, signal.SIGTERM)
+    _signal_all([job for job in targets if job not in supervised], signal.SIGTERM, proc_root)
     survivors = _wait_until_gone(targets, grace, proc_root)
     _signal_all(survivors, signal.SIGKILL, proc_root)
     left = _wait_until_gone(survivors, KILL_WAIT_SECONDS, proc_root, resend=signal.SIGKILL)
@@ -217,6 +216,8 @@ def stop_jobs(jobs: Sequence[NodeJob], grace: float, proc_root: str | Path = "/p
         remaining = len(_members(job, processes, proc_root)) if job in left else 0
         if not remaining and read_exit(job.files.exit) is None:
             write_atomic(job.files.exit, f"{128 + last}\n")
+            write_atomic(job.files.state, json.dumps({**read_state(job.files), "state": STOPPED,
+                                                      "reason": f"stopped by {last.name}"}) + "\n")
         stopped.append(Stopped(job, last, remaining))
     return stopped
 
@@ -225,7 +226,8 @@ def _members(job: NodeJob, processes: Iterable[_Process], proc_root: str | Path)
     """The job's live processes: those carrying its ``MLENV_JOB`` marker, and the supervisor's process group
     while the supervisor is the recorded one."""
     group = job.record.pid if is_running(job.record, job.files, proc_root) else None
-    return [p.pid for p in processes if p.stat.group == group or job.files.marker in p.environ]
+    marker = job_marker(job.files)
+    return [p.pid for p in processes if p.stat.group == group or marker in p.environ]
 
 
 def follow_log(job: NodeJob, out: IO[bytes], proc_root: str | Path = "/proc") -> int | None:
@@ -276,11 +278,11 @@ def _wait_until_gone(
     return remaining
 
 
-def is_running(record: Record, files: NodeFiles, proc_root: str | Path = "/proc") -> bool:
+def is_running(record: Record, files: NodeDir, proc_root: str | Path = "/proc") -> bool:
     """Whether the recorded pid is still the job's live supervisor: same start time, the job's marker."""
     stat = _stat(record.pid, proc_root)
     return (stat is not None and stat.state not in "ZX" and stat.start_ticks == record.start_ticks
-            and files.marker in _environ(record.pid, proc_root))
+            and job_marker(files) in _environ(record.pid, proc_root))
 
 
 def _processes(proc_root: str | Path) -> list[_Process]:

@@ -1,8 +1,9 @@
 """Start the job on this node: torchrun with a c10d rendezvous, or DeepSpeed's launcher without ssh.
 
-Run the same command on every node. The job's output goes to stdout and, with a run directory, to
-``<run_dir>/node<R>.log``; its exit status becomes ours. When the cluster file asked for RDMA, the
-NCCL lines of the output are checked afterwards and a job that ran over sockets fails.
+Run the same command on every node. Each rank runs through ``mlenv.runtime.rank`` under this node's supervisor
+(supervisor.py): its lines go, whole and tagged, to stdout and, with a run directory, to
+``<run_dir>/attempt-<K>/node<R>/output.log``; the first failing rank's exit status becomes ours. When the
+cluster file asked for RDMA, the transport observer checks NCCL's lines and a job that ran over sockets fails.
 """
 
 from __future__ import annotations
@@ -16,18 +17,25 @@ import sys
 import tempfile
 import zlib
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
 from .host import visible_gpu_count
 from .nccl import NcclEnv, detect_nccl_env
-from .ncclog import contradicts, parse_nccl_log
-from .topology import DEFAULT_APP_NAME, Topology, detect_topology
+from .observers import Observer, expected_transport
+from .runlayout import NodeDir, attempt_of
+from .supervisor import FORWARDED_SIGNALS, Sinks, Supervisor
+from .topology import DEFAULT_APP_NAME, Topology, detect_topology, host_name
 
 LAUNCHERS = ("torchrun", "deepspeed")
-FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+RANK_MODULE = "mlenv.runtime.rank"
+"""What torchrun and DeepSpeed start for each rank (``-m``/``--module``): the wrapper that runs the script."""
+RUNTIME_PARENT = str(Path(__file__).resolve().parents[2])
+"""The directory holding the ``mlenv`` package, on the workers' PYTHONPATH so that they find the wrapper."""
+CONTROL_PORT_OFFSET = 1
+"""Node 0's supervisor listens for the others on MASTER_PORT + 1."""
 CONTAINER_LOG_VARIABLE = "MLENV_CONTAINER_LOG"
 """Set by the rendered StatefulSet: where the container's own stdout can be opened (e.g. /proc/1/fd/1)."""
 
@@ -40,13 +48,13 @@ class Job:
     env: dict[str, str]
     added_env: dict[str, str]  # what mlenv added to the inherited environment
     files: dict[Path, str]  # written before the job starts (DeepSpeed's hostfile)
-    expect: str | None  # "rdma" when the NCCL output must show RDMA
 
 
 def torchrun_argv(
     topology: Topology, nproc: int, command: list[str], *, rdzv_id: str, local_addr: str | None
 ) -> list[str]:
-    """torchrun with a c10d rendezvous at the master; node 0 hosts the store (``is_host``)."""
+    """torchrun with a c10d rendezvous at the master; node 0 hosts the store (``is_host``); every worker runs
+    through the rank wrapper."""
     argv = [
         sys.executable, "-m", "torch.distributed.run",
         "--nnodes", str(topology.num_nodes),
@@ -59,11 +67,11 @@ def torchrun_argv(
     ]  # fmt: skip
     if local_addr:
         argv += ["--local-addr", local_addr]
-    return [*argv, *command]
+    return [*argv, "-m", RANK_MODULE, *command]
 
 
 def deepspeed_argv(topology: Topology, nproc: int, command: list[str], *, hostfile: Path) -> list[str]:
-    """DeepSpeed's runner in no-ssh mode: each node starts its own processes."""
+    """DeepSpeed's runner in no-ssh mode: each node starts its own processes, each through the rank wrapper."""
     return [
         sys.executable, "-m", "deepspeed.launcher.runner",
         "--no_ssh",
@@ -73,6 +81,7 @@ def deepspeed_argv(topology: Topology, nproc: int, command: list[str], *, hostfi
         "--master_addr", topology.master_addr,
         "--master_port", str(topology.master_port),
         "--hostfile", str(hostfile),
+        "--module", RANK_MODULE,
         *command,
     ]  # fmt: skip
 
@@ -121,9 +130,12 @@ def launch(
     proc_root: str | Path = "/proc",
     dry_run: bool = False,
     node_log: bool = True,
+    observers: Sequence[Observer] = (),
 ) -> int:
-    """Configure NCCL, start the job through ``launcher`` and return its exit status; with a ``run_dir``,
-    the output also goes to its ``node<R>.log`` unless ``node_log`` is off (stdout already is that file)."""
+    """Configure NCCL, start the job through ``launcher`` under this node's supervisor and return its exit status
+    (the first failing rank's own code); with a ``run_dir``, this node's records go to
+    ``<run_dir>/attempt-<K>/node<R>/`` and its output to ``output.log`` there unless ``node_log`` is off
+    (stdout already is that file)."""
     topology = detect_topology(environ)
     nproc = nproc or default_nproc(topology, environ, proc_root)
     nccl = detect_nccl_env(
@@ -133,7 +145,8 @@ def launch(
         _note(f"warning: {warning}")
     with ExitStack() as stack:
         workdir = run_dir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mlenv-launch-")))
-        job = _prepare(command, launcher, topology, nproc, environ, nccl, workdir)
+        node_dir = NodeDir(workdir, attempt_of(environ), topology.node_rank)
+        job = _prepare(command, launcher, topology, nproc, environ, nccl, node_dir.path)
         _note(f"node {topology.node_rank}/{topology.num_nodes} ({topology.source}), {nproc} processes, "
               f"master {topology.master_addr}:{topology.master_port}")
         removed = [f"unset {name}" for name in nccl.unset]
@@ -143,11 +156,13 @@ def launch(
             return 0
         _note("env " + " ".join([*(f"-u {name}" for name in nccl.unset), *assignments]))
         _note("exec " + shlex.join(job.argv))
-        workdir.mkdir(parents=True, exist_ok=True)
+        node_dir.path.mkdir(parents=True, exist_ok=True)
         for path, text in job.files.items():
             path.write_text(text)
-        log = workdir / f"node{topology.node_rank}.log" if run_dir and node_log else None
-        return run_job(job, log)
+        log = node_dir.log if run_dir and node_log else None
+        control = (topology.master_addr, topology.master_port + CONTROL_PORT_OFFSET)
+        return run_job(job, log, node_dir=node_dir, host=host_name(environ), num_nodes=topology.num_nodes,
+                       control=control, observers=observers)
 
 
 def _prepare(
@@ -161,8 +176,7 @@ def _prepare(
 ) -> Job:
     """The argv, environment and files for this node."""
     added = dict(nccl.env)
-    expect = "rdma" if environ.get("MLENV_NETWORK_MODE") == "rdma" else None
-    if expect and "NCCL_DEBUG" not in environ:
+    if expected_transport(environ) and "NCCL_DEBUG" not in environ:
         added["NCCL_DEBUG"] = "INFO"  # the transport check reads NCCL's INFO lines
     if "PYTHONUNBUFFERED" not in environ:
         added["PYTHONUNBUFFERED"] = "1"  # progress lines through the pipe as they happen
@@ -178,38 +192,39 @@ def _prepare(
         files[hostfile] = hostfile_text(topology.num_nodes, nproc)
         argv = deepspeed_argv(topology, nproc, command, hostfile=hostfile)
     inherited = {name: value for name, value in environ.items() if name not in nccl.unset}
-    return Job(argv, {**inherited, **added}, added, files, expect)
+    env = {**inherited, **added}
+    env["PYTHONPATH"] = os.pathsep.join([RUNTIME_PARENT, *filter(None, [environ.get("PYTHONPATH")])])
+    return Job(argv, env, added, files)
 
 
-def run_job(job: Job, log_path: Path | None = None) -> int:
-    """Run the job, copying its output to stdout, the node log and, in a pod, the container's own log
-    (``MLENV_CONTAINER_LOG``, e.g. /proc/1/fd/1, so ``kubectl logs -f`` follows training); check NCCL's
-    transport afterwards."""
+def run_job(
+    job: Job,
+    log_path: Path | None = None,
+    *,
+    node_dir: NodeDir,
+    host: str = "localhost",
+    num_nodes: int = 1,
+    control: tuple[str, int] | None = None,
+    observers: Sequence[Observer] = (),
+) -> int:
+    """Run the job under this node's supervisor, its tagged lines copied to stdout, the node log and, in a pod,
+    the container's own log (``MLENV_CONTAINER_LOG``, e.g. /proc/1/fd/1, so ``kubectl logs -f`` follows
+    training)."""
     with ExitStack() as stack:
         sinks: list[IO[bytes]] = [stack.enter_context(log_path.open("ab"))] if log_path else []
         sinks += _container_log(stack, job.env.get(CONTAINER_LOG_VARIABLE))
-        # its own process group: a signal reaches the launcher and every process it started (DeepSpeed's runner
-        # leaves its per-node launcher running otherwise, holding the output pipe)
-        process = subprocess.Popen(job.argv, env=job.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
-        stack.enter_context(forwarding_signals(process, group=True))
-        nccl_lines = _copy_output(process.stdout, sinks) if process.stdout else []
-        status = process.wait()
-    status = 128 - status if status < 0 else status  # killed by signal N: 128 + N, as shells report it
-    return _check_transport(nccl_lines, job.expect, status)
+        supervisor = Supervisor(job.argv, job.env, node_dir.node, num_nodes, host, node_dir, observers,
+                                Sinks(sinks), control_address=control)
+        return supervisor.run()
 
 
 @contextmanager
-def forwarding_signals(process: subprocess.Popen[bytes], group: bool = False) -> Iterator[None]:
-    """Pass SIGINT/SIGTERM/SIGHUP on to ``process`` (to its whole process group with ``group``)."""
+def forwarding_signals(process: subprocess.Popen[bytes]) -> Iterator[None]:
+    """Pass SIGINT/SIGTERM/SIGHUP on to ``process`` (which, when it also gets one through our process group,
+    counts it once)."""
     def forward(signum: int, _frame: object) -> None:
-        try:
-            if group:
-                os.killpg(process.pid, signum)
-            else:
-                process.send_signal(signum)
-        except ProcessLookupError:
-            return
+        with suppress(ProcessLookupError):
+            process.send_signal(signum)
 
     previous = {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
     try:
@@ -217,22 +232,6 @@ def forwarding_signals(process: subprocess.Popen[bytes], group: bool = False) ->
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-
-
-def _check_transport(nccl_lines: list[str], expect: str | None, status: int) -> int:
-    """Report what NCCL used; fail a successful job whose transport contradicts ``expect``."""
-    report = parse_nccl_log(nccl_lines)
-    if not report.ranks:
-        if expect:
-            _note(f"no NCCL INFO lines in the output: cannot verify that NCCL used {expect}")
-        return status
-    for rank in report.ranks:
-        _note(rank.summary())
-    _note(f"NCCL transport: {report.verdict}")
-    if expect and contradicts(report.verdict, expect):
-        _note(f"error: the cluster file asks for {expect} but NCCL used {report.verdict}")
-        return status or 1
-    return status
 
 
 def _container_log(stack: ExitStack, path: str | None) -> list[IO[bytes]]:
@@ -244,20 +243,6 @@ def _container_log(stack: ExitStack, path: str | None) -> list[IO[bytes]]:
     except OSError as exc:
         _note(f"not copying output to the container log {path}: {exc.strerror}")
         return []
-
-
-def _copy_output(stream: IO[bytes], sinks: Sequence[IO[bytes]]) -> list[str]:
-    """Tee the job's output to stdout and ``sinks``; keep the NCCL lines for the transport check."""
-    nccl_lines = []
-    for raw in iter(stream.readline, b""):
-        sys.stdout.buffer.write(raw)
-        sys.stdout.buffer.flush()
-        for sink in sinks:
-            sink.write(raw)
-            sink.flush()
-        if b"NCCL" in raw:
-            nccl_lines.append(raw.decode(errors="replace"))
-    return nccl_lines
 
 
 def _note(message: str) -> None:

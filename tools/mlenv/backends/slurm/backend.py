@@ -44,15 +44,21 @@ from mlenv.ui import info
 CLEAN_TIMEOUT = 60.0
 SHOWN_JOBS = 10
 """Batch jobs status shows: the newest."""
-LOGS = """runs=$1 rank=$2 follow=$3 latest=
-for dir in "$runs"/*/; do [ -e "${dir}node$rank.log" ] && latest=$dir; done
+LOGS = """runs=$1 rank=$2 follow=$3 only=$4 latest=
+for log in "$runs"/*/attempt-*/node"$rank"/output.log; do [ -e "$log" ] && latest=$log; done
 [ -n "$latest" ] || { echo "no run has a log of node $rank under $runs yet" >&2; exit 1; }
-[ -n "$follow" ] || exec cat "${latest}node$rank.log"
-tail -n +1 -f "${latest}node$rank.log" & tail=$!
-while [ ! -e "${latest}exit" ] && [ ! -e "${latest}node$rank.exit" ]; do sleep 1; done
-sleep 1; kill "$tail"
+node=${latest%/output.log} run=${latest%/attempt-*/node*/output.log}
+show() { if [ -n "$only" ]; then grep --line-buffered -a "^\\[node-$rank r$only\\] "; else cat; fi; }
+[ -z "$only" ] || grep -q "\\"rank\\": $only," "$node/ranks.json" 2>/dev/null || exit 2  # not on this node
+[ -n "$follow" ] || { show < "$latest"; exit 0; }
+pid=$(mktemp)
+{ tail -n +1 -f "$latest" & echo $! > "$pid"; wait; } | show &
+while [ ! -e "$run/exit" ] && [ ! -e "$node/exit" ]; do sleep 1; done
+sleep 1; kill "$(cat "$pid")"; rm -f "$pid"; wait
 """
-"""The node's log of the newest run that has one; with follow, until the node's (or the run's) exit file."""
+"""The node's log of the newest run that has one (its newest attempt); with follow, until the node's (or the
+batch job's) exit file; with a rank, only that rank's lines (exit 2, silently, when the node's ranks.json lacks
+it)."""
 
 
 def job_data(job: SlurmJob) -> dict[str, Any]:
@@ -264,10 +270,11 @@ class SlurmBackend:
         job = job_from(handle)
         return Login.of(job.settings).copy_target(job.workdir)
 
-    def logs_argv(self, handle: Handle, node: Node, follow: bool) -> list[str]:
+    def logs_argv(self, handle: Handle, node: Node, follow: bool, rank: int | None = None) -> list[str]:
         """The node's log of the newest run (from the shared workdir; ``follow`` ends with the node's job)."""
         job = job_from(handle)
-        command = ["sh", "-c", LOGS, "sh", f"{job.workdir}/{RUNS_DIR}", str(node.ordinal), "1" if follow else ""]
+        command = ["sh", "-c", LOGS, "sh", f"{job.workdir}/{RUNS_DIR}", str(node.ordinal), "1" if follow else "",
+                   "" if rank is None else str(rank)]
         return Login.of(job.settings).argv(command)
 
     def data_volumes(self, handle: Handle) -> list[str]:

@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import IO
 
+from mlenv.parallel import node_line
+
 LABEL = re.compile(r" *(\d+): (.*)")
 FAILED = re.compile(r"mlenv: node (\d+) failed first, with exit code (\d+)")
 """The script's last words when a node failed (body.sh.j2)."""
@@ -37,7 +39,7 @@ class NodeOutput:
             node = int(labelled[1])
             self._files[node].write(labelled[2] + "\n")
             self._files[node].flush()
-            text = f"[node-{node}] {labelled[2]}"
+            text = node_line(node, labelled[2])
         elif failed := FAILED.fullmatch(text):
             self.failed = (int(failed[1]), int(failed[2]))
         sys.stdout.write(text + "\n")

@@ -24,8 +24,9 @@ from mlenv.errors import OperationError, UsageError, shown
 from mlenv.render.templates import Templates
 
 TEMPLATES = Path(mlenv.__file__).parent / "manifests" / "slurm"
-PORT_BASE, PORT_SPAN = 20000, 20000
-"""MASTER_PORT = PORT_BASE + job id % PORT_SPAN: jobs sharing a node (not exclusive) get different ports."""
+PORT_BASE, PORT_SPAN = 20000, 10000
+"""MASTER_PORT = PORT_BASE + 2 * (job id % PORT_SPAN): jobs sharing a node (not exclusive) get different ports, and
+MASTER_PORT + 1 (the supervisors' control channel) stays free for each."""
 PYTHON = "python3"
 FAILED_FILE = "failed"
 """In an attempt's directory: ``<node> <exit code>`` of the first node that failed (created once, with noclobber)."""
@@ -82,7 +83,7 @@ class SlurmJob:
 
 def master_port(job_id: str) -> int:
     """The rendezvous port of a job (the scripts compute the same)."""
-    return PORT_BASE + int(job_id) % PORT_SPAN
+    return PORT_BASE + 2 * (int(job_id) % PORT_SPAN)
 
 
 def _single_line(text: str, what: str) -> str:

@@ -193,14 +193,27 @@ def main(request: dict) -> None:
     if request.get("delete"):
         delete(workspace, request["owner"], out)
     if request.get("free_port"):
-        with socket.socket(family(out["address"])) as probe:
-            probe.bind(("", 0))
-            out["free_port"] = probe.getsockname()[1]
+        out["free_port"] = free_port_pair(family(out["address"]))
     if request.get("listen"):
         listen(request, out)
     if request.get("connect"):
         connect(request, out)
     answer(out)
+
+
+def free_port_pair(address_family: socket.AddressFamily, tries: int = 50) -> int:
+    """A free port whose next one is free too: the rendezvous, and the supervisors' control channel after it."""
+    port = 0
+    for _ in range(tries):
+        with socket.socket(address_family) as first, socket.socket(address_family) as second:
+            first.bind(("", 0))
+            port = first.getsockname()[1]
+            try:
+                second.bind(("", port + 1))
+            except OSError:
+                continue
+            return int(port)
+    return int(port)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,207 @@
+"""The run layout every backend writes (docs/runs.md), and the records kept in it.
+
+Under a runs root (``$MLENV_RUNS_ROOT``, else ``.mlenv/runs`` in the workspace; it may be shared by several hosts)::
+
+    <run_id>/attempt-<K>/node<R>/{record.json, output.log, exit, ranks.json, state.json, stacks/}
+
+``K`` is ``MLENV_RESTART_COUNT`` (0 for the first attempt), ``R`` the node rank. Readers take the newest attempt.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+DEFAULT_RUNS_ROOT = Path(".mlenv", "runs")
+ATTEMPT_VARIABLE = "MLENV_RESTART_COUNT"
+
+RUNNING, SUCCEEDED, FAILED, STOPPED = "running", "succeeded", "failed", "stopped"
+HUNG, RESTARTING, REQUEUED = "hung", "restarting", "requeued"
+RUN_STATES = (RUNNING, SUCCEEDED, FAILED, STOPPED, HUNG, RESTARTING, REQUEUED)
+"""The states of a run (and of a node's share of it), one set everywhere; docs/runs.md says what each means."""
+RANK_STATES = (RUNNING, SUCCEEDED, FAILED, STOPPED)
+
+_ATTEMPT = re.compile(r"attempt-(\d+)")
+_NODE = re.compile(r"node(\d+)")
+
+
+@dataclass(frozen=True)
+class NodeDir:
+    """One node's directory of one attempt of a run: ``<run_dir>/attempt-<K>/node<R>``."""
+
+    run_dir: Path
+    attempt: int
+    node: int
+
+    @property
+    def path(self) -> Path:
+        return self.run_dir / f"attempt-{self.attempt}" / f"node{self.node}"
+
+    @property
+    def record(self) -> Path:
+        """The node supervisor's record (pid, start ticks, host, argv, attempt)."""
+        return self.path / "record.json"
+
+    @property
+    def log(self) -> Path:
+        """Every line of every rank of this node, whole and tagged ``[node-R rN] text``."""
+        return self.path / "output.log"
+
+    @property
+    def exit(self) -> Path:
+        """The node's exit status, written once it has ended."""
+        return self.path / "exit"
+
+    @property
+    def ranks(self) -> Path:
+        """``[RankRecord...]``, rewritten atomically on every rank event."""
+        return self.path / "ranks.json"
+
+    @property
+    def state(self) -> Path:
+        """``{"state", "reason", "first_failure", ...}``: what became of this node's share."""
+        return self.path / "state.json"
+
+    @property
+    def stacks(self) -> Path:
+        return self.path / "stacks"
+
+
+def runs_root(environ: Mapping[str, str]) -> Path:
+    """``$MLENV_RUNS_ROOT``, else ``.mlenv/runs`` in the current directory (the workspace)."""
+    return Path(environ["MLENV_RUNS_ROOT"]) if environ.get("MLENV_RUNS_ROOT") else DEFAULT_RUNS_ROOT
+
+
+def attempt_of(environ: Mapping[str, str]) -> int:
+    """This attempt's number: ``MLENV_RESTART_COUNT`` (mlenv restarts, Slurm requeues), else 0."""
+    text = environ.get(ATTEMPT_VARIABLE, "")
+    return int(text) if text.isdigit() else 0
+
+
+def attempts(run_dir: Path) -> list[int]:
+    """The attempts a run directory holds, oldest first."""
+    found = (_ATTEMPT.fullmatch(entry.name) for entry in _entries(run_dir))
+    return sorted(int(match[1]) for match in found if match)
+
+
+def node_dirs(run_dir: Path, attempt: int) -> list[NodeDir]:
+    """The node directories of one attempt, by node rank."""
+    found = (_NODE.fullmatch(entry.name) for entry in _entries(run_dir / f"attempt-{attempt}"))
+    return [NodeDir(run_dir, attempt, node) for node in sorted(int(match[1]) for match in found if match)]
+
+
+def latest_node_dirs(run_dir: Path) -> list[NodeDir]:
+    """The node directories of the newest attempt of a run (empty when it has none yet)."""
+    numbers = attempts(run_dir)
+    return node_dirs(run_dir, numbers[-1]) if numbers else []
+
+
+def _entries(directory: Path) -> list[Path]:
+    try:
+        return sorted(directory.iterdir())
+    except OSError:
+        return []
+
+
+@dataclass(frozen=True)
+class RankRecord:
+    """One rank as its node supervisor saw it; ``rank`` is the global rank from the worker's own ``RANK``."""
+
+    rank: int
+    local_rank: int
+    node: int
+    host: str
+    pid: int  # the user's training process
+    state: str  # one of RANK_STATES
+    exit_code: int | None  # 128 + N when killed by signal N
+    signal: str | None  # "SIGKILL", or None
+    started_at: str  # ISO 8601, UTC
+    ended_at: str | None
+    last_output_at: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RankRecord:
+        """ValueError/KeyError/TypeError on another shape."""
+        return cls(int(data["rank"]), int(data["local_rank"]), int(data["node"]), str(data["host"]),
+                   int(data["pid"]), str(data["state"]), _int_or_none(data["exit_code"]),
+                   _str_or_none(data["signal"]), str(data["started_at"]), _str_or_none(data["ended_at"]),
+                   _str_or_none(data["last_output_at"]))
+
+
+@dataclass(frozen=True)
+class FirstFailure:
+    """The first rank of the job to fail, and why, in the words of ``describe``."""
+
+    rank: int
+    node: int
+    exit_code: int
+    signal: str | None
+    reason: str  # "exited with 7", "killed by SIGSEGV", "killed by the kernel's OOM killer"
+    log_tail: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> FirstFailure:
+        return cls(int(data["rank"]), int(data["node"]), int(data["exit_code"]), _str_or_none(data["signal"]),
+                   str(data["reason"]), [str(line) for line in data["log_tail"]])
+
+
+def _int_or_none(value: object) -> int | None:
+    return None if value is None else int(str(value))
+
+
+def _str_or_none(value: object) -> str | None:
+    return None if value is None else str(value)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Replace ``path`` at once, so that readers see the old or the new content, never a part."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}")
+    temporary.write_text(text)
+    temporary.replace(path)
+
+
+def write_json(path: Path, data: object) -> None:
+    write_atomic(path, json.dumps(data, indent=2) + "\n")
+
+
+def read_json(path: Path) -> Any:
+    """The JSON in ``path``; None when it is missing or not JSON."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def read_ranks(node_dir: NodeDir) -> list[RankRecord]:
+    """The node's ranks.json (empty when missing or unreadable)."""
+    data = read_json(node_dir.ranks)
+    try:
+        return [RankRecord.from_dict(item) for item in data] if isinstance(data, list) else []
+    except (KeyError, TypeError, ValueError):
+        return []
+
+
+def read_state(node_dir: NodeDir) -> dict[str, Any]:
+    """The node's state.json (empty when missing or unreadable)."""
+    data = read_json(node_dir.state)
+    return data if isinstance(data, dict) else {}
+
+
+_PRECEDENCE = (HUNG, RESTARTING, REQUEUED, FAILED, RUNNING, STOPPED, SUCCEEDED)
+
+
+def run_state(node_states: list[str]) -> str | None:
+    """The state of a run from its nodes' states: hung, restarting or requeued on any node, else failed on any
+    (the others are being stopped), else running on any, else stopped, else succeeded; None when none is known."""
+    return next((state for state in _PRECEDENCE if state in node_states), None)

@@ -1,0 +1,509 @@
+"""The node supervisor: runs the launcher (torchrun, DeepSpeed), whose workers are ``mlenv.runtime.rank`` wrappers,
+and knows every rank of this node by its global rank, pid, exit code and signal.
+
+Each rank's output comes through a connection of its own (a unix socket), so lines are whole: they are tagged
+``[node-R rN]`` and go to stdout, output.log and the container log, and to the observers. The first rank of the job
+to fail is named; the job stops on every node (control channel); the node exits with that rank's own code.
+All work happens in one thread, around one selector.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import IO, Any
+
+from .control import ControlChannel
+from .observers import Observer, RankInfo
+from .oom import kernel_killed, oom_kills
+from .rank import SOCKET_VARIABLE
+from .runlayout import (
+    FAILED,
+    RUNNING,
+    STOPPED,
+    SUCCEEDED,
+    FirstFailure,
+    NodeDir,
+    RankRecord,
+    write_json,
+)
+
+STOP_GRACE = 3.0
+"""Seconds between the launcher's SIGTERM and SIGKILL for everything of the job, when it must stop (less than
+mlenv's own grace for the node's command, so that the supervisor ends its job before it is killed itself)."""
+DRAIN_SECONDS = 2.0
+"""After the launcher ended, how long output still held open by a rank's leftover children is read."""
+MAX_LINE = 16 << 20
+"""A longer line is cut there (and goes on as a new line)."""
+TAIL_LINES = 10
+TAIL_WIDTH = 300
+TICK = 0.2
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+JOB_VARIABLE = "MLENV_JOB"
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+@dataclass
+class Sinks:
+    """Where lines go besides the observers: stdout, the node log and the container log."""
+
+    files: list[IO[bytes]]
+
+    def write(self, line: str, note: bool = False) -> None:
+        """One line to stdout (a note: stderr) and every file."""
+        data = (line + "\n").encode(errors="replace")
+        for sink in [sys.stderr.buffer if note else sys.stdout.buffer, *self.files]:
+            with contextlib.suppress(OSError, ValueError):
+                sink.write(data)
+                sink.flush()
+
+
+@dataclass
+class _Rank:
+    info: RankInfo
+    record: RankRecord
+    tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
+
+
+@dataclass
+class _Connection:
+    sock: socket.socket
+    buffer: bytearray = field(default_factory=bytearray)
+    kind: str | None = None
+    rank: int | None = None
+
+
+@dataclass
+class Supervisor:
+    """One node's share of a job. ``run`` it; it returns the node's exit status."""
+
+    argv: Sequence[str]
+    env: dict[str, str]
+    node: int
+    num_nodes: int
+    host: str
+    node_dir: NodeDir
+    observers: Sequence[Observer]
+    sinks: Sinks
+    control_address: tuple[str, int] | None = None
+    grace: float = STOP_GRACE
+
+    ranks_by_number: dict[int, _Rank] = field(default_factory=dict)
+    selector: selectors.BaseSelector = field(default_factory=selectors.DefaultSelector)
+    process: subprocess.Popen[bytes] | None = None
+    stop_reason: str | None = None
+    stop_code: int | None = None
+    kill_at: float | None = None
+    user_signal: int | None = None
+    first_failure: FirstFailure | None = None
+    local_failure: FirstFailure | None = None
+    channel: ControlChannel | None = None
+    extra_state: dict[str, object] = field(default_factory=dict)
+    oom_before: int | None = None
+    marker: bytes = b""  # MLENV_JOB=...: in the environment of every process of the job
+    written_ranks: list[dict[str, Any]] | None = None
+    run_dir: Path = field(init=False)  # JobControl: this node's attempt directory
+
+    def __post_init__(self) -> None:
+        self.run_dir = self.node_dir.path
+
+
+    # JobControl -------------------------------------------------------------------------------------------------
+    def ranks(self) -> list[RankInfo]:
+        return [self.ranks_by_number[number].info for number in sorted(self.ranks_by_number)]
+
+    def note(self, message: str) -> None:
+        self.sinks.write(f"mlenv: {message}", note=True)
+
+    def set_state(self, state: str, **fields: object) -> None:
+        self.extra_state.update(fields)
+        self._write_state(state, str(self.extra_state.get("reason") or ""))
+
+    def stop(self, reason: str, exit_code: int) -> None:
+        if self.channel is not None:
+            self.channel.stop(reason, exit_code)
+        else:
+            self._stop_here(reason, exit_code, None)
+
+    # the job ----------------------------------------------------------------------------------------------------
+    def run(self) -> int:
+        """Start the launcher, serve the ranks until everything has ended, return the node's exit status."""
+        self.node_dir.path.mkdir(parents=True, exist_ok=True)
+        self.oom_before = oom_kills()
+        with tempfile.TemporaryDirectory(prefix="mlenv-") as sockets, self._signals():
+            path = str(Path(sockets, "ranks"))
+            server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            server.bind(path)
+            server.listen(256)
+            server.setblocking(False)
+            self.selector.register(server, selectors.EVENT_READ, lambda: self._accept(server))
+            self._open_channel()
+            self._write_ranks()
+            self._write_state(RUNNING, "")
+            for observer in self.observers:
+                observer.started(self)
+            env = {**self.env, SOCKET_VARIABLE: path}
+            env.setdefault(JOB_VARIABLE, f"supervisor-{os.getpid()}-{time.time_ns()}")
+            self.marker = f"{JOB_VARIABLE}={env[JOB_VARIABLE]}".encode()
+            ours, theirs = socket.socketpair()
+            # its own session: our signals reach it once, through us (torchrun puts each worker in its own)
+            with theirs:
+                self.process = subprocess.Popen(list(self.argv), env=env, stdout=theirs.fileno(),
+                                                stderr=theirs.fileno(), start_new_session=True)
+            ours.setblocking(False)
+            self.selector.register(ours, selectors.EVENT_READ, _Reader(self, _Connection(ours, kind="launcher")))
+            status = self._serve(self.process)
+            server.close()
+        return self._finish(status)
+
+    def _serve(self, process: subprocess.Popen[bytes]) -> int:
+        next_tick = time.monotonic()
+        ended_at: float | None = None
+        status = 0
+        while True:
+            for key, _ in self.selector.select(TICK):
+                key.data()
+            now = time.monotonic()
+            if self.channel is not None:
+                self.channel.tick()
+            if now >= next_tick:
+                next_tick = now + 1.0
+                self._write_ranks()
+                for observer in self.observers:
+                    observer.tick(now)
+            if self.kill_at is not None and now >= self.kill_at:
+                self.kill_at = None
+                self._kill(signal.SIGKILL)
+            if ended_at is None and (code := process.poll()) is not None:
+                self._dispatch_ready()  # the ranks' last words, sent before torchrun could see them end
+                status, ended_at = (128 - code if code < 0 else code), now
+                if self.stop_reason is None and status != 0 and self.first_failure is None:
+                    self._launcher_failed(status)
+            if ended_at is None:
+                continue
+            reading = any(isinstance(key.data, _Reader) and key.data.connection.kind in ("output", "launcher")
+                          for key in self.selector.get_map().values())
+            waiting = self.channel is not None and self.channel.waiting_for_peers()
+            if self.channel is not None and not self.channel.finished:
+                self.channel.done()
+            stopping = self.kill_at is not None and bool(marked_processes(self.marker))  # SIGTERM ignored?
+            if (not reading or now - ended_at > DRAIN_SECONDS) and not waiting and not stopping:
+                return status
+
+    def _dispatch_ready(self) -> None:
+        """Handle everything the connections hold now, without waiting."""
+        for _ in range(1000):
+            ready = self.selector.select(0)
+            if not ready:
+                return
+            for key, _ in ready:
+                key.data()
+
+    def _open_channel(self) -> None:
+        if self.control_address is None or self.num_nodes < 2:
+            return
+        address, port = self.control_address
+        self.channel = ControlChannel(self.node, self.num_nodes, address, port, self._stop_here, self.note,
+                                      self.selector)
+        self.channel.open()
+
+    @contextlib.contextmanager
+    def _signals(self) -> Iterator[None]:
+        """SIGINT/SIGTERM/SIGHUP: the user stops the job; each signal is passed on once."""
+        def handle(signum: int, _frame: object) -> None:
+            if self.user_signal == signum:
+                return  # the same signal through our group and from our parent: one stop
+            self.user_signal = signum
+            self._terminate(signum)
+
+        previous = {sig: signal.signal(sig, handle) for sig in FORWARDED_SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    # connections ------------------------------------------------------------------------------------------------
+    def _accept(self, server: socket.socket) -> None:
+        with contextlib.suppress(BlockingIOError):
+            sock, _ = server.accept()
+            sock.setblocking(False)
+            connection = _Connection(sock)
+            self.selector.register(sock, selectors.EVENT_READ, _Reader(self, connection))
+
+    def _closed(self, connection: _Connection) -> None:
+        with contextlib.suppress(KeyError, ValueError):
+            self.selector.unregister(connection.sock)
+        connection.sock.close()
+        rank = self.ranks_by_number.get(connection.rank) if connection.rank is not None else None
+        if connection.kind == "control" and rank is not None and rank.record.state == RUNNING:
+            self._rank_exited(rank, 128 + signal.SIGKILL, "SIGKILL")  # the wrapper died without a word
+
+    def _header(self, connection: _Connection, header: dict[str, Any]) -> None:
+        connection.kind = str(header.get("kind"))
+        number = int(header.get("rank", 0))
+        connection.rank = number
+        if number not in self.ranks_by_number:
+            info = RankInfo(number, int(header.get("local_rank", 0)), self.node, self.host, 0)
+            record = RankRecord(number, info.local_rank, self.node, self.host, 0, RUNNING, None, None, utc_now(),
+                                None, None)
+            self.ranks_by_number[number] = _Rank(info, record)
+
+    def _message(self, connection: _Connection, message: dict[str, Any]) -> None:
+        rank = self.ranks_by_number[connection.rank or 0]
+        if message.get("event") == "started":
+            rank.info = replace(rank.info, pid=int(message["pid"]))
+            rank.record = replace(rank.record, pid=rank.info.pid)
+            self._write_ranks()
+            for observer in self.observers:
+                observer.rank_started(rank.info)
+        elif message.get("event") == "exited":
+            self._drain(rank.info.rank)
+            signame = message.get("signal")
+            self._rank_exited(rank, int(message["exit_code"]), str(signame) if signame else None)
+
+    def _drain(self, number: int) -> None:
+        """Read what the rank's output connections already hold, before its end is handled."""
+        for key in list(self.selector.get_map().values()):
+            reader = key.data
+            if isinstance(reader, _Reader) and reader.connection.kind == "output" \
+                    and reader.connection.rank == number:
+                reader.drain()
+
+    def _line(self, rank: _Rank | None, raw: bytes) -> None:
+        text = raw.rstrip(b"\r").decode(errors="replace")
+        if rank is None:
+            tagged = f"[node-{self.node}] {text}"
+        else:
+            tagged = f"[node-{self.node} r{rank.info.rank}] {text}"
+            rank.tail.append(text[:TAIL_WIDTH])
+            rank.record = replace(rank.record, last_output_at=utc_now())
+        self.sinks.write(tagged)
+        for observer in self.observers:
+            observer.line(None if rank is None else rank.info, text)
+
+    # rank events ------------------------------------------------------------------------------------------------
+    def _rank_exited(self, rank: _Rank, exit_code: int, signame: str | None) -> None:
+        if rank.record.state != RUNNING:
+            return
+        failed = exit_code != 0 and self.stop_reason is None and self.first_failure is None \
+            and self.user_signal is None
+        state = SUCCEEDED if exit_code == 0 else FAILED if failed else STOPPED
+        rank.record = replace(rank.record, state=state, exit_code=exit_code, signal=signame, ended_at=utc_now())
+        self._write_ranks()
+        for observer in self.observers:
+            observer.rank_exited(rank.info, exit_code, signame)
+        if not failed:
+            return
+        failure = FirstFailure(rank.info.rank, self.node, exit_code, signame, self._reason(rank, exit_code, signame),
+                               list(rank.tail))
+        self.local_failure = failure
+        self.note(describe(failure, rank.info.pid))
+        if self.channel is not None:
+            self.channel.failure(failure.to_dict(), time.time())
+        self._stop_here(f"stopped after rank {failure.rank} failed", exit_code, failure.to_dict())
+
+    def _reason(self, rank: _Rank, exit_code: int, signame: str | None) -> str:
+        if signame == "SIGKILL":
+            after = oom_kills()
+            if (after is not None and self.oom_before is not None and after > self.oom_before) \
+                    or kernel_killed(rank.info.pid):
+                return "killed by the kernel's OOM killer"
+        return f"killed by {signame}" if signame else f"exited with {exit_code}"
+
+    def _launcher_failed(self, status: int) -> None:
+        name = Path(self.argv[2] if len(self.argv) > 2 and self.argv[1] == "-m" else self.argv[0]).name
+        self.stop(f"the launcher ({name}) exited with {status}", status)
+
+    def _stop_here(self, reason: str, exit_code: int, first: dict[str, Any] | None) -> None:
+        """Stop this node's share (once); the control channel calls this on every node."""
+        if first is not None:
+            decided = FirstFailure.from_dict(first)
+            if self.first_failure is None or self.first_failure.rank != decided.rank:
+                self.first_failure = decided
+                for rank in self.ranks_by_number.values():  # ranks that died of it were not the cause
+                    if rank.record.state == FAILED and rank.info.rank != decided.rank:
+                        rank.record = replace(rank.record, state=STOPPED)
+                if decided.node != self.node:
+                    self.note(f"stopping: rank {decided.rank} on node-{decided.node} {decided.reason}")
+        if self.stop_reason is not None:
+            return
+        self.stop_reason, self.stop_code = reason, exit_code
+        if first is None:
+            self.note(f"stopping the job: {reason}")
+        self._terminate(signal.SIGTERM)
+
+    def _terminate(self, signum: int) -> None:
+        """SIGTERM (or the user's signal) to the launcher's group; SIGKILL to the whole job after the grace."""
+        if self.process is not None and self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.process.pid, signum)
+        if self.kill_at is None:
+            self.kill_at = time.monotonic() + self.grace
+
+    def _kill(self, signum: int) -> None:
+        """Everything of the job: the launcher's group and every process carrying the job's marker."""
+        if self.process is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.process.pid, signum)
+        for pid in marked_processes(self.marker):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signum)
+
+    # records ----------------------------------------------------------------------------------------------------
+    def _finish(self, status: int) -> int:
+        for rank in self.ranks_by_number.values():
+            if rank.record.state == RUNNING:  # its wrapper never reported: killed with the launcher
+                rank.record = replace(rank.record, state=STOPPED, ended_at=utc_now())
+        if self.first_failure is not None:
+            ff = self.first_failure
+            state, code = FAILED, ff.exit_code
+            reason = f"rank {ff.rank} {ff.reason}" if ff.node == self.node and self.local_failure == ff \
+                else f"stopped after rank {ff.rank} failed"
+        elif self.user_signal is not None:
+            state, reason = STOPPED, f"stopped by {signal.Signals(self.user_signal).name}"
+            code = 128 + self.user_signal
+        elif self.stop_reason is not None:
+            state, reason, code = FAILED, self.stop_reason, self.stop_code or 1
+        else:
+            state, reason, code = (SUCCEEDED, "", 0) if status == 0 else (FAILED, f"exited with {status}", status)
+        for observer in self.observers:
+            code = observer.finished(code)
+        if code != 0 and state == SUCCEEDED:
+            state, reason = FAILED, str(self.extra_state.get("reason") or f"exited with {code}")
+        if self.channel is not None:
+            self.channel.close()
+        self._write_ranks()
+        self._write_state(state, reason)
+        return code
+
+    def _write_ranks(self) -> None:
+        records = [self.ranks_by_number[number].record.to_dict() for number in sorted(self.ranks_by_number)]
+        if records != self.written_ranks:
+            with contextlib.suppress(OSError):
+                write_json(self.node_dir.ranks, records)
+            self.written_ranks = records
+
+    def _write_state(self, state: str, reason: str) -> None:
+        data = {**self.extra_state, "state": state, "reason": reason,
+                "first_failure": self.first_failure.to_dict() if self.first_failure else None}
+        with contextlib.suppress(OSError):
+            write_json(self.node_dir.state, data)
+
+
+class _Reader:
+    """Reads one connection: its header line, then output (split into whole lines) or control messages."""
+
+    def __init__(self, supervisor: Supervisor, connection: _Connection) -> None:
+        self.supervisor = supervisor
+        self.connection = connection
+        self.scanned = 0  # the buffer holds no newline before this
+
+    def __call__(self) -> None:
+        try:
+            chunk = self.connection.sock.recv(1 << 16)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self._lines(final=True)
+            self.supervisor._closed(self.connection)
+            return
+        self.connection.buffer += chunk
+        self._lines(final=False)
+
+    def drain(self) -> None:
+        """Everything the connection holds now, without waiting."""
+        self.connection.sock.setblocking(False)
+        while True:
+            try:
+                chunk = self.connection.sock.recv(1 << 16)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                chunk = b""
+            if not chunk:
+                break
+            self.connection.buffer += chunk
+            self._lines(final=False)
+        rank = self.supervisor.ranks_by_number.get(self.connection.rank or 0)
+        if rank is not None and self.connection.buffer:  # the rank's partial last line
+            self.supervisor._line(rank, bytes(self.connection.buffer))
+            self.connection.buffer.clear()
+            self.scanned = 0
+
+    def _lines(self, final: bool) -> None:
+        """Hand on every whole line (a line longer than MAX_LINE in pieces); with ``final`` the rest too."""
+        buffer = self.connection.buffer
+        while True:
+            end = buffer.find(b"\n", self.scanned)
+            if end >= 0:
+                raw, cut = bytes(buffer[:end]), end + 1
+            elif len(buffer) >= MAX_LINE:
+                raw, cut = bytes(buffer[:MAX_LINE]), MAX_LINE
+            else:
+                self.scanned = len(buffer)
+                break
+            del buffer[:cut]
+            self.scanned = 0
+            self._one(raw)
+        if final and buffer:
+            self._one(bytes(buffer))
+            buffer.clear()
+            self.scanned = 0
+
+    def _one(self, raw: bytes) -> None:
+        connection, supervisor = self.connection, self.supervisor
+        if connection.kind is None:
+            try:
+                header = json.loads(raw)
+            except ValueError:
+                header = {}
+            supervisor._header(connection, header if isinstance(header, dict) else {})
+        elif connection.kind == "control":
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                message = json.loads(raw)
+                if isinstance(message, dict):
+                    supervisor._message(connection, message)
+        elif connection.kind == "launcher":
+            supervisor._line(None, raw)
+        else:
+            supervisor._line(supervisor.ranks_by_number.get(connection.rank or 0), raw)
+
+
+def describe(failure: FirstFailure, pid: int) -> str:
+    """``rank 3 (node-1, pid 4242) exited with 7 first; last lines: ...``: the job's first failure in one line."""
+    tail = " | ".join(line.strip() for line in failure.log_tail[-3:] if line.strip()) or "(none)"
+    return f"rank {failure.rank} (node-{failure.node}, pid {pid}) {failure.reason} first; last lines: {tail}"
+
+
+def marked_processes(marker: bytes, proc_root: str | Path = "/proc") -> list[int]:
+    """Live processes (not this one) whose environment carries ``marker`` (``NAME=value``)."""
+    found = []
+    for entry in Path(proc_root).iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if marker in (entry / "environ").read_bytes().split(b"\0"):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
