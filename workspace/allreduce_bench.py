@@ -12,7 +12,7 @@ size: size_bytes time_us algbw_GBps busbw_GBps) and a final ``peak_busbw_gbps=..
 backend=...`` line.
 
 With ``--pairs`` it bisects the fabric instead: in rounds (mlenv.runtime.pairs) the nodes form disjoint pairs that
-all-reduce the largest size at once, each within its pair (timed by the median iteration), and the lowest rank of
+all-reduce the largest size at once, each within its pair (timed by its fastest iteration), and the lowest rank of
 every pair prints ``pair round=R nodes=A,B size_bytes=S time_us=T busbw_GBps=B`` (``mlenv nccl-test --pairs``
 judges them).
 """
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import time
 from typing import Any
@@ -76,10 +75,10 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_all_reduce(tensor: torch.Tensor, iters: int, warmup: int, group: Any = None, median: bool = False) -> float:
+def time_all_reduce(tensor: torch.Tensor, iters: int, warmup: int, group: Any = None, best: bool = False) -> float:
     """Seconds per all-reduce within ``group`` (default: everyone), the slowest rank's (what the collective costs
-    everyone): the mean of the iterations, or with ``median`` their median (what a link does, without the moments
-    another process took the CPU)."""
+    everyone): the mean of the iterations, or with ``best`` the fastest one (what the link can do, without the
+    moments another process had the CPU; a slow link is slow in every iteration)."""
     world = dist.get_world_size(group)
     for _ in range(warmup):
         dist.all_reduce(tensor, group=group)
@@ -90,12 +89,12 @@ def time_all_reduce(tensor: torch.Tensor, iters: int, warmup: int, group: Any = 
     for _ in range(iters):
         tensor.fill_(1.0 / world)  # sums stay at 1.0, far from overflow
         dist.all_reduce(tensor, group=group)
-        if median:
+        if best:
             synchronize(tensor.device)
             times.append(time.perf_counter() - start)
             start = time.perf_counter()
     synchronize(tensor.device)
-    seconds = statistics.median(times) if median else (time.perf_counter() - start) / iters
+    seconds = min(times) if best else (time.perf_counter() - start) / iters
     elapsed = torch.tensor([seconds], device=tensor.device)
     dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=group)
     return elapsed.item()
@@ -127,7 +126,7 @@ def bench_pairs(args: argparse.Namespace, device: torch.device) -> None:
                 continue
             tensor = torch.empty(size // 4, dtype=torch.float32, device=device)
             check_sum(tensor, group)
-            seconds = time_all_reduce(tensor, args.iters, args.warmup, group, median=True)
+            seconds = time_all_reduce(tensor, args.iters, args.warmup, group, best=True)
             members = [r for r, node in enumerate(nodes) if node in pair]
             if dist.get_rank() == members[0]:
                 busbw = bus_bandwidth(size, seconds, len(members))[1]

@@ -98,8 +98,8 @@ def test_pairs_name_the_throttled_node(four_nodes: LocalProject) -> None:
     found = four_nodes.mlenv("nccl-test", "--pairs", "--sizes", "1M", "--json", "--exclude-bad", timeout=600)
     assert found.returncode == 1, found.stderr[-3000:]
     summary = json.loads(found.stdout)
-    assert summary["slow_nodes"] == [2]
     pairs = summary["pairs"]
+    assert summary["slow_nodes"] == [2], pairs
     assert sorted(tuple(p["nodes"]) for p in pairs) == list(combinations(range(4), 2))
     assert all(p["size_bytes"] == 1 << 20 and p["busbw_gbps"] > 0 for p in pairs)
     throttled = [p for p in pairs if 2 in p["nodes"]]

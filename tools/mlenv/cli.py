@@ -366,12 +366,15 @@ def clean(cluster_ref: str | None, delete_data: bool, yes: bool) -> None:
 @click.option("--env", "secrets", multiple=True, metavar="NAME[,NAME]",
               help="Forward NAME from your environment for this run only (never written; masked in --dry-run).")
 @click.option("--detach", is_flag=True, help="Start the job and return; mlenv logs -f follows, mlenv stop stops.")
+@click.option("--max-restarts", type=click.IntRange(0, 100), default=None, metavar="N",
+              help="Start a failed run again, up to N times (same MLENV_RUN_ID, MLENV_RESTART_COUNT the attempt); "
+                   "a stop by the user is never restarted (default: launch.max_restarts, else 0).")
 @click.option("--dry-run", is_flag=True, help="Print what launch would run on every node; run nothing.")
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 @reports_errors
 def launch(cluster_ref: str | None, launcher: str, nproc: int | None, args_text: str | None, secrets: tuple[str, ...],
-           detach: bool, dry_run: bool, script: str, script_args: tuple[str, ...]) -> None:
+           detach: bool, max_restarts: int | None, dry_run: bool, script: str, script_args: tuple[str, ...]) -> None:
     """Start SCRIPT on every node at once through the runtime; fail-fast, logs in runs/.
 
     Everything after SCRIPT belongs to it: `mlenv launch train.py -c cfg.yaml` passes -c cfg.yaml to train.py.
@@ -394,7 +397,7 @@ def launch(cluster_ref: str | None, launcher: str, nproc: int | None, args_text:
             raise UsageError(f"--env: expected a variable name like HF_TOKEN, got {name!r}")
     target = _target(cluster_ref)
     spec = LaunchSpec(launcher, script, (*script_args, *extra), nproc, launching.run_id(target.handle.name),
-                      detach, tuple(dict.fromkeys(names)))
+                      detach, tuple(dict.fromkeys(names)), launching.max_restarts(target, max_restarts))
     if dry_run:
         click.echo(launching.dry_run(target, spec), nl=False)
         return

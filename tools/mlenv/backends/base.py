@@ -136,6 +136,10 @@ class LaunchSpec:
     detach: bool = False
     secrets: tuple[str, ...] = ()
     """Names of local environment variables forwarded for this run only (values never written anywhere)."""
+    max_restarts: int = 0
+    """How many times a failed run is started again (--max-restarts, launch.max_restarts)."""
+    attempt: int = 0
+    """Which start of the run this is: MLENV_RESTART_COUNT on every node (0 the first)."""
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,7 @@ class FanoutJobs:
         options = ["--launcher", spec.launcher, *(["--nproc", str(spec.nproc)] if spec.nproc else []),
                    "--run-dir", run_dir(spec.run_id), *(["--detach"] if spec.detach else [])]
         command = self.runtime(handle, "launch", *options, "--", spec.script, *spec.args)
-        env = {"MLENV_RUN_ID": spec.run_id, "PYTHONUNBUFFERED": "1"}
+        env = {"MLENV_RUN_ID": spec.run_id, "MLENV_RESTART_COUNT": str(spec.attempt), "PYTHONUNBUFFERED": "1"}
         commands = {ordinal: command for ordinal in range(handle.nodes)}
         return LaunchRequest(spec, launch_text(handle, spec, env, commands), commands, env)
 

@@ -143,6 +143,8 @@ class Cluster(NamedTuple):
     container: Container | None
     expected_busbw_gbytes: float | None
     """The all-reduce bus bandwidth the network should reach, in GB/s (decimal gigabytes per second)."""
+    max_restarts: int
+    """launch.max_restarts: how many times a failed run is started again (0: never)."""
     settings: object | None
     """The backend's own section parsed by its settings parser (BackendInfo.settings), e.g. LocalSettings."""
     notes: str | None

@@ -137,6 +137,10 @@ def _tcp(reader: ClusterReader) -> Tcp:
                interfaces=dict(reader.get("network", "tcp", "interfaces", default={})))
 
 
+MAX_RESTARTS = 100
+"""The most restarts a run may ask for: mlenv never retries forever."""
+
+
 def _busbw_gbytes(reader: ClusterReader) -> float | None:
     """``network.expected_busbw`` in GB/s; the unit is required, because bytes and bits differ eightfold."""
     value = reader.get("network", "expected_busbw")
@@ -277,6 +281,7 @@ def build_cluster(loaded: LoadedFile) -> Cluster:
         env=reader.env("env"),
         container=_container(reader),
         expected_busbw_gbytes=_busbw_gbytes(reader),
+        max_restarts=reader.integer("launch", "max_restarts", default=0, minimum=0, maximum=MAX_RESTARTS) or 0,
         settings=_backend_settings(reader),
         notes=reader.get("notes"),
         warnings=tuple(reader.warnings),

@@ -67,18 +67,57 @@ def _secrets(names: tuple[str, ...]) -> dict[str, str]:
     return {name: os.environ[name] for name in names}
 
 
+def max_restarts(target: Target, asked: int | None) -> int:
+    """--max-restarts, else the cluster file's launch.max_restarts (if it still loads), else 0."""
+    from mlenv.ops.target import current_plan
+
+    if asked is not None:
+        return asked
+    plan = current_plan(target, "launch.max_restarts")
+    return plan.cluster.max_restarts if plan else 0
+
+
 def dry_run(target: Target, spec: LaunchSpec) -> str:
     """What ``launch`` would run, as the backend prints it (secret values masked)."""
     return target.backend.prepare_launch(target.handle, spec).text
 
 
+USER_STOPS = frozenset({129, 130, 143})
+"""Exit codes of a run the user stopped (SIGHUP, SIGINT, SIGTERM: Ctrl-C, mlenv stop, scancel): never restarted."""
+
+
+def restartable(outcome: LaunchOutcome) -> bool:
+    """Whether a finished attached run failed in a way a restart may mend: not a success, not a user's stop, not a
+    run that never started (mlenv's own failure, with no node's exit code)."""
+    return (outcome.exit_code != 0 and not outcome.interrupted and not outcome.detached
+            and outcome.exit_code not in USER_STOPS and bool(outcome.node_exit_codes))
+
+
 def launch(target: Target, spec: LaunchSpec) -> LaunchResult:
-    """Run ``spec`` through the backend; print a summary and, on failure, the failing node's last log lines."""
+    """Run ``spec``, and again up to ``spec.max_restarts`` times while it fails (same run id, MLENV_RESTART_COUNT
+    the attempt); the last attempt's result."""
+    from dataclasses import replace
+
+    from mlenv.ui import warn
+
+    run_dir = _run_dir(spec.run_id)
+    result = _attempt(target, spec, run_dir)
+    while spec.attempt < spec.max_restarts and restartable(result.outcome):
+        spec = replace(spec, attempt=spec.attempt + 1)
+        warn(f"run {spec.run_id} failed with exit code {result.exit_code}: restarting it, attempt {spec.attempt} "
+             f"of at most {spec.max_restarts} restarts (MLENV_RESTART_COUNT={spec.attempt})")
+        result = _attempt(target, spec, run_dir / f"attempt-{spec.attempt}")
+    return result
+
+
+def _attempt(target: Target, spec: LaunchSpec, run_dir: Path) -> LaunchResult:
+    """One start of ``spec`` through the backend, its local logs in ``run_dir`` (the run's, or attempt-K/ in it); a
+    summary and, on failure, the failing node's last log lines."""
     from mlenv.ui import error, info
 
     secrets = _secrets(spec.secrets)
     request = target.backend.prepare_launch(target.handle, spec)
-    run_dir = _run_dir(spec.run_id)
+    run_dir.mkdir(parents=True, exist_ok=True)
     info(f"launching {spec.script} with {spec.launcher} on {target.handle.nodes} nodes of {target.handle.name}"
          f"{' (detached)' if spec.detach else ''}; logs in {run_dir}")
     started = time.monotonic()

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from mlenv.backends.base import LaunchSpec
-from mlenv.errors import MlenvError, OperationError, UsageError
+from mlenv.errors import OperationError, UsageError
 from mlenv.ops.launch import LaunchResult, launch, run_id
 from mlenv.ops.target import Target
 from mlenv.runtime.ncclog import SOCKETS, UNKNOWN, LogReport, contradicts, parse_nccl_log
@@ -167,16 +167,9 @@ def bench_source() -> Path:
 
 def _file_expectation(target: Target) -> Expectation | None:
     """network.expected_busbw of the deployment's cluster file, if it still loads."""
-    from mlenv.ops.target import recorded_plan
-    from mlenv.ui import warn
+    from mlenv.ops.target import current_plan
 
-    plan = target.plan
-    if plan is None and target.recorded is not None:
-        try:
-            plan = recorded_plan(target.recorded)
-        except MlenvError as exc:
-            warn(f"network.expected_busbw not read: {str(exc).splitlines()[0]}")
-            return None
+    plan = current_plan(target, "network.expected_busbw")
     gbps = plan.cluster.expected_busbw_gbytes if plan else None
     return Expectation(gbps, "network.expected_busbw") if gbps else None
 

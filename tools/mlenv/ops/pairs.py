@@ -20,8 +20,8 @@ from mlenv.ops.nccltest import PASS_RATIO, Expectation, node_logs, prepare, run_
 from mlenv.ops.target import Target
 from mlenv.runtime.pairs import MIN_NODES
 
-PAIR = re.compile(r"^(?:\[node-\d+ r\d+\] )?pair round=(\d+) nodes=(\d+),(\d+) size_bytes=(\d+) time_us=([\d.]+) busbw_GBps=([\d.]+) *$",
-                  re.MULTILINE)
+PAIR = re.compile(r"^(?:\[node-\d+ r\d+\] )?pair round=(\d+) nodes=(\d+),(\d+) size_bytes=(\d+) "
+                  r"time_us=([\d.]+) busbw_GBps=([\d.]+) *$", re.MULTILINE)
 """A line of the benchmark in --pairs mode, printed by the lowest rank of each pair (as the runtime tagged it)."""
 BEST_SHARE = 0.5
 """Without an expected bandwidth a pair is slow under this share of the best pair's."""

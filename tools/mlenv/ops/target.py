@@ -43,6 +43,21 @@ def recorded_plan(deployment: state.Deployment) -> JobPlan:
     return load_plan(deployment.cluster_file, deployment.mode, deployment.nodes, deployment.image)
 
 
+def current_plan(target: Target, what: str) -> JobPlan | None:
+    """The target's plan: its own, or its recorded deployment's planned again; None (warning that ``what`` was not
+    read) when the cluster file no longer plans."""
+    from mlenv.errors import MlenvError
+    from mlenv.ui import warn
+
+    if target.plan is not None or target.recorded is None:
+        return target.plan
+    try:
+        return recorded_plan(target.recorded)
+    except MlenvError as exc:
+        warn(f"{what} not read: {str(exc).splitlines()[0]}")
+        return None
+
+
 def resolve(cluster_ref: str | None) -> Target:
     """The recorded deployment named by ``cluster_ref`` (a deployment name, a cluster name or a file), the
     current one without it, else the cluster file's plan (not deployed)."""

@@ -1,0 +1,83 @@
+"""``mlenv launch --max-restarts N`` on a local cluster (processes): a run that fails is started again, attached,
+with the same MLENV_RUN_ID and MLENV_RESTART_COUNT the attempt, its attempts under runs/<id>/attempt-K/; it stops
+at N restarts with the last attempt's exit code; the cluster file's launch.max_restarts is the default; bad counts
+are bad input (exit 2), through the CLI, the cluster file and make."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.local_cluster import LocalProject, make_project, require_local
+from tests.integration.test_makefile import make
+
+# No torch: node 1's first rank fails until the attempt named by --until (exclusive); everyone says who they are.
+FLAKY_JOB = """\
+import os, sys
+attempt, until = int(os.environ["MLENV_RESTART_COUNT"]), int(sys.argv[2])
+node, local = os.environ["MLENV_NODE_RANK"], os.environ["LOCAL_RANK"]
+print(f"attempt {attempt} of run {os.environ['MLENV_RUN_ID']} on node {node} rank {os.environ['RANK']}", flush=True)
+if node == "1" and local == "0" and attempt < until:
+    print("failing on purpose", flush=True)
+    sys.exit(3)
+"""
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Iterator[LocalProject]:
+    """A deployed 2 x 2 local cluster (processes) holding flaky.py."""
+    require_local("processes")
+    made = make_project(tmp_path, "lrst", "10.77.68.0/24", "processes")
+    made.ok("deploy", made.name)
+    made.ok("sync", "--source", str(made.source({"flaky.py": FLAKY_JOB})))
+    yield made
+    made.mlenv("clean", "--cluster", made.name, "--delete-data", "--yes")
+
+
+def attempts(output: str) -> set[tuple[int, str, int]]:
+    """(attempt, run id, rank) of every rank's first line."""
+    return {(int(m[1]), m[2], int(m[3])) for m in re.finditer(r"attempt (\d) of run (\S+) on node \d rank (\d)",
+                                                              output)}
+
+
+def test_a_failed_run_is_restarted_until_it_succeeds(project: LocalProject) -> None:
+    result = project.mlenv("launch", "--launcher", "torchrun", "--max-restarts", "3", "flaky.py", "--until", "2",
+                           timeout=240)
+    assert result.returncode == 0, result.stdout + result.stderr
+    seen = attempts(result.stdout)
+    assert sorted((attempt, rank) for attempt, _, rank in seen) == [(a, r) for a in range(3) for r in range(4)]
+    (run_id,) = {run for _, run, _ in seen}  # the same MLENV_RUN_ID every time
+    for attempt in (1, 2):
+        assert (f"run {run_id} failed with exit code 3: restarting it, attempt {attempt} of at most 3 restarts "
+                f"(MLENV_RESTART_COUNT={attempt})") in result.stderr
+    run = project.home / "runs" / run_id
+    assert "failing on purpose" in (run / "node-1.log").read_text()
+    assert "attempt 2 of run" in (run / "attempt-2" / "node-1.log").read_text()
+
+
+def test_restarts_end_with_the_last_attempts_exit_code(project: LocalProject) -> None:
+    path = project.home / "clusters" / f"{project.name}.yaml"
+    path.write_text(path.read_text() + "launch:\n  max_restarts: 1\n")  # the file's default
+    result = project.mlenv("launch", "--launcher", "torchrun", "flaky.py", "--until", "9", timeout=240)
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert sorted({attempt for attempt, _, _ in attempts(result.stdout)}) == [0, 1]
+    assert result.stderr.count("restarting it") == 1
+    never = project.mlenv("launch", "--launcher", "torchrun", "--max-restarts", "0", "flaky.py", "--until", "9",
+                          timeout=240)
+    assert never.returncode == 3 and "restarting it" not in never.stderr
+
+
+def test_bad_restart_counts_are_bad_input(tmp_path: Path) -> None:
+    project = make_project(tmp_path, "lrst2", "10.77.69.0/24", "processes")
+    refused = project.mlenv("launch", "-c", project.name, "--max-restarts", "-1", "x.py")
+    assert refused.returncode == 2 and "--max-restarts" in refused.stderr and "-1" in refused.stderr
+    through_make = make("launch-dry-run", f"CLUSTER={project.name}", "MAX_RESTARTS=-1", home=project.home)
+    assert through_make.returncode == 2 and "--max-restarts" in through_make.stderr
+    path = project.home / "clusters" / f"{project.name}.yaml"
+    path.write_text(path.read_text() + "launch:\n  max_restarts: 1000\n")
+    invalid = project.mlenv("validate", project.name)
+    assert invalid.returncode == 2 and invalid.stderr.count("\n") == 1, invalid.stderr
+    assert "launch.max_restarts" in invalid.stderr
