@@ -98,3 +98,34 @@ def test_doctor_checks_that_jobs_may_be_requeued(tmp_path: Path, slurm_cluster: 
     without = make_project(tmp_path / "plain", slurm_cluster)
     plain = json.loads(without.ok("doctor", "-c", without.name, "--json").stdout)
     assert "requeue" not in {c["name"] for c in plain["checks"]}
+
+
+# No torch: a node that always fails (n1), wherever Slurm puts the job.
+PICKY_JOB = """\
+import os, sys
+host, attempt = os.environ["SLURMD_NODENAME"], os.environ["MLENV_RESTART_COUNT"]
+if host == "n1":
+    print(f"attempt {attempt}: n1 is broken", flush=True)
+    sys.exit(5)
+print(f"attempt {attempt}: ok on {host}", flush=True)
+"""
+
+
+def test_a_node_that_fails_first_twice_is_left_out_of_the_next_attempt(tmp_path: Path,
+                                                                        slurm_cluster: SlurmCluster) -> None:
+    project = make_project(tmp_path, slurm_cluster)
+    path = project.home / "clusters" / f"{project.name}.yaml"
+    path.write_text(path.read_text().replace("default_nodes: 2", "default_nodes: 1"))  # n2 is the spare
+    (project.home / "workspace" / "picky.py").write_text(PICKY_JOB)
+    project.ok("sync", "-c", project.name)
+    result = project.mlenv("launch", "-c", project.name, "--launcher", "torchrun", "--nproc", "1", "--max-restarts",
+                           "3", "picky.py", timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "attempt 0: n1 is broken" in result.stdout and "attempt 1: n1 is broken" in result.stdout
+    assert "excluding n1 (node-0) from the next attempts: it failed first in 2 attempts of the run" in result.stderr
+    assert "attempt 2 of at most 3 restarts (MLENV_RESTART_COUNT=2) without n1" in result.stderr
+    assert "attempt 2: ok on n2" in result.stdout and "attempt 3" not in result.stdout
+    jobs = project.recorded_jobs()
+    assert len(jobs) == 3
+    assert "#SBATCH --exclude=n1\n" in slurm_cluster.ok("scontrol", "write", "batch_script", jobs[-1], "-")
+    assert slurm_cluster.job(jobs[-1])["NodeList"] == "n2"

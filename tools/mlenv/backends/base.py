@@ -140,6 +140,8 @@ class LaunchSpec:
     """How many times a failed run is started again (--max-restarts, launch.max_restarts)."""
     attempt: int = 0
     """Which start of the run this is: MLENV_RESTART_COUNT on every node (0 the first)."""
+    exclude: tuple[str, ...] = ()
+    """Hosts the run must not use (nodes judged faulty); a backend that cannot leave them out refuses."""
 
 
 @dataclass(frozen=True)
@@ -171,6 +173,8 @@ class LaunchOutcome:
     interrupted: bool = False
     message: str | None = None
     """Why the launch failed before or around the job (a rejected submission, say), in one line."""
+    hosts: Mapping[int, str] = field(default_factory=dict)
+    """Node ordinal -> the host it ran on, where the backend knows it."""
 
 
 Recorder = Callable[[Handle], None]

@@ -44,7 +44,12 @@ class FanoutJobs:
         return [self.python(handle), "-m", "mlenv.runtime", *args]
 
     def prepare_launch(self, handle: Handle, spec: LaunchSpec) -> LaunchRequest:
-        """PURE: the same runtime launch on every node, in its workspace."""
+        """PURE: the same runtime launch on every node, in its workspace; refused when nodes must be left out,
+        which these backends cannot do yet (no spare nodes)."""
+        if spec.exclude:
+            raise OperationError(f"{', '.join(spec.exclude)} must be left out of the run (mlenv nodes says why), and "
+                                 f"{handle.name} has no spare node to take their place: stopping. mlenv nodes "
+                                 "--forget-excluded lets the run use them again")
         options = ["--launcher", spec.launcher, *(["--nproc", str(spec.nproc)] if spec.nproc else []),
                    "--run-dir", run_dir(spec.run_id), *(["--detach"] if spec.detach else [])]
         command = self.runtime(handle, "launch", *options, "--", spec.script, *spec.args)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import time
+from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -82,6 +83,8 @@ def dry_run(target: Target, spec: LaunchSpec) -> str:
     return target.backend.prepare_launch(target.handle, spec).text
 
 
+FAULTY_AFTER = 2
+"""A node that failed first in this many attempts is judged faulty and left out of the next ones."""
 USER_STOPS = frozenset({129, 130, 143})
 """Exit codes of a run the user stopped (SIGHUP, SIGINT, SIGTERM: Ctrl-C, mlenv stop, scancel): never restarted."""
 
@@ -95,19 +98,45 @@ def restartable(outcome: LaunchOutcome) -> bool:
 
 def launch(target: Target, spec: LaunchSpec) -> LaunchResult:
     """Run ``spec``, and again up to ``spec.max_restarts`` times while it fails (same run id, MLENV_RESTART_COUNT
-    the attempt); the last attempt's result."""
+    the attempt), away from the deployment's excluded nodes and from a node that failed first in two attempts; the
+    last attempt's result."""
     from dataclasses import replace
 
     from mlenv.ui import warn
 
+    recorded = target.recorded.excluded if target.recorded else ()
+    excluded = {str(entry["host"]) for entry in recorded if "host" in entry}
+    spec = replace(spec, exclude=tuple(sorted({*spec.exclude, *excluded})))
     run_dir = _run_dir(spec.run_id)
     result = _attempt(target, spec, run_dir)
+    first_failures: Counter[str] = Counter()
     while spec.attempt < spec.max_restarts and restartable(result.outcome):
-        spec = replace(spec, attempt=spec.attempt + 1)
+        faulty = _faulty(target, result.outcome, first_failures)
+        spec = replace(spec, attempt=spec.attempt + 1, exclude=tuple(sorted({*spec.exclude, *faulty})))
         warn(f"run {spec.run_id} failed with exit code {result.exit_code}: restarting it, attempt {spec.attempt} "
-             f"of at most {spec.max_restarts} restarts (MLENV_RESTART_COUNT={spec.attempt})")
+             f"of at most {spec.max_restarts} restarts (MLENV_RESTART_COUNT={spec.attempt})"
+             + (f" without {', '.join(spec.exclude)}" if spec.exclude else ""))
         result = _attempt(target, spec, run_dir / f"attempt-{spec.attempt}")
     return result
+
+
+def _faulty(target: Target, outcome: LaunchOutcome, first_failures: Counter[str]) -> list[str]:
+    """The host of the node that failed first, when this makes two attempts it failed first in: named, and
+    recorded as excluded on the deployment (mlenv nodes shows it)."""
+    from mlenv.ui import warn
+
+    node = outcome.failed_node
+    if node is None or node not in outcome.hosts:
+        return []
+    host = outcome.hosts[node]
+    first_failures[host] += 1
+    if first_failures[host] < FAULTY_AFTER:
+        return []
+    reason = f"it failed first in {first_failures[host]} attempts of the run"
+    warn(f"excluding {host} (node-{node}) from the next attempts: {reason}")
+    if target.recorded is not None:
+        state.exclude(target.recorded.name, {node: (host, reason)})
+    return [host]
 
 
 def _attempt(target: Target, spec: LaunchSpec, run_dir: Path) -> LaunchResult:

@@ -313,8 +313,12 @@ class SlurmBackend:
         where = f"inside allocation {allocation}" if allocation else "as a batch job"
         title = (f"mlenv launch: run {spec.run_id} of {handle.name}, {spec.script} with {spec.launcher} on "
                  f"{job.nodes} nodes {where}{' (detached)' if spec.detach else ''}{forwarded}")
-        text = (script.launch_script(job, title, spec.run_id, task, allocation) if allocation
-                else script.batch_script(job, title, spec.run_id, task))
+        if allocation and spec.exclude:
+            raise UsageError(f"{', '.join(spec.exclude)} must be left out, but the run goes inside allocation "
+                             f"{allocation}, which has no spare node (deploy --spares is not built yet): clean the "
+                             "allocation so that launch submits batch jobs, which leave them out")
+        text = (script.launch_script(job, title, spec.run_id, task, allocation, spec.attempt) if allocation
+                else script.batch_script(job, title, spec.run_id, task, spec.attempt, spec.exclude))
         return LaunchRequest(spec, text, dict.fromkeys(range(job.nodes), task), {"MLENV_RUN_ID": spec.run_id}, text)
 
     def launch(self, handle: Handle, request: LaunchRequest, secrets: Mapping[str, str],

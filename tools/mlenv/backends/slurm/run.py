@@ -51,8 +51,10 @@ class Run:
         return self.job.run_path(self.run_id)
 
     def outcome(self, code: int, failed: tuple[int, int] | None, logs: Mapping[int, Path],
-                message: str | None = None, interrupted: bool = False) -> LaunchOutcome:
-        """Every node's exit code: the failing node's own, the stopped ones', or the job's for all."""
+                message: str | None = None, interrupted: bool = False,
+                hosts: tuple[str, ...] = ()) -> LaunchOutcome:
+        """Every node's exit code: the failing node's own, the stopped ones', or the job's for all; ``hosts``
+        the job's nodes in node-rank order."""
         nodes = range(self.handle.nodes)
         if failed is not None and failed[0] in nodes:
             codes = {node: failed[1] if node == failed[0] else STOPPED for node in nodes}
@@ -61,7 +63,7 @@ class Run:
             codes, stopped = dict.fromkeys(nodes, code), frozenset(nodes) if interrupted else frozenset()
         return LaunchOutcome(code, codes, {node: str(path) for node, path in logs.items()},
                              None if failed is None else failed[0], stopped=stopped, interrupted=interrupted,
-                             message=message)
+                             message=message, hosts=dict(enumerate(hosts)))
 
 
 def batch(run: Run, secrets: Mapping[str, str]) -> LaunchOutcome:
@@ -94,7 +96,7 @@ def batch(run: Run, secrets: Mapping[str, str]) -> LaunchOutcome:
     explained = output.failed is not None or (code == 0 and final.state == "COMPLETED")
     message = None if explained else (f"job {job_id} ended {final.words()}; its output: "
                                       f"{run.run_path}/{OUTPUT_FILE}")
-    return run.outcome(code, output.failed, output.paths, message)
+    return run.outcome(code, output.failed, output.paths, message, hosts=tuple(final.hosts))
 
 
 def _follow(run: Run, job_id: str, output: NodeOutput) -> JobInfo:

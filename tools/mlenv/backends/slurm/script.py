@@ -188,18 +188,21 @@ def srun_line(job: SlurmJob, run_id: str, task: Sequence[str]) -> Shell:
     return Shell(" \\\n  ".join(parts))
 
 
-def _run_context(job: SlurmJob, title: str, run_id: str, task: Sequence[str], batch: bool = False) -> dict[str, Any]:
+def _run_context(job: SlurmJob, title: str, run_id: str, task: Sequence[str], batch: bool = False,
+                 attempt: int = 0, exclude: Sequence[str] = ()) -> dict[str, Any]:
     env = {**job.env, "MLENV_RUN_ID": run_id, "MLENV_RUN_DIR": job.run_path(run_id), "PYTHONUNBUFFERED": "1"}
     return {**_context(job, title, f"{job.run_path(run_id)}/{OUTPUT_FILE}", batch), "env": env,
             "runtime_path": job.runtime_path, "port_base": PORT_BASE, "port_span": PORT_SPAN,
-            "srun": srun_line(job, run_id, task)}
+            "srun": srun_line(job, run_id, task), "attempt": attempt, "exclude": ",".join(exclude)}
 
 
-def batch_script(job: SlurmJob, title: str, run_id: str, task: Sequence[str]) -> str:
-    """The sbatch script of a launch without an allocation: the run as a batch job."""
-    return _render("batch.sbatch.j2", **_run_context(job, title, run_id, task, batch=True))
+def batch_script(job: SlurmJob, title: str, run_id: str, task: Sequence[str], attempt: int = 0,
+                 exclude: Sequence[str] = ()) -> str:
+    """The sbatch script of a launch without an allocation: the run as a batch job (its ``attempt``-th start, away
+    from the ``exclude`` hosts)."""
+    return _render("batch.sbatch.j2", **_run_context(job, title, run_id, task, True, attempt, exclude))
 
 
-def launch_script(job: SlurmJob, title: str, run_id: str, task: Sequence[str], job_id: str) -> str:
+def launch_script(job: SlurmJob, title: str, run_id: str, task: Sequence[str], job_id: str, attempt: int = 0) -> str:
     """The bash script of a launch inside the allocation ``job_id``, run where Slurm's commands are."""
-    return _render("launch.sh.j2", **_run_context(job, title, run_id, task), job_id=job_id)
+    return _render("launch.sh.j2", **_run_context(job, title, run_id, task, attempt=attempt), job_id=job_id)
