@@ -5,6 +5,7 @@ are bad input (exit 2), through the CLI, the cluster file and make."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -68,6 +69,26 @@ def test_restarts_end_with_the_last_attempts_exit_code(project: LocalProject) ->
     never = project.mlenv("launch", "--launcher", "torchrun", "--max-restarts", "0", "flaky.py", "--until", "9",
                           timeout=240)
     assert never.returncode == 3 and "restarting it" not in never.stderr
+
+
+def test_a_node_failing_first_twice_is_excluded_and_without_a_spare_the_run_stops(project: LocalProject) -> None:
+    result = project.mlenv("launch", "--launcher", "torchrun", "--max-restarts", "3", "flaky.py", "--until", "9",
+                           timeout=240)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert sorted({attempt for attempt, _, _ in attempts(result.stdout)}) == [0, 1]
+    host = f"{project.app}-1"
+    assert (f"excluding {host} (node-1) from the next attempts: it failed first in 2 attempts of the run"
+            in result.stderr)
+    assert result.stderr.rstrip().splitlines()[-1] == (
+        f"error: {host} must be left out of the run (mlenv nodes says why), and {project.name} has no spare node to "
+        "take their place: stopping. mlenv nodes --forget-excluded lets the run use them again")
+    listed = json.loads(project.ok("nodes", "--json").stdout)["excluded"]
+    assert [(e["node"], e["host"]) for e in listed] == [(1, host)]
+    assert "failed first in 2 attempts" in project.ok("nodes").stdout
+    again = project.mlenv("launch", "--launcher", "torchrun", "flaky.py", "--until", "0")  # still left out
+    assert again.returncode == 1 and f"{host} must be left out" in again.stderr
+    project.ok("nodes", "--forget-excluded")
+    assert project.ok("launch", "--launcher", "torchrun", "flaky.py", "--until", "0", timeout=240).returncode == 0
 
 
 def test_bad_restart_counts_are_bad_input(tmp_path: Path) -> None:

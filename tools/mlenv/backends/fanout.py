@@ -77,7 +77,7 @@ class FanoutJobs:
                               stdin=secrets_input(names, dict(secrets)))
         return LaunchOutcome(result.exit_code, dict(result.exit_codes), {n: str(p) for n, p in logs.items()},
                              result.first_failure, detached=detach, stopped=result.stopped,
-                             interrupted=result.interrupted)
+                             interrupted=result.interrupted, hosts={n.ordinal: n.name for n in nodes})
 
     def stop(self, handle: Handle) -> int:
         """The runtime's ``stop`` on every node: every job mlenv started there ends; the nodes stay."""
