@@ -15,13 +15,16 @@ import pytest
 from tests.integration.local_cluster import LocalProject, make_project, require_local
 from tests.integration.test_makefile import make
 
-# No torch: node 1's first rank fails until the attempt named by --until (exclusive); everyone says who they are.
+# No torch: until the attempt named by --until (exclusive), the first rank of one node fails: node --bad-node, or
+# else node 0 then node 1 in turn (so that no node fails first twice); everyone says who they are.
 FLAKY_JOB = """\
 import os, sys
 attempt, until = int(os.environ["MLENV_RESTART_COUNT"]), int(sys.argv[2])
+failing = sys.argv[4] if sys.argv[3:4] == ["--bad-node"] else str(attempt % 2)
 node, local = os.environ["MLENV_NODE_RANK"], os.environ["LOCAL_RANK"]
-print(f"attempt {attempt} of run {os.environ['MLENV_RUN_ID']} on node {node} rank {os.environ['RANK']}", flush=True)
-if node == "1" and local == "0" and attempt < until:
+print(f"attempt {attempt} of run {os.environ['MLENV_RUN_ID']} on node {node} rank {os.environ['RANK']} "
+      f"checkpoints {os.environ['MLENV_CHECKPOINT_DIR']}", flush=True)
+if node == failing and local == "0" and attempt < until:
     print("failing on purpose", flush=True)
     sys.exit(3)
 """
@@ -51,11 +54,13 @@ def test_a_failed_run_is_restarted_until_it_succeeds(project: LocalProject) -> N
     seen = attempts(result.stdout)
     assert sorted((attempt, rank) for attempt, _, rank in seen) == [(a, r) for a in range(3) for r in range(4)]
     (run_id,) = {run for _, run, _ in seen}  # the same MLENV_RUN_ID every time
+    assert set(re.findall(r"checkpoints (\S+)", result.stdout)) == {f"checkpoints/{run_id}"}  # and checkpoints
     for attempt in (1, 2):
         assert (f"run {run_id} failed with exit code 3: restarting it, attempt {attempt} of at most 3 restarts "
                 f"(MLENV_RESTART_COUNT={attempt})") in result.stderr
     run = project.home / "runs" / run_id
-    assert "failing on purpose" in (run / "node-1.log").read_text()
+    assert "failing on purpose" in (run / "node-0.log").read_text()
+    assert "failing on purpose" in (run / "attempt-1" / "node-1.log").read_text()
     assert "attempt 2 of run" in (run / "attempt-2" / "node-1.log").read_text()
 
 
@@ -73,9 +78,9 @@ def test_restarts_end_with_the_last_attempts_exit_code(project: LocalProject) ->
 
 def test_a_node_failing_first_twice_is_excluded_and_without_a_spare_the_run_stops(project: LocalProject) -> None:
     result = project.mlenv("launch", "--launcher", "torchrun", "--max-restarts", "3", "flaky.py", "--until", "9",
-                           timeout=240)
+                           "--bad-node", "1", timeout=240)
     assert result.returncode == 1, result.stdout + result.stderr
-    assert sorted({attempt for attempt, _, _ in attempts(result.stdout)}) == [0, 1]
+    assert sorted({attempt for attempt, _, _ in attempts(result.stdout)}) == [0, 1], result.stdout[-3000:]
     host = f"{project.app}-1"
     assert (f"excluding {host} (node-1) from the next attempts: it failed first in 2 attempts of the run"
             in result.stderr)

@@ -53,7 +53,8 @@ class FanoutJobs:
         options = ["--launcher", spec.launcher, *(["--nproc", str(spec.nproc)] if spec.nproc else []),
                    "--run-dir", run_dir(spec.run_id), *(["--detach"] if spec.detach else [])]
         command = self.runtime(handle, "launch", *options, "--", spec.script, *spec.args)
-        env = {"MLENV_RUN_ID": spec.run_id, "MLENV_RESTART_COUNT": str(spec.attempt), "PYTHONUNBUFFERED": "1"}
+        env = {"MLENV_RUN_ID": spec.run_id, "MLENV_RESTART_COUNT": str(spec.attempt),
+               "MLENV_CHECKPOINT_DIR": checkpoint_dir(spec.run_id), "PYTHONUNBUFFERED": "1"}
         commands = {ordinal: command for ordinal in range(handle.nodes)}
         return LaunchRequest(spec, launch_text(handle, spec, env, commands), commands, env)
 
@@ -143,6 +144,12 @@ def _state(job: dict[str, Any] | None) -> str:
         return "-"
     code = job.get("exit_code")
     return f"{job.get('state', '?')} ({code})" if code is not None else str(job.get("state", "?"))
+
+
+def checkpoint_dir(run_id: str) -> str:
+    """Where a run's script keeps its checkpoints, relative to the node's workspace (the run's working directory):
+    the same for every attempt, and shared by the nodes when the workspace is."""
+    return f"checkpoints/{run_id}"
 
 
 def launch_text(handle: Handle, spec: LaunchSpec, env: Mapping[str, str],

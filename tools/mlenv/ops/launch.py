@@ -104,6 +104,9 @@ def launch(target: Target, spec: LaunchSpec) -> LaunchResult:
 
     from mlenv.ui import warn
 
+    if spec.detach and spec.max_restarts:
+        warn(f"--max-restarts {spec.max_restarts}: a detached run is not restarted yet (only attached runs are); "
+             "on Slurm, slurm.requeue with slurm.signal requeues it after the warning signal")
     recorded = target.recorded.excluded if target.recorded else ()
     excluded = {str(entry["host"]) for entry in recorded if "host" in entry}
     spec = replace(spec, exclude=tuple(sorted({*spec.exclude, *excluded})))

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import mlenv
-from mlenv.backends.fanout import run_dir
+from mlenv.backends.fanout import checkpoint_dir, run_dir
 from mlenv.backends.remote import RUNTIME_DIR
 from mlenv.backends.slurm.settings import SlurmSettings
 from mlenv.config.model import Container
@@ -190,7 +190,8 @@ def srun_line(job: SlurmJob, run_id: str, task: Sequence[str]) -> Shell:
 
 def _run_context(job: SlurmJob, title: str, run_id: str, task: Sequence[str], batch: bool = False,
                  attempt: int = 0, exclude: Sequence[str] = ()) -> dict[str, Any]:
-    env = {**job.env, "MLENV_RUN_ID": run_id, "MLENV_RUN_DIR": job.run_path(run_id), "PYTHONUNBUFFERED": "1"}
+    env = {**job.env, "MLENV_RUN_ID": run_id, "MLENV_RUN_DIR": job.run_path(run_id),
+           "MLENV_CHECKPOINT_DIR": f"{job.workdir}/{checkpoint_dir(run_id)}", "PYTHONUNBUFFERED": "1"}
     return {**_context(job, title, f"{job.run_path(run_id)}/{OUTPUT_FILE}", batch), "env": env,
             "runtime_path": job.runtime_path, "port_base": PORT_BASE, "port_span": PORT_SPAN,
             "srun": srun_line(job, run_id, task), "attempt": attempt, "exclude": ",".join(exclude)}
