@@ -1,14 +1,14 @@
 # mlenv: thin front end over the `mlenv` CLI. `make help` lists the targets.
 # Variables: CLUSTER (deployment, cluster name or file), MODE (rdma|tcp), NODES, IMAGE, OUT, POD, CMD, FOLLOW,
 #            DELETE_DATA, YES, SCRIPT, ARGS, LAUNCHER, DETACH, ENV, NAME, STEPS, SIZES, VENV, LOG_RANK,
-#            MAX_RESTARTS.
+#            EXPECT_TRANSPORT, HANG_TIMEOUT, ON_HANG, MAX_RESTARTS.
 
 SHELL := /bin/bash
 VENV ?= .venv
 # Every value reaches the CLI through the environment ("$$VAR"), never spliced into the shell command line, and
 # verbatim: make does not expand a `$` inside it (make exec CMD='echo $HOSTNAME' echoes each pod's name).
 USER_VARS := CLUSTER MODE NODES IMAGE OUT POD CMD FOLLOW DELETE_DATA YES SCRIPT ARGS LAUNCHER DETACH ENV NAME STEPS \
-             SIZES VENV LOG_RANK MAX_RESTARTS
+             SIZES VENV LOG_RANK EXPECT_TRANSPORT HANG_TIMEOUT ON_HANG MAX_RESTARTS
 $(foreach v,$(USER_VARS),$(if $(filter command line environment,$(origin $(v))),$(eval override $(v) := $$(value $(v)))))
 export $(USER_VARS)
 MLENV = "$$VENV/bin/mlenv"
@@ -17,12 +17,14 @@ POD_OPT = $(if $(POD),--pod "$$POD")
 PLAN_OPTS = $(if $(MODE),--mode "$$MODE") $(if $(NODES),--nodes "$$NODES")
 IMAGE_OPT = $(if $(IMAGE),--image "$$IMAGE")
 ENV_OPTS = $(if $(ENV),--env "$$ENV")
+EXPECT_OPT = $(if $(EXPECT_TRANSPORT),--expect-transport "$$EXPECT_TRANSPORT")
+HANG_OPTS = $(if $(HANG_TIMEOUT),--hang-timeout "$$HANG_TIMEOUT") $(if $(ON_HANG),--on-hang "$$ON_HANG")
 RESTARTS_OPT = $(if $(MAX_RESTARTS),--max-restarts "$$MAX_RESTARTS")
 
 .DEFAULT_GOAL := help
 .PHONY: help install install-train install-system test lint bench demo list-clusters validate-cluster \
         render-cluster deploy-cluster-dry-run deploy-cluster use status-cluster sync-multi-node shell-multi-node \
-        exec logs clean-cluster launch launch-dry-run stop nccl-test doctor discover
+        exec logs clean-cluster launch launch-dry-run stop top stacks nccl-test doctor discover
 
 help: ## List the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  \033[1m%-24s\033[0m %s\n", $$1, $$2}'
@@ -85,13 +87,19 @@ exec: install ## Run CMD="..." on every node (or POD=N) in parallel
 logs: install ## The latest run's output of every node (or POD=N, or one rank: LOG_RANK=N); FOLLOW=1 follows it
 	@$(MLENV) logs $(CLUSTER_OPT) $(POD_OPT) $(if $(FOLLOW),--follow) $(if $(LOG_RANK),--rank "$$LOG_RANK")
 
-launch: install ## Run SCRIPT= [ARGS=] [LAUNCHER=deepspeed|torchrun] [ENV="HF_TOKEN ..."] [DETACH=1] [MAX_RESTARTS=N] on every node
+launch: install ## Run SCRIPT= [ARGS=] [LAUNCHER=] [ENV=] [DETACH=1] [EXPECT_TRANSPORT=] [HANG_TIMEOUT=s [ON_HANG=stop]] [MAX_RESTARTS=N] on every node
 	@$(MLENV) launch $(CLUSTER_OPT) $(if $(LAUNCHER),--launcher "$$LAUNCHER") $(if $(ARGS),--args "$$ARGS") \
-	    $(ENV_OPTS) $(if $(DETACH),--detach) $(RESTARTS_OPT) -- "$${SCRIPT:-train_multi_node.py}"
+	    $(ENV_OPTS) $(if $(DETACH),--detach) $(EXPECT_OPT) $(HANG_OPTS) $(RESTARTS_OPT) -- "$${SCRIPT:-train_multi_node.py}"
 
 launch-dry-run: install ## Print what launch would run on every node (same variables as launch)
 	@$(MLENV) launch $(CLUSTER_OPT) $(if $(LAUNCHER),--launcher "$$LAUNCHER") $(if $(ARGS),--args "$$ARGS") \
-	    $(ENV_OPTS) $(if $(DETACH),--detach) $(RESTARTS_OPT) --dry-run -- "$${SCRIPT:-train_multi_node.py}"
+	    $(ENV_OPTS) $(if $(DETACH),--detach) $(EXPECT_OPT) $(HANG_OPTS) $(RESTARTS_OPT) --dry-run -- "$${SCRIPT:-train_multi_node.py}"
+
+stacks: install ## Python stack of every rank of the latest run (or POD=N's), grouped, odd ones out first
+	@$(MLENV) stacks $(CLUSTER_OPT) $(POD_OPT)
+
+top: install ## Live GPU state of every node (or POD=N): GPUs, Xid/ECC events, ranks' CPU, RSS, last output
+	@$(MLENV) top $(CLUSTER_OPT) $(POD_OPT)
 
 stop: install ## Stop the running job on every node (the environment stays)
 	@$(MLENV) stop $(CLUSTER_OPT)

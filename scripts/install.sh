@@ -28,9 +28,10 @@ fi
 for what in "$@"; do
   case "$what" in
     train)
-      if ! "$VENV/bin/python" -c 'import torch, deepspeed' 2>/dev/null; then
-        step "installing torch 2.13.0 (CPU) and deepspeed (a few minutes the first time)"
-        "$VENV/bin/pip" install --quiet --disable-pip-version-check 'torch==2.13.0' 'deepspeed==0.19.8'
+      if ! "$VENV/bin/python" -c 'import torch, deepspeed' 2>/dev/null || [ ! -x "$VENV/bin/py-spy" ]; then
+        step "installing torch 2.13.0 (CPU), deepspeed and py-spy (a few minutes the first time)"
+        "$VENV/bin/pip" install --quiet --disable-pip-version-check 'torch==2.13.0' 'deepspeed==0.19.8' \
+          'py-spy==0.4.3'
       fi
       ;;
     system)

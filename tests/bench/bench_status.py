@@ -1,7 +1,7 @@
 """`mlenv status` of a 256-pod deployment on the fake API server, against `kubectl get pods -o json` there.
 
 Counts the API calls status makes (aim: 1, one list of pods) and its wall time against the bare kubectl call,
-which status makes through openshift-client (plus a local `config view`, a Python start and the table; --json
+which status makes itself (plus a local `config view`, a Python start and the table; --json
 shows the cost without the table)."""
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from . import errors, patches
@@ -70,6 +70,8 @@ class Api:
     def __init__(self, store: Store, admission: Admission) -> None:
         self.store = store
         self.admission = admission
+        self.pod_deleter: Callable[[dict[str, Any], float | None], dict[str, Any]] | None = None
+        """Deletes pods gracefully (the kubelet stops them first) when set; else a pod goes at once."""
 
     def save(
         self, rt: ResourceType, obj: dict[str, Any], current: dict[str, Any] | None, dry_run: bool = False
@@ -123,12 +125,16 @@ class Api:
             return self.save(rt, _check_identity(rt, patched, namespace, name), current, dry_run), False
 
     def delete(
-        self, rt: ResourceType, namespace: str, name: str, propagation: str, dry_run: bool = False
+        self, rt: ResourceType, namespace: str, name: str, propagation: str, dry_run: bool = False,
+        grace: float | None = None,
     ) -> dict[str, Any]:
-        """DELETE one object. Dependents are garbage-collected by the controller, or orphaned on request."""
+        """DELETE one object (a pod within ``grace`` seconds, default its terminationGracePeriodSeconds, when pods
+        run). Dependents are garbage-collected by the controller, or orphaned on request."""
         with self.store.lock:
             if dry_run:
                 return self.store.require(rt, namespace, name)
+            if rt.kind == "Pod" and self.pod_deleter is not None:
+                return self.pod_deleter(self.store.require(rt, namespace, name), grace)
             gone = self.store.delete(rt, namespace, name)
             if propagation == "Orphan":
                 self._orphan(gone["metadata"]["uid"])

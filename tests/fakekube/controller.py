@@ -18,7 +18,7 @@ import threading
 import time
 import uuid
 from dataclasses import astuple
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import scheduler
 from .api import Api
@@ -26,6 +26,9 @@ from .errors import ApiError
 from .faults import Faults
 from .resources import RESOURCES, ResourceType, by_kind
 from .store import Store, now_iso
+
+if TYPE_CHECKING:
+    from .kubelet import Kubelet, View
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +38,7 @@ NODES = by_kind("Node")
 EVENTS = by_kind("Event")
 NAMESPACES = by_kind("Namespace")
 STATEFULSETS = by_kind("StatefulSet")
+SERVICES = by_kind("Service")
 POD_NAME_LABEL = "statefulset.kubernetes.io/pod-name"
 POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"
 REVISION_LABEL = "controller-revision-hash"
@@ -70,8 +74,10 @@ class Controller:
     """Reconciles the store towards what real controllers, scheduler and kubelets would make of it."""
 
     def __init__(self, store: Store, api: Api, faults: Faults, failures: list[str], ready_delay: float = 0.0,
-                 resync_seconds: float = 0.1) -> None:
+                 resync_seconds: float = 0.1, kubelet: Kubelet | None = None) -> None:
         self.store = store
+        self.kubelet = kubelet
+        """Runs the pods' containers for real when set; else pods only look Running."""
         self.api = api
         self.faults = faults
         self.failures = failures
@@ -166,7 +172,10 @@ class Controller:
             meta = obj["metadata"]
             owner = _controller_uid(obj)
             if (rt.namespaced and meta.get("namespace") not in namespaces) or (owner and owner not in uids):
-                self.store.delete(rt, meta.get("namespace", ""), meta["name"])
+                if rt is PODS:
+                    self.delete_pod(obj)
+                else:
+                    self.store.delete(rt, meta.get("namespace", ""), meta["name"])
                 self._scheduled_at.pop(meta["uid"], None)
 
     def _bind_claims(self) -> None:
@@ -205,8 +214,8 @@ class Controller:
         rolling = (spec.get("updateStrategy") or {}).get("type") != "OnDelete"
         for index, pod in self._owned_pods(sts).items():
             outdated = rolling and pod["metadata"].get("labels", {}).get(REVISION_LABEL) != revision
-            if index >= replicas or outdated:
-                self.store.delete(PODS, pod["metadata"]["namespace"], pod["metadata"]["name"])
+            if (index >= replicas or outdated) and not pod["metadata"].get("deletionTimestamp"):
+                self.delete_pod(pod)
                 self.record_event(sts, "Normal", "SuccessfulDelete",
                                   f"delete Pod {pod['metadata']['name']} in StatefulSet "
                                   f"{sts['metadata']['name']} successful", "statefulset-controller")
@@ -296,6 +305,35 @@ class Controller:
         if sts.get("status") != status:
             self.store.update(STATEFULSETS, {**sts, "status": status})
 
+    # --- pod deletion ---------------------------------------------------------------------------------------
+
+    def delete_pod(self, pod: dict[str, Any], grace: float | None = None) -> dict[str, Any]:
+        """Delete a pod: at once, or (with a kubelet running it) gracefully: marked with deletionTimestamp, its
+        container stopped (SIGTERM, SIGKILL after ``grace``, default terminationGracePeriodSeconds), then removed.
+        Returns the pod as the DELETE answers it."""
+        meta = pod["metadata"]
+        if self.kubelet is None or not (pod.get("spec") or {}).get("nodeName"):
+            return self.store.delete(PODS, meta["namespace"], meta["name"])
+        if meta.get("deletionTimestamp"):
+            return pod
+        seconds = grace if grace is not None else float(pod["spec"].get("terminationGracePeriodSeconds", 30))
+        marked = copy.deepcopy(pod)
+        marked["metadata"].update(deletionTimestamp=now_iso(), deletionGracePeriodSeconds=int(seconds))
+        marked = self.store.update(PODS, marked)
+        container = (pod["spec"].get("containers") or [{}])[0].get("name", "")
+        self.record_event(pod, "Normal", "Killing", f"Stopping container {container}", "kubelet",
+                          pod["spec"]["nodeName"])
+        namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
+        self.kubelet.delete(uid, seconds, lambda: self._forget_pod(namespace, name, uid))
+        return marked
+
+    def _forget_pod(self, namespace: str, name: str, uid: str) -> None:
+        """Remove a gracefully deleted pod once its kubelet stopped it."""
+        with self.store.lock:
+            current = self.store.get(PODS, namespace, name)
+            if current is not None and current["metadata"]["uid"] == uid:
+                self.store.delete(PODS, namespace, name)
+
     # --- scheduler and kubelet ------------------------------------------------------------------------------
 
     @staticmethod
@@ -310,8 +348,12 @@ class Controller:
         pods = sorted(self.store.list(PODS), key=_natural_key)
         placed = [(p, nodes[p["spec"]["nodeName"]]) for p in pods
                   if (p.get("spec") or {}).get("nodeName") in nodes]
+        services = self.store.list(SERVICES) if self.kubelet is not None else []
+        if self.kubelet is not None:
+            self.kubelet.prune({p["metadata"]["uid"] for p in pods})
+            self._waiting = self.kubelet.waiting()
         for pod in pods:
-            if (pod.get("status") or {}).get("phase") in ("Running", "Succeeded", "Failed"):
+            if self.kubelet is None and (pod.get("status") or {}).get("phase") in ("Running", "Succeeded", "Failed"):
                 continue
             node_name = (pod.get("spec") or {}).get("nodeName")
             if not node_name:
@@ -320,7 +362,10 @@ class Controller:
                     continue
                 placed.append((pod, node))
                 pod = self.store.get(PODS, pod["metadata"]["namespace"], pod["metadata"]["name"]) or pod
-            self._start_containers(pod, nodes.get(pod["spec"]["nodeName"]))
+            if self.kubelet is None:
+                self._start_containers(pod, nodes.get(pod["spec"]["nodeName"]))
+            elif not pod["metadata"].get("deletionTimestamp"):
+                self._write_view(pod, self.kubelet.sync(pod, pods, services))
         alive = {p["metadata"]["uid"] for p in pods}
         for uid in set(self._scheduled_at) - alive:
             del self._scheduled_at[uid]
@@ -345,7 +390,7 @@ class Controller:
         node_name = node["metadata"]["name"]
         node_ip = next(a["address"] for a in node["status"]["addresses"] if a["type"] == "InternalIP")
         n = next(self._pod_ips)
-        pod_ip = f"10.128.{n // 250}.{n % 250 + 2}"
+        pod_ip = self.kubelet.pod_ip(n) if self.kubelet else f"10.128.{n // 250}.{n % 250 + 2}"
         updated["spec"]["nodeName"] = node_name
         status.update(phase="Pending", conditions=[_condition("PodScheduled", True)], hostIP=node_ip,
                       hostIPs=[{"ip": node_ip}], podIP=pod_ip, podIPs=[{"ip": pod_ip}], startTime=now_iso())
@@ -378,6 +423,39 @@ class Controller:
         host = node["metadata"]["name"] if node else ""
         for container in containers:
             self._container_events(pod, container, running, host)
+
+    def _write_view(self, pod: dict[str, Any], view: View) -> None:
+        """The status of a pod the kubelet runs, from what it reports; events on the transitions."""
+        container = (pod["spec"].get("containers") or [{}])[0]
+        image, name = container.get("image", ""), container.get("name", "")
+        entry: dict[str, Any] = {"name": name, "image": image, "imageID": "", "ready": view.running,
+                                 "started": view.running, "restartCount": view.restarts, "state": view.state,
+                                 "lastState": view.last_state}
+        if view.container_id:
+            entry.update(imageID=f"{image}@sha256:{hashlib.sha256(image.encode()).hexdigest()}",
+                         containerID=view.container_id)
+        why = ("", "") if view.running else ("ContainersNotReady", f"containers with unready status: [{name}]")
+        status = {**pod["status"], "phase": view.phase, "containerStatuses": [entry], "conditions": [
+            _condition("PodReadyToStartContainers", True), _condition("Initialized", True),
+            _condition("Ready", view.running, *why), _condition("ContainersReady", view.running, *why),
+            _condition("PodScheduled", True)]}
+        old = pod.get("status") or {}
+        if old.get("containerStatuses") == status["containerStatuses"] and old.get("phase") == view.phase:
+            return
+        self.store.update(PODS, {**pod, "status": status})
+        host = pod["spec"].get("nodeName", "")
+        waiting = view.state.get("waiting") or {}
+        if view.running and view.restarts == 0:
+            self._container_events(pod, container, True, host)
+        elif view.running:
+            self.record_event(pod, "Normal", "Started", f"Started container {name} (restart {view.restarts})",
+                              "kubelet", host)
+        elif waiting.get("reason") == "CrashLoopBackOff":
+            self.record_event(pod, "Warning", "BackOff", f"Back-off restarting failed container {name} in pod "
+                              f"{pod['metadata']['name']}_{pod['metadata']['namespace']}({pod['metadata']['uid']})",
+                              "kubelet", host)
+        elif waiting.get("reason") == "CreateContainerError":
+            self.record_event(pod, "Warning", "Failed", f"Error: {waiting.get('message', '')}", "kubelet", host)
 
     def _write_container_status(self, pod: dict[str, Any], containers: list[dict[str, Any]],
                                 states: list[dict[str, Any]], running: bool) -> None:

@@ -56,7 +56,7 @@ class FakeCluster:
     """A running FakeKube plus what a client process needs to reach it.
 
     ``env`` is os.environ with KUBECONFIG, KUBECACHEDIR (discovery cache kept per test) and, when kubectl was
-    found, OPENSHIFT_CLIENT_PYTHON_DEFAULT_OC_PATH (so openshift-client drives kubectl instead of oc).
+    found, OPENSHIFT_CLIENT_PYTHON_DEFAULT_OC_PATH (so mlenv drives kubectl instead of oc).
     """
 
     server: FakeKube

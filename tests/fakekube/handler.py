@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import ssl
 import time
 from collections.abc import Set as AbstractSet
@@ -13,7 +14,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 import yaml
 
-from . import access, errors, openapi, protobuf, resources, tables
+from . import access, errors, openapi, protobuf, resources, streams, tables
 from .api import APPLY, PATCHERS, list_document, success_status
 from .errors import ApiError
 from .requestlog import RequestRecord
@@ -90,7 +91,7 @@ def _route(path: str, method: str, query: dict[str, str], hidden: AbstractSet[st
         route.verb = "delete" if route.name else "deletecollection"
     else:
         route.verb = VERBS.get(method, "")
-    if route.verb not in rt.verbs or (route.verb == "create" and route.name):
+    if route.verb not in rt.verbs or (route.verb == "create" and route.name and not route.subresource):
         raise errors.method_not_allowed()
     return route
 
@@ -322,11 +323,14 @@ class Handler(BaseHTTPRequestHandler):
         options = self._body(raw) or {}
         propagation = route.query.get("propagationPolicy") or options.get("propagationPolicy") or "Background"
         dry_run = dry_run or options.get("dryRun") == ["All"]
+        grace = route.query.get("gracePeriodSeconds") or options.get("gracePeriodSeconds")
+        grace = None if grace is None else float(grace)
         api = self.fake.api
         if route.verb == "delete":
-            return success_status(route.rt, api.delete(route.rt, route.namespace, route.name, propagation, dry_run))
+            return success_status(route.rt, api.delete(route.rt, route.namespace, route.name, propagation, dry_run,
+                                                       grace))
         with self.fake.store.lock:
-            gone = [api.delete(route.rt, route.namespace, o["metadata"]["name"], propagation, dry_run)
+            gone = [api.delete(route.rt, route.namespace, o["metadata"]["name"], propagation, dry_run, grace)
                     for o in api.select(route.rt, route.namespace or None, route.query)]
             return list_document(route.rt, gone, self.fake.store.resource_version)
 
@@ -348,8 +352,12 @@ class Handler(BaseHTTPRequestHandler):
                 self.fake.controller.reconcile()
             self._send_json(200, document)
             return 200
+        if (route.rt.plural, route.subresource) == ("pods", "exec") and self.fake.kubelet is not None:
+            return self._exec(self.fake.store.require(route.rt, ns, name), route)
         if (route.rt.plural, route.subresource, route.verb) == ("pods", "log", "get"):
             pod = self.fake.store.require(route.rt, ns, name)
+            if self.fake.kubelet is not None and self._kubelet_log(pod, route):
+                return 200
             status = pod.get("status") or {}
             if status.get("phase") != "Running":
                 container = route.query.get("container") or pod["spec"]["containers"][0].get("name", "")
@@ -360,6 +368,71 @@ class Handler(BaseHTTPRequestHandler):
             self._send(200, self.fake.pod_logs.get((ns, name), "").encode(), "text/plain")
             return 200
         raise errors.path_not_found()
+
+    # --- pods the kubelet runs: exec and logs -----------------------------------------------------------------
+
+    def _container(self, pod: dict[str, Any], route: Route) -> str:
+        """The container a request names (default: the first); BadRequest for one the pod does not have."""
+        names = [c.get("name", "") for c in pod["spec"].get("containers") or []]
+        wanted = route.query.get("container") or names[0]
+        if wanted not in names:
+            raise errors.bad_request(f"container {wanted} is not valid for pod {pod['metadata']['name']}")
+        return wanted
+
+    def _exec(self, pod: dict[str, Any], route: Route) -> int:
+        """``pods/exec`` over a WebSocket (v5/v4 channel protocol); 400 before the upgrade when the container does
+        not run, as the kubelet answers (kubectl then says ``unable to upgrade connection: ...``)."""
+        assert self.fake.kubelet is not None
+        name = self._container(pod, route)
+        container = self.fake.kubelet.running(pod["metadata"]["uid"])
+        if container is None:
+            raise errors.bad_request(f'container not found ("{name}")')
+        if self.headers.get("Upgrade", "").lower() != "websocket":
+            raise errors.bad_request("fakekube serves exec over WebSocket (v5.channel.k8s.io) only, not SPDY")
+        protocol = streams.choose_protocol(self.headers.get("Sec-WebSocket-Protocol", ""))
+        if protocol is None:
+            raise errors.bad_request(f"none of the offered subprotocols is served: {list(streams.PROTOCOLS)}")
+        flags = {k: route.query.get(k) in ("true", "1") for k in ("stdin", "stdout", "stderr", "tty")}
+        command = [v for k, v in parse_qsl(urlsplit(self.path).query) if k == "command"]
+        if not command:
+            raise errors.bad_request("you must specify at least 1 command")
+        self.send_response(101)
+        for key, value in streams.handshake_headers(self.headers.get("Sec-WebSocket-Key", ""), protocol).items():
+            self.send_header(key, value)
+        self.end_headers()
+        self.wfile.flush()
+        self._log(101)
+        session = streams.ExecSession(self.rfile, self.wfile, protocol,  # type: ignore[arg-type]
+                                      lambda: self.connection.shutdown(socket.SHUT_RDWR))
+        session.run(container.exec_argv(command), command, stdin=flags["stdin"], stdout=flags["stdout"],
+                    stderr=flags["stderr"], tty=flags["tty"])
+        self.close_connection = True
+        return 101
+
+    def _kubelet_log(self, pod: dict[str, Any], route: Route) -> bool:
+        """Serve ``pods/log`` from the container's real output (``follow``: until it ends); False when the
+        container never started (the caller says why)."""
+        assert self.fake.kubelet is not None
+        self._container(pod, route)
+        found = self.fake.kubelet.log(pod["metadata"]["uid"], route.query.get("previous") in ("true", "1"))
+        if found is None:
+            return False
+        path, ended = found
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+
+        def chunk(data: bytes) -> None:
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            self.wfile.flush()
+
+        try:
+            streams.stream_log(chunk, path, ended, route.query.get("follow") in ("true", "1"))
+            self.wfile.write(b"0\r\n\r\n")
+        except OSError:
+            self.close_connection = True
+        return True
 
     # --- watch ----------------------------------------------------------------------------------------------
 

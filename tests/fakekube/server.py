@@ -6,8 +6,10 @@ import base64
 import copy
 import dataclasses
 import os
+import shutil
 import ssl
 import sys
+import tempfile
 import threading
 from collections.abc import Iterable, Mapping
 from http.server import ThreadingHTTPServer
@@ -24,6 +26,7 @@ from .api import Api
 from .controller import Controller
 from .faults import Faults
 from .handler import Handler
+from .kubelet import Kubelet
 from .requestlog import RequestLog
 from .resources import OPENSHIFT_GROUPS, RESOURCES, ResourceType, by_kind
 from .seeds import NodeSpec
@@ -69,7 +72,10 @@ class FakeKube:
     :class:`NodeSpec`s; ``namespaces``: namespaces that exist from the start; ``storage_classes``: StorageClass
     objects (default :data:`seeds.DEFAULT_STORAGE_CLASSES`); ``openshift``: serve the OpenShift API groups (with
     the default SCCs) or not, like plain Kubernetes; ``ready_delay``: seconds between a pod being scheduled and
-    becoming Ready. Use as a context manager, or call start() and stop().
+    becoming Ready; ``run_pods``: really run scheduled pods on this machine (:mod:`kubelet`; ``restart_backoff`` is
+    the first CrashLoopBackOff delay; ``pod_network=False``: no network namespaces even as root), and serve exec
+    and logs from them. Use as a context manager, or call start()
+    and stop(): stop ends every pod's processes.
 
     Tests steer it through ``faults`` (see :class:`Faults`), ``forbidden_namespaces`` (requests in them get
     403 Forbidden), ``denied`` (:class:`Deny` rules: 403 and "no" from access reviews), ``held`` (hung
@@ -92,6 +98,9 @@ class FakeKube:
         resync_seconds: float = 0.1,
         host: str = "127.0.0.1",
         port: int = 0,
+        run_pods: bool = False,
+        restart_backoff: float = 10.0,
+        pod_network: bool | None = None,
     ) -> None:
         self.token = token
         self.user = user
@@ -109,7 +118,16 @@ class FakeKube:
         self.failures: list[str] = []  # bugs of the fake itself (handler or controller exceptions)
         self.store = Store()
         self.api = Api(self.store, Admission(self.faults))
-        self.controller = Controller(self.store, self.api, self.faults, self.failures, ready_delay, resync_seconds)
+        self.kubelet: Kubelet | None = None
+        """With ``run_pods``: runs scheduled pods' containers on this machine (see kubelet.py); else None."""
+        self._pod_root: Path | None = None
+        if run_pods:
+            self._pod_root = Path(tempfile.mkdtemp(prefix="fakekube-pods-"))
+            self.kubelet = Kubelet(self._pod_root, lambda: self.controller.reconcile(), restart_backoff, pod_network)
+        self.controller = Controller(self.store, self.api, self.faults, self.failures, ready_delay, resync_seconds,
+                                     self.kubelet)
+        if self.kubelet is not None:
+            self.api.pod_deleter = self.controller.delete_pod
         self.stopping = False
         self._address = (host, port)
         self._httpd: _HTTPSServer | None = None
@@ -147,6 +165,9 @@ class FakeKube:
             self._thread.join()
             self._thread = None
         self.controller.stop()
+        if self.kubelet is not None and self._pod_root is not None:
+            self.kubelet.shutdown()
+            shutil.rmtree(self._pod_root, ignore_errors=True)
 
     def __enter__(self) -> FakeKube:
         return self.start()

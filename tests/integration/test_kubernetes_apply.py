@@ -1,5 +1,5 @@
-"""What deploy sends is what render prints, and the NetworkPolicy among it: through the real kubectl (driven by
-openshift-client) against fakekube, and the ``mlenv`` CLI in-process (fixtures of test_openshift_backend)."""
+"""What deploy sends is what render prints, and the NetworkPolicy among it: through the real kubectl against
+fakekube, and the ``mlenv`` CLI in-process (fixtures of test_openshift_backend)."""
 
 from __future__ import annotations
 

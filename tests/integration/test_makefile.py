@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TARGETS = ("install", "install-train", "install-system", "test", "lint", "bench", "demo", "list-clusters",
            "validate-cluster", "render-cluster", "deploy-cluster-dry-run", "deploy-cluster", "use", "status-cluster",
            "sync-multi-node", "shell-multi-node", "exec", "logs", "launch", "launch-dry-run", "stop", "nccl-test",
-           "doctor", "discover", "clean-cluster")
+           "doctor", "discover", "clean-cluster", "top", "stacks")
 
 
 def make(*args: str, home: Path | None = None, stdin: str | None = None,
@@ -102,7 +102,7 @@ def test_variables_reach_the_cli_verbatim(tmp_path: Path, project: LocalProject)
     assert statefulset["spec"]["template"]["spec"]["containers"][0]["image"] == image  # verbatim, `$` included
     spliced = f"$(shell touch {marker})"  # expanded by make, this would create the marker
     for variable in ("FOLLOW", "DELETE_DATA", "YES", "POD", "ARGS", "ENV", "NAME", "DETACH", "STEPS", "VENV",
-                     "LOG_RANK", "MAX_RESTARTS"):
+                     "LOG_RANK", "EXPECT_TRANSPORT", "MAX_RESTARTS"):
         shown = make("-n", "clean-cluster", "logs", "launch", "demo", f"{variable}={spliced}")  # print, run nothing
         assert shown.returncode == 0, shown.stderr
     make("status-cluster", f"POD={spliced}", home=project.home)  # and for real, where it runs nothing else
@@ -131,6 +131,10 @@ def test_launch_logs_stop_and_dry_run(project: LocalProject) -> None:
              home=home, extra_env={"HF_TOKEN": "hf_secret"}).stdout
     assert "launch --launcher torchrun --run-dir .mlenv/runs/" in dry and "-- tiny.py --steps 'two words'" in dry
     assert "HF_TOKEN=<forwarded from your environment>" in dry and "hf_secret" not in dry
+    expecting = ok("launch-dry-run", "SCRIPT=tiny.py", "EXPECT_TRANSPORT=sockets", home=home).stdout
+    assert "--expect-transport sockets -- tiny.py" in expecting
+    fast = make("launch-dry-run", "SCRIPT=tiny.py", "EXPECT_TRANSPORT=fast", home=home)
+    assert fast.returncode == 2 and "'fast' is not one of 'rdma', 'sockets', 'any'" in fast.stderr
     launched = ok("launch", "SCRIPT=tiny.py", "LAUNCHER=torchrun", "ENV=HF_TOKEN", home=home,
                   extra_env={"HF_TOKEN": "hf_secret"})
     assert DONE.search(launched.stdout), launched.stdout

@@ -1,4 +1,4 @@
-"""The OpenShift/Kubernetes backend through the real kubectl (driven by openshift-client) against fakekube.
+"""The OpenShift/Kubernetes backend through the real kubectl against fakekube.
 
 Each test starts its own fake cluster (nodes gpu-0 and gpu-1, 8 GPUs each, namespace ``ml``), writes a cluster
 file for it and runs the ``mlenv`` CLI in-process; ``.mlenv/state.json`` goes to the test's MLENV_HOME.

@@ -3,8 +3,8 @@
 The stand-in records its argv, accepts only the flags of the CLI generation it plays, and makes the workload's pods
 on the fake API server with the labels and environment the training operator gives a PyTorchJob master and its
 workers (tests/fixtures/runai/REFERENCE.md); everything mlenv does after submitting goes through kubectl for real.
-The fake has no exec: exec, shell, logs and sync are covered by their command lines, run against a local stand-in
-for `kubectl exec` that runs the command in a directory (the in-pod wrapper for real, with sh and rsync).
+Here exec, logs and sync are covered by their command lines; test_kubernetes_pods runs them for real (with
+fakekube's kubelet running the stand-in's pods): deploy, status, exec, sync, a torchrun job, clean.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,6 @@ from mlenv.cli import main
 from mlenv.plan import load_plan
 from mlenv.runtime.topology import detect_topology
 
-from tests._prereq import require
 from tests.fakekube import NodeSpec
 from tests.fakekube.fixtures import FakeCluster, fake_kube_factory  # noqa: F401 - the fixture, re-exported
 from tests.fakekube.seeds import network_attachment_definition
@@ -308,34 +306,19 @@ def test_doctor(fake: FakeCluster, home: Path, monkeypatch: pytest.MonkeyPatch) 
                                          f"runai/queue={PROJECT}: is it project {PROJECT}'s?")
 
 
-# --- exec, shell, logs and sync: their command lines, run against a local stand-in for `kubectl exec` ----------
-
-FAKE_KUBECTL = """#!/bin/sh
-# kubectl exec -i [-t] -n NS POD -- COMMAND...: record the arguments, then run COMMAND here, like in the pod
-printf '%s\\n' "$*" >> "$KUBECTL_LOG"
-while [ "$1" != "--" ]; do shift; done
-shift
-exec "$@"
-"""
+# --- exec, shell, logs and sync: their command lines (run for real in test_kubernetes_pods) -------------------
 
 
 @pytest.fixture
-def local_pod(tmp_path: Path, home: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[RunaiBackend, Handle, Node]:
-    """A backend whose kubectl runs exec'd commands locally, a runai handle, and node 1 with a local workspace."""
-    kubectl = tmp_path / "kubectl"
-    kubectl.write_text(FAKE_KUBECTL)
-    kubectl.chmod(0o755)
-    monkeypatch.setenv("OPENSHIFT_CLIENT_PYTHON_DEFAULT_OC_PATH", str(kubectl))
-    monkeypatch.setenv("KUBECTL_LOG", str(tmp_path / "kubectl.log"))
-    workspace = tmp_path / "pod-1" / "workspace"
-    workspace.mkdir(parents=True)
+def runai_pod(home: Path) -> tuple[RunaiBackend, Handle, Node]:
+    """A backend, a runai handle, and node 1 (the worker) with the workspace."""
     backend = RunaiBackend()
     handle = backend.prepare(load_plan(cluster_file(home))).handle
-    return backend, handle, Node(ordinal=1, name=WORKER, workspace=str(workspace))
+    return backend, handle, Node(ordinal=1, name=WORKER, workspace="/workspace")
 
 
-def test_exec_logs_and_copy_command_lines(local_pod: tuple[RunaiBackend, Handle, Node]) -> None:
-    backend, handle, node = local_pod
+def test_exec_logs_and_copy_command_lines(runai_pod: tuple[RunaiBackend, Handle, Node]) -> None:
+    backend, handle, node = runai_pod
     kubectl = backend.kubectl
     argv = backend.exec_argv(handle, node, ["python", "a b.py", "$HOME"], env={"K": "v w"}, interactive=True)
     assert argv == [kubectl, "exec", "-i", "-t", "-n", NAMESPACE, WORKER, "--", "env", "MLENV_NODE_RANK=1",
@@ -346,28 +329,3 @@ def test_exec_logs_and_copy_command_lines(local_pod: tuple[RunaiBackend, Handle,
     target = backend.copy_target(handle, node)
     assert (target.destination, target.rsh) == (
         f"env:{node.workspace}/", [kubectl, "exec", "-i", "-n", NAMESPACE, WORKER, "--"])
-
-
-def test_exec_runs_in_the_workspace_with_the_node_rank(local_pod: tuple[RunaiBackend, Handle, Node],
-                                                       tmp_path: Path) -> None:
-    backend, handle, node = local_pod
-    argv = backend.exec_argv(handle, node, ["sh", "-c", 'echo "$MLENV_NODE_RANK $K $PWD $PYTHONPATH"'],
-                             env={"K": "v w"})
-    ran = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=True)
-    assert ran.stdout == f"1 v w {node.workspace} {node.workspace}/.mlenv\n"
-    assert (tmp_path / "kubectl.log").read_text().startswith(f"exec -i -n {NAMESPACE} {WORKER} -- env ")
-
-
-def test_sync_copies_with_rsync_through_exec(local_pod: tuple[RunaiBackend, Handle, Node], tmp_path: Path) -> None:
-    """rsync runs `RSH env rsync --server ...`: through `kubectl exec ... --`, `env` runs the pod's rsync."""
-    require("rsync")
-    backend, handle, node = local_pod
-    source = tmp_path / "source"
-    source.mkdir()
-    (source / "train.py").write_text("print('hi')\n")
-    target = backend.copy_target(handle, node)
-    assert target.rsh is not None
-    subprocess.run(["rsync", "-a", "-e", shlex.join(target.rsh), f"{source}/", target.destination],
-                   capture_output=True, text=True, timeout=60, check=True)
-    assert (Path(node.workspace) / "train.py").read_text() == "print('hi')\n"
-    assert f"exec -i -n {NAMESPACE} {WORKER} -- env rsync --server" in (tmp_path / "kubectl.log").read_text()

@@ -167,19 +167,21 @@ def test_a_group_sigterm_reaches_torchrun_once(tmp_path: Path) -> None:
     assert (state["state"], state["first_failure"]) == ("stopped", None)
 
 
-def test_rdma_mode_rejects_a_job_that_ran_over_sockets(tmp_path: Path) -> None:
+def test_rdma_mode_stops_a_job_that_runs_over_sockets(tmp_path: Path) -> None:
     require("torch")
     script = tmp_path / "sockets.py"
     script.write_text(
-        "import os\n"
-        "assert os.environ['NCCL_DEBUG'] == 'INFO'\n"
+        "import os, time\n"
+        "assert (os.environ['NCCL_DEBUG'], os.environ['NCCL_DEBUG_SUBSYS']) == ('INFO', 'INIT,NET')\n"
         "print('n0:7:7 [0] NCCL INFO NET/Socket : Using [0]eth0:10.0.0.5<0>')\n"
-        "print('n0:7:7 [0] NCCL INFO Using network Socket')\n"
+        "print('n0:7:7 [0] NCCL INFO Using network Socket', flush=True)\n"
+        "time.sleep(300)\n"
     )
-    (result,) = launch_nodes(tmp_path, "torchrun", [str(script)], nodes=1, nproc=1, MLENV_NETWORK_MODE="rdma")
-    assert result.status == 1, result.err[-2000:]
-    assert "NCCL transport: SOCKETS" in result.err
-    assert "error: the cluster file asks for rdma but NCCL used SOCKETS" in result.err
+    results = launch_nodes(tmp_path, "torchrun", [str(script)], nodes=2, nproc=1, timeout=120,
+                           MLENV_NETWORK_MODE="rdma")
+    assert [r.status for r in results] == [1, 1], [r.err[-2000:] for r in results]
+    for node, result in enumerate(results):
+        assert f"mlenv: node-{node}: SOCKETS via eth0 (NET/Socket): NCCL chose NET/Socket" in result.out + result.err
 
 
 def test_allreduce_bench_reports_bus_bandwidth(tmp_path: Path) -> None:
@@ -330,3 +332,29 @@ def test_stop_kills_what_ignores_sigterm_after_the_grace_time(tmp_path: Path) ->
     assert job_processes("run-c") == []
     [job] = jobs_of(env)
     assert job["state"] == "stopped" and job["exit_code"] != 0
+
+
+def test_a_lost_node_stops_the_others(tmp_path: Path) -> None:
+    """Node 1's supervisor dies without a word (SIGKILL): node 0 takes its lost control connection for a failure
+    and stops its own share within seconds."""
+    require("torch")
+    script = tmp_path / "sleeps.py"
+    script.write_text("import time\nprint('sleeping', flush=True)\ntime.sleep(300)\n")
+    port, run_dir = free_port(), tmp_path / "run"
+    argv = [sys.executable, "-m", "mlenv.runtime", "launch", "--", str(script)]
+    commands = [(argv, node_env(rank, 2, 1, port, run_dir)) for rank in range(2)]
+    try:
+        with running(commands, tmp_path) as processes:
+            for rank in (0, 1):
+                wait_for_line(NodeDir(run_dir, 0, rank).log, "sleeping")
+            os.killpg(processes[1].pid, signal.SIGKILL)  # node 1's launch and supervisor, at once
+            lost = time.monotonic()
+            assert processes[0].wait(timeout=60) == 1
+            assert time.monotonic() - lost < 10
+    finally:
+        for pid in job_processes(f"test-{port}"):  # node 1's torchrun and rank, orphaned by the kill
+            with suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    state = json.loads(NodeDir(run_dir, 0, 0).state.read_text())
+    assert (state["state"], state["reason"], state["first_failure"]) == ("failed", "lost node 1", None)
+    assert "mlenv: stopping the job: lost node 1" in (tmp_path / "0.err").read_text() + (tmp_path / "0.out").read_text()

@@ -170,6 +170,12 @@ def test_a_failing_node_gives_the_job_its_exit_code(project: Project, slurm_clus
     for follow in ([], ["-f"]):  # the run has ended: following it ends too
         logs = project.ok("logs", "-c", project.name, "--pod", "1", *follow, timeout=30).stdout
         assert any(re.fullmatch(r"\[node-1 r[23]\] failing on purpose", line) for line in logs.splitlines())
+    for rank in (2, 3):  # node 1's ranks: one failed, the other was stopped
+        one = project.mlenv("logs", "-c", project.name, "--rank", str(rank), timeout=30)
+        assert one.returncode == 0 and one.stdout, one.stderr
+        assert all(line.startswith(f"[node-1 r{rank}] ") for line in one.stdout.splitlines()), one.stdout
+    unknown = project.mlenv("logs", "-c", project.name, "--rank", "9", timeout=30)
+    assert (unknown.returncode, unknown.stderr) == (2, "error: rank 9 is not in the latest run of hpc\n")
 
 
 def steps(cluster: SlurmCluster, job_id: str) -> list[str]:
@@ -360,3 +366,30 @@ def test_doctor(tmp_path: Path, slurm_cluster: SlurmCluster) -> None:
     assert checks["partition"] == ("FAIL", "down is down")
     assert checks["gpus"] == ("FAIL", "0 usable nodes have 4 or more GPUs (gres 2 per node)")
     assert checks["workdir"][0] == "PASS" and os.access(tmp_path, os.W_OK)
+
+
+def test_status_gpus_and_stacks_through_srun(project: Project, slurm_cluster: SlurmCluster,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.integration.test_stacks import HANG
+
+    monkeypatch.setenv("PATH", f"{ROOT / 'tests' / 'fixtures' / 'nvidia_smi'}{os.pathsep}{os.environ['PATH']}")
+    (project.home / "workspace" / "hang.py").write_text(HANG.format(function="stuck_in_slurm", stuck=1))
+    project.ok("sync", "-c", project.name)
+    project.ok("deploy", project.name, "--timeout", "60")
+    try:
+        states = json.loads(project.ok("status", "-c", project.name, "--gpus", "--json").stdout)["gpu_state"]
+        assert [(s["node"], s["name"], len(s["gpus"])) for s in states] == [(0, "n1", 2), (1, "n2", 2)], states
+        project.ok("launch", "-c", project.name, "--launcher", "torchrun", "--detach", "hang.py")
+        deadline = time.monotonic() + 120
+        while True:
+            result = project.mlenv("stacks", "-c", project.name, "--json", timeout=60)
+            report = json.loads(result.stdout) if result.returncode == 0 else {}
+            if [g["ranks"] for g in report.get("groups", [])] == [[1], [0, 2, 3]]:
+                break
+            assert time.monotonic() < deadline, result.stdout + result.stderr
+            time.sleep(1)
+        assert report["groups"][0]["frames"][-1]["function"] == "stuck_in_slurm"
+        assert report["groups"][1]["frames"][-1]["function"] == "all_reduce"
+        project.ok("stop", "-c", project.name)
+    finally:
+        project.mlenv("clean", "-c", project.name)

@@ -389,3 +389,21 @@ def test_a_host_behind_a_jump_host(ssh_hosts: SshHostsFactory, tmp_path: Path) -
     known = subprocess.run(["ssh-keygen", "-F", bastion.known_hosts_name, "-f", str(machines.known_hosts)],
                            capture_output=True, text=True, timeout=10, check=False)
     assert known.returncode == 0  # the jump host was reached with the same config (key, known_hosts)
+
+
+def test_status_gpus_over_ssh_names_a_host_that_went_down(ssh_hosts: SshHostsFactory, tmp_path: Path) -> None:
+    standin = ROOT / "tests" / "fixtures" / "nvidia_smi"
+    machines = ssh_hosts(2, env={"PATH": f"{standin}:/usr/local/bin:/usr/bin:/bin"})  # the hosts' nvidia-smi
+    project = _project(tmp_path / "project", "gpus")
+    _cluster_file(project, "gpus", machines, connect_timeout=2)
+    project.ok("deploy", "gpus")
+    project.ok("sync", "--cluster", "gpus", "--source", str(project.source({"noop.py": "pass\n"})))  # the runtime
+    states = json.loads(project.ok("status", "--gpus", "--json").stdout)["gpu_state"]
+    assert [(s["node"], [g["name"] for g in s["gpus"]]) for s in states] == [
+        (0, ["NVIDIA H100 80GB HBM3"] * 2), (1, ["NVIDIA H100 80GB HBM3"] * 2)]
+    machines.stop(machines.hosts[1])
+    result = project.mlenv("status", "--gpus", "--json")
+    assert result.returncode == 1, result.stderr
+    states = json.loads(result.stdout)["gpu_state"]
+    assert len(states[0]["gpus"]) == 2 and "error" not in states[0]
+    assert states[1]["node"] == 1 and states[1]["error"], states[1]

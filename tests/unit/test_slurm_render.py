@@ -26,7 +26,7 @@ from mlenv.backends.slurm.script import grace_seconds, task_wrapper
 from mlenv.backends.slurm.settings import SlurmSettings, owned_option
 from mlenv.cli import main
 from mlenv.config.model import Bind, Container
-from mlenv.ops.target import load_plan
+from mlenv.plan import load_plan
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "fixtures" / "slurm"

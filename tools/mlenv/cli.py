@@ -258,13 +258,53 @@ def use(name: str) -> None:
 @main.command()
 @cluster_option
 @click.option("--all", "every", is_flag=True, help="Every recorded deployment.")
+@click.option("--gpus", is_flag=True, help="Also each node's GPUs (utilisation, memory, temperature, power, ECC), "
+              "Xid events since the run started and the ranks' CPU, RSS and last output (asks every node).")
 @json_option
 @reports_errors
-def status(cluster_ref: str | None, every: bool, as_json: bool) -> None:
+def status(cluster_ref: str | None, every: bool, gpus: bool, as_json: bool) -> None:
     """Nodes of the current deployment (or --cluster, or --all): node, phase, ready, GPUs, IP, jobs."""
     from mlenv.ops.status import show
 
-    sys.exit(show(cluster_ref, every, as_json))
+    sys.exit(show(cluster_ref, every, as_json, gpus))
+
+
+@main.command()
+@cluster_option
+@pod_option
+@click.option("--native", is_flag=True, help="Add native frames (py-spy only; file and line null where unknown).")
+@click.option("--method", type=click.Choice(["auto", "py-spy", "faulthandler"]), default="auto", show_default=True,
+              help="py-spy (needs ptrace), faulthandler (the signal the runtime armed in every rank), or auto.")
+@json_option
+@reports_errors
+def stacks(cluster_ref: str | None, pod: int | None, native: bool, method: str, as_json: bool) -> None:
+    """Python stack of every rank of the latest run (or of --pod N's), grouped: the odd ones out first."""
+    from mlenv.ops.stacks import take, text
+    from mlenv.ui import print_json
+
+    target = _target(cluster_ref)
+    report = take(target.backend, target.handle, pod, native=native, method=method)
+    if as_json:
+        print_json(report)
+    else:
+        print(text(report))
+    sys.exit(1 if report["unreachable"] else 0)
+
+
+@main.command()
+@cluster_option
+@pod_option
+@click.option("--interval", type=click.FloatRange(min=0.5), default=2.0, show_default=True, metavar="SECONDS",
+              help="Time between refreshes.")
+@click.option("--count", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Refresh N times, then exit (default: until Ctrl-C).")
+@reports_errors
+def top(cluster_ref: str | None, pod: int | None, interval: float, count: int | None) -> None:
+    """Live GPU state of every node (or --pod N): GPUs, Xid/ECC events, the job's ranks' CPU, RSS, last output."""
+    from mlenv.ops.gpus import top as live
+
+    target = _target(cluster_ref)
+    sys.exit(live(target.backend, target.handle, pod, interval, count))
 
 
 @main.command()
@@ -366,19 +406,29 @@ def clean(cluster_ref: str | None, delete_data: bool, yes: bool) -> None:
 @click.option("--env", "secrets", multiple=True, metavar="NAME[,NAME]",
               help="Forward NAME from your environment for this run only (never written; masked in --dry-run).")
 @click.option("--detach", is_flag=True, help="Start the job and return; mlenv logs -f follows, mlenv stop stops.")
+@click.option("--expect-transport", type=click.Choice(["rdma", "sockets", "any"]), default=None,
+              help="What NCCL must prove it uses; a contradiction stops the job (default: the cluster file's "
+                   "network.expect_transport, else rdma in rdma mode and any otherwise).")
 @click.option("--max-restarts", type=click.IntRange(0, 100), default=None, metavar="N",
               help="Start a failed run again, up to N times (same MLENV_RUN_ID, MLENV_RESTART_COUNT the attempt); "
                    "a stop by the user is never restarted (default: launch.max_restarts, else 0).")
 @click.option("--dry-run", is_flag=True, help="Print what launch would run on every node; run nothing.")
+@click.option("--hang-timeout", type=float, default=None, metavar="SECONDS",
+              help="No output from any rank for this long: capture every rank's stack into the run directory, "
+                   "say so, state hung (default: launch.hang_timeout of the cluster file, else off).")
+@click.option("--on-hang", type=click.Choice(["stop"]), default=None,
+              help="With a hang timeout: also stop the job, exit code 124 (as timeout).")
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 @reports_errors
 def launch(cluster_ref: str | None, launcher: str, nproc: int | None, args_text: str | None, secrets: tuple[str, ...],
-           detach: bool, max_restarts: int | None, dry_run: bool, script: str, script_args: tuple[str, ...]) -> None:
+           detach: bool, expect_transport: str | None, dry_run: bool, hang_timeout: float | None,
+           on_hang: str | None, max_restarts: int | None, script: str,
+           script_args: tuple[str, ...]) -> None:
     """Start SCRIPT on every node at once through the runtime; fail-fast, logs in runs/.
 
     Everything after SCRIPT belongs to it: `mlenv launch train.py -c cfg.yaml` passes -c cfg.yaml to train.py.
-    Exits with the job's exit code once it started.
+    Exits with the job's exit code once it started; 124 when --on-hang stop stopped a hung job.
     """
     import shlex
 
@@ -395,9 +445,16 @@ def launch(cluster_ref: str | None, launcher: str, nproc: int | None, args_text:
     for name in names:
         if not NAME.fullmatch(name):
             raise UsageError(f"--env: expected a variable name like HF_TOKEN, got {name!r}")
+    if hang_timeout is not None and not 0 < hang_timeout < float("inf"):
+        raise UsageError(f"--hang-timeout: expected a positive number of seconds, got {hang_timeout:g}")
     target = _target(cluster_ref)
+    hang_timeout = hang_timeout or launching.hang_timeout(target)
+    if on_hang and not hang_timeout:
+        raise UsageError("--on-hang stop needs a hang timeout: --hang-timeout SECONDS (or launch.hang_timeout)")
     spec = LaunchSpec(launcher, script, (*script_args, *extra), nproc, launching.run_id(target.handle.name),
-                      detach, tuple(dict.fromkeys(names)), launching.max_restarts(target, max_restarts))
+                      detach, tuple(dict.fromkeys(names)),
+                      expect_transport or launching.file_expect_transport(target), hang_timeout, on_hang,
+                      launching.max_restarts(target, max_restarts))
     if dry_run:
         click.echo(launching.dry_run(target, spec), nl=False)
         return

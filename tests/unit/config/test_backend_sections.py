@@ -243,3 +243,18 @@ def test_run_as_user_out_of_range(value: str, message: str, tmp_path: Path) -> N
     text = edited(BARCELONA, ("  ipc_lock: true\n", f"  ipc_lock: true\n  run_as_user: {value}\n"))
     path = tmp_path / "x.yaml"
     assert problems(path, text) == [f"{path}:{position(text, 'run_as_user')}: security.run_as_user: {message}"]
+
+
+@pytest.mark.parametrize("value", ["rdma", "sockets", "any"])
+def test_expect_transport_is_read(value: str, tmp_path: Path) -> None:
+    text = edited(BARCELONA, ("  tcp:\n", f"  expect_transport: {value}\n  tcp:\n"))
+    assert loaded(tmp_path / "x.yaml", text).expect_transport == value
+    assert loaded(tmp_path / "y.yaml", BARCELONA).expect_transport is None
+
+
+def test_expect_transport_fast_is_refused(tmp_path: Path) -> None:
+    text = edited(BARCELONA, ("  tcp:\n", "  expect_transport: fast\n  tcp:\n"))
+    path = tmp_path / "x.yaml"
+    found = problems(path, text)
+    assert len(found) == 1 and found[0].startswith(f"{path}:{position(text, 'expect_transport')}: "
+                                                   "network.expect_transport: expected rdma, sockets or any")

@@ -135,3 +135,21 @@ def test_valid_tolerations_pass_as_written(tmp_path: Path) -> None:
     assert cluster.scheduling.tolerations == (
         {"operator": "Exists"},
         {"key": "example.com/gpu", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": -5})
+
+
+@pytest.mark.parametrize(("written", "seconds"), [("45", 45), ("'90s'", 90), ("5m", 300), ("1h", 3600), ("0", 0)])
+def test_grace_period_in_seconds_or_a_duration(tmp_path: Path, written: str, seconds: int) -> None:
+    text = edited(BARCELONA, (TOLERATIONS, f"scheduling:\n  grace_period: {written}\n{TOLERATIONS}"))
+    assert loaded(tmp_path / "x.yaml", text).scheduling.grace_period == seconds
+
+
+def test_grace_period_defaults_to_kubernetes_30s(tmp_path: Path) -> None:
+    assert loaded(tmp_path / "x.yaml", BARCELONA).scheduling.grace_period == 30
+
+
+@pytest.mark.parametrize("written", ["5 minutes", "-1", "1.5m", "5d"])
+def test_grace_period_refused_in_one_line(tmp_path: Path, written: str) -> None:
+    text = edited(BARCELONA, (TOLERATIONS, f"scheduling:\n  grace_period: {written}\n{TOLERATIONS}"))
+    found = problems(tmp_path / "x.yaml", text)
+    assert len(found) == 1 and "scheduling.grace_period" in found[0], found
+    assert "seconds (30) or a duration like 90s, 5m or 1h" in found[0], found

@@ -36,6 +36,8 @@ BAD_INPUT = {
     "missing log file": (["nccl-log-check", "/no/such/nccl.log"], {}),
     "no log file": (["nccl-log-check"], {}),
     "unknown expectation": (["nccl-log-check", "-", "--expect", "ib"], {}),
+    "unknown transport to expect": (["launch", "--expect-transport", "fast", "--", __file__], {}),
+    "a directory as a log": (["nccl-log-check", "/"], {}),
     "detach without a run directory": (["launch", "--detach", "--", __file__], {}),
     "detach and dry run": (["launch", "--detach", "--dry-run", "--run-dir", "/tmp", "--", __file__], {}),
     "negative grace": (["stop", "--grace", "-1"], {}),
@@ -108,6 +110,7 @@ def test_nccl_env_explain_goes_to_stderr(run_runtime: Runner, fixtures: Path) ->
     ("socket_fallback", "rdma", 1, "SOCKETS"),
     ("socket_fallback", "sockets", 0, "SOCKETS"),
     ("roce_gdrdma", "sockets", 1, "RDMA+GDR"),
+    ("socket_fallback", "any", 0, "SOCKETS"),
 ])
 def test_nccl_log_check(log: str, expect: str, status: int, verdict: str, run_runtime: Runner,
                         fixtures: Path) -> None:
@@ -117,11 +120,36 @@ def test_nccl_log_check(log: str, expect: str, status: int, verdict: str, run_ru
     assert ("error: expected" in result.stderr) is bool(status)
 
 
+@pytest.mark.parametrize(("name", "expect", "status", "message"), [
+    ("awsofi889_efa_timestamps_2.21.5.log", "rdma", 1, "error: could not prove rdma: NCCL named no network"),
+    ("awsofi889_efa_timestamps_2.21.5.log", "sockets", 1, "error: could not prove sockets: NCCL named no network"),
+    ("nccltests213_single_node_nnodes1_2.19.log", "rdma", 0,
+     "mlenv: INTRA-NODE: a single node, no network was used, nothing to prove"),
+    ("nccltests213_single_node_nnodes1_2.19.log", "sockets", 0, "mlenv: INTRA-NODE"),
+    ("nccl226_socket_many_hosts_2.4.log", "rdma", 1, "error: expected rdma, the log shows SOCKETS"),
+    ("awsofi24_efa_ring_2.4.log", "sockets", 1, "error: expected sockets, the log shows RDMA (no GDR)"),
+])
+def test_nccl_log_check_never_passes_what_it_cannot_prove(name: str, expect: str, status: int, message: str,
+                                                          run_runtime: Runner, fixtures: Path) -> None:
+    result = run_runtime("nccl-log-check", str(fixtures / "nccl_logs" / "corpus" / name), "--expect", expect)
+    assert result.returncode == status
+    assert message in result.stderr
+
+
+def test_nccl_log_check_names_every_node(run_runtime: Runner, fixtures: Path) -> None:
+    result = run_runtime("nccl-log-check", str(fixtures / "nccl_logs" / "corpus" / "nccl687_ib_2.11.4.log"))
+    assert result.returncode == 0
+    assert "cosmos-hpc-100a45: RDMA+GDR via mlx5_10..13 (NET/IB, NCCL 2.11.4)" in result.stdout.splitlines()
+
+
 def test_nccl_log_check_json_from_stdin(run_runtime: Runner, fixtures: Path) -> None:
     log = (fixtures / "nccl_logs" / "ib_no_gdr.log").read_text()
     found = json.loads(run_runtime("nccl-log-check", "-", "--json", stdin=log).stdout)
-    assert set(found) == {"verdict", "ranks"}
-    assert found["verdict"] == "RDMA (no GDR)"
+    assert set(found) == {"verdict", "reason", "plugin", "devices", "nccl_version", "evidence", "nodes", "ranks"}
+    assert (found["verdict"], found["plugin"], found["nccl_version"]) == ("RDMA (no GDR)", "NET/IB", "2.19.3+cuda12.2")
+    assert found["devices"] == ["mlx5_0:1/IB", "mlx5_1:1/IB"]
+    assert found["evidence"][0].startswith("-:")
+    assert found["nodes"]["gpu-a17"]["verdict"] == "RDMA (no GDR)"
     assert [r["rank"] for r in found["ranks"]] == [0, 1]
 
 
@@ -133,7 +161,8 @@ def test_launch_dry_run_torchrun(run_runtime: Runner) -> None:
     result = run_runtime("launch", "--dry-run", "--", __file__, "--steps", "3", env=NODE1)
     assert result.returncode == 0
     *variables, command = result.stdout.splitlines()
-    assert variables == ["GLOO_SOCKET_IFNAME=lo", "NCCL_IB_DISABLE=1", "NCCL_SOCKET_IFNAME=lo", "PYTHONUNBUFFERED=1"]
+    assert variables == ["GLOO_SOCKET_IFNAME=lo", "NCCL_IB_DISABLE=1", "NCCL_SOCKET_IFNAME=lo", "PYTHONUNBUFFERED=1",
+                         "TORCH_FR_BUFFER_SIZE=2000", "TORCH_NCCL_DUMP_ON_TIMEOUT=1"]
     assert shlex.split(command)[1:] == [
         "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
         "--rdzv-endpoint", "127.0.0.1:29555", "--rdzv-id", "run-7", "--rdzv-conf", "is_host=false",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -15,14 +16,15 @@ from mlenv.runtime.launcher import (
     deepspeed_argv,
     default_nproc,
     hostfile_text,
+    launch,
     local_address,
     rendezvous_id,
     run_job,
     torchrun_argv,
 )
-from mlenv.runtime.observers import TransportCheck
 from mlenv.runtime.runlayout import NodeDir, read_ranks, read_state
 from mlenv.runtime.topology import Topology
+from mlenv.runtime.transport import Expectation, TransportProof
 
 NODE0 = Topology(0, 2, 4, "ml-dev-env-0.ml-dev-env-headless", 29500, "mlenv")
 NODE1 = Topology(1, 2, 4, "ml-dev-env-0.ml-dev-env-headless", 29500, "mlenv")
@@ -101,8 +103,13 @@ def python_job(tmp_path: Path, code: str, nproc: int = 1, env: dict[str, str] | 
                {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": RUNTIME_PARENT, **(env or {})}, {}, {})
 
 
-def run(job: Job, tmp_path: Path, log: Path | None = None, expect: str | None = None) -> int:
-    return run_job(job, log, node_dir=NodeDir(tmp_path / "run", 0, 0), observers=[TransportCheck(expect)])
+ANY = Expectation("any", explicit=False)
+
+
+def run(job: Job, tmp_path: Path, log: Path | None = None, expected: Expectation = ANY,
+        env: dict[str, str] | None = None) -> int:
+    proof = TransportProof(expected, {**job.env, **(env or {})})
+    return run_job(job, log, node_dir=NodeDir(tmp_path / "run", 0, 0), observers=[proof])
 
 
 def test_run_job_copies_tagged_lines_to_the_node_log_and_returns_the_rank_s_exit_status(
@@ -148,16 +155,77 @@ SOCKET_LINES = (
 )
 
 
-def test_rdma_expected_but_sockets_used_fails_the_job(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
-    assert run(python_job(tmp_path, SOCKET_LINES), tmp_path, expect="rdma") == 1
-    assert "error: the cluster file asks for rdma but NCCL used SOCKETS" in capfd.readouterr().err
+RDMA_DEFAULT = Expectation("rdma", explicit=False)
+RDMA_ASKED = Expectation("rdma", explicit=True)
+
+
+def test_rdma_expected_but_sockets_used_stops_the_job_while_it_runs(tmp_path: Path,
+                                                                   capfd: pytest.CaptureFixture[str]) -> None:
+    job = python_job(tmp_path, SOCKET_LINES + "; import time; time.sleep(120)")
+    started = time.monotonic()
+    assert run(job, tmp_path, expected=RDMA_DEFAULT) == 1
+    assert time.monotonic() - started < 60
+    err = capfd.readouterr().err
+    assert "mlenv: node-0: SOCKETS via eth0 (NET/Socket): NCCL chose NET/Socket" in err
+    assert "error: NCCL uses SOCKETS but --expect-transport is rdma: NCCL chose NET/Socket (evidence: rank0:1" in err
+    state = read_state(NodeDir(tmp_path / "run", 0, 0))
+    assert state["transport"] == {"verdict": "SOCKETS", "plugin": "NET/Socket", "devices": ["eth0:10.0.0.5"],
+                                  "nccl_version": None}
+    assert state["state"] == "failed" and "NCCL uses SOCKETS" in state["reason"]
 
 
 def test_rdma_used_passes(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     rdma = SOCKET_LINES.replace("NET/Socket : Using [0]eth0:10.0.0.5<0>", "NET/IB : Using [0]mlx5_0:1/IB")
-    assert run(python_job(tmp_path, rdma.replace("network Socket", "network IB")), tmp_path, expect="rdma") == 0
-    assert "NCCL transport: RDMA (no GDR)" in capfd.readouterr().err
+    assert run(python_job(tmp_path, rdma.replace("network Socket", "network IB")), tmp_path,
+               expected=RDMA_DEFAULT) == 0
+    assert "mlenv: RDMA (no GDR), as expected" in capfd.readouterr().err
+    assert read_state(NodeDir(tmp_path / "run", 0, 0))["transport"]["verdict"] == "RDMA (no GDR)"
 
 
-def test_a_failed_job_keeps_its_own_status_even_on_sockets(tmp_path: Path) -> None:
-    assert run(python_job(tmp_path, SOCKET_LINES + "; raise SystemExit(7)"), tmp_path, expect="rdma") == 7
+def test_nothing_proven_fails_an_explicit_expectation(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    assert run(python_job(tmp_path, "print('step 1/2 loss 0.5')"), tmp_path, expected=RDMA_ASKED) == 1
+    assert ("error: could not prove rdma: no NCCL lines in the output: the job may not use NCCL"
+            in capfd.readouterr().err)
+
+
+def test_a_failed_job_keeps_its_own_status(tmp_path: Path) -> None:
+    assert run(python_job(tmp_path, "raise SystemExit(7)"), tmp_path, expected=RDMA_ASKED) == 7
+
+
+@pytest.mark.parametrize(("env", "why"), [
+    ({}, "no NCCL lines in the output: the job may not use NCCL"),
+    ({"NCCL_DEBUG": "WARN"}, "NCCL_DEBUG=WARN hides the INFO lines that name the transport"),
+    ({"NCCL_DEBUG": "INFO", "NCCL_DEBUG_FILE": "/tmp/nccl.%h.%p"}, "NCCL_DEBUG_FILE=/tmp/nccl.%h.%p sends NCCL's "
+                                                                   "lines to a file, not to the output"),
+])
+def test_nothing_proven_under_the_rdma_mode_default_only_warns(env: dict[str, str], why: str, tmp_path: Path,
+                                                               capfd: pytest.CaptureFixture[str]) -> None:
+    assert run(python_job(tmp_path, "print('step 1/2 loss 0.5')"), tmp_path, expected=RDMA_DEFAULT, env=env) == 0
+    assert f"mlenv: warning: could not prove rdma: {why}" in capfd.readouterr().err
+
+
+def test_any_reports_the_verdict_and_keeps_the_exit_code(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    assert run(python_job(tmp_path, SOCKET_LINES + "; raise SystemExit(3)"), tmp_path) == 3
+    assert "mlenv: NCCL transport: SOCKETS" in capfd.readouterr().err
+
+
+def test_rdma_mode_refuses_to_start_without_an_active_port(tmp_path: Path, fixtures: Path,
+                                                           capfd: pytest.CaptureFixture[str]) -> None:
+    marker = tmp_path / "started"
+    script = tmp_path / "train.py"
+    script.write_text(f"open({str(marker)!r}, 'w').close()\n")
+    env = {"MLENV_NODE_RANK": "0", "MLENV_NUM_NODES": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29561",
+           "MLENV_NETWORK_MODE": "rdma", "PATH": os.environ["PATH"]}
+    status = launch([str(script)], launcher="torchrun", environ=env, nproc=1, sysfs_root=fixtures / "sysfs/ib_down")
+    assert (status, marker.exists()) == (1, False)
+    assert ("not starting the job (--expect-transport any starts it anyway)" in capfd.readouterr().err)
+
+
+def test_the_rank_wrapper_without_a_supervisor_runs_the_script_with_deepspeed_s_argument_after_it(
+        tmp_path: Path) -> None:
+    script = tmp_path / "args.py"
+    script.write_text("import sys; print(sys.argv[1:]); sys.exit(4)")
+    env = {**os.environ, "PYTHONPATH": RUNTIME_PARENT, "MLENV_SUPERVISOR_SOCKET": str(tmp_path / "gone")}
+    result = subprocess.run([sys.executable, "-m", "mlenv.runtime.rank", "--local_rank=1", str(script), "a"],
+                            env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert (result.returncode, result.stdout) == (4, "['--local_rank=1', 'a']\n")

@@ -136,12 +136,23 @@ class LaunchSpec:
     detach: bool = False
     secrets: tuple[str, ...] = ()
     """Names of local environment variables forwarded for this run only (values never written anywhere)."""
+    expect_transport: str | None = None
+    """rdma, sockets or any, as the user asked (flag or cluster file); None: the runtime's default for the mode."""
+    hang_timeout: float | None = None
+    """Seconds without output from any rank after which the watchdog captures every rank's stack (state hung)."""
+    on_hang: str | None = None
+    """``stop``: the watchdog also stops the job (exit code 124)."""
     max_restarts: int = 0
     """How many times a failed run is started again (--max-restarts, launch.max_restarts)."""
     attempt: int = 0
     """Which start of the run this is: MLENV_RESTART_COUNT on every node (0 the first)."""
     exclude: tuple[str, ...] = ()
     """Hosts the run must not use (nodes judged faulty); a backend that cannot leave them out refuses."""
+
+    def watchdog_options(self) -> list[str]:
+        """The runtime launch's options for the hang watchdog."""
+        return [*(["--hang-timeout", f"{self.hang_timeout:g}"] if self.hang_timeout else []),
+                *(["--on-hang", self.on_hang] if self.on_hang else [])]
 
 
 @dataclass(frozen=True)
@@ -212,8 +223,9 @@ class Backend(Protocol):
     def copy_target(self, handle: Handle, node: Node) -> CopyTarget:
         """Where rsync copies the workspace of ``node`` to."""
 
-    def logs_argv(self, handle: Handle, node: Node, follow: bool) -> list[str]:
-        """A local command line that prints (or follows) the node's log: the latest run's output."""
+    def logs_argv(self, handle: Handle, node: Node, follow: bool, rank: int | None = None) -> list[str]:
+        """A local command line that prints (or follows) the node's log: the latest run's output (``rank``: only
+        that global rank's lines; the command exits 2 when the rank did not run on the node)."""
 
     def data_volumes(self, handle: Handle) -> list[str]:
         """What ``clean --delete-data`` deletes beyond the nodes (listed before asking)."""

@@ -51,7 +51,9 @@ class FanoutJobs:
                                  f"{handle.name} has no spare node to take their place: stopping. mlenv nodes "
                                  "--forget-excluded lets the run use them again")
         options = ["--launcher", spec.launcher, *(["--nproc", str(spec.nproc)] if spec.nproc else []),
-                   "--run-dir", run_dir(spec.run_id), *(["--detach"] if spec.detach else [])]
+                   "--run-dir", run_dir(spec.run_id), *(["--detach"] if spec.detach else []),
+                   *(["--expect-transport", spec.expect_transport] if spec.expect_transport else []),
+                   *spec.watchdog_options()]
         command = self.runtime(handle, "launch", *options, "--", spec.script, *spec.args)
         env = {"MLENV_RUN_ID": spec.run_id, "MLENV_RESTART_COUNT": str(spec.attempt),
                "MLENV_CHECKPOINT_DIR": checkpoint_dir(spec.run_id), "PYTHONUNBUFFERED": "1"}
@@ -94,7 +96,8 @@ class FanoutJobs:
 
     def latest_run(self, handle: Handle, run_id: str) -> dict[str, Any]:
         """Run ``run_id`` as its nodes' supervisors recorded it (docs/runs.md): ``{"id", "state", "attempt",
-        "ranks", "first_failure", "nodes": {ordinal: state}}``."""
+        "ranks", "first_failure", "transport": {"node-N": {"verdict", "plugin", "devices", "nccl_version"}},
+        "stacks", "nodes": {ordinal: state}}`` (``stacks``: the hang watchdog's capture of the whole job, on node 0)."""
         jobs = self._node_jobs(handle, run_id)
         known = [job for job in jobs.values() if job is not None]
         failures = [job["first_failure"] for job in known if job.get("first_failure")]  # the same on every node
@@ -103,6 +106,9 @@ class FanoutJobs:
                 "ranks": sorted((rank for job in known for rank in job.get("ranks", [])),
                                 key=lambda rank: rank["rank"]),
                 "first_failure": failures[0] if failures else None,
+                "transport": {f"node-{ordinal}": job["transport"] for ordinal, job in sorted(jobs.items())
+                              if job is not None and job.get("transport")},
+                "stacks": next((job["stacks"] for job in known if job.get("stacks")), None),
                 "nodes": {ordinal: _state(job) for ordinal, job in jobs.items()}}
 
     def rank_nodes(self, handle: Handle) -> dict[int, int]:

@@ -87,11 +87,17 @@ class Gpus(NamedTuple):
     procs_per_node: int
 
 
+DEFAULT_GRACE_SECONDS = 30
+"""Kubernetes' own default terminationGracePeriodSeconds."""
+
+
 class Scheduling(NamedTuple):
-    """Extra tolerations and node selector for the pods."""
+    """Extra tolerations and node selector for the pods, and their termination grace."""
 
     tolerations: tuple[Mapping[str, object], ...]
     node_selector: Mapping[str, str]
+    grace_period: int = DEFAULT_GRACE_SECONDS
+    """Seconds between SIGTERM and SIGKILL when a pod is deleted (terminationGracePeriodSeconds)."""
 
 
 @dataclass(frozen=True)
@@ -143,11 +149,15 @@ class Cluster(NamedTuple):
     container: Container | None
     expected_busbw_gbytes: float | None
     """The all-reduce bus bandwidth the network should reach, in GB/s (decimal gigabytes per second)."""
+    expect_transport: str | None
+    """``network.expect_transport``: rdma, sockets or any, what NCCL must prove at launch; None: the mode's default."""
     max_restarts: int
     """launch.max_restarts: how many times a failed run is started again (0: never)."""
     settings: object | None
     """The backend's own section parsed by its settings parser (BackendInfo.settings), e.g. LocalSettings."""
     notes: str | None
+    hang_timeout: float | None = None
+    """launch.hang_timeout: the default of ``mlenv launch --hang-timeout``."""
     warnings: tuple[str, ...] = ()
     positions: Mapping[JsonPath, tuple[int, int]] = MappingProxyType({})
 

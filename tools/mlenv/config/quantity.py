@@ -102,3 +102,15 @@ def parse_bandwidth(value: object) -> float:
     if gbytes <= 0:
         raise QuantityError(f"expected a bandwidth larger than 0, got {show_value(value)}")
     return gbytes
+
+
+_SECONDS_PER_UNIT = {"": 1, "s": 1, "m": 60, "h": 3600}
+
+
+def parse_seconds(value: int | str) -> int:
+    """A duration the schema accepted (``30``, ``"90s"``, ``"5m"``, ``"1h"``) in seconds."""
+    if isinstance(value, int):
+        return value
+    text = value.strip()
+    unit = text[-1] if text[-1:] in _SECONDS_PER_UNIT else ""
+    return int(text[: len(text) - len(unit)]) * _SECONDS_PER_UNIT[unit]

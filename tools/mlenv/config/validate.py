@@ -22,6 +22,7 @@ from mlenv.config.kubernetes import (
 from mlenv.config.load import LoadedFile
 from mlenv.config.model import (
     DEFAULT_APP,
+    DEFAULT_GRACE_SECONDS,
     DEFAULT_IMAGE,
     DEFAULT_KUBERNETES_VERSION,
     DEFAULT_NODES,
@@ -36,7 +37,7 @@ from mlenv.config.model import (
     Storage,
     Tcp,
 )
-from mlenv.config.quantity import QuantityError, half_of, parse_bandwidth, parse_quantity
+from mlenv.config.quantity import QuantityError, half_of, parse_bandwidth, parse_quantity, parse_seconds
 from mlenv.config.reader import ClusterReader, env_text
 from mlenv.config.schema import schema_problems
 from mlenv.errors import ConfigError
@@ -216,7 +217,9 @@ def _scheduling(reader: ClusterReader) -> Scheduling:
         for name, message in toleration_problems(toleration):
             reader.problem(("scheduling", "tolerations", index, name), message)
     return Scheduling(tolerations=tuple(tolerations),
-                      node_selector=dict(reader.get("scheduling", "nodeSelector", default={})))
+                      node_selector=dict(reader.get("scheduling", "nodeSelector", default={})),
+                      grace_period=parse_seconds(reader.get("scheduling", "grace_period",
+                                                            default=DEFAULT_GRACE_SECONDS)))
 
 
 def _container(reader: ClusterReader) -> Container | None:
@@ -281,9 +284,11 @@ def build_cluster(loaded: LoadedFile) -> Cluster:
         env=reader.env("env"),
         container=_container(reader),
         expected_busbw_gbytes=_busbw_gbytes(reader),
+        expect_transport=reader.get("network", "expect_transport"),
         max_restarts=reader.integer("launch", "max_restarts", default=0, minimum=0, maximum=MAX_RESTARTS) or 0,
         settings=_backend_settings(reader),
         notes=reader.get("notes"),
+        hang_timeout=reader.get("launch", "hang_timeout"),
         warnings=tuple(reader.warnings),
         positions=dict(loaded.positions),
     )

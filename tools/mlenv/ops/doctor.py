@@ -22,8 +22,8 @@ from typing import Any
 from mlenv import state
 from mlenv.backends import get
 from mlenv.backends.base import Backend, Check, Handle, Node
-from mlenv.backends.fanout import FanoutJobs
 from mlenv.errors import MlenvError, OperationError, UsageError
+from mlenv.ops.fanout import runtime_command
 from mlenv.parallel import run_parallel
 from mlenv.plan import JobPlan
 from mlenv.runtime.doctor import KIND
@@ -67,13 +67,6 @@ class NodeReport:
     def facts(self) -> Mapping[str, Any]:
         """The node's facts (empty without a report)."""
         return (self.report or {}).get("facts") or {}
-
-
-def runtime_command(backend: Backend, handle: Handle, *args: str) -> list[str]:
-    """``python3 -m mlenv.runtime ARGS`` with the Python the backend runs the runtime with."""
-    if isinstance(backend, FanoutJobs):
-        return backend.runtime(handle, *args)
-    return ["python3", "-m", "mlenv.runtime", *args]
 
 
 def ship_runtime(backend: Backend, handle: Handle, extra: Mapping[str, Path] | None = None) -> list[str]:

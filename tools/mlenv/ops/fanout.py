@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 from mlenv.backends.base import Backend, Handle, Node
+from mlenv.backends.fanout import FanoutJobs
 from mlenv.errors import UsageError
 from mlenv.parallel import run_parallel
+from mlenv.ui import info
 
 UNKNOWN_RANK = 2
 """A node's ``logs --rank N`` when rank N did not run there."""
@@ -26,11 +31,65 @@ def select_nodes(backend: Backend, handle: Handle, only: int | None) -> list[Nod
     return chosen
 
 
+def runtime_command(backend: Backend, handle: Handle, *args: str) -> list[str]:
+    """``python3 -m mlenv.runtime ARGS`` with the Python the backend runs the runtime with."""
+    if isinstance(backend, FanoutJobs):
+        return backend.runtime(handle, *args)
+    return ["python3", "-m", "mlenv.runtime", *args]
+
+
+@dataclass(frozen=True)
+class NodeAnswer:
+    """What one node's runtime command printed: its last JSON object (None: none), the other lines, exit code."""
+
+    node: Node
+    data: dict[str, Any] | None
+    exit_code: int
+    output: Sequence[str] = field(default_factory=list)
+
+    @property
+    def error(self) -> str:
+        """Why there is no answer, in one line: the node's last words, else its exit code."""
+        said = [line.strip() for line in self.output if line.strip()]
+        return said[-1] if said else f"no answer (exit code {self.exit_code})"
+
+
+def runtime_json(backend: Backend, handle: Handle, nodes: Sequence[Node], *args: str) -> dict[int, NodeAnswer]:
+    """The runtime's ``ARGS`` (a command printing one JSON object) on every node of ``nodes`` at once; a node that
+    cannot be reached answers with its error while the others answer."""
+    commands = {n.ordinal: backend.exec_argv(handle, n, runtime_command(backend, handle, *args)) for n in nodes}
+    lines: dict[int, list[str]] = {}
+    result = run_parallel(commands, echo=False, on_line=lambda node, line: lines.setdefault(node, []).append(line))
+    answers = {}
+    for node in nodes:
+        said = lines.get(node.ordinal, [])
+        data = next((found for line in reversed(said) if line.startswith("{")
+                     for found in [_object(line)] if found is not None), None)
+        answers[node.ordinal] = NodeAnswer(node, data, result.exit_codes.get(node.ordinal, 1),
+                                           [line for line in said if not line.startswith("{")])
+    return answers
+
+
+def _object(line: str) -> dict[str, Any] | None:
+    try:
+        found = json.loads(line)
+    except ValueError:
+        return None
+    return found if isinstance(found, dict) else None
+
+
 def exec_all(backend: Backend, handle: Handle, argv: Sequence[str], only: int | None = None) -> int:
-    """Run ``argv`` on every node (or node ``only``) at once; 0 when all succeeded."""
+    """Run ``argv`` on every node (or node ``only``) at once; 0 when all succeeded. A node that failed is named
+    (its exec tool's own error, e.g. kubectl's, says what went wrong but not on which pod or host)."""
     nodes = select_nodes(backend, handle, only)
     commands = {n.ordinal: backend.exec_argv(handle, n, argv, stop_on_stdin_eof=True) for n in nodes}
-    return run_parallel(commands, keep_stdin=True).exit_code
+    result = run_parallel(commands, keep_stdin=True)
+    for node in nodes:
+        code = result.exit_codes.get(node.ordinal, 0)
+        if code and node.ordinal not in result.stopped:
+            how = f"exit status {code}" if code > 0 else f"ended by signal {-code}"
+            info(f"node-{node.ordinal} ({node.name}): {how}")
+    return result.exit_code
 
 
 def logs_all(backend: Backend, handle: Handle, only: int | None = None, follow: bool = False,
@@ -46,10 +105,10 @@ def logs_all(backend: Backend, handle: Handle, only: int | None = None, follow: 
             known = ", ".join(map(str, sorted(where))) or "none"
             raise UsageError(f"rank {rank} is not in the latest run of {handle.name} (its ranks: {known})")
         (node,) = select_nodes(backend, handle, where[rank])
-        argvs = {node.ordinal: backend.logs_argv(handle, node, follow, rank)}  # type: ignore[call-arg]
+        argvs = {node.ordinal: backend.logs_argv(handle, node, follow, rank)}
     else:  # every node's logs, filtered there; the nodes without the rank end with 2 and say nothing
         nodes = select_nodes(backend, handle, only)
-        argvs = {n.ordinal: backend.logs_argv(handle, n, follow, rank) for n in nodes}  # type: ignore[call-arg]
+        argvs = {n.ordinal: backend.logs_argv(handle, n, follow, rank) for n in nodes}
         result = run_parallel(argvs, keep_stdin=follow)
         codes = [code for code in result.exit_codes.values() if code != UNKNOWN_RANK]
         if not codes:

@@ -53,6 +53,14 @@ def run_id(app: str) -> str:
     raise UsageError(f"too many runs named {stamp}-{app}-N under {runs}")
 
 
+def hang_timeout(target: Target) -> float | None:
+    """``launch.hang_timeout`` of the deployment's cluster file, if it sets one and still loads."""
+    from mlenv.ops.target import file_cluster
+
+    cluster = file_cluster(target, "launch.hang_timeout")
+    return cluster.hang_timeout if cluster else None
+
+
 def _run_dir(run: str) -> Path:
     from mlenv.config.discover import project_root
 
@@ -68,14 +76,22 @@ def _secrets(names: tuple[str, ...]) -> dict[str, str]:
     return {name: os.environ[name] for name in names}
 
 
+def file_expect_transport(target: Target) -> str | None:
+    """``network.expect_transport`` of the deployment's cluster file, if it sets one and still loads."""
+    from mlenv.ops.target import file_cluster
+
+    cluster = file_cluster(target, "network.expect_transport")
+    return cluster.expect_transport if cluster else None
+
+
 def max_restarts(target: Target, asked: int | None) -> int:
     """--max-restarts, else the cluster file's launch.max_restarts (if it still loads), else 0."""
-    from mlenv.ops.target import current_plan
+    from mlenv.ops.target import file_cluster
 
     if asked is not None:
         return asked
-    plan = current_plan(target, "launch.max_restarts")
-    return plan.cluster.max_restarts if plan else 0
+    cluster = file_cluster(target, "launch.max_restarts")
+    return cluster.max_restarts if cluster else 0
 
 
 def dry_run(target: Target, spec: LaunchSpec) -> str:
@@ -153,10 +169,10 @@ def _attempt(target: Target, spec: LaunchSpec, run_dir: Path) -> LaunchResult:
     info(f"launching {spec.script} with {spec.launcher} on {target.handle.nodes} nodes of {target.handle.name}"
          f"{' (detached)' if spec.detach else ''}; logs in {run_dir}")
     started = time.monotonic()
+    _remember(target, spec)  # before it starts: status, stacks and the hang watchdog's state see it while it runs
     outcome = target.backend.launch(target.handle, request, secrets, str(run_dir))
     result = LaunchResult(outcome, spec.run_id, run_dir, round(time.monotonic() - started, 1))
     if spec.detach:
-        _remember(target, spec)
         if outcome.exit_code == 0:
             info(f"run {spec.run_id} started in the background: mlenv logs -f follows it, mlenv stop stops it")
         return result
@@ -174,10 +190,11 @@ def _attempt(target: Target, spec: LaunchSpec, run_dir: Path) -> LaunchResult:
 
 
 def _remember(target: Target, spec: LaunchSpec) -> None:
-    """Record a detached run on the deployment, so status, logs and stop know of it."""
+    """Record a run on the deployment, so status, logs and stop know of it (attached runs too: another terminal
+    may ask while it runs)."""
     if target.recorded is None:
         return
-    run = {"id": spec.run_id, "script": spec.script, "launcher": spec.launcher, "detached": True,
+    run = {"id": spec.run_id, "script": spec.script, "launcher": spec.launcher, "detached": spec.detach,
            "started": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     known = state.load().deployments.get(target.recorded.name)
     runs = (*(known.runs if known else ()), run)[-20:]

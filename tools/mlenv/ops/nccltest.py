@@ -21,7 +21,7 @@ from mlenv.backends.base import LaunchSpec
 from mlenv.errors import OperationError, UsageError
 from mlenv.ops.launch import LaunchResult, launch, run_id
 from mlenv.ops.target import Target
-from mlenv.runtime.ncclog import SOCKETS, UNKNOWN, LogReport, contradicts, parse_nccl_log
+from mlenv.runtime.ncclog import INTRA_NODE, SOCKETS, UNKNOWN, LogReport, contradicts, parse_nccl_log
 
 PEAK = re.compile(r"peak_busbw_gbps=([\d.]+) size_bytes=(\d+)")
 RESULT = re.compile(r"^(?:\[node-\d+ r0\] )?allreduce +(\d+) +([\d.]+) +([\d.]+) +([\d.]+) *$", re.MULTILINE)
@@ -136,7 +136,10 @@ def evaluate(results: Sequence[SizeResult], report: LogReport, mode: str,
             failed = True
             reasons.append("the cluster file asks for RDMA but the logs have no NCCL INFO lines to prove it")
         elif report.verdict == UNKNOWN:
-            reasons.append("NCCL's log names no network transport (a single node needs none)")
+            failed = True
+            reasons.append(f"the cluster file asks for RDMA but NCCL's log cannot prove it: {report.reason}")
+        elif report.verdict == INTRA_NODE:
+            reasons.append("a single node: NCCL used no network, so there is no transport to prove")
         else:
             reasons.append(f"NCCL used {report.verdict}, as the cluster file asks")
     if not results:
@@ -167,10 +170,10 @@ def bench_source() -> Path:
 
 def _file_expectation(target: Target) -> Expectation | None:
     """network.expected_busbw of the deployment's cluster file, if it still loads."""
-    from mlenv.ops.target import current_plan
+    from mlenv.ops.target import file_cluster
 
-    plan = current_plan(target, "network.expected_busbw")
-    gbps = plan.cluster.expected_busbw_gbytes if plan else None
+    cluster = file_cluster(target, "network.expected_busbw")
+    gbps = cluster.expected_busbw_gbytes if cluster else None
     return Expectation(gbps, "network.expected_busbw") if gbps else None
 
 

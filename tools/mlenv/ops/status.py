@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from typing import Any
 
 from mlenv import state
@@ -12,8 +11,9 @@ from mlenv.ops.target import Target, resolve
 from mlenv.ui import error, print_json, table
 
 
-def _report(target: Target, current: str | None, tolerant: bool) -> dict[str, Any]:
-    """What status shows of ``target``; with ``tolerant`` a failure to query it becomes the report's error."""
+def _report(target: Target, current: str | None, tolerant: bool, gpus: bool = False) -> dict[str, Any]:
+    """What status shows of ``target``; with ``tolerant`` a failure to query it becomes the report's error; with
+    ``gpus`` each node's GPU state too (``gpu_state``)."""
     handle = target.handle
     report: dict[str, Any] = {
         "name": handle.name, "cluster": handle.name, "backend": handle.backend, "mode": handle.mode,
@@ -25,15 +25,20 @@ def _report(target: Target, current: str | None, tolerant: bool) -> dict[str, An
         "excluded": list(target.recorded.excluded) if target.recorded else [],
     }
     try:
-        report["pods"] = [asdict(row) for row in target.backend.status(handle)]
+        # a shallow copy: asdict's deep one took ~0.4 ms a row (a tenth of a second for 256 pods)
+        report["pods"] = [{**vars(row), "extra": dict(row.extra)} for row in target.backend.status(handle)]
         if report["runs"] and report["pods"]:
             latest = report["runs"][-1]["id"]
             if hasattr(target.backend, "latest_run"):  # the fanout backends' supervisors' records
                 run = target.backend.latest_run(handle, latest)
                 report["run_states"] = {str(n): s for n, s in run.pop("nodes").items()}
                 report["latest_run"] = run
-            else:
+            elif hasattr(target.backend, "run_states"):  # Slurm has neither: its runs are batch jobs
                 report["run_states"] = {str(n): s for n, s in target.backend.run_states(handle, latest).items()}
+        if gpus and report["pods"]:
+            from mlenv.ops.gpus import gather
+
+            report["gpu_state"] = gather(target.backend, handle)
     except MlenvError as exc:
         if not tolerant:
             raise
@@ -65,23 +70,32 @@ def _print(report: dict[str, Any]) -> None:
         states = report.get("run_states", {})
         running = sum(state == "running" for state in states.values())
         run = report.get("latest_run") or {}
-        print(f"latest detached run: {latest['id']} ({latest['script']}, started {latest['started']}): "
+        kind = "detached run" if latest.get("detached", True) else "run"
+        print(f"latest {kind}: {latest['id']} ({latest['script']}, started {latest['started']}): "
               f"{run.get('state') or 'state unknown'}, running on {running}/{len(states)} nodes "
               f"({', '.join(f'node-{n} {s}' for n, s in sorted(states.items()))}); "
               "mlenv logs -f follows it, mlenv stop stops it")
+        transport = run.get("transport") or {}
+        if transport:
+            print("transport: " + ", ".join(f"{node} {found['verdict']} ({found.get('plugin') or 'no network'})"
+                                            for node, found in transport.items()))
         if run.get("first_failure"):
             failure = run["first_failure"]
             print(f"first failure: rank {failure['rank']} (node-{failure['node']}) {failure['reason']}")
+    if "gpu_state" in report:
+        from mlenv.ops.gpus import render
+
+        print(render(report["gpu_state"]))
 
 
-def show(cluster_ref: str | None, every: bool, as_json: bool) -> int:
-    """Print the status; 1 when a deployment could not be queried."""
+def show(cluster_ref: str | None, every: bool, as_json: bool, gpus: bool = False) -> int:
+    """Print the status; 1 when a deployment could not be queried (or, with ``gpus``, a node did not answer)."""
     recorded = state.load()
     if every:
         targets = [Target(get(d.backend), d.handle, d) for _, d in sorted(recorded.deployments.items())]
     else:
         targets = [resolve(cluster_ref)]
-    reports = [_report(target, recorded.current, tolerant=every) for target in targets]
+    reports = [_report(target, recorded.current, tolerant=every, gpus=gpus) for target in targets]
     if as_json:
         print_json({"deployments": reports} if every else reports[0])
     else:
@@ -89,4 +103,5 @@ def show(cluster_ref: str | None, every: bool, as_json: bool) -> int:
             print("no deployments recorded")
         for report in reports:
             _print(report)
-    return 1 if any(r.get("error") for r in reports) else 0
+    unanswered = any("error" in node for r in reports for node in r.get("gpu_state", []))
+    return 1 if unanswered or any(r.get("error") for r in reports) else 0

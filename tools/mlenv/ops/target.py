@@ -6,12 +6,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mlenv import state
 from mlenv.backends import get
 from mlenv.backends.base import Backend, Handle
+from mlenv.config.model import Cluster
 from mlenv.errors import UsageError, shown
-from mlenv.plan import JobPlan, load_plan
+
+if TYPE_CHECKING:  # planning (config, schema, quantities) is imported only where a file is planned
+    from mlenv.plan import JobPlan
 
 
 @dataclass(frozen=True)
@@ -24,10 +28,26 @@ class Target:
     plan: JobPlan | None = None
 
 
+def file_cluster(target: Target, reading: str) -> Cluster | None:
+    """The deployment's cluster file as validated, if it still loads; else a warning that ``reading`` (the
+    setting wanted from it) was not read, and None."""
+    from mlenv.errors import MlenvError
+    from mlenv.ui import warn
+
+    plan = target.plan
+    if plan is None and target.recorded is not None:
+        try:
+            plan = recorded_plan(target.recorded)
+        except MlenvError as exc:
+            warn(f"{reading} not read: {str(exc).splitlines()[0]}")
+            return None
+    return plan.cluster if plan else None
+
+
 def recorded_plan(deployment: state.Deployment) -> JobPlan:
     """Plan a recorded deployment again from its cluster file, with the mode, nodes and image it was deployed
     with; bad values there blame the record, not options the user never passed."""
-    from mlenv.plan import MAX_NODES, MODES
+    from mlenv.plan import MAX_NODES, MODES, load_plan
 
     wrong = []
     if deployment.mode not in MODES:
@@ -43,21 +63,6 @@ def recorded_plan(deployment: state.Deployment) -> JobPlan:
     return load_plan(deployment.cluster_file, deployment.mode, deployment.nodes, deployment.image)
 
 
-def current_plan(target: Target, what: str) -> JobPlan | None:
-    """The target's plan: its own, or its recorded deployment's planned again; None (warning that ``what`` was not
-    read) when the cluster file no longer plans."""
-    from mlenv.errors import MlenvError
-    from mlenv.ui import warn
-
-    if target.plan is not None or target.recorded is None:
-        return target.plan
-    try:
-        return recorded_plan(target.recorded)
-    except MlenvError as exc:
-        warn(f"{what} not read: {str(exc).splitlines()[0]}")
-        return None
-
-
 def resolve(cluster_ref: str | None) -> Target:
     """The recorded deployment named by ``cluster_ref`` (a deployment name, a cluster name or a file), the
     current one without it, else the cluster file's plan (not deployed)."""
@@ -68,6 +73,8 @@ def resolve(cluster_ref: str | None) -> Target:
     try:
         deployment = state.find(recorded, cluster_ref)
     except UsageError:
+        from mlenv.plan import load_plan
+
         job = load_plan(cluster_ref)
         backend = get(job.cluster.backend)
         return Target(backend, backend.prepare(job).handle, None, job)

@@ -19,12 +19,17 @@ from pathlib import Path
 from typing import IO, Any, NoReturn, cast
 
 from .doctor import examine, render
+from .forensics import flight_dumps
+from .gpus import read_node, render_node
+from .hang import HANG_EXIT_CODE
 from .jobs import POLL_SECONDS, JobError, NodeJob, follow_log, host_jobs, start_recorded, stop_jobs
 from .launcher import LAUNCHERS, forwarding_signals, launch
 from .nccl import detect_nccl_env
-from .ncclog import CONTRADICTS, contradicts, parse_nccl_log
+from .ncclog import EXPECTATIONS, LogReport, NcclLogReader, iter_lines, judge
 from .observers import observers_for
 from .runlayout import NodeDir, attempt_of, read_ranks, runs_root, write_atomic
+from .stacks import METHODS, group, sample
+from .stacks import render as render_stacks
 from .topology import TopologyError, detect_topology, host_name
 
 LOG_WAIT_SECONDS = 60.0
@@ -61,6 +66,16 @@ def _rank(text: str) -> int:
     if not text.isdigit():
         raise argparse.ArgumentTypeError(f"expected a rank (0, 1, ...), got {text!r}")
     return int(text)
+
+
+def _hang_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
 
 
 def _run_id(text: str) -> str:
@@ -105,6 +120,14 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--dry-run", action="store_true", help="print the added variables and the command")
     mode.add_argument("--detach", action="store_true",
                       help="run in the background (needs a run directory); docs/runs.md has its files")
+    run.add_argument("--expect-transport", choices=EXPECTATIONS, metavar="{rdma,sockets,any}",
+                     help="what NCCL's output must prove; a contradiction fails the job "
+                          "(default: rdma in rdma mode, else any)")
+    run.add_argument("--hang-timeout", type=_hang_seconds, metavar="SECONDS",
+                     help="no rank output on any node for this long: capture every rank's stack into the run "
+                          "directory, tell the attached user, state hung")
+    run.add_argument("--on-hang", choices=["stop"],
+                     help=f"with --hang-timeout: also stop the job (exit code {HANG_EXIT_CODE}, as timeout)")
     run.add_argument("--exit-file", type=Path, help=argparse.SUPPRESS)  # the recorded supervisor's
     run.add_argument("--detached-supervisor", action="store_true", help=argparse.SUPPRESS)  # stdout is the log
     run.add_argument("job", nargs=argparse.REMAINDER, help="the script and its arguments, after --")
@@ -136,10 +159,26 @@ def build_parser() -> argparse.ArgumentParser:
                         help="node 0 listens on the rendezvous port this long, the others connect to it")
     doctor.add_argument("--json", action="store_true", help="print one JSON line: checks, facts and the clock")
 
+    gpus = commands.add_parser("gpus", help="this node's GPUs, Xid/ECC events since the run started, its ranks")
+    gpus.add_argument("--runs-root", type=Path, metavar="DIR", help=runs_help)
+    gpus.add_argument("--proc-root", type=Path, default=Path("/proc"), help="procfs mount (default: %(default)s)")
+    gpus.add_argument("--kmsg", type=Path, default=Path("/dev/kmsg"),
+                      help="the kernel log, read for Xid events (default: %(default)s)")
+    gpus.add_argument("--json", action="store_true", help="print one JSON object")
+
+    stacks = commands.add_parser("stacks", help="the Python stack of every rank of this node's latest run")
+    stacks.add_argument("--runs-root", type=Path, metavar="DIR", help=runs_help)
+    stacks.add_argument("--native", action="store_true", help="add native frames (py-spy only)")
+    stacks.add_argument("--method", choices=METHODS, default="auto",
+                        help="py-spy (ptrace), faulthandler (the signal the runtime armed), or auto: py-spy, "
+                             "else faulthandler (default)")
+    stacks.add_argument("--json", action="store_true", help="print one JSON object")
+
     check = commands.add_parser("nccl-log-check", help="tell from NCCL_DEBUG=INFO output what NCCL used")
     check.add_argument("files", nargs="+", metavar="FILE", help="log files ('-' for stdin)")
-    check.add_argument("--json", action="store_true", help='print {"verdict": ..., "ranks": [...]}')
-    check.add_argument("--expect", choices=sorted(CONTRADICTS), help="exit 1 if the log shows the other")
+    check.add_argument("--json", action="store_true", help='print {"verdict", "reason", "nodes", "ranks", ...}')
+    check.add_argument("--expect", choices=EXPECTATIONS, default="any",
+                       help="exit 1 unless the log proves it (rdma, sockets; default: any, report only)")
     return parser
 
 
@@ -212,7 +251,7 @@ def _launch(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         return _recorded(args, environ, launcher, job, run_dir)
     return launch(job, launcher=launcher, environ=environ, nproc=args.nproc, run_dir=run_dir,
                   dry_run=args.dry_run, node_log=args.exit_file is None or not args.detached_supervisor,
-                  observers=observers_for(args, environ))
+                  expect_transport=args.expect_transport, observers=observers_for(args, environ))
 
 
 def _recorded(
@@ -226,6 +265,9 @@ def _recorded(
     files = NodeDir(run_dir.absolute(), attempt_of(environ), rank)
     supervisor = [sys.executable, "-m", "mlenv.runtime", "launch", "--launcher", launcher,
                   *(["--nproc", str(args.nproc)] if args.nproc else []), "--run-dir", str(files.run_dir),
+                  *(["--expect-transport", args.expect_transport] if args.expect_transport else []),
+                  *(["--hang-timeout", str(args.hang_timeout)] if args.hang_timeout else []),
+                  *(["--on-hang", args.on_hang] if args.on_hang else []),
                   "--exit-file", str(files.exit), *(["--detached-supervisor"] if args.detach else []), "--", *job]
     process, record = start_recorded(supervisor, files, run_id=environ.get("MLENV_RUN_ID") or files.run_dir.name,
                                      host=host_name(environ), environ=environ, detached=args.detach)
@@ -349,27 +391,67 @@ def _doctor(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     return 1 if any(check["status"] == "FAIL" for check in report["checks"]) else 0
 
 
+def _gpus(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    host = host_name(environ)
+    job = _node_job(host_jobs(args.runs_root or runs_root(environ), host), environ)
+    found = read_node(host, run=job.files if job else None, kmsg=args.kmsg, proc_root=args.proc_root)
+    print(json.dumps(found.to_dict()) if args.json else render_node(found), flush=True)
+    return 0
+
+
+def _stacks(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    host = host_name(environ)
+    job = _node_job(host_jobs(args.runs_root or runs_root(environ), host), environ)
+    if job is None:
+        found: dict[str, object] = {"run": None, "host": host}
+    else:
+        ranks = [r.to_dict() for r in read_ranks(job.files) if r.state == "running"]
+        taken = sample(ranks, native=args.native, method=args.method, dumps=job.files.stacks / "faulthandler",
+                       workspace=Path.cwd())
+        found = {"run": job.record.run_id, "started_at": job.record.started_at, "node": job.record.node_rank,
+                 "host": host, "state": job.state,
+                 "ranks": [stack.to_dict() for stack in taken],
+                 "flight_dumps": [str(path) for path in flight_dumps(job.files.path)]}
+    if args.json:
+        print(json.dumps(found), flush=True)
+    elif job is None:
+        print(f"no run of {host}")
+    else:
+        print(render_stacks(group(found["ranks"])))  # type: ignore[arg-type]
+    return 0
+
+
 def _nccl_log_check(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    report = parse_nccl_log(line for name in args.files for line in _read_lines(name))
+    report = _read_logs(args.files)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:
         for rank in report.ranks:
             print(rank.summary())
             print("".join(f"  NCCL WARN {w}\n" for w in rank.warnings), end="")
+        for node in report.nodes:
+            print(node.line())
         print(f"verdict: {report.verdict}")
-    if args.expect and contradicts(report.verdict, args.expect):
-        print(f"error: expected {args.expect}, the log shows {report.verdict}", file=sys.stderr)
+    passed, message = judge(report, args.expect)
+    if not passed:
+        print(f"error: {message}", file=sys.stderr)
         return 1
+    if args.expect != "any":
+        print(f"mlenv: {message}", file=sys.stderr)
     return 0
 
 
-def _read_lines(name: str) -> list[str]:
-    """Lines of a log file, or of stdin for ``-``."""
-    try:
-        return sys.stdin.readlines() if name == "-" else Path(name).read_text(errors="replace").splitlines()
-    except OSError as err:
-        raise BadInput(f"cannot read {name}: {err.strerror}") from None
+def _read_logs(names: Sequence[str]) -> LogReport:
+    """Every line of the log files (stdin for ``-``), read in bounded chunks."""
+    reader = NcclLogReader()
+    for name in names:
+        try:
+            with open(sys.stdin.fileno(), "rb", closefd=False) if name == "-" else open(name, "rb") as stream:
+                for number, line in enumerate(iter_lines(stream), 1):
+                    reader.feed(line, f"{name}:{number}")
+        except OSError as err:
+            raise BadInput(f"cannot read {name}: {err.strerror}") from None
+    return reader.report()
 
 
 _COMMANDS = {
@@ -377,6 +459,8 @@ _COMMANDS = {
     "nccl-env": _nccl_env,
     "launch": _launch,
     "nccl-log-check": _nccl_log_check,
+    "gpus": _gpus,
+    "stacks": _stacks,
     "doctor": _doctor,
     "jobs": _jobs,
     "stop": _stop,

@@ -55,6 +55,8 @@ class ControlChannel:
     decide_at: float | None = None
     stopped: bool = False
     finished: bool = False
+    on_message: Callable[[dict[str, Any]], None] | None = None
+    """Observers' messages (``relay``) that reach this node."""
 
     def open(self) -> None:
         """Listen (node 0) or start trying to connect (the others)."""
@@ -120,6 +122,8 @@ class ControlChannel:
             self._failure(float(message.get("ended", time.time())), dict(message["failure"]))
         elif "done" in message:
             peer.done = True
+        elif "observer" in message and isinstance(message["observer"], dict) and self.on_message is not None:
+            self.on_message(dict(message["observer"]))
         elif "stop" in message:
             if self.node == 0:
                 self._broadcast(str(message["stop"]), int(message.get("exit_code", 1)), None)
@@ -185,6 +189,11 @@ class ControlChannel:
             self._broadcast(reason, exit_code, None)
         else:
             self._send(self.upstream, {"stop": reason, "exit_code": exit_code})
+
+    def relay(self, message: Mapping[str, Any]) -> None:
+        """An observer's message: from node 0 to every other node, from another node to node 0."""
+        for peer in ([self.upstream] if self.upstream is not None else []) if self.node != 0 else list(self.peers):
+            self._send(peer, {"observer": message})
 
     def done(self) -> None:
         """This node's job has ended: from now on a lost connection is no failure."""

@@ -26,6 +26,7 @@ from typing import IO, NamedTuple
 from .readfs import read_int
 from .runlayout import (
     FAILED,
+    HUNG,
     RUNNING,
     STOPPED,
     SUCCEEDED,
@@ -94,6 +95,7 @@ class NodeJob:
         return {**self.record.to_dict(), "state": self.state, "exit_code": self.exit_code,
                 "reason": recorded.get("reason") or ("gone without an exit status" if self.lost else None),
                 "first_failure": recorded.get("first_failure"),
+                "transport": recorded.get("transport"), "stacks": recorded.get("stacks"),
                 "ranks": [rank.to_dict() for rank in read_ranks(self.files)],
                 "run_dir": str(self.files.run_dir), "node_dir": str(self.files.path), "log": str(self.files.log)}
 
@@ -169,7 +171,8 @@ def node_job(files: NodeDir, proc_root: str | Path = "/proc") -> NodeJob | None:
         return None
     code = read_exit(files.exit)
     if code is None and is_running(record, files, proc_root):
-        return NodeJob(files, record, RUNNING, None)
+        hung = read_state(files).get("state") == HUNG  # a watchdog's verdict on a job still running
+        return NodeJob(files, record, HUNG if hung else RUNNING, None)
     if code is None:
         code = read_exit(files.exit)  # it may have ended since the first look
     if code is None:

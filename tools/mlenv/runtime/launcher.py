@@ -2,8 +2,9 @@
 
 Run the same command on every node. Each rank runs through ``mlenv.runtime.rank`` under this node's supervisor
 (supervisor.py): its lines go, whole and tagged, to stdout and, with a run directory, to
-``<run_dir>/attempt-<K>/node<R>/output.log``; the first failing rank's exit status becomes ours. When the
-cluster file asked for RDMA, the transport observer checks NCCL's lines and a job that ran over sockets fails.
+``<run_dir>/attempt-<K>/node<R>/output.log``; the first failing rank's exit status becomes ours. In rdma mode a
+node without a usable RDMA network is refused before the job starts (preflight.py); the transport observer
+(transport.py) proves from NCCL's lines, while the job runs, that it uses the expected transport.
 """
 
 from __future__ import annotations
@@ -22,18 +23,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from .forensics import flight_recorder_env, torch_version
 from .host import visible_gpu_count
 from .nccl import NcclEnv, detect_nccl_env
-from .observers import Observer, expected_transport
+from .observers import Observer
+from .preflight import library_dirs, rdma_preflight
 from .runlayout import NodeDir, attempt_of
+from .stacks import FAULTHANDLER_DIR
 from .supervisor import FORWARDED_SIGNALS, Sinks, Supervisor
 from .topology import DEFAULT_APP_NAME, Topology, detect_topology, host_name
+from .transport import Expectation, debug_env, expectation
 
 LAUNCHERS = ("torchrun", "deepspeed")
 RANK_MODULE = "mlenv.runtime.rank"
 """What torchrun and DeepSpeed start for each rank (``-m``/``--module``): the wrapper that runs the script."""
 RUNTIME_PARENT = str(Path(__file__).resolve().parents[2])
 """The directory holding the ``mlenv`` package, on the workers' PYTHONPATH so that they find the wrapper."""
+SITE_DIR = str(Path(__file__).resolve().parent / "site")
+"""First on the workers' PYTHONPATH: its sitecustomize arms faulthandler, then runs the image's own."""
 CONTROL_PORT_OFFSET = 1
 """Node 0's supervisor listens for the others on MASTER_PORT + 1."""
 CONTAINER_LOG_VARIABLE = "MLENV_CONTAINER_LOG"
@@ -130,6 +137,7 @@ def launch(
     proc_root: str | Path = "/proc",
     dry_run: bool = False,
     node_log: bool = True,
+    expect_transport: str | None = None,
     observers: Sequence[Observer] = (),
 ) -> int:
     """Configure NCCL, start the job through ``launcher`` under this node's supervisor and return its exit status
@@ -143,10 +151,19 @@ def launch(
     )
     for warning in nccl.warnings:
         _note(f"warning: {warning}")
+    expected = expectation(expect_transport, environ)
+    if not dry_run and environ.get("MLENV_NETWORK_MODE") == "rdma" and expected.expect != "any":
+        check = rdma_preflight(environ, sysfs_root=sysfs_root, lib_dirs=library_dirs(environ))
+        for line in [*check.notes, *(f"warning: {w}" for w in check.warnings)]:
+            _note(line)
+        if check.refusal:
+            _note(f"error: {check.refusal}; not starting the job (--expect-transport any starts it anyway)")
+            return 1
     with ExitStack() as stack:
         workdir = run_dir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mlenv-launch-")))
         node_dir = NodeDir(workdir, attempt_of(environ), topology.node_rank)
-        job = _prepare(command, launcher, topology, nproc, environ, nccl, node_dir.path)
+        job = _prepare(command, launcher, topology, nproc, environ, nccl, node_dir.path, expected,
+                       node_dir.path if run_dir else None)
         _note(f"node {topology.node_rank}/{topology.num_nodes} ({topology.source}), {nproc} processes, "
               f"master {topology.master_addr}:{topology.master_port}")
         removed = [f"unset {name}" for name in nccl.unset]
@@ -173,11 +190,13 @@ def _prepare(
     environ: Mapping[str, str],
     nccl: NcclEnv,
     workdir: Path,
+    expected: Expectation,
+    dump_dir: Path | None = None,
 ) -> Job:
-    """The argv, environment and files for this node."""
-    added = dict(nccl.env)
-    if expected_transport(environ) and "NCCL_DEBUG" not in environ:
-        added["NCCL_DEBUG"] = "INFO"  # the transport check reads NCCL's INFO lines
+    """The argv, environment and files for this node; with ``dump_dir`` (the node's directory of the run) the
+    ranks' NCCL flight recorder dumps and faulthandler files go there."""
+    added = {**nccl.env, **debug_env(expected, environ),  # the transport proof reads NCCL's INFO lines
+             **flight_recorder_env(environ, dump_dir, torch_version())}
     if "PYTHONUNBUFFERED" not in environ:
         added["PYTHONUNBUFFERED"] = "1"  # progress lines through the pipe as they happen
     files = {}
@@ -193,7 +212,9 @@ def _prepare(
         argv = deepspeed_argv(topology, nproc, command, hostfile=hostfile)
     inherited = {name: value for name, value in environ.items() if name not in nccl.unset}
     env = {**inherited, **added}
-    env["PYTHONPATH"] = os.pathsep.join([RUNTIME_PARENT, *filter(None, [environ.get("PYTHONPATH")])])
+    if dump_dir is not None:  # faulthandler armed in every rank: mlenv stacks without ptrace rights
+        env[FAULTHANDLER_DIR] = str(dump_dir / "stacks" / "faulthandler")
+    env["PYTHONPATH"] = os.pathsep.join([SITE_DIR, RUNTIME_PARENT, *filter(None, [environ.get("PYTHONPATH")])])
     return Job(argv, env, added, files)
 
 

@@ -11,9 +11,7 @@ import argparse
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
-
-from .ncclog import contradicts, parse_nccl_log
+from typing import Any, Protocol
 
 
 @dataclass(frozen=True)
@@ -32,6 +30,18 @@ class JobControl(Protocol):
 
     run_dir: Path
     """This node's attempt directory: ``runs/<id>/attempt-<K>/node<R>``."""
+    node: int
+    num_nodes: int
+
+    @property
+    def hub(self) -> bool:
+        """Whether this node decides for the job (node 0, or a node that cannot reach node 0)."""
+
+    def tell_hub(self, message: dict[str, Any]) -> None:
+        """Hand ``message`` to the observers of the hub (this node's own when it is the hub)."""
+
+    def tell_all(self, message: dict[str, Any]) -> None:
+        """From the hub: hand ``message`` to the observers of every node, this one included."""
 
     def ranks(self) -> list[RankInfo]:
         """The ranks of this node that have started, by global rank."""
@@ -65,6 +75,9 @@ class Observer(Protocol):
     def finished(self, exit_code: int) -> int:
         """The node's exit code so far; returns it, or another (e.g. nothing proven -> 1)."""
 
+    def message(self, message: Mapping[str, Any]) -> None:
+        """A message an observer sent with ``tell_hub``/``tell_all`` (observers tell their kind apart)."""
+
 
 class BaseObserver:
     """No-op methods: an observer implements only what it needs."""
@@ -89,43 +102,21 @@ class BaseObserver:
     def finished(self, exit_code: int) -> int:
         return exit_code
 
+    def message(self, message: Mapping[str, Any]) -> None:
+        return None
+
     def note(self, message: str) -> None:
         if self.control is not None:
             self.control.note(message)
 
 
-class TransportCheck(BaseObserver):
-    """After the job: what NCCL's INFO lines say it used; a successful job that contradicts ``expect`` fails."""
-
-    def __init__(self, expect: str | None) -> None:
-        self.expect = expect
-        self.lines: list[str] = []
-
-    def line(self, rank: RankInfo | None, text: str) -> None:
-        if "NCCL" in text:
-            self.lines.append(text)
-
-    def finished(self, exit_code: int) -> int:
-        report = parse_nccl_log(self.lines)
-        if not report.ranks:
-            if self.expect:
-                self.note(f"no NCCL INFO lines in the output: cannot verify that NCCL used {self.expect}")
-            return exit_code
-        for rank in report.ranks:
-            self.note(rank.summary())
-        self.note(f"NCCL transport: {report.verdict}")
-        if self.expect and contradicts(report.verdict, self.expect):
-            self.note(f"error: the cluster file asks for {self.expect} but NCCL used {report.verdict}")
-            return exit_code or 1
-        return exit_code
-
-
-def expected_transport(environ: Mapping[str, str]) -> str | None:
-    """``rdma`` when the cluster file asked for it (``MLENV_NETWORK_MODE``)."""
-    return "rdma" if environ.get("MLENV_NETWORK_MODE") == "rdma" else None
-
-
 def observers_for(options: argparse.Namespace, environ: Mapping[str, str]) -> list[Observer]:
     """Every observer of a launch, from its options (``python3 -m mlenv.runtime launch ...``) and environment.
     The one place observers are built: each later option adds its own here."""
-    return [TransportCheck(expected_transport(environ))]
+    from .hang import HangWatchdog
+    from .transport import TransportProof, expectation
+
+    found: list[Observer] = [TransportProof(expectation(getattr(options, "expect_transport", None), environ), environ)]
+    if getattr(options, "hang_timeout", None):
+        found.append(HangWatchdog(options.hang_timeout, getattr(options, "on_hang", None)))
+    return found

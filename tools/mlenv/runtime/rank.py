@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 SOCKET_VARIABLE = "MLENV_SUPERVISOR_SOCKET"
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
@@ -49,11 +50,14 @@ def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     signal that killed the child)."""
     command = [sys.executable, *_script_first(argv)]
     path = environ.get(SOCKET_VARIABLE)
-    if not path:
-        return subprocess.call(command)
     who = identity(environ)
-    control = _connect(path, {"kind": "control", **who})
-    output = _connect(path, {"kind": "output", **who})
+    try:
+        if not path:
+            raise FileNotFoundError(SOCKET_VARIABLE)
+        control = _connect(path, {"kind": "control", **who})
+        output = _connect(path, {"kind": "output", **who})
+    except OSError:  # no supervisor (any more): the script runs all the same
+        return subprocess.call(command)
     forwarded: set[int] = set()
     child: subprocess.Popen[bytes] | None = None
 
@@ -66,15 +70,34 @@ def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
 
     for sig in FORWARDED:
         signal.signal(sig, forward)
-    child = subprocess.Popen(command, stdout=output.fileno(), stderr=output.fileno(),
+    child = subprocess.Popen(command, stdout=output.fileno(), stderr=output.fileno(), env=child_environ(environ),
                              preexec_fn=_die_with_parent)  # only os and prctl: safe with threads
     output.close()  # the child holds it; the supervisor sees its end when the child's last holder closes it
     _send(control, {"event": "started", "pid": child.pid})
     status = child.wait()
-    code, killed_by = (128 - status, signal.Signals(-status).name) if status < 0 else (status, None)
+    code, killed_by = (128 - status, signal_name(-status)) if status < 0 else (status, None)
     _send(control, {"event": "exited", "exit_code": code, "signal": killed_by})
     control.close()
     return status
+
+
+def child_environ(environ: Mapping[str, str]) -> dict[str, str]:
+    """The user's process's environment: ours, plus its own faulthandler file when the launcher armed the job
+    (the runtime's sitecustomize arms it there, in that process only)."""
+    from .stacks import FAULTHANDLER_DIR, FAULTHANDLER_FILE, faulthandler_file
+
+    child = dict(environ)
+    if environ.get(FAULTHANDLER_DIR):
+        child[FAULTHANDLER_FILE] = str(faulthandler_file(Path(environ[FAULTHANDLER_DIR]), identity(environ)["rank"]))
+    return child
+
+
+def signal_name(number: int) -> str:
+    """``SIGKILL`` for 9; ``SIG34`` for a signal without a name."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"SIG{number}"
 
 
 def _script_first(argv: Sequence[str]) -> list[str]:

@@ -29,7 +29,7 @@ from typing import IO, Any
 from .control import ControlChannel
 from .observers import Observer, RankInfo
 from .oom import kernel_killed, oom_kills
-from .rank import SOCKET_VARIABLE
+from .rank import SOCKET_VARIABLE, signal_name
 from .runlayout import (
     FAILED,
     RUNNING,
@@ -135,6 +135,25 @@ class Supervisor:
         self.extra_state.update(fields)
         self._write_state(state, str(self.extra_state.get("reason") or ""))
 
+    @property
+    def hub(self) -> bool:
+        return self.node == 0 or self.channel is None or self.channel.upstream is None
+
+    def tell_hub(self, message: dict[str, Any]) -> None:
+        if self.hub or self.channel is None:
+            self._observer_message(message)
+        else:
+            self.channel.relay(message)
+
+    def tell_all(self, message: dict[str, Any]) -> None:
+        if self.channel is not None and self.node == 0:
+            self.channel.relay(message)
+        self._observer_message(message)
+
+    def _observer_message(self, message: dict[str, Any]) -> None:
+        for observer in self.observers:
+            observer.message(message)
+
     def stop(self, reason: str, exit_code: int) -> None:
         if self.channel is not None:
             self.channel.stop(reason, exit_code)
@@ -220,7 +239,7 @@ class Supervisor:
             return
         address, port = self.control_address
         self.channel = ControlChannel(self.node, self.num_nodes, address, port, self._stop_here, self.note,
-                                      self.selector)
+                                      self.selector, on_message=self._observer_message)
         self.channel.open()
 
     @contextlib.contextmanager
@@ -377,7 +396,7 @@ class Supervisor:
             reason = f"rank {ff.rank} {ff.reason}" if ff.node == self.node and self.local_failure == ff \
                 else f"stopped after rank {ff.rank} failed"
         elif self.user_signal is not None:
-            state, reason = STOPPED, f"stopped by {signal.Signals(self.user_signal).name}"
+            state, reason = STOPPED, f"stopped by {signal_name(self.user_signal)}"
             code = 128 + self.user_signal
         elif self.stop_reason is not None:
             state, reason, code = FAILED, self.stop_reason, self.stop_code or 1

@@ -77,6 +77,16 @@ def _pull_words(pod: dict[str, Any], container: dict[str, Any], events: list[dic
             "the registry (pull secret?); use --image to pick another")
 
 
+def _crash_words(container: dict[str, Any]) -> str:
+    """A container that keeps exiting: its last exit code and restarts, and where its output is."""
+    ended = (container.get("lastState") or {}).get("terminated") or {}
+    code = ended.get("exitCode")
+    how = f"exit code {code}" + (f", {ended['reason']}" if ended.get("reason") else "") if code is not None else ""
+    return (f"CrashLoopBackOff: container {container.get('name', '')} keeps exiting"
+            f"{f' ({how})' if how else ''} and was restarted {container.get('restartCount', 0)} times; its output: "
+            f"kubectl logs --previous")
+
+
 def pod_trouble(pod: dict[str, Any], events: list[dict[str, Any]]) -> Trouble | None:
     """Why a pod is not Ready (``events`` are all events of the namespace; those of this pod are used)."""
     if podview.is_ready(pod):
@@ -94,6 +104,8 @@ def pod_trouble(pod: dict[str, Any], events: list[dict[str, Any]]) -> Trouble | 
         reason = waiting.get("reason")
         if reason in PULL_FAILURES:
             return Trouble(meta["name"], reason, _pull_words(pod, container, own))
+        if reason == "CrashLoopBackOff":
+            return Trouble(meta["name"], reason, _crash_words(container))
         if reason:
             message = waiting.get("message")
             return Trouble(meta["name"], reason, f"{reason}: {message}" if message else reason)

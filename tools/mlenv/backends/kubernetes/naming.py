@@ -4,10 +4,12 @@ The one place these naming rules live; templates, status and clean all read them
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from mlenv.config.model import Cluster
-from mlenv.plan import JobPlan
+
+if TYPE_CHECKING:  # not imported by status, which needs the names only
+    from mlenv.plan import JobPlan
 
 CONTAINER = "ml-dev"
 """The container of every pod (statefulset.yaml.j2)."""

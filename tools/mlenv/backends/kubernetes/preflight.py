@@ -5,7 +5,6 @@ of any later call into plain words."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from decimal import Decimal
@@ -59,7 +58,7 @@ def login_hint(target: Target, flavour: str) -> str:
 
 
 def _current_server(config: dict[str, Any]) -> tuple[str | None, str | None]:
-    """(current context, its cluster's server) from ``config view -o json``."""
+    """(current context, its cluster's server) from the merged kubeconfig."""
     current = config.get("current-context") or None
     contexts = {c.get("name"): c.get("context") or {} for c in config.get("contexts") or []}
     clusters = {c.get("name"): c.get("cluster") or {} for c in config.get("clusters") or []}
@@ -77,9 +76,11 @@ def check_server(client: Client, target: Target) -> Check:
     """The CLI's current context must point at the file's ``api`` (PASS when the file names none)."""
     if not target.api:
         return Check("server", "PASS", "the cluster file names no api: the current context is used")
+    from mlenv.backends.kubernetes.kubeconfig import KubeconfigError, merged
+
     try:
-        config = json.loads(client.run("config", ["view", "-o", "json"], namespaced=False) or "{}")
-    except (KubeError, ValueError) as exc:
+        config = merged()
+    except KubeconfigError as exc:
         return Check("server", "FAIL", f"cannot read the kubeconfig: {exc}", login_hint(target, client.flavour))
     current, server = _current_server(config)
     if server and same_server(target.api, server):

@@ -11,6 +11,7 @@ from functools import lru_cache
 from typing import Any, NamedTuple
 
 import mlenv
+from mlenv.backends.kubernetes import podinit
 from mlenv.backends.kubernetes.naming import DATA_KIND, KubeDeployment
 from mlenv.errors import OperationError
 from mlenv.render.templates import Templates
@@ -71,7 +72,8 @@ def render_objects(d: KubeDeployment) -> Rendered:
     objects.append(_render("service.yaml.j2", d=d))
     if d.network_policy:
         objects.append(_render("networkpolicy.yaml.j2", d=d))
-    objects.append(_render("statefulset.yaml.j2", d=d, resources=_container_resources(d)))
+    objects.append(_render("statefulset.yaml.j2", d=d, resources=_container_resources(d),
+                           command=podinit.command(d.cluster.scheduling.grace_period)))
     admin = []
     if d.ipc_lock_scc:
         admin = [_render(name, d=d) for name in

@@ -307,7 +307,8 @@ class SlurmBackend:
     def prepare_launch(self, handle: Handle, spec: LaunchSpec) -> LaunchRequest:
         """PURE: the batch script of the run (no allocation), or the script that runs it inside the allocation."""
         job = job_from(handle)
-        task = script.runtime_argv(spec.launcher, spec.run_id, spec.script, spec.args, spec.nproc)
+        task = script.runtime_argv(spec.launcher, spec.run_id, spec.script, spec.args, spec.nproc,
+                                   spec.expect_transport, spec.watchdog_options())
         allocation = allocation_id(handle)
         forwarded = f"; forwarded from your environment: {', '.join(spec.secrets)}" if spec.secrets else ""
         where = f"inside allocation {allocation}" if allocation else "as a batch job"

@@ -146,10 +146,13 @@ def container_argv(job: SlurmJob) -> list[str]:
             *(option for name, value in env.items() for option in ("--env", f"{name}={value}")), container.image]
 
 
-def runtime_argv(launcher: str, run_id: str, script: str, args: Sequence[str], nproc: int | None) -> list[str]:
-    """``python3 -m mlenv.runtime launch ...``: one node's share of a run (its node rank from Slurm)."""
+def runtime_argv(launcher: str, run_id: str, script: str, args: Sequence[str], nproc: int | None,
+                 expect_transport: str | None = None, options: Sequence[str] = ()) -> list[str]:
+    """``python3 -m mlenv.runtime launch ...``: one node's share of a run (its node rank from Slurm); ``options``:
+    more of the runtime launch's options (the hang watchdog's)."""
     return [PYTHON, "-m", "mlenv.runtime", "launch", "--launcher", launcher,
-            *(["--nproc", str(nproc)] if nproc else []), "--run-dir", run_dir(run_id), "--", script, *args]
+            *(["--nproc", str(nproc)] if nproc else []), "--run-dir", run_dir(run_id),
+            *(["--expect-transport", expect_transport] if expect_transport else []), *options, "--", script, *args]
 
 
 def task_wrapper(interfaces: Mapping[str, str], warning: str | None = None) -> str:

@@ -1,0 +1,361 @@
+"""A kubelet that really runs pods on this machine (``FakeKube(run_pods=True)``).
+
+A scheduled pod's first container runs with its command and args, env (downward API fields included), working
+directory and volumes (claims as directories shared by every pod that mounts them, emptyDirs per pod); see
+:mod:`container`. As root with iproute2 each pod gets a network namespace with its pod IP on a bridge of its own
+(the local backend's plumbing, :mod:`mlenv.backends.local.net`); otherwise pods share this machine's network and
+their pod IP is 127.0.0.1. Every pod's /etc/hosts names the pods of its headless Service.
+
+Restarts follow ``restartPolicy`` with the kubelet's doubling back-off (CrashLoopBackOff while waiting).
+``delete`` is graceful: SIGTERM to PID 1, SIGKILL after the grace period. ``shutdown`` ends everything.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import secrets
+import shutil
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mlenv.backends.local import net
+
+from .container import Container, Sandbox, Terminated
+
+CLUSTER_DOMAIN = "cluster.local"
+POD_SUBNET_BITS = 16
+MAX_BACKOFF = 300.0
+BRIDGE_NIC = "eth0"
+REFERENCE = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
+FIELD = re.compile(r"metadata\.(labels|annotations)\['(.+)'\]")
+
+
+def expand(text: str, env: dict[str, str]) -> str:
+    """Kubernetes' ``$(VAR)`` expansion (``$$`` escapes; unknown references stay as written)."""
+    return REFERENCE.sub(lambda m: "$" if m.group(0) == "$$" else env.get(m.group(1), m.group(0)), text)
+
+
+def field_value(pod: dict[str, Any], path: str) -> str:
+    """A downward-API ``fieldRef.fieldPath`` of ``pod``."""
+    meta, spec, status = pod["metadata"], pod.get("spec") or {}, pod.get("status") or {}
+    found = FIELD.fullmatch(path)
+    if found:
+        return str((meta.get(found.group(1)) or {}).get(found.group(2), ""))
+    values = {"metadata.name": meta["name"], "metadata.namespace": meta.get("namespace", ""),
+              "metadata.uid": meta["uid"], "spec.nodeName": spec.get("nodeName", ""),
+              "spec.serviceAccountName": spec.get("serviceAccountName", "default"),
+              "status.podIP": status.get("podIP", ""), "status.hostIP": status.get("hostIP", "")}
+    return str(values.get(path, ""))
+
+
+def container_env(pod: dict[str, Any], container: dict[str, Any]) -> dict[str, str]:
+    """The environment: the test environment's PATH (the "image"; this Python's directory first, so ``python3`` is
+    the one running the tests), HOSTNAME, then the container's ``env`` in order."""
+    path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "/usr/bin:/bin")])
+    env = {"PATH": path, "HOME": "/root", "HOSTNAME": pod["metadata"]["name"]}
+    for item in container.get("env") or []:
+        source = item.get("valueFrom") or {}
+        if "fieldRef" in source:
+            env[item["name"]] = field_value(pod, source["fieldRef"].get("fieldPath", ""))
+        else:
+            env[item["name"]] = expand(str(item.get("value", "")), env)
+    return env
+
+
+@dataclass
+class View:
+    """What the kubelet reports for a pod's container: the status fields the controller writes."""
+
+    state: dict[str, Any]
+    last_state: dict[str, Any]
+    restarts: int
+    running: bool
+    phase: str
+    container_id: str
+
+
+@dataclass
+class PodRun:
+    """One pod on this kubelet: its directory, network, current container and history."""
+
+    pod: dict[str, Any]
+    directory: Path
+    netns: str | None
+    current: Container | None = None
+    last: Terminated | None = None
+    restarts: int = 0
+    next_start: float = 0.0
+    back_off: float = 0.0
+    stopping: bool = False
+    failure: str = ""
+    done: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def uid(self) -> str:
+        """The pod's uid."""
+        return str(self.pod["metadata"]["uid"])
+
+
+class Kubelet:
+    """Runs the pods the controller hands it; ``on_change`` is called (from a worker thread) whenever a container
+    ends or a pod finished terminating, so the controller writes the new status at once."""
+
+    def __init__(self, root: Path, on_change: Callable[[], None], restart_backoff: float = 10.0,
+                 network: bool | None = None) -> None:
+        self.root = root
+        self.on_change = on_change
+        self.restart_backoff = restart_backoff
+        self.network = net.available() if network is None else network and net.available()
+        """Pods get network namespaces (``network``: None when this process can make them, i.e. root)."""
+        self.user_namespace = os.geteuid() != 0
+        self.prefix = f"fk{secrets.token_hex(3)}"
+        self.bridge = f"{self.prefix}-br"
+        self._runs: dict[str, PodRun] = {}
+        self._ports = iter(range(1_000_000))
+        self._lock = threading.Lock()
+        self._closed = False
+        if self.network:
+            net.ensure_bridge(self.bridge)
+
+    # --- the controller's side ------------------------------------------------------------------------------
+
+    def pod_ip(self, ordinal: int) -> str:
+        """The IP of the ``ordinal``-th pod scheduled (its own namespace), or 127.0.0.1 (the machine's network)."""
+        return f"10.128.{ordinal // 250}.{ordinal % 250 + 2}" if self.network else "127.0.0.1"
+
+    def sync(self, pod: dict[str, Any], peers: Sequence[dict[str, Any]],
+             services: Iterable[dict[str, Any]] = ()) -> View:
+        """Make ``pod`` run (starting, or restarting after its back-off); its /etc/hosts names the ``peers`` of its
+        headless Service and the headless ``services`` of its namespace (the cluster DNS it has instead).
+        Returns what its status should say."""
+        with self._lock:
+            run = self._runs.get(pod["metadata"]["uid"])
+            if self._closed:
+                return View({"waiting": {"reason": "ContainerCreating"}}, {}, 0, False, "Pending", "")
+            if run is None:
+                run = self._runs[pod["metadata"]["uid"]] = self._new_run(pod)
+            run.pod = pod
+            self._write_hosts(run, peers, services)
+            if run.current is None and not run.failure and not run.stopping and time.monotonic() >= run.next_start:
+                self._start(run)
+            return self._view(run)
+
+    def waiting(self) -> bool:
+        """Whether some pod waits out a back-off (the controller must come back even if nothing changes)."""
+        with self._lock:
+            return any(r.current is None and not r.stopping and not r.failure for r in self._runs.values())
+
+    def delete(self, uid: str, grace: float, gone: Callable[[], None]) -> None:
+        """Terminate pod ``uid`` in the background (SIGTERM, SIGKILL after ``grace``), then call ``gone``."""
+        with self._lock:
+            run = self._runs.get(uid)
+            if run is None or run.stopping:
+                if run is None:
+                    gone()
+                return
+            run.stopping = True
+        threading.Thread(target=self._terminate, args=(run, grace, gone), name=f"stop-{uid[:8]}",
+                         daemon=True).start()
+
+    def prune(self, alive: set[str]) -> None:
+        """Terminate pods that vanished from the API without a graceful delete (garbage collection)."""
+        with self._lock:
+            orphans = [r for uid, r in self._runs.items() if uid not in alive and not r.stopping]
+        for run in orphans:
+            grace = float((run.pod.get("spec") or {}).get("terminationGracePeriodSeconds", 30))
+            self.delete(run.uid, grace, lambda: None)
+
+    def shutdown(self) -> None:
+        """Kill every pod's processes now and remove their namespaces and the bridge; nothing starts after."""
+        with self._lock:
+            self._closed = True
+            runs = list(self._runs.values())
+        for run in runs:
+            run.stopping = True
+            if run.current is not None:
+                run.current.stop(0)
+            self._release(run)
+        if self.network:
+            net.delete_namespace(self.bridge)
+
+    # --- what the API server asks -----------------------------------------------------------------------------
+
+    def running(self, uid: str) -> Container | None:
+        """The running container of pod ``uid``, or None."""
+        with self._lock:
+            run = self._runs.get(uid)
+            current = run.current if run else None
+        return current if current is not None and not current.ended.is_set() else None
+
+    def log(self, uid: str, previous: bool) -> tuple[Path, threading.Event] | None:
+        """(log file, set once that container ended) of the current or ``previous`` container, or None."""
+        with self._lock:
+            run = self._runs.get(uid)
+            if run is None:
+                return None
+            index = run.restarts - (1 if previous or run.current is None else 0)
+            if index < 0:
+                return None
+            ended = run.current.ended if run.current is not None and not previous else _ENDED
+            return run.directory / f"container-{index}.log", ended
+
+    # --- inside -----------------------------------------------------------------------------------------------
+
+    def _new_run(self, pod: dict[str, Any]) -> PodRun:
+        meta = pod["metadata"]
+        directory = self.root / f"{meta.get('namespace', 'default')}_{meta['name']}_{meta['uid'][:8]}"
+        directory.mkdir(parents=True)
+        netns = None
+        if self.network:
+            index = next(self._ports)
+            netns = f"{self.prefix}-{index}"
+            ip = (pod.get("status") or {}).get("podIP", "")
+            net.ensure_pod(self.bridge, f"p{index}", netns, BRIDGE_NIC, f"{ip}/{POD_SUBNET_BITS}")
+        return PodRun(pod, directory, netns)
+
+    def _mounts(self, run: PodRun, container: dict[str, Any]) -> list[tuple[str, str]]:
+        """(source, container path) of the container's volumeMounts, then /etc/hosts."""
+        namespace = run.pod["metadata"].get("namespace", "default")
+        sources: dict[str, Path] = {}
+        for volume in (run.pod.get("spec") or {}).get("volumes") or []:
+            claim = (volume.get("persistentVolumeClaim") or {}).get("claimName")
+            source = self.root / "claims" / namespace / claim if claim else run.directory / "volumes" / volume["name"]
+            source.mkdir(parents=True, exist_ok=True)
+            sources[volume["name"]] = source
+        mounts = []
+        for mount in container.get("volumeMounts") or []:
+            source = sources.get(mount["name"])
+            if source is None:
+                raise OSError(f'volume "{mount["name"]}" of mount {mount["mountPath"]} is not a volume of the pod')
+            sub = mount.get("subPath")
+            if sub:
+                source = source / sub
+                source.mkdir(parents=True, exist_ok=True)
+            mounts.append((str(source), str(mount["mountPath"])))
+        return [*mounts, (str(run.directory / "hosts"), "/etc/hosts")]
+
+    def _write_hosts(self, run: PodRun, peers: Sequence[dict[str, Any]], services: Iterable[dict[str, Any]]) -> None:
+        """The pod's /etc/hosts: localhost; for the pods of its headless Service (``subdomain``) their IPs and
+        names (``pod.service.namespace.svc.cluster.local`` and shorter); for each headless Service of its namespace
+        with a selector, the IPs of the pods it selects under its names. Written in place: it is bound."""
+        spec = run.pod.get("spec") or {}
+        namespace = run.pod["metadata"].get("namespace", "")
+        lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
+        for service in services:
+            sspec, name = service.get("spec") or {}, service["metadata"]["name"]
+            selector = sspec.get("selector") or {}
+            if service["metadata"].get("namespace") != namespace or sspec.get("clusterIP") != "None" or not selector:
+                continue
+            for peer in peers:
+                ip = (peer.get("status") or {}).get("podIP")
+                labels = peer["metadata"].get("labels") or {}
+                if ip and peer["metadata"].get("namespace") == namespace and selector.items() <= labels.items():
+                    lines.append(f"{ip}\t{name}.{namespace}.svc.{CLUSTER_DOMAIN} {name}.{namespace}.svc {name}")
+        for peer in peers:
+            pspec, ip = peer.get("spec") or {}, (peer.get("status") or {}).get("podIP")
+            if not ip or not spec.get("subdomain") or pspec.get("subdomain") != spec["subdomain"]:
+                continue
+            host, namespace = pspec.get("hostname") or peer["metadata"]["name"], peer["metadata"]["namespace"]
+            fqdn = f"{host}.{pspec['subdomain']}.{namespace}.svc.{CLUSTER_DOMAIN}"
+            lines.append(f"{ip}\t{fqdn} {host}.{pspec['subdomain']}.{namespace}.svc {host}.{pspec['subdomain']} "
+                         f"{host}")
+        text = "\n".join(lines) + "\n"
+        hosts = run.directory / "hosts"
+        if not hosts.exists() or hosts.read_text() != text:
+            with hosts.open("r+" if hosts.exists() else "w") as out:
+                out.truncate(0)
+                out.write(text)
+
+    def _start(self, run: PodRun) -> None:
+        pod = run.pod
+        container = (pod.get("spec") or {}).get("containers", [{}])[0]
+        env = container_env(pod, container)
+        argv = [expand(str(a), env) for a in [*(container.get("command") or []), *(container.get("args") or [])]]
+        try:
+            if not argv:
+                raise OSError("no command: fakekube does not pull images, so the container must name its command")
+            sandbox = Sandbox(run.directory / "rootfs", self._mounts(run, container),
+                              str((pod.get("spec") or {}).get("hostname") or pod["metadata"]["name"]),
+                              str(container.get("workingDir") or "/"), argv, env, run.netns, self.user_namespace)
+            run.current = Container.start(sandbox, run.directory / f"container-{run.restarts}.log",
+                                          run.directory / "sandbox.json")
+        except OSError as exc:
+            said = _last_line(run.directory / f"container-{run.restarts}.log")
+            run.failure = f"{exc}: {said}" if said else str(exc)
+            return
+        threading.Thread(target=self._watch, args=(run, run.current), name=f"watch-{run.uid[:8]}",
+                         daemon=True).start()
+
+    def _watch(self, run: PodRun, container: Container) -> None:
+        """Wait for the container's end, record it, arrange the restart, and tell the controller."""
+        container.ended.wait()
+        with self._lock:
+            run.last, run.current = container.terminated, None
+            policy = (run.pod.get("spec") or {}).get("restartPolicy", "Always")
+            code = container.terminated.exit_code if container.terminated else 1
+            restart = policy == "Always" or (policy == "OnFailure" and code != 0)
+            if restart and not run.stopping:
+                run.back_off = min(self.restart_backoff * 2 ** run.restarts, MAX_BACKOFF) if run.restarts else 0.0
+                run.next_start = time.monotonic() + run.back_off
+                run.restarts += 1
+            elif not run.stopping:
+                run.stopping = True  # Succeeded or Failed: never started again
+        self.on_change()
+
+    def _view(self, run: PodRun) -> View:
+        last = run.last.document() if run.last else {}
+        name = run.pod["metadata"]["name"]
+        if run.failure:
+            state = {"waiting": {"reason": "CreateContainerError", "message": run.failure}}
+            return View(state, last, run.restarts, False, "Pending", "")
+        if run.current is not None:
+            started = {"running": {"startedAt": run.current.started_at}}
+            return View(started, last, run.restarts, True, "Running", run.current.container_id)
+        if run.stopping and run.last is not None:
+            phase = "Succeeded" if run.last.exit_code == 0 else "Failed"
+            return View(run.last.document(), {}, run.restarts, False, phase, run.last.container_id)
+        if run.last is None:
+            return View({"waiting": {"reason": "ContainerCreating"}}, {}, 0, False, "Pending", "")
+        message = (f"back-off {run.back_off:g}s restarting failed container="
+                   f"{(run.pod['spec'].get('containers') or [{}])[0].get('name', '')} "
+                   f"pod={name}_{run.pod['metadata'].get('namespace', '')}({run.uid})")
+        return View({"waiting": {"reason": "CrashLoopBackOff", "message": message}}, last, run.restarts, False,
+                    "Running", run.last.container_id)
+
+    def _terminate(self, run: PodRun, grace: float, gone: Callable[[], None]) -> None:
+        container = run.current
+        if container is not None:
+            container.stop(grace)
+        self._release(run)
+        gone()
+        self.on_change()
+
+    def _release(self, run: PodRun) -> None:
+        """Forget the pod: its network namespace and directory (claims stay: they are the volumes' data)."""
+        with self._lock:
+            self._runs.pop(run.uid, None)
+        if run.netns:
+            net.delete_namespace(run.netns)
+        with contextlib.suppress(OSError):
+            shutil.rmtree(run.directory)
+        run.done.set()
+
+
+def _last_line(path: Path) -> str:
+    """The last line of a file (''  when there is none)."""
+    try:
+        lines = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return lines[-1] if lines else ""
+
+
+_ENDED = threading.Event()
+_ENDED.set()

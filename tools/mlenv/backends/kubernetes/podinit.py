@@ -1,0 +1,65 @@
+"""PID 1 of mlenv's pods (``python3 -c SOURCE GRACE``): idle until the pod is deleted, then hand the SIGTERM on.
+
+A container's PID 1 ignores signals it has no handler for, so with ``sleep infinity`` a deleted pod's job got no
+warning: the kernel SIGKILLed it after the grace period. This init passes SIGTERM to every other process of the
+pod (the runtime's node supervisors, which stop their ranks, and the ranks) and waits until they are gone, at most
+GRACE seconds. It also reaps the orphans a PID 1 inherits. Standard library only: it runs before sync shipped
+anything, so the pod template carries its source (:func:`command`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+STOP = {signal.SIGTERM, signal.SIGINT}
+WAKE = STOP | {signal.SIGCHLD}
+POLL_SECONDS = 0.2
+
+
+def _reap() -> None:
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0] > 0:
+            pass
+
+
+def _others() -> list[int]:
+    """The live processes of this PID namespace but this one."""
+    alive = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        with contextlib.suppress(OSError):
+            if (entry / "stat").read_text().rpartition(")")[2].split()[0] != "Z":
+                alive.append(int(entry.name))
+    return alive
+
+
+def main(grace: float) -> int:
+    """Wait for SIGTERM (or SIGINT), signal everyone else, wait up to ``grace`` seconds for them to end."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, WAKE)
+    while True:
+        woken = signal.sigtimedwait(WAKE, 60)
+        _reap()
+        if woken is not None and woken.si_signo in STOP:
+            break
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(-1, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while _others() and time.monotonic() < deadline:
+        signal.sigtimedwait({signal.SIGCHLD}, POLL_SECONDS)
+        _reap()
+    return 0
+
+
+def command(grace: int) -> list[str]:
+    """The container command that runs this file as PID 1 with ``grace`` seconds."""
+    return ["python3", "-c", Path(__file__).read_text(encoding="utf-8"), str(grace)]
+
+
+if __name__ == "__main__":
+    sys.exit(main(float(sys.argv[1])))

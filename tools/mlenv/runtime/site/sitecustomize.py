@@ -1,0 +1,44 @@
+"""Put first on the ranks' PYTHONPATH by mlenv's runtime: arms ``faulthandler`` in the user's training process on
+SIGRTMIN+6 (``mlenv stacks`` without ptrace rights), then runs the ``sitecustomize`` this one hides (Debian and
+many images ship one). Standard library only; never stops the interpreter from starting."""
+
+import faulthandler
+import importlib.machinery
+import importlib.util
+import os
+import sys
+import threading
+
+
+def _chain() -> None:
+    """Import the next ``sitecustomize`` on sys.path, the one Python would have imported without us."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    rest = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+    if spec is None or spec.loader is None:
+        return
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["sitecustomize"] = module
+    spec.loader.exec_module(module)
+
+
+def _arm() -> None:
+    """Dump every thread's stack to $MLENV_FAULTHANDLER_FILE on SIGRTMIN+6 (set by the rank wrapper for the
+    user's process only), after a line naming this process and its main thread."""
+    path = os.environ.pop("MLENV_FAULTHANDLER_FILE", None)  # not inherited by what the rank starts
+    if not path:
+        return
+    try:
+        from mlenv.runtime.stacks import STACK_SIGNAL  # the one place the signal is chosen
+
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        dump = open(path, "a", buffering=1)  # noqa: SIM115 - open for the life of the process
+        dump.write(f"mlenv: pid {os.getpid()} main thread 0x{threading.main_thread().ident:016x}\n")
+        faulthandler.register(STACK_SIGNAL, file=dump, all_threads=True, chain=False)
+        _arm.dump = dump  # type: ignore[attr-defined]  # kept open
+    except (OSError, ValueError, RuntimeError, ImportError) as exc:
+        print(f"mlenv: faulthandler not armed: {exc}", file=sys.stderr)
+
+
+_arm()
+_chain()
