@@ -62,6 +62,16 @@ def test_a_failed_run_is_restarted_until_it_succeeds(project: LocalProject) -> N
     assert "failing on purpose" in (run / "node-0.log").read_text()
     assert "failing on purpose" in (run / "attempt-1" / "node-1.log").read_text()
     assert "attempt 2 of run" in (run / "attempt-2" / "node-1.log").read_text()
+    logs = project.ok("logs", timeout=60).stdout  # every attempt, each under its header, oldest first
+    assert attempts(logs) == seen, logs
+    for node in (0, 1):
+        headers = [logs.index(f"mlenv: ==== attempt {k} (MLENV_RESTART_COUNT={k}) of run {run_id}, node {node} ====")
+                   for k in range(3)]
+        lines = [logs.index(f"attempt {k} of run {run_id} on node {node}") for k in range(3)]
+        assert headers[0] < lines[0] < headers[1] < lines[1] < headers[2] < lines[2], logs
+    status = json.loads(project.ok("status", "--json").stdout)["latest_run"]
+    assert (status["id"], status["state"], status["attempt"]) == (run_id, "succeeded", 2), status
+    assert "succeeded, attempt 2 (restarted 2x" in project.ok("status").stdout
 
 
 def test_restarts_end_with_the_last_attempts_exit_code(project: LocalProject) -> None:

@@ -77,9 +77,13 @@ def test_the_warning_signal_checkpoints_requeues_and_resumes(tmp_path: Path, slu
     resumed = re.findall(rf"rank (\d) attempt 1 resumed from step 7 of run {run.name}", text())
     assert set(resumed) == {"0", "1", "2", "3"}
     logs = project.ok("logs", "-c", project.name, timeout=30).stdout
-    # mlenv logs shows the newest attempt of the run (the resumed one), every rank of it; output.log holds both
+    # mlenv logs shows both attempts of the run, each under its header, every rank of each
+    assert set(re.findall(r"rank (\d) got SIGUSR1: checkpointed step 7", logs)) == {"0", "1", "2", "3"}, logs
     assert set(re.findall(r"rank (\d) attempt 1 resumed from step 7", logs)) == {"0", "1", "2", "3"}, logs
-    assert "checkpointed step 7" not in logs
+    for node in (0, 1):
+        first, second = (logs.index(f"mlenv: ==== attempt {k} (MLENV_RESTART_COUNT={k}) of run {run.name}, "
+                                    f"node {node} ====") for k in (0, 1))
+        assert first < logs.index(f"[node-{node} ", first) < second < logs.index(f"[node-{node} ", second), logs
     (row,) = project.status()
     assert (row["phase"], row["detail"]) == ("COMPLETED", "exit code 0")
 

@@ -71,8 +71,10 @@ def _print(report: dict[str, Any]) -> None:
         running = sum(state == "running" for state in states.values())
         run = report.get("latest_run") or {}
         kind = "detached run" if latest.get("detached", True) else "run"
+        restarted = f", attempt {run['attempt']} (restarted {run['attempt']}x; mlenv logs shows every attempt)" \
+            if run.get("attempt") else ""
         print(f"latest {kind}: {latest['id']} ({latest['script']}, started {latest['started']}): "
-              f"{run.get('state') or 'state unknown'}, running on {running}/{len(states)} nodes "
+              f"{run.get('state') or 'state unknown'}{restarted}, running on {running}/{len(states)} nodes "
               f"({', '.join(f'node-{n} {s}' for n, s in sorted(states.items()))}); "
               "mlenv logs -f follows it, mlenv stop stops it")
         transport = run.get("transport") or {}

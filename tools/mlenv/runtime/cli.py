@@ -332,6 +332,7 @@ def _logs(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
             raise BadInput(f"rank {args.rank} is not on node {job.record.node_rank} of run {job.record.run_id} "
                            f"(its ranks: {', '.join(map(str, known)) or 'none yet'})")
         out = cast(IO[bytes], RankLines(out, job.record.node_rank, args.rank))
+    _earlier_attempts(job.files, out)
     if not args.follow:
         with job.files.log.open("rb") as log:
             shutil.copyfileobj(log, out)
@@ -345,6 +346,22 @@ def _logs(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         print(f"mlenv: {job.describe()} is gone without an exit status", file=sys.stderr)
         return 1
     return code
+
+
+def _earlier_attempts(newest: NodeDir, out: IO[bytes]) -> None:
+    """After a restart (attempt > 0): this node's log of every earlier attempt, each under a header naming it, then
+    the newest attempt's header (its lines follow)."""
+    for attempt in range(newest.attempt + 1) if newest.attempt else ():
+        files = NodeDir(newest.run_dir, attempt, newest.node)
+        if not files.log.is_file():
+            continue
+        sys.stdout.buffer.write(f"mlenv: ==== attempt {attempt} (MLENV_RESTART_COUNT={attempt}) of run "
+                                f"{newest.run_dir.name}, node {newest.node} ====\n".encode())
+        sys.stdout.buffer.flush()
+        if attempt < newest.attempt:
+            with files.log.open("rb") as log:
+                shutil.copyfileobj(log, out)
+            out.flush()
 
 
 class RankLines(io.RawIOBase):

@@ -50,15 +50,23 @@ for log in "$runs"/*/attempt-*/node"$rank"/output.log; do [ -e "$log" ] && lates
 node=${latest%/output.log} run=${latest%/attempt-*/node*/output.log}
 show() { if [ -n "$only" ]; then grep --line-buffered -a "^\\[node-$rank r$only\\] "; else cat; fi; }
 [ -z "$only" ] || grep -q "\\"rank\\": $only," "$node/ranks.json" 2>/dev/null || exit 2  # not on this node
+attempt=${node%/node*} attempt=${attempt##*/attempt-} k=0
+while [ "$attempt" -gt 0 ] && [ "$k" -le "$attempt" ]; do  # restarted: every attempt under a header, newest last
+  if [ -e "$run/attempt-$k/node$rank/output.log" ]; then
+    echo "mlenv: ==== attempt $k (MLENV_RESTART_COUNT=$k) of run ${run##*/}, node $rank ===="
+    [ "$k" = "$attempt" ] || show < "$run/attempt-$k/node$rank/output.log"
+  fi
+  k=$((k + 1))
+done
 [ -n "$follow" ] || { show < "$latest"; exit 0; }
 pid=$(mktemp)
 { tail -n +1 -f "$latest" & echo $! > "$pid"; wait; } | show &
 while [ ! -e "$run/exit" ] && [ ! -e "$node/exit" ]; do sleep 1; done
 sleep 1; kill "$(cat "$pid")"; rm -f "$pid"; wait
 """
-"""The node's log of the newest run that has one (its newest attempt); with follow, until the node's (or the
-batch job's) exit file; with a rank, only that rank's lines (exit 2, silently, when the node's ranks.json lacks
-it)."""
+"""The node's log of the newest run that has one (after a restart every attempt's, each under a header naming it,
+the newest last); with follow, until the node's (or the batch job's) exit file; with a rank, only that rank's lines
+(exit 2, silently, when the node's ranks.json lacks it)."""
 
 
 def job_data(job: SlurmJob) -> dict[str, Any]:
