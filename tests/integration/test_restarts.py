@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,6 +28,10 @@ print(f"attempt {attempt} of run {os.environ['MLENV_RUN_ID']} on node {node} ran
 if node == failing and local == "0" and attempt < until:
     print("failing on purpose", flush=True)
     sys.exit(3)
+if sys.argv[-1] == "--sleep":
+    import time
+    print("sleeping", flush=True)
+    time.sleep(600)
 """
 
 
@@ -72,6 +77,35 @@ def test_a_failed_run_is_restarted_until_it_succeeds(project: LocalProject) -> N
     status = json.loads(project.ok("status", "--json").stdout)["latest_run"]
     assert (status["id"], status["state"], status["attempt"]) == (run_id, "succeeded", 2), status
     assert "succeeded, attempt 2 (restarted 2x" in project.ok("status").stdout
+
+
+def test_a_detached_run_is_restarted_by_the_nodes(project: LocalProject) -> None:
+    started = project.ok("launch", "--launcher", "torchrun", "--detach", "--max-restarts", "2", "flaky.py", "--until",
+                         "1", timeout=120)
+    assert "not restarted" not in started.stderr, started.stderr
+    run_id = json.loads(project.ok("status", "--json").stdout)["runs"][-1]["id"]
+
+    def latest() -> dict[str, object]:
+        return json.loads(project.ok("status", "--json").stdout)["latest_run"] or {}
+
+    deadline = time.monotonic() + 240
+    while (run := latest()).get("state") != "succeeded" or run.get("attempt") != 1:
+        assert time.monotonic() < deadline, run
+        assert run.get("state") != "failed" or run.get("attempt") == 0, run
+        time.sleep(1)
+    assert run["id"] == run_id and sorted(rank["rank"] for rank in run["ranks"]) == [0, 1, 2, 3], run  # type: ignore
+    logs = project.ok("logs", timeout=60).stdout
+    assert attempts(logs) == {(k, run_id, r) for k in (0, 1) for r in range(4)}, logs
+    assert ("mlenv: attempt 0 failed with exit code 3: restarting the run, attempt 1 of at most 2 restarts "
+            "(MLENV_RESTART_COUNT=1)") in logs, logs
+    assert "failing on purpose" in logs
+    stopped = project.ok("launch", "--launcher", "torchrun", "--detach", "--max-restarts", "2", "flaky.py", "--until",
+                         "0", "--sleep", timeout=120)  # a stop by the user is never restarted
+    assert stopped.returncode == 0
+    project.ok("stop", timeout=120)
+    run = latest()
+    assert (run["state"], run["attempt"]) == ("stopped", 0), run
+    assert "restarting the run" not in project.ok("logs", timeout=60).stdout
 
 
 def test_restarts_end_with_the_last_attempts_exit_code(project: LocalProject) -> None:

@@ -52,6 +52,7 @@ class FanoutJobs:
                                  "--forget-excluded lets the run use them again")
         options = ["--launcher", spec.launcher, *(["--nproc", str(spec.nproc)] if spec.nproc else []),
                    "--run-dir", run_dir(spec.run_id), *(["--detach"] if spec.detach else []),
+                   *(["--max-restarts", str(spec.max_restarts)] if spec.detach and spec.max_restarts else []),
                    *(["--expect-transport", spec.expect_transport] if spec.expect_transport else []),
                    *spec.watchdog_options()]
         command = self.runtime(handle, "launch", *options, "--", spec.script, *spec.args)

@@ -115,14 +115,16 @@ def restartable(outcome: LaunchOutcome) -> bool:
 def launch(target: Target, spec: LaunchSpec) -> LaunchResult:
     """Run ``spec``, and again up to ``spec.max_restarts`` times while it fails (same run id, MLENV_RESTART_COUNT
     the attempt), away from the deployment's excluded nodes and from a node that failed first in two attempts; the
-    last attempt's result."""
+    last attempt's result. A detached run on local and ssh clusters is restarted by the nodes' supervisors."""
     from dataclasses import replace
 
+    from mlenv.backends.fanout import FanoutJobs
     from mlenv.ui import warn
 
-    if spec.detach and spec.max_restarts:
-        warn(f"--max-restarts {spec.max_restarts}: a detached run is not restarted yet (only attached runs are); "
-             "on Slurm, slurm.requeue with slurm.signal requeues it after the warning signal")
+    if spec.detach and spec.max_restarts and not isinstance(target.backend, FanoutJobs):
+        warn(f"--max-restarts {spec.max_restarts}: a detached run here is not restarted yet (the nodes' supervisors "
+             "restart it on local and ssh clusters); on Slurm, slurm.requeue with slurm.signal requeues it after the "
+             "warning signal")
     recorded = target.recorded.excluded if target.recorded else ()
     excluded = {str(entry["host"]) for entry in recorded if "host" in entry}
     spec = replace(spec, exclude=tuple(sorted({*spec.exclude, *excluded})))

@@ -52,6 +52,12 @@ def _positive_int(text: str) -> int:
     return int(text)
 
 
+def _count(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a whole number of 0 or more, got {text!r}")
+    return int(text)
+
+
 def _seconds(text: str) -> float:
     try:
         value = float(text)
@@ -128,6 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "directory, tell the attached user, state hung")
     run.add_argument("--on-hang", choices=["stop"],
                      help=f"with --hang-timeout: also stop the job (exit code {HANG_EXIT_CODE}, as timeout)")
+    run.add_argument("--max-restarts", type=_count, default=0, metavar="N",
+                     help="with --detach: when the job fails (not when it is stopped), start it again on this node, "
+                          "up to N times, as attempt K+1 (MLENV_RESTART_COUNT) of the same run")
     run.add_argument("--exit-file", type=Path, help=argparse.SUPPRESS)  # the recorded supervisor's
     run.add_argument("--detached-supervisor", action="store_true", help=argparse.SUPPRESS)  # stdout is the log
     run.add_argument("job", nargs=argparse.REMAINDER, help="the script and its arguments, after --")
@@ -189,7 +198,27 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     status = _run(args, env)
     if args.command == "launch" and args.exit_file:  # the recorded supervisor: how the job ended
         write_atomic(args.exit_file, f"{status}\n")
+        if args.detached_supervisor:
+            _restart(args, env, status)
     return status
+
+
+USER_STOPS = frozenset({129, 130, 143})
+"""Exit statuses of a job the user stopped (SIGHUP, SIGINT, SIGTERM: mlenv stop, scancel): never restarted."""
+
+
+def _restart(args: argparse.Namespace, environ: Mapping[str, str], status: int) -> None:
+    """A detached attempt failed: start the next one on this node, in the background, when --max-restarts allows
+    (every node of the run sees the same failure, which the control channel spreads, and restarts alike)."""
+    attempt = attempt_of(environ)
+    if status == 0 or status in USER_STOPS or attempt >= args.max_restarts:
+        return
+    following = attempt + 1
+    print(f"mlenv: attempt {attempt} failed with exit code {status}: restarting the run, attempt {following} of at "
+          f"most {args.max_restarts} restarts (MLENV_RESTART_COUNT={following})", flush=True)
+    args.detach = True
+    job = args.job[1:] if args.job[:1] == ["--"] else args.job
+    _recorded(args, {**environ, "MLENV_RESTART_COUNT": str(following)}, args.launcher, job, args.run_dir)
 
 
 def _run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
@@ -268,6 +297,7 @@ def _recorded(
                   *(["--expect-transport", args.expect_transport] if args.expect_transport else []),
                   *(["--hang-timeout", str(args.hang_timeout)] if args.hang_timeout else []),
                   *(["--on-hang", args.on_hang] if args.on_hang else []),
+                  *(["--max-restarts", str(args.max_restarts)] if args.max_restarts else []),
                   "--exit-file", str(files.exit), *(["--detached-supervisor"] if args.detach else []), "--", *job]
     process, record = start_recorded(supervisor, files, run_id=environ.get("MLENV_RUN_ID") or files.run_dir.name,
                                      host=host_name(environ), environ=environ, detached=args.detach)
