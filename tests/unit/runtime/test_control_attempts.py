@@ -35,7 +35,7 @@ def pump(channels: list[ControlChannel], until: Any, seconds: float = 10.0) -> N
 
 
 def test_a_node_of_the_next_attempt_retries_until_its_own_node_0_listens() -> None:
-    port, stops = free_port(), []
+    port, stops = free_port(), list[Any]()
     ending = channel(0, 0, port, stops)
     early = channel(1, 1, port, stops)
     pump([ending, early], lambda: early.upstream is not None)  # it reached the ending attempt's node 0 ...
