@@ -132,7 +132,7 @@ def launch(target: Target, spec: LaunchSpec) -> LaunchResult:
     result = _attempt(target, spec, run_dir)
     first_failures: Counter[str] = Counter()
     while spec.attempt < spec.max_restarts and restartable(result.outcome):
-        faulty = _faulty(target, result.outcome, first_failures)
+        faulty = _faulty(target, result.outcome, _first_failed(target, spec.run_id, result.outcome), first_failures)
         spec = replace(spec, attempt=spec.attempt + 1, exclude=tuple(sorted({*spec.exclude, *faulty})))
         warn(f"run {spec.run_id} failed with exit code {result.exit_code}: restarting it, attempt {spec.attempt} "
              f"of at most {spec.max_restarts} restarts (MLENV_RESTART_COUNT={spec.attempt})"
@@ -141,12 +141,21 @@ def launch(target: Target, spec: LaunchSpec) -> LaunchResult:
     return result
 
 
-def _faulty(target: Target, outcome: LaunchOutcome, first_failures: Counter[str]) -> list[str]:
-    """The host of the node that failed first, when this makes two attempts it failed first in: named, and
+def _first_failed(target: Target, run_id: str, outcome: LaunchOutcome) -> int | None:
+    """The node whose rank failed first, as the nodes' supervisors decided it (the first failure node 0 named),
+    else the node whose launch ended first with a failure (which may be one the job's stop reached first)."""
+    if hasattr(target.backend, "latest_run"):
+        failure = target.backend.latest_run(target.handle, run_id).get("first_failure")
+        if isinstance(failure, dict) and isinstance(failure.get("node"), int):
+            return int(failure["node"])
+    return outcome.failed_node
+
+
+def _faulty(target: Target, outcome: LaunchOutcome, node: int | None, first_failures: Counter[str]) -> list[str]:
+    """The host of ``node``, the one that failed first, when this makes two attempts it failed first in: named, and
     recorded as excluded on the deployment (mlenv nodes shows it)."""
     from mlenv.ui import warn
 
-    node = outcome.failed_node
     if node is None or node not in outcome.hosts:
         return []
     host = outcome.hosts[node]
