@@ -1,6 +1,6 @@
 # mlenv: thin front end over the `mlenv` CLI. `make help` lists the targets.
 # Variables: CLUSTER (deployment, cluster name or file), MODE (rdma|tcp), NODES, IMAGE, OUT, POD, CMD, FOLLOW,
-#            DELETE_DATA, YES, SCRIPT, ARGS, LAUNCHER, DETACH, ENV, NAME, STEPS, SIZES, VENV, LOG_RANK,
+#            DELETE_DATA, YES, SCRIPT, ARGS, LAUNCHER, DETACH, ENV, NAME, STEPS, SIZES, EXPECT, FORCE, VENV, LOG_RANK,
 #            EXPECT_TRANSPORT, HANG_TIMEOUT, ON_HANG, MAX_RESTARTS.
 
 SHELL := /bin/bash
@@ -8,7 +8,7 @@ VENV ?= .venv
 # Every value reaches the CLI through the environment ("$$VAR"), never spliced into the shell command line, and
 # verbatim: make does not expand a `$` inside it (make exec CMD='echo $HOSTNAME' echoes each pod's name).
 USER_VARS := CLUSTER MODE NODES IMAGE OUT POD CMD FOLLOW DELETE_DATA YES SCRIPT ARGS LAUNCHER DETACH ENV NAME STEPS \
-             SIZES VENV LOG_RANK EXPECT_TRANSPORT HANG_TIMEOUT ON_HANG MAX_RESTARTS
+             SIZES EXPECT FORCE VENV LOG_RANK EXPECT_TRANSPORT HANG_TIMEOUT ON_HANG MAX_RESTARTS
 $(foreach v,$(USER_VARS),$(if $(filter command line environment,$(origin $(v))),$(eval override $(v) := $$(value $(v)))))
 export $(USER_VARS)
 MLENV = "$$VENV/bin/mlenv"
@@ -17,6 +17,16 @@ POD_OPT = $(if $(POD),--pod "$$POD")
 PLAN_OPTS = $(if $(MODE),--mode "$$MODE") $(if $(NODES),--nodes "$$NODES")
 IMAGE_OPT = $(if $(IMAGE),--image "$$IMAGE")
 ENV_OPTS = $(if $(ENV),--env "$$ENV")
+# Booleans (FOLLOW, DELETE_DATA, YES, DETACH, and any added later) are read by ONE helper: $(call flag,VAR,--option)
+# gives --option for 1/yes/true, nothing for 0/no/false/empty (any case); any other value stops make with a usage
+# error (exit 2) before the CLI runs, so that DELETE_DATA=0 never reads as "set".
+FLAG_LETTERS := A:a E:e F:f L:l N:n O:o R:r S:s T:t U:u Y:y
+comma := ,
+FLAG_VALUE = $(strip $(eval FLAG_TEXT := $$(strip $$(value $(1))))$(foreach pair,$(FLAG_LETTERS),$(eval \
+             FLAG_TEXT := $$(subst $(subst :,$(comma),$(pair)),$$(FLAG_TEXT))))$(FLAG_TEXT))
+FLAG_WORD = $(if $(filter 0 no false,$(1)),,$(if $(filter 1 yes true,$(1)),$(2),$(call FLAG_ERROR,$(3))))
+flag = $(if $(filter 1,$(words $(FLAG_VALUE))),$(call FLAG_WORD,$(FLAG_VALUE),$(2),$(1)),$(if $(FLAG_VALUE),$(FLAG_ERROR)))
+FLAG_ERROR = $(error $(1)=$(value $(1)): expected 1, yes or true (or 0, no, false or nothing))
 EXPECT_OPT = $(if $(EXPECT_TRANSPORT),--expect-transport "$$EXPECT_TRANSPORT")
 HANG_OPTS = $(if $(HANG_TIMEOUT),--hang-timeout "$$HANG_TIMEOUT") $(if $(ON_HANG),--on-hang "$$ON_HANG")
 RESTARTS_OPT = $(if $(MAX_RESTARTS),--max-restarts "$$MAX_RESTARTS")
@@ -38,13 +48,14 @@ install-train: ## install + torch (CPU) and deepspeed
 install-system: ## install + Debian packages (rsync, iproute2, slurm, munge, openssh) and kubectl when missing
 	@scripts/install.sh system
 
-test: ## Install everything the tests need, then run them
+test: lint ## make lint, install everything the tests need, then run the tests
 	@scripts/install.sh train system scan
 	@scripts/test.sh
 
-lint: install ## ruff (with bandit S rules) and mypy
+lint: install ## ruff (with bandit S rules), mypy --strict and import-linter (the layers of docs/architecture.md)
 	"$$VENV/bin/ruff" check .
 	"$$VENV/bin/mypy"
+	"$$VENV/bin/lint-imports"
 
 bench: ## Benchmarks (ratios against a reference run in the same process)
 	@scripts/install.sh train system
@@ -85,15 +96,15 @@ exec: install ## Run CMD="..." on every node (or POD=N) in parallel
 	@$(MLENV) exec $(CLUSTER_OPT) $(POD_OPT) -- sh -c "$$CMD"
 
 logs: install ## The latest run's output of every node (or POD=N, or one rank: LOG_RANK=N); FOLLOW=1 follows it
-	@$(MLENV) logs $(CLUSTER_OPT) $(POD_OPT) $(if $(FOLLOW),--follow) $(if $(LOG_RANK),--rank "$$LOG_RANK")
+	@$(MLENV) logs $(CLUSTER_OPT) $(POD_OPT) $(call flag,FOLLOW,--follow) $(if $(LOG_RANK),--rank "$$LOG_RANK")
 
 launch: install ## Run SCRIPT= [ARGS=] [LAUNCHER=] [ENV=] [DETACH=1] [EXPECT_TRANSPORT=] [HANG_TIMEOUT=s [ON_HANG=stop]] [MAX_RESTARTS=N] on every node
 	@$(MLENV) launch $(CLUSTER_OPT) $(if $(LAUNCHER),--launcher "$$LAUNCHER") $(if $(ARGS),--args "$$ARGS") \
-	    $(ENV_OPTS) $(if $(DETACH),--detach) $(EXPECT_OPT) $(HANG_OPTS) $(RESTARTS_OPT) -- "$${SCRIPT:-train_multi_node.py}"
+	    $(ENV_OPTS) $(call flag,DETACH,--detach) $(EXPECT_OPT) $(HANG_OPTS) $(RESTARTS_OPT) -- "$${SCRIPT:-train_multi_node.py}"
 
 launch-dry-run: install ## Print what launch would run on every node (same variables as launch)
 	@$(MLENV) launch $(CLUSTER_OPT) $(if $(LAUNCHER),--launcher "$$LAUNCHER") $(if $(ARGS),--args "$$ARGS") \
-	    $(ENV_OPTS) $(if $(DETACH),--detach) $(EXPECT_OPT) $(HANG_OPTS) $(RESTARTS_OPT) --dry-run -- "$${SCRIPT:-train_multi_node.py}"
+	    $(ENV_OPTS) $(call flag,DETACH,--detach) $(EXPECT_OPT) $(HANG_OPTS) $(RESTARTS_OPT) --dry-run -- "$${SCRIPT:-train_multi_node.py}"
 
 stacks: install ## Python stack of every rank of the latest run (or POD=N's), grouped, odd ones out first
 	@$(MLENV) stacks $(CLUSTER_OPT) $(POD_OPT)
@@ -104,14 +115,14 @@ top: install ## Live GPU state of every node (or POD=N): GPUs, Xid/ECC events, r
 stop: install ## Stop the running job on every node (the environment stays)
 	@$(MLENV) stop $(CLUSTER_OPT)
 
-nccl-test: install ## Fabric gate: all-reduce busbw [SIZES=8M:1G], transport per rank, PASS/FAIL, plot in runs/
-	@$(MLENV) nccl-test $(CLUSTER_OPT) $(if $(SIZES),--sizes "$$SIZES")
+nccl-test: install ## Fabric gate: all-reduce busbw [SIZES=8M:1G] [EXPECT=180GB/s], transport per rank, PASS/FAIL, plot
+	@$(MLENV) nccl-test $(CLUSTER_OPT) $(if $(SIZES),--sizes "$$SIZES") $(if $(EXPECT),--expect "$$EXPECT")
 
 doctor: install ## Preflight checklist for CLUSTER= [MODE=]: PASS/WARN/FAIL, evidence and fix
 	@$(MLENV) doctor $(CLUSTER_OPT) $(if $(MODE),--mode "$$MODE")
 
-discover: install ## Write clusters/NAME.yaml from the logged-in cluster (TODOs mark what to decide)
-	@$(MLENV) discover "$$NAME"
+discover: install ## Write clusters/NAME.yaml from the logged-in cluster (TODOs mark what to decide) [FORCE=1]
+	@$(MLENV) discover "$$NAME" $(if $(FORCE),--force)
 
 clean-cluster: install ## Delete the deployment (keeps data unless DELETE_DATA=1; YES=1 skips the question)
-	@$(MLENV) clean $(CLUSTER_OPT) $(if $(DELETE_DATA),--delete-data) $(if $(YES),--yes)
+	@$(MLENV) clean $(CLUSTER_OPT) $(call flag,DELETE_DATA,--delete-data) $(call flag,YES,--yes)

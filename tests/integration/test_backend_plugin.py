@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 import yaml
 from click.testing import CliRunner, Result
-from mlenv.backends.base import Check, CopyTarget, Handle, Node, NodeStatus, Recorder, Request
-from mlenv.backends.fanout import FanoutJobs
-from mlenv.backends.registry import BACKENDS, BackendInfo
-from mlenv.backends.remote import script
 from mlenv.cli import main
-from mlenv.config.schema import cluster_schema
+from mlenv.config import schema
+from mlenv.core.capabilities import Check, CopyTarget, Handle, Node, NodeStatus, Recorder, Request
+from mlenv.core.fanout import FanoutJobs
+from mlenv.core.registry import BACKENDS, BackendInfo
+from mlenv.core.remote import script
 from mlenv.plan import JobPlan
 
 from tests._prereq import require
@@ -48,7 +48,7 @@ class DirectoryBackend(FanoutJobs):
             Path(directory, "workspace").mkdir(parents=True, exist_ok=True)
         return request.handle
 
-    def wait_ready(self, handle: Handle, timeout: float) -> None:
+    def wait_ready(self, handle: Handle, timeout: float, record: Recorder) -> None:
         return None
 
     def status(self, handle: Handle) -> list[NodeStatus]:
@@ -87,7 +87,7 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """A project whose cluster file names the throw-away backend, registered for this test only."""
     monkeypatch.setitem(BACKENDS, "directories", BackendInfo("directories", f"{__name__}:DirectoryBackend",
                                                              cpu_nodes=True))
-    cluster_schema.cache_clear()
+    schema.cluster_schema.cache_clear()
     monkeypatch.setenv("MLENV_HOME", str(tmp_path))
     monkeypatch.chdir(tmp_path)
     (tmp_path / "clusters").mkdir()
@@ -97,7 +97,7 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
         "env: {OMP_NUM_THREADS: '1'}\n")
     yield tmp_path
     monkeypatch.undo()
-    cluster_schema.cache_clear()
+    schema.cluster_schema.cache_clear()
 
 
 def mlenv(*args: str) -> Result:
@@ -136,3 +136,30 @@ def test_a_backend_from_a_test_module_runs_every_verb(project: Path) -> None:
     assert cleaned.exit_code == 0, cleaned.output
     assert not (project / "nodes" / "dirs" / "node-0").exists()
     assert json.loads((project / ".mlenv" / "state.json").read_text())["deployments"] == {}
+
+
+def test_a_capability_the_backend_lacks_is_one_line_exit_2(project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Registered without Jobs: launch and stop say what to use instead; deploy, status and exec still work, and
+    status --all shows no traceback."""
+    monkeypatch.setitem(BACKENDS, "directories", BackendInfo("directories", f"{__name__}:DirectoryBackend",
+                                                             cpu_nodes=True,
+                                                             capabilities=frozenset({"deploy", "nodes", "checks"})))
+    assert mlenv("deploy", "dirs").exit_code == 0
+    for verb in (["launch", "tiny.py"], ["stop"]):
+        refused = CliRunner().invoke(main, verb)
+        assert refused.exit_code == 2, refused.output
+        assert refused.output == ("error: the directories backend cannot launch, follow or stop jobs; run the job "
+                                  "with mlenv exec on every node\n")
+    assert mlenv("exec", "--", "true").exit_code == 0
+    everything = mlenv("status", "--all", "--json")
+    assert everything.exit_code == 0 and json.loads(everything.stdout)["deployments"][0]["pods"], everything.output
+
+    info = BACKENDS.pop("directories")  # its code is gone: status --all says so for it, without a traceback
+    try:
+        gone = CliRunner().invoke(main, ["status", "--all", "--json"])
+    finally:
+        BACKENDS["directories"] = info
+    assert gone.exit_code == 1 and "Traceback" not in gone.output, gone.output
+    (report,) = json.loads(gone.stdout)["deployments"]
+    assert report["error"].startswith("unknown backend 'directories'"), report
+    assert mlenv("clean", "--delete-data", "--yes").exit_code == 0

@@ -115,8 +115,14 @@ def test_bad_names_are_refused(args: list[str], home: Path) -> None:
 def test_make_discover(cluster: Callable[..., FakeCluster], home: Path) -> None:
     require("make")
     fake = cluster()
-    result = subprocess.run(["make", "-s", "discover", "NAME=viamake"], cwd=ROOT, capture_output=True, text=True,
-                            timeout=300, check=False, env={**os.environ, **fake.env, "MLENV_HOME": str(home),
-                                                           "MAKEFLAGS": ""})
+    def make(*variables: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["make", "-s", "discover", "NAME=viamake", *variables], cwd=ROOT, capture_output=True,
+                              text=True, timeout=300, check=False,
+                              env={**os.environ, **fake.env, "MLENV_HOME": str(home), "MAKEFLAGS": ""})
+
+    result = make()
     assert result.returncode == 0, result.stderr
     assert discovered(home, "viamake")[1]["cluster"]["namespace"] == NAMESPACE
+    assert make().returncode == 2  # never overwritten without FORCE=1
+    forced = make("FORCE=1")
+    assert forced.returncode == 0, forced.stderr

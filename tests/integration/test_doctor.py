@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import yaml
 from click.testing import CliRunner, Result
-from mlenv.backends.base import Node
 from mlenv.cli import main
+from mlenv.core.capabilities import Node
 from mlenv.ops.doctor import NodeReport, clock_check, compare_nodes, node_checks
 from mlenv.runtime.doctor import examine
 

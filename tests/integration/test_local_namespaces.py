@@ -76,8 +76,9 @@ def test_torchrun_job_rendezvous_across_nics_and_logs(cluster: LocalProject) -> 
     assert "node 0/2" in (runs[0] / "node-0.log").read_text() and "node 1/2" in (runs[0] / "node-1.log").read_text()
 
 
-def _launch_until(cluster: LocalProject, marker: str, *args: str) -> tuple[subprocess.Popen[str], list[str]]:
-    """Start `mlenv launch ... fail.py ARGS` and read its output up to the first line containing ``marker``."""
+def _launch_until(cluster: LocalProject, marker: str, *args: str,
+                  times: int = 1) -> tuple[subprocess.Popen[str], list[str]]:
+    """Start `mlenv launch ... fail.py ARGS` and read its output up to the ``times``-th line containing ``marker``."""
     process = subprocess.Popen([str(MLENV), "launch", "--cluster", cluster.name, "--launcher", "torchrun",
                                 "fail.py", *args], cwd=ROOT, env={**os.environ, "MLENV_HOME": str(cluster.home)},
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -85,7 +86,7 @@ def _launch_until(cluster: LocalProject, marker: str, *args: str) -> tuple[subpr
     output = []
     for line in process.stdout:
         output.append(line)
-        if marker in line:
+        if sum(marker in seen for seen in output) == times:
             break
     return process, output
 
@@ -128,8 +129,7 @@ def test_fail_fast_stops_every_node(cluster: LocalProject) -> None:
 
 
 def test_interrupt_stops_every_node(cluster: LocalProject) -> None:
-    process, output = _launch_until(cluster, "sleeping")
-    time.sleep(1)  # let every rank reach its sleep
+    process, output = _launch_until(cluster, "sleeping", times=4)  # every rank of 2 nodes x 2 is in its sleep
     process.send_signal(signal.SIGINT)
     code, text = _finish(process, output, within=10)
     assert code == 130 and "interrupted: every node stopped" in text, text

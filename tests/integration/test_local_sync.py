@@ -15,8 +15,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pytest
-from mlenv.backends.base import CopyTarget, Handle, Node
 from mlenv.backends.local.backend import LocalBackend
+from mlenv.core.capabilities import CopyTarget, Handle, Node
 from mlenv.ops.sync import PACKAGE, sync
 from mlenv.ops.target import resolve
 

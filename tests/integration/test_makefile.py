@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import tomllib
 import yaml
 
 from tests._prereq import require
@@ -23,6 +24,7 @@ TARGETS = ("install", "install-train", "install-system", "test", "lint", "bench"
            "validate-cluster", "render-cluster", "deploy-cluster-dry-run", "deploy-cluster", "use", "status-cluster",
            "sync-multi-node", "shell-multi-node", "exec", "logs", "launch", "launch-dry-run", "stop", "nccl-test",
            "doctor", "discover", "clean-cluster", "top", "stacks")
+BOOLEANS = ("FOLLOW", "DELETE_DATA", "YES", "DETACH")
 
 
 def make(*args: str, home: Path | None = None, stdin: str | None = None,
@@ -75,6 +77,28 @@ def test_lint_is_clean() -> None:
     ok("lint")
 
 
+def test_make_test_runs_lint_first_ruff_strict_mypy_and_import_linter() -> None:
+    require("make")
+    planned = ok("-n", "test").stdout.splitlines()  # what make would run, in order, without running it
+    steps = [next(i for i, line in enumerate(planned) if needle in line)
+             for needle in ("bin/ruff\" check", "bin/mypy", "bin/lint-imports", "scripts/test.sh")]
+    assert steps == sorted(steps), planned
+    assert tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mypy"]["strict"] is True
+
+
+def test_the_test_script_runs_the_venv_it_is_given(tmp_path: Path) -> None:
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    marker = tmp_path / "used"
+    python = venv / "bin" / "python"
+    python.write_text(f"#!/bin/sh\ntouch {marker}\nexec {ROOT / '.venv' / 'bin' / 'python'} \"$@\"\n")
+    python.chmod(0o755)
+    ran = subprocess.run([str(ROOT / "scripts" / "test.sh"), "-q", "-p", "no:cacheprovider", "tests/unit/test_plot.py"],
+                         cwd=ROOT, env={**os.environ, "VENV": str(venv)}, capture_output=True, text=True, timeout=300,
+                         check=False)
+    assert ran.returncode == 0 and marker.exists(), ran.stdout + ran.stderr
+
+
 def test_validate_list_render_and_dry_run(tmp_path: Path) -> None:
     require("make")
     assert "OK clusters/barcelona.yaml: barcelona (openshift, 3 x 4 GPUs, tcp" in ok(
@@ -101,10 +125,13 @@ def test_variables_reach_the_cli_verbatim(tmp_path: Path, project: LocalProject)
     statefulset = list(yaml.safe_load_all(rendered))[-1]
     assert statefulset["spec"]["template"]["spec"]["containers"][0]["image"] == image  # verbatim, `$` included
     spliced = f"$(shell touch {marker})"  # expanded by make, this would create the marker
-    for variable in ("FOLLOW", "DELETE_DATA", "YES", "POD", "ARGS", "ENV", "NAME", "DETACH", "STEPS", "VENV",
-                     "LOG_RANK", "EXPECT_TRANSPORT", "MAX_RESTARTS"):
+    for variable in ("POD", "ARGS", "ENV", "NAME", "STEPS", "VENV", "LOG_RANK", "EXPECT_TRANSPORT",
+                     "MAX_RESTARTS"):
         shown = make("-n", "clean-cluster", "logs", "launch", "demo", f"{variable}={spliced}")  # print, run nothing
         assert shown.returncode == 0, shown.stderr
+    for variable in BOOLEANS:  # not a boolean: a usage error naming it, still never expanded
+        refused = make("-n", "clean-cluster", "logs", "launch", f"{variable}={spliced}")
+        assert refused.returncode == 2 and f"{variable}={spliced}: expected 1, yes or true" in refused.stderr
     make("status-cluster", f"POD={spliced}", home=project.home)  # and for real, where it runs nothing else
     assert not marker.exists()
 
@@ -146,8 +173,14 @@ def test_launch_logs_stop_and_dry_run(project: LocalProject) -> None:
     assert rank0 and all(re.match(r"\[node-\d r0\] ", line) for line in rank0) and "done world_size=4" in rank0[-1]
     unknown = make("logs", "LOG_RANK=9", home=home)
     assert unknown.returncode == 2 and "rank 9 is not in the latest run" in unknown.stderr, unknown.stderr
+    attached = ok("launch", "SCRIPT=tiny.py", "LAUNCHER=torchrun", "DETACH=0", home=home)  # 0 is no
+    assert DONE.search(attached.stdout) and "started in the background" not in attached.stderr
+    maybe = make("launch", "SCRIPT=tiny.py", "DETACH=maybe", home=home)
+    assert maybe.returncode == 2 and "DETACH=maybe: expected" in maybe.stderr and "started" not in maybe.stderr
     detached = ok("launch", "SCRIPT=fail.py", "LAUNCHER=torchrun", "DETACH=1", home=home)
     assert "started in the background" in detached.stderr
+    unfollowed = make("logs", "POD=0", "FOLLOW=0", home=home)  # the job sleeps 300 s: following would hang
+    assert unfollowed.returncode == 0, unfollowed.stderr
     stopped = ok("stop", "CLUSTER=mk", home=home).stdout
     assert stopped.count("stopped node") == 2, stopped
 
@@ -155,16 +188,39 @@ def test_launch_logs_stop_and_dry_run(project: LocalProject) -> None:
 def test_nccl_test_target(project: LocalProject) -> None:
     shutil.copy(ROOT / "workspace" / "allreduce_bench.py", project.home / "workspace")
     ok("sync-multi-node", home=project.home)
-    assert "gloo over TCP sockets" in ok("nccl-test", "CLUSTER=mk", home=project.home).stdout
+    judged = make("nccl-test", "CLUSTER=mk", "EXPECT=1000GB/s", home=project.home)  # far above what gloo does
+    assert judged.returncode != 0 and "gloo over TCP sockets" in judged.stdout, judged.stdout + judged.stderr  # FAIL
+    assert "of the expected 1000.00 GB/s (--expect 1000GB/s)" in judged.stdout + judged.stderr
 
 
 def test_clean_target_keeps_data_unless_asked(project: LocalProject) -> None:
     home = project.home
     ok("clean-cluster", "CLUSTER=mk", home=home)
     assert (project.pod_dir(0) / "workspace" / "tiny.py").is_file()
+    for kept in (("DELETE_DATA=0", "YES=0"), ("DELETE_DATA=no", "YES=1"), ("DELETE_DATA=False", "YES=")):
+        ok("clean-cluster", "CLUSTER=mk", *kept, home=home)
+        assert (project.pod_dir(0) / "workspace" / "tiny.py").is_file(), kept
     refused = make("clean-cluster", "CLUSTER=mk", "DELETE_DATA=1", home=home)  # no terminal to ask on, no YES
     assert refused.returncode == 2 and "YES=1" in refused.stderr
     assert (project.pod_dir(0) / "workspace" / "tiny.py").is_file()
     ok("clean-cluster", "CLUSTER=mk", "DELETE_DATA=1", "YES=1", home=home)
     assert not project.pod_dir(0).exists()
     assert json.loads((home / ".mlenv" / "state.json").read_text())["deployments"] == {}
+
+
+@pytest.mark.parametrize("value", ["1", "yes", "TRUE", "True", "0", "no", "FALSE", "", "maybe", "yes no", "2"])
+def test_every_boolean_variable_reads_the_same(value: str) -> None:
+    """One helper decides every boolean variable: 1/yes/true and 0/no/false/empty in any case; else exit 2."""
+    require("make")
+    for variable, target, option in (("FOLLOW", "logs", "--follow"), ("DETACH", "launch", "--detach"),
+                                     ("DELETE_DATA", "clean-cluster", "--delete-data"),
+                                     ("YES", "clean-cluster", "--yes")):
+        shown = make("-n", target, f"{variable}={value}")  # -n: print the command line, run nothing
+        if value.lower() in ("maybe", "yes no", "2"):
+            assert shown.returncode == 2, shown.stdout
+            assert f"{variable}={value}: expected 1, yes or true (or 0, no, false or nothing)" in shown.stderr
+            assert "bin/mlenv" not in shown.stdout
+            continue
+        assert shown.returncode == 0, shown.stderr
+        line = shown.stdout.splitlines()[-1]
+        assert (option in line.split()) == (value.lower() in ("1", "yes", "true")), line

@@ -17,15 +17,15 @@ from pathlib import Path
 import pytest
 import yaml
 from click.testing import CliRunner, Result
-from mlenv.backends.base import Handle, Node
 from mlenv.backends.kubernetes import explain, waiting
 from mlenv.backends.kubernetes.backend import KubernetesBackend
 from mlenv.backends.kubernetes.pods import rdma_devices
 from mlenv.backends.kubernetes.preflight import same_server
-from mlenv.backends.remote import script
 from mlenv.cli import main
+from mlenv.core.capabilities import Handle, Node
+from mlenv.core.clusters import load_plan
+from mlenv.core.remote import script
 from mlenv.errors import OperationError
-from mlenv.plan import load_plan
 
 from tests.fakekube.fixtures import FakeCluster, fake_kube_factory  # noqa: F401 - the fixture, re-exported
 
@@ -210,8 +210,10 @@ def test_fault_reasons_fail_fast(fake: FakeCluster, home: Path, monkeypatch: pyt
     for words in expected:
         assert words in result.stderr
     assert "Traceback" not in result.output
-    status = mlenv("status", "--json")  # the half-failed deployment was recorded: no --cluster needed
+    assert "no deployment recorded" in mlenv("status").stderr  # a failed first deploy is never made current
+    status = mlenv("status", "--cluster", "fake", "--json")  # but recorded: status finds it by name
     assert status.exit_code == 0, status.output
+    assert json.loads(status.stdout)["deploy"]["state"] == "failed"
     pods = json.loads(status.stdout)["pods"]
     if fault == "forbid_capabilities":  # the StatefulSet could not create any pod
         assert pods == []
@@ -355,8 +357,8 @@ def test_a_half_failed_deploy_is_recorded_and_clean_removes_what_was_applied(fak
     assert names(fake, "serviceaccounts") == ["ml-dev-sa"] and names(fake, "services") == [f"{APP}-headless"]
     assert names(fake, "statefulsets") == []
     recorded = json.loads((home / ".mlenv" / "state.json").read_text())
-    assert recorded["current"] == "fake"  # recorded before the first object was sent
-    cleaned = mlenv("clean")
+    assert recorded["current"] is None and recorded["deployments"]["fake"]["deploy"]["state"] == "failed"
+    cleaned = mlenv("clean", "--cluster", "fake")  # recorded before the first object was sent
     assert cleaned.exit_code == 0, cleaned.output
     assert not any(names(fake, kind) for kind in ("serviceaccounts", "services", "networkpolicies", "statefulsets"))
 
@@ -377,9 +379,10 @@ def test_a_hung_apply_that_completes_later_is_recorded_and_cleaned(fake: FakeClu
     while names(fake, "statefulsets") != [APP] and time.monotonic() < deadline:
         time.sleep(0.1)
     assert names(fake, "statefulsets") == [APP]  # GPU pods come up with no client left to see them
-    status = mlenv("status")
+    status = mlenv("status", "--cluster", "fake")
     assert status.exit_code == 0 and f"{APP}-0" in status.stdout, status.output
-    cleaned = mlenv("clean")
+    assert "fake: deploy failed: " in status.stdout and "got no answer within 3s" in status.stdout
+    cleaned = mlenv("clean", "--cluster", "fake")
     assert cleaned.exit_code == 0, cleaned.output
     assert not any(names(fake, kind) for kind in ("serviceaccounts", "services", "networkpolicies", "statefulsets"))
 
@@ -392,7 +395,7 @@ def test_detached_launch_logs_and_stop_on_kubernetes(fake: FakeCluster, home: Pa
     lines = dry.stdout.splitlines()
     assert "HF_TOKEN=<forwarded from your environment>" in lines[2]
     run = lines[0].split()[4]  # "# mlenv launch: run <id> of ..."
-    assert lines[3:] == [f"node-{n}: python3 -m mlenv.runtime launch --launcher deepspeed --run-dir "
+    assert lines[3:] == [f"node-{n}: python3 -m mlenv.runtime launch --launcher torchrun --run-dir "
                          f".mlenv/runs/{run} --detach -- train.py -c cfg.yaml" for n in (0, 1)]
 
     backend = KubernetesBackend("kubectl")

@@ -19,13 +19,13 @@ from typing import Any
 import pytest
 import yaml
 from click.testing import CliRunner, Result
-from mlenv.backends.base import Handle, Node
 from mlenv.backends.kubernetes import explain, waiting
-from mlenv.backends.remote import script
 from mlenv.backends.runai import tool
 from mlenv.backends.runai.backend import RunaiBackend
 from mlenv.cli import main
-from mlenv.plan import load_plan
+from mlenv.core.capabilities import Handle, Node
+from mlenv.core.clusters import load_plan
+from mlenv.core.remote import script
 from mlenv.runtime.topology import detect_topology
 
 from tests.fakekube import NodeSpec
@@ -240,10 +240,10 @@ def test_reasons_in_plain_words(fake: FakeCluster, home: Path, monkeypatch: pyte
     assert f"{APP} in {NAMESPACE} cannot become ready (0/2 pods ready)" in result.stderr
     assert expected in result.stderr
     assert "deploy again to follow it once fixed (it is not submitted twice)" in result.stderr
-    status = mlenv("status", "--json")  # recorded before the submit: status and clean work without --cluster
+    status = mlenv("status", "--cluster", "rcp", "--json")  # recorded before the submit, though not current
     assert status.exit_code == 0, status.output
     assert [expected in (p["detail"] or "") for p in json.loads(status.stdout)["pods"]] == [True, True]
-    assert mlenv("clean", "--yes").exit_code == 0
+    assert mlenv("clean", "--cluster", "rcp", "--yes").exit_code == 0
     assert pods(fake) == {}
 
 

@@ -6,6 +6,7 @@ reasons, sbatch's own errors and doctor. Every mlenv call has its own timeout.""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -34,12 +35,15 @@ MLENV = Path(sys.executable).parent / "mlenv"
 NO_STOP_GRACE = (sys.executable, "-c", "import mlenv.parallel; mlenv.parallel.STOP_GRACE = 0.0; "
                                        "from mlenv.cli import main; main()")
 """mlenv killing what it runs right after SIGTERM: srun dies before it can end its step, as on a slow machine."""
+SECRET = f"tok-{os.getpid()}-{time.time_ns()}"
+"""A forwarded token: found in no file under Slurm's state and spool directories or the workdir."""
 TRAIN = ("train_multi_node.py", "--engine", "ddp", "--steps", "5")
 DONE = re.compile(r"^\[node-(\d) r\d\] done steps=5 first_loss=([\d.]+) last_loss=([\d.]+) world_size=4$", re.MULTILINE)
 # No torch: node 1's first process fails at once when asked to, every other one sleeps until stopped.
 FAILING_JOB = """\
-import os, sys, time
-print(f"secret {os.environ.get('MLENV_TEST_SECRET')}", flush=True)
+import hashlib, os, sys, time
+secret = os.environ.get("MLENV_TEST_SECRET")  # shown by its digest: the job's own output may land in files
+print(f"secret {secret and hashlib.sha256(secret.encode()).hexdigest()[:16]}", flush=True)
 if "--fail" in sys.argv and os.environ["MLENV_NODE_RANK"] == "1" and os.environ["LOCAL_RANK"] == "0":
     print("failing on purpose", flush=True)
     sys.exit(3)
@@ -150,21 +154,43 @@ def test_batch_launch_trains_to_a_falling_loss(project: Project, slurm_cluster: 
         f"job-{job_id}", "COMPLETED", "n[1-2]", "exit code 0", run.name)
 
 
+def _launch_with_secret(project: Project, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    """``mlenv launch -c NAME --env MLENV_TEST_SECRET ARGS`` with SECRET in the environment."""
+    return subprocess.run([str(MLENV), "launch", "-c", project.name, "--env", "MLENV_TEST_SECRET", *args],
+                          capture_output=True, text=True, timeout=timeout, env={**project.env,
+                                                                                "MLENV_TEST_SECRET": SECRET},
+                          cwd=project.home, stdin=subprocess.DEVNULL, check=False)
+
+
+def _files_holding(secret: str, *roots: Path) -> list[Path]:
+    return [path for root in roots for path in root.rglob("*")
+            if path.is_file() and not path.is_symlink() and secret.encode() in path.read_bytes()]
+
+
 def test_a_failing_node_gives_the_job_its_exit_code(project: Project, slurm_cluster: SlurmCluster) -> None:
-    env = {**project.env, "MLENV_TEST_SECRET": "s3cr3t"}
-    result = subprocess.run([str(MLENV), "launch", "-c", project.name, "--launcher", "deepspeed", "--env",
-                             "MLENV_TEST_SECRET", "fail.py", "--fail"], capture_output=True, text=True, timeout=180,
-                            env=env, cwd=project.home, stdin=subprocess.DEVNULL, check=False)
+    refused = _launch_with_secret(project, "fail.py")  # a batch job would need the secret after mlenv is gone
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert ("error: --env MLENV_TEST_SECRET: on Slurm, a batch job (like a batch job, a detached run or a requeue) "
+            "would need the secret later") in refused.stderr
+    assert "deploy an allocation (mlenv deploy hpc) and launch attached" in refused.stderr
+    assert "through slurm.setup" in refused.stderr
+    unset = project.mlenv("launch", "-c", project.name, "--env", "MLENV_NOT_SET_ANYWHERE", "fail.py")
+    assert unset.returncode == 2 and "--env MLENV_NOT_SET_ANYWHERE: not set in your environment" in unset.stderr
+    for typo in (["--detatch"], ["--nodes", "3"]):  # an option launch does not know, before SCRIPT
+        mistyped = project.mlenv("launch", "-c", project.name, *typo, "fail.py")
+        assert mistyped.returncode == 2 and f"No such option '{typo[0]}'" in mistyped.stderr, mistyped.stderr
+    assert not (project.home / ".mlenv" / "state.json").exists()  # nothing submitted, nothing recorded
+    assert slurm_cluster.ok("squeue", "-h", "-o", "%i") == ""
+    result = project.mlenv("launch", "-c", project.name, "--launcher", "deepspeed", "fail.py", "--fail", timeout=180)
     assert result.returncode == 3, result.stdout + result.stderr
     job_id = project.submitted(result.stderr)
     assert re.search(r"^\[node-1 r[23]\] failing on purpose$", result.stdout, re.MULTILINE), result.stdout
-    assert re.search(r"^\[node-0 r[01]\] secret s3cr3t$", result.stdout, re.MULTILINE)
+    assert re.search(r"^\[node-0 r[01]\] secret None$", result.stdout, re.MULTILINE)  # nothing forwarded
     assert re.search(r"mlenv: rank [23] \(node-1, pid \d+\) exited with 3 first", result.stdout)
     assert "mlenv: node 1 failed first, with exit code 3" in result.stdout
     assert "error: node-1 failed with exit code 3; the other nodes were stopped." in result.stderr
     assert re.search(r"^node-0 +│ stopped \(exit (143|3)\)", result.stdout, re.MULTILINE)  # srun's stop, or ours
     assert slurm_cluster.job(job_id)["ExitCode"] == "3:0"
-    assert "s3cr3t" not in slurm_cluster.ok("scontrol", "write", "batch_script", job_id, "-")
     (row,) = project.status()
     assert (row["phase"], row["detail"]) == ("FAILED", "exit code 3")
     for follow in ([], ["-f"]):  # the run has ended: following it ends too
@@ -221,6 +247,7 @@ def test_deploy_exec_shell_launch_logs_status_clean(project: Project, slurm_clus
     rows = project.status()
     assert [(r["name"], r["node"], r["phase"], r["ready"], r["extra"]["job"]) for r in rows] == [
         ("node-0", "n1", "RUNNING", True, allocation), ("node-1", "n2", "RUNNING", True, allocation)]
+    assert [r["ip"] for r in rows] == [master, master]  # every node's address (here all on this host), not node 0's
     shown = project.ok("exec", "-c", project.name, "--", "sh", "-c",
                        'echo "$SLURMD_NODENAME $MLENV_NODE_RANK $MLENV_NUM_NODES $MASTER_ADDR:$MASTER_PORT $PWD"')
     assert sorted(shown.stdout.splitlines()) == [f"[node-{n}] n{n + 1} {n} 2 {master}:{port} {project.workdir}"
@@ -237,6 +264,17 @@ def test_deploy_exec_shell_launch_logs_status_clean(project: Project, slurm_clus
     assert "batch job" not in launched.stderr and slurm_cluster.ok("squeue", "-h", "-o", "%i").split() == [allocation]
     assert "rank" in project.ok("logs", "-c", project.name, "--pod", "1").stdout
 
+    forwarded = _launch_with_secret(project, "--launcher", "deepspeed", "fail.py", "--fail")  # attached: stdin
+    assert forwarded.returncode == 3, forwarded.stdout + forwarded.stderr
+    digest = hashlib.sha256(SECRET.encode()).hexdigest()[:16]
+    got = {match[1] for line in forwarded.stdout.splitlines()
+           if (match := re.match(rf"\[(node-\d) r\d\] secret {digest}$", line))}
+    assert got == {"node-0", "node-1"}, forwarded.stdout  # every node's processes got it
+    assert SECRET not in forwarded.stdout + forwarded.stderr
+    assert _files_holding(SECRET, slurm_cluster.tmp, project.workdir, project.home) == []
+    refused = _launch_with_secret(project, "--detach", "fail.py")
+    assert refused.returncode == 2 and "on Slurm, a detached run" in refused.stderr and not steps(slurm_cluster,
+                                                                                                 allocation)
     detached = project.ok("launch", "-c", project.name, "--launcher", "torchrun", "--detach", "fail.py")
     assert f"started inside allocation {allocation}" in detached.stderr
     output = max((project.workdir / ".mlenv" / "runs").glob("*/output.log"))  # run ids sort by time
@@ -251,6 +289,10 @@ def test_deploy_exec_shell_launch_logs_status_clean(project: Project, slurm_clus
     slurm_cluster.wait(lambda: not steps(slurm_cluster, allocation), "the interrupted run's step to end", 30)
     assert slurm_cluster.state(allocation) == "RUNNING"
 
+    doctor = json.loads(project.mlenv("doctor", "-c", project.name, "--json", timeout=120).stdout)
+    torch = {c["name"]: (c["status"], c["evidence"]) for c in doctor["checks"] if c["name"].endswith(": torch")}
+    assert {name: status for name, (status, _) in torch.items()} == {"n1: torch": "PASS", "n2: torch": "PASS"}, \
+        torch  # found through slurm.setup (source VENV/bin/activate), as launch finds it
     cleaned = project.ok("clean", "-c", project.name)
     assert f"cancelled job(s) {allocation} of hpc" in cleaned.stderr
     assert slurm_cluster.job(allocation)["JobState"] == "CANCELLED"

@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import threading
 import time
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+import yaml
 from mlenv.backends.ssh.hosts import Resolved, resolve
 from mlenv.backends.ssh.transport import Transport
 
@@ -347,6 +349,14 @@ def test_unreachable_hosts_are_named_with_the_connect_timeout(ssh_hosts: SshHost
             "the connection") in result.stderr
     assert f"{machines.hosts[0].spec} (node0): Python" in result.stderr  # the good host was checked all the same
     assert "ConnectTimeout 2\n" in _config(project, "far")  # the timeout ssh was given, recorded before any change
+    report = json.loads(project.mlenv("status", "--cluster", "far", "--json").stdout)  # recorded for clean ...
+    assert report["deploy"]["state"] == "failed" and "deploy failed on 2 of 3 hosts" in report["deploy"]["error"]
+    assert [pod["ready"] for pod in report["pods"]] == [False, False, False]
+    assert "far: deploy failed: deploy failed on 2 of 3 hosts" in project.mlenv("status", "--cluster", "far").stdout
+    bare = project.mlenv("status")  # ... but never made current
+    assert bare.returncode == 2 and "no deployment recorded" in bare.stderr
+    cleaned = project.mlenv("clean", "--cluster", "far")  # found: it stops what runs on the host it reaches
+    assert cleaned.returncode == 1 and f"error: {refused}: connection refused" in cleaned.stderr
 
 
 def test_a_key_with_a_passphrase_gets_an_agent_hint(ssh_hosts: SshHostsFactory, tmp_path: Path,
@@ -389,6 +399,116 @@ def test_a_host_behind_a_jump_host(ssh_hosts: SshHostsFactory, tmp_path: Path) -
     known = subprocess.run(["ssh-keygen", "-F", bastion.known_hosts_name, "-f", str(machines.known_hosts)],
                            capture_output=True, text=True, timeout=10, check=False)
     assert known.returncode == 0  # the jump host was reached with the same config (key, known_hosts)
+
+
+def test_a_team_workspace_root_keeps_its_mode_owner_and_group(ssh_hosts: SshHostsFactory, tmp_path: Path) -> None:
+    """sync (from workspace/, 755) and doctor (which ships the runtime from a 0700 temporary directory) copy
+    into a 2775 team directory without changing its mode, owner or group."""
+    machines = ssh_hosts(1)
+    project = _project(tmp_path / "project", "team")
+    (project.home / "workspace").mkdir(mode=0o755)
+    (project.home / "workspace" / "run.sh").write_text("#!/bin/sh\n")
+    (project.home / "workspace" / "run.sh").chmod(0o755)
+    _cluster_file(project, "team", machines)
+    root = machines.workdir / "team"
+    root.mkdir()
+    os.chown(root, -1, 4242)
+    root.chmod(0o2775)
+    before = (stat.S_IMODE(root.stat().st_mode), root.stat().st_uid, root.stat().st_gid)
+    project.ok("deploy", "team")
+    project.ok("sync", "--cluster", "team")
+    assert (stat.S_IMODE(root.stat().st_mode), root.stat().st_uid, root.stat().st_gid) == before == (0o2775, 0, 4242)
+    assert (root / "run.sh").stat().st_mode & 0o111  # executable stays executable
+    doctor = project.mlenv("doctor", "team", "--json")
+    assert "runtime copied" not in doctor.stdout, doctor.stdout
+    assert (stat.S_IMODE(root.stat().st_mode), root.stat().st_uid, root.stat().st_gid) == before
+    project.ok("sync", "--cluster", "team", "--delete")
+    assert (stat.S_IMODE(root.stat().st_mode), root.stat().st_uid, root.stat().st_gid) == before
+    asked = project.mlenv("clean", "--cluster", "team", "--delete-data")  # no terminal to ask on: lists, refuses
+    assert asked.returncode == 2 and "deletes this volume of team and everything stored on it:" in asked.stderr
+
+
+def test_sync_fails_naming_a_host_it_cannot_reach_even_when_shared(ssh_hosts: SshHostsFactory,
+                                                                   tmp_path: Path) -> None:
+    machines = ssh_hosts(2)  # one shared workdir: sync copies once, through host 0
+    first, second = machines.hosts
+    project = _project(tmp_path / "project", "both")
+    (project.home / "workspace").mkdir()
+    (project.home / "workspace" / "a.txt").write_text("a\n")
+    _cluster_file(project, "both", machines)
+    assert "the hosts share the workspace" in project.ok("deploy", "both").stderr
+    machines.stop(second)
+    down = project.mlenv("sync", "--cluster", "both")
+    assert down.returncode == 1, down.stdout + down.stderr
+    assert re.search(rf"^error: sync to {re.escape(second.spec)}: FAILED: cannot be reached: .*Connection refused",
+                     down.stderr, re.MULTILINE), down.stderr
+    assert f"sync to {first.spec}" not in down.stderr
+    machines.change_host_key(second)  # back, but reinstalled
+    changed = project.mlenv("sync", "--cluster", "both")
+    assert changed.returncode == 1
+    assert (f"error: sync to {second.spec}: FAILED: cannot be reached: Host key verification failed."
+            in changed.stderr), changed.stderr
+    machines.change_host_key(first)  # the host sync copies through: rsync's own ssh is refused
+    copied = project.mlenv("sync", "--cluster", "both")
+    assert copied.returncode == 1
+    assert f"error: sync to {first.spec}: FAILED: Host key verification failed." in copied.stderr, copied.stderr
+
+
+def test_a_failed_redeploy_keeps_the_running_job_in_reach(ssh_hosts: SshHostsFactory, tmp_path: Path) -> None:
+    """Launch detached on two hosts, take one down, deploy again: the deploy fails, and the job can still be
+    seen, followed and stopped; nothing is left running."""
+    machines = ssh_hosts(2)
+    second = machines.hosts[1]
+    project = _project(tmp_path / "project", "keep")
+    (project.home / "workspace").mkdir()
+    (project.home / "workspace" / SLEEPER).write_text(SLEEPER_JOB)
+    _cluster_file(project, "keep", machines)
+    project.ok("deploy", "keep")
+    project.ok("sync", "--cluster", "keep")
+    started = project.ok("launch", "--cluster", "keep", "--launcher", "torchrun", "--detach", SLEEPER)
+    assert started.stdout.count("started in the background: pid") == 2
+    handle = _handle(project, "keep")
+    machines.stop(second)
+    refused = project.mlenv("deploy", "keep")
+    assert refused.returncode == 1 and f"error: {second.spec}: connection refused" in refused.stderr
+    recorded = json.loads((project.home / ".mlenv" / "state.json").read_text())
+    assert recorded["current"] == "keep"
+    kept = recorded["deployments"]["keep"]
+    assert kept["handle"] == handle and len(kept["runs"]) == 1  # the hosts, workspaces and runs it knew
+    assert kept["deploy"]["state"] == "partial" and "deploy failed on 1 of 2 hosts" in kept["deploy"]["error"]
+    assert kept["attempt"]["handle"]["data"]["hosts"] == handle["data"]["hosts"]  # for clean
+    report = json.loads(project.mlenv("status", "--json").stdout)
+    assert report["deploy"]["state"] == "partial" and report["runs"][0]["id"] == kept["runs"][0]["id"]
+    assert report["pods"][0]["extra"] == {"jobs": "1"}
+    shown = project.mlenv("status").stdout
+    assert "keep: the last deploy failed: deploy failed on 1 of 2 hosts" in shown
+    assert "[node-0] mlenv: node 0/2" in project.ok("logs", "--pod", "0").stdout  # followed as before
+    stopped = project.mlenv("stop")
+    assert "stopped node" in stopped.stdout + stopped.stderr, stopped.stdout + stopped.stderr
+    assert "not deployed yet" not in stopped.stdout + stopped.stderr
+    assert _gone(SLEEPER) == []
+    machines.start(second)
+    assert project.ok("stop").returncode == 0  # every host answers again: nothing left to stop
+    asked = project.mlenv("clean", "--delete-data")  # no terminal to ask on: lists, then refuses
+    assert asked.returncode == 2, asked.stderr
+    assert "--delete-data deletes these 2 volumes of keep and everything stored on them:" in asked.stderr  # both
+    project.ok("deploy", "keep")
+    recorded = json.loads((project.home / ".mlenv" / "state.json").read_text())["deployments"]["keep"]
+    assert "deploy" not in recorded and "attempt" not in recorded  # ready: written as before
+    assert json.loads(project.ok("status", "--json").stdout)["deploy"] == {"state": "ready", "error": None}
+    assert len(recorded["runs"]) == 1
+
+
+def test_deploy_dry_run_shows_no_fixed_master_port(tmp_path: Path) -> None:
+    """launch picks the port free on host 0: the dry run says so instead of showing 29500 as the port."""
+    project = _project(tmp_path / "project", "dry")
+    (project.home / "clusters" / "dry.yaml").write_text(
+        "backend: ssh\ncluster: {name: dry}\nssh: {hosts: [a.example, b.example], workdir: /srv/ml}\n"
+        "gpus: {per_node: 0, default_nodes: 2, procs_per_node: 1}\n")
+    dry = project.ok("deploy", "dry", "--dry-run").stdout
+    env = yaml.safe_load(dry)["env"]
+    assert env["MASTER_PORT"] == "<picked free on host 0 at launch; exec and shell see 29500>", dry
+    assert "'29500'" not in dry
 
 
 def test_status_gpus_over_ssh_names_a_host_that_went_down(ssh_hosts: SshHostsFactory, tmp_path: Path) -> None:

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 from kubernetes_validate.utils import VersionNotSupportedError, latest_version
 from mlenv.backends.kubernetes.schemas import crd_schema
-from mlenv.config.schema import cluster_schema
+from mlenv.core.clusters import cluster_schema
 from mlenv.fastschema import Unsupported, compiled, compiled_files, forget
 from mlenv.fastschema.compiler import SUPPORTED, UNSUPPORTED, generate
 from mlenv.fastschema.kubernetes import kubernetes_validator, schema_directory

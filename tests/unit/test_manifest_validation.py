@@ -9,7 +9,7 @@ import pytest
 from mlenv.backends.kubernetes.naming import kube_deployment
 from mlenv.backends.kubernetes.render import render
 from mlenv.backends.kubernetes.schemas import validate_object
-from mlenv.config import load_cluster
+from mlenv.core.clusters import load_cluster
 from mlenv.errors import OperationError
 from mlenv.plan import plan
 

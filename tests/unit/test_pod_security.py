@@ -274,7 +274,7 @@ def test_root_on_openshift_is_refused(tmp_path: Path) -> None:
 def _kube_files() -> list[tuple[Path, str]]:
     """Every shipped and seed cluster file of the OpenShift/Kubernetes backend, in each mode it allows (a file that
     does not load is listed too: its test shows why)."""
-    from mlenv.config import load_cluster
+    from mlenv.core.clusters import load_cluster
     from mlenv.errors import MlenvError
 
     found = []
@@ -291,7 +291,7 @@ def _kube_files() -> list[tuple[Path, str]]:
 
 @pytest.mark.parametrize(("path", "mode"), _kube_files(), ids=lambda value: getattr(value, "name", value))
 def test_every_shipped_cluster_file_renders_hardened_pods(tmp_path: Path, path: Path, mode: str) -> None:
-    from mlenv.config import load_cluster
+    from mlenv.core.clusters import load_cluster
 
     cluster = load_cluster(str(path))
     template = _template(path, tmp_path, mode)

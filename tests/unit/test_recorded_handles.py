@@ -7,12 +7,12 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from mlenv.backends.base import Handle
 from mlenv.backends.kubernetes.backend import KubernetesBackend
 from mlenv.backends.local.backend import LocalBackend
 from mlenv.backends.runai.backend import RunaiBackend
 from mlenv.backends.slurm.backend import job_from
 from mlenv.backends.ssh.target import SshTarget
+from mlenv.core.capabilities import Handle
 from mlenv.errors import UsageError
 
 READERS: dict[str, Callable[[Handle], Any]] = {

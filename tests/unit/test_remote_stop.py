@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from mlenv.backends.remote import script, secrets_input
+from mlenv.core.remote import script, secrets_input
 from mlenv.errors import UsageError
 
 INPLACE = script()

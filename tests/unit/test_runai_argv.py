@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from mlenv.backends.runai import argv as commands
+from mlenv.backends.runai import flags
 from mlenv.backends.runai.backend import RunaiBackend
 from mlenv.backends.runai.workload import ordinal, pod_name
 from mlenv.cli import main
-from mlenv.plan import load_plan
+from mlenv.core.clusters import load_plan
 
 V1_COMMON = "V1-COMMON: run-ai/docs docs/snippets/common-submit-cli-commands.md @6c27d60a"
 V1_DIST = "V1-DIST: run-ai/docs docs/Researcher/cli-reference/runai-submit-dist-pytorch.md @106c5007"
@@ -200,9 +201,9 @@ def test_every_flag_emitted_has_a_source(case: str) -> None:
 def test_the_flag_table_has_no_row_mlenv_never_emits() -> None:
     emitted = {("v1" if argv[1] == "submit-dist" else "v2", arg) for _, argv in GOLDEN.values() for arg in argv}
     assert set(FLAG_SOURCES) <= emitted
-    spelled = {(cli, flag) for cli, flags in commands.FLAGS.items() for flag in flags.values()}
-    spelled |= {(cli, flag) for cli, flag in commands.NAME_FLAG.items() if flag}
-    spelled |= {(cli, flag) for (cli, _), known in commands.VARIANTS.items() for flag in known
+    spelled = {(cli, flag) for cli, spellings in flags.FLAGS.items() for flag in spellings.values()}
+    spelled |= {(cli, flag) for cli, flag in flags.NAME_FLAG.items() if flag}
+    spelled |= {(cli, flag) for (cli, _), known in flags.VARIANTS.items() for flag in known
                 if (cli, flag) in FLAG_SOURCES}
     assert spelled == set(FLAG_SOURCES)  # the code's table and this one agree
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
-from mlenv.backends.base import LaunchSpec
+from mlenv import state
 from mlenv.backends.slurm import jobs
 from mlenv.backends.slurm.backend import SlurmBackend
 from mlenv.backends.slurm.checks import NodeRow, minutes, parse_sinfo
@@ -26,7 +26,8 @@ from mlenv.backends.slurm.script import grace_seconds, task_wrapper
 from mlenv.backends.slurm.settings import SlurmSettings, owned_option
 from mlenv.cli import main
 from mlenv.config.model import Bind, Container
-from mlenv.plan import load_plan
+from mlenv.core.capabilities import LaunchSpec
+from mlenv.core.clusters import load_plan
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "fixtures" / "slurm"
@@ -107,7 +108,7 @@ def test_fewer_nodes_take_the_first_pinned_ones_and_more_are_refused(project: Pa
 
 
 def test_the_launch_inside_an_allocation(project: Path) -> None:
-    backend = SlurmBackend()
+    backend = SlurmBackend(state.RECORDS)
     handle = backend.prepare(load_plan("olivia")).handle
     handle = replace(handle, data={**handle.data, "allocation": {"id": "4242", "digest": "x"}})
     spec = LaunchSpec("torchrun", "train_multi_node.py", ("--steps", "5"), run_id="RUN", secrets=("HF_TOKEN",))
@@ -120,7 +121,7 @@ def test_the_launch_inside_an_allocation(project: Path) -> None:
 
 
 def test_request_and_handle(project: Path) -> None:
-    request = SlurmBackend().prepare(load_plan("slurm-gloo"))
+    request = SlurmBackend(state.RECORDS).prepare(load_plan("slurm-gloo"))
     assert request.files == {"allocation.sbatch": golden("slurm-gloo.allocation.sbatch")}
     handle = request.handle
     assert (handle.backend, handle.name, handle.nodes, handle.mode, handle.shared_workspace) == (
@@ -313,7 +314,7 @@ def test_the_login_shell_gets_back_exactly_the_arguments() -> None:
 
 
 def test_the_handle_keeps_the_settings_and_container(project: Path) -> None:
-    backend = SlurmBackend()
+    backend = SlurmBackend(state.RECORDS)
     handle = backend.prepare(load_plan("olivia")).handle
     from mlenv.backends.slurm.backend import job_from
 

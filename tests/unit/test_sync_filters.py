@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mlenv.backends.base import CopyTarget
+from mlenv.core.capabilities import CopyTarget
 from mlenv.ops.sync import Plan, _copy, _dry_run, _list_directories, _stage_runtime, _type_changes
 
 from tests._prereq import require

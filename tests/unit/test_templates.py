@@ -8,11 +8,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from mlenv.backends import get
+from mlenv import state
 from mlenv.backends.kubernetes import render as kubernetes_render
 from mlenv.backends.slurm import script as slurm_script
 from mlenv.config.discover import cluster_names
-from mlenv.plan import load_plan
+from mlenv.core.clusters import load_plan
+from mlenv.core.registry import get
 from mlenv.render import templates
 from mlenv.render.templates import Templates, Unsupported
 
@@ -24,7 +25,7 @@ def _requests(name: str) -> Iterator[str]:
     """Every request text and file the backend of cluster ``name`` renders, in both network modes it allows."""
     plan = load_plan(name)
     for mode in ("rdma", "tcp") if plan.cluster.rdma.enabled else ("tcp",):
-        request = get(plan.cluster.backend).prepare(load_plan(name, mode))
+        request = get(plan.cluster.backend, state.RECORDS).deploy.prepare(load_plan(name, mode))
         yield request.text
         yield from request.extras.values()
         yield from request.files.values()

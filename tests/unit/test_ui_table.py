@@ -7,6 +7,7 @@ import random
 import string
 
 import pytest
+from mlenv.errors import shown
 from mlenv.ui import PIPE_WIDTH, _plain_table, table
 from rich.console import Console
 from rich.table import Table
@@ -44,4 +45,4 @@ def test_plain_tables_are_what_rich_prints() -> None:
 def test_rich_lays_out_the_rest(title: str, cell: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert _plain_table(title, ["A"], [[cell]], PIPE_WIDTH, styled=False) is None
     table(title, ["A"], [[cell]])
-    assert capsys.readouterr().out == _rich(title, ["A"], [[cell]])
+    assert capsys.readouterr().out == _rich(title, ["A"], [[shown(cell)]])  # a tab shows as \t: no value moves text

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
+from mlenv.runtime.launchers import DEFAULT_LAUNCHER, LAUNCHERS
+
 if TYPE_CHECKING:
 
     from mlenv.config.model import Cluster
@@ -16,7 +18,6 @@ if TYPE_CHECKING:
     from mlenv.plan import JobPlan
 
 F = TypeVar("F", bound=Callable[..., Any])
-MAX_NODES = 1024
 
 
 def reports_errors(func: F) -> F:
@@ -39,9 +40,9 @@ def reports_errors(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-mode_option = click.option("--mode", type=click.Choice(["rdma", "tcp"]), default=None,
+mode_option = click.option("--mode", metavar="rdma|tcp", default=None,  # the plan checks it (plan.MODES)
                            help="Network mode (default: rdma when the cluster has RDMA enabled, else tcp).")
-nodes_option = click.option("--nodes", type=click.IntRange(1, MAX_NODES), default=None,
+nodes_option = click.option("--nodes", type=click.IntRange(1), default=None,
                             help="Number of nodes; default gpus.default_nodes.")
 image_option = click.option("--image", default=None, help="Container image (overrides the cluster file).")
 json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output (only JSON on stdout).")
@@ -49,8 +50,11 @@ cluster_option = click.option("--cluster", "-c", "cluster_ref", default=None, me
                               help="Deployment, cluster name or cluster file (default: the current deployment).")
 pod_option = click.option("--pod", type=click.IntRange(min=0), default=None, metavar="N",
                           help="Node (pod) ordinal (default: every node, or node 0 for shell).")
-STOP_AT_COMMAND = {"allow_interspersed_args": False, "ignore_unknown_options": True}
-"""launch and exec: option parsing stops at the script or command; everything after it belongs to it."""
+STOP_AT_SCRIPT = {"allow_interspersed_args": False}
+"""launch: option parsing stops at the script; everything after it belongs to it, and an option launch does not
+know before it is a usage error (``--detatch`` is never taken for the script)."""
+STOP_AT_COMMAND = {**STOP_AT_SCRIPT, "ignore_unknown_options": True}
+"""exec: as launch, and the command may start with what looks like an option."""
 
 
 def _one_cluster(positional: str | None, option: str | None) -> str | None:
@@ -64,7 +68,7 @@ def _one_cluster(positional: str | None, option: str | None) -> str | None:
 def _plan(cluster_ref: str | None, mode: str | None, nodes: int | None, image: str | None) -> JobPlan:
     """The plan of ``cluster_ref``, or of the current deployment (its mode, nodes and image unless given)."""
     if cluster_ref is not None:
-        from mlenv.plan import load_plan
+        from mlenv.core.clusters import load_plan
 
         return load_plan(cluster_ref, mode, nodes, image)
     from dataclasses import replace
@@ -114,8 +118,8 @@ def main() -> None:
 @reports_errors
 def list_clusters(as_json: bool) -> None:
     """List the clusters in clusters/: backend, nodes x GPUs, RDMA, storage mode."""
-    from mlenv.config import load_cluster
     from mlenv.config.discover import cluster_names
+    from mlenv.core.clusters import load_cluster
     from mlenv.errors import MlenvError
     from mlenv.ui import print_json, table
 
@@ -141,7 +145,7 @@ def list_clusters(as_json: bool) -> None:
 
 
 def _summary(cluster: Cluster) -> dict[str, Any]:
-    from mlenv.backends.registry import BACKENDS
+    from mlenv.core.registry import BACKENDS
 
     return {
         "name": cluster.info.name, "valid": True, "file": cluster.source, "backend": cluster.backend,
@@ -173,7 +177,7 @@ def validate(cluster: str | None, cluster_ref: str | None, mode: str | None, nod
 
         print_json(summary)
         return
-    from mlenv.backends.registry import BACKENDS
+    from mlenv.core.registry import BACKENDS
 
     storage = (f", {'shared' if job.storage.shared else 'per-node'} workspace"
                if "storage" in BACKENDS[job.cluster.backend].uses else "")
@@ -283,7 +287,7 @@ def stacks(cluster_ref: str | None, pod: int | None, native: bool, method: str, 
     from mlenv.ui import print_json
 
     target = _target(cluster_ref)
-    report = take(target.backend, target.handle, pod, native=native, method=method)
+    report = take(target.backend.access, target.handle, pod, native=native, method=method)
     if as_json:
         print_json(report)
     else:
@@ -304,7 +308,7 @@ def top(cluster_ref: str | None, pod: int | None, interval: float, count: int | 
     from mlenv.ops.gpus import top as live
 
     target = _target(cluster_ref)
-    sys.exit(live(target.backend, target.handle, pod, interval, count))
+    sys.exit(live(target.backend.access, target.handle, pod, interval, count))
 
 
 @main.command()
@@ -322,8 +326,8 @@ def sync(cluster_ref: str | None, source: str | None, delete: bool, as_json: boo
     target = _target(cluster_ref)
     from pathlib import Path
 
-    report = sync_workspace(target.backend, target.handle, source=Path(source) if source else None, delete=delete,
-                            as_json=as_json)
+    report = sync_workspace(target.backend.access, target.handle, source=Path(source) if source else None,
+                            delete=delete, as_json=as_json)
     sys.exit(0 if report.ok else 1)
 
 
@@ -338,7 +342,7 @@ def exec(cluster_ref: str | None, pod: int | None, command: tuple[str, ...]) -> 
 
     target = _target(cluster_ref)
     argv = list(command[1:] if command[:1] == ("--",) else command)
-    sys.exit(exec_all(target.backend, target.handle, argv, only=pod))
+    sys.exit(exec_all(target.backend.access, target.handle, argv, only=pod))
 
 
 @main.command()
@@ -350,7 +354,7 @@ def shell(cluster_ref: str | None, pod: int | None) -> None:
     from mlenv.ops.fanout import interactive
 
     target = _target(cluster_ref)
-    sys.exit(interactive(target.backend, target.handle, pod or 0))
+    sys.exit(interactive(target.backend.access, target.handle, pod or 0))
 
 
 @main.command()
@@ -365,7 +369,7 @@ def logs(cluster_ref: str | None, pod: int | None, follow: bool, rank: int | Non
     from mlenv.ops.fanout import logs_all
 
     target = _target(cluster_ref)
-    sys.exit(logs_all(target.backend, target.handle, only=pod, follow=follow, rank=rank))
+    sys.exit(logs_all(target.backend.access, target.handle, only=pod, follow=follow, rank=rank))
 
 
 @main.command()
@@ -374,7 +378,7 @@ def logs(cluster_ref: str | None, pod: int | None, follow: bool, rank: int | Non
 def stop(cluster_ref: str | None) -> None:
     """Stop the running job on every node; the environment stays."""
     target = _target(cluster_ref)
-    sys.exit(target.backend.stop(target.handle))
+    sys.exit(target.backend.jobs.stop(target.handle))
 
 
 @main.command()
@@ -390,17 +394,20 @@ def clean(cluster_ref: str | None, delete_data: bool, yes: bool) -> None:
     if delete_data and not yes:
         from mlenv.ops.confirm import confirm_data_deletion
 
-        if not confirm_data_deletion(target.backend, target.handle):
+        if not confirm_data_deletion(target.backend.deploy, target.recorded.handles if target.recorded else
+                                     (target.handle,)):
             click.echo("nothing deleted", err=True)
             sys.exit(1)
+    handles = target.recorded.handles if target.recorded else (target.handle,)
     with state.deploying(target.handle.name):
-        target.backend.clean(target.handle, delete_data=delete_data)
+        for handle in handles:  # a failed re-deploy's too
+            target.backend.deploy.clean(handle, delete_data=delete_data)
     state.forget(target.handle.name)
 
 
-@main.command(context_settings=STOP_AT_COMMAND)
+@main.command(context_settings=STOP_AT_SCRIPT)
 @cluster_option
-@click.option("--launcher", type=click.Choice(["torchrun", "deepspeed"]), default="deepspeed", show_default=True)
+@click.option("--launcher", type=click.Choice(LAUNCHERS), default=DEFAULT_LAUNCHER, show_default=True)
 @click.option("--nproc", type=click.IntRange(1, 64), default=None, help="Processes per node.")
 @click.option("--args", "args_text", default=None, help="Script arguments as one string (for make ARGS=...).")
 @click.option("--env", "secrets", multiple=True, metavar="NAME[,NAME]",
@@ -432,8 +439,8 @@ def launch(cluster_ref: str | None, launcher: str, nproc: int | None, args_text:
     """
     import shlex
 
-    from mlenv.backends.base import LaunchSpec
-    from mlenv.backends.remote import NAME
+    from mlenv.core.capabilities import LaunchSpec
+    from mlenv.core.remote import secret_names
     from mlenv.errors import UsageError
     from mlenv.ops import launch as launching
 
@@ -441,10 +448,7 @@ def launch(cluster_ref: str | None, launcher: str, nproc: int | None, args_text:
         extra = shlex.split(args_text) if args_text else []
     except ValueError as exc:
         raise UsageError(f"--args: cannot split {args_text!r} like a shell ({exc}); quote it as in sh") from None
-    names = [name for text in secrets for name in text.replace(",", " ").split()]
-    for name in names:
-        if not NAME.fullmatch(name):
-            raise UsageError(f"--env: expected a variable name like HF_TOKEN, got {name!r}")
+    names = secret_names(secrets)
     if hang_timeout is not None and not 0 < hang_timeout < float("inf"):
         raise UsageError(f"--hang-timeout: expected a positive number of seconds, got {hang_timeout:g}")
     target = _target(cluster_ref)
@@ -452,9 +456,8 @@ def launch(cluster_ref: str | None, launcher: str, nproc: int | None, args_text:
     if on_hang and not hang_timeout:
         raise UsageError("--on-hang stop needs a hang timeout: --hang-timeout SECONDS (or launch.hang_timeout)")
     spec = LaunchSpec(launcher, script, (*script_args, *extra), nproc, launching.run_id(target.handle.name),
-                      detach, tuple(dict.fromkeys(names)),
-                      expect_transport or launching.file_expect_transport(target), hang_timeout, on_hang,
-                      launching.max_restarts(target, max_restarts))
+                      detach, names, expect_transport or launching.file_expect_transport(target), hang_timeout,
+                      on_hang, launching.max_restarts(target, max_restarts))
     if dry_run:
         click.echo(launching.dry_run(target, spec), nl=False)
         return
@@ -532,7 +535,7 @@ def doctor(cluster: str | None, cluster_ref: str | None, mode: str | None, as_js
 def discover(name: str, namespace: str | None, force: bool) -> None:
     """Write clusters/NAME.yaml from the logged-in cluster: GPU nodes, storage classes, RDMA networks; TODO
     comments mark what a person must decide."""
-    from mlenv.ops.discover import run_discover
+    from mlenv.backends.kubernetes.discover import run_discover
 
     run_discover(name, namespace, force)
 

@@ -162,10 +162,3 @@ def plan(cluster: Cluster, mode: str | None = None, nodes: int | None = None,
         warnings=cluster.warnings,
     )
 
-
-def load_plan(cluster_ref: str, mode: str | None = None, nodes: int | None = None,
-              image: str | None = None) -> JobPlan:
-    """Load, validate and plan the cluster file ``cluster_ref`` (a name in clusters/ or a path)."""
-    from mlenv.config import load_cluster
-
-    return plan(load_cluster(cluster_ref), mode=mode, nodes=nodes, image=image)

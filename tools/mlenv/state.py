@@ -16,11 +16,14 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from mlenv.backends.base import Handle
+from mlenv.core.capabilities import Handle
 from mlenv.errors import OperationError, UsageError, shown
 
 VERSION = 2
 MAX_BYTES = 4 * 1024 * 1024
+READY, FAILED, PARTIAL = "ready", "failed", "partial"
+DEPLOY_STATES = (READY, FAILED, PARTIAL)
+UNFINISHED = "the deploy did not finish (interrupted?)"
 
 
 @dataclass(frozen=True)
@@ -41,26 +44,47 @@ class Deployment:
     excluded: tuple[dict[str, Any], ...] = ()
     """Nodes left out of the next runs: ``{"node", "host", "reason", "since"}``, by node number; the one record of
     them (nccl-test --pairs --exclude-bad and restarts add, ``mlenv nodes --forget-excluded`` clears)."""
+    deploy: dict[str, Any] = field(default_factory=lambda: {"state": READY, "error": None})
+    """How the last deploy ended: ``state`` ready, failed (none succeeded yet) or partial (a re-deploy failed; the
+    deployment before it is still the one operated), ``error`` why not ready."""
+    attempt: Deployment | None = None
+    """A re-deploy that did not (yet) succeed: what it created, for clean; the record above stays operated."""
+    leftovers: tuple[Handle, ...] = ()
+    """The handles of earlier deploy attempts that failed and were replaced by a later attempt: clean reaches what
+    they created too."""
+
+    @property
+    def handles(self) -> tuple[Handle, ...]:
+        """Every handle clean must reach, each once: the deployment's, a failed re-deploy's, the leftovers."""
+        every = (self.handle, *([self.attempt.handle] if self.attempt is not None else []), *self.leftovers)
+        return tuple(handle for index, handle in enumerate(every) if handle not in every[:index])
 
     def to_json(self) -> dict[str, Any]:
-        """The record in state.json."""
-        record = asdict(self)
-        record["handle"] = self.handle.to_json()
-        record["runs"] = list(self.runs)
-        record["excluded"] = list(self.excluded)
-        return record
+        """The record in state.json; a ready deployment's reads as an earlier mlenv wrote it (no deploy, attempt
+        or leftovers)."""
+        record = {**asdict(self), "handle": self.handle.to_json(), "runs": list(self.runs),
+                  "excluded": list(self.excluded), "deploy": self.deploy,
+                  "attempt": None if self.attempt is None else self.attempt.to_json(),
+                  "leftovers": [handle.to_json() for handle in self.leftovers]}
+        unset: dict[str, Any] = {"deploy": {"state": READY, "error": None}, "attempt": None, "leftovers": []}
+        return {key: value for key, value in record.items() if key not in unset or value != unset[key]}
 
     @classmethod
     def from_json(cls, record: Any) -> Deployment:
         """Inverse of ``to_json``; TypeError/ValueError/KeyError on a record of another shape."""
         if not isinstance(record, dict):
             raise TypeError("a deployment is not a mapping")
+        attempt = record.get("attempt")
         fields = {**record, "handle": Handle.from_json(record["handle"]), "runs": tuple(record.get("runs") or ()),
-                  "excluded": tuple(record.get("excluded") or ())}
+                  "excluded": tuple(record.get("excluded") or ()),
+                  "deploy": record.get("deploy") or {"state": READY, "error": None},
+                  "attempt": None if attempt is None else cls.from_json(attempt),
+                  "leftovers": tuple(Handle.from_json(handle) for handle in record.get("leftovers") or ())}
         deployment = cls(**fields)
         if not (isinstance(deployment.name, str) and isinstance(deployment.cluster_file, str)
                 and isinstance(deployment.mode, str) and isinstance(deployment.nodes, int)
-                and all(isinstance(item, dict) for item in (*deployment.runs, *deployment.excluded))):
+                and all(isinstance(item, dict) for item in (*deployment.runs, *deployment.excluded))
+                and isinstance(deployment.deploy, dict) and deployment.deploy.get("state") in DEPLOY_STATES):
             raise TypeError("a deployment field has the wrong type")
         return deployment
 
@@ -132,15 +156,15 @@ def load() -> State:
 
 def _migrate(path: Path, old: dict[str, Any]) -> State:
     """The single-deployment file of earlier versions: re-plan its cluster file to get the handle."""
-    from mlenv.backends import get
-    from mlenv.config import load_cluster
+    from mlenv.core.clusters import load_cluster
+    from mlenv.core.registry import get
     from mlenv.errors import MlenvError
     from mlenv.plan import plan
 
     try:
         cluster_file = str(old["cluster_file"])
         job = plan(load_cluster(cluster_file), mode=old.get("mode"), nodes=old.get("nodes"), image=old.get("image"))
-        handle = get(job.cluster.backend).prepare(job).handle
+        handle = get(job.cluster.backend, RECORDS).deploy.prepare(job).handle
     except (KeyError, TypeError, ValueError, MlenvError) as exc:
         raise _corrupt(path, f"an earlier mlenv's record whose cluster file cannot be planned again: {exc}") from None
     deployment = Deployment(handle.name, handle.backend, cluster_file, job.mode, job.nodes, old.get("image"), handle)
@@ -165,27 +189,65 @@ def save(state: State) -> None:
 
 
 def record(deployment: Deployment) -> None:
-    """Record (or update) ``deployment`` and make it the current one; its runs and excluded nodes are kept."""
+    """Record what a deploy in progress knows (before its first change, and whenever it learns more). A
+    deployment that was ready before is kept as it is, operated as before, with this one as its ``attempt``; a new
+    one is recorded, so that clean finds it, but not made current until ``succeeded``."""
     with locked():
         state = load()
         known = state.deployments.get(deployment.name)
-        if known is not None:
-            deployment = replace(deployment, runs=known.runs or deployment.runs,
-                                 excluded=known.excluded or deployment.excluded)
-        state.deployments[deployment.name] = deployment
-        state.current = deployment.name
+        ended = known is not None and known.deploy["error"] not in (None, UNFINISHED)  # an earlier attempt failed
+        if known is not None and known.deploy["state"] != FAILED:
+            earlier = [known.attempt.handle] if ended and known.attempt is not None else []
+            state.deployments[deployment.name] = replace(known, attempt=deployment,
+                                                         deploy={"state": PARTIAL, "error": UNFINISHED},
+                                                         leftovers=(*known.leftovers, *earlier))
+        else:
+            earlier = [*known.leftovers, *([known.handle] if ended else [])] if known is not None else []
+            state.deployments[deployment.name] = replace(deployment, runs=known.runs if known else (),
+                                                         excluded=known.excluded if known else (),
+                                                         deploy={"state": FAILED, "error": UNFINISHED},
+                                                         leftovers=tuple(earlier))
         save(state)
 
 
-def update(name: str, *, runs: tuple[dict[str, Any], ...] | None = None, handle: Handle | None = None) -> None:
-    """Change the runs or handle of a recorded deployment."""
+def succeeded(name: str) -> None:
+    """The deploy of ``name`` finished: what it recorded replaces the deployment (its runs and excluded nodes are
+    kept), which is ready and current."""
+    with locked():
+        state = load()
+        known = state.deployments[name]
+        latest = known.attempt or known
+        state.deployments[name] = replace(latest, runs=known.runs, excluded=known.excluded,
+                                          deploy={"state": READY, "error": None},
+                                          attempt=None, leftovers=known.leftovers)
+        state.current = name
+        save(state)
+
+
+def failed(name: str, why: str) -> None:
+    """The deploy of ``name`` failed with ``why``: the record keeps what it knew, and what the attempt created."""
     with locked():
         state = load()
         known = state.deployments.get(name)
         if known is None:
             return
-        state.deployments[name] = replace(known, runs=known.runs if runs is None else runs,
-                                          handle=known.handle if handle is None else handle)
+        state.deployments[name] = replace(known, deploy={**known.deploy, "error": why})
+        save(state)
+
+
+def update(name: str, *, runs: tuple[dict[str, Any], ...] | None = None, handle: Handle | None = None) -> None:
+    """Change the runs or handle of a recorded deployment; the handle of a re-deploy in progress goes to its
+    attempt (the deployment before it stays operated until it succeeds)."""
+    with locked():
+        state = load()
+        known = state.deployments.get(name)
+        if known is None:
+            return
+        if handle is not None and known.attempt is not None and known.deploy["error"] == UNFINISHED:
+            known = replace(known, attempt=replace(known.attempt, handle=handle))
+        elif handle is not None:
+            known = replace(known, handle=handle)
+        state.deployments[name] = replace(known, runs=known.runs if runs is None else runs)
         save(state)
 
 
@@ -232,6 +294,23 @@ def add_job(name: str, job: dict[str, Any], keep: int) -> None:
 def jobs_of(name: str) -> tuple[dict[str, Any], ...]:
     """The batch jobs recorded for the cluster ``name``, oldest first."""
     return load().jobs.get(name, ())
+
+
+class StateRecords:
+    """``core.registry.Records`` on .mlenv/state.json: what backends read and record, handed to them."""
+
+    def handle_of(self, name: str) -> Handle | None:
+        known = load().deployments.get(name)
+        return known.handle if known is not None else None
+
+    def jobs_of(self, name: str) -> tuple[dict[str, Any], ...]:
+        return jobs_of(name)
+
+    def add_job(self, name: str, job: dict[str, Any], keep: int) -> None:
+        add_job(name, job, keep)
+
+
+RECORDS = StateRecords()
 
 
 def forget(name: str) -> None:

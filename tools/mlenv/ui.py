@@ -1,4 +1,9 @@
-"""Terminal output: errors, warnings, tables, progress. rich is imported only when something is drawn."""
+"""Terminal output: errors, warnings, tables, progress. rich is imported only when something is drawn.
+
+Everything printed here may quote values from a cluster file or a remote host: control characters in it are
+escaped (``errors.shown``), line by line, so that no value can colour, move or reorder the terminal's text. The
+output of a job passes elsewhere (``parallel``), untouched.
+"""
 
 from __future__ import annotations
 
@@ -9,23 +14,35 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from mlenv.errors import shown
+
 PIPE_WIDTH = 200
+
+
+def safe_lines(message: str) -> str:
+    """``message`` with every line's control characters escaped; the line breaks stay."""
+    return "\n".join(shown(line) for line in message.split("\n"))
 
 
 def error(message: str) -> None:
     """One problem per line on stderr."""
-    for line in message.splitlines():
+    for line in safe_lines(message).splitlines():
         print(f"error: {line}" if not line.startswith("error:") else line, file=sys.stderr)
 
 
 def warn(message: str) -> None:
     """A WARNING line on stderr."""
-    print(f"WARNING: {message}", file=sys.stderr)
+    print(f"WARNING: {safe_lines(message)}", file=sys.stderr)
 
 
 def info(message: str) -> None:
     """Progress and summaries go to stderr so stdout stays machine-readable."""
-    print(message, file=sys.stderr)
+    print(safe_lines(message), file=sys.stderr)
+
+
+def say(message: str) -> None:
+    """A line of a report on stdout, escaped as ``info`` escapes."""
+    print(safe_lines(message))
 
 
 def print_json(data: Any) -> None:
@@ -37,7 +54,8 @@ def table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any
     """A table on stdout in rich's layout (heavy head, no outer edge); piped output gets a wide fixed width so
     cells are not folded. Plain ASCII tables that fit are laid out here (rich takes ~3 ms a row: most of
     ``status``'s time on 256 pods), anything else by rich."""
-    cells = [[str(cell) for cell in row] for row in rows]
+    cells = [[shown(str(cell)) for cell in row] for row in rows]  # values from files and hosts: escaped
+    title = None if title is None else shown(title)
     terminal = sys.stdout.isatty()
     width = os.get_terminal_size(sys.stdout.fileno()).columns if terminal else PIPE_WIDTH
     text = _plain_table(title, [str(c) for c in columns], cells, width, terminal)
@@ -49,7 +67,7 @@ def table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any
     from rich.text import Text
 
     console = Console() if terminal else Console(width=PIPE_WIDTH)
-    grid = Table(title=title, header_style="bold", show_edge=False, pad_edge=False)
+    grid = Table(title=None if title is None else Text(title), header_style="bold", show_edge=False, pad_edge=False)
     for index, column in enumerate(columns):
         grid.add_column(column, no_wrap=index == 0, overflow="fold")
     for row in cells:

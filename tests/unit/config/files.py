@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from mlenv.config import Cluster, load_cluster
+from mlenv.config import Cluster
+from mlenv.core.clusters import load_cluster
 from mlenv.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[3]

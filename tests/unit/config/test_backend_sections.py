@@ -10,10 +10,11 @@ from typing import Any
 
 import pytest
 import yaml
+from mlenv.backends.kubernetes.rules import KubernetesSettings
 from mlenv.backends.local.settings import LocalSettings
-from mlenv.backends.registry import BACKENDS
 from mlenv.config.model import Bind, Container
-from mlenv.config.schema import cluster_schema
+from mlenv.core.clusters import cluster_schema
+from mlenv.core.registry import BACKENDS
 
 from tests.unit.config.files import BARCELONA, LOCAL, ROOT, edited, loaded, position, problems
 
@@ -86,7 +87,7 @@ def test_local_settings_are_parsed_by_the_backend(tmp_path: Path) -> None:
     cluster = loaded(tmp_path / "local.yaml", LOCAL)
     assert cluster.settings == LocalSettings(isolation="auto", interfaces=("ens1f1", "ens1f0np0"),
                                              subnet="10.77.0.0/24", root=None)
-    assert loaded(tmp_path / "x.yaml", BARCELONA).settings is None
+    assert loaded(tmp_path / "x.yaml", BARCELONA).settings == KubernetesSettings(version="1.30")  # kubernetes_version
 
 
 def test_an_impossible_local_subnet_is_an_error_at_its_line(tmp_path: Path) -> None:

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 from mlenv.backends.kubernetes.naming import kube_deployment
 from mlenv.backends.kubernetes.render import Rendered, render
-from mlenv.config import Cluster, load_cluster
+from mlenv.config import Cluster
+from mlenv.core.clusters import load_cluster
 from mlenv.plan import plan
 
 ROOT = Path(__file__).resolve().parents[3]

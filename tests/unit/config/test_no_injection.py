@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from mlenv.backends.kubernetes.naming import kube_deployment
 from mlenv.backends.kubernetes.render import render
 from mlenv.config.load import parse_yaml
-from mlenv.config.validate import validate
+from mlenv.core.clusters import validate
 from mlenv.errors import ConfigError
 from mlenv.plan import plan
 from mlenv.render.yamlsafe import to_yaml

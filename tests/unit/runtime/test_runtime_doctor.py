@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from mlenv.backends.slurm.backend import SlurmBackend
 from mlenv.runtime.doctor import KIND, examine
 from runtime_support import Runner
 
@@ -93,6 +94,9 @@ def test_torch_that_cannot_be_imported_warns(fixtures: Path, tmp_path: Path) -> 
     found = checks(node(fixtures, "no_rdma", "pod_rdma", str(broken)))
     assert found["torch"] == ("WARN", "torch cannot be imported: ModuleNotFoundError: No module named 'torch'",
                               "use an image with PyTorch (image: in the cluster file)")
+    slurm = SlurmBackend.torch_fix  # what mlenv doctor passes for Slurm: the fields that backend really uses
+    found = checks(node(fixtures, "no_rdma", "pod_rdma", str(broken), MLENV_TORCH_FIX=slurm))
+    assert found["torch"][2] == slurm and "slurm.setup" in slurm and "container:" in slurm and "image:" not in slurm
 
 
 def test_a_master_name_that_does_not_resolve_fails(fixtures: Path, python: str) -> None:

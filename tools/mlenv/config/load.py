@@ -71,7 +71,7 @@ class _Loader(yaml.SafeLoader):
         self.depth += 1
         try:
             if self.depth > MAX_DEPTH:
-                raise _Refused(self.peek_event().start_mark, _too_deep())
+                raise _Refused(self.peek_event().start_mark, _too_deep())  # type: ignore[no-untyped-call]
             return super().compose_node(parent, index)
         finally:
             self.depth -= 1

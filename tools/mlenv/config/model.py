@@ -13,7 +13,6 @@ DEFAULT_APP = "ml-dev-env"
 DEFAULT_NODES = 2
 """``gpus.default_nodes`` when the file sets neither it nor a list of machines (BackendInfo.machines)."""
 DEFAULT_IMAGE = "nvcr.io/nvidia/pytorch:25.01-py3"
-DEFAULT_KUBERNETES_VERSION = "1.30"
 RENDEZVOUS_PORT = 29500
 
 
@@ -130,7 +129,6 @@ class Cluster(NamedTuple):
     source: str
     info: ClusterInfo
     backend: str
-    kubernetes_version: str
     app_name: str
     image: str
     gpu_nodes: tuple[str, ...]

@@ -11,7 +11,8 @@ The syntax is apimachinery's ``ParseQuantity`` grammar (k8s.io/apimachinery/pkg/
     <decimalExponent> ::= "e" <sign>? <digits> | "E" <sign>? <digits>    (an int64, as ParseInt reads it)
 
 with no whitespace anywhere (the API server rejects it). Like Kubernetes, a value is rounded up (away from zero)
-to a whole nano; a value beyond 2^63-1 in magnitude, which Kubernetes cannot hold, is refused.
+to a whole nano; a decimal value beyond 2^63-1 is kept as it is (apimachinery holds it as an ``inf.Dec``: ``12E``
+is valid) and a binary one is capped at 2^63-1, as apimachinery caps it. mlenv's own limit: below 10^50.
 """
 
 from __future__ import annotations
@@ -26,8 +27,10 @@ _QUANTITY = re.compile(r"(?P<number>[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))"
 _BINARY = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}
 _DECIMAL = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
 _INT64_MAX = 2**63 - 1
+_LARGEST = 50
+"""Values are below 10^_LARGEST in magnitude (apimachinery has no bound; no machine comes near it)."""
 _NANO = Decimal("1e-9")
-_EXACT = Context(prec=60)  # enough for 19 integer and 9 fractional digits, and what rounding up needs
+_EXACT = Context(prec=_LARGEST + 30)  # the integer and 9 fractional digits, and what rounding up needs
 
 
 class QuantityError(ValueError):
@@ -61,19 +64,20 @@ def parse_quantity(value: object) -> Decimal:
     mantissa, power = Decimal(match.group("number")), _ten_power(match)
     if not mantissa:
         return Decimal(0)
-    if mantissa.adjusted() + power >= 19:  # at least 10^19, beyond 2^63-1 whatever the digits
-        raise QuantityError("too large: Kubernetes quantities stop at 2^63-1")
+    if mantissa.adjusted() + power >= _LARGEST:
+        raise QuantityError(f"too large: mlenv takes quantities below 10^{_LARGEST}")
     if mantissa.adjusted() + power < -10:  # below a nano: Kubernetes rounds it up to 1n
         return _NANO.copy_sign(mantissa)
+    binary = match.group("suffix") in _BINARY
     amount = _EXACT.multiply(mantissa.scaleb(power, _EXACT), 2 ** _BINARY.get(match.group("suffix") or "", 0))
-    if abs(amount) > _INT64_MAX:
-        raise QuantityError("too large: Kubernetes quantities stop at 2^63-1")
+    if binary and abs(amount) > _INT64_MAX:  # apimachinery's cap of binary quantities
+        amount = Decimal(_INT64_MAX).copy_sign(amount)
     return amount.quantize(_NANO, rounding=ROUND_UP, context=_EXACT)
 
 
 def half_of(value: str) -> str:
     """Half a memory quantity, written with the largest binary suffix that keeps it whole (256Gi -> 128Gi)."""
-    half = int(parse_quantity(value) // 2)
+    half = int(_EXACT.divide_int(parse_quantity(value), 2))
     for suffix, bits in sorted(_BINARY.items(), key=lambda item: -item[1]):
         size = 2**bits
         if half >= size and half % size == 0:

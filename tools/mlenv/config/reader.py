@@ -1,5 +1,6 @@
 """``ClusterReader``: typed reads of a schema-valid cluster file, for ``mlenv.config.validate`` and for each
-backend's settings parser (``BackendInfo.settings``).
+backend's settings parser (``BackendInfo.settings``), and what config reads of the backend registry
+(``BackendRules``, ``BackendTable``), which ``mlenv.core`` hands down.
 
 A reader never raises for a bad value: it records a positioned problem (``file:line:col: path: message``) and
 returns a usable value, so that every problem of a file is reported at once. A settings parser looks like::
@@ -13,9 +14,10 @@ returns a usable value, so that every problem of a file is reported at once. A s
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
 
-from mlenv.backends.registry import BackendInfo
 from mlenv.config.load import LoadedFile
 from mlenv.config.positions import JsonPath, format_path
 from mlenv.config.quantity import QuantityError, parse_quantity
@@ -25,6 +27,42 @@ OWNED_VARIABLES = frozenset({"MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK",
                              "NODE_RANK"})
 """Variables mlenv or the launchers set on every node (besides every MLENV_* name)."""
 QUANTITY_EXAMPLE = "a Kubernetes quantity such as 128Gi, 500Mi, 32 or 500m"
+
+
+class BackendRules(Protocol):
+    """What config reads of one registered backend (``mlenv.core.registry.BackendInfo`` has it)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def section(self) -> str | None: ...
+    @property
+    def kube_family(self) -> bool: ...
+    @property
+    def creates_volumes(self) -> bool: ...
+    @property
+    def cpu_nodes(self) -> bool: ...
+    @property
+    def uses(self) -> frozenset[str]: ...
+    @property
+    def machines(self) -> tuple[str, ...] | None: ...
+
+    def check_common(self, reader: ClusterReader) -> None:
+        """The backend's own rules on the common sections, reported with ``reader.problem`` and ``reader.warn``."""
+
+    def parse_settings(self, reader: ClusterReader) -> object | None:
+        """Its own section as a frozen dataclass (``Cluster.settings``), bad values reported with
+        ``reader.problem``; None when it has no section."""
+
+
+@dataclass(frozen=True, eq=False)
+class BackendTable:
+    """The registered backends as config needs them: by name, the default, and the common sections only some
+    backends read (``BackendRules.uses``)."""
+
+    backends: Mapping[str, BackendRules]
+    default: str
+    selective: frozenset[str]
 
 
 def env_text(value: object) -> str:
@@ -62,7 +100,7 @@ class ClusterReader:
     fields are read. Paths are the keys from the top of the file: ``reader.get("network", "rdma", "enabled")``.
     """
 
-    def __init__(self, loaded: LoadedFile, backend: BackendInfo) -> None:
+    def __init__(self, loaded: LoadedFile, backend: BackendRules) -> None:
         self.loaded = loaded
         self.backend = backend
         self.data: dict[str, Any] = loaded.data

@@ -15,9 +15,9 @@ import os
 from functools import lru_cache
 from typing import Any
 
-from mlenv.backends.registry import BACKENDS, DEFAULT_BACKEND
 from mlenv.config.load import LoadedFile
 from mlenv.config.positions import JsonPath, format_path
+from mlenv.config.reader import BackendTable
 from mlenv.errors import Problem, show_value
 
 SCHEMA_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cluster.schema.json")
@@ -41,63 +41,64 @@ ROOT_REF = "../config/cluster.schema.json#"
 """How a fragment refers to the common schema's ``$defs`` (a path, so that editors resolve it too)."""
 
 
-def _local_ref(ref: str) -> str:
+def _local_ref(table: BackendTable, ref: str) -> str:
     """A fragment's reference as the composed schema has it: into the common schema's ``$defs``, or into another
     backend's fragment (``ssh.schema.json#/properties/jump``), which is that backend's section there."""
     if ref.startswith(ROOT_REF):
         return f"#{ref[len(ROOT_REF):]}"
     file, _, pointer = ref.partition("#")
-    sibling = BACKENDS.get(file.removesuffix(FRAGMENT_SUFFIX)) if file.endswith(FRAGMENT_SUFFIX) else None
+    sibling = table.backends.get(file.removesuffix(FRAGMENT_SUFFIX)) if file.endswith(FRAGMENT_SUFFIX) else None
     if sibling is None or not sibling.section:
         raise ValueError(f"a backend schema refers to {ref}, which is neither {ROOT_REF}... nor a registered "
                          "backend's fragment")
     return f"#/properties/{sibling.section}{pointer}"
 
 
-def _inlined(node: Any) -> Any:
+def _inlined(table: BackendTable, node: Any) -> Any:
     """A fragment as part of the composed schema: its references to other schema files become local."""
     if isinstance(node, dict):
-        return {key: (_local_ref(value) if key == "$ref" and isinstance(value, str) else _inlined(value))
-                for key, value in node.items()}
+        return {key: (_local_ref(table, value) if key == "$ref" and isinstance(value, str)
+                      else _inlined(table, value)) for key, value in node.items()}
     if isinstance(node, list):
-        return [_inlined(item) for item in node]
+        return [_inlined(table, item) for item in node]
     return node
 
 
-def _namespace_rule() -> dict[str, Any]:
+def _namespace_rule(table: BackendTable) -> dict[str, Any]:
     """``cluster.namespace`` is required when the file's backend (or the default) is Kubernetes-family."""
-    kube = [name for name, info in BACKENDS.items() if info.kube_family]
+    kube = [name for name, info in table.backends.items() if info.kube_family]
     condition: dict[str, Any] = {"properties": {"backend": {"enum": kube}}}
-    if DEFAULT_BACKEND not in kube:
+    if table.default not in kube:
         condition["required"] = ["backend"]
     return {"if": condition, "then": {"properties": {"cluster": {"required": ["namespace"]}}}}
 
 
 @lru_cache(maxsize=1)
-def cluster_schema() -> dict[str, Any]:
-    """The common cluster file schema plus what the backend registry adds."""
+def cluster_schema(table: BackendTable) -> dict[str, Any]:
+    """The common cluster file schema plus what the backend registry (``table``) adds."""
     schema = _schema_file(SCHEMA_FILE)
     properties = schema["properties"]
-    properties["backend"] = {"enum": list(BACKENDS), "x-expected": f"one of {', '.join(BACKENDS)}"}
-    for info in BACKENDS.values():
+    names = list(table.backends)
+    properties["backend"] = {"enum": names, "x-expected": f"one of {', '.join(names)}"}
+    for info in table.backends.values():
         if info.section:
-            properties[info.section] = _inlined(_schema_file(_fragment(info.name)))
-    schema["allOf"] = [_namespace_rule()]
+            properties[info.section] = _inlined(table, _schema_file(_fragment(info.name)))
+    schema["allOf"] = [_namespace_rule(table)]
     return schema
 
 
-def _is_valid(data: Any) -> bool | None:
+def _is_valid(table: BackendTable, data: Any) -> bool | None:
     """The compiled validator's answer (None when the schema needs jsonschema itself). Its key covers every input
     of cluster_schema(): the files (path, size, mtime) and the registry as this process sees it."""
     from mlenv.fastschema import Unsupported, compiled
 
-    sections = sorted((info.name, info.section or "", info.kube_family) for info in BACKENDS.values())
+    sections = sorted((info.name, info.section or "", info.kube_family) for info in table.backends.values())
     files = [SCHEMA_FILE, os.path.abspath(__file__),
-             *(_fragment(info.name) for info in BACKENDS.values() if info.section)]
+             *(_fragment(info.name) for info in table.backends.values() if info.section)]
     stamps = [f"{path}:{st.st_size}:{st.st_mtime_ns}" for path in files for st in [os.stat(path)]]
     try:
-        key = f"cluster|{sections}|{DEFAULT_BACKEND}|{'|'.join(stamps)}"
-        return compiled(key, lambda: (cluster_schema(), {}))(data)
+        key = f"cluster|{sections}|{table.default}|{'|'.join(stamps)}"
+        return compiled(key, lambda: (cluster_schema(table), {}))(data)
     except Unsupported:
         return None
 
@@ -141,16 +142,16 @@ def _problem(loaded: LoadedFile, error: Any) -> list[Problem]:
                     f"expected {expected}, got {show_value(error.instance)}")]
 
 
-def schema_problems(loaded: LoadedFile) -> list[Problem]:
+def schema_problems(loaded: LoadedFile, table: BackendTable) -> list[Problem]:
     """Every schema violation in ``loaded``, sorted by position in the file."""
     if not isinstance(loaded.data, dict):
         return [Problem(loaded.path, 1, 1, "", "expected a mapping with a 'cluster' section; "
                         "start from clusters/template.yaml")]
-    if _is_valid(loaded.data):
+    if _is_valid(table, loaded.data):
         return []
     from jsonschema import Draft202012Validator
 
-    validator = Draft202012Validator(cluster_schema())
+    validator = Draft202012Validator(cluster_schema(table))
     problems: list[Problem] = []
     for error in validator.iter_errors(loaded.data):
         problems.extend(_problem(loaded, error))

@@ -7,24 +7,13 @@ sections it ignores (a warning), and which settings parser reads its own section
 
 from __future__ import annotations
 
-import importlib
 from decimal import Decimal
-from typing import Any
 
-from mlenv.backends.registry import BACKENDS, DEFAULT_BACKEND, SELECTIVE_FIELDS
-from mlenv.config.kubernetes import (
-    app_name_problem,
-    namespace_problem,
-    rdma_resource_problem,
-    toleration_problems,
-    version_problem,
-)
 from mlenv.config.load import LoadedFile
 from mlenv.config.model import (
     DEFAULT_APP,
     DEFAULT_GRACE_SECONDS,
     DEFAULT_IMAGE,
-    DEFAULT_KUBERNETES_VERSION,
     DEFAULT_NODES,
     Bind,
     Cluster,
@@ -38,7 +27,7 @@ from mlenv.config.model import (
     Tcp,
 )
 from mlenv.config.quantity import QuantityError, half_of, parse_bandwidth, parse_quantity, parse_seconds
-from mlenv.config.reader import ClusterReader, env_text
+from mlenv.config.reader import BackendTable, ClusterReader, env_text
 from mlenv.config.schema import schema_problems
 from mlenv.errors import ConfigError
 
@@ -51,29 +40,9 @@ def _amount(quantity: str) -> Decimal | None:
 
 
 def _info(reader: ClusterReader) -> ClusterInfo:
-    namespace = reader.get("cluster", "namespace")
-    if reader.backend.kube_family and namespace is not None:
-        if (reason := namespace_problem(namespace)) is not None:
-            reader.problem(("cluster", "namespace"), reason)
-        elif namespace == "default":
-            reader.warn("cluster.namespace: default is shared by everything in the cluster; a namespace of your "
-                        "own keeps mlenv's objects, and what clean deletes, apart")
-    return ClusterInfo(name=reader.get("cluster", "name"), api=reader.get("cluster", "api"), namespace=namespace,
+    return ClusterInfo(name=reader.get("cluster", "name"), api=reader.get("cluster", "api"),
+                       namespace=reader.get("cluster", "namespace"),
                        description=reader.get("cluster", "description"))
-
-
-def _app_name(reader: ClusterReader) -> str:
-    name = str(reader.get("app", "name", default=DEFAULT_APP))
-    if reader.backend.kube_family and (reason := app_name_problem(name)) is not None:
-        reader.problem(("app", "name"), reason)
-    return name
-
-
-def _kubernetes_version(reader: ClusterReader) -> str:
-    version = str(reader.get("kubernetes_version", default=DEFAULT_KUBERNETES_VERSION)).lstrip("v")
-    if "kubernetes_version" in reader.backend.uses and (reason := version_problem(version)) is not None:
-        reader.problem(("kubernetes_version",), reason)
-    return version
 
 
 def _gpu_nodes(reader: ClusterReader) -> tuple[str, ...]:
@@ -114,9 +83,6 @@ def _rdma(reader: ClusterReader) -> Rdma:
         reader.problem(("network", "rdma", "gid_index"), f'expected an integer 0-255 or "auto", got {gid}')
     gdr = reader.get("network", "rdma", "gdr_level")
     resources = reader.get("network", "rdma", "resources", default={})
-    for name in resources:
-        if (reason := rdma_resource_problem(name)) is not None:
-            reader.problem(("network", "rdma", "resources", name), reason)
     return Rdma(
         enabled=bool(reader.get("network", "rdma", "enabled", default=False)),
         devices=reader.names("network", "rdma", "devices"),
@@ -162,13 +128,6 @@ def _security(reader: ClusterReader) -> Security:
         network_policy=bool(reader.get("security", "network_policy", default=True)),
         run_as_user=reader.integer("security", "run_as_user", maximum=2**31 - 1),
     )
-    if security.run_as_user == 0 and reader.backend.name == "openshift":
-        reader.problem(("security", "run_as_user"),
-                       "0 (root) cannot run on OpenShift: its restricted-v2 SCC assigns each pod a non-root UID "
-                       "from the namespace's range; remove security.run_as_user")
-    if security.requires_privileged_scc and reader.backend.name == "openshift":
-        reader.warn("security.requires_privileged_scc is ignored: mlenv never uses the privileged SCC; with "
-                    "security.ipc_lock: true it renders a minimal SCC that allows only IPC_LOCK (mlenv render --admin)")
     return security
 
 
@@ -212,11 +171,7 @@ def _gpus(reader: ClusterReader, gpu_nodes: tuple[str, ...]) -> Gpus:
 
 
 def _scheduling(reader: ClusterReader) -> Scheduling:
-    tolerations = reader.get("scheduling", "tolerations", default=[])
-    for index, toleration in enumerate(tolerations):
-        for name, message in toleration_problems(toleration):
-            reader.problem(("scheduling", "tolerations", index, name), message)
-    return Scheduling(tolerations=tuple(tolerations),
+    return Scheduling(tolerations=tuple(reader.get("scheduling", "tolerations", default=[])),
                       node_selector=dict(reader.get("scheduling", "nodeSelector", default={})),
                       grace_period=parse_seconds(reader.get("scheduling", "grace_period",
                                                             default=DEFAULT_GRACE_SECONDS)))
@@ -233,30 +188,23 @@ def _container(reader: ClusterReader) -> Container | None:
                      env=reader.env("container", "env"))
 
 
-def _backend_settings(reader: ClusterReader) -> object | None:
-    """The backend's own section, parsed by the function its registry entry names."""
-    if reader.backend.settings is None:
-        return None
-    module, _, function = reader.backend.settings.partition(":")
-    parse: Any = getattr(importlib.import_module(module), function)
-    return parse(reader)
-
-
-def _warn_ignored_sections(reader: ClusterReader) -> None:
+def _warn_ignored_sections(reader: ClusterReader, table: BackendTable) -> None:
     """Sections the file's backend does not read are a warning, never silently dropped."""
     backend = reader.backend
-    owners = {info.section: info.name for info in BACKENDS.values() if info.section}
+    owners = {info.section: info.name for info in table.backends.values() if info.section}
     for key in reader.data:
-        if key in SELECTIVE_FIELDS and key not in backend.uses:
+        if key in table.selective and key not in backend.uses:
             reader.warn(f"{key}: is ignored: backend {backend.name} does not use it")
         elif key in owners and owners[key] != backend.name:
             reader.warn(f"{key}: is ignored: backend is {backend.name}")
 
 
-def build_cluster(loaded: LoadedFile) -> Cluster:
-    """Turn a schema-valid file into a ``Cluster``, raising ConfigError with every semantic problem."""
-    reader = ClusterReader(loaded, BACKENDS[loaded.data.get("backend") or DEFAULT_BACKEND])
-    _warn_ignored_sections(reader)
+def build_cluster(loaded: LoadedFile, table: BackendTable) -> Cluster:
+    """Turn a schema-valid file into a ``Cluster``, raising ConfigError with every semantic problem; ``table``
+    is the backend registry's rules, handed down by ``mlenv.core.clusters``."""
+    reader = ClusterReader(loaded, table.backends[loaded.data.get("backend") or table.default])
+    _warn_ignored_sections(reader, table)
+    reader.backend.check_common(reader)  # the backend's own rules on the common sections (Kubernetes')
     gpu_nodes = _gpu_nodes(reader)
     storage = _storage(reader)
     requests, limits = _resources(reader, storage)
@@ -267,8 +215,7 @@ def build_cluster(loaded: LoadedFile) -> Cluster:
         source=loaded.path,
         info=_info(reader),
         backend=reader.backend.name,
-        kubernetes_version=_kubernetes_version(reader),
-        app_name=_app_name(reader),
+        app_name=str(reader.get("app", "name", default=DEFAULT_APP)),
         image=reader.get("image", default=DEFAULT_IMAGE),
         gpu_nodes=gpu_nodes,
         storage=storage,
@@ -286,7 +233,7 @@ def build_cluster(loaded: LoadedFile) -> Cluster:
         expected_busbw_gbytes=_busbw_gbytes(reader),
         expect_transport=reader.get("network", "expect_transport"),
         max_restarts=reader.integer("launch", "max_restarts", default=0, minimum=0, maximum=MAX_RESTARTS) or 0,
-        settings=_backend_settings(reader),
+        settings=reader.backend.parse_settings(reader),
         notes=reader.get("notes"),
         hang_timeout=reader.get("launch", "hang_timeout"),
         warnings=tuple(reader.warnings),
@@ -297,9 +244,10 @@ def build_cluster(loaded: LoadedFile) -> Cluster:
     return cluster
 
 
-def validate(loaded: LoadedFile) -> Cluster:
-    """Schema-check then semantically check ``loaded``; all problems are reported at once."""
-    problems = schema_problems(loaded)
+def validate(loaded: LoadedFile, table: BackendTable) -> Cluster:
+    """Schema-check then semantically check ``loaded`` against the registry's ``table``; all problems are
+    reported at once."""
+    problems = schema_problems(loaded, table)
     if problems:
         raise ConfigError(problems)
-    return build_cluster(loaded)
+    return build_cluster(loaded, table)

@@ -4,8 +4,9 @@ terminal itself (/dev/tty), never from stdin: ``echo y | mlenv clean --delete-da
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
-from mlenv.backends.base import Backend, Handle
+from mlenv.core.capabilities import Deploy, Handle
 from mlenv.errors import UsageError
 from mlenv.ui import info
 
@@ -32,13 +33,16 @@ def ask(question: str) -> bool:
     return answer.decode(errors="replace").strip().lower() in ("y", "yes")
 
 
-def confirm_data_deletion(backend: Backend, handle: Handle) -> bool:
-    """List the volumes ``--delete-data`` deletes and ask; True to go ahead (also when there are none)."""
-    volumes = backend.data_volumes(handle)
+def confirm_data_deletion(backend: Deploy, handles: Sequence[Handle]) -> bool:
+    """List the volumes ``--delete-data`` deletes (of every handle of one deployment) and ask; True to go ahead
+    (also when there are none)."""
+    volumes = list(dict.fromkeys(volume for handle in handles for volume in backend.data_volumes(handle)))
+    name = handles[0].name
     if not volumes:
-        info(f"no data volumes of {handle.name}")
+        info(f"no data volumes of {name}")
         return True
-    info(f"--delete-data deletes these {len(volumes)} volumes of {handle.name} and everything stored on them:")
+    these = "this volume" if len(volumes) == 1 else f"these {len(volumes)} volumes"
+    info(f"--delete-data deletes {these} of {name} and everything stored on {'it' if len(volumes) == 1 else 'them'}:")
     for name in volumes:
         info(f"  {name}")
     return ask("Delete them?")

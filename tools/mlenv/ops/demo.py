@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 
 from mlenv import state
-from mlenv.backends.base import LaunchSpec
+from mlenv.core.capabilities import LaunchSpec
 from mlenv.ops.launch import launch, run_id
 from mlenv.ops.nccltest import PEAK, find_in_logs, transport
 from mlenv.ops.target import Target
@@ -39,7 +39,7 @@ class Before:
 
 
 def _before(target: Target) -> Before:
-    existing = target.backend.status(target.handle)
+    existing = target.backend.deploy.status(target.handle)
     recorded = state.load()
     return Before(pods=any(pod.phase != "Missing" for pod in existing), data=bool(existing),
                   recorded=target.handle.name in recorded.deployments, current=recorded.current)
@@ -54,7 +54,7 @@ def _finish(target: Target, before: Before, keep: bool) -> None:
         info(f"\nkept the local cluster ({why}): mlenv status|shell|clean --cluster local")
         return
     _stage(6, "clean up" + (" (the pod workspaces an earlier clean kept stay)" if before.data else ""))
-    target.backend.clean(target.handle, delete_data=not before.data)
+    target.backend.deploy.clean(target.handle, delete_data=not before.data)
     if not before.recorded:
         state.forget(target.handle.name)
     if before.current is not None and before.current in state.load().deployments:
@@ -63,22 +63,22 @@ def _finish(target: Target, before: Before, keep: bool) -> None:
 
 def run_demo(keep: bool = False, steps: int = 30) -> int:
     """Run the demo; 0 when training ended with a lower loss than it started with."""
-    from mlenv.backends import get
+    from mlenv.core.clusters import load_plan
     from mlenv.ops.deploy import deploy
     from mlenv.ops.sync import sync
-    from mlenv.plan import load_plan
+    from mlenv.ops.target import backend_of
     from mlenv.ui import error, table
 
     started = time.monotonic()
     job = load_plan("local")
-    backend = get(job.cluster.backend)
-    target = Target(backend, backend.prepare(job).handle, None, job)
+    backend = backend_of(job.cluster.backend)
+    target = Target(backend, backend.deploy.prepare(job).handle, None, job)
     before = _before(target)
     try:
         _stage(1, f"deploy the local cluster: {job.nodes} pods x {job.procs_per_node} processes")
         deploy(job, None, timeout=120)
         _stage(2, "sync workspace/ (and the in-pod runtime) to every pod")
-        if not sync(backend, target.handle).ok:
+        if not sync(backend.access, target.handle).ok:
             return 1
         _stage(3, f"train train_multi_node.py with DeepSpeed ZeRO-2 for {steps} steps")
         trained = launch(target, LaunchSpec("deepspeed", "train_multi_node.py", ("--steps", str(steps)),

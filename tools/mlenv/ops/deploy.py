@@ -1,21 +1,26 @@
-"""``mlenv deploy``: prepare the request, record the deployment before the first change, apply, wait for Ready."""
+"""``mlenv deploy``: prepare the request, record the deployment before the first change, apply, wait for Ready.
+
+A deploy that fails is recorded as such (``state.failed``): a first one can be cleaned but is not made current;
+a re-deploy leaves the deployment before it operated as it was (a running job can still be seen, followed and
+stopped), with what the attempt created kept for clean."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from mlenv.backends import get
-from mlenv.errors import UsageError, shown
+from mlenv.errors import MlenvError, UsageError, shown
 from mlenv.ui import warn
 
 if TYPE_CHECKING:
-    from mlenv.backends.base import Handle, Request
+    from mlenv.core.capabilities import Handle, Request
     from mlenv.plan import JobPlan
 
 
 def prepared(job: JobPlan) -> Request:
     """The backend's request for ``job``, with every warning of the plan and the request printed once."""
-    request = get(job.cluster.backend).prepare(job)
+    from mlenv.ops.target import backend_of
+
+    request = backend_of(job.cluster.backend).deploy.prepare(job)
     for message in (*job.warnings, *request.warnings):
         warn(message)
     return request
@@ -40,8 +45,9 @@ def deploy(job: JobPlan, image: str | None, timeout: float) -> Handle:
     from pathlib import Path
 
     from mlenv import state
+    from mlenv.ops.target import backend_of
 
-    backend = get(job.cluster.backend)
+    backend = backend_of(job.cluster.backend).deploy
     request = prepared(job)
     cluster_file = str(Path(job.cluster.source).resolve())
     _check_name(job, cluster_file)
@@ -50,6 +56,14 @@ def deploy(job: JobPlan, image: str | None, timeout: float) -> Handle:
         state.record(state.Deployment(handle.name, handle.backend, cluster_file, job.mode, job.nodes, image, handle))
 
     with state.deploying(job.name):
-        handle = backend.apply(request, record)
-        backend.wait_ready(handle, timeout)
+        try:
+            handle = backend.apply(request, record)
+            backend.wait_ready(handle, timeout, record)
+        except MlenvError as exc:
+            state.failed(job.name, str(exc))
+            raise
+        except KeyboardInterrupt:
+            state.failed(job.name, "interrupted")
+            raise
+        state.succeeded(job.name)
     return handle

@@ -20,13 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from mlenv import state
-from mlenv.backends import get
-from mlenv.backends.base import Backend, Check, Handle, Node
+from mlenv.core.capabilities import Check, Handle, Node, NodeAccess
 from mlenv.errors import MlenvError, OperationError, UsageError
 from mlenv.ops.fanout import runtime_command
 from mlenv.parallel import run_parallel
 from mlenv.plan import JobPlan
-from mlenv.runtime.doctor import KIND
+from mlenv.runtime.doctor import KIND, TORCH_FIX_VARIABLE
 
 RENDEZVOUS_SECONDS = 10
 """How long node 0 listens on the rendezvous port while the other nodes connect."""
@@ -69,7 +68,7 @@ class NodeReport:
         return (self.report or {}).get("facts") or {}
 
 
-def ship_runtime(backend: Backend, handle: Handle, extra: Mapping[str, Path] | None = None) -> list[str]:
+def ship_runtime(backend: NodeAccess, handle: Handle, extra: Mapping[str, Path] | None = None) -> list[str]:
     """Copy the runtime, and ``extra`` (path in the workspace -> local file), to every node the way ``mlenv sync``
     does, so that nothing needs a sync first; the copy's table goes to stderr. The errors, one per failed node."""
     from mlenv.ops.sync import sync
@@ -86,11 +85,23 @@ def ship_runtime(backend: Backend, handle: Handle, extra: Mapping[str, Path] | N
     return [f"{row.pod}: {row.result}" for row in report.pods if not row.ok]
 
 
-def node_reports(backend: Backend, handle: Handle, nodes: Sequence[Node],
+def _as_launched(backend: NodeAccess, handle: Handle, node: Node, args: Sequence[str]) -> list[str]:
+    """The runtime with ``args`` on ``node``, in the software a launch there gets: through the backend's
+    ``runtime_as_launched`` where launch sets up more than exec does (Slurm: slurm.setup and container:), else
+    through exec. A missing torch is blamed on the field the backend takes its software from (``torch_fix``)."""
+    fix = getattr(backend, "torch_fix", None)
+    env = {TORCH_FIX_VARIABLE: fix} if fix else {}
+    as_launched = getattr(backend, "runtime_as_launched", None)
+    if as_launched is not None:
+        return list(as_launched(handle, node, args, env))
+    return backend.exec_argv(handle, node, runtime_command(backend, handle, *args), env=env)
+
+
+def node_reports(backend: NodeAccess, handle: Handle, nodes: Sequence[Node],
                  rendezvous: float | None = None) -> dict[int, NodeReport]:
     """The runtime's ``doctor --json`` on every node at once (with ``rendezvous``: node 0 listens that long)."""
     args = ["doctor", "--json", *(["--rendezvous", str(rendezvous)] if rendezvous else [])]
-    commands = {n.ordinal: backend.exec_argv(handle, n, runtime_command(backend, handle, *args)) for n in nodes}
+    commands = {n.ordinal: _as_launched(backend, handle, n, args) for n in nodes}
     lines: dict[int, list[tuple[float, str]]] = {}
     run_parallel(commands, echo=False, on_line=lambda node, line: lines.setdefault(node, []).append((time.time(),
                                                                                                       line)))
@@ -197,7 +208,7 @@ def _recorded(cluster_ref: str | None) -> state.Deployment | None:
         return None
 
 
-def deployed_checks(backend: Backend, deployment: state.Deployment, gpus_per_node: int) -> list[Check]:
+def deployed_checks(backend: NodeAccess, deployment: state.Deployment, gpus_per_node: int) -> list[Check]:
     """The checks on the nodes of a recorded deployment; one WARN when none is running."""
     from mlenv.ui import spinner
 
@@ -220,12 +231,13 @@ def deployed_checks(backend: Backend, deployment: state.Deployment, gpus_per_nod
 
 def run_doctor(job: JobPlan, cluster_ref: str | None, as_json: bool) -> int:
     """Print every check; 1 when any FAILs. ``cluster_ref``: what the user named (None: the current deployment)."""
+    from mlenv.ops.target import backend_of
     from mlenv.ui import print_json, table
 
-    backend = get(job.cluster.backend)
-    before = backend.checks(job)
+    backend = backend_of(job.cluster.backend)
+    before = backend.checks.checks(job)
     deployment = _recorded(cluster_ref)
-    after = deployed_checks(backend, deployment, job.gpus_per_node) if deployment else []
+    after = deployed_checks(backend.access, deployment, job.gpus_per_node) if deployment else []
     if as_json:
         print_json({"cluster": job.name, "backend": job.cluster.backend, "mode": job.mode,
                     "deployment": deployment.name if deployment else None,

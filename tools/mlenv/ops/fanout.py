@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from mlenv.backends.base import Backend, Handle, Node
-from mlenv.backends.fanout import FanoutJobs
+from mlenv.core.capabilities import Handle, Node, NodeAccess
+from mlenv.core.fanout import FanoutJobs
 from mlenv.errors import UsageError
 from mlenv.parallel import run_parallel
 from mlenv.ui import info
@@ -19,7 +19,7 @@ UNKNOWN_RANK = 2
 """A node's ``logs --rank N`` when rank N did not run there."""
 
 
-def select_nodes(backend: Backend, handle: Handle, only: int | None) -> list[Node]:
+def select_nodes(backend: NodeAccess, handle: Handle, only: int | None) -> list[Node]:
     """Every node, or just node ``only`` (UsageError naming the valid ordinals when it does not exist)."""
     nodes = backend.nodes(handle)
     if only is None:
@@ -31,7 +31,7 @@ def select_nodes(backend: Backend, handle: Handle, only: int | None) -> list[Nod
     return chosen
 
 
-def runtime_command(backend: Backend, handle: Handle, *args: str) -> list[str]:
+def runtime_command(backend: NodeAccess, handle: Handle, *args: str) -> list[str]:
     """``python3 -m mlenv.runtime ARGS`` with the Python the backend runs the runtime with."""
     if isinstance(backend, FanoutJobs):
         return backend.runtime(handle, *args)
@@ -54,7 +54,7 @@ class NodeAnswer:
         return said[-1] if said else f"no answer (exit code {self.exit_code})"
 
 
-def runtime_json(backend: Backend, handle: Handle, nodes: Sequence[Node], *args: str) -> dict[int, NodeAnswer]:
+def runtime_json(backend: NodeAccess, handle: Handle, nodes: Sequence[Node], *args: str) -> dict[int, NodeAnswer]:
     """The runtime's ``ARGS`` (a command printing one JSON object) on every node of ``nodes`` at once; a node that
     cannot be reached answers with its error while the others answer."""
     commands = {n.ordinal: backend.exec_argv(handle, n, runtime_command(backend, handle, *args)) for n in nodes}
@@ -78,7 +78,7 @@ def _object(line: str) -> dict[str, Any] | None:
     return found if isinstance(found, dict) else None
 
 
-def exec_all(backend: Backend, handle: Handle, argv: Sequence[str], only: int | None = None) -> int:
+def exec_all(backend: NodeAccess, handle: Handle, argv: Sequence[str], only: int | None = None) -> int:
     """Run ``argv`` on every node (or node ``only``) at once; 0 when all succeeded. A node that failed is named
     (its exec tool's own error, e.g. kubectl's, says what went wrong but not on which pod or host)."""
     nodes = select_nodes(backend, handle, only)
@@ -92,7 +92,7 @@ def exec_all(backend: Backend, handle: Handle, argv: Sequence[str], only: int | 
     return result.exit_code
 
 
-def logs_all(backend: Backend, handle: Handle, only: int | None = None, follow: bool = False,
+def logs_all(backend: NodeAccess, handle: Handle, only: int | None = None, follow: bool = False,
              rank: int | None = None) -> int:
     """Print (or follow) the logs of every node (or node ``only``), prefixed ``[node-N]``; with ``rank`` only the
     lines of that global rank, from the node it ran on (UsageError when no node of the newest run has it)."""
@@ -118,7 +118,7 @@ def logs_all(backend: Backend, handle: Handle, only: int | None = None, follow: 
     return 0 if result.interrupted and follow else result.exit_code
 
 
-def interactive(backend: Backend, handle: Handle, ordinal: int) -> int:
+def interactive(backend: NodeAccess, handle: Handle, ordinal: int) -> int:
     """An interactive shell (bash when the node has it) on node ``ordinal``, in its workspace."""
     (node,) = select_nodes(backend, handle, ordinal)
     shell = ["sh", "-c", "command -v bash >/dev/null 2>&1 && exec bash -i || exec sh -i"]

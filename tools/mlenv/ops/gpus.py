@@ -8,12 +8,12 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from mlenv.backends.base import Backend, Handle
+from mlenv.core.capabilities import Handle, NodeAccess
 from mlenv.ops.fanout import runtime_json, select_nodes
 from mlenv.runtime.gpus import render_node
 
 
-def gather(backend: Backend, handle: Handle, only: int | None = None) -> list[dict[str, Any]]:
+def gather(backend: NodeAccess, handle: Handle, only: int | None = None) -> list[dict[str, Any]]:
     """Each node's GPU report (``node``, ``name`` and the runtime's answer), or ``node``, ``name`` and
     ``error`` for a node that did not answer; every node of the deployment appears, in ordinal order."""
     nodes = select_nodes(backend, handle, only)
@@ -42,7 +42,7 @@ def render(reports: Sequence[dict[str, Any]]) -> str:
     return "\n".join(blocks)
 
 
-def top(backend: Backend, handle: Handle, only: int | None, interval: float, count: int | None) -> int:
+def top(backend: NodeAccess, handle: Handle, only: int | None, interval: float, count: int | None) -> int:
     """Refresh the GPU state of every node every ``interval`` seconds (``count`` times, or until Ctrl-C)."""
     shown = 0
     clear = "\033[H\033[2J" if sys.stdout.isatty() else ""

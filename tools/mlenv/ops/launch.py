@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from mlenv import state
-from mlenv.backends.base import LaunchOutcome, LaunchSpec
+from mlenv.core.capabilities import LaunchOutcome, LaunchSpec
 from mlenv.errors import UsageError
 from mlenv.ops.target import Target
 
@@ -96,7 +96,7 @@ def max_restarts(target: Target, asked: int | None) -> int:
 
 def dry_run(target: Target, spec: LaunchSpec) -> str:
     """What ``launch`` would run, as the backend prints it (secret values masked)."""
-    return target.backend.prepare_launch(target.handle, spec).text
+    return target.backend.jobs.prepare_launch(target.handle, spec).text
 
 
 FAULTY_AFTER = 2
@@ -118,10 +118,10 @@ def launch(target: Target, spec: LaunchSpec) -> LaunchResult:
     last attempt's result. A detached run on local and ssh clusters is restarted by the nodes' supervisors."""
     from dataclasses import replace
 
-    from mlenv.backends.fanout import FanoutJobs
+    from mlenv.core.fanout import FanoutJobs
     from mlenv.ui import warn
 
-    if spec.detach and spec.max_restarts and not isinstance(target.backend, FanoutJobs):
+    if spec.detach and spec.max_restarts and not isinstance(target.backend.jobs, FanoutJobs):
         warn(f"--max-restarts {spec.max_restarts}: a detached run here is not restarted yet (the nodes' supervisors "
              "restart it on local and ssh clusters); on Slurm, slurm.requeue with slurm.signal requeues it after the "
              "warning signal")
@@ -144,8 +144,10 @@ def launch(target: Target, spec: LaunchSpec) -> LaunchResult:
 def _first_failed(target: Target, run_id: str, outcome: LaunchOutcome) -> int | None:
     """The node whose rank failed first, as the nodes' supervisors decided it (the first failure node 0 named),
     else the node whose launch ended first with a failure (which may be one the job's stop reached first)."""
-    if hasattr(target.backend, "latest_run"):
-        failure = target.backend.latest_run(target.handle, run_id).get("first_failure")
+    from mlenv.core.fanout import FanoutJobs
+
+    if isinstance(target.backend.jobs, FanoutJobs):
+        failure = target.backend.jobs.latest_run(target.handle, run_id).get("first_failure")
         if isinstance(failure, dict) and isinstance(failure.get("node"), int):
             return int(failure["node"])
     return outcome.failed_node
@@ -175,13 +177,13 @@ def _attempt(target: Target, spec: LaunchSpec, run_dir: Path) -> LaunchResult:
     from mlenv.ui import error, info
 
     secrets = _secrets(spec.secrets)
-    request = target.backend.prepare_launch(target.handle, spec)
+    request = target.backend.jobs.prepare_launch(target.handle, spec)
     run_dir.mkdir(parents=True, exist_ok=True)
     info(f"launching {spec.script} with {spec.launcher} on {target.handle.nodes} nodes of {target.handle.name}"
          f"{' (detached)' if spec.detach else ''}; logs in {run_dir}")
     started = time.monotonic()
     _remember(target, spec)  # before it starts: status, stacks and the hang watchdog's state see it while it runs
-    outcome = target.backend.launch(target.handle, request, secrets, str(run_dir))
+    outcome = target.backend.jobs.launch(target.handle, request, secrets, str(run_dir))
     result = LaunchResult(outcome, spec.run_id, run_dir, round(time.monotonic() - started, 1))
     if spec.detach:
         if outcome.exit_code == 0:

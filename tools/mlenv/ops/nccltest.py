@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from mlenv.backends.base import LaunchSpec
+from mlenv.core.capabilities import LaunchSpec
 from mlenv.errors import OperationError, UsageError
 from mlenv.ops.launch import LaunchResult, launch, run_id
 from mlenv.ops.target import Target
@@ -181,8 +181,8 @@ def _link_facts(target: Target) -> dict[str, Mapping[str, Any]]:
     """What each node's runtime doctor found of its RDMA links."""
     from mlenv.ops.doctor import node_reports
 
-    nodes = target.backend.nodes(target.handle)
-    reports = node_reports(target.backend, target.handle, nodes)
+    nodes = target.backend.access.nodes(target.handle)
+    reports = node_reports(target.backend.access, target.handle, nodes)
     return {r.node.name: r.facts for r in reports.values()}
 
 
@@ -204,7 +204,7 @@ def _summary(target: Target, result: LaunchResult, results: Sequence[SizeResult]
 
 
 def _print(summary: Mapping[str, Any], plot: str) -> None:
-    from mlenv.ui import error, table
+    from mlenv.ui import error, say, table
 
     table(f"all-reduce bus bandwidth: {summary['cluster']} ({summary['nodes']} nodes)",
           ["SIZE (bytes)", "TIME (us)", "ALGBW (GB/s)", "BUSBW (GB/s)"],
@@ -217,10 +217,10 @@ def _print(summary: Mapping[str, Any], plot: str) -> None:
               [[r["rank"], r["process"], r["verdict"], ", ".join(r["devices"]) or r["network"] or "-",
                 r["nccl_version"] or "-"] for r in ranks])
     else:
-        print(f"transport: {summary['transport']['verdict']}")
+        say(f"transport: {summary['transport']['verdict']}")
     print(plot, end="")
-    print(f"{summary['verdict']}: " + "; ".join(summary["reasons"]))
-    print(f"results: {summary['files']['json']}, plot: {summary['files']['png']}")
+    say(f"{summary['verdict']}: " + "; ".join(summary["reasons"]))
+    say(f"results: {summary['files']['json']}, plot: {summary['files']['png']}")
     if summary["verdict"] == "FAIL":
         error(f"nccl-test FAILED; the node logs are in {summary['files']['logs']}")
 
@@ -237,7 +237,7 @@ def prepare(target: Target, sizes: str | None, expect: str | None) -> Expectatio
         except ValueError as exc:
             raise UsageError(f"--sizes: {exc} (e.g. 8M:1G, 8M:1G:4 or 1M,64M,1G)") from None
     expected = Expectation(parse_bandwidth(expect), f"--expect {expect}") if expect is not None else None
-    failed = ship_runtime(target.backend, target.handle, {BENCH: bench_source()})
+    failed = ship_runtime(target.backend.access, target.handle, {BENCH: bench_source()})
     if failed:
         raise OperationError(f"cannot copy {BENCH} to the nodes: {'; '.join(failed)}")
     expected = expected or _file_expectation(target)

@@ -114,7 +114,7 @@ def _exclude(target: Target, named: Sequence[int], run: str) -> list[dict[str, A
     if target.recorded is None:
         raise UsageError(f"--exclude-bad: {target.handle.name} is not deployed, so there is no record to keep "
                          "excluded nodes in")
-    hosts = {node.ordinal: node.name for node in target.backend.nodes(target.handle)}
+    hosts = {node.ordinal: node.name for node in target.backend.access.nodes(target.handle)}
     reason = f"nccl-test --pairs (run {run}): every pair with it was slow"
     return list(state.exclude(target.recorded.name, {n: (hosts.get(n, f"node-{n}"), reason) for n in named}))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlenv.backends.base import Backend, Handle
+from mlenv.core.capabilities import Handle, NodeAccess
 from mlenv.errors import OperationError
 from mlenv.ops.fanout import runtime_json, select_nodes
 from mlenv.runtime.runlayout import FAILED, STOPPED, SUCCEEDED
@@ -14,7 +14,7 @@ from mlenv.runtime.stacks import group, render
 OVER = (SUCCEEDED, FAILED, STOPPED)
 
 
-def take(backend: Backend, handle: Handle, only: int | None = None, *, native: bool = False,
+def take(backend: NodeAccess, handle: Handle, only: int | None = None, *, native: bool = False,
          method: str = "auto") -> dict[str, Any]:
     """``{"run", "ranks", "groups", "flight_dumps", "unreachable"}`` of the latest run; OperationError when there
     is no run or it is over."""

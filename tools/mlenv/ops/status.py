@@ -2,47 +2,59 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from mlenv import state
-from mlenv.backends import get
+from mlenv.core.capabilities import JOBS, Handle
+from mlenv.core.registry import Backend
 from mlenv.errors import MlenvError
-from mlenv.ops.target import Target, resolve
-from mlenv.ui import error, print_json, table
+from mlenv.ops.target import backend_of, resolve
+from mlenv.ui import error, print_json, say, table
 
 
-def _report(target: Target, current: str | None, tolerant: bool, gpus: bool = False) -> dict[str, Any]:
-    """What status shows of ``target``; with ``tolerant`` a failure to query it becomes the report's error; with
-    ``gpus`` each node's GPU state too (``gpu_state``)."""
-    handle = target.handle
+def _report(handle: Handle, recorded: state.Deployment | None, current: str | None, tolerant: bool,
+            backend: Callable[[], Backend], gpus: bool = False) -> dict[str, Any]:
+    """What status shows of ``handle``, asking the ``backend()``; with ``tolerant`` any failure (an unknown backend
+    included) becomes the report's error; with ``gpus`` each node's GPU state too (``gpu_state``)."""
     report: dict[str, Any] = {
         "name": handle.name, "cluster": handle.name, "backend": handle.backend, "mode": handle.mode,
         "nodes": handle.nodes, "namespace": handle.data.get("namespace"), "current": handle.name == current,
-        "deployed": target.recorded is not None,
-        "cluster_file": target.recorded.cluster_file if target.recorded else None,
-        "runs": list(target.recorded.runs) if target.recorded else [],
+        "deployed": recorded is not None,
+        "cluster_file": recorded.cluster_file if recorded else None,
+        "runs": list(recorded.runs) if recorded else [],
+        "deploy": dict(recorded.deploy) if recorded else None,
         "latest_run": None,  # the latest detached run, as its nodes' supervisors recorded it (docs/runs.md)
-        "excluded": list(target.recorded.excluded) if target.recorded else [],
+        "excluded": list(recorded.excluded) if recorded else [],
     }
     try:
+        made = backend()
+        never_ready = recorded is not None and recorded.deploy["state"] == state.FAILED
         # a shallow copy: asdict's deep one took ~0.4 ms a row (a tenth of a second for 256 pods)
-        report["pods"] = [{**vars(row), "extra": dict(row.extra)} for row in target.backend.status(handle)]
-        if report["runs"] and report["pods"]:
+        report["pods"] = [{**vars(row), "extra": dict(row.extra), "ready": row.ready and not never_ready}
+                          for row in made.deploy.status(handle)]
+        if report["runs"] and report["pods"] and made.has(JOBS):
             latest = report["runs"][-1]["id"]
-            if hasattr(target.backend, "latest_run"):  # the fanout backends' supervisors' records
-                run = target.backend.latest_run(handle, latest)
+            jobs = made.jobs
+            if hasattr(jobs, "latest_run"):  # the fanout backends' supervisors' records
+                run = jobs.latest_run(handle, latest)
                 report["run_states"] = {str(n): s for n, s in run.pop("nodes").items()}
                 report["latest_run"] = run
-            elif hasattr(target.backend, "run_states"):  # Slurm has neither: its runs are batch jobs
-                report["run_states"] = {str(n): s for n, s in target.backend.run_states(handle, latest).items()}
+            else:
+                report["run_states"] = {str(n): s for n, s in jobs.run_states(handle, latest).items()}
         if gpus and report["pods"]:
             from mlenv.ops.gpus import gather
 
-            report["gpu_state"] = gather(target.backend, handle)
+            report["gpu_state"] = gather(made.access, handle)
     except MlenvError as exc:
         if not tolerant:
             raise
         report["pods"], report["error"] = [], str(exc)
+    except Exception as exc:  # with --all, one deployment's failure never hides the others
+        if not tolerant:
+            raise
+        report["pods"], report["error"] = [], f"cannot query it: {type(exc).__name__}: {exc}"
     return report
 
 
@@ -52,9 +64,15 @@ def _print(report: dict[str, Any]) -> None:
     if report.get("error"):
         error(f"{report['name']}: {report['error']}")
         return
+    deploy = report["deploy"] or {"state": state.READY}
+    if deploy["state"] == state.FAILED:
+        say(f"{report['name']}: deploy failed: {deploy['error']}; not ready (mlenv deploy again, or mlenv clean)")
+    elif deploy["state"] == state.PARTIAL:
+        say(f"{report['name']}: the last deploy failed: {deploy['error']}; shown is the deployment before it, "
+            "which is still operated (mlenv deploy again, or mlenv clean)")
     rows = report["pods"]
     if not rows:
-        print(f"{title}: no nodes" + ("" if report["deployed"] else " (not deployed)"))
+        say(f"{title}: no nodes" + ("" if report["deployed"] else " (not deployed)"))
         return
     extra = sorted({key for row in rows for key in row["extra"]})
     table(title, ["POD", "NODE", "PHASE", "READY", "RESTARTS", "GPUS", "IP", "RDMA", *[c.upper() for c in extra],
@@ -73,31 +91,32 @@ def _print(report: dict[str, Any]) -> None:
         kind = "detached run" if latest.get("detached", True) else "run"
         restarted = f", attempt {run['attempt']} (restarted {run['attempt']}x; mlenv logs shows every attempt)" \
             if run.get("attempt") else ""
-        print(f"latest {kind}: {latest['id']} ({latest['script']}, started {latest['started']}): "
-              f"{run.get('state') or 'state unknown'}{restarted}, running on {running}/{len(states)} nodes "
-              f"({', '.join(f'node-{n} {s}' for n, s in sorted(states.items()))}); "
-              "mlenv logs -f follows it, mlenv stop stops it")
+        say(f"latest {kind}: {latest['id']} ({latest['script']}, started {latest['started']}): "
+            f"{run.get('state') or 'state unknown'}{restarted}, running on {running}/{len(states)} nodes "
+            f"({', '.join(f'node-{n} {s}' for n, s in sorted(states.items()))}); "
+            "mlenv logs -f follows it, mlenv stop stops it")
         transport = run.get("transport") or {}
         if transport:
-            print("transport: " + ", ".join(f"{node} {found['verdict']} ({found.get('plugin') or 'no network'})"
-                                            for node, found in transport.items()))
+            say("transport: " + ", ".join(f"{node} {found['verdict']} ({found.get('plugin') or 'no network'})"
+                                          for node, found in transport.items()))
         if run.get("first_failure"):
             failure = run["first_failure"]
-            print(f"first failure: rank {failure['rank']} (node-{failure['node']}) {failure['reason']}")
+            say(f"first failure: rank {failure['rank']} (node-{failure['node']}) {failure['reason']}")
     if "gpu_state" in report:
         from mlenv.ops.gpus import render
 
-        print(render(report["gpu_state"]))
+        say(render(report["gpu_state"]))
 
 
 def show(cluster_ref: str | None, every: bool, as_json: bool, gpus: bool = False) -> int:
     """Print the status; 1 when a deployment could not be queried (or, with ``gpus``, a node did not answer)."""
     recorded = state.load()
     if every:
-        targets = [Target(get(d.backend), d.handle, d) for _, d in sorted(recorded.deployments.items())]
+        reports = [_report(d.handle, d, recorded.current, True, partial(backend_of, d.backend), gpus)
+                   for _, d in sorted(recorded.deployments.items())]
     else:
-        targets = [resolve(cluster_ref)]
-    reports = [_report(target, recorded.current, tolerant=every, gpus=gpus) for target in targets]
+        target = resolve(cluster_ref)
+        reports = [_report(target.handle, target.recorded, recorded.current, False, lambda: target.backend, gpus)]
     if as_json:
         print_json({"deployments": reports} if every else reports[0])
     else:

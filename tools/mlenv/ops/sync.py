@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import IO, Any
 
 import mlenv
-from mlenv.backends.base import Backend, CopyTarget, Handle, Node
-from mlenv.backends.remote import RUNTIME_DIR
+from mlenv.core.capabilities import CopyTarget, Handle, Node, NodeAccess
+from mlenv.core.remote import RUNTIME_DIR
 from mlenv.errors import ConfigError, OperationError, Problem, UsageError, shown
 from mlenv.ui import error, info, print_json, table
 
@@ -47,6 +47,15 @@ RAN = (0, 23, 24)
 REMOTE_SHELL_FAILED = 255
 """rsync's exit code when its remote shell (ssh) could not connect or log in: rsync's own error says why, and a
 tar stream would not get further."""
+KEEP_MODES = ("--no-perms", "--no-owner", "--no-group", "--executability")
+"""What rsync does not carry over: the source's mode, owner and group, which -a would also set on the node's
+existing workspace root (the "." of the copy: 0700 from a temporary directory). A new file gets the source's mode
+masked by the node's umask, and the group the directory gives (a setgid team directory's); an existing file keeps
+its own; whether a file is executable is carried always."""
+UNTAR = ("tar", "--no-overwrite-dir", "-xf", "-")
+"""tar on the node, leaving the mode and owner of existing directories (the workspace root) as they are."""
+REACH_TIMEOUT = 120
+"""Seconds a node that shares the workspace gets to answer (its exec has its own connect timeout)."""
 SHOWN_NAMES = 5
 SHARED_WITH = "shared with"
 PLAIN_EVERY = 10.0
@@ -59,8 +68,9 @@ UNOPENED = re.compile(r"^rsync: \[sender\] send_files failed to open ")
 VANISHED = re.compile(r'^file has vanished: "(.*)"')
 MAKE_WAY = re.compile(r"^could not make way for new [a-z ]+?: (.*)$")
 TRAILER = re.compile(r"^rsync error: ")
-SSH_NOTICE = re.compile(r"^Warning: Permanently added ")
-"""ssh telling that it learned a host key (accept-new): not why a copy failed."""
+SSH_NOTICE = re.compile(r"^(?:Warning: Permanently added |@)")
+"""ssh telling that it learned a host key (accept-new), or the banner of its changed-key warning (``@@@...``, the
+reason comes after it): not why a copy failed."""
 PROGRESS = re.compile(r"^\s*(?P<bytes>[\d,.']+)\s+(?P<percent>\d+)%\s+(?P<rate>\S+/s)")
 TAR_PROBLEM = re.compile(r"^tar: (?:\./)?(.*): Cannot \w+: ")
 
@@ -250,8 +260,10 @@ def _type_changes(dry: Rsync) -> list[str]:
 
 def _copy(plan: Plan, target: CopyTarget, conflicts: Sequence[str], on_line: Report) -> Rsync:
     """One rsync: the workspace at the top, the staged runtime under .mlenv/ (``/./`` marks where the relative
-    paths start); sparse files stay sparse; --delete always, held back by ``_rules``."""
-    return _run_rsync(["rsync", "-a", "--relative", "--sparse", "--delete", "--stats", "--info=progress2",
+    paths start); sparse files stay sparse; --delete always, held back by ``_rules``. ``KEEP_MODES``: the node's
+    workspace root (a team's 2775 directory, say) keeps its mode, owner and group."""
+    return _run_rsync(["rsync", "-a", *KEEP_MODES, "--relative", "--sparse", "--delete", "--stats",
+                       "--info=progress2",
                        *_rsh(target), *_rules(plan.patterns, plan.delete, conflicts), f"{plan.source}/./",
                        f"{plan.stage}/./{RUNTIME}", _destination(target)], on_line)
 
@@ -287,7 +299,9 @@ def _outcome(pod: Node, run: Rsync, source: Path, conflicts: Sequence[str], star
         elif not TRAILER.match(line) and not SSH_NOTICE.match(line):
             others.append(line)
     if run.code not in RAN or (run.code and others):
-        error = (others or run.err.strip().splitlines() or [f"rsync exit {run.code}"])[0]
+        remote_shell = [line for line in others if not line.startswith("rsync")]  # ssh's last line says why
+        said = remote_shell[-1:] if run.code == REMOTE_SHELL_FAILED else []
+        error = (said or others or run.err.strip().splitlines() or [f"rsync exit {run.code}"])[0]
         return PodSync(pod.name, pod.ordinal, "rsync", False, seconds=_since(started), error=error,
                        unreadable=tuple(unreadable), conflicts=tuple(clashes))
     files = _count("Number of regular files transferred", run.out) - len(unopened)
@@ -313,23 +327,23 @@ def _stream(pack: Sequence[str], unpack: Sequence[str]) -> tuple[list[str], str 
     return unreadable, None
 
 
-def _tar(backend: Backend, handle: Handle, pod: Node, plan: Plan) -> tuple[list[str], str | None]:
+def _tar(backend: NodeAccess, handle: Handle, pod: Node, plan: Plan) -> tuple[list[str], str | None]:
     """Two tar streams through exec (not incremental, nothing deleted but the old runtime): the workspace without
     its .mlenv/, then the runtime, which no .mlenvignore pattern reaches, into a fresh .mlenv/mlenv."""
     excludes = [f"--exclude={p.strip('/')}" for p in (*EXCLUDES, *plan.patterns)]
     unreadable, error = _stream(["tar", f"--exclude=./{RUNTIME_DIR}", *excludes, "-cf", "-", "-C", str(plan.source),
                                  "."],
-                                backend.exec_argv(handle, pod, ["tar", "-xf", "-"]))
+                                backend.exec_argv(handle, pod, list(UNTAR)))
     if error is None:
         replace = (f"mkdir -p {shlex.quote(RUNTIME_DIR)} && rm -rf {shlex.quote(RUNTIME)} && "
-                   f"exec tar -xf - -C {shlex.quote(RUNTIME_DIR)}")
+                   f"exec {shlex.join(UNTAR)} -C {shlex.quote(RUNTIME_DIR)}")
         _, error = _stream(["tar", *(f"--exclude={p}" for p in EXCLUDES), "-cf", "-", "-C",
                             str(plan.stage / RUNTIME_DIR), PACKAGE.name],
                            backend.exec_argv(handle, pod, ["sh", "-c", replace]))
     return unreadable, error
 
 
-def _has_rsync(backend: Backend, handle: Handle, pod: Node) -> bool:
+def _has_rsync(backend: NodeAccess, handle: Handle, pod: Node) -> bool:
     """Whether rsync is on the node's PATH (asked only after rsync over a remote shell failed)."""
     probe = backend.exec_argv(handle, pod, ["sh", "-c", "command -v rsync"])
     return subprocess.run(probe, capture_output=True, check=False).returncode == 0
@@ -390,7 +404,7 @@ def _size(count: int) -> str:
     raise AssertionError("unreachable")
 
 
-def _sync_pod(backend: Backend, handle: Handle, pod: Node, plan: Plan, lines: _Lines) -> PodSync:
+def _sync_pod(backend: NodeAccess, handle: Handle, pod: Node, plan: Plan, lines: _Lines) -> PodSync:
     started = time.monotonic()
     target = backend.copy_target(handle, pod)
     copied = [""]
@@ -408,8 +422,8 @@ def _sync_pod(backend: Backend, handle: Handle, pod: Node, plan: Plan, lines: _L
         conflicts = _type_changes(run)
     if run is None or run.code in RAN:
         run = _copy(plan, target, conflicts, on_line)
-    if (run.code not in RAN and run.code != REMOTE_SHELL_FAILED and target.rsh
-            and not _has_rsync(backend, handle, pod)):
+    if (run.code not in RAN and run.code != REMOTE_SHELL_FAILED and target.rsh and pod.ready
+            and not _has_rsync(backend, handle, pod)):  # a placeholder node (no allocation) has no exec to ask
         lines.show(pod.ordinal, "tar stream (no rsync on the node)")
         unreadable, error = _tar(backend, handle, pod, plan)
         method = "tar (no rsync on the node: copies all, cannot --delete)" if plan.delete else "tar"
@@ -421,11 +435,29 @@ def _sync_pod(backend: Backend, handle: Handle, pod: Node, plan: Plan, lines: _L
     return row
 
 
+def _unreachable(backend: NodeAccess, handle: Handle, pod: Node) -> str | None:
+    """Why ``pod`` cannot be reached (``true`` run there through exec fails), or None: a host that shares the
+    workspace gets no copy of its own, but one it cannot reach must still fail the sync. A node that is only a
+    placeholder (a Slurm node without an allocation: the workdir is reached through the login) is not asked."""
+    if not pod.ready:
+        return None
+    try:
+        result = subprocess.run(backend.exec_argv(handle, pod, ["true"]), stdin=subprocess.DEVNULL,
+                                capture_output=True, text=True, errors="surrogateescape", timeout=REACH_TIMEOUT,
+                                check=False)
+    except subprocess.TimeoutExpired:
+        return f"no answer within {REACH_TIMEOUT} s"
+    if result.returncode == 0:
+        return None
+    said = [line for line in result.stderr.splitlines() if line.strip() and not SSH_NOTICE.match(line)]
+    return f"cannot be reached: {said[-1] if said else f'exit {result.returncode}'}"
+
+
 def _since(started: float) -> float:
     return round(time.monotonic() - started, 3)
 
 
-def sync(backend: Backend, handle: Handle, source: Path | None = None, delete: bool = False,
+def sync(backend: NodeAccess, handle: Handle, source: Path | None = None, delete: bool = False,
          as_json: bool = False) -> SyncReport:
     """Sync ``source`` (default: the project's workspace/) to every pod and print a summary."""
     from mlenv.config.discover import project_root
@@ -445,15 +477,17 @@ def sync(backend: Backend, handle: Handle, source: Path | None = None, delete: b
     parallel = min(MAX_PARALLEL, len(targets))
     with tempfile.TemporaryDirectory(prefix="mlenv-sync-") as staging, \
             _progress(f"syncing {source} {copies}, {parallel} at a time") as lines, \
-            ThreadPoolExecutor(max_workers=parallel) as pool:
+            ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(pods))) as pool:
         stage = Path(staging)
         _stage_runtime(stage)
         plan = Plan(source, patterns, stage, delete,
                     None if delete else _list_directories(source, patterns, stage / "directories"))
+        reached = pool.map(lambda pod: _unreachable(backend, handle, pod), pods[1:] if shared else [])
         rows = list(pool.map(lambda pod: _sync_pod(backend, handle, pod, plan, lines), targets))
     if shared:
         rows += [replace(rows[0], pod=p.name, ordinal=p.ordinal, method=f"{SHARED_WITH} {pods[0].name}", files=None,
-                         bytes=None, seconds=0.0) for p in pods[1:]]
+                         bytes=None, seconds=0.0, ok=rows[0].ok and why is None, error=why or rows[0].error)
+                 for p, why in zip(pods[1:], reached, strict=True)]
     report = SyncReport(str(source), shared, rows, tuple(notes))
     _print(report, as_json)
     return report
@@ -473,6 +507,6 @@ def _print(report: SyncReport, as_json: bool) -> None:
           [[r.pod, r.method, _cell(r.files), _cell(r.bytes), r.seconds, r.result] for r in report.pods])
     for note in report.notes:
         info(f"note: {note}")
-    for row in report.pods:
-        if not row.ok and not row.method.startswith(SHARED_WITH):
+    for row in report.pods:  # a node that shares a failed copy is not blamed for it again
+        if not row.ok and not (row.method.startswith(SHARED_WITH) and row.result == report.pods[0].result):
             error(f"sync to {row.pod}: {row.result}")

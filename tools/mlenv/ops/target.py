@@ -5,14 +5,19 @@ never stops status, exec or clean."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mlenv import state
-from mlenv.backends import get
-from mlenv.backends.base import Backend, Handle
 from mlenv.config.model import Cluster
+from mlenv.core.capabilities import Handle
+from mlenv.core.registry import Backend, get
 from mlenv.errors import UsageError, shown
+
+
+def backend_of(name: str) -> Backend:
+    """The backend called ``name``, handed mlenv's records."""
+    return get(name, state.RECORDS)
+
 
 if TYPE_CHECKING:  # planning (config, schema, quantities) is imported only where a file is planned
     from mlenv.plan import JobPlan
@@ -47,7 +52,8 @@ def file_cluster(target: Target, reading: str) -> Cluster | None:
 def recorded_plan(deployment: state.Deployment) -> JobPlan:
     """Plan a recorded deployment again from its cluster file, with the mode, nodes and image it was deployed
     with; bad values there blame the record, not options the user never passed."""
-    from mlenv.plan import MAX_NODES, MODES, load_plan
+    from mlenv.core.clusters import load_plan
+    from mlenv.plan import MAX_NODES, MODES
 
     wrong = []
     if deployment.mode not in MODES:
@@ -68,19 +74,14 @@ def resolve(cluster_ref: str | None) -> Target:
     current one without it, else the cluster file's plan (not deployed)."""
     if cluster_ref is None:
         deployment = state.current()
-        return Target(get(deployment.backend), deployment.handle, deployment)
+        return Target(backend_of(deployment.backend), deployment.handle, deployment)
     recorded = state.load()
     try:
         deployment = state.find(recorded, cluster_ref)
     except UsageError:
-        from mlenv.plan import load_plan
+        from mlenv.core.clusters import load_plan
 
         job = load_plan(cluster_ref)
-        backend = get(job.cluster.backend)
-        return Target(backend, backend.prepare(job).handle, None, job)
-    return Target(get(deployment.backend), deployment.handle, deployment)
-
-
-def cluster_path(job: JobPlan) -> str:
-    """How the state names a plan's cluster file: its absolute path."""
-    return str(Path(job.cluster.source).resolve())
+        backend = backend_of(job.cluster.backend)
+        return Target(backend, backend.deploy.prepare(job).handle, None, job)
+    return Target(backend_of(deployment.backend), deployment.handle, deployment)

@@ -23,7 +23,8 @@ from .forensics import flight_dumps
 from .gpus import read_node, render_node
 from .hang import HANG_EXIT_CODE
 from .jobs import POLL_SECONDS, JobError, NodeJob, follow_log, host_jobs, start_recorded, stop_jobs
-from .launcher import LAUNCHERS, forwarding_signals, launch
+from .launcher import forwarding_signals, launch
+from .launchers import DEFAULT_LAUNCHER, LAUNCHERS
 from .nccl import detect_nccl_env
 from .ncclog import EXPECTATIONS, LogReport, NcclLogReader, iter_lines, judge
 from .observers import observers_for
@@ -116,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
         usage="%(prog)s [-h] [--launcher {torchrun,deepspeed}] [--nproc N] [--run-dir DIR] [--dry-run | --detach] "
         "-- SCRIPT [ARGS...]",
     )
-    run.add_argument("--launcher", choices=LAUNCHERS, help="default: $MLENV_LAUNCHER or torchrun")
+    run.add_argument("--launcher", choices=LAUNCHERS, help=f"default: $MLENV_LAUNCHER or {DEFAULT_LAUNCHER}")
     run.add_argument("--nproc", type=_positive_int, metavar="N",
                      help="processes on this node (default: $MLENV_PROCS_PER_NODE, else one per GPU, else 1)")
     run.add_argument("--run-dir", type=Path, metavar="DIR",
@@ -270,7 +271,7 @@ def _launch(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     job = args.job[1:] if args.job[:1] == ["--"] else args.job
     if not job:
         raise BadInput("no job given: launch [options] -- SCRIPT [ARGS...]")
-    launcher = args.launcher or environ.get("MLENV_LAUNCHER", "torchrun")
+    launcher = args.launcher or environ.get("MLENV_LAUNCHER", DEFAULT_LAUNCHER)
     if launcher not in LAUNCHERS:
         raise BadInput(f"MLENV_LAUNCHER={launcher!r} is not one of {', '.join(LAUNCHERS)}")
     if not Path(job[0]).is_file():

@@ -50,6 +50,10 @@ COVERED = ("RLIMIT_MEMLOCK ", f"{SHM_MOUNT} ")
 RDMA_FIX = ("give the pods RDMA devices: network.rdma.networks and network.rdma.resources in the cluster file "
             "(mlenv doctor CLUSTER --mode rdma checks them before deploy)")
 
+TORCH_FIX_VARIABLE = "MLENV_TORCH_FIX"
+"""Where the backend that runs this doctor gets its software from, named as the fix when torch is missing (the
+cluster file's field that backend really uses); without it, ``image:``."""
+
 
 @dataclass(frozen=True)
 class NodeCheck:
@@ -94,7 +98,7 @@ def examine(environ: Mapping[str, str], *, sysfs_root: str | Path = "/sys", proc
         gpus = int(versions.get("gpus") or visible_gpu_count(environ, proc_root))
         if mode == "rdma" or (not mode and links):
             checks += _rdma_checks(links, gid, sysfs_root, proc_root, gpus)
-        checks += [_shm_check(proc_root), _torch_check(versions), _nccl_check(nccl)]
+        checks += [_shm_check(proc_root), _torch_check(versions, environ), _nccl_check(nccl)]
         interface = None
         if topology is not None:
             master, interface = _master_check(topology, proc_root)
@@ -232,10 +236,10 @@ def _shm_check(proc_root: str | Path) -> NodeCheck:
                                       "data loader workers)")
 
 
-def _torch_check(versions: Mapping[str, Any]) -> NodeCheck:
+def _torch_check(versions: Mapping[str, Any], environ: Mapping[str, str]) -> NodeCheck:
     if "error" in versions:
         return NodeCheck("torch", "WARN", f"torch cannot be imported: {versions['error']}",
-                         "use an image with PyTorch (image: in the cluster file)")
+                         environ.get(TORCH_FIX_VARIABLE) or "use an image with PyTorch (image: in the cluster file)")
     return NodeCheck("torch", "PASS", f"torch {versions.get('torch')}, CUDA {versions.get('cuda') or '-'}, "
                                       f"NCCL {versions.get('nccl') or '-'}, {versions.get('gpus', 0)} GPUs visible")
 

@@ -34,7 +34,6 @@ from .supervisor import FORWARDED_SIGNALS, Sinks, Supervisor
 from .topology import DEFAULT_APP_NAME, Topology, detect_topology, host_name
 from .transport import Expectation, debug_env, expectation
 
-LAUNCHERS = ("torchrun", "deepspeed")
 RANK_MODULE = "mlenv.runtime.rank"
 """What torchrun and DeepSpeed start for each rank (``-m``/``--module``): the wrapper that runs the script."""
 RUNTIME_PARENT = str(Path(__file__).resolve().parents[2])

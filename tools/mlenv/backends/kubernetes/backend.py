@@ -8,9 +8,6 @@ from collections.abc import Mapping, Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from mlenv.backends import remote
-from mlenv.backends.base import Check, CopyTarget, Handle, Node, NodeStatus, Recorder, Request
-from mlenv.backends.fanout import FanoutJobs
 from mlenv.backends.kubernetes.naming import (
     CONTAINER,
     DATA_KIND,
@@ -21,6 +18,9 @@ from mlenv.backends.kubernetes.naming import (
     kube_deployment,
     owned_labels,
 )
+from mlenv.core import remote
+from mlenv.core.capabilities import Check, CopyTarget, Handle, Node, NodeStatus, Recorder, Request
+from mlenv.core.fanout import FanoutJobs
 from mlenv.errors import OperationError, UsageError
 from mlenv.ui import info, warn
 
@@ -53,7 +53,8 @@ def _security_warnings(d: KubeDeployment) -> list[str]:
     return warnings
 
 
-def _rdma_warning(plan: JobPlan) -> list[str]:
+def rdma_warning(plan: JobPlan) -> list[str]:
+    """The warning when RDMA mode would give the pods no RDMA device (Kubernetes and Run:ai pods alike)."""
     if plan.mode == "rdma" and not plan.rdma_networks and not plan.rdma_resources:
         return ["RDMA mode without network.rdma.networks or network.rdma.resources: pods will get no RDMA device "
                 "and NCCL will fall back to sockets; add the Multus network names "
@@ -109,7 +110,7 @@ class KubernetesBackend(FanoutJobs):
         admin = [document(obj) for obj in rendered.admin_objects]
         extras = {"admin": "".join(admin)} if admin else {}
         return Request(handle, "".join(documents), files(rendered, documents, admin), rendered, extras,
-                       (*_rdma_warning(plan), *_security_warnings(d)))
+                       (*rdma_warning(plan), *_security_warnings(d)))
 
     def apply(self, request: Request, record: Recorder) -> Handle:
         """Check server, login and namespace; record; server-side apply exactly the request's YAML stream."""
@@ -132,7 +133,7 @@ class KubernetesBackend(FanoutJobs):
              "(server-side, field manager mlenv)")
         return request.handle
 
-    def wait_ready(self, handle: Handle, timeout: float) -> None:
+    def wait_ready(self, handle: Handle, timeout: float, record: Recorder) -> None:
         """Live view until every pod is Ready on the latest spec; plain-words reasons when not."""
         from mlenv.backends.kubernetes.preflight import explained
         from mlenv.backends.kubernetes.waiting import wait_ready
@@ -152,9 +153,9 @@ class KubernetesBackend(FanoutJobs):
 
     def status(self, handle: Handle) -> list[NodeStatus]:
         """Every pod of the deployment from one list call, in ordinal order."""
-        from mlenv.backends.kubernetes import pods as podview
+        from mlenv.backends.kubernetes import explain
 
-        return podview.statuses(self._pods(handle)[1])
+        return explain.statuses(self._pods(handle)[1])
 
     def nodes(self, handle: Handle) -> list[Node]:
         """The running pods, in ordinal order."""

@@ -12,11 +12,11 @@ from collections.abc import Mapping, Sequence
 from decimal import Decimal
 from typing import Any
 
-from mlenv.backends.base import Check
 from mlenv.backends.kubernetes.client import Client, KubeError
 from mlenv.backends.kubernetes.naming import DATA_KIND, Target
 from mlenv.backends.kubernetes.preflight import check_networks, preflight
 from mlenv.config.quantity import QuantityError, parse_quantity
+from mlenv.core.capabilities import Check
 from mlenv.plan import JobPlan
 
 GPU = "nvidia.com/gpu"

@@ -9,6 +9,7 @@ from typing import Any
 
 from mlenv.backends.kubernetes import pods as podview
 from mlenv.backends.kubernetes.naming import Target
+from mlenv.core.capabilities import NodeStatus
 
 GRACE_SECONDS = {
     "FailedCreate": 5.0,
@@ -154,3 +155,12 @@ def owner_trouble(events: list[dict[str, Any]], name: str, since: datetime) -> T
     kind = str((latest.get("involvedObject") or {}).get("kind") or "object")
     reason = str(latest.get("reason") or "Warning")
     return Trouble(f"{kind.lower()} {name}", reason, f"{reason}: {latest.get('message', '')}".rstrip(": "))
+
+
+def statuses(pods: dict[int, dict[str, Any]]) -> list[NodeStatus]:
+    """The ``status`` rows of pods keyed by ordinal, in ordinal order, each with why it is not Ready."""
+    rows = []
+    for index, pod in sorted(pods.items()):
+        trouble = pod_trouble(pod, [])
+        rows.append(podview.pod_status(pod, index, trouble.words if trouble else None))
+    return rows

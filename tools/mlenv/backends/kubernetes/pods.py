@@ -6,7 +6,7 @@ import json
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from mlenv.backends.base import Node, NodeStatus
+from mlenv.core.capabilities import Node, NodeStatus
 
 POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"
 NETWORK_STATUS = "k8s.v1.cni.cncf.io/network-status"
@@ -90,17 +90,6 @@ def pod_status(pod: dict[str, Any], index: int, detail: str | None) -> NodeStatu
         rdma_devices=rdma_devices(pod),
         detail=detail,
     )
-
-
-def statuses(pods: dict[int, dict[str, Any]]) -> list[NodeStatus]:
-    """The ``status`` rows of pods keyed by ordinal, in ordinal order, each with why it is not Ready."""
-    from mlenv.backends.kubernetes.explain import pod_trouble
-
-    rows = []
-    for index, pod in sorted(pods.items()):
-        trouble = pod_trouble(pod, [])
-        rows.append(pod_status(pod, index, trouble.words if trouble else None))
-    return rows
 
 
 def running_nodes(pods: dict[int, dict[str, Any]], workspace: str) -> list[Node]:

@@ -11,10 +11,10 @@ from decimal import Decimal
 from typing import Any
 from urllib.parse import urlsplit
 
-from mlenv.backends.base import Check
 from mlenv.backends.kubernetes.client import Client, KubeError
 from mlenv.backends.kubernetes.naming import Target
 from mlenv.config.quantity import QuantityError, parse_quantity
+from mlenv.core.capabilities import Check
 from mlenv.errors import OperationError
 
 DEFAULT_API_PORT = 6443

@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 import mlenv
 from mlenv.backends.kubernetes import podinit
 from mlenv.backends.kubernetes.naming import DATA_KIND, KubeDeployment
+from mlenv.backends.kubernetes.rules import version_of
 from mlenv.errors import OperationError
 from mlenv.render.templates import Templates
 from mlenv.render.yamlsafe import yaml_value
@@ -87,7 +88,7 @@ def render(d: KubeDeployment) -> Rendered:
 
     rendered = render_objects(d)
     for obj in (*rendered.objects, *rendered.admin_objects):
-        validate_object(obj, d.cluster.kubernetes_version)
+        validate_object(obj, version_of(d.cluster))
     return rendered
 
 

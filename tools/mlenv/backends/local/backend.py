@@ -21,13 +21,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from mlenv.backends.base import Check, CopyTarget, Handle, Node, NodeStatus, Recorder, Request
-from mlenv.backends.fanout import FanoutJobs
 from mlenv.backends.kubernetes.naming import pod_dns
 from mlenv.backends.local import net as localnet
 from mlenv.backends.local import proc as localproc
 from mlenv.backends.local.settings import LocalSettings
-from mlenv.backends.remote import RUNTIME_DIR, read_secrets
+from mlenv.core.capabilities import Check, CopyTarget, Handle, Node, NodeStatus, Recorder, Request
+from mlenv.core.fanout import FanoutJobs
+from mlenv.core.remote import RUNTIME_DIR, read_secrets
 from mlenv.errors import OperationError, UsageError, shown
 from mlenv.plan import JobPlan
 from mlenv.ui import info
@@ -229,7 +229,7 @@ class LocalBackend(FanoutJobs):
             log.write(f"{message}, workspace {workspace}\n")
         info(message)
 
-    def wait_ready(self, handle: Handle, timeout: float) -> None:
+    def wait_ready(self, handle: Handle, timeout: float, record: Recorder) -> None:
         """Local pods are ready once made; a broken one is named."""
         broken = [row.name for row in self.status(handle) if not row.ready]
         if broken:

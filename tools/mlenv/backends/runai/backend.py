@@ -12,10 +12,9 @@ from collections.abc import Mapping, Sequence
 from functools import cached_property
 from typing import Any
 
-from mlenv.backends import remote
-from mlenv.backends.base import Check, CopyTarget, Handle, Node, NodeStatus, Recorder, Request
-from mlenv.backends.fanout import FanoutJobs
+from mlenv.backends.kubernetes import explain
 from mlenv.backends.kubernetes import pods as podview
+from mlenv.backends.kubernetes.backend import rdma_warning
 from mlenv.backends.kubernetes.client import Client, resolve_binary
 from mlenv.backends.kubernetes.preflight import (
     can_i,
@@ -28,10 +27,13 @@ from mlenv.backends.kubernetes.preflight import (
 )
 from mlenv.backends.kubernetes.waiting import wait_pods_gone, wait_pods_ready
 from mlenv.backends.runai import argv as commands
-from mlenv.backends.runai import tool
+from mlenv.backends.runai import flags, tool
 from mlenv.backends.runai.project import check_project
 from mlenv.backends.runai.settings import RunaiSettings
 from mlenv.backends.runai.workload import Workload, ordinal
+from mlenv.core import remote
+from mlenv.core.capabilities import Check, CopyTarget, Handle, Node, NodeStatus, Recorder, Request
+from mlenv.core.fanout import FanoutJobs
 from mlenv.errors import MlenvError, OperationError, UsageError
 from mlenv.plan import JobPlan
 from mlenv.ui import info
@@ -48,11 +50,7 @@ def _settings(plan: JobPlan) -> RunaiSettings:
 
 
 def _warnings(plan: JobPlan, claim: str | None) -> list[str]:
-    warnings = []
-    if plan.mode == "rdma" and not plan.rdma_networks and not plan.rdma_resources:
-        warnings.append("RDMA mode without network.rdma.networks or network.rdma.resources: the pods get no RDMA "
-                        "device and NCCL falls back to sockets; add the Multus network (e.g. kube-system/roce) and "
-                        "the device resource (e.g. rdma/rdma: 1)")
+    warnings = rdma_warning(plan)
     if claim is not None and not plan.storage.shared and plan.nodes > 1:
         warnings.append(f"the workspace PVC {claim} is ReadWriteOnce (storage.mode is not rwx) and mounted by all "
                         f"{plan.nodes} pods: pods on different machines cannot attach it; use storage.mode: rwx")
@@ -91,7 +89,7 @@ class RunaiBackend(FanoutJobs):
         workload = Workload(name=plan.app, project=settings.project, namespace=settings.namespace, cli=settings.cli,
                             nodes=plan.nodes, cluster_name=plan.name, cluster_file=plan.cluster.source,
                             api=plan.cluster.info.api, workspace_claim=claim)
-        shared = claim is not None or any(pvc.path == commands.WORKSPACE for pvc in settings.existing_pvcs)
+        shared = claim is not None or any(pvc.path == flags.WORKSPACE for pvc in settings.existing_pvcs)
         handle = Handle(self.name, plan.name, plan.nodes, plan.mode, shared, {}, workload.to_data())
         text = shlex.join(submission.argv) + "\n"
         return Request(handle, text, {"runai-submit.sh": f"#!/bin/sh\n{text}"}, submission,
@@ -124,7 +122,7 @@ class RunaiBackend(FanoutJobs):
         info(result.stdout.strip() or f"submitted {workload.name} to project {workload.project}")
         return request.handle
 
-    def wait_ready(self, handle: Handle, timeout: float) -> None:
+    def wait_ready(self, handle: Handle, timeout: float, record: Recorder) -> None:
         """Live view until every pod of the workload is Ready; plain-words reasons when not."""
         workload, client = self._connected(handle)
         with explained(workload.target(client.flavour), client.flavour):
@@ -138,12 +136,12 @@ class RunaiBackend(FanoutJobs):
 
     def status(self, handle: Handle) -> list[NodeStatus]:
         """Every pod of the workload from one list call, in node order."""
-        return podview.statuses(self._pods(handle)[1])
+        return explain.statuses(self._pods(handle)[1])
 
     def nodes(self, handle: Handle) -> list[Node]:
         """The running pods, in node order."""
         workload, pods = self._pods(handle)
-        running = podview.running_nodes(pods, commands.WORKSPACE)
+        running = podview.running_nodes(pods, flags.WORKSPACE)
         if not running:
             raise OperationError(f"no running pods of {workload.name} in {workload.namespace}: deploy first "
                                  f"(make deploy-cluster CLUSTER={workload.cluster_name})")

@@ -4,9 +4,9 @@ v0.6.0 renamed the key ``kai.scheduler/queue``, so both are tried)."""
 
 from __future__ import annotations
 
-from mlenv.backends.base import Check
 from mlenv.backends.kubernetes.client import Client, KubeError
 from mlenv.backends.kubernetes.preflight import can_i
+from mlenv.core.capabilities import Check
 
 QUEUE_LABELS = ("runai/queue", "kai.scheduler/queue")
 LIST_PROJECTS = "runai project list (v1: runai list projects)"

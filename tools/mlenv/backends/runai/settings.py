@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from mlenv.backends.runai.argv import FLAGS, V1, V2, VARIANTS, WORKSPACE, extra_arg_problems
-from mlenv.config.kubernetes import namespace_problem
+from mlenv.backends.kubernetes.rules import namespace_problem
+from mlenv.backends.runai.flags import FLAGS, V1, V2, VARIANTS, WORKSPACE, extra_arg_problems
 from mlenv.errors import show_value
 
 if TYPE_CHECKING:
@@ -42,7 +42,7 @@ class RunaiSettings:
     existing_pvcs: tuple[ExistingPvc, ...]
     extra_args: tuple[str, ...]
     flag_spellings: Mapping[str, str]
-    """Flag role -> the spelling the installed build uses, where builds differ (argv.VARIANTS)."""
+    """Flag role -> the spelling the installed build uses, where builds differ (flags.VARIANTS)."""
     workspace_volume: bool
     """The file has a ``storage:`` section: a new PVC is mounted at /workspace (and kept by clean)."""
 

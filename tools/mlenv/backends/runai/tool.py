@@ -11,8 +11,9 @@ import subprocess
 from collections.abc import Sequence
 from functools import lru_cache
 
-from mlenv.backends.base import Check
 from mlenv.backends.runai import argv as commands
+from mlenv.backends.runai import flags
+from mlenv.core.capabilities import Check
 from mlenv.errors import OperationError, UsageError
 
 CALL_TIMEOUT = 300
@@ -67,7 +68,7 @@ def known_flags(cli: str) -> frozenset[str]:
     """The long flags the installed CLI's submit command lists; OperationError when it has no such command."""
     code, found, words = _help(binary(), cli)
     if code != 0 or not found:
-        other = commands.V1 if cli == commands.V2 else commands.V2
+        other = flags.V1 if cli == flags.V2 else flags.V2
         raise OperationError(f"{shlex.join(commands.submit_help(cli))} failed: {words}; this runai may be the "
                              f"{other} CLI (set runai.cli: {other})")
     return found

@@ -7,14 +7,26 @@ cluster's shared filesystem: sync copies it once, and every run keeps its files 
 from __future__ import annotations
 
 import hashlib
+import json
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from mlenv.backends import remote
-from mlenv.backends.base import (
+from mlenv.backends.slurm import jobs, run, script
+from mlenv.backends.slurm import record as recorded
+from mlenv.backends.slurm.checks import slurm_checks
+from mlenv.backends.slurm.jobs import JobInfo
+from mlenv.backends.slurm.login import Login
+from mlenv.backends.slurm.script import SlurmJob, master_port
+from mlenv.backends.slurm.settings import SlurmSettings
+from mlenv.backends.slurm.submit import submit
+from mlenv.backends.slurm.waiting import CannotStart, wait_started
+from mlenv.config.model import Bind, Container
+from mlenv.core import remote
+from mlenv.core.capabilities import (
     Check,
     CopyTarget,
     Handle,
@@ -26,21 +38,18 @@ from mlenv.backends.base import (
     Recorder,
     Request,
 )
-from mlenv.backends.fanout import RUNS_DIR
-from mlenv.backends.slurm import jobs, run, script
-from mlenv.backends.slurm import record as recorded
-from mlenv.backends.slurm.checks import slurm_checks
-from mlenv.backends.slurm.jobs import JobInfo
-from mlenv.backends.slurm.login import Login
-from mlenv.backends.slurm.script import SlurmJob, master_port
-from mlenv.backends.slurm.settings import SlurmSettings
-from mlenv.backends.slurm.submit import submit
-from mlenv.backends.slurm.waiting import CannotStart, wait_started
-from mlenv.config.model import Bind, Container
+from mlenv.core.fanout import RUNS_DIR
+from mlenv.core.registry import Records
 from mlenv.errors import ConfigError, OperationError, Problem, UsageError
 from mlenv.plan import JobPlan
 from mlenv.ui import info
 
+_SECRETS_REFUSED = (
+    "--env {names}: on Slurm, {run} (like a batch job, a detached run or a requeue) would need the secret later, "
+    "when mlenv is no longer there to pass it on, and Slurm saves a job's environment in its state directory. "
+    "Instead deploy an allocation (mlenv deploy {name}) and launch attached: the secret then reaches the run's "
+    "step on its stdin only; or provide the variable yourself through slurm.setup (e.g. a line that reads it "
+    "from a file only you can read)")
 CLEAN_TIMEOUT = 60.0
 SHOWN_JOBS = 10
 """Batch jobs status shows: the newest."""
@@ -119,6 +128,10 @@ class SlurmBackend:
 
     name = "slurm"
 
+    def __init__(self, records: Records) -> None:
+        self.records = records
+        """mlenv's records (the recorded deployment, the batch jobs submitted), handed to the backend."""
+
     def prepare(self, plan: JobPlan) -> Request:
         """PURE: the allocation's sbatch script, and the handle every later verb works from."""
         settings = _settings(plan)
@@ -154,17 +167,14 @@ class SlurmBackend:
         info(f"allocation {job_id} submitted: {job.nodes} nodes of partition {job.settings.partition}")
         return handle
 
-    @staticmethod
-    def _live_allocation(login: Login, name: str) -> Handle | None:
-        from mlenv import state
-
-        known = state.load().deployments.get(name)
-        job_id = allocation_id(known.handle) if known and known.backend == "slurm" else None
+    def _live_allocation(self, login: Login, name: str) -> Handle | None:
+        known = self.records.handle_of(name)
+        job_id = allocation_id(known) if known and known.backend == self.name else None
         if known is None or job_id is None or not jobs.state(login, job_id).live:
             return None
-        return known.handle
+        return known
 
-    def wait_ready(self, handle: Handle, timeout: float) -> None:
+    def wait_ready(self, handle: Handle, timeout: float, record: Recorder) -> None:
         """Slurm's pending reason live until the allocation runs; then find the master's address there."""
         job_id = self._allocation(handle)
         job = job_from(handle)
@@ -182,12 +192,11 @@ class SlurmBackend:
             raise OperationError(f"{what} ended before it ran: {current.words()}; Slurm's messages: "
                                  f"{job.allocation_output().replace('%j', job_id)}")
         head = current.hosts[0]
-        address = login.ok(["srun", f"--jobid={job_id}", "--overlap", "--nodes=1", "--ntasks=1", "-w", head,
-                            "hostname", "--ip-address"]).split()
-        master = address[0] if address else head
-        allocation = {**handle.data["allocation"], "master_addr": master}
+        addresses = _addresses(login, job_id, current.hosts)
+        master = addresses[0] or head
+        allocation = {**handle.data["allocation"], "master_addr": master, "addresses": addresses}
         env = {**handle.env, "MASTER_ADDR": master, "MASTER_PORT": str(master_port(job_id))}
-        recorded.update_handle(replace(handle, env=env, data={**handle.data, "allocation": allocation}))
+        record(replace(handle, env=env, data={**handle.data, "allocation": allocation}))
         info(f"{what} is running on {current.nodelist}; master {head} at {master}:{master_port(job_id)}")
 
     @staticmethod
@@ -202,7 +211,8 @@ class SlurmBackend:
         """The allocation and the recorded batch jobs of ``handle`` (the newest SHOWN_JOBS with ``exit_codes``),
         as Slurm knows them now."""
         login = Login.of(job_from(handle).settings)
-        batch = recorded.jobs(handle.name)[-SHOWN_JOBS:] if exit_codes else recorded.jobs(handle.name)
+        submitted = recorded.jobs(self.records, handle.name)
+        batch = submitted[-SHOWN_JOBS:] if exit_codes else submitted
         allocation = allocation_id(handle)
         ids = [*([allocation] if allocation else []), *(job["id"] for job in batch)]
         return login, jobs.query(login, ids, exit_codes), batch
@@ -232,9 +242,11 @@ class SlurmBackend:
             detail = current.reason_words() if current.state == "PENDING" else current.words()
             return [NodeStatus(f"node-{index}", index, None, current.state, False, 0, job.gpus_per_node, None,
                                detail=detail, extra=extra) for index in range(job.nodes)]
-        master = (handle.data.get("allocation") or {}).get("master_addr")
-        return [NodeStatus(f"node-{index}", index, host, "RUNNING", True, 0, job.gpus_per_node,
-                           master if index == 0 else None, extra=extra) for index, host in enumerate(current.hosts)]
+        allocation = handle.data.get("allocation") or {}
+        addresses = list(allocation.get("addresses") or [allocation.get("master_addr")])
+        addresses += [None] * (len(current.hosts) - len(addresses))
+        return [NodeStatus(f"node-{index}", index, host, "RUNNING", True, 0, job.gpus_per_node, addresses[index],
+                           extra=extra) for index, host in enumerate(current.hosts)]
 
     def nodes(self, handle: Handle) -> list[Node]:
         """The allocation's nodes while it runs (ready: exec and shell reach them); otherwise the nodes as
@@ -252,12 +264,32 @@ class SlurmBackend:
         """``srun --jobid=ID --overlap -w NODE env K=V... sh -c SCRIPT sh WORKDIR ARGV`` (with ``--pty`` for an
         interactive shell on a terminal), over ssh with a login host. The step sees the env contract of the node:
         its rank in the allocation, the master, and its socket interface when the file names one."""
+        tty = interactive and sys.stdin.isatty()
+        step = self._step(handle, node, argv, env=env, tty=tty, stop_on_stdin_eof=stop_on_stdin_eof and not interactive,
+                          secrets=secrets)
+        return Login.of(job_from(handle).settings).argv(step, tty=tty)
+
+    torch_fix = ("install PyTorch where slurm.setup puts the job (e.g. `source VENV/bin/activate`), or run in a "
+                 "container: with it (container.image in the cluster file)")
+    """What doctor names when a node cannot import torch: the fields a Slurm launch takes its software from."""
+
+    def runtime_as_launched(self, handle: Handle, node: Node, args: Sequence[str],
+                            env: Mapping[str, str]) -> list[str]:
+        """``python3 -m mlenv.runtime ARGS`` on ``node`` as a launch runs it: the step started after the
+        slurm.setup lines (where Slurm's commands are, as the launch script does), inside container: when the
+        file names one."""
+        job = job_from(handle)
+        runtime = [*script.container_argv(job), script.PYTHON, "-m", "mlenv.runtime", *args]
+        return Login.of(job.settings).argv(script.after_setup(job, self._step(handle, node, runtime, env=env)))
+
+    def _step(self, handle: Handle, node: Node, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
+              tty: bool = False, stop_on_stdin_eof: bool = False, secrets: Sequence[str] = ()) -> list[str]:
+        """The srun of ``argv`` on ``node`` in the allocation, as run where Slurm's commands are."""
         job = job_from(handle)
         job_id = allocation_id(handle)
         if not node.ready or job_id is None:
             raise OperationError(f"no running allocation of {handle.name}: exec and shell run inside it "
                                  f"(mlenv deploy {handle.name}; mlenv status shows it)")
-        tty = interactive and sys.stdin.isatty()
         variables = {**handle.env, "MASTER_PORT": str(master_port(job_id)), "MLENV_NODE_RANK": str(node.ordinal)}
         master = (handle.data.get("allocation") or {}).get("master_addr")
         if master:
@@ -269,9 +301,9 @@ class SlurmBackend:
         step = ["srun", f"--jobid={job_id}", "--overlap", "--nodes=1", "--ntasks=1", "-w", node.name,
                 f"--chdir={job.workdir}", *(["--pty"] if tty else []),
                 "env", *(f"{name}={value}" for name, value in variables.items()),
-                "sh", "-c", remote.script(stop_on_stdin_eof=stop_on_stdin_eof and not interactive, secrets=secrets),
+                "sh", "-c", remote.script(stop_on_stdin_eof=stop_on_stdin_eof, secrets=secrets),
                 "sh", node.workspace, *argv]
-        return Login.of(job.settings).argv(step, tty=tty)
+        return step
 
     def copy_target(self, handle: Handle, node: Node) -> CopyTarget:
         """The workdir, on the shared filesystem: here, or on the login host over ssh."""
@@ -318,6 +350,9 @@ class SlurmBackend:
         task = script.runtime_argv(spec.launcher, spec.run_id, spec.script, spec.args, spec.nproc,
                                    spec.expect_transport, spec.watchdog_options())
         allocation = allocation_id(handle)
+        if spec.secrets and (allocation is None or spec.detach):
+            raise UsageError(_SECRETS_REFUSED.format(names=" ".join(spec.secrets), name=handle.name,
+                                                     run="a detached run" if allocation else "a batch job"))
         forwarded = f"; forwarded from your environment: {', '.join(spec.secrets)}" if spec.secrets else ""
         where = f"inside allocation {allocation}" if allocation else "as a batch job"
         title = (f"mlenv launch: run {spec.run_id} of {handle.name}, {spec.script} with {spec.launcher} on "
@@ -326,7 +361,8 @@ class SlurmBackend:
             raise UsageError(f"{', '.join(spec.exclude)} must be left out, but the run goes inside allocation "
                              f"{allocation}, which has no spare node (deploy --spares is not built yet): clean the "
                              "allocation so that launch submits batch jobs, which leave them out")
-        text = (script.launch_script(job, title, spec.run_id, task, allocation, spec.attempt) if allocation
+        text = (script.launch_script(job, title, spec.run_id, task, allocation, spec.attempt,
+                                    spec.secrets) if allocation
                 else script.batch_script(job, title, spec.run_id, task, spec.attempt, spec.exclude))
         return LaunchRequest(spec, text, dict.fromkeys(range(job.nodes), task), {"MLENV_RUN_ID": spec.run_id}, text)
 
@@ -334,9 +370,9 @@ class SlurmBackend:
                log_dir: str) -> LaunchOutcome:
         """Run the request: inside the allocation (waiting while it is pending), or as a batch job."""
         job = job_from(handle)
-        this = run.Run(handle, job, Login.of(job.settings), request, Path(log_dir))
+        this = run.Run(handle, job, Login.of(job.settings), request, Path(log_dir), self.records)
         allocation = allocation_id(handle)
-        return run.in_allocation(this, allocation, secrets) if allocation else run.batch(this, secrets)
+        return run.in_allocation(this, allocation, secrets) if allocation else run.batch(this)
 
     def stop(self, handle: Handle) -> int:
         """Cancel the runs: the allocation's steps (it keeps holding the nodes) and the batch jobs."""
@@ -353,6 +389,34 @@ class SlurmBackend:
         info(f"cancelled {', '.join(targets)}")
         return 0
 
+    def run_states(self, handle: Handle, run_id: str) -> dict[int, str]:
+        """Node ordinal -> ``<state> (N)`` once the node's supervisor wrote its exit status in the shared run
+        directory (its newest attempt), else ``running`` while the run's step (in the allocation) or batch job is
+        live, else ``-``."""
+        job = job_from(handle)
+        login, found, batch = self._jobs(handle)
+        live = any(found[submitted["id"]].live for submitted in batch if submitted.get("run") == run_id)
+        allocation = allocation_id(handle)
+        if not live and allocation is not None and found[allocation].state == "RUNNING":
+            steps = login.ok(["squeue", "-h", "-s", f"--jobs={allocation}", "-o", "%j"]).split()
+            live = script.step_name(run_id) in steps
+        listed = login.run(["ls", "-1", job.run_path(run_id)])
+        attempts = sorted(int(name[len("attempt-"):]) for name in listed.stdout.decode(errors="replace").split()
+                          if re.fullmatch(r"attempt-\d+", name)) if listed.returncode == 0 else []
+        states: dict[int, str] = {}
+        for node in range(job.nodes):
+            where = f"{job.run_path(run_id)}/attempt-{attempts[-1]}/node{node}" if attempts else None
+            code = login.read(f"{where}/exit", 0).decode(errors="replace").strip() if where else ""
+            if not code.isdigit():
+                states[node] = "running" if live else "-"
+                continue
+            try:
+                recorded = json.loads(login.read(f"{where}/state.json", 0) or b"null")
+            except ValueError:
+                recorded = None
+            state = recorded.get("state") if isinstance(recorded, dict) else None
+            states[node] = f"{state or ('succeeded' if code == '0' else 'failed')} ({code})"
+        return states
 
 def _job_detail(login: Login, job: SlurmJob, run_id: str, current: JobInfo) -> str | None:
     """A batch job's reason while pending, its exit code once ended (from its run's exit file once Slurm has
@@ -365,6 +429,19 @@ def _job_detail(login: Login, job: SlurmJob, run_id: str, current: JobInfo) -> s
     if current.state == jobs.GONE and run_id:
         code = run.exit_file(login, job.run_path(run_id))
     return None if code is None else f"exit code {code}"
+
+
+def _addresses(login: Login, job_id: str, hosts: Sequence[str]) -> list[str | None]:
+    """Each node's address, as ``hostname --ip-address`` says there (one step over every node, its lines labelled
+    with the task, which is the node's index); None for a node that did not say."""
+    said = login.ok(["srun", f"--jobid={job_id}", "--overlap", f"--nodes={len(hosts)}", "--ntasks-per-node=1",
+                     "--label", "hostname", "--ip-address"])
+    found: dict[int, str] = {}
+    for line in said.splitlines():
+        task, _, words = line.partition(":")
+        if task.strip().isdigit() and words.split():
+            found[int(task)] = words.split()[0]
+    return [found.get(index) for index in range(len(hosts))]
 
 
 def _wait_gone(login: Login, job_ids: list[str]) -> None:

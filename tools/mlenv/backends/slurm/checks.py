@@ -9,9 +9,9 @@ import re
 import shlex
 from dataclasses import dataclass
 
-from mlenv.backends.base import Check
 from mlenv.backends.slurm.login import Login
 from mlenv.backends.slurm.script import SlurmJob
+from mlenv.core.capabilities import Check
 from mlenv.errors import MlenvError
 
 SINFO_FORMAT = "%N|%a|%T|%G|%l"

@@ -16,9 +16,9 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mlenv.backends.base import CopyTarget
 from mlenv.backends.ssh.diagnose import SSH_FAILED
 from mlenv.backends.ssh.settings import DEFAULT_CONNECT_TIMEOUT
+from mlenv.core.capabilities import CopyTarget
 from mlenv.errors import OperationError, shown
 
 if TYPE_CHECKING:

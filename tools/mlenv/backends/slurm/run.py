@@ -13,8 +13,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlenv.backends import remote
-from mlenv.backends.base import Handle, LaunchOutcome, LaunchRequest
 from mlenv.backends.slurm import jobs, record
 from mlenv.backends.slurm.jobs import JobInfo
 from mlenv.backends.slurm.login import Login
@@ -22,6 +20,9 @@ from mlenv.backends.slurm.output import NodeOutput
 from mlenv.backends.slurm.script import ATTEMPT_FILE, EXIT_FILE, OUTPUT_FILE, SlurmJob, step_name
 from mlenv.backends.slurm.submit import SubmitError, ship_runtime, submit
 from mlenv.backends.slurm.waiting import POLL_SECONDS, CannotStart, wait_started
+from mlenv.core import remote
+from mlenv.core.capabilities import Handle, LaunchOutcome, LaunchRequest
+from mlenv.core.registry import Records
 from mlenv.errors import OperationError
 from mlenv.parallel import interrupted_by_sigterm, run_parallel
 from mlenv.ui import info
@@ -41,6 +42,7 @@ class Run:
     login: Login
     request: LaunchRequest
     log_dir: Path
+    records: Records
 
     @property
     def run_id(self) -> str:
@@ -66,15 +68,15 @@ class Run:
                              message=message, hosts=dict(enumerate(hosts)))
 
 
-def batch(run: Run, secrets: Mapping[str, str]) -> LaunchOutcome:
+def batch(run: Run) -> LaunchOutcome:
     """Submit the run as a batch job, record it, then (unless detached) follow it to its end."""
     spec = run.request.spec
     ship_runtime(run.login, run.job.runtime_path)
     try:
-        job_id = submit(run.login, run.run_path, str(run.request.payload), spec.secrets, secrets)
+        job_id = submit(run.login, run.run_path, str(run.request.payload))
     except SubmitError as exc:
         return LaunchOutcome(1, {}, {}, message=str(exc))
-    record.remember(run.handle, job_id, run.run_id, spec.script)
+    record.remember(run.records, run.handle, job_id, run.run_id, spec.script)
     info(f"batch job {job_id} submitted to partition {run.job.settings.partition}; its output: "
          f"{run.run_path}/{OUTPUT_FILE}")
     if spec.detach:
@@ -138,7 +140,8 @@ def _cancel_step(run: Run, job_id: str) -> str:
 
 
 def in_allocation(run: Run, job_id: str, secrets: Mapping[str, str]) -> LaunchOutcome:
-    """Run the launch script inside the allocation ``job_id`` (waiting while it is pending)."""
+    """Run the launch script inside the allocation ``job_id`` (waiting while it is pending); attached, the
+    forwarded ``secrets`` go to its stdin (never with --detach: ``prepare_launch`` refuses that)."""
     spec = run.request.spec
     current = wait_started(run.login, job_id, f"allocation {job_id} of {run.handle.name}")
     if current.state != "RUNNING":
@@ -147,9 +150,9 @@ def in_allocation(run: Run, job_id: str, secrets: Mapping[str, str]) -> LaunchOu
     ship_runtime(run.login, run.job.runtime_path)
     script = ["bash", "-c", str(run.request.payload), "bash"]
     if spec.detach:
-        wrapped = ["sh", "-c", remote.script(secrets=spec.secrets), "sh", run.job.workdir, "sh", "-c", DETACH, "sh",
+        wrapped = ["sh", "-c", remote.script(), "sh", run.job.workdir, "sh", "-c", DETACH, "sh",
                    f"{run.run_path}/{OUTPUT_FILE}", *script]
-        started = run.login.run(wrapped, stdin=remote.secrets_input(spec.secrets, dict(secrets)))
+        started = run.login.run(wrapped)
         if started.returncode != 0:
             return LaunchOutcome(1, {}, {}, message=f"cannot start the run on {run.login.where}: "
                                                     f"{started.stderr.decode(errors='replace').strip()}")

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import mlenv
-from mlenv.backends.fanout import checkpoint_dir, run_dir
-from mlenv.backends.remote import RUNTIME_DIR
 from mlenv.backends.slurm.settings import SlurmSettings
 from mlenv.config.model import Container
+from mlenv.core.fanout import checkpoint_dir, run_dir
+from mlenv.core.remote import RUNTIME_DIR, read_secrets
 from mlenv.errors import OperationError, UsageError, shown
 from mlenv.render.templates import Templates
 
@@ -134,6 +134,14 @@ def allocation_script(job: SlurmJob) -> str:
     return _render("allocation.sbatch.j2", **_context(job, title, job.allocation_output()))
 
 
+def after_setup(job: SlurmJob, argv: Sequence[str]) -> list[str]:
+    """``argv`` run by bash after the slurm.setup lines, as written (the user's own shell code), as the launch
+    script runs its srun after them; ``argv`` alone without setup lines."""
+    if not job.settings.setup:
+        return list(argv)
+    return ["bash", "-c", "\n".join([*job.settings.setup, 'exec "$@"']), "bash", *argv]
+
+
 def container_argv(job: SlurmJob) -> list[str]:
     """``apptainer exec [--nv] --bind ... --env ... IMAGE``, or nothing without a container."""
     container = job.container
@@ -155,13 +163,14 @@ def runtime_argv(launcher: str, run_id: str, script: str, args: Sequence[str], n
             *(["--expect-transport", expect_transport] if expect_transport else []), *options, "--", script, *args]
 
 
-def task_wrapper(interfaces: Mapping[str, str], warning: str | None = None) -> str:
-    """The ``sh -c`` script around each node's task: the node's rank (its SLURM_NODEID in the step, which spans
-    every node) and socket interface when the file names one, then the task; a failing node records ``<node>
-    <code>`` in the attempt's ``failed`` file, the first one only. With a ``warning`` signal, this shell and what it
-    starts ignore it (the runtime, apptainer, torchrun's agent, DeepSpeed's launchers), unless they catch it: the
-    ranks that checkpoint on it install their own handler."""
-    steps = ['export MLENV_NODE_RANK="$SLURM_NODEID"', *([f"trap '' {warning}"] if warning else [])]
+def task_wrapper(interfaces: Mapping[str, str], secrets: Sequence[str] = (), warning: str | None = None) -> str:
+    """The ``sh -c`` script around each node's task: the forwarded ``secrets`` from the step's stdin, the node's
+    rank (its SLURM_NODEID in the step, which spans every node) and socket interface when the file names one, then
+    the task; a failing node records ``<node> <code>`` in the attempt's ``failed`` file, the first one only. With a
+    ``warning`` signal, this shell and what it starts ignore it (the runtime, apptainer, torchrun's agent,
+    DeepSpeed's launchers), unless they catch it: the ranks that checkpoint on it install their own handler."""
+    steps = [*([read_secrets(secrets).rstrip("; ")] if secrets else []), 'export MLENV_NODE_RANK="$SLURM_NODEID"',
+             *([f"trap '' {warning}"] if warning else [])]
     if interfaces:
         cases = " ".join(f"{shlex.quote(host)}) export NCCL_SOCKET_IFNAME={shlex.quote(nic)} "
                          f"GLOO_SOCKET_IFNAME={shlex.quote(nic)} ;;" for host, nic in sorted(interfaces.items()))
@@ -178,26 +187,30 @@ def step_name(run_id: str) -> str:
     return f"mlenv-{run_id}"
 
 
-def srun_line(job: SlurmJob, run_id: str, task: Sequence[str]) -> Shell:
-    """The srun of a run: one task per node, fail-fast, every line labelled with its node."""
+def srun_line(job: SlurmJob, run_id: str, task: Sequence[str], secrets: Sequence[str] = ()) -> Shell:
+    """The srun of a run: one task per node, fail-fast, every line labelled with its node. Forwarded ``secrets``
+    (shell variables of the launch script, exported to nothing) reach every task on the step's stdin, which Slurm
+    hands over and never saves, unlike a job's or a step's environment."""
     options = ["srun", "--overlap", f"--job-name={step_name(run_id)}", f"--nodes={job.nodes}", "--ntasks-per-node=1",
                *([f"--cpus-per-task={job.settings.cpus_per_task}"] if job.settings.cpus_per_task else []),
-               "--kill-on-bad-exit=1", "--label"]
+               "--kill-on-bad-exit=1", "--label", *(["--input=all"] if secrets else [])]
     parts = [shlex.join(options),
-             shlex.join(["sh", "-c", task_wrapper(job.interfaces, job.settings.signal_name), "sh"])]
+             shlex.join(["sh", "-c", task_wrapper(job.interfaces, secrets, job.settings.signal_name), "sh"])]
     if job.container is not None:
         parts.append(shlex.join(container_argv(job)))
     parts.append(shlex.join(task))
-    return Shell(" \\\n  ".join(parts))
+    values = " ".join(f'"${name}"' for name in secrets)
+    return Shell((f"printf '%s\\n' {values} | " if secrets else "") + " \\\n  ".join(parts))
 
 
 def _run_context(job: SlurmJob, title: str, run_id: str, task: Sequence[str], batch: bool = False,
-                 attempt: int = 0, exclude: Sequence[str] = ()) -> dict[str, Any]:
+                 attempt: int = 0, exclude: Sequence[str] = (), secrets: Sequence[str] = ()) -> dict[str, Any]:
     env = {**job.env, "MLENV_RUN_ID": run_id, "MLENV_RUN_DIR": job.run_path(run_id),
            "MLENV_CHECKPOINT_DIR": f"{job.workdir}/{checkpoint_dir(run_id)}", "PYTHONUNBUFFERED": "1"}
     return {**_context(job, title, f"{job.run_path(run_id)}/{OUTPUT_FILE}", batch), "env": env,
             "runtime_path": job.runtime_path, "port_base": PORT_BASE, "port_span": PORT_SPAN,
-            "srun": srun_line(job, run_id, task), "attempt": attempt, "exclude": ",".join(exclude)}
+            "srun": srun_line(job, run_id, task, secrets), "attempt": attempt, "exclude": ",".join(exclude),
+            "unexported": Shell(" ".join(secrets))}  # names checked by read_secrets in srun_line
 
 
 def batch_script(job: SlurmJob, title: str, run_id: str, task: Sequence[str], attempt: int = 0,
@@ -207,6 +220,9 @@ def batch_script(job: SlurmJob, title: str, run_id: str, task: Sequence[str], at
     return _render("batch.sbatch.j2", **_run_context(job, title, run_id, task, True, attempt, exclude))
 
 
-def launch_script(job: SlurmJob, title: str, run_id: str, task: Sequence[str], job_id: str, attempt: int = 0) -> str:
-    """The bash script of a launch inside the allocation ``job_id``, run where Slurm's commands are."""
-    return _render("launch.sh.j2", **_run_context(job, title, run_id, task, attempt=attempt), job_id=job_id)
+def launch_script(job: SlurmJob, title: str, run_id: str, task: Sequence[str], job_id: str, attempt: int = 0,
+                  secrets: Sequence[str] = ()) -> str:
+    """The bash script of a launch inside the allocation ``job_id``, run where Slurm's commands are; the forwarded
+    ``secrets`` arrive in its environment and leave it at once, for the run's step's stdin alone."""
+    return _render("launch.sh.j2", **_run_context(job, title, run_id, task, attempt=attempt, secrets=secrets),
+                   job_id=job_id)

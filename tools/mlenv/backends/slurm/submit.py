@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import io
 import tarfile
-from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import mlenv
-from mlenv.backends.remote import read_secrets, secrets_input
 from mlenv.backends.slurm.login import Login
 from mlenv.errors import OperationError
 
@@ -22,9 +20,9 @@ HINTS = (
     ("memory", "check slurm.mem against the nodes' memory (`sinfo -o '%N %m'`)"),
 )
 GENERIC_HINT = "`mlenv doctor` checks the cluster file against this Slurm"
-SUBMIT = 'mkdir -p "$1" || exit 1; shift; {secrets}exec sbatch --parsable'
-"""Make the directory of the output file (sbatch does not), read forwarded secrets (exported into the job's
-environment, never into its script), then submit the script that follows on stdin."""
+SUBMIT = 'mkdir -p "$1" || exit 1; exec sbatch --parsable'
+"""Make the directory of the output file (sbatch does not), then submit the script that follows on stdin. Never
+with a forwarded secret: slurmctld saves a batch job's environment in its state directory."""
 RUNTIME_MARKER = "mlenv/runtime/__main__.py"
 SHIP = f'test -e "$1/{RUNTIME_MARKER}" && exit 0; mkdir -p "$1" && exec tar -xf - -C "$1"'
 
@@ -39,12 +37,9 @@ def hint(stderr: str) -> str:
     return next((text for words, text in HINTS if words in lowered), GENERIC_HINT)
 
 
-def submit(login: Login, output_dir: str, script: str, secrets: Sequence[str] = (),
-           values: Mapping[str, str] | None = None) -> str:
+def submit(login: Login, output_dir: str, script: str) -> str:
     """Submit ``script``; the job id. SubmitError with sbatch's message, verbatim, and a hint."""
-    command = ["sh", "-c", SUBMIT.format(secrets=read_secrets(secrets)), "sh", output_dir]
-    stdin = secrets_input(secrets, dict(values or {})) + script.encode()
-    result = login.run(command, stdin=stdin)
+    result = login.run(["sh", "-c", SUBMIT, "sh", output_dir], stdin=script.encode())
     stderr = result.stderr.decode(errors="replace").strip()
     job_id = result.stdout.decode(errors="replace").strip().split(";")[0]
     if result.returncode != 0 or not job_id.isdigit():

@@ -19,8 +19,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from mlenv.backends import remote
-from mlenv.backends.base import (
+from mlenv.backends.ssh import deploy as deploying
+from mlenv.backends.ssh import doctor
+from mlenv.backends.ssh.diagnose import failure
+from mlenv.backends.ssh.facts import Reply, parallel, probe, probe_all
+from mlenv.backends.ssh.settings import SshSettings
+from mlenv.backends.ssh.target import SshTarget
+from mlenv.backends.ssh.transport import Transport, control_dir
+from mlenv.core import remote
+from mlenv.core.capabilities import (
     Check,
     CopyTarget,
     Handle,
@@ -32,14 +39,7 @@ from mlenv.backends.base import (
     Recorder,
     Request,
 )
-from mlenv.backends.fanout import FanoutJobs
-from mlenv.backends.ssh import deploy as deploying
-from mlenv.backends.ssh import doctor
-from mlenv.backends.ssh.diagnose import failure
-from mlenv.backends.ssh.facts import Reply, parallel, probe, probe_all
-from mlenv.backends.ssh.settings import SshSettings
-from mlenv.backends.ssh.target import SshTarget
-from mlenv.backends.ssh.transport import Transport, control_dir
+from mlenv.core.fanout import FanoutJobs
 from mlenv.errors import OperationError, UsageError, shown
 from mlenv.parallel import run_parallel
 from mlenv.plan import JobPlan
@@ -101,7 +101,7 @@ class SshBackend(FanoutJobs):
              "then mlenv launch SCRIPT")
         return handle
 
-    def wait_ready(self, handle: Handle, timeout: float) -> None:
+    def wait_ready(self, handle: Handle, timeout: float, record: Recorder) -> None:
         """Hosts are ready once deploy checked them; each must still answer (through its open connection)."""
         target = SshTarget.of(handle)
         target.deployed(handle.name)
@@ -269,7 +269,8 @@ def _request_text(plan: JobPlan, target: SshTarget) -> str:
         "workdir": target.workdir,
         "python": target.python,
         "deploy_checks": checks,
-        "env": {**plan.env, "MASTER_ADDR": "<host 0's address, as its ssh server sees the connection>"},
+        "env": {**plan.env, "MASTER_ADDR": "<host 0's address, as its ssh server sees the connection>",
+                "MASTER_PORT": f"<picked free on host 0 at launch; exec and shell see {plan.env.get('MASTER_PORT')}>"},
         "launch": f"{PORT_NOTE}; the runtime on each host picks its NIC and NCCL settings",
     }
     config = "".join(f"#   {line}\n" for line in transport.config_text.splitlines())

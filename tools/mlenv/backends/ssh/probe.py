@@ -18,6 +18,7 @@ import shutil
 import socket
 import subprocess
 import sys
+from typing import Any
 
 PREFIX = "mlenv-probe: "
 RUNTIME_DIR = ".mlenv"
@@ -25,7 +26,7 @@ OWNER_FILE = os.path.join(RUNTIME_DIR, "owner")
 COMMAND_TIMEOUT = 60
 
 
-def answer(data: dict) -> None:
+def answer(data: dict[str, Any]) -> None:
     print(PREFIX + json.dumps(data), flush=True)
 
 
@@ -43,7 +44,7 @@ def read(path: str) -> str | None:
         return None
 
 
-def basics(workspace: str) -> dict:
+def basics(workspace: str) -> dict[str, Any]:
     """Who and where this host is, and what it has."""
     connection = os.environ.get("SSH_CONNECTION", "").split()
     ancestor = existing_ancestor(workspace)
@@ -60,7 +61,7 @@ def basics(workspace: str) -> dict:
     }
 
 
-def make(workspace: str, owner: str, out: dict) -> None:
+def make(workspace: str, owner: str, out: dict[str, Any]) -> None:
     created = not os.path.isdir(workspace)
     try:
         os.makedirs(os.path.join(workspace, RUNTIME_DIR), exist_ok=True)
@@ -73,7 +74,7 @@ def make(workspace: str, owner: str, out: dict) -> None:
     out.update(created=created, exists=True, workspace=os.path.realpath(workspace))
 
 
-def marker(workspace: str, request: dict, out: dict) -> None:
+def marker(workspace: str, request: dict[str, Any], out: dict[str, Any]) -> None:
     for step in ("marker_write", "marker_look", "marker_remove"):
         if not request.get(step):
             continue
@@ -90,7 +91,7 @@ def marker(workspace: str, request: dict, out: dict) -> None:
             out["error"] = f"cannot write in the workspace {workspace}: {exc.strerror}"
 
 
-def gpus(out: dict) -> None:
+def gpus(out: dict[str, Any]) -> None:
     try:
         result = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=COMMAND_TIMEOUT,
                                 check=False)
@@ -116,7 +117,7 @@ def runtime(workspace: str, *args: str) -> subprocess.CompletedProcess[str] | No
                           capture_output=True, text=True, timeout=COMMAND_TIMEOUT, check=False)
 
 
-def jobs(workspace: str, out: dict) -> None:
+def jobs(workspace: str, out: dict[str, Any]) -> None:
     result = runtime(workspace, "jobs", "--json") if os.path.isdir(workspace) else None
     if result is None:
         return
@@ -126,7 +127,7 @@ def jobs(workspace: str, out: dict) -> None:
         out["jobs_error"] = (result.stderr.strip() or "runtime jobs failed").splitlines()[-1]
 
 
-def stop(workspace: str, out: dict) -> None:
+def stop(workspace: str, out: dict[str, Any]) -> None:
     result = runtime(workspace, "stop") if os.path.isdir(workspace) else None
     if result is not None:
         out["stopped"] = [line for line in result.stdout.splitlines() if line.startswith("stopped")]
@@ -134,7 +135,7 @@ def stop(workspace: str, out: dict) -> None:
             out["error"] = (result.stderr.strip() or result.stdout.strip() or "runtime stop failed").splitlines()[-1]
 
 
-def delete(workspace: str, owner: str, out: dict) -> None:
+def delete(workspace: str, owner: str, out: dict[str, Any]) -> None:
     if not os.path.isdir(workspace):
         out["deleted"] = False
         return
@@ -149,7 +150,7 @@ def family(address: str | None) -> socket.AddressFamily:
     return socket.AF_INET6 if address and ":" in address else socket.AF_INET
 
 
-def listen(request: dict, out: dict) -> None:
+def listen(request: dict[str, Any], out: dict[str, Any]) -> None:
     """Listen on every address at a free port, say which, and count who connects before the timeout."""
     settings = request["listen"]
     with socket.socket(family(out.get("address"))) as server:
@@ -168,7 +169,7 @@ def listen(request: dict, out: dict) -> None:
     out["accepted"] = accepted
 
 
-def connect(request: dict, out: dict) -> None:
+def connect(request: dict[str, Any], out: dict[str, Any]) -> None:
     target = request["connect"]
     try:
         with socket.create_connection((target["address"], target["port"]), timeout=target["timeout"]):
@@ -177,7 +178,7 @@ def connect(request: dict, out: dict) -> None:
         out.update(connected=False, connect_error=str(exc))
 
 
-def main(request: dict) -> None:
+def main(request: dict[str, Any]) -> None:
     workspace = os.path.abspath(os.path.expanduser(request["workdir"]))
     out = basics(workspace)
     if request.get("make"):

@@ -9,7 +9,7 @@ so they appear on no command line, in no file and in no log.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from mlenv.errors import UsageError
 
@@ -28,13 +28,20 @@ _RUN_UNTIL_STDIN_EOF = (
 session's stdin through fd 3, because background jobs of ``sh`` get /dev/null otherwise."""
 
 
-def read_secrets(names: Sequence[str]) -> str:
-    """Shell that exports each of ``names`` from one line of stdin (``read`` takes one byte at a time from a
-    pipe, so nothing after the values is consumed)."""
+def secret_names(texts: Iterable[str]) -> tuple[str, ...]:
+    """The variable names in ``texts`` (``--env`` values: names separated by commas or spaces), each once; the one
+    rule for a forwarded secret's name (UsageError otherwise)."""
+    names = [name for text in texts for name in text.replace(",", " ").split()]
     for name in names:
         if not NAME.fullmatch(name):
             raise UsageError(f"--env: expected a variable name like HF_TOKEN, got {name!r}")
-    return "".join(f'IFS= read -r {name} || exit 125; export {name}; ' for name in names)
+    return tuple(dict.fromkeys(names))
+
+
+def read_secrets(names: Sequence[str]) -> str:
+    """Shell that exports each of ``names`` from one line of stdin (``read`` takes one byte at a time from a
+    pipe, so nothing after the values is consumed)."""
+    return "".join(f'IFS= read -r {name} || exit 125; export {name}; ' for name in secret_names(names))
 
 
 def script(*, stop_on_stdin_eof: bool = False, secrets: Sequence[str] = ()) -> str:

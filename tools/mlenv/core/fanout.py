@@ -9,8 +9,8 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from mlenv.backends.base import Handle, LaunchOutcome, LaunchRequest, LaunchSpec, Node
-from mlenv.backends.remote import RUNTIME_DIR, secrets_input
+from mlenv.core.capabilities import Handle, LaunchOutcome, LaunchRequest, LaunchSpec, Node
+from mlenv.core.remote import RUNTIME_DIR, secrets_input
 from mlenv.errors import OperationError
 from mlenv.runtime.runlayout import run_state
 

@@ -1,17 +1,22 @@
-"""The backend protocol, in the spirit of TorchX's ``submit_dryrun`` -> ``schedule`` split.
+"""The capabilities a backend may implement (small typed Protocols) and the records they exchange, in the spirit
+of TorchX's ``submit_dryrun`` -> ``schedule`` split.
 
 ``prepare(plan) -> Request`` is pure (no I/O, no clock, no sockets, no environment reads): the request's text is
 what ``render`` and ``deploy --dry-run`` print, and ``apply`` sends exactly it. ``apply`` records the request's
 ``Handle`` before its first side effect; every later verb works from a handle alone, so a deployment can be
 inspected, re-deployed or cleaned even when its cluster file has changed since, or no longer validates.
 Launching is split the same way: ``prepare_launch`` (pure) and ``launch``.
+
+A backend implements the capabilities it supports (``Deploy``, ``NodeAccess``, ``Jobs``, ``Checks``); its registry
+entry names them, and ``core.registry.require`` gives ops the one they need, or a one-line error (exit 2) naming the
+backend and what to use instead.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar, runtime_checkable
 
 from mlenv.errors import UsageError
 
@@ -191,8 +196,9 @@ class LaunchOutcome:
 Recorder = Callable[[Handle], None]
 
 
-class Backend(Protocol):
-    """The verbs a backend maps onto its tool. Only backends have side effects on the outside world."""
+@runtime_checkable
+class Deploy(Protocol):
+    """Deploy and status: make the nodes, say how they are, take them away."""
 
     name: str
 
@@ -203,11 +209,25 @@ class Backend(Protocol):
         """Send ``request``; call ``record`` with the handle before the first change (and again whenever the
         handle learns more, e.g. a job id). Converges when run again."""
 
-    def wait_ready(self, handle: Handle, timeout: float) -> None:
-        """Wait, with live progress, until every node is ready (OperationError naming why not)."""
+    def wait_ready(self, handle: Handle, timeout: float, record: Recorder) -> None:
+        """Wait, with live progress, until every node is ready (OperationError naming why not); ``record`` keeps
+        what the handle learns meanwhile (a master's address)."""
 
     def status(self, handle: Handle) -> list[NodeStatus]:
         """Every node of the deployment, in ordinal order (empty when nothing exists)."""
+
+    def data_volumes(self, handle: Handle) -> list[str]:
+        """What ``clean --delete-data`` deletes beyond the nodes (listed before asking)."""
+
+    def clean(self, handle: Handle, delete_data: bool) -> None:
+        """Delete what the deployment created and marked as its own (data only when asked); twice is fine."""
+
+
+@runtime_checkable
+class NodeAccess(Protocol):
+    """Reach the nodes: list them, run a command on one, copy to it, read its log."""
+
+    name: str
 
     def nodes(self, handle: Handle) -> list[Node]:
         """The running nodes, in ordinal order; OperationError when there are none."""
@@ -218,7 +238,7 @@ class Backend(Protocol):
         """A local command line that runs ``argv`` on ``node`` in its workspace, with the handle's env contract,
         the node's MLENV_NODE_RANK and ``env``. With ``stop_on_stdin_eof`` the command is stopped when the local
         command's stdin closes (killing the local side stops the remote one too). ``secrets`` are variable names
-        whose values the command reads first from stdin, one line each (backends.remote)."""
+        whose values the command reads first from stdin, one line each (core.remote)."""
 
     def copy_target(self, handle: Handle, node: Node) -> CopyTarget:
         """Where rsync copies the workspace of ``node`` to."""
@@ -227,14 +247,12 @@ class Backend(Protocol):
         """A local command line that prints (or follows) the node's log: the latest run's output (``rank``: only
         that global rank's lines; the command exits 2 when the rank did not run on the node)."""
 
-    def data_volumes(self, handle: Handle) -> list[str]:
-        """What ``clean --delete-data`` deletes beyond the nodes (listed before asking)."""
 
-    def clean(self, handle: Handle, delete_data: bool) -> None:
-        """Delete what the deployment created and marked as its own (data only when asked); twice is fine."""
+@runtime_checkable
+class Jobs(Protocol):
+    """Run jobs: launch (``prepare_launch`` pure, then ``launch``), stop, and what became of a run."""
 
-    def checks(self, plan: JobPlan) -> list[Check]:
-        """Preflight facts for ``doctor``; never stops at the first failure."""
+    name: str
 
     def prepare_launch(self, handle: Handle, spec: LaunchSpec) -> LaunchRequest:
         """PURE: what ``launch`` would run for ``spec``."""
@@ -249,3 +267,41 @@ class Backend(Protocol):
     def run_states(self, handle: Handle, run_id: str) -> dict[int, str]:
         """Node ordinal -> what became of run ``run_id`` there: its state (docs/runs.md) with the exit code once it
         ended (``failed (7)``), or - (unknown)."""
+
+
+@runtime_checkable
+class Checks(Protocol):
+    """Preflight facts for ``doctor``."""
+
+    name: str
+
+    def checks(self, plan: JobPlan) -> list[Check]:
+        """Preflight facts for ``doctor``; never stops at the first failure."""
+
+
+C = TypeVar("C")
+
+
+@dataclass(frozen=True)
+class Capability(Generic[C]):
+    """One capability: its Protocol, what it lets mlenv do and what to use instead (the error when a backend
+    lacks it)."""
+
+    name: str
+    protocol: type[C]
+    does: str
+    """``the X backend cannot <does>``."""
+    instead: str
+    """What to use instead."""
+
+
+# A Protocol class is what isinstance checks (runtime_checkable), though mypy wants a concrete class for type[C].
+DEPLOY = Capability("deploy", Deploy, "deploy, show or clean nodes",  # type: ignore[type-abstract]
+                    "use the cluster's own tools")
+NODE_ACCESS = Capability("nodes", NodeAccess, "reach its nodes (exec, shell, sync, logs)",  # type: ignore[type-abstract]
+                         "use the cluster's own tools to reach them")
+JOBS = Capability("jobs", Jobs, "launch, follow or stop jobs",  # type: ignore[type-abstract]
+                  "run the job with mlenv exec on every node")
+CHECKS = Capability("checks", Checks, "run preflight checks",  # type: ignore[type-abstract]
+                    "deploy, and read mlenv status")
+CAPABILITIES: tuple[Capability[Any], ...] = (DEPLOY, NODE_ACCESS, JOBS, CHECKS)

@@ -1,15 +1,25 @@
 """Rules of the Kubernetes API server (and of running on it) checked at validate time, so that a bad file fails
-with its line and column instead of at deploy: namespaces, resource names, tolerations, supported versions."""
+with its line and column instead of at deploy: namespaces, resource names, tolerations, supported versions. Run by
+validate for the files of the backends whose registry entry names them (``BackendInfo.rules`` and ``settings``)."""
 
 from __future__ import annotations
 
 import os
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from mlenv.backends.kubernetes import scc
+from mlenv.config.model import DEFAULT_APP, Cluster
 from mlenv.errors import show_value
+
+if TYPE_CHECKING:
+    from mlenv.config.reader import ClusterReader
+
+DEFAULT_VERSION = "1.30"
+"""The Kubernetes version rendered objects are validated against when the file names none."""
 
 SYSTEM_NAMESPACES = frozenset({"kube-system", "kube-public", "kube-node-lease", "openshift"})
 _INT64 = range(-(2**63), 2**63)
@@ -123,3 +133,55 @@ def version_problem(version: str) -> str | None:
         return (f"Kubernetes {version} is not supported: mlenv checks manifests against 1.{minors[0]} to "
                 f"1.{minors[-1]}; pick the one closest to your cluster's version")
     return None
+
+
+@dataclass(frozen=True)
+class KubernetesSettings:
+    """What a Kubernetes-family file says only to its backend (``Cluster.settings``)."""
+
+    version: str
+    """``kubernetes_version``: the API the rendered objects are validated against."""
+
+
+def parse(reader: ClusterReader) -> KubernetesSettings:
+    """``kubernetes_version`` (a supported one)."""
+    version = str(reader.get("kubernetes_version", default=DEFAULT_VERSION)).lstrip("v")
+    if (reason := version_problem(version)) is not None:
+        reader.problem(("kubernetes_version",), reason)
+    return KubernetesSettings(version)
+
+
+def check_resources(reader: ClusterReader) -> None:
+    """``network.rdma.resources`` names that a Kubernetes API server accepts (Run:ai's pods too)."""
+    for name in reader.get("network", "rdma", "resources", default={}):
+        if (reason := rdma_resource_problem(name)) is not None:
+            reader.problem(("network", "rdma", "resources", name), reason)
+
+
+def check(reader: ClusterReader) -> None:
+    """Kubernetes' rules on the common sections: the namespace, the app name, RDMA resources, tolerations."""
+    namespace = reader.get("cluster", "namespace")
+    if namespace is not None:
+        if (reason := namespace_problem(namespace)) is not None:
+            reader.problem(("cluster", "namespace"), reason)
+        elif namespace == "default":
+            reader.warn("cluster.namespace: default is shared by everything in the cluster; a namespace of your "
+                        "own keeps mlenv's objects, and what clean deletes, apart")
+    if (reason := app_name_problem(str(reader.get("app", "name", default=DEFAULT_APP)))) is not None:
+        reader.problem(("app", "name"), reason)
+    check_resources(reader)
+    for index, toleration in enumerate(reader.get("scheduling", "tolerations", default=[])):
+        for name, message in toleration_problems(toleration):
+            reader.problem(("scheduling", "tolerations", index, name), message)
+
+
+def check_openshift(reader: ClusterReader) -> None:
+    """Kubernetes' rules and OpenShift's SCC."""
+    check(reader)
+    scc.check(reader)
+
+
+def version_of(cluster: Cluster) -> str:
+    """The Kubernetes version of ``cluster``'s file (the default when its backend reads none)."""
+    settings = cluster.settings
+    return settings.version if isinstance(settings, KubernetesSettings) else DEFAULT_VERSION

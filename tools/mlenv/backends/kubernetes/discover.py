@@ -225,7 +225,7 @@ def run_discover(name: str, namespace: str | None, force: bool) -> Path:
     """Write clusters/NAME.yaml; UsageError for a bad name or an existing file without ``force``."""
     from mlenv.config.discover import clusters_dir
     from mlenv.config.load import parse_yaml
-    from mlenv.config.validate import validate
+    from mlenv.core.clusters import validate
     from mlenv.ui import info
 
     if not NAME.fullmatch(name):

@@ -1,0 +1,279 @@
+"""One conformance suite for every registered backend: each capability it declares in the registry
+(``mlenv.core.registry``), run through the real ``mlenv`` command against the backend's real harness:
+
+    deploy -> status -> exec -> sync -> launch --detach -> status shows the run -> logs -f -> stop -> doctor -> clean
+
+local (pods as processes), ssh (sshd machines) and Slurm (slurmctld + slurmd) run it all. Kubernetes, OpenShift
+and Run:ai run against fakekube, whose pods run nothing yet: they run the verbs that need no exec (deploy,
+status, doctor, clean) until it does (``Harness.runs_pods``). A backend registered without a harness here fails
+the suite: a new backend gets these tests by registering and adding its harness.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import yaml
+from mlenv import state
+from mlenv.core.capabilities import CAPABILITIES, CHECKS, DEPLOY, JOBS, NODE_ACCESS
+from mlenv.core.registry import BACKENDS, get
+
+from tests._prereq import clean_environ, require
+from tests.fakekube.fixtures import FakeCluster, fake_kube_factory  # noqa: F401 - the fixture, re-exported
+from tests.integration.local_cluster import make_project, require_local
+
+if TYPE_CHECKING:  # imported at run time as plugins, so that pytest rewrites their asserts
+    from tests.integration.slurm_cluster import SlurmCluster
+    from tests.integration.ssh_hosts import SshHostsFactory
+
+pytest_plugins = ["tests.integration.slurm_cluster", "tests.integration.ssh_hosts"]
+
+ROOT = Path(__file__).resolve().parents[2]
+MLENV = Path(sys.executable).parent / "mlenv"
+JOB = "conformance_job.py"
+JOB_TEXT = """\
+import os, time
+os.write(1, f"conformance node={os.environ['MLENV_NODE_RANK']} rank={os.environ['RANK']}\\n".encode())
+time.sleep(600)
+"""
+"""Every rank says who it is (one write: the ranks of a node share its log), then waits to be stopped."""
+LINE = re.compile(r"\[node-(?P<tag>\d+)[^\]]*\] conformance node=(?P<node>\d+) rank=(?P<rank>\d+)$")
+"""A rank's line as logs shows it: ``[node-N rR] conformance node=N rank=R`` (the runtime tags it)."""
+WAIT = 120.0
+CALL_TIMEOUT = 240.0
+
+
+@dataclass(frozen=True)
+class Subject:
+    """A cluster file ``name`` in the project ``home``, and the environment that reaches its harness."""
+
+    name: str
+    home: Path
+    env: dict[str, str]
+    nodes: int = 2
+    runs_pods: bool = True
+    """Its nodes run commands (exec, sync, launch, logs); False for fakekube until it runs pods."""
+
+    def mlenv(self, *args: str, timeout: float = CALL_TIMEOUT) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(MLENV), *args], cwd=self.home, env=self.env, capture_output=True, text=True,
+                              timeout=timeout, check=False, stdin=subprocess.DEVNULL)
+
+    def ok(self, *args: str, timeout: float = CALL_TIMEOUT) -> subprocess.CompletedProcess[str]:
+        result = self.mlenv(*args, timeout=timeout)
+        assert result.returncode == 0, f"mlenv {' '.join(args)}: {result.returncode}\n{result.stdout}{result.stderr}"
+        assert "Traceback" not in result.stderr, result.stderr
+        return result
+
+    def status(self) -> dict[str, Any]:
+        return dict(json.loads(self.ok("status", "-c", self.name, "--json").stdout))
+
+
+Harness = Callable[[pytest.FixtureRequest, Path], AbstractContextManager[Subject]]
+
+
+def _project(tmp_path: Path) -> Path:
+    """A project directory (MLENV_HOME) whose workspace/ holds the job."""
+    home = tmp_path / "home"
+    for directory in ("clusters", "manifests", "workspace"):
+        (home / directory).mkdir(parents=True, exist_ok=True)
+    (home / "workspace" / JOB).write_text(JOB_TEXT)
+    return home
+
+
+@contextmanager
+def local(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Subject]:
+    require_local("processes")
+    (tmp_path / "home").mkdir()
+    project = make_project(tmp_path / "home", "conf", "10.77.91.0/24", "processes")
+    home = _project(tmp_path)
+    yield Subject(project.name, home, {**os.environ, "MLENV_HOME": str(home)})
+
+
+@contextmanager
+def ssh(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Subject]:
+    require("torch", "rsync")
+    factory: SshHostsFactory = request.getfixturevalue("ssh_hosts")
+    machines = factory(2)
+    home = _project(tmp_path)
+    (home / "clusters" / "conf.yaml").write_text(yaml.safe_dump({
+        "backend": "ssh", "cluster": {"name": "conf"},
+        "ssh": {"hosts": [host.spec for host in machines.hosts], "identity_file": str(machines.identity),
+                "known_hosts": str(machines.known_hosts), "workdir": f"{machines.workdir}/conf",
+                "python": str(MLENV.parent / "python")},
+        "gpus": {"per_node": 0, "default_nodes": 2, "procs_per_node": 2}}, sort_keys=False))
+    yield Subject("conf", home, {**os.environ, "MLENV_HOME": str(home)})
+
+
+@contextmanager
+def slurm(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Subject]:
+    require("torch", "rsync")
+    cluster: SlurmCluster = request.getfixturevalue("slurm_cluster")
+    home = _project(tmp_path)
+    (home / "clusters" / "conf.yaml").write_text(yaml.safe_dump({
+        "backend": "slurm", "cluster": {"name": "conf"},
+        "slurm": {"partition": "debug", "time": "15", "workdir": str(tmp_path / "work"),
+                  "setup": [f"source {Path(sys.executable).parent.parent}/bin/activate"]},
+        "gpus": {"per_node": 0, "default_nodes": 2, "procs_per_node": 2},
+        "network": {"tcp": {"interface_exclude": "^docker0"}}}, sort_keys=False))
+    yield Subject("conf", home, clean_environ({**cluster.env, "MLENV_HOME": str(home)}))
+
+
+def _kube(backend: str) -> Harness:
+    @contextmanager
+    def harness(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Subject]:
+        fake: FakeCluster = request.getfixturevalue("fake_kube_factory")(nodes=["gpu-0", "gpu-1"],
+                                                                          namespaces=["ml"])
+        home = _project(tmp_path)
+        (home / "clusters" / "conf.yaml").write_text(yaml.safe_dump({
+            "backend": backend, "cluster": {"name": "conf", "namespace": "ml"},
+            "nodes": {"gpu_nodes": ["gpu-0", "gpu-1"]},
+            "storage": {"mode": "volumeClaimTemplates", "class_rwo": "standard", "class_rwx": "nfs",
+                        "workspace_size": "1Gi", "datasets_size": "1Gi"},
+            "gpus": {"per_node": 4, "default_nodes": 2}}, sort_keys=False))
+        yield Subject("conf", home, {**os.environ, **fake.env, "MLENV_HOME": str(home)}, runs_pods=False)
+
+    return harness
+
+
+@contextmanager
+def runai(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Subject]:
+    standin = ROOT / "tests" / "fixtures" / "runai"
+    fake: FakeCluster = request.getfixturevalue("fake_kube_factory")(nodes=["gpu-0", "gpu-1"],
+                                                                      namespaces=["runai-ml"])
+    fake.server.set_namespace_labels("runai-ml", {"runai/queue": "ml"})
+    home = _project(tmp_path)
+    (home / "clusters" / "conf.yaml").write_text(yaml.safe_dump({
+        "backend": "runai", "cluster": {"name": "conf"}, "runai": {"project": "ml", "cli": "v2"},
+        "image": "registry.example.com/ml/train:v1", "gpus": {"per_node": 4, "default_nodes": 2}}, sort_keys=False))
+    env = {**os.environ, **fake.env, "MLENV_HOME": str(home), "PATH": f"{standin}{os.pathsep}{os.environ['PATH']}",
+           "RUNAI_STANDIN_LOG": str(tmp_path / "runai-argv.jsonl"), "RUNAI_STANDIN_CLI": "v2"}
+    yield Subject("conf", home, env, runs_pods=False)
+
+
+HARNESSES: dict[str, Harness] = {"local": local, "ssh": ssh, "slurm": slurm, "kubernetes": _kube("kubernetes"),
+                                 "openshift": _kube("openshift"), "runai": runai}
+
+
+def wait_for(condition: Callable[[], bool], what: Callable[[], str], timeout: float = WAIT) -> None:
+    """Poll ``condition`` until it holds; fail saying ``what()`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out after {timeout:.0f}s waiting for {what()}"
+        time.sleep(0.2)
+
+
+class Follower:
+    """``mlenv logs -f`` running in the background, its lines collected as they come."""
+
+    def __init__(self, subject: Subject) -> None:
+        self.process = subprocess.Popen([str(MLENV), "logs", "-c", subject.name, "--follow"], cwd=subject.home,
+                                        env=subject.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                        stdin=subprocess.PIPE)
+        self.lines: list[str] = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        self.lines.extend(line.rstrip("\n") for line in self.process.stdout)
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+
+
+@pytest.mark.parametrize("name", list(BACKENDS))
+def test_every_declared_capability_is_implemented(name: str) -> None:
+    """What the registry says a backend offers, the backend object offers (checked without any harness)."""
+    if name in {"kubernetes", "openshift", "runai"}:
+        require("kubectl")
+    backend = get(name, state.RECORDS)
+    declared = {capability.name for capability in CAPABILITIES} & BACKENDS[name].capabilities
+    assert declared == BACKENDS[name].capabilities, "the registry names a capability mlenv does not know"
+    assert [c.name for c in CAPABILITIES if c.name in declared and not backend.has(c)] == []
+
+
+@pytest.mark.parametrize("name", list(BACKENDS))
+def test_conformance(name: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    harness = HARNESSES.get(name)
+    assert harness is not None, f"backend {name} is registered but has no harness in {__file__}: add one"
+    declared = BACKENDS[name].capabilities
+    with harness(request, tmp_path) as subject:
+        try:
+            _run(subject, declared)
+        finally:
+            if DEPLOY.name in declared:
+                subject.mlenv("clean", "-c", subject.name, "--yes", "--delete-data")
+
+
+def _run(subject: Subject, declared: frozenset[str]) -> None:
+    name = subject.name
+    assert DEPLOY.name in declared, "every backend deploys"
+    subject.ok("deploy", name, "--timeout", "180")
+    report = subject.status()
+    assert [(pod["ordinal"], pod["ready"]) for pod in report["pods"]][:subject.nodes] == [
+        (n, True) for n in range(subject.nodes)], report
+
+    if subject.runs_pods and NODE_ACCESS.name in declared:
+        executed = subject.ok("exec", "-c", name, "--", "sh", "-c", 'echo "rank=$MLENV_NODE_RANK"')
+        assert sorted(executed.stdout.splitlines()) == [f"[node-{n}] rank={n}" for n in range(subject.nodes)]
+        synced = subject.ok("sync", "-c", name, "--json")
+        assert json.loads(synced.stdout)["ok"] is True
+
+    if subject.runs_pods and JOBS.name in declared:
+        _jobs(subject)
+
+    if CHECKS.name in declared:
+        doctor = subject.mlenv("doctor", name, "--json")
+        assert doctor.returncode in (0, 1) and "Traceback" not in doctor.stderr, doctor.stderr
+        checks = json.loads(doctor.stdout)["checks"]
+        assert checks and {check["status"] for check in checks} <= {"PASS", "WARN", "FAIL"}
+
+    subject.ok("clean", "-c", name, "--yes", "--delete-data")
+    everything = json.loads(subject.ok("status", "--all", "--json").stdout)
+    assert name not in [deployment["name"] for deployment in everything["deployments"]]
+
+
+def _jobs(subject: Subject) -> None:
+    """launch --detach -> status shows the run -> logs -f -> stop -> status shows it ended."""
+    name = subject.name
+    subject.ok("launch", "-c", name, "--launcher", "torchrun", "--detach", JOB)
+
+    def states() -> dict[str, str]:
+        return dict(subject.status().get("run_states") or {})
+
+    running = {str(n): "running" for n in range(subject.nodes)}
+    wait_for(lambda: states() == running, lambda: f"the detached run running on every node ({states()})")
+    everything = subject.ok("status", "--all", "--json")
+    assert not [d for d in json.loads(everything.stdout)["deployments"] if d.get("error")], everything.stdout
+
+    follower = Follower(subject)
+    try:
+        def seen() -> list[tuple[int, int]]:
+            """(node, global rank) of every rank's line, from a node tagged as it says (torchrun gives out the
+            global ranks)."""
+            found = (LINE.search(line) for line in follower.lines)
+            return sorted((int(m["node"]), int(m["rank"])) for m in found if m and m["node"] == m["tag"])
+
+        wait_for(lambda: [node for node, _ in seen()] == sorted(list(range(subject.nodes)) * 2)
+                 and sorted(rank for _, rank in seen()) == list(range(subject.nodes * 2)),
+                 lambda: f"logs -f to show every rank's line ({follower.lines[-6:]})")
+        subject.ok("stop", "-c", name)
+        wait_for(lambda: follower.process.poll() is not None,
+                 lambda: f"logs -f to end with the stopped run ({follower.lines[-6:]})")
+    finally:
+        follower.close()
+    wait_for(lambda: "running" not in states().values(), lambda: f"status to show the run ended ({states()})")

@@ -1,0 +1,193 @@
+"""Every backend, by name, in one table: where its code lives (imported only when used), the capabilities it
+implements and what of a cluster file it reads. Adding a backend is its module, one line here, and, when it has a
+section of its own, its schema fragment (``mlenv/backends/<name>.schema.json``, validating that section) and its
+settings parser.
+
+``get`` makes a backend; ops ask the result for the capability they need (``backend.jobs``), and a capability the
+backend lacks is a one-line UsageError (exit 2) naming the backend and what to use instead, never an AttributeError.
+The cluster-file rules (section, settings parser, ...) are handed down to ``mlenv.config`` from here
+(``CONFIG_RULES``, through ``core.clusters``): config imports nothing above it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import import_module
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
+
+from mlenv.config.reader import BackendTable
+from mlenv.core.capabilities import (
+    CAPABILITIES,
+    CHECKS,
+    DEPLOY,
+    JOBS,
+    NODE_ACCESS,
+    Capability,
+    Checks,
+    Deploy,
+    Handle,
+    Jobs,
+    NodeAccess,
+)
+from mlenv.errors import UsageError
+
+if TYPE_CHECKING:
+    from mlenv.config.reader import ClusterReader
+
+C = TypeVar("C")
+ALL = frozenset(capability.name for capability in CAPABILITIES)
+
+KUBERNETES_FIELDS = frozenset({"kubernetes_version", "app", "image", "nodes", "storage", "security", "resources",
+                               "scheduling"})
+"""Common sections that only Kubernetes-family backends read."""
+
+CONTAINER_FIELDS = frozenset({"container"})
+"""Common sections for backends that start the container on each node themselves (Slurm with Apptainer)."""
+
+SELECTIVE_FIELDS = KUBERNETES_FIELDS | CONTAINER_FIELDS
+"""Common sections a backend reads only when its ``uses`` names them; in a file for another backend they are a
+validate warning. Every other common section (cluster, network, gpus, nccl, env, notes) every backend reads."""
+
+
+class BackendInfo(NamedTuple):
+    """One backend: how to make it, and what it reads of a cluster file."""
+
+    name: str
+    factory: str
+    """``module:callable`` returning the backend object; imported lazily."""
+    section: str | None = None
+    """Its own top-level section of the cluster file (validated by its schema fragment), if any."""
+    settings: str | None = None
+    """``module:function`` parsing its section: ``function(reader: mlenv.config.reader.ClusterReader)`` returns a
+    frozen dataclass (``Cluster.settings``) and reports bad values with ``reader.problem``. Imported only for files
+    of this backend, so keep the module's own imports cheap."""
+    kube_family: bool = False
+    """Talks to a Kubernetes API: ``cluster.namespace`` is required and system namespaces are refused."""
+    creates_volumes: bool = False
+    """Creates persistent volumes: a storage class is required."""
+    cpu_nodes: bool = False
+    """``gpus.per_node: 0`` (CPU nodes, gloo) is allowed, and the default."""
+    uses: frozenset[str] = frozenset()
+    """Which of SELECTIVE_FIELDS it reads; the others in a file for it are a validate warning naming it."""
+    machines: tuple[str, ...] | None = None
+    """Path of the file's list of machines, one node each (``ssh.hosts``): ``gpus.default_nodes`` defaults to
+    its length instead of 2, so every listed machine is used unless the file asks for fewer."""
+    rules: str | None = None
+    """``module:function`` checking the common sections by its own rules: ``function(reader)`` reports with
+    ``reader.problem`` / ``reader.warn`` (OpenShift's SCC); imported only for files of this backend."""
+    capabilities: frozenset[str] = ALL
+    """Which of ``core.capabilities.CAPABILITIES`` it implements (by name); the conformance suite runs each."""
+    keeps_records: bool = False
+    """Reads and records what it submitted (batch jobs) itself: its factory takes the ``Records`` it is handed
+    (``mlenv.state.RECORDS``), as backends never import state."""
+
+    def parse_settings(self, reader: ClusterReader) -> object | None:
+        """Its own section, parsed by the function ``settings`` names (None without one)."""
+        return None if self.settings is None else _function(self.settings)(reader)
+
+    def check_common(self, reader: ClusterReader) -> None:
+        """Its own rules on the common sections, by the function ``rules`` names (none without one)."""
+        if self.rules is not None:
+            _function(self.rules)(reader)
+
+
+BACKENDS: dict[str, BackendInfo] = {
+    info.name: info for info in (
+        BackendInfo("openshift", "mlenv.backends.kubernetes.backend:openshift", kube_family=True,
+                    creates_volumes=True, uses=KUBERNETES_FIELDS, settings="mlenv.backends.kubernetes.rules:parse",
+                    rules="mlenv.backends.kubernetes.rules:check_openshift"),
+        BackendInfo("kubernetes", "mlenv.backends.kubernetes.backend:kubernetes", kube_family=True,
+                    creates_volumes=True, uses=KUBERNETES_FIELDS, settings="mlenv.backends.kubernetes.rules:parse",
+                    rules="mlenv.backends.kubernetes.rules:check"),
+        BackendInfo("local", "mlenv.backends.local.backend:LocalBackend", section="local",
+                    settings="mlenv.backends.local.settings:parse", cpu_nodes=True,
+                    uses=frozenset({"app", "storage"})),
+        BackendInfo("slurm", "mlenv.backends.slurm.backend:SlurmBackend", section="slurm",
+                    settings="mlenv.backends.slurm.settings:parse", cpu_nodes=True, uses=CONTAINER_FIELDS,
+                    machines=("slurm", "nodelist"), keeps_records=True),
+        BackendInfo("runai", "mlenv.backends.runai.backend:RunaiBackend", section="runai",
+                    settings="mlenv.backends.runai.settings:parse",
+                    rules="mlenv.backends.kubernetes.rules:check_resources",
+                    uses=frozenset({"app", "image", "storage", "security"})),
+        BackendInfo("ssh", "mlenv.backends.ssh.backend:SshBackend", section="ssh",
+                    settings="mlenv.backends.ssh.settings:parse", cpu_nodes=True, uses=frozenset({"app"}),
+                    machines=("ssh", "hosts")),
+    )
+}
+DEFAULT_BACKEND = "openshift"
+
+
+def _function(path: str) -> Callable[[ClusterReader], Any]:
+    """The function ``module:function`` names, imported now."""
+    module, _, function = path.partition(":")
+    found: Callable[[ClusterReader], Any] = getattr(import_module(module), function)
+    return found
+
+
+CONFIG_RULES = BackendTable(BACKENDS, DEFAULT_BACKEND, SELECTIVE_FIELDS)
+"""What mlenv.config needs of the registry, handed down to it (core.clusters)."""
+
+
+class Records(Protocol):
+    """What a backend may read and record of mlenv's records (``mlenv.state.RECORDS`` provides it), by deployment
+    name: the recorded handle, and the batch jobs submitted whether or not the cluster is deployed."""
+
+    def handle_of(self, name: str) -> Handle | None:
+        """The recorded deployment's handle, if ``name`` is recorded."""
+
+    def jobs_of(self, name: str) -> tuple[dict[str, Any], ...]:
+        """The jobs recorded for ``name``, oldest first."""
+
+    def add_job(self, name: str, job: dict[str, Any], keep: int) -> None:
+        """Record ``job`` for ``name``, keeping the newest ``keep``."""
+
+
+@dataclass(frozen=True)
+class Backend:
+    """A backend made by ``get``: ask it for the capability an operation needs."""
+
+    info: BackendInfo
+    impl: object
+
+    @property
+    def name(self) -> str:
+        return self.info.name
+
+    def has(self, capability: Capability[Any]) -> bool:
+        """Whether the backend declares and implements ``capability``."""
+        return capability.name in self.info.capabilities and isinstance(self.impl, capability.protocol)
+
+    def need(self, capability: Capability[C]) -> C:
+        """The backend as ``capability``; UsageError (one line, exit 2) naming the backend and what to use
+        instead when it lacks it."""
+        impl = self.impl
+        if capability.name in self.info.capabilities and isinstance(impl, capability.protocol):
+            return impl
+        raise UsageError(f"the {self.name} backend cannot {capability.does}; {capability.instead}")
+
+    @property
+    def deploy(self) -> Deploy:
+        return self.need(DEPLOY)
+
+    @property
+    def access(self) -> NodeAccess:
+        return self.need(NODE_ACCESS)
+
+    @property
+    def jobs(self) -> Jobs:
+        return self.need(JOBS)
+
+    @property
+    def checks(self) -> Checks:
+        return self.need(CHECKS)
+
+
+def get(name: str, records: Records) -> Backend:
+    """A backend called ``name``, made now (it reads what it needs of this machine when made); a backend that keeps
+    records is handed ``records``."""
+    info = BACKENDS.get(name)
+    if info is None:
+        raise UsageError(f"unknown backend {name!r}: expected one of {', '.join(sorted(BACKENDS))}")
+    module, _, attribute = info.factory.partition(":")
+    factory: Any = getattr(import_module(module), attribute)
+    return Backend(info, factory(records) if info.keeps_records else factory())
