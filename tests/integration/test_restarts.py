@@ -56,8 +56,9 @@ def test_a_failed_run_is_restarted_until_it_succeeds(project: LocalProject) -> N
     result = project.mlenv("launch", "--launcher", "torchrun", "--max-restarts", "3", "flaky.py", "--until", "2",
                            timeout=240)
     assert result.returncode == 0, result.stdout + result.stderr
-    seen = attempts(result.stdout)
-    assert sorted((attempt, rank) for attempt, _, rank in seen) == [(a, r) for a in range(3) for r in range(4)]
+    seen = attempts(result.stdout)  # a failed attempt's stop may end a rank before it said who it is
+    assert {attempt for attempt, _, _ in seen} == {0, 1, 2}, result.stdout
+    assert sorted(rank for attempt, _, rank in seen if attempt == 2) == [0, 1, 2, 3], result.stdout
     (run_id,) = {run for _, run, _ in seen}  # the same MLENV_RUN_ID every time
     assert set(re.findall(r"checkpoints (\S+)", result.stdout)) == {f"checkpoints/{run_id}"}  # and checkpoints
     for attempt in (1, 2):
@@ -72,8 +73,7 @@ def test_a_failed_run_is_restarted_until_it_succeeds(project: LocalProject) -> N
     for node in (0, 1):
         headers = [logs.index(f"mlenv: ==== attempt {k} (MLENV_RESTART_COUNT={k}) of run {run_id}, node {node} ====")
                    for k in range(3)]
-        lines = [logs.index(f"attempt {k} of run {run_id} on node {node}") for k in range(3)]
-        assert headers[0] < lines[0] < headers[1] < lines[1] < headers[2] < lines[2], logs
+        assert headers == sorted(headers) and headers[2] < logs.index(f"attempt 2 of run {run_id} on node {node}")
     status = json.loads(project.ok("status", "--json").stdout)["latest_run"]
     assert (status["id"], status["state"], status["attempt"]) == (run_id, "succeeded", 2), status
     assert "succeeded, attempt 2 (restarted 2x" in project.ok("status").stdout
@@ -95,7 +95,9 @@ def test_a_detached_run_is_restarted_by_the_nodes(project: LocalProject) -> None
         time.sleep(1)
     assert run["id"] == run_id and sorted(rank["rank"] for rank in run["ranks"]) == [0, 1, 2, 3], run  # type: ignore
     logs = project.ok("logs", timeout=60).stdout
-    assert attempts(logs) == {(k, run_id, r) for k in (0, 1) for r in range(4)}, logs
+    seen = attempts(logs)  # the failed attempt's stop may end a rank before it said who it is
+    assert {(attempt, run) for attempt, run, _ in seen} == {(0, run_id), (1, run_id)}, logs
+    assert sorted(rank for attempt, _, rank in seen if attempt == 1) == [0, 1, 2, 3], logs
     assert ("mlenv: attempt 0 failed with exit code 3: restarting the run, attempt 1 of at most 2 restarts "
             "(MLENV_RESTART_COUNT=1)") in logs, logs
     assert "failing on purpose" in logs

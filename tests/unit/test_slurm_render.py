@@ -389,7 +389,7 @@ def test_requeue_must_be_a_boolean(project: Path) -> None:
 
 
 def test_the_warning_is_ignored_by_the_task_and_passed_on_by_the_batch_shell() -> None:
-    wrapper = task_wrapper({}, "USR1")
+    wrapper = task_wrapper({}, warning="USR1")
     assert wrapper.startswith("export MLENV_NODE_RANK=\"$SLURM_NODEID\"; trap '' USR1; ")
     assert "trap" not in task_wrapper({})
     assert grace_seconds(120) == 90 and grace_seconds(1) == 1
