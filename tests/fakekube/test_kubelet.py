@@ -149,8 +149,9 @@ def test_replaced_and_scaled_down_pods_end_their_processes(cluster: FakeCluster)
                         "containers": [{"name": "main", "image": "x", "command": ["sleep", "infinity"]}]}}}}
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(sts))
     first = {n: running(cluster, n)["metadata"]["uid"] for n in ("w-0", "w-1")}
-    hosts = cluster.kubectl("exec", "w-0", "--", "cat", "/etc/hosts").stdout
-    assert "w-1.w.ml.svc.cluster.local" in hosts  # the headless Service's names
+    # the headless Service's names, once the controller has seen w-1's IP (eventually, as cluster DNS is)
+    until(lambda: "w-1.w.ml.svc.cluster.local" in cluster.kubectl("exec", "w-0", "--", "cat", "/etc/hosts").stdout,
+          "w-1's name in w-0's /etc/hosts")
     until(lambda: len(pod_processes(pods_root(cluster))) == 2, "two pods' processes")
     assert cluster.kubectl("scale", "sts", "w", "--replicas=1").returncode == 0
     until(lambda: get_pod(cluster, "w-1") is None, "w-1 gone")

@@ -147,7 +147,8 @@ def test_batch_launch_trains_to_a_falling_loss(project: Project, slurm_cluster: 
     (run,) = (project.home / "runs").iterdir()
     assert "step 5/5 loss" in "".join((run / f"node-{n}.log").read_text() for n in (0, 1))
     remote = project.workdir / ".mlenv" / "runs" / run.name
-    assert (remote / "exit").read_text() == "0\n" and "step 5/5 loss" in (remote / "output.log").read_text()
+    assert (remote / "attempt-0" / "exit").read_text() == "0\n"
+    assert "step 5/5 loss" in (remote / "output.log").read_text()
     assert slurm_cluster.job(job_id)["JobState"] == "COMPLETED"
     (row,) = project.status()
     assert (row["name"], row["phase"], row["node"], row["detail"], row["extra"]["run"]) == (

@@ -22,6 +22,7 @@ from mlenv.backends.slurm.backend import SlurmBackend
 from mlenv.backends.slurm.checks import NodeRow, minutes, parse_sinfo
 from mlenv.backends.slurm.jobs import JobInfo
 from mlenv.backends.slurm.login import Login
+from mlenv.backends.slurm.script import grace_seconds, task_wrapper
 from mlenv.backends.slurm.settings import SlurmSettings, owned_option
 from mlenv.cli import main
 from mlenv.config.model import Bind, Container
@@ -245,7 +246,7 @@ def test_values_reach_the_nodes_exactly_and_never_run(project: Path, tmp_path: P
     shown = subprocess.run(["bash", "-c", exports + '\nprintf "%s\\0" "$A" "$B" "$C"'], capture_output=True,
                            timeout=10, check=True, env={"PATH": "/usr/bin:/bin"}).stdout.decode()
     assert shown.split("\0")[:3] == list(hostile.values())
-    task = script[script.index("  python3 -m mlenv.runtime"):script.index(" &\nwait \"$!\"")]
+    task = script[script.index("  python3 -m mlenv.runtime"):script.index(" &\nsrun=$!")]
     assert shlex.split(task)[-4:] == ["job.py\nrm -rf /", *args]
     assert subprocess.run(["bash", "-n", "-c", script], timeout=10, check=False).returncode == 0
     assert not marker.exists()
@@ -330,3 +331,65 @@ def test_the_handle_keeps_the_settings_and_container(project: Path) -> None:
                                                           "/usr/lib64:$LD_LIBRARY_PATH",
                                        "CPATH": "/opt/libfabric/include:$CPATH"})
     assert job.settings.account == "nn1234k" and job.settings.cpus_per_task == 72
+
+
+# --- slurm.signal and slurm.requeue ---
+
+
+def with_warning(project: Path, signal: str = '"USR1@60"') -> None:
+    """slurm-gloo.yaml asking for the warning signal and requeue."""
+    path = project / "clusters/slurm-gloo.yaml"
+    path.write_text(path.read_text().replace("  workdir: /home/shared/mlenv\n", "  workdir: /home/shared/mlenv\n"
+                                             f"  signal: {signal}\n  requeue: true\n"))
+
+
+def test_the_warning_signal_and_requeue_go_to_batch_scripts_only(project: Path) -> None:
+    with_warning(project)
+    result = mlenv("launch", "-c", "slurm-gloo", "--launcher", "torchrun", "--dry-run", "train_multi_node.py")
+    assert result.exit_code == 0, result.output
+    assert RUN_ID.sub("RUN", result.stdout) == golden("slurm-gloo.requeue.batch.sbatch")
+    assert "#SBATCH --signal=B:USR1@60\n#SBATCH --requeue\n" in result.stdout
+    allocation = mlenv("render", "slurm-gloo").stdout  # the warning would end the allocation: never there
+    assert "--signal" not in allocation and "--requeue" not in allocation and "trap ''" not in allocation
+
+
+@pytest.mark.parametrize(("signal", "kept"), [('"B:USR1@120"', "USR1@120"), ('"SIGUSR2@90"', "USR2@90"),
+                                              ('"10@30"', "10@30"), ("usr1@5", "USR1@5")])
+def test_the_warning_signal_by_name_or_number(project: Path, signal: str, kept: str) -> None:
+    with_warning(project, signal)
+    settings = load_plan("slurm-gloo").cluster.settings
+    assert isinstance(settings, SlurmSettings) and (settings.signal, settings.requeue) == (kept, True)
+
+
+@pytest.mark.parametrize(("signal", "why"), [
+    ('"USR1@x"', "expected sbatch's [B:]SIG@SECONDS like USR1@120 (SECONDS a whole number up to 65535), got "
+                 '"USR1@x"'),
+    ('"KILL@60"', '"KILL@60": SIGKILL cannot be caught, so it gives the job no time to checkpoint; use USR1 (or '
+                  "another catchable signal)"),
+    ('"9@60"', '"9@60": SIGKILL cannot be caught'),
+    ('"STOP@60"', '"STOP@60": SIGSTOP cannot be caught'),
+    ('"HUNGRY@60"', '"HUNGRY@60" names no signal: use a name like USR1, TERM, URG or a number'),
+    ('"99@60"', "99 is not a signal number (1 to 64)"),
+    ("USR1", "expected sbatch's [B:]SIG@SECONDS like USR1@120"),
+])
+def test_a_bad_warning_signal_is_bad_input(project: Path, signal: str, why: str) -> None:
+    with_warning(project, signal)
+    result = mlenv("validate", "slurm-gloo")
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith("error: clusters/slurm-gloo.yaml:16:3: slurm.signal: ") and why in result.stderr
+
+
+def test_requeue_must_be_a_boolean(project: Path) -> None:
+    path = project / "clusters/slurm-gloo.yaml"
+    path.write_text(path.read_text().replace("  workdir: /home/shared/mlenv\n",
+                                             "  workdir: /home/shared/mlenv\n  requeue: sometimes\n"))
+    result = mlenv("validate", "slurm-gloo")
+    assert (result.exit_code, result.stderr) == (
+        2, 'error: clusters/slurm-gloo.yaml:16:3: slurm.requeue: expected true or false, got "sometimes"\n')
+
+
+def test_the_warning_is_ignored_by_the_task_and_passed_on_by_the_batch_shell() -> None:
+    wrapper = task_wrapper({}, warning="USR1")
+    assert wrapper.startswith("export MLENV_NODE_RANK=\"$SLURM_NODEID\"; trap '' USR1; ")
+    assert "trap" not in task_wrapper({})
+    assert grace_seconds(120) == 90 and grace_seconds(1) == 1

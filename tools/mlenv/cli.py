@@ -418,6 +418,9 @@ def clean(cluster_ref: str | None, delete_data: bool, yes: bool) -> None:
 @click.option("--expect-transport", type=click.Choice(["rdma", "sockets", "any"]), default=None,
               help="What NCCL must prove it uses; a contradiction stops the job (default: the cluster file's "
                    "network.expect_transport, else rdma in rdma mode and any otherwise).")
+@click.option("--max-restarts", type=click.IntRange(0, 100), default=None, metavar="N",
+              help="Start a failed run again, up to N times (same MLENV_RUN_ID, MLENV_RESTART_COUNT the attempt); "
+                   "a stop by the user is never restarted (default: launch.max_restarts, else 0).")
 @click.option("--dry-run", is_flag=True, help="Print what launch would run on every node; run nothing.")
 @click.option("--hang-timeout", type=float, default=None, metavar="SECONDS",
               help="No output from any rank for this long: capture every rank's stack into the run directory, "
@@ -429,7 +432,7 @@ def clean(cluster_ref: str | None, delete_data: bool, yes: bool) -> None:
 @reports_errors
 def launch(cluster_ref: str | None, launcher: str, nproc: int | None, args_text: str | None, secrets: tuple[str, ...],
            detach: bool, expect_transport: str | None, dry_run: bool, hang_timeout: float | None,
-           on_hang: str | None, script: str,
+           on_hang: str | None, max_restarts: int | None, script: str,
            script_args: tuple[str, ...]) -> None:
     """Start SCRIPT on every node at once through the runtime; fail-fast, logs in runs/.
 
@@ -456,7 +459,7 @@ def launch(cluster_ref: str | None, launcher: str, nproc: int | None, args_text:
         raise UsageError("--on-hang stop needs a hang timeout: --hang-timeout SECONDS (or launch.hang_timeout)")
     spec = LaunchSpec(launcher, script, (*script_args, *extra), nproc, launching.run_id(target.handle.name),
                       detach, names, expect_transport or launching.file_expect_transport(target), hang_timeout,
-                      on_hang)
+                      on_hang, launching.max_restarts(target, max_restarts))
     if dry_run:
         click.echo(launching.dry_run(target, spec), nl=False)
         return
@@ -471,15 +474,41 @@ def launch(cluster_ref: str | None, launcher: str, nproc: int | None, args_text:
 @click.option("--expect", default=None, metavar="BANDWIDTH",
               help="Expected bus bandwidth with its unit, 180GB/s or 1440Gb/s (default: network.expected_busbw, "
                    "else in RDMA mode the link rate x HCAs of the nodes).")
+@click.option("--pairs", is_flag=True, help="Bisect the fabric: all-reduce the largest size within disjoint node "
+              "pairs at once, in rotating rounds; name the nodes every one of whose pairs is slow (needs 4 nodes).")
+@click.option("--exclude-bad", is_flag=True,
+              help="With --pairs: record the named nodes as excluded from the next runs.")
 @json_option
 @reports_errors
-def nccl_test(cluster_ref: str | None, nproc: int | None, sizes: str | None, expect: str | None,
-              as_json: bool) -> None:
+def nccl_test(cluster_ref: str | None, nproc: int | None, sizes: str | None, expect: str | None, pairs: bool,
+              exclude_bad: bool, as_json: bool) -> None:
     """The fabric gate: all-reduce busbw per size, NCCL's transport per rank, PASS at >= 80 % of the expected
-    bandwidth (RDMA asked and sockets used: FAIL); results and a plot under runs/. Exit 1 on FAIL."""
+    bandwidth (RDMA asked and sockets used: FAIL); results and a plot under runs/. Exit 1 on FAIL, or with
+    --pairs when a node is named slow."""
+    from mlenv.errors import UsageError
+
+    if exclude_bad and not pairs:
+        raise UsageError("--exclude-bad goes with --pairs, which names the nodes to exclude")
+    if pairs:
+        from mlenv.ops.pairs import run_pairs
+
+        sys.exit(run_pairs(_target(cluster_ref), nproc=nproc, sizes=sizes, expect=expect, as_json=as_json,
+                           exclude_bad=exclude_bad))
     from mlenv.ops.nccltest import run_nccl_test
 
     sys.exit(run_nccl_test(_target(cluster_ref), nproc=nproc, sizes=sizes, expect=expect, as_json=as_json))
+
+
+@main.command()
+@cluster_option
+@click.option("--forget-excluded", is_flag=True, help="Clear the excluded nodes: the next runs may use them again.")
+@json_option
+@reports_errors
+def nodes(cluster_ref: str | None, forget_excluded: bool, as_json: bool) -> None:
+    """The nodes excluded from the deployment's next runs (by nccl-test --pairs --exclude-bad or restarts), and why."""
+    from mlenv.ops.nodes import show_excluded
+
+    sys.exit(show_excluded(_target(cluster_ref), forget_excluded, as_json))
 
 
 @main.command()

@@ -41,6 +41,9 @@ class Deployment:
     handle: Handle
     runs: tuple[dict[str, Any], ...] = ()
     """Launches started with --detach: run id, when, what; newest last."""
+    excluded: tuple[dict[str, Any], ...] = ()
+    """Nodes left out of the next runs: ``{"node", "host", "reason", "since"}``, by node number; the one record of
+    them (nccl-test --pairs --exclude-bad and restarts add, ``mlenv nodes --forget-excluded`` clears)."""
     deploy: dict[str, Any] = field(default_factory=lambda: {"state": READY, "error": None})
     """How the last deploy ended: ``state`` ready, failed (none succeeded yet) or partial (a re-deploy failed; the
     deployment before it is still the one operated), ``error`` why not ready."""
@@ -60,7 +63,8 @@ class Deployment:
         """The record in state.json; a ready deployment's reads as an earlier mlenv wrote it (no deploy, attempt
         or leftovers)."""
         record = {**asdict(self), "handle": self.handle.to_json(), "runs": list(self.runs),
-                  "deploy": self.deploy, "attempt": None if self.attempt is None else self.attempt.to_json(),
+                  "excluded": list(self.excluded), "deploy": self.deploy,
+                  "attempt": None if self.attempt is None else self.attempt.to_json(),
                   "leftovers": [handle.to_json() for handle in self.leftovers]}
         unset: dict[str, Any] = {"deploy": {"state": READY, "error": None}, "attempt": None, "leftovers": []}
         return {key: value for key, value in record.items() if key not in unset or value != unset[key]}
@@ -72,13 +76,14 @@ class Deployment:
             raise TypeError("a deployment is not a mapping")
         attempt = record.get("attempt")
         fields = {**record, "handle": Handle.from_json(record["handle"]), "runs": tuple(record.get("runs") or ()),
+                  "excluded": tuple(record.get("excluded") or ()),
                   "deploy": record.get("deploy") or {"state": READY, "error": None},
                   "attempt": None if attempt is None else cls.from_json(attempt),
                   "leftovers": tuple(Handle.from_json(handle) for handle in record.get("leftovers") or ())}
         deployment = cls(**fields)
         if not (isinstance(deployment.name, str) and isinstance(deployment.cluster_file, str)
                 and isinstance(deployment.mode, str) and isinstance(deployment.nodes, int)
-                and all(isinstance(item, dict) for item in deployment.runs)
+                and all(isinstance(item, dict) for item in (*deployment.runs, *deployment.excluded))
                 and isinstance(deployment.deploy, dict) and deployment.deploy.get("state") in DEPLOY_STATES):
             raise TypeError("a deployment field has the wrong type")
         return deployment
@@ -199,19 +204,21 @@ def record(deployment: Deployment) -> None:
         else:
             earlier = [*known.leftovers, *([known.handle] if ended else [])] if known is not None else []
             state.deployments[deployment.name] = replace(deployment, runs=known.runs if known else (),
+                                                         excluded=known.excluded if known else (),
                                                          deploy={"state": FAILED, "error": UNFINISHED},
                                                          leftovers=tuple(earlier))
         save(state)
 
 
 def succeeded(name: str) -> None:
-    """The deploy of ``name`` finished: what it recorded replaces the deployment (its runs are kept), which is
-    ready and current."""
+    """The deploy of ``name`` finished: what it recorded replaces the deployment (its runs and excluded nodes are
+    kept), which is ready and current."""
     with locked():
         state = load()
         known = state.deployments[name]
         latest = known.attempt or known
-        state.deployments[name] = replace(latest, runs=known.runs, deploy={"state": READY, "error": None},
+        state.deployments[name] = replace(latest, runs=known.runs, excluded=known.excluded,
+                                          deploy={"state": READY, "error": None},
                                           attempt=None, leftovers=known.leftovers)
         state.current = name
         save(state)
@@ -242,6 +249,38 @@ def update(name: str, *, runs: tuple[dict[str, Any], ...] | None = None, handle:
             known = replace(known, handle=handle)
         state.deployments[name] = replace(known, runs=known.runs if runs is None else runs)
         save(state)
+
+
+def exclude(name: str, nodes: dict[int, tuple[str, str]]) -> tuple[dict[str, Any], ...]:
+    """Record ``nodes`` (node number -> (host, why)) as excluded from the deployment ``name``'s next runs; a node
+    already excluded keeps its first reason. The excluded nodes afterwards."""
+    from datetime import datetime, timezone
+
+    since = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    with locked():
+        state = load()
+        known = state.deployments.get(name)
+        if known is None:
+            raise UsageError(f"no deployment {shown(name)} is recorded to exclude nodes of")
+        listed = {int(entry["node"]): entry for entry in known.excluded}
+        for node, (host, reason) in nodes.items():
+            listed.setdefault(node, {"node": node, "host": host, "reason": reason, "since": since})
+        excluded = tuple(listed[node] for node in sorted(listed))
+        state.deployments[name] = replace(known, excluded=excluded)
+        save(state)
+        return excluded
+
+
+def forget_excluded(name: str) -> tuple[dict[str, Any], ...]:
+    """Clear the deployment ``name``'s excluded nodes; those it had."""
+    with locked():
+        state = load()
+        known = state.deployments.get(name)
+        if known is None or not known.excluded:
+            return ()
+        state.deployments[name] = replace(known, excluded=())
+        save(state)
+        return known.excluded
 
 
 def add_job(name: str, job: dict[str, Any], keep: int) -> None:

@@ -149,6 +149,8 @@ class Cluster(NamedTuple):
     """The all-reduce bus bandwidth the network should reach, in GB/s (decimal gigabytes per second)."""
     expect_transport: str | None
     """``network.expect_transport``: rdma, sockets or any, what NCCL must prove at launch; None: the mode's default."""
+    max_restarts: int
+    """launch.max_restarts: how many times a failed run is started again (0: never)."""
     settings: object | None
     """The backend's own section parsed by its settings parser (BackendInfo.settings), e.g. LocalSettings."""
     notes: str | None

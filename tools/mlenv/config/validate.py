@@ -104,6 +104,10 @@ def _tcp(reader: ClusterReader) -> Tcp:
                interfaces=dict(reader.get("network", "tcp", "interfaces", default={})))
 
 
+MAX_RESTARTS = 100
+"""The most restarts a run may ask for: mlenv never retries forever."""
+
+
 def _busbw_gbytes(reader: ClusterReader) -> float | None:
     """``network.expected_busbw`` in GB/s; the unit is required, because bytes and bits differ eightfold."""
     value = reader.get("network", "expected_busbw")
@@ -228,6 +232,7 @@ def build_cluster(loaded: LoadedFile, table: BackendTable) -> Cluster:
         container=_container(reader),
         expected_busbw_gbytes=_busbw_gbytes(reader),
         expect_transport=reader.get("network", "expect_transport"),
+        max_restarts=reader.integer("launch", "max_restarts", default=0, minimum=0, maximum=MAX_RESTARTS) or 0,
         settings=reader.backend.parse_settings(reader),
         notes=reader.get("notes"),
         hang_timeout=reader.get("launch", "hang_timeout"),

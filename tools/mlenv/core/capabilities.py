@@ -147,6 +147,12 @@ class LaunchSpec:
     """Seconds without output from any rank after which the watchdog captures every rank's stack (state hung)."""
     on_hang: str | None = None
     """``stop``: the watchdog also stops the job (exit code 124)."""
+    max_restarts: int = 0
+    """How many times a failed run is started again (--max-restarts, launch.max_restarts)."""
+    attempt: int = 0
+    """Which start of the run this is: MLENV_RESTART_COUNT on every node (0 the first)."""
+    exclude: tuple[str, ...] = ()
+    """Hosts the run must not use (nodes judged faulty); a backend that cannot leave them out refuses."""
 
     def watchdog_options(self) -> list[str]:
         """The runtime launch's options for the hang watchdog."""
@@ -183,6 +189,8 @@ class LaunchOutcome:
     interrupted: bool = False
     message: str | None = None
     """Why the launch failed before or around the job (a rejected submission, say), in one line."""
+    hosts: Mapping[int, str] = field(default_factory=dict)
+    """Node ordinal -> the host it ran on, where the backend knows it."""
 
 
 Recorder = Callable[[Handle], None]

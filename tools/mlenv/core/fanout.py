@@ -52,13 +52,20 @@ class FanoutJobs:
     """Nothing to name beyond doctor's own hint: launches run in the software exec reaches."""
 
     def prepare_launch(self, handle: Handle, spec: LaunchSpec) -> LaunchRequest:
-        """PURE: the same runtime launch on every node, in its workspace."""
+        """PURE: the same runtime launch on every node, in its workspace; refused when nodes must be left out,
+        which these backends cannot do yet (no spare nodes)."""
+        if spec.exclude:
+            raise OperationError(f"{', '.join(spec.exclude)} must be left out of the run (mlenv nodes says why), and "
+                                 f"{handle.name} has no spare node to take their place: stopping. mlenv nodes "
+                                 "--forget-excluded lets the run use them again")
         options = ["--launcher", spec.launcher, *(["--nproc", str(spec.nproc)] if spec.nproc else []),
                    "--run-dir", run_dir(spec.run_id), *(["--detach"] if spec.detach else []),
+                   *(["--max-restarts", str(spec.max_restarts)] if spec.detach and spec.max_restarts else []),
                    *(["--expect-transport", spec.expect_transport] if spec.expect_transport else []),
                    *spec.watchdog_options()]
         command = self.runtime(handle, "launch", *options, "--", spec.script, *spec.args)
-        env = {"MLENV_RUN_ID": spec.run_id, "PYTHONUNBUFFERED": "1"}
+        env = {"MLENV_RUN_ID": spec.run_id, "MLENV_RESTART_COUNT": str(spec.attempt),
+               "MLENV_CHECKPOINT_DIR": checkpoint_dir(spec.run_id), "PYTHONUNBUFFERED": "1"}
         commands = {ordinal: command for ordinal in range(handle.nodes)}
         return LaunchRequest(spec, launch_text(handle, spec, env, commands), commands, env)
 
@@ -82,7 +89,7 @@ class FanoutJobs:
                               stdin=secrets_input(names, dict(secrets)))
         return LaunchOutcome(result.exit_code, dict(result.exit_codes), {n: str(p) for n, p in logs.items()},
                              result.first_failure, detached=detach, stopped=result.stopped,
-                             interrupted=result.interrupted)
+                             interrupted=result.interrupted, hosts={n.ordinal: n.name for n in nodes})
 
     def stop(self, handle: Handle) -> int:
         """The runtime's ``stop`` on every node: every job mlenv started there ends; the nodes stay."""
@@ -152,6 +159,12 @@ def _state(job: dict[str, Any] | None) -> str:
         return "-"
     code = job.get("exit_code")
     return f"{job.get('state', '?')} ({code})" if code is not None else str(job.get("state", "?"))
+
+
+def checkpoint_dir(run_id: str) -> str:
+    """Where a run's script keeps its checkpoints, relative to the node's workspace (the run's working directory):
+    the same for every attempt, and shared by the nodes when the workspace is."""
+    return f"checkpoints/{run_id}"
 
 
 def launch_text(handle: Handle, spec: LaunchSpec, env: Mapping[str, str],

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import time
+from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -83,18 +84,101 @@ def file_expect_transport(target: Target) -> str | None:
     return cluster.expect_transport if cluster else None
 
 
+def max_restarts(target: Target, asked: int | None) -> int:
+    """--max-restarts, else the cluster file's launch.max_restarts (if it still loads), else 0."""
+    from mlenv.ops.target import file_cluster
+
+    if asked is not None:
+        return asked
+    cluster = file_cluster(target, "launch.max_restarts")
+    return cluster.max_restarts if cluster else 0
+
+
 def dry_run(target: Target, spec: LaunchSpec) -> str:
     """What ``launch`` would run, as the backend prints it (secret values masked)."""
     return target.backend.jobs.prepare_launch(target.handle, spec).text
 
 
+FAULTY_AFTER = 2
+"""A node that failed first in this many attempts is judged faulty and left out of the next ones."""
+USER_STOPS = frozenset({129, 130, 143})
+"""Exit codes of a run the user stopped (SIGHUP, SIGINT, SIGTERM: Ctrl-C, mlenv stop, scancel): never restarted."""
+
+
+def restartable(outcome: LaunchOutcome) -> bool:
+    """Whether a finished attached run failed in a way a restart may mend: not a success, not a user's stop, not a
+    run that never started (mlenv's own failure, with no node's exit code)."""
+    return (outcome.exit_code != 0 and not outcome.interrupted and not outcome.detached
+            and outcome.exit_code not in USER_STOPS and bool(outcome.node_exit_codes))
+
+
 def launch(target: Target, spec: LaunchSpec) -> LaunchResult:
-    """Run ``spec`` through the backend; print a summary and, on failure, the failing node's last log lines."""
+    """Run ``spec``, and again up to ``spec.max_restarts`` times while it fails (same run id, MLENV_RESTART_COUNT
+    the attempt), away from the deployment's excluded nodes and from a node that failed first in two attempts; the
+    last attempt's result. A detached run on local and ssh clusters is restarted by the nodes' supervisors."""
+    from dataclasses import replace
+
+    from mlenv.core.fanout import FanoutJobs
+    from mlenv.ui import warn
+
+    if spec.detach and spec.max_restarts and not isinstance(target.backend.jobs, FanoutJobs):
+        warn(f"--max-restarts {spec.max_restarts}: a detached run here is not restarted yet (the nodes' supervisors "
+             "restart it on local and ssh clusters); on Slurm, slurm.requeue with slurm.signal requeues it after the "
+             "warning signal")
+    recorded = target.recorded.excluded if target.recorded else ()
+    excluded = {str(entry["host"]) for entry in recorded if "host" in entry}
+    spec = replace(spec, exclude=tuple(sorted({*spec.exclude, *excluded})))
+    run_dir = _run_dir(spec.run_id)
+    result = _attempt(target, spec, run_dir)
+    first_failures: Counter[str] = Counter()
+    while spec.attempt < spec.max_restarts and restartable(result.outcome):
+        faulty = _faulty(target, result.outcome, _first_failed(target, spec.run_id, result.outcome), first_failures)
+        spec = replace(spec, attempt=spec.attempt + 1, exclude=tuple(sorted({*spec.exclude, *faulty})))
+        warn(f"run {spec.run_id} failed with exit code {result.exit_code}: restarting it, attempt {spec.attempt} "
+             f"of at most {spec.max_restarts} restarts (MLENV_RESTART_COUNT={spec.attempt})"
+             + (f" without {', '.join(spec.exclude)}" if spec.exclude else ""))
+        result = _attempt(target, spec, run_dir / f"attempt-{spec.attempt}")
+    return result
+
+
+def _first_failed(target: Target, run_id: str, outcome: LaunchOutcome) -> int | None:
+    """The node whose rank failed first, as the nodes' supervisors decided it (the first failure node 0 named),
+    else the node whose launch ended first with a failure (which may be one the job's stop reached first)."""
+    from mlenv.core.fanout import FanoutJobs
+
+    if isinstance(target.backend.jobs, FanoutJobs):
+        failure = target.backend.jobs.latest_run(target.handle, run_id).get("first_failure")
+        if isinstance(failure, dict) and isinstance(failure.get("node"), int):
+            return int(failure["node"])
+    return outcome.failed_node
+
+
+def _faulty(target: Target, outcome: LaunchOutcome, node: int | None, first_failures: Counter[str]) -> list[str]:
+    """The host of ``node``, the one that failed first, when this makes two attempts it failed first in: named, and
+    recorded as excluded on the deployment (mlenv nodes shows it)."""
+    from mlenv.ui import warn
+
+    if node is None or node not in outcome.hosts:
+        return []
+    host = outcome.hosts[node]
+    first_failures[host] += 1
+    if first_failures[host] < FAULTY_AFTER:
+        return []
+    reason = f"it failed first in {first_failures[host]} attempts of the run"
+    warn(f"excluding {host} (node-{node}) from the next attempts: {reason}")
+    if target.recorded is not None:
+        state.exclude(target.recorded.name, {node: (host, reason)})
+    return [host]
+
+
+def _attempt(target: Target, spec: LaunchSpec, run_dir: Path) -> LaunchResult:
+    """One start of ``spec`` through the backend, its local logs in ``run_dir`` (the run's, or attempt-K/ in it); a
+    summary and, on failure, the failing node's last log lines."""
     from mlenv.ui import error, info
 
     secrets = _secrets(spec.secrets)
     request = target.backend.jobs.prepare_launch(target.handle, spec)
-    run_dir = _run_dir(spec.run_id)
+    run_dir.mkdir(parents=True, exist_ok=True)
     info(f"launching {spec.script} with {spec.launcher} on {target.handle.nodes} nodes of {target.handle.name}"
          f"{' (detached)' if spec.detach else ''}; logs in {run_dir}")
     started = time.monotonic()

@@ -225,13 +225,11 @@ def _print(summary: Mapping[str, Any], plot: str) -> None:
         error(f"nccl-test FAILED; the node logs are in {summary['files']['logs']}")
 
 
-def run_nccl_test(target: Target, nproc: int | None = None, sizes: str | None = None, expect: str | None = None,
-                  as_json: bool = False) -> int:
-    """Ship and run the benchmark on every node, judge it, save and print the results; 1 on FAIL."""
+def prepare(target: Target, sizes: str | None, expect: str | None) -> Expectation | None:
+    """Check ``--sizes``, ship the benchmark, and find the bandwidth to expect (None: none known). Prints to
+    stdout: call it with stdout redirected for --json."""
     from mlenv.ops.doctor import ship_runtime
-    from mlenv.ops.plot import terminal_plot, write_png
     from mlenv.runtime.sizes import parse_sizes
-    from mlenv.ui import print_json
 
     if sizes is not None:
         try:
@@ -239,22 +237,41 @@ def run_nccl_test(target: Target, nproc: int | None = None, sizes: str | None = 
         except ValueError as exc:
             raise UsageError(f"--sizes: {exc} (e.g. 8M:1G, 8M:1G:4 or 1M,64M,1G)") from None
     expected = Expectation(parse_bandwidth(expect), f"--expect {expect}") if expect is not None else None
-    handle = target.handle
+    failed = ship_runtime(target.backend.access, target.handle, {BENCH: bench_source()})
+    if failed:
+        raise OperationError(f"cannot copy {BENCH} to the nodes: {'; '.join(failed)}")
+    expected = expected or _file_expectation(target)
+    if expected is None and target.handle.mode == "rdma":
+        expected = expected_from_links(_link_facts(target))
+    return expected
+
+
+def run_bench(target: Target, nproc: int | None, sizes: str | None, *extra: str) -> LaunchResult:
+    """Launch the benchmark on every node with NCCL's INFO log (``extra``: more of its arguments)."""
+    args = ("--nccl-debug", "INFO", *(("--sizes", sizes) if sizes else ()), *extra)
+    return launch(target, LaunchSpec("torchrun", BENCH, args, nproc=nproc,
+                                     run_id=run_id(f"{target.handle.name}-nccl-test")))
+
+
+def node_logs(result: LaunchResult) -> list[Path]:
+    """Every node's log of the run, in node order."""
+    return [result.log(n) for n in sorted(result.outcome.node_exit_codes)]
+
+
+def run_nccl_test(target: Target, nproc: int | None = None, sizes: str | None = None, expect: str | None = None,
+                  as_json: bool = False) -> int:
+    """Ship and run the benchmark on every node, judge it, save and print the results; 1 on FAIL."""
+    from mlenv.ops.plot import terminal_plot, write_png
+    from mlenv.ui import print_json
+
     with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():
-        failed = ship_runtime(target.backend.access, handle, {BENCH: bench_source()})
-        if failed:
-            raise OperationError(f"cannot copy {BENCH} to the nodes: {'; '.join(failed)}")
-        expected = expected or _file_expectation(target)
-        if expected is None and handle.mode == "rdma":
-            expected = expected_from_links(_link_facts(target))
-        args = ("--nccl-debug", "INFO", *(("--sizes", sizes) if sizes else ()))
-        result = launch(target, LaunchSpec("torchrun", BENCH, args, nproc=nproc,
-                                           run_id=run_id(f"{handle.name}-nccl-test")))
+        expected = prepare(target, sizes, expect)
+        result = run_bench(target, nproc, sizes)
     if result.outcome.interrupted:
         return result.exit_code
-    logs = [result.log(n) for n in sorted(result.outcome.node_exit_codes)]
+    logs = node_logs(result)
     results, report = read_results(logs), nccl_report(logs)
-    verdict = evaluate(results, report, handle.mode, expected)
+    verdict = evaluate(results, report, target.handle.mode, expected)
     summary = _summary(target, result, results, report, expected, verdict)
     points = [(r.size_bytes, r.busbw_gbps) for r in results]
     write_png(result.run_dir / "busbw.png", points, expected.gbps if expected else None)

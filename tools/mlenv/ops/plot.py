@@ -1,5 +1,6 @@
 """Bus bandwidth against message size, as a PNG (written with zlib and struct alone) and as a few lines of text for
-the terminal; the expected bandwidth, when there is one, is drawn as a dashed line."""
+the terminal; the expected bandwidth, when there is one, is drawn as a dashed line. ``nccl-test --pairs`` draws one
+bar per node pair instead."""
 
 from __future__ import annotations
 
@@ -144,6 +145,42 @@ def write_png(path: Path, points: Sequence[Point], expected: float | None, width
         canvas.line(x0, y0, x1, y1, BLUE)
     for x, y in corners:
         canvas.square(x, y, 2, BLUE)
+    path.write_bytes(canvas.png())
+    return path
+
+
+Bar = tuple[str, float, bool]
+"""(label, bus bandwidth in GB/s, whether it is slow)."""
+
+
+def write_bars(path: Path, bars: Sequence[Bar], threshold: float | None, width: int = WIDTH,
+               height: int = HEIGHT) -> Path:
+    """One bar per pair (slow ones red), the slow-below threshold dashed, to ``path``."""
+    canvas = Canvas(width, height)
+    right, bottom = width - RIGHT, height - BOTTOM
+    top = max([value for _, value, _ in bars] + [threshold or 0.0]) * 1.1 or 1.0
+
+    def y_of(value: float) -> int:
+        return round(bottom - value / top * (bottom - TOP))
+
+    for tick in range(5):
+        value = top * tick / 4
+        canvas.line(LEFT, y_of(value), right, y_of(value), GREY)
+        label = _number(value)
+        canvas.text(LEFT - 6 - text_width(label), y_of(value) - 5, label)
+    canvas.line(LEFT, TOP, LEFT, bottom, BLACK)
+    canvas.line(LEFT, bottom, right, bottom, BLACK)
+    slot = (right - LEFT) / max(len(bars), 1)
+    for index, (label, value, slow) in enumerate(bars):
+        x0, x1 = round(LEFT + index * slot + slot * 0.15), round(LEFT + (index + 1) * slot - slot * 0.15)
+        for y in range(y_of(value), bottom):
+            canvas.line(x0, y, x1, y, RED if slow else BLUE)
+        canvas.text((x0 + x1) // 2 - text_width(label) // 2, bottom + 8, label)
+    canvas.text(LEFT, 8, "BUSBW GB/S")
+    if threshold is not None:
+        canvas.line(LEFT, y_of(threshold), right, y_of(threshold), RED, dash=6)
+        label = _number(threshold)
+        canvas.text(right - text_width(label), y_of(threshold) - 14, label, RED)
     path.write_bytes(canvas.png())
     return path
 

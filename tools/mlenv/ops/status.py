@@ -26,6 +26,7 @@ def _report(handle: Handle, recorded: state.Deployment | None, current: str | No
         "runs": list(recorded.runs) if recorded else [],
         "deploy": dict(recorded.deploy) if recorded else None,
         "latest_run": None,  # the latest detached run, as its nodes' supervisors recorded it (docs/runs.md)
+        "excluded": list(recorded.excluded) if recorded else [],
     }
     try:
         made = backend()
@@ -77,14 +78,19 @@ def _print(report: dict[str, Any]) -> None:
           [[row["name"], row["node"] or "-", row["phase"], "yes" if row["ready"] else "no", row["restarts"],
             row["gpus"], row["ip"] or "-", row["rdma_devices"] or "-", *[row["extra"].get(c, "") for c in extra],
             row["detail"] or ""] for row in rows])
+    for entry in report["excluded"]:
+        print(f"excluded: node-{entry['node']} ({entry.get('host', '-')}) since {entry.get('since', '-')}: "
+              f"{entry.get('reason', '-')}; mlenv nodes --forget-excluded clears")
     if report["runs"]:
         latest = report["runs"][-1]
         states = report.get("run_states", {})
         running = sum(state == "running" for state in states.values())
         run = report.get("latest_run") or {}
         kind = "detached run" if latest.get("detached", True) else "run"
+        restarted = f", attempt {run['attempt']} (restarted {run['attempt']}x; mlenv logs shows every attempt)" \
+            if run.get("attempt") else ""
         say(f"latest {kind}: {latest['id']} ({latest['script']}, started {latest['started']}): "
-            f"{run.get('state') or 'state unknown'}, running on {running}/{len(states)} nodes "
+            f"{run.get('state') or 'state unknown'}{restarted}, running on {running}/{len(states)} nodes "
             f"({', '.join(f'node-{n} {s}' for n, s in sorted(states.items()))}); "
             "mlenv logs -f follows it, mlenv stop stops it")
         transport = run.get("transport") or {}

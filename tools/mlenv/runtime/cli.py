@@ -53,6 +53,12 @@ def _positive_int(text: str) -> int:
     return int(text)
 
 
+def _count(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a whole number of 0 or more, got {text!r}")
+    return int(text)
+
+
 def _seconds(text: str) -> float:
     try:
         value = float(text)
@@ -129,6 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "directory, tell the attached user, state hung")
     run.add_argument("--on-hang", choices=["stop"],
                      help=f"with --hang-timeout: also stop the job (exit code {HANG_EXIT_CODE}, as timeout)")
+    run.add_argument("--max-restarts", type=_count, default=0, metavar="N",
+                     help="with --detach: when the job fails (not when it is stopped), start it again on this node, "
+                          "up to N times, as attempt K+1 (MLENV_RESTART_COUNT) of the same run")
     run.add_argument("--exit-file", type=Path, help=argparse.SUPPRESS)  # the recorded supervisor's
     run.add_argument("--detached-supervisor", action="store_true", help=argparse.SUPPRESS)  # stdout is the log
     run.add_argument("job", nargs=argparse.REMAINDER, help="the script and its arguments, after --")
@@ -190,7 +199,27 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     status = _run(args, env)
     if args.command == "launch" and args.exit_file:  # the recorded supervisor: how the job ended
         write_atomic(args.exit_file, f"{status}\n")
+        if args.detached_supervisor:
+            _restart(args, env, status)
     return status
+
+
+USER_STOPS = frozenset({129, 130, 143})
+"""Exit statuses of a job the user stopped (SIGHUP, SIGINT, SIGTERM: mlenv stop, scancel): never restarted."""
+
+
+def _restart(args: argparse.Namespace, environ: Mapping[str, str], status: int) -> None:
+    """A detached attempt failed: start the next one on this node, in the background, when --max-restarts allows
+    (every node of the run sees the same failure, which the control channel spreads, and restarts alike)."""
+    attempt = attempt_of(environ)
+    if status == 0 or status in USER_STOPS or attempt >= args.max_restarts:
+        return
+    following = attempt + 1
+    print(f"mlenv: attempt {attempt} failed with exit code {status}: restarting the run, attempt {following} of at "
+          f"most {args.max_restarts} restarts (MLENV_RESTART_COUNT={following})", flush=True)
+    args.detach = True
+    job = args.job[1:] if args.job[:1] == ["--"] else args.job
+    _recorded(args, {**environ, "MLENV_RESTART_COUNT": str(following)}, args.launcher, job, args.run_dir)
 
 
 def _run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
@@ -269,6 +298,7 @@ def _recorded(
                   *(["--expect-transport", args.expect_transport] if args.expect_transport else []),
                   *(["--hang-timeout", str(args.hang_timeout)] if args.hang_timeout else []),
                   *(["--on-hang", args.on_hang] if args.on_hang else []),
+                  *(["--max-restarts", str(args.max_restarts)] if args.max_restarts else []),
                   "--exit-file", str(files.exit), *(["--detached-supervisor"] if args.detach else []), "--", *job]
     process, record = start_recorded(supervisor, files, run_id=environ.get("MLENV_RUN_ID") or files.run_dir.name,
                                      host=host_name(environ), environ=environ, detached=args.detach)
@@ -333,6 +363,7 @@ def _logs(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
             raise BadInput(f"rank {args.rank} is not on node {job.record.node_rank} of run {job.record.run_id} "
                            f"(its ranks: {', '.join(map(str, known)) or 'none yet'})")
         out = cast(IO[bytes], RankLines(out, job.record.node_rank, args.rank))
+    _earlier_attempts(job.files, out)
     if not args.follow:
         with job.files.log.open("rb") as log:
             shutil.copyfileobj(log, out)
@@ -346,6 +377,22 @@ def _logs(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         print(f"mlenv: {job.describe()} is gone without an exit status", file=sys.stderr)
         return 1
     return code
+
+
+def _earlier_attempts(newest: NodeDir, out: IO[bytes]) -> None:
+    """After a restart (attempt > 0): this node's log of every earlier attempt, each under a header naming it, then
+    the newest attempt's header (its lines follow)."""
+    for attempt in range(newest.attempt + 1) if newest.attempt else ():
+        files = NodeDir(newest.run_dir, attempt, newest.node)
+        if not files.log.is_file():
+            continue
+        sys.stdout.buffer.write(f"mlenv: ==== attempt {attempt} (MLENV_RESTART_COUNT={attempt}) of run "
+                                f"{newest.run_dir.name}, node {newest.node} ====\n".encode())
+        sys.stdout.buffer.flush()
+        if attempt < newest.attempt:
+            with files.log.open("rb") as log:
+                shutil.copyfileobj(log, out)
+            out.flush()
 
 
 class RankLines(io.RawIOBase):

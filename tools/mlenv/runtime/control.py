@@ -2,7 +2,9 @@
 
 Node 0's supervisor listens on ``MASTER_PORT + 1``; the others connect and stay connected while their job runs.
 Messages are JSON lines. A node reports a rank failure (``failure``), a stop it needs (``stop``) and its end
-(``done``). Node 0 collects the failures of ``DECIDE_SECONDS`` (ranks that die of the first one's death come
+(``done``). A node says hello with its attempt (``MLENV_RESTART_COUNT``); node 0 sends a node of another attempt
+away (``retry``: the previous attempt's node 0 is still waiting for its peers), and that node tries again. Node 0
+collects the failures of ``DECIDE_SECONDS`` (ranks that die of the first one's death come
 later), names the earliest as the job's first failure and broadcasts one ``stop`` to every node. A connection lost
 before ``done`` counts as that node's failure, on both sides.
 """
@@ -57,6 +59,8 @@ class ControlChannel:
     finished: bool = False
     on_message: Callable[[dict[str, Any]], None] | None = None
     """Observers' messages (``relay``) that reach this node."""
+    attempt: int = 0
+    """The run's attempt this node runs: only nodes of the same attempt are connected."""
 
     def open(self) -> None:
         """Listen (node 0) or start trying to connect (the others)."""
@@ -94,7 +98,7 @@ class ControlChannel:
             return
         sock.settimeout(5.0)
         self.upstream = _Peer(sock, node=0)
-        self._send(self.upstream, {"hello": self.node})
+        self._send(self.upstream, {"hello": self.node, "attempt": self.attempt})
         self.selector.register(sock, selectors.EVENT_READ, lambda: self._read(self.upstream))
 
     def _read(self, peer: _Peer | None) -> None:
@@ -108,7 +112,7 @@ class ControlChannel:
             self._lost(peer)
             return
         peer.buffer += chunk
-        while b"\n" in peer.buffer:
+        while b"\n" in peer.buffer and (peer is self.upstream or peer in self.peers):  # until it is dropped
             line, peer.buffer = peer.buffer.split(b"\n", 1)
             with contextlib.suppress(ValueError):
                 message = json.loads(line)
@@ -117,7 +121,15 @@ class ControlChannel:
 
     def _handle(self, peer: _Peer, message: Mapping[str, Any]) -> None:
         if "hello" in message:
+            if int(message.get("attempt", 0)) != self.attempt:  # a node of the next attempt, early: not ours
+                self._send(peer, {"retry": f"node 0 of attempt {self.attempt} is ending"})
+                self._drop(peer)
+                self.peers.remove(peer)
+                return
             peer.node = int(message["hello"])
+        elif "retry" in message and peer is self.upstream:  # the previous attempt's node 0: try again
+            self._drop(peer)
+            self.upstream = None
         elif "failure" in message:
             self._failure(float(message.get("ended", time.time())), dict(message["failure"]))
         elif "done" in message:
@@ -130,10 +142,13 @@ class ControlChannel:
             else:
                 self._stop(str(message["stop"]), int(message.get("exit_code", 1)), message.get("first_failure"))
 
-    def _lost(self, peer: _Peer) -> None:
+    def _drop(self, peer: _Peer) -> None:
         with contextlib.suppress(KeyError, ValueError):
             self.selector.unregister(peer.sock)
         peer.sock.close()
+
+    def _lost(self, peer: _Peer) -> None:
+        self._drop(peer)
         if peer is self.upstream:
             self.upstream = None
             if not self.finished:

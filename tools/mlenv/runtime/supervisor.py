@@ -239,7 +239,8 @@ class Supervisor:
             return
         address, port = self.control_address
         self.channel = ControlChannel(self.node, self.num_nodes, address, port, self._stop_here, self.note,
-                                      self.selector, on_message=self._observer_message)
+                                      self.selector, on_message=self._observer_message,
+                                      attempt=self.node_dir.attempt)
         self.channel.open()
 
     @contextlib.contextmanager

@@ -59,15 +59,23 @@ for log in "$runs"/*/attempt-*/node"$rank"/output.log; do [ -e "$log" ] && lates
 node=${latest%/output.log} run=${latest%/attempt-*/node*/output.log}
 show() { if [ -n "$only" ]; then grep --line-buffered -a "^\\[node-$rank r$only\\] "; else cat; fi; }
 [ -z "$only" ] || grep -q "\\"rank\\": $only," "$node/ranks.json" 2>/dev/null || exit 2  # not on this node
+attempt=${node%/node*} attempt=${attempt##*/attempt-} k=0
+while [ "$attempt" -gt 0 ] && [ "$k" -le "$attempt" ]; do  # restarted: every attempt under a header, newest last
+  if [ -e "$run/attempt-$k/node$rank/output.log" ]; then
+    echo "mlenv: ==== attempt $k (MLENV_RESTART_COUNT=$k) of run ${run##*/}, node $rank ===="
+    [ "$k" = "$attempt" ] || show < "$run/attempt-$k/node$rank/output.log"
+  fi
+  k=$((k + 1))
+done
 [ -n "$follow" ] || { show < "$latest"; exit 0; }
 pid=$(mktemp)
 { tail -n +1 -f "$latest" & echo $! > "$pid"; wait; } | show &
 while [ ! -e "$run/exit" ] && [ ! -e "$node/exit" ]; do sleep 1; done
 sleep 1; kill "$(cat "$pid")"; rm -f "$pid"; wait
 """
-"""The node's log of the newest run that has one (its newest attempt); with follow, until the node's (or the
-batch job's) exit file; with a rank, only that rank's lines (exit 2, silently, when the node's ranks.json lacks
-it)."""
+"""The node's log of the newest run that has one (after a restart every attempt's, each under a header naming it,
+the newest last); with follow, until the node's (or the batch job's) exit file; with a rank, only that rank's lines
+(exit 2, silently, when the node's ranks.json lacks it)."""
 
 
 def job_data(job: SlurmJob) -> dict[str, Any]:
@@ -353,8 +361,13 @@ class SlurmBackend:
         where = f"inside allocation {allocation}" if allocation else "as a batch job"
         title = (f"mlenv launch: run {spec.run_id} of {handle.name}, {spec.script} with {spec.launcher} on "
                  f"{job.nodes} nodes {where}{' (detached)' if spec.detach else ''}{forwarded}")
-        text = (script.launch_script(job, title, spec.run_id, task, allocation, spec.secrets) if allocation
-                else script.batch_script(job, title, spec.run_id, task))
+        if allocation and spec.exclude:
+            raise UsageError(f"{', '.join(spec.exclude)} must be left out, but the run goes inside allocation "
+                             f"{allocation}, which has no spare node (deploy --spares is not built yet): clean the "
+                             "allocation so that launch submits batch jobs, which leave them out")
+        text = (script.launch_script(job, title, spec.run_id, task, allocation, spec.attempt,
+                                    spec.secrets) if allocation
+                else script.batch_script(job, title, spec.run_id, task, spec.attempt, spec.exclude))
         return LaunchRequest(spec, text, dict.fromkeys(range(job.nodes), task), {"MLENV_RUN_ID": spec.run_id}, text)
 
     def launch(self, handle: Handle, request: LaunchRequest, secrets: Mapping[str, str],
@@ -426,8 +439,7 @@ def _job_detail(login: Login, job: SlurmJob, run_id: str, current: JobInfo) -> s
         return None
     code = current.exit_code
     if current.state == jobs.GONE and run_id:
-        text = login.read(f"{job.run_path(run_id)}/{script.EXIT_FILE}", 0).decode(errors="replace").strip()
-        code = int(text) if text.isdigit() else None
+        code = run.exit_file(login, job.run_path(run_id))
     return None if code is None else f"exit code {code}"
 
 

@@ -103,6 +103,27 @@ def _partition_checks(job: SlurmJob, rows: list[NodeRow]) -> list[Check]:
     return checks
 
 
+def config_value(text: str, name: str) -> str | None:
+    """One ``NAME = value`` of ``scontrol show config``."""
+    match = re.search(rf"^{re.escape(name)}\s*=\s*(\S*)", text, re.MULTILINE)
+    return match[1] if match else None
+
+
+def requeue_check(config: str) -> Check:
+    """slurm.requeue against the site's JobRequeue (``scontrol show config``): 0 means the admins do not want batch
+    jobs requeued by default."""
+    value = config_value(config, "JobRequeue")
+    if value is None:
+        return Check("requeue", "WARN", "scontrol show config does not say JobRequeue", "ask the admins whether "
+                     "batch jobs may be requeued")
+    if value == "0":
+        return Check("requeue", "WARN", "slurm.requeue is set, but this Slurm has JobRequeue=0: its admins do not "
+                     "requeue batch jobs by default, and a requeue mlenv asks for after the warning signal may be "
+                     "refused (scontrol requeue then says why, in the run's output)",
+                     "ask the admins whether jobs may be requeued here, or remove slurm.requeue")
+    return Check("requeue", "PASS", f"JobRequeue={value}: batch jobs may be requeued")
+
+
 def _workdir_check(login: Login, job: SlurmJob) -> Check:
     result = login.run(["sh", "-c", WRITABLE, "sh", job.workdir])
     found = result.stdout.decode(errors="replace").strip()
@@ -146,4 +167,8 @@ def slurm_checks(login: Login, job: SlurmJob) -> list[Check]:
         checks = [Check("slurm", "PASS", f"{version.stdout.decode(errors='replace').strip()} on {login.where}")]
         listing = login.run(["sinfo", "-h", "-N", "-p", job.settings.partition, "-o", SINFO_FORMAT])
         checks += _partition_checks(job, parse_sinfo(listing.stdout.decode(errors="replace")))
+    if job.settings.requeue:
+        shown = login.run(["scontrol", "show", "config"])
+        checks.append(requeue_check(shown.stdout.decode(errors="replace")) if shown.returncode == 0 else Check(
+            "requeue", "WARN", f"scontrol show config failed: {shown.stderr.decode(errors='replace').strip()}"))
     return [*checks, _workdir_check(login, job), *_container_checks(login, job)]

@@ -17,7 +17,7 @@ from mlenv.backends.slurm import jobs, record
 from mlenv.backends.slurm.jobs import JobInfo
 from mlenv.backends.slurm.login import Login
 from mlenv.backends.slurm.output import NodeOutput
-from mlenv.backends.slurm.script import EXIT_FILE, OUTPUT_FILE, SlurmJob, step_name
+from mlenv.backends.slurm.script import ATTEMPT_FILE, EXIT_FILE, OUTPUT_FILE, SlurmJob, step_name
 from mlenv.backends.slurm.submit import SubmitError, ship_runtime, submit
 from mlenv.backends.slurm.waiting import POLL_SECONDS, CannotStart, wait_started
 from mlenv.core import remote
@@ -53,8 +53,10 @@ class Run:
         return self.job.run_path(self.run_id)
 
     def outcome(self, code: int, failed: tuple[int, int] | None, logs: Mapping[int, Path],
-                message: str | None = None, interrupted: bool = False) -> LaunchOutcome:
-        """Every node's exit code: the failing node's own, the stopped ones', or the job's for all."""
+                message: str | None = None, interrupted: bool = False,
+                hosts: tuple[str, ...] = ()) -> LaunchOutcome:
+        """Every node's exit code: the failing node's own, the stopped ones', or the job's for all; ``hosts``
+        the job's nodes in node-rank order."""
         nodes = range(self.handle.nodes)
         if failed is not None and failed[0] in nodes:
             codes = {node: failed[1] if node == failed[0] else STOPPED for node in nodes}
@@ -63,7 +65,7 @@ class Run:
             codes, stopped = dict.fromkeys(nodes, code), frozenset(nodes) if interrupted else frozenset()
         return LaunchOutcome(code, codes, {node: str(path) for node, path in logs.items()},
                              None if failed is None else failed[0], stopped=stopped, interrupted=interrupted,
-                             message=message)
+                             message=message, hosts=dict(enumerate(hosts)))
 
 
 def batch(run: Run) -> LaunchOutcome:
@@ -91,12 +93,12 @@ def batch(run: Run) -> LaunchOutcome:
         return run.outcome(130, None, output.paths, f"job {job_id} cancelled", interrupted=True)
     finally:
         output.close()
-    code = final.exit_code if final.exit_code is not None else _exit_file(run)
+    code = final.exit_code if final.exit_code is not None else exit_file(run.login, run.run_path)
     code = 1 if code is None else code
     explained = output.failed is not None or (code == 0 and final.state == "COMPLETED")
     message = None if explained else (f"job {job_id} ended {final.words()}; its output: "
                                       f"{run.run_path}/{OUTPUT_FILE}")
-    return run.outcome(code, output.failed, output.paths, message)
+    return run.outcome(code, output.failed, output.paths, message, hosts=tuple(final.hosts))
 
 
 def _follow(run: Run, job_id: str, output: NodeOutput) -> JobInfo:
@@ -115,9 +117,13 @@ def _follow(run: Run, job_id: str, output: NodeOutput) -> JobInfo:
     return current
 
 
-def _exit_file(run: Run) -> int | None:
-    """The exit code the script wrote, for a job Slurm has forgotten."""
-    text = run.login.read(f"{run.run_path}/{EXIT_FILE}", 0).decode(errors="replace").strip()
+def exit_file(login: Login, run_path: str) -> int | None:
+    """The exit code the script wrote for the run's latest attempt (None while it has none), for a job Slurm has
+    forgotten: an earlier attempt's never reads as the result of a later one."""
+    attempt = login.read(f"{run_path}/{ATTEMPT_FILE}", 0).decode(errors="replace").strip()
+    if not attempt.isdigit():
+        return None
+    text = login.read(f"{run_path}/attempt-{int(attempt)}/{EXIT_FILE}", 0).decode(errors="replace").strip()
     return int(text) if text.isdigit() else None
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import mlenv
 from mlenv.backends.slurm.settings import SlurmSettings
 from mlenv.config.model import Container
-from mlenv.core.fanout import run_dir
+from mlenv.core.fanout import checkpoint_dir, run_dir
 from mlenv.core.remote import RUNTIME_DIR, read_secrets
 from mlenv.errors import OperationError, UsageError, shown
 from mlenv.render.templates import Templates
@@ -29,9 +29,11 @@ PORT_BASE, PORT_SPAN = 20000, 10000
 MASTER_PORT + 1 (the supervisors' control channel) stays free for each."""
 PYTHON = "python3"
 FAILED_FILE = "failed"
-"""In a run directory: ``<node> <exit code>`` of the first node that failed (created once, with noclobber)."""
+"""In an attempt's directory: ``<node> <exit code>`` of the first node that failed (created once, with noclobber)."""
 EXIT_FILE = "exit"
-"""In a run directory: the job's exit code, written by the script at its end."""
+"""In an attempt's directory: the attempt's exit code, written by the script at its end."""
+ATTEMPT_FILE = "attempt"
+"""In a run directory: the number K of its latest attempt, whose files are in ``attempt-K/``."""
 OUTPUT_FILE = "output.log"
 """In a run directory: a batch job's output (srun's --label lines of every node, and the script's own)."""
 
@@ -114,8 +116,16 @@ def _render(template: str, **context: Any) -> str:
     return _templates(str(TEMPLATES)).render(template, **context)
 
 
-def _context(job: SlurmJob, title: str, output: str) -> dict[str, Any]:
-    return {"job": job, "s": job.settings.to_data(), "title": title, "output": output}
+def _context(job: SlurmJob, title: str, output: str, batch: bool = False) -> dict[str, Any]:
+    settings = {**job.settings.to_data(), "signal_name": job.settings.signal_name}
+    return {"job": job, "s": settings, "title": title, "output": output, "batch": batch,
+            "grace": grace_seconds(job.settings.signal_seconds)}
+
+
+def grace_seconds(warning: int) -> int:
+    """Of the seconds between the warning signal and the time limit, what the ranks get to checkpoint before
+    mlenv stops them and requeues the job: three quarters, the rest for the requeue."""
+    return max(1, warning * 3 // 4)
 
 
 def allocation_script(job: SlurmJob) -> str:
@@ -153,18 +163,21 @@ def runtime_argv(launcher: str, run_id: str, script: str, args: Sequence[str], n
             *(["--expect-transport", expect_transport] if expect_transport else []), *options, "--", script, *args]
 
 
-def task_wrapper(interfaces: Mapping[str, str], secrets: Sequence[str] = ()) -> str:
+def task_wrapper(interfaces: Mapping[str, str], secrets: Sequence[str] = (), warning: str | None = None) -> str:
     """The ``sh -c`` script around each node's task: the forwarded ``secrets`` from the step's stdin, the node's
     rank (its SLURM_NODEID in the step, which spans every node) and socket interface when the file names one, then
-    the task; a failing node records ``<node> <code>`` in the run's ``failed`` file, the first one only."""
-    steps = [*([read_secrets(secrets).rstrip("; ")] if secrets else []), 'export MLENV_NODE_RANK="$SLURM_NODEID"']
+    the task; a failing node records ``<node> <code>`` in the attempt's ``failed`` file, the first one only. With a
+    ``warning`` signal, this shell and what it starts ignore it (the runtime, apptainer, torchrun's agent,
+    DeepSpeed's launchers), unless they catch it: the ranks that checkpoint on it install their own handler."""
+    steps = [*([read_secrets(secrets).rstrip("; ")] if secrets else []), 'export MLENV_NODE_RANK="$SLURM_NODEID"',
+             *([f"trap '' {warning}"] if warning else [])]
     if interfaces:
         cases = " ".join(f"{shlex.quote(host)}) export NCCL_SOCKET_IFNAME={shlex.quote(nic)} "
                          f"GLOO_SOCKET_IFNAME={shlex.quote(nic)} ;;" for host, nic in sorted(interfaces.items()))
         steps.append(f'case "$SLURMD_NODENAME" in {cases} esac')
     steps += ['"$@"; code=$?',
-              f'[ "$code" -eq 0 ] || (set -C; echo "$SLURM_NODEID $code" > "$MLENV_RUN_DIR/{FAILED_FILE}") '
-              '2>/dev/null',
+              f'[ "$code" -eq 0 ] || (set -C; echo "$SLURM_NODEID $code" > '
+              f'"$MLENV_RUN_DIR/attempt-$MLENV_RESTART_COUNT/{FAILED_FILE}") 2>/dev/null',
               'exit "$code"']
     return "; ".join(steps)
 
@@ -181,7 +194,8 @@ def srun_line(job: SlurmJob, run_id: str, task: Sequence[str], secrets: Sequence
     options = ["srun", "--overlap", f"--job-name={step_name(run_id)}", f"--nodes={job.nodes}", "--ntasks-per-node=1",
                *([f"--cpus-per-task={job.settings.cpus_per_task}"] if job.settings.cpus_per_task else []),
                "--kill-on-bad-exit=1", "--label", *(["--input=all"] if secrets else [])]
-    parts = [shlex.join(options), shlex.join(["sh", "-c", task_wrapper(job.interfaces, secrets), "sh"])]
+    parts = [shlex.join(options),
+             shlex.join(["sh", "-c", task_wrapper(job.interfaces, secrets, job.settings.signal_name), "sh"])]
     if job.container is not None:
         parts.append(shlex.join(container_argv(job)))
     parts.append(shlex.join(task))
@@ -189,22 +203,26 @@ def srun_line(job: SlurmJob, run_id: str, task: Sequence[str], secrets: Sequence
     return Shell((f"printf '%s\\n' {values} | " if secrets else "") + " \\\n  ".join(parts))
 
 
-def _run_context(job: SlurmJob, title: str, run_id: str, task: Sequence[str],
-                 secrets: Sequence[str] = ()) -> dict[str, Any]:
-    env = {**job.env, "MLENV_RUN_ID": run_id, "MLENV_RUN_DIR": job.run_path(run_id), "PYTHONUNBUFFERED": "1"}
-    return {**_context(job, title, f"{job.run_path(run_id)}/{OUTPUT_FILE}"), "env": env,
+def _run_context(job: SlurmJob, title: str, run_id: str, task: Sequence[str], batch: bool = False,
+                 attempt: int = 0, exclude: Sequence[str] = (), secrets: Sequence[str] = ()) -> dict[str, Any]:
+    env = {**job.env, "MLENV_RUN_ID": run_id, "MLENV_RUN_DIR": job.run_path(run_id),
+           "MLENV_CHECKPOINT_DIR": f"{job.workdir}/{checkpoint_dir(run_id)}", "PYTHONUNBUFFERED": "1"}
+    return {**_context(job, title, f"{job.run_path(run_id)}/{OUTPUT_FILE}", batch), "env": env,
             "runtime_path": job.runtime_path, "port_base": PORT_BASE, "port_span": PORT_SPAN,
-            "srun": srun_line(job, run_id, task, secrets),
+            "srun": srun_line(job, run_id, task, secrets), "attempt": attempt, "exclude": ",".join(exclude),
             "unexported": Shell(" ".join(secrets))}  # names checked by read_secrets in srun_line
 
 
-def batch_script(job: SlurmJob, title: str, run_id: str, task: Sequence[str]) -> str:
-    """The sbatch script of a launch without an allocation: the run as a batch job."""
-    return _render("batch.sbatch.j2", **_run_context(job, title, run_id, task))
+def batch_script(job: SlurmJob, title: str, run_id: str, task: Sequence[str], attempt: int = 0,
+                 exclude: Sequence[str] = ()) -> str:
+    """The sbatch script of a launch without an allocation: the run as a batch job (its ``attempt``-th start, away
+    from the ``exclude`` hosts)."""
+    return _render("batch.sbatch.j2", **_run_context(job, title, run_id, task, True, attempt, exclude))
 
 
-def launch_script(job: SlurmJob, title: str, run_id: str, task: Sequence[str], job_id: str,
+def launch_script(job: SlurmJob, title: str, run_id: str, task: Sequence[str], job_id: str, attempt: int = 0,
                   secrets: Sequence[str] = ()) -> str:
     """The bash script of a launch inside the allocation ``job_id``, run where Slurm's commands are; the forwarded
     ``secrets`` arrive in its environment and leave it at once, for the run's step's stdin alone."""
-    return _render("launch.sh.j2", **_run_context(job, title, run_id, task, secrets), job_id=job_id)
+    return _render("launch.sh.j2", **_run_context(job, title, run_id, task, attempt=attempt, secrets=secrets),
+                   job_id=job_id)

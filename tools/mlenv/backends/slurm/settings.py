@@ -30,8 +30,14 @@ OWNED_OPTIONS: dict[str, tuple[tuple[str, ...], str]] = {
     "--mem": ((), "slurm.mem"),
     "--gpus-per-node": ((), "gpus.per_node"),
     "--wrap": ((), "nothing: mlenv writes the job script"),
+    "--signal": ((), "slurm.signal"),
+    "--requeue": ((), "slurm.requeue"),
 }
 """sbatch options mlenv sets itself, their short forms, and the field to use instead."""
+UNCATCHABLE = {"KILL": 9, "STOP": 19}
+"""Signals a job cannot catch, so no warning: refused in slurm.signal."""
+MAX_SIGNAL_SECONDS = 65535
+"""sbatch's limit on the seconds of --signal."""
 MIN_PREFIX = 3
 """sbatch takes unambiguous abbreviations of long options (``--outp``): a prefix this long of an owned option is
 that option."""
@@ -56,6 +62,9 @@ class SlurmSettings:
     setup: tuple[str, ...] = ()
     """Shell lines run before srun: the user's own code, inserted as written."""
     extra_sbatch: tuple[str, ...] = ()
+    signal: str | None = None
+    """``SIG@SECONDS`` (no ``B:``: batch scripts always get it in the batch shell, which passes it on)."""
+    requeue: bool = False
     login: str | None = None
     """``[user@]host[:port]``: run Slurm commands over ssh there; None runs them on this machine."""
     login_identity_file: str | None = None
@@ -63,6 +72,16 @@ class SlurmSettings:
     login_jump: str | None = None
     login_connect_timeout: int | None = None
     """How ssh reaches ``login`` (``slurm.ssh``); None: ssh's own configuration decides."""
+
+    @property
+    def signal_name(self) -> str | None:
+        """The warning signal as bash's trap and scancel take it (``USR1``, ``10``)."""
+        return self.signal.partition("@")[0] if self.signal else None
+
+    @property
+    def signal_seconds(self) -> int:
+        """How long before the time limit the warning comes (0 without one)."""
+        return int(self.signal.partition("@")[2]) if self.signal else 0
 
     def to_data(self) -> dict[str, Any]:
         """JSON-serialisable form, for handles."""
@@ -95,6 +114,41 @@ def _extra_sbatch(reader: ClusterReader) -> tuple[str, ...]:
             reader.problem(("slurm", "extra_sbatch", index),
                            f"{show_value(option)} sets {owned[0]}, which mlenv sets itself; use {owned[1]}")
     return options
+
+
+def parse_signal(text: str) -> str:
+    """sbatch's ``[B:]SIG@SECONDS`` -> ``SIG@SECONDS`` (``SIGUSR1`` as ``USR1``); ValueError saying what is wrong."""
+    import signal
+
+    body = text[2:] if text.startswith("B:") else text
+    name, at, seconds = body.partition("@")
+    if not at or not seconds.isdigit() or int(seconds) > MAX_SIGNAL_SECONDS:
+        raise ValueError(f"expected sbatch's [B:]SIG@SECONDS like USR1@120 (SECONDS a whole number up to "
+                         f"{MAX_SIGNAL_SECONDS}), got {show_value(text)}")
+    if name.isdigit():
+        number = int(name)
+        if not 1 <= number < signal.NSIG:
+            raise ValueError(f"{name} is not a signal number (1 to {signal.NSIG - 1})")
+    else:
+        name = name.upper().removeprefix("SIG")
+        if getattr(signal, f"SIG{name}", None) is None or name in ("IGN", "DFL"):
+            raise ValueError(f"{show_value(text)} names no signal: use a name like USR1, TERM, URG or a number")
+        number = int(getattr(signal, f"SIG{name}"))
+    if number in UNCATCHABLE.values():
+        raise ValueError(f"{show_value(text)}: SIG{'KILL' if number == 9 else 'STOP'} cannot be caught, so it gives "
+                         "the job no time to checkpoint; use USR1 (or another catchable signal)")
+    return f"{name}@{int(seconds)}"
+
+
+def _signal(reader: ClusterReader) -> str | None:
+    value = reader.get("slurm", "signal")
+    if value is None:
+        return None
+    try:
+        return parse_signal(str(value))
+    except ValueError as exc:
+        reader.problem(("slurm", "signal"), str(exc))
+        return None
 
 
 def _nodelist(reader: ClusterReader) -> tuple[str, ...]:
@@ -158,6 +212,8 @@ def parse(reader: ClusterReader) -> SlurmSettings:
         mem=_text(reader, "mem"),
         setup=tuple(reader.get("slurm", "setup", default=[])),
         extra_sbatch=_extra_sbatch(reader),
+        signal=_signal(reader),
+        requeue=bool(reader.get("slurm", "requeue", default=False)),
         login=_login(reader),
         **_login_ssh(reader),
     )

@@ -1,0 +1,155 @@
+"""``mlenv launch --max-restarts N`` on a local cluster (processes): a run that fails is started again, attached,
+with the same MLENV_RUN_ID and MLENV_RESTART_COUNT the attempt, its attempts under runs/<id>/attempt-K/; it stops
+at N restarts with the last attempt's exit code; the cluster file's launch.max_restarts is the default; bad counts
+are bad input (exit 2), through the CLI, the cluster file and make."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.local_cluster import LocalProject, make_project, require_local
+from tests.integration.test_makefile import make
+
+# No torch: until the attempt named by --until (exclusive), the first rank of one node fails: node --bad-node, or
+# else node 0 then node 1 in turn (so that no node fails first twice); everyone says who they are.
+FLAKY_JOB = """\
+import os, sys
+attempt, until = int(os.environ["MLENV_RESTART_COUNT"]), int(sys.argv[2])
+failing = sys.argv[4] if sys.argv[3:4] == ["--bad-node"] else str(attempt % 2)
+node, local = os.environ["MLENV_NODE_RANK"], os.environ["LOCAL_RANK"]
+print(f"attempt {attempt} of run {os.environ['MLENV_RUN_ID']} on node {node} rank {os.environ['RANK']} "
+      f"checkpoints {os.environ['MLENV_CHECKPOINT_DIR']}", flush=True)
+if node == failing and local == "0" and attempt < until:
+    print("failing on purpose", flush=True)
+    sys.exit(3)
+if sys.argv[-1] == "--sleep":
+    import time
+    print("sleeping", flush=True)
+    time.sleep(600)
+"""
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Iterator[LocalProject]:
+    """A deployed 2 x 2 local cluster (processes) holding flaky.py."""
+    require_local("processes")
+    made = make_project(tmp_path, "lrst", "10.77.68.0/24", "processes")
+    made.ok("deploy", made.name)
+    made.ok("sync", "--source", str(made.source({"flaky.py": FLAKY_JOB})))
+    yield made
+    made.mlenv("clean", "--cluster", made.name, "--delete-data", "--yes")
+
+
+def attempts(output: str) -> set[tuple[int, str, int]]:
+    """(attempt, run id, rank) of every rank's first line."""
+    return {(int(m[1]), m[2], int(m[3])) for m in re.finditer(r"attempt (\d) of run (\S+) on node \d rank (\d)",
+                                                              output)}
+
+
+def test_a_failed_run_is_restarted_until_it_succeeds(project: LocalProject) -> None:
+    result = project.mlenv("launch", "--launcher", "torchrun", "--max-restarts", "3", "flaky.py", "--until", "2",
+                           timeout=240)
+    assert result.returncode == 0, result.stdout + result.stderr
+    seen = attempts(result.stdout)  # a failed attempt's stop may end a rank before it said who it is
+    assert {attempt for attempt, _, _ in seen} == {0, 1, 2}, result.stdout
+    assert sorted(rank for attempt, _, rank in seen if attempt == 2) == [0, 1, 2, 3], result.stdout
+    (run_id,) = {run for _, run, _ in seen}  # the same MLENV_RUN_ID every time
+    assert set(re.findall(r"checkpoints (\S+)", result.stdout)) == {f"checkpoints/{run_id}"}  # and checkpoints
+    for attempt in (1, 2):
+        assert (f"run {run_id} failed with exit code 3: restarting it, attempt {attempt} of at most 3 restarts "
+                f"(MLENV_RESTART_COUNT={attempt})") in result.stderr
+    run = project.home / "runs" / run_id
+    assert "failing on purpose" in (run / "node-0.log").read_text()
+    assert "failing on purpose" in (run / "attempt-1" / "node-1.log").read_text()
+    assert "attempt 2 of run" in (run / "attempt-2" / "node-1.log").read_text()
+    logs = project.ok("logs", timeout=60).stdout  # every attempt, each under its header, oldest first
+    assert attempts(logs) == seen, logs
+    for node in (0, 1):
+        headers = [logs.index(f"mlenv: ==== attempt {k} (MLENV_RESTART_COUNT={k}) of run {run_id}, node {node} ====")
+                   for k in range(3)]
+        assert headers == sorted(headers) and headers[2] < logs.index(f"attempt 2 of run {run_id} on node {node}")
+    status = json.loads(project.ok("status", "--json").stdout)["latest_run"]
+    assert (status["id"], status["state"], status["attempt"]) == (run_id, "succeeded", 2), status
+    assert "succeeded, attempt 2 (restarted 2x" in project.ok("status").stdout
+
+
+def test_a_detached_run_is_restarted_by_the_nodes(project: LocalProject) -> None:
+    started = project.ok("launch", "--launcher", "torchrun", "--detach", "--max-restarts", "2", "flaky.py", "--until",
+                         "1", timeout=120)
+    assert "not restarted" not in started.stderr, started.stderr
+    run_id = json.loads(project.ok("status", "--json").stdout)["runs"][-1]["id"]
+
+    def latest() -> dict[str, object]:
+        return json.loads(project.ok("status", "--json").stdout)["latest_run"] or {}
+
+    deadline = time.monotonic() + 240
+    while (run := latest()).get("state") != "succeeded" or run.get("attempt") != 1:
+        assert time.monotonic() < deadline, run
+        assert run.get("state") != "failed" or run.get("attempt") == 0, run
+        time.sleep(1)
+    assert run["id"] == run_id and sorted(rank["rank"] for rank in run["ranks"]) == [0, 1, 2, 3], run  # type: ignore
+    logs = project.ok("logs", timeout=60).stdout
+    seen = attempts(logs)  # the failed attempt's stop may end a rank before it said who it is
+    assert {(attempt, run) for attempt, run, _ in seen} == {(0, run_id), (1, run_id)}, logs
+    assert sorted(rank for attempt, _, rank in seen if attempt == 1) == [0, 1, 2, 3], logs
+    assert ("mlenv: attempt 0 failed with exit code 3: restarting the run, attempt 1 of at most 2 restarts "
+            "(MLENV_RESTART_COUNT=1)") in logs, logs
+    assert "failing on purpose" in logs
+    stopped = project.ok("launch", "--launcher", "torchrun", "--detach", "--max-restarts", "2", "flaky.py", "--until",
+                         "0", "--sleep", timeout=120)  # a stop by the user is never restarted
+    assert stopped.returncode == 0
+    project.ok("stop", timeout=120)
+    run = latest()
+    assert (run["state"], run["attempt"]) == ("stopped", 0), run
+    assert "restarting the run" not in project.ok("logs", timeout=60).stdout
+
+
+def test_restarts_end_with_the_last_attempts_exit_code(project: LocalProject) -> None:
+    path = project.home / "clusters" / f"{project.name}.yaml"
+    path.write_text(path.read_text() + "launch:\n  max_restarts: 1\n")  # the file's default
+    result = project.mlenv("launch", "--launcher", "torchrun", "flaky.py", "--until", "9", timeout=240)
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert sorted({attempt for attempt, _, _ in attempts(result.stdout)}) == [0, 1]
+    assert result.stderr.count("restarting it") == 1
+    never = project.mlenv("launch", "--launcher", "torchrun", "--max-restarts", "0", "flaky.py", "--until", "9",
+                          timeout=240)
+    assert never.returncode == 3 and "restarting it" not in never.stderr
+
+
+def test_a_node_failing_first_twice_is_excluded_and_without_a_spare_the_run_stops(project: LocalProject) -> None:
+    result = project.mlenv("launch", "--launcher", "torchrun", "--max-restarts", "3", "flaky.py", "--until", "9",
+                           "--bad-node", "1", timeout=240)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert sorted({attempt for attempt, _, _ in attempts(result.stdout)}) == [0, 1], result.stdout[-3000:]
+    host = f"{project.app}-1"
+    assert (f"excluding {host} (node-1) from the next attempts: it failed first in 2 attempts of the run"
+            in result.stderr)
+    assert result.stderr.rstrip().splitlines()[-1] == (
+        f"error: {host} must be left out of the run (mlenv nodes says why), and {project.name} has no spare node to "
+        "take their place: stopping. mlenv nodes --forget-excluded lets the run use them again")
+    listed = json.loads(project.ok("nodes", "--json").stdout)["excluded"]
+    assert [(e["node"], e["host"]) for e in listed] == [(1, host)]
+    assert "failed first in 2 attempts" in project.ok("nodes").stdout
+    again = project.mlenv("launch", "--launcher", "torchrun", "flaky.py", "--until", "0")  # still left out
+    assert again.returncode == 1 and f"{host} must be left out" in again.stderr
+    project.ok("nodes", "--forget-excluded")
+    assert project.ok("launch", "--launcher", "torchrun", "flaky.py", "--until", "0", timeout=240).returncode == 0
+
+
+def test_bad_restart_counts_are_bad_input(tmp_path: Path) -> None:
+    project = make_project(tmp_path, "lrst2", "10.77.69.0/24", "processes")
+    refused = project.mlenv("launch", "-c", project.name, "--max-restarts", "-1", "x.py")
+    assert refused.returncode == 2 and "--max-restarts" in refused.stderr and "-1" in refused.stderr
+    through_make = make("launch-dry-run", f"CLUSTER={project.name}", "MAX_RESTARTS=-1", home=project.home)
+    assert through_make.returncode == 2 and "--max-restarts" in through_make.stderr
+    path = project.home / "clusters" / f"{project.name}.yaml"
+    path.write_text(path.read_text() + "launch:\n  max_restarts: 1000\n")
+    invalid = project.mlenv("validate", project.name)
+    assert invalid.returncode == 2 and invalid.stderr.count("\n") == 1, invalid.stderr
+    assert "launch.max_restarts" in invalid.stderr

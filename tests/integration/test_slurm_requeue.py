@@ -1,0 +1,137 @@
+"""Slurm's warning signal, checkpoint and requeue on a real Slurm (tests/integration/slurm_cluster.py): a detached
+batch job of 2 nodes x 2 ranks under ``slurm.signal: "USR1@60"`` and ``slurm.requeue: true`` gets ``scancel
+--signal=USR1 --batch``; the batch shell passes it to the 4 ranks, which checkpoint and exit while every other
+process of the step (task shell, runtime, torchrun's agent) lives on; mlenv requeues the job, and the next attempt
+(MLENV_RESTART_COUNT 1) resumes from the checkpoints and completes. Each attempt has its own exit file."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tests.integration.test_slurm_backend import Project, make_project
+
+if TYPE_CHECKING:
+    from tests.integration.slurm_cluster import SlurmCluster
+
+pytest_plugins = ["tests.integration.slurm_cluster"]
+
+# No torch: attempt 0 waits for the warning, writes its checkpoint and exits; attempt 1 resumes from it.
+CHECKPOINTING_JOB = """\
+import os, signal, sys, time
+rank, attempt = os.environ["RANK"], int(os.environ["MLENV_RESTART_COUNT"])
+checkpoint = os.path.join(os.environ["MLENV_CHECKPOINT_DIR"], f"rank{rank}")
+if attempt:
+    with open(checkpoint) as saved:
+        print(f"rank {rank} attempt {attempt} resumed from step {saved.read()} of run {os.environ['MLENV_RUN_ID']}",
+              flush=True)
+    sys.exit(0)
+def save(signum, frame):
+    os.makedirs(os.path.dirname(checkpoint), exist_ok=True)
+    with open(checkpoint, "w") as out:
+        out.write("7")
+    print(f"rank {rank} got {signal.Signals(signum).name}: checkpointed step 7", flush=True)
+    sys.exit(0)
+signal.signal(signal.SIGUSR1, save)
+print(f"rank {rank} attempt {attempt} training", flush=True)
+time.sleep(300)
+print(f"rank {rank} never warned", flush=True)
+sys.exit(1)
+"""
+
+
+def test_the_warning_signal_checkpoints_requeues_and_resumes(tmp_path: Path, slurm_cluster: SlurmCluster) -> None:
+    project: Project = make_project(tmp_path, slurm_cluster, slurm_extra='  signal: "USR1@60"\n  requeue: true\n')
+    (project.home / "workspace" / "ckpt.py").write_text(CHECKPOINTING_JOB)
+    project.ok("sync", "-c", project.name)
+    started = project.ok("launch", "-c", project.name, "--launcher", "torchrun", "--detach", "ckpt.py", timeout=120)
+    job_id = project.submitted(started.stderr)
+    script = slurm_cluster.ok("scontrol", "write", "batch_script", job_id, "-")
+    assert "#SBATCH --signal=B:USR1@60\n#SBATCH --requeue\n" in script
+    (run,) = (project.workdir / ".mlenv" / "runs").iterdir()
+    output = run / "output.log"
+
+    def text() -> str:
+        return output.read_text() if output.exists() else ""
+
+    slurm_cluster.wait(lambda: text().count("attempt 0 training") == 4, "the 4 ranks to train", 120)
+    slurm_cluster.ok("scancel", "--signal=USR1", "--batch", job_id)
+    slurm_cluster.wait(lambda: int(slurm_cluster.job(job_id).get("Restarts", "0")) >= 1, "the requeue", 60)
+    attempt0 = text()
+    assert "mlenv: got SIGUSR1: passing it to every rank" in attempt0
+    # each rank's line, whole and tagged (the supervisor may quote it again as a rank's last line)
+    assert set(re.findall(r"rank (\d) got SIGUSR1: checkpointed step 7", attempt0)) == {"0", "1", "2", "3"}, attempt0
+    assert f"mlenv: attempt 0 ended after the warning (exit 0): requeueing job {job_id}" in attempt0
+    assert (run / "attempt-0" / "exit").read_text() == "0\n"  # torchrun's agent and the runtime lived on
+    # Slurm holds a requeued job back (Reason=BeginTime) until the first attempt's job credential has expired on
+    # the nodes (about 2 minutes): starting it earlier (scontrol update StartTime=now) only gets it killed with
+    # "Job credential revoked"
+    slurm_cluster.wait(lambda: slurm_cluster.job(job_id).get("Reason") == "BeginTime", "the requeued job to wait", 60)
+    slurm_cluster.wait(lambda: slurm_cluster.state(job_id) == "", "the resumed attempt to end", 360)
+    assert slurm_cluster.job(job_id)["JobState"] == "COMPLETED"
+    assert (run / "attempt-1" / "exit").read_text() == "0\n" and (run / "attempt").read_text() == "1\n"
+    assert sorted(path.name for path in (project.workdir / "checkpoints" / run.name).iterdir()) == [
+        "rank0", "rank1", "rank2", "rank3"]
+    resumed = re.findall(rf"rank (\d) attempt 1 resumed from step 7 of run {run.name}", text())
+    assert set(resumed) == {"0", "1", "2", "3"}
+    logs = project.ok("logs", "-c", project.name, timeout=30).stdout
+    # mlenv logs shows both attempts of the run, each under its header, every rank of each
+    assert set(re.findall(r"rank (\d) got SIGUSR1: checkpointed step 7", logs)) == {"0", "1", "2", "3"}, logs
+    assert set(re.findall(r"rank (\d) attempt 1 resumed from step 7", logs)) == {"0", "1", "2", "3"}, logs
+    for node in (0, 1):
+        first, second = (logs.index(f"mlenv: ==== attempt {k} (MLENV_RESTART_COUNT={k}) of run {run.name}, "
+                                    f"node {node} ====") for k in (0, 1))
+        assert first < logs.index(f"[node-{node} ", first) < second < logs.index(f"[node-{node} ", second), logs
+    (row,) = project.status()
+    assert (row["phase"], row["detail"]) == ("COMPLETED", "exit code 0")
+
+
+def test_doctor_checks_that_jobs_may_be_requeued(tmp_path: Path, slurm_cluster: SlurmCluster) -> None:
+    from mlenv.backends.slurm.checks import requeue_check
+
+    project = make_project(tmp_path, slurm_cluster, slurm_extra="  requeue: true\n")
+    report = json.loads(project.ok("doctor", "-c", project.name, "--json").stdout)
+    checks = {c["name"]: (c["status"], c["evidence"]) for c in report["checks"]}
+    assert checks["requeue"] == ("PASS", "JobRequeue=1: batch jobs may be requeued")
+    # this Slurm's own configuration, as a site that forbids requeues by default would show it
+    config = slurm_cluster.ok("scontrol", "show", "config")
+    assert re.search(r"^JobRequeue\s*=\s*1$", config, re.MULTILINE)
+    forbidding = re.sub(r"^(JobRequeue\s*=\s*)1$", r"\g<1>0", config, flags=re.MULTILINE)
+    check = requeue_check(forbidding)
+    assert check.status == "WARN" and "this Slurm has JobRequeue=0" in check.evidence
+    without = make_project(tmp_path / "plain", slurm_cluster)
+    plain = json.loads(without.ok("doctor", "-c", without.name, "--json").stdout)
+    assert "requeue" not in {c["name"] for c in plain["checks"]}
+
+
+# No torch: a node that always fails (n1), wherever Slurm puts the job.
+PICKY_JOB = """\
+import os, sys
+host, attempt = os.environ["SLURMD_NODENAME"], os.environ["MLENV_RESTART_COUNT"]
+if host == "n1":
+    print(f"attempt {attempt}: n1 is broken", flush=True)
+    sys.exit(5)
+print(f"attempt {attempt}: ok on {host}", flush=True)
+"""
+
+
+def test_a_node_that_fails_first_twice_is_left_out_of_the_next_attempt(tmp_path: Path,
+                                                                        slurm_cluster: SlurmCluster) -> None:
+    project = make_project(tmp_path, slurm_cluster)
+    path = project.home / "clusters" / f"{project.name}.yaml"
+    path.write_text(path.read_text().replace("default_nodes: 2", "default_nodes: 1"))  # n2 is the spare
+    (project.home / "workspace" / "picky.py").write_text(PICKY_JOB)
+    project.ok("sync", "-c", project.name)
+    result = project.mlenv("launch", "-c", project.name, "--launcher", "torchrun", "--nproc", "1", "--max-restarts",
+                           "3", "picky.py", timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "attempt 0: n1 is broken" in result.stdout and "attempt 1: n1 is broken" in result.stdout
+    assert "excluding n1 (node-0) from the next attempts: it failed first in 2 attempts of the run" in result.stderr
+    assert "attempt 2 of at most 3 restarts (MLENV_RESTART_COUNT=2) without n1" in result.stderr
+    assert "attempt 2: ok on n2" in result.stdout and "attempt 3" not in result.stdout
+    jobs = project.recorded_jobs()
+    assert len(jobs) == 3
+    assert "#SBATCH --exclude=n1\n" in slurm_cluster.ok("scontrol", "write", "batch_script", jobs[-1], "-")
+    assert slurm_cluster.job(jobs[-1])["NodeList"] == "n2"
