@@ -285,6 +285,10 @@ class Jobs(Protocol):
         """Run ``run_id`` as its nodes' supervisors recorded it: ``status --json``'s ``latest_run`` (docs/runs.md)
         plus ``nodes`` (ordinal -> its ``run_states`` entry); None where the backend knows only ``run_states``."""
 
+    @property
+    def restarts_detached(self) -> bool:
+        """The nodes' supervisors restart a detached run that fails (``--max-restarts``)."""
+
     def rank_nodes(self, handle: Handle) -> dict[int, int] | None:
         """Global rank -> the ordinal of the node it ran on, in each node's newest run; None where the backend
         cannot tell (``logs --rank`` then filters every node's log)."""

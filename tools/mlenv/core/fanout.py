@@ -48,6 +48,9 @@ class FanoutJobs:
         """The runtime through exec: a launch here sets up nothing more than exec does."""
         return self.exec_argv(handle, node, self.runtime(handle, *args), env=env)
 
+    restarts_detached = True
+    """The runtime's node supervisors restart a detached run (``--max-restarts``)."""
+
     torch_fix: str | None = None
     """Nothing to name beyond doctor's own hint: launches run in the software exec reaches."""
 

@@ -393,6 +393,9 @@ class SlurmBackend:
         info(f"cancelled {', '.join(targets)}")
         return 0
 
+    restarts_detached = False
+    """A detached run is requeued by Slurm (slurm.requeue with slurm.signal), not restarted by mlenv."""
+
     def latest_run(self, handle: Handle, run_id: str) -> dict[str, Any] | None:
         """None: status shows each node's state (``run_states``), read from the shared run directory."""
         return None
