@@ -1,4 +1,4 @@
-"""A Kubernetes or Run:ai deployment whose pods really run: fakekube started from its command line with
+"""A Kubernetes, OpenShift or Run:ai deployment whose pods really run: fakekube started from its command line with
 ``--run-pods``, the real kubectl (and the Run:ai stand-in), and the real ``mlenv`` in subprocesses.
 
 :func:`kube_project` yields a :class:`KubeProject`: a project directory (MLENV_HOME) with ``clusters/<name>.yaml``
@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,9 +59,8 @@ class KubeProject:
 
 RUNAI_PROJECT = "ml"
 RUNAI_STANDIN = ROOT / "tests" / "fixtures" / "runai"
-NAMESPACES = {"kubernetes": NAMESPACE, "runai": f"runai-{RUNAI_PROJECT}"}
-BACKEND_SECTIONS = {
-    "kubernetes": f"""\
+NAMESPACES = {"kubernetes": NAMESPACE, "openshift": NAMESPACE, "runai": f"runai-{RUNAI_PROJECT}"}
+KUBERNETES_SECTION = f"""\
 cluster:
   name: fake
   api: 127.0.0.1:{{port}}
@@ -70,7 +70,10 @@ storage:
   class_rwo: nfs-csi
   workspace_size: 1Gi
   datasets_size: 1Gi
-""",
+"""
+BACKEND_SECTIONS = {
+    "kubernetes": KUBERNETES_SECTION,
+    "openshift": KUBERNETES_SECTION,
     "runai": f"""\
 cluster:
   name: fake
@@ -126,9 +129,16 @@ def pod_processes(pods_root: Path) -> list[int]:
 @pytest.fixture
 def kube_project(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[KubeProject]:
     """fakekube (``python -m tests.fakekube --run-pods``) serving a project's 2-node cluster file of the backend
-    the test's parameter names (``indirect``; default ``kubernetes``; ``runai`` adds the Run:ai stand-in on PATH
-    and labels the project's namespace as Run:ai does)."""
-    backend = getattr(request, "param", "kubernetes")
+    the test's parameter names (``indirect``; default ``kubernetes``): see :func:`kube_cluster`."""
+    with kube_cluster(tmp_path, getattr(request, "param", "kubernetes")) as project:
+        yield project
+
+
+@contextmanager
+def kube_cluster(tmp_path: Path, backend: str) -> Iterator[KubeProject]:
+    """fakekube (``python -m tests.fakekube --run-pods``) serving a project's 2-node cluster file of ``backend``
+    (``runai`` adds the Run:ai stand-in on PATH and labels the project's namespace as Run:ai does); every pod's
+    processes are gone when it ends."""
     require_kubectl()
     require("rsync", "torch")
     home = tmp_path / "home"

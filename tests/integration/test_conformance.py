@@ -3,10 +3,10 @@
 
     deploy -> status -> exec -> sync -> launch --detach -> status shows the run -> logs -f -> stop -> doctor -> clean
 
-local (pods as processes), ssh (sshd machines) and Slurm (slurmctld + slurmd) run it all. Kubernetes, OpenShift
-and Run:ai run against fakekube, whose pods run nothing yet: they run the verbs that need no exec (deploy,
-status, doctor, clean) until it does (``Harness.runs_pods``). A backend registered without a harness here fails
-the suite: a new backend gets these tests by registering and adding its harness.
+against local (pods as processes), ssh (sshd machines), Slurm (slurmctld + slurmd), and Kubernetes, OpenShift and
+Run:ai (fakekube from its command line with ``--run-pods``: the pods really run, reached by the real kubectl's
+exec; Run:ai through its CLI stand-in). A backend registered without a harness here fails the suite: a new backend
+gets these tests by registering and adding its harness.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from mlenv.core.capabilities import CAPABILITIES, CHECKS, DEPLOY, JOBS, NODE_ACC
 from mlenv.core.registry import BACKENDS, get
 
 from tests._prereq import clean_environ, require
-from tests.fakekube.fixtures import FakeCluster, fake_kube_factory  # noqa: F401 - the fixture, re-exported
+from tests.integration.kube_pods import kube_cluster
 from tests.integration.local_cluster import make_project, require_local
 
 if TYPE_CHECKING:  # imported at run time as plugins, so that pytest rewrites their asserts
@@ -40,7 +40,6 @@ if TYPE_CHECKING:  # imported at run time as plugins, so that pytest rewrites th
 
 pytest_plugins = ["tests.integration.slurm_cluster", "tests.integration.ssh_hosts"]
 
-ROOT = Path(__file__).resolve().parents[2]
 MLENV = Path(sys.executable).parent / "mlenv"
 JOB = "conformance_job.py"
 JOB_TEXT = """\
@@ -63,8 +62,6 @@ class Subject:
     home: Path
     env: dict[str, str]
     nodes: int = 2
-    runs_pods: bool = True
-    """Its nodes run commands (exec, sync, launch, logs); False for fakekube until it runs pods."""
 
     def mlenv(self, *args: str, timeout: float = CALL_TIMEOUT) -> subprocess.CompletedProcess[str]:
         return subprocess.run([str(MLENV), *args], cwd=self.home, env=self.env, capture_output=True, text=True,
@@ -133,37 +130,19 @@ def slurm(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Subject]:
 def _kube(backend: str) -> Harness:
     @contextmanager
     def harness(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Subject]:
-        fake: FakeCluster = request.getfixturevalue("fake_kube_factory")(nodes=["gpu-0", "gpu-1"],
-                                                                          namespaces=["ml"])
-        home = _project(tmp_path)
-        (home / "clusters" / "conf.yaml").write_text(yaml.safe_dump({
-            "backend": backend, "cluster": {"name": "conf", "namespace": "ml"},
-            "nodes": {"gpu_nodes": ["gpu-0", "gpu-1"]},
-            "storage": {"mode": "volumeClaimTemplates", "class_rwo": "standard", "class_rwx": "nfs",
-                        "workspace_size": "1Gi", "datasets_size": "1Gi"},
-            "gpus": {"per_node": 4, "default_nodes": 2}}, sort_keys=False))
-        yield Subject("conf", home, {**os.environ, **fake.env, "MLENV_HOME": str(home)}, runs_pods=False)
+        """fakekube from its command line with ``--run-pods`` (pods really run), the real kubectl and, for
+        Run:ai, the ``runai`` stand-in (:func:`tests.integration.kube_pods.kube_cluster`)."""
+        with kube_cluster(tmp_path, backend) as project:
+            workspace = project.home / "workspace"
+            workspace.mkdir()
+            (workspace / JOB).write_text(JOB_TEXT)
+            yield Subject(project.cluster_file.stem, project.home, project.env)
 
     return harness
 
 
-@contextmanager
-def runai(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Subject]:
-    standin = ROOT / "tests" / "fixtures" / "runai"
-    fake: FakeCluster = request.getfixturevalue("fake_kube_factory")(nodes=["gpu-0", "gpu-1"],
-                                                                      namespaces=["runai-ml"])
-    fake.server.set_namespace_labels("runai-ml", {"runai/queue": "ml"})
-    home = _project(tmp_path)
-    (home / "clusters" / "conf.yaml").write_text(yaml.safe_dump({
-        "backend": "runai", "cluster": {"name": "conf"}, "runai": {"project": "ml", "cli": "v2"},
-        "image": "registry.example.com/ml/train:v1", "gpus": {"per_node": 4, "default_nodes": 2}}, sort_keys=False))
-    env = {**os.environ, **fake.env, "MLENV_HOME": str(home), "PATH": f"{standin}{os.pathsep}{os.environ['PATH']}",
-           "RUNAI_STANDIN_LOG": str(tmp_path / "runai-argv.jsonl"), "RUNAI_STANDIN_CLI": "v2"}
-    yield Subject("conf", home, env, runs_pods=False)
-
-
 HARNESSES: dict[str, Harness] = {"local": local, "ssh": ssh, "slurm": slurm, "kubernetes": _kube("kubernetes"),
-                                 "openshift": _kube("openshift"), "runai": runai}
+                                 "openshift": _kube("openshift"), "runai": _kube("runai")}
 
 
 def wait_for(condition: Callable[[], bool], what: Callable[[], str], timeout: float = WAIT) -> None:
@@ -227,13 +206,13 @@ def _run(subject: Subject, declared: frozenset[str]) -> None:
     assert [(pod["ordinal"], pod["ready"]) for pod in report["pods"]][:subject.nodes] == [
         (n, True) for n in range(subject.nodes)], report
 
-    if subject.runs_pods and NODE_ACCESS.name in declared:
+    if NODE_ACCESS.name in declared:
         executed = subject.ok("exec", "-c", name, "--", "sh", "-c", 'echo "rank=$MLENV_NODE_RANK"')
         assert sorted(executed.stdout.splitlines()) == [f"[node-{n}] rank={n}" for n in range(subject.nodes)]
         synced = subject.ok("sync", "-c", name, "--json")
         assert json.loads(synced.stdout)["ok"] is True
 
-    if subject.runs_pods and JOBS.name in declared:
+    if JOBS.name in declared:
         _jobs(subject)
 
     if CHECKS.name in declared:

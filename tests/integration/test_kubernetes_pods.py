@@ -34,6 +34,7 @@ print(f"rank {dist.get_rank()} on node {os.environ['MLENV_NODE_RANK']}: world {d
 dist.destroy_process_group()
 """
 RESULT = re.compile(r"^\[node-(\d) r(\d)\] rank \2 on node \1: world 4 sum 4$", re.MULTILINE)
+"""A rank's line as the node supervisor tags it: ``[node-N rR] ...``."""
 
 
 @pytest.mark.parametrize("kube_project", ["kubernetes", "runai"], indirect=True)
@@ -111,7 +112,7 @@ def test_deleting_a_pod_under_a_running_job_gives_its_ranks_sigterm(kube_project
     try:
         assert follow.stdout is not None
         seen = next((line for line in follow.stdout if "started" in line), "")
-        assert seen.startswith("[node-1 r") and "rank 1-" in seen, seen
+        assert seen.startswith("[node-1 r") and "rank 1-" in seen, seen  # the run's log, tagged by rank
     finally:
         follow.terminate()
         follow.wait(timeout=30)

@@ -314,8 +314,8 @@ def test_command_lines(backend: KubernetesBackend, handle: Handle) -> None:
     argv = backend.exec_argv(handle, pod, ["python", "a b.py", "$HOME"], env={"K": "v w"}, interactive=True)
     assert argv == ["/bin/echo", "exec", "-i", "-t", "-n", "ml", f"{APP}-1", "-c", "ml-dev", "--", "env", "K=v w",
                     "sh", "-c", script(), "sh", "/workspace", "python", "a b.py", "$HOME"]
-    assert backend.logs_argv(handle, pod, follow=True) == [
-        "/bin/echo", "logs", "-n", "ml", f"{APP}-1", "-c", "ml-dev", "-f"]
+    follow = backend.logs_argv(handle, pod, follow=True)  # the run's log, ending with it: the runtime's, over exec
+    assert follow[:2] == ["/bin/echo", "exec"] and follow[-5:] == ["python3", "-m", "mlenv.runtime", "logs", "--follow"]
     target = backend.copy_target(handle, pod)
     assert target.destination == f"{APP}-1:/workspace/"
     assert target.rsh is not None

@@ -325,7 +325,8 @@ def test_exec_logs_and_copy_command_lines(runai_pod: tuple[RunaiBackend, Handle,
                     "K=v w", "sh", "-c", script(), "sh", node.workspace, "python", "a b.py", "$HOME"]
     stopping = backend.exec_argv(handle, node, ["true"], stop_on_stdin_eof=True, secrets=["TOKEN"])
     assert stopping[stopping.index("-c") + 1] == script(stop_on_stdin_eof=True, secrets=["TOKEN"])
-    assert backend.logs_argv(handle, node, follow=True) == [kubectl, "logs", "-n", NAMESPACE, WORKER, "-f"]
+    follow = backend.logs_argv(handle, node, follow=True)  # the run's log, ending with it: the runtime's, over exec
+    assert follow[:2] == [kubectl, "exec"] and follow[-5:] == ["python3", "-m", "mlenv.runtime", "logs", "--follow"]
     target = backend.copy_target(handle, node)
     assert (target.destination, target.rsh) == (
         f"env:{node.workspace}/", [kubectl, "exec", "-i", "-n", NAMESPACE, WORKER, "--"])

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from tests._prereq import clean_environ, require
+from tests._waiting import wait_until_polling
 
 if TYPE_CHECKING:  # imported at run time as plugins, so that pytest rewrites their asserts
     from tests.integration.slurm_cluster import SlurmCluster
@@ -354,7 +355,7 @@ def test_a_pending_allocation_shows_its_reason_and_launch_waits_for_it(tmp_path:
                                stderr=subprocess.PIPE, text=True, env=project.env, cwd=project.home,
                                stdin=subprocess.DEVNULL)
     try:
-        time.sleep(3)
+        wait_until_polling(process.pid)  # launch waits for the pending allocation
         process.send_signal(signal.SIGINT)
         _, err = process.communicate(timeout=30)
     finally:

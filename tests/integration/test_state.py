@@ -119,12 +119,19 @@ def test_a_bad_recorded_value_blames_the_record(project: LocalProject) -> None:
 def test_two_deploys_at_once_wait_for_each_other(project: LocalProject) -> None:
     env = {"MLENV_HOME": str(project.home)}
     lock = project.home / ".mlenv" / "deploy-one.lock"
-    holder = subprocess.Popen(["python3", "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'a'); "
-                               "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(3)", str(lock)],
-                              stdout=subprocess.PIPE, text=True)
-    assert holder.stdout is not None and holder.stdout.readline() == "held\n"
-    second = subprocess.run([str(MLENV), "deploy", "one"], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                            env={**os.environ, **env}, check=False)
+    holder = subprocess.Popen(["python3", "-c", "import fcntl, sys; f = open(sys.argv[1], 'a'); "
+                               "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); sys.stdin.read()", str(lock)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # held until its stdin closes
+    assert holder.stdin is not None and holder.stdout is not None and holder.stdout.readline() == "held\n"
+    second = subprocess.Popen([str(MLENV), "deploy", "one"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env={**os.environ, **env}, stdin=subprocess.DEVNULL)
+    assert second.stderr is not None
+    said = [second.stderr.readline()]  # the deploy says it waits, and waits (never half-way) until the lock is free
+    while said[-1] and "waiting for another mlenv to finish with one" not in said[-1]:
+        said.append(second.stderr.readline())
+    assert second.poll() is None, "".join(said)
+    holder.stdin.close()
     assert holder.wait(timeout=10) == 0
-    assert second.returncode == 0, second.stderr
-    assert "waiting for another mlenv to finish with one" in second.stderr  # waited, never half-way
+    _, rest = second.communicate(timeout=120)
+    assert second.returncode == 0, "".join(said) + rest
+    assert "waiting for another mlenv to finish with one" in said[-1], "".join(said) + rest

@@ -82,7 +82,7 @@ def test_no_rdma_port_in_rdma_mode_fails_with_the_fix(fixtures: Path, python: st
 
 
 def test_tcp_mode_checks_no_rdma(fixtures: Path, python: str) -> None:
-    report = node(fixtures, "infiniband", "pod_defaults", python, MLENV_NETWORK_MODE="tcp")
+    report = node(fixtures, "infiniband", "pod_defaults", python, MLENV_NETWORK_MODE="tcp", NCCL_IB_DISABLE="1")
     assert report["facts"]["hca_count"] == 0
     assert not {"RDMA ports", "GID index", "memlock", "GPUDirect RDMA"} & set(checks(report))
 

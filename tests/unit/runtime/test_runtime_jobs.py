@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from _prereq import clean_environ
+from _waiting import wait_until_polling
 from mlenv.runtime.runlayout import NodeDir
 from runtime_support import Runner
 
@@ -158,7 +159,7 @@ def test_follow_picks_up_a_job_that_starts_while_waiting(runtime: Runner, tmp_pa
     command = [sys.executable, "-m", "mlenv.runtime", "logs", "--follow", "--run", "late", "--wait", "30"]
     env = clean_environ({"HOSTNAME": HOST, "MLENV_RUNS_ROOT": str(tmp_path / "runs")})
     with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as follower:
-        time.sleep(1)
+        wait_until_polling(follower.pid)  # it found no job and waits for one
         write_record(tmp_path / "runs/late", pid=NO_PID, log="hello\n", exit_code=0)
         out, err = follower.communicate(timeout=30)
     assert (follower.returncode, out) == (0, "hello\n"), err

@@ -61,8 +61,9 @@ CASES = {
         ("RDMA ports not ACTIVE, NCCL cannot use them: mlx5_0:1 DOWN, mlx5_1:1 DOWN, mlx5_2:1 DOWN, "
          "mlx5_3:1 DOWN, mlx5_4:1 DOWN, mlx5_5:1 DOWN",),
     ),
-    "sr-iov, cluster file asks for TCP": Case(
-        "sriov_vfs", {"NCCL_IB_DISABLE": "1", **POD}, environ={"MLENV_NETWORK_MODE": "tcp"},
+    "sr-iov, cluster file asks for TCP (the env contract of tcp mode, mlenv.plan.nccl_env)": Case(
+        "sriov_vfs", POD,
+        environ={"MLENV_NETWORK_MODE": "tcp", "NCCL_IB_DISABLE": "1"},
     ),
     "sr-iov, cluster file's NCCL variables win": Case(
         "sriov_vfs",

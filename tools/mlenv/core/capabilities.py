@@ -247,6 +247,19 @@ class NodeAccess(Protocol):
         """A local command line that prints (or follows) the node's log: the latest run's output (``rank``: only
         that global rank's lines; the command exits 2 when the rank did not run on the node)."""
 
+    def runtime(self, handle: Handle, *args: str) -> list[str]:
+        """``python3 -m mlenv.runtime ARGS`` with the Python that runs the runtime on the nodes (what exec runs)."""
+
+    def runtime_as_launched(self, handle: Handle, node: Node, args: Sequence[str],
+                            env: Mapping[str, str]) -> list[str]:
+        """A local command line that runs the runtime with ``args`` on ``node`` in the software a launch there gets
+        (Slurm: after slurm.setup, inside container:); where launch sets up nothing more, the same as exec."""
+
+    @property
+    def torch_fix(self) -> str | None:
+        """What doctor names when a node cannot import torch: the fields the backend's launches take their software
+        from (None: nothing more to say than doctor's own hint)."""
+
 
 @runtime_checkable
 class Jobs(Protocol):
@@ -267,6 +280,18 @@ class Jobs(Protocol):
     def run_states(self, handle: Handle, run_id: str) -> dict[int, str]:
         """Node ordinal -> what became of run ``run_id`` there: its state (docs/runs.md) with the exit code once it
         ended (``failed (7)``), or - (unknown)."""
+
+    def latest_run(self, handle: Handle, run_id: str) -> dict[str, Any] | None:
+        """Run ``run_id`` as its nodes' supervisors recorded it: ``status --json``'s ``latest_run`` (docs/runs.md)
+        plus ``nodes`` (ordinal -> its ``run_states`` entry); None where the backend knows only ``run_states``."""
+
+    @property
+    def restarts_detached(self) -> bool:
+        """The nodes' supervisors restart a detached run that fails (``--max-restarts``)."""
+
+    def rank_nodes(self, handle: Handle) -> dict[int, int] | None:
+        """Global rank -> the ordinal of the node it ran on, in each node's newest run; None where the backend
+        cannot tell (``logs --rank`` then filters every node's log)."""
 
 
 @runtime_checkable

@@ -43,6 +43,17 @@ class FanoutJobs:
         """``python3 -m mlenv.runtime ARGS``: the command run on a node."""
         return [self.python(handle), "-m", "mlenv.runtime", *args]
 
+    def runtime_as_launched(self, handle: Handle, node: Node, args: Sequence[str],
+                            env: Mapping[str, str]) -> list[str]:
+        """The runtime through exec: a launch here sets up nothing more than exec does."""
+        return self.exec_argv(handle, node, self.runtime(handle, *args), env=env)
+
+    restarts_detached = True
+    """The runtime's node supervisors restart a detached run (``--max-restarts``)."""
+
+    torch_fix: str | None = None
+    """Nothing to name beyond doctor's own hint: launches run in the software exec reaches."""
+
     def prepare_launch(self, handle: Handle, spec: LaunchSpec) -> LaunchRequest:
         """PURE: the same runtime launch on every node, in its workspace; refused when nodes must be left out,
         which these backends cannot do yet (no spare nodes)."""
@@ -95,7 +106,7 @@ class FanoutJobs:
         """Node ordinal -> its state of run ``run_id`` (``failed (7)`` once it ended), or ``-``."""
         return {ordinal: _state(job) for ordinal, job in self._node_jobs(handle, run_id).items()}
 
-    def latest_run(self, handle: Handle, run_id: str) -> dict[str, Any]:
+    def latest_run(self, handle: Handle, run_id: str) -> dict[str, Any] | None:
         """Run ``run_id`` as its nodes' supervisors recorded it (docs/runs.md): ``{"id", "state", "attempt",
         "ranks", "first_failure", "transport": {"node-N": {"verdict", "plugin", "devices", "nccl_version"}},
         "stacks", "nodes": {ordinal: state}}`` (``stacks``: the hang watchdog's capture of the whole job, on node 0)."""
@@ -112,7 +123,7 @@ class FanoutJobs:
                 "stacks": next((job["stacks"] for job in known if job.get("stacks")), None),
                 "nodes": {ordinal: _state(job) for ordinal, job in jobs.items()}}
 
-    def rank_nodes(self, handle: Handle) -> dict[int, int]:
+    def rank_nodes(self, handle: Handle) -> dict[int, int] | None:
         """Global rank -> the ordinal of the node it ran on, in each node's newest run."""
         return {rank["rank"]: ordinal for ordinal, job in self._node_jobs(handle, None).items() if job
                 for rank in job.get("ranks", [])}

@@ -22,7 +22,6 @@ from typing import Any
 from mlenv import state
 from mlenv.core.capabilities import Check, Handle, Node, NodeAccess
 from mlenv.errors import MlenvError, OperationError, UsageError
-from mlenv.ops.fanout import runtime_command
 from mlenv.parallel import run_parallel
 from mlenv.plan import JobPlan
 from mlenv.runtime.doctor import KIND, TORCH_FIX_VARIABLE
@@ -86,15 +85,10 @@ def ship_runtime(backend: NodeAccess, handle: Handle, extra: Mapping[str, Path] 
 
 
 def _as_launched(backend: NodeAccess, handle: Handle, node: Node, args: Sequence[str]) -> list[str]:
-    """The runtime with ``args`` on ``node``, in the software a launch there gets: through the backend's
-    ``runtime_as_launched`` where launch sets up more than exec does (Slurm: slurm.setup and container:), else
-    through exec. A missing torch is blamed on the field the backend takes its software from (``torch_fix``)."""
-    fix = getattr(backend, "torch_fix", None)
-    env = {TORCH_FIX_VARIABLE: fix} if fix else {}
-    as_launched = getattr(backend, "runtime_as_launched", None)
-    if as_launched is not None:
-        return list(as_launched(handle, node, args, env))
-    return backend.exec_argv(handle, node, runtime_command(backend, handle, *args), env=env)
+    """The runtime with ``args`` on ``node``, in the software a launch there gets (``runtime_as_launched``); a
+    missing torch is blamed on the field the backend takes its software from (``torch_fix``)."""
+    fix = backend.torch_fix
+    return backend.runtime_as_launched(handle, node, args, {TORCH_FIX_VARIABLE: fix} if fix else {})
 
 
 def node_reports(backend: NodeAccess, handle: Handle, nodes: Sequence[Node],

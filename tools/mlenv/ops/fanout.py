@@ -9,8 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from mlenv.core.capabilities import Handle, Node, NodeAccess
-from mlenv.core.fanout import FanoutJobs
+from mlenv.core.capabilities import Handle, Jobs, Node, NodeAccess
 from mlenv.errors import UsageError
 from mlenv.parallel import run_parallel
 from mlenv.ui import info
@@ -29,13 +28,6 @@ def select_nodes(backend: NodeAccess, handle: Handle, only: int | None) -> list[
         raise UsageError(f"pod {only} does not exist: {handle.name} has pods "
                          f"{', '.join(str(n.ordinal) for n in nodes)} (--pod N / POD=N)")
     return chosen
-
-
-def runtime_command(backend: NodeAccess, handle: Handle, *args: str) -> list[str]:
-    """``python3 -m mlenv.runtime ARGS`` with the Python the backend runs the runtime with."""
-    if isinstance(backend, FanoutJobs):
-        return backend.runtime(handle, *args)
-    return ["python3", "-m", "mlenv.runtime", *args]
 
 
 @dataclass(frozen=True)
@@ -57,7 +49,7 @@ class NodeAnswer:
 def runtime_json(backend: NodeAccess, handle: Handle, nodes: Sequence[Node], *args: str) -> dict[int, NodeAnswer]:
     """The runtime's ``ARGS`` (a command printing one JSON object) on every node of ``nodes`` at once; a node that
     cannot be reached answers with its error while the others answer."""
-    commands = {n.ordinal: backend.exec_argv(handle, n, runtime_command(backend, handle, *args)) for n in nodes}
+    commands = {n.ordinal: backend.exec_argv(handle, n, backend.runtime(handle, *args)) for n in nodes}
     lines: dict[int, list[str]] = {}
     result = run_parallel(commands, echo=False, on_line=lambda node, line: lines.setdefault(node, []).append(line))
     answers = {}
@@ -93,14 +85,13 @@ def exec_all(backend: NodeAccess, handle: Handle, argv: Sequence[str], only: int
 
 
 def logs_all(backend: NodeAccess, handle: Handle, only: int | None = None, follow: bool = False,
-             rank: int | None = None) -> int:
+             rank: int | None = None, jobs: Jobs | None = None) -> int:
     """Print (or follow) the logs of every node (or node ``only``), prefixed ``[node-N]``; with ``rank`` only the
     lines of that global rank, from the node it ran on (UsageError when no node of the newest run has it)."""
     if rank is None:
         nodes = select_nodes(backend, handle, only)
         argvs = {n.ordinal: backend.logs_argv(handle, n, follow) for n in nodes}
-    elif hasattr(backend, "rank_nodes"):  # ask the nodes' records where the rank ran
-        where = backend.rank_nodes(handle)
+    elif jobs is not None and (where := jobs.rank_nodes(handle)) is not None:  # the records say where it ran
         if rank not in where:
             known = ", ".join(map(str, sorted(where))) or "none"
             raise UsageError(f"rank {rank} is not in the latest run of {handle.name} (its ranks: {known})")

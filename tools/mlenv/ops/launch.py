@@ -118,10 +118,9 @@ def launch(target: Target, spec: LaunchSpec) -> LaunchResult:
     last attempt's result. A detached run on local and ssh clusters is restarted by the nodes' supervisors."""
     from dataclasses import replace
 
-    from mlenv.core.fanout import FanoutJobs
     from mlenv.ui import warn
 
-    if spec.detach and spec.max_restarts and not isinstance(target.backend.jobs, FanoutJobs):
+    if spec.detach and spec.max_restarts and not target.backend.jobs.restarts_detached:
         warn(f"--max-restarts {spec.max_restarts}: a detached run here is not restarted yet (the nodes' supervisors "
              "restart it on local and ssh clusters); on Slurm, slurm.requeue with slurm.signal requeues it after the "
              "warning signal")
@@ -144,12 +143,10 @@ def launch(target: Target, spec: LaunchSpec) -> LaunchResult:
 def _first_failed(target: Target, run_id: str, outcome: LaunchOutcome) -> int | None:
     """The node whose rank failed first, as the nodes' supervisors decided it (the first failure node 0 named),
     else the node whose launch ended first with a failure (which may be one the job's stop reached first)."""
-    from mlenv.core.fanout import FanoutJobs
-
-    if isinstance(target.backend.jobs, FanoutJobs):
-        failure = target.backend.jobs.latest_run(target.handle, run_id).get("first_failure")
-        if isinstance(failure, dict) and isinstance(failure.get("node"), int):
-            return int(failure["node"])
+    run = target.backend.jobs.latest_run(target.handle, run_id)  # None: the backend keeps no such records
+    failure = run.get("first_failure") if run is not None else None
+    if isinstance(failure, dict) and isinstance(failure.get("node"), int):
+        return int(failure["node"])
     return outcome.failed_node
 
 

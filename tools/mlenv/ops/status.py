@@ -37,12 +37,10 @@ def _report(handle: Handle, recorded: state.Deployment | None, current: str | No
         if report["runs"] and report["pods"] and made.has(JOBS):
             latest = report["runs"][-1]["id"]
             jobs = made.jobs
-            if hasattr(jobs, "latest_run"):  # the fanout backends' supervisors' records
-                run = jobs.latest_run(handle, latest)
-                report["run_states"] = {str(n): s for n, s in run.pop("nodes").items()}
-                report["latest_run"] = run
-            else:
-                report["run_states"] = {str(n): s for n, s in jobs.run_states(handle, latest).items()}
+            run = jobs.latest_run(handle, latest)  # the nodes' supervisors' records, where the backend reads them
+            states = run.pop("nodes") if run is not None else jobs.run_states(handle, latest)
+            report["run_states"] = {str(n): s for n, s in states.items()}
+            report["latest_run"] = run
         if gpus and report["pods"]:
             from mlenv.ops.gpus import gather
 

@@ -27,7 +27,7 @@ from .launcher import forwarding_signals, launch
 from .launchers import DEFAULT_LAUNCHER, LAUNCHERS
 from .nccl import detect_nccl_env
 from .ncclog import EXPECTATIONS, LogReport, NcclLogReader, iter_lines, judge
-from .observers import observers_for
+from .observing import observers_for
 from .runlayout import NodeDir, attempt_of, read_ranks, runs_root, write_atomic
 from .stacks import METHODS, group, sample
 from .stacks import render as render_stacks

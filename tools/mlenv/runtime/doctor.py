@@ -93,7 +93,7 @@ def examine(environ: Mapping[str, str], *, sysfs_root: str | Path = "/sys", proc
         nccl = detect_nccl_env(environ, sysfs_root=sysfs_root, proc_root=proc_root,
                                master_addr=topology.master_addr if topology else None)
         mode = environ.get("MLENV_NETWORK_MODE", "")
-        links = _links(environ, nccl, sysfs_root, mode)
+        links = _links(environ, nccl, sysfs_root)
         gid = _gid(environ, nccl, links)
         gpus = int(versions.get("gpus") or visible_gpu_count(environ, proc_root))
         if mode == "rdma" or (not mode and links):
@@ -151,10 +151,11 @@ def _torch_versions(python: str) -> dict[str, Any]:
     return found if isinstance(found, dict) else {"error": "unexpected answer"}
 
 
-def _links(environ: Mapping[str, str], nccl: NcclEnv, sysfs_root: str | Path, mode: str) -> list[LinkPort]:
-    """The ACTIVE ports of the HCAs NCCL will use (none when it will not use RDMA)."""
+def _links(environ: Mapping[str, str], nccl: NcclEnv, sysfs_root: str | Path) -> list[LinkPort]:
+    """The ACTIVE ports of the HCAs NCCL will use (none when it will not use RDMA: NCCL_IB_DISABLE, which the env
+    contract sets in tcp mode)."""
     disabled = nccl.env.get("NCCL_IB_DISABLE") or environ.get("NCCL_IB_DISABLE", "0")
-    if mode == "tcp" or disabled.strip() not in ("", "0"):
+    if disabled.strip() not in ("", "0"):
         return []
     hcas = scan_hcas(sysfs_root)
     spec = nccl.env.get("NCCL_IB_HCA") or environ.get("NCCL_IB_HCA", "").strip()

@@ -92,14 +92,12 @@ def _is_auto(value: str) -> bool:
 
 
 def _select_hcas(d: _Decisions, sysfs_root: str | Path) -> list[Hca]:
-    """RDMA devices NCCL should use; sets NCCL_IB_HCA, or NCCL_IB_DISABLE when there are none."""
+    """RDMA devices NCCL should use; sets NCCL_IB_HCA, or NCCL_IB_DISABLE when there are none. Whether the mode
+    allows RDMA at all is the env contract's NCCL_IB_DISABLE (``mlenv.plan.nccl_env``: 1 in tcp mode), kept here."""
     if d.environ.get("NCCL_IB_DISABLE", "0").strip() not in ("", "0"):
         d.note(f"NCCL_IB_DISABLE={d.environ['NCCL_IB_DISABLE']}: kept from the environment, no RDMA")
         return []
     mode = d.environ.get("MLENV_NETWORK_MODE", "")
-    if mode == "tcp":
-        d.set("NCCL_IB_DISABLE", "1", "MLENV_NETWORK_MODE=tcp: the cluster file asks for TCP")
-        return []
     candidates = _allocated(d, scan_hcas(sysfs_root))
     spec = d.environ.get("NCCL_IB_HCA", "").strip()
     if spec:

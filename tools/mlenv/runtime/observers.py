@@ -2,12 +2,12 @@
 
 Observers (the transport proof, the hang watchdog, the restart policy) never read the output another way. They
 act through :class:`JobControl`: notes to the user, the node's state, and one way to stop the whole job. All of
-them are built in :func:`observers_for`, from the options of ``python3 -m mlenv.runtime launch``.
+them are built in :func:`mlenv.runtime.observing.observers_for`, from the options of
+``python3 -m mlenv.runtime launch``.
 """
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,14 +109,3 @@ class BaseObserver:
         if self.control is not None:
             self.control.note(message)
 
-
-def observers_for(options: argparse.Namespace, environ: Mapping[str, str]) -> list[Observer]:
-    """Every observer of a launch, from its options (``python3 -m mlenv.runtime launch ...``) and environment.
-    The one place observers are built: each later option adds its own here."""
-    from .hang import HangWatchdog
-    from .transport import TransportProof, expectation
-
-    found: list[Observer] = [TransportProof(expectation(getattr(options, "expect_transport", None), environ), environ)]
-    if getattr(options, "hang_timeout", None):
-        found.append(HangWatchdog(options.hang_timeout, getattr(options, "on_hang", None)))
-    return found

@@ -185,14 +185,6 @@ class KubernetesBackend(FanoutJobs):
                           rsh=[sys.executable, "-m", "mlenv.backends.kubernetes.rsh", self.binary,
                                self.target(handle).namespace])
 
-    def logs_argv(self, handle: Handle, node: Node, follow: bool, rank: int | None = None) -> list[str]:
-        """``<cli> logs -n NS POD -c ml-dev [-f]``: the runtime copies job output into the container's log; one
-        rank's lines come from the runtime's own ``logs --rank``."""
-        if rank is not None:
-            return super().logs_argv(handle, node, follow, rank)
-        return [self.binary, "logs", "-n", self.target(handle).namespace, node.name, "-c", CONTAINER,
-                *(["-f"] if follow else [])]
-
     def _volumes(self, client: Client, target: Target) -> list[str]:
         return sorted(claim["metadata"]["name"]
                       for claim in client.select("persistentvolumeclaims", owned_labels(target.app)))

@@ -166,13 +166,6 @@ class RunaiBackend(FanoutJobs):
         return CopyTarget(destination=f"env:{node.workspace}/",
                           rsh=[self.kubectl, "exec", "-i", "-n", self.workload(handle).namespace, node.name, "--"])
 
-    def logs_argv(self, handle: Handle, node: Node, follow: bool, rank: int | None = None) -> list[str]:
-        """``kubectl logs -n NS POD [-f]``: the runtime copies job output into the container's log
-        (MLENV_CONTAINER_LOG, sent with ``-e``); one rank's lines come from the runtime's own ``logs --rank``."""
-        if rank is not None:
-            return super().logs_argv(handle, node, follow, rank)
-        return [self.kubectl, "logs", "-n", self.workload(handle).namespace, node.name, *(["-f"] if follow else [])]
-
     def _volumes(self, client: Client, workload: Workload) -> list[str]:
         if workload.workspace_claim is None:
             return []

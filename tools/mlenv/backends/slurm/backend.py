@@ -269,6 +269,10 @@ class SlurmBackend:
                           secrets=secrets)
         return Login.of(job_from(handle).settings).argv(step, tty=tty)
 
+    def runtime(self, handle: Handle, *args: str) -> list[str]:
+        """``python3 -m mlenv.runtime ARGS`` (the Python of the step's PATH)."""
+        return [script.PYTHON, "-m", "mlenv.runtime", *args]
+
     torch_fix = ("install PyTorch where slurm.setup puts the job (e.g. `source VENV/bin/activate`), or run in a "
                  "container: with it (container.image in the cluster file)")
     """What doctor names when a node cannot import torch: the fields a Slurm launch takes its software from."""
@@ -388,6 +392,17 @@ class SlurmBackend:
         login.ok(["scancel", *targets])
         info(f"cancelled {', '.join(targets)}")
         return 0
+
+    restarts_detached = False
+    """A detached run is requeued by Slurm (slurm.requeue with slurm.signal), not restarted by mlenv."""
+
+    def latest_run(self, handle: Handle, run_id: str) -> dict[str, Any] | None:
+        """None: status shows each node's state (``run_states``), read from the shared run directory."""
+        return None
+
+    def rank_nodes(self, handle: Handle) -> dict[int, int] | None:
+        """None: ``logs --rank`` filters every node's log."""
+        return None
 
     def run_states(self, handle: Handle, run_id: str) -> dict[int, str]:
         """Node ordinal -> ``<state> (N)`` once the node's supervisor wrote its exit status in the shared run
