@@ -225,6 +225,10 @@ def test_without_network_namespaces_pods_share_loopback(fake_kube_factory: Calla
                         "containers": [{"name": "main", "image": "x", "command": ["sleep", "infinity"]}]}}}}
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(sts))
     assert running(cluster, "w-0")["status"]["podIP"] == running(cluster, "w-1")["status"]["podIP"] == "127.0.0.1"
-    inside = cluster.kubectl("exec", "w-1", "--", "sh", "-c", "hostname; getent hosts w-0.w.ml.svc.cluster.local")
+    def look() -> Any:
+        return cluster.kubectl("exec", "w-1", "--", "sh", "-c", "hostname; getent hosts w-0.w.ml.svc.cluster.local")
+
+    until(lambda: look().returncode == 0, "w-0's name in w-1's /etc/hosts")  # once the controller saw w-0's IP
+    inside = look()
     assert inside.stdout.split() == ["w-1", "127.0.0.1", "w-0.w.ml.svc.cluster.local", "w-0.w.ml.svc", "w-0.w",
                                      "w-0"], inside
