@@ -70,12 +70,12 @@ done
 [ -n "$follow" ] || { show < "$latest"; exit 0; }
 pid=$(mktemp)
 { tail -n +1 -f "$latest" & echo $! > "$pid"; wait; } | show &
-while [ ! -e "$run/exit" ] && [ ! -e "$node/exit" ]; do sleep 1; done
+while [ ! -e "$run/attempt-$attempt/exit" ] && [ ! -e "$node/exit" ]; do sleep 1; done
 sleep 1; kill "$(cat "$pid")"; rm -f "$pid"; wait
 """
 """The node's log of the newest run that has one (after a restart every attempt's, each under a header naming it,
-the newest last); with follow, until the node's (or the batch job's) exit file; with a rank, only that rank's lines
-(exit 2, silently, when the node's ranks.json lacks it)."""
+the newest last); with follow, until the node's exit file or its attempt's (the batch or step script's); with a
+rank, only that rank's lines (exit 2, silently, when the node's ranks.json lacks it)."""
 
 
 def job_data(job: SlurmJob) -> dict[str, Any]:
