@@ -42,9 +42,9 @@ def adopting_orphans() -> Iterator[None]:
         libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
 
 
-def _children() -> list[str]:
-    """The command lines of this process's live children (orphans it adopted included)."""
-    found = []
+def _children() -> dict[int, str]:
+    """The command lines of this process's live children (orphans it adopted included), by pid."""
+    found = {}
     for entry in Path("/proc").iterdir():
         try:
             stat = (entry / "stat").read_text() if entry.name.isdigit() else ""
@@ -52,7 +52,7 @@ def _children() -> list[str]:
             continue
         fields = stat[stat.rfind(")") + 2:].split() if stat else []
         if fields and int(fields[1]) == os.getpid() and fields[0] != "Z":
-            found.append((entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+            found[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     return found
 
 
@@ -69,10 +69,11 @@ def test_demo_trains_and_leaves_what_it_found(tmp_path: Path) -> None:
     record.write_text(json.dumps(OTHER_RECORD))
     try:
         with adopting_orphans():  # whatever make demo leaves running would become our child
+            before = _children()  # other tests' harnesses (a session's Slurm daemons) are ours already
             demo = subprocess.run(["make", "-s", "demo", "STEPS=5"], cwd=ROOT, capture_output=True, text=True,
                                   timeout=600, env={**os.environ, "MAKEFLAGS": "", "MLENV_HOME": str(tmp_path)},
                                   check=False)
-            left = _children()
+            left = [line for pid, line in _children().items() if pid not in before]
         assert demo.returncode == 0, demo.stdout + demo.stderr
         assert left == [], left  # make demo returned only after every process it started had exited
     finally:

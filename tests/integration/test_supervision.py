@@ -117,7 +117,9 @@ def test_detached_failure_is_the_run_s_state_and_first_failure(cluster: LocalPro
     assert [r["rank"] for r in ranks] == [0, 1, 2, 3]
     assert {r["node"] for r in ranks} == {0, 1} and all(r["pid"] > 0 and r["host"] for r in ranks)
     states = {r["rank"]: r["state"] for r in ranks}
-    assert states == {r: "failed" if r == rank else "stopped" for r in range(4)}  # one failure, the rest stopped
+    # one first failure; the others were stopped, or (on a loaded machine) failed of their peer's death just before
+    # the stop reached them: either way they ended and the run names only the first
+    assert states[rank] == "failed" and all(states[r] in ("stopped", "failed") for r in range(4)), states
     ended = [datetime.fromisoformat(r["ended_at"]) for r in ranks]
     assert (max(ended) - min(ended)).total_seconds() < 10  # the job stopped on every node within 10 s
     assert run["attempt"] == 0 and run["id"]
