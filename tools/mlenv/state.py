@@ -60,13 +60,14 @@ class Deployment:
         return tuple(handle for index, handle in enumerate(every) if handle not in every[:index])
 
     def to_json(self) -> dict[str, Any]:
-        """The record in state.json; a ready deployment's reads as an earlier mlenv wrote it (no deploy, attempt
-        or leftovers)."""
+        """The record in state.json; a ready deployment's reads as an earlier mlenv wrote it (no deploy, attempt,
+        leftovers or excluded nodes)."""
         record = {**asdict(self), "handle": self.handle.to_json(), "runs": list(self.runs),
                   "excluded": list(self.excluded), "deploy": self.deploy,
                   "attempt": None if self.attempt is None else self.attempt.to_json(),
                   "leftovers": [handle.to_json() for handle in self.leftovers]}
-        unset: dict[str, Any] = {"deploy": {"state": READY, "error": None}, "attempt": None, "leftovers": []}
+        unset: dict[str, Any] = {"deploy": {"state": READY, "error": None}, "attempt": None, "leftovers": [],
+                                 "excluded": []}
         return {key: value for key, value in record.items() if key not in unset or value != unset[key]}
 
     @classmethod
