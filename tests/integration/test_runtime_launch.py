@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 from _prereq import clean_environ, require
 from mlenv.runtime.runlayout import NodeDir
+from mlenv.runtime.supervisor import marked_processes
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKSPACE = ROOT / "workspace"
@@ -165,6 +166,45 @@ def test_a_group_sigterm_reaches_torchrun_once(tmp_path: Path) -> None:
     assert out.count("Received 15 death signal") == 1, out
     state = json.loads(NodeDir(tmp_path / "run", 0, 0).state.read_text())
     assert (state["state"], state["first_failure"]) == ("stopped", None)
+
+
+# Counts the SIGUSR1 it gets: once caught, it waits a second for a late second delivery, then says how many came.
+COUNTS_USR1 = """\
+import os, signal, time
+rank, got = os.environ["RANK"], []
+signal.signal(signal.SIGUSR1, lambda signum, frame: got.append(signum))
+print(f"rank {rank} waiting", flush=True)
+while not got:
+    time.sleep(0.05)
+time.sleep(1)
+print(f"rank {rank} got SIGUSR1 {len(got)} time(s)", flush=True)
+"""
+
+
+def test_a_signal_the_task_ignores_reaches_each_rank_once_and_stops_nothing_else(tmp_path: Path) -> None:
+    """Slurm's warning signal, as the batch script passes it on: the task shell ignores it (``trap '' USR1``) and
+    Slurm sends it to every process of the step. The runtime, its supervisor, torchrun's agent and the rank
+    wrappers live on; each rank, which catches it, gets it once (passed on by its wrapper as well, a second one
+    killed it after its handler's exit had begun)."""
+    require("torch")
+    script = tmp_path / "usr1.py"
+    script.write_text(COUNTS_USR1)
+    env = node_env(0, 1, 2, free_port(), tmp_path / "run")
+    argv = ["sh", "-c", "trap '' USR1; exec \"$@\"", "sh", sys.executable, "-m", "mlenv.runtime", "launch",
+            "--launcher", "torchrun", "--", str(script)]
+    log = NodeDir(tmp_path / "run", 0, 0).log
+    with running([(argv, env)], tmp_path) as (process,):
+        for rank in (0, 1):
+            wait_for_line(log, f"rank {rank} waiting")
+        every = marked_processes(f"MLENV_RUN_ID={env['MLENV_RUN_ID']}".encode())
+        assert len(every) >= 6, every  # the runtime, its supervisor, torchrun, 2 rank wrappers, 2 ranks
+        for pid in every:
+            with suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGUSR1)
+        assert process.wait(timeout=60) == 0, (tmp_path / "0.err").read_text()[-3000:]
+    for rank in (0, 1):
+        assert f"[node-0 r{rank}] rank {rank} got SIGUSR1 1 time(s)\n" in log.read_text()
+    assert json.loads(NodeDir(tmp_path / "run", 0, 0).state.read_text())["state"] == "succeeded"
 
 
 def test_rdma_mode_stops_a_job_that_runs_over_sockets(tmp_path: Path) -> None:

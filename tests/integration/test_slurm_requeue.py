@@ -44,8 +44,6 @@ sys.exit(1)
 """
 
 
-@pytest.mark.skip(reason="known regression from the last merge (issue 23 stays open): node 1's task ends with 138 "
-                  "(SIGUSR1) instead of surviving the warning; it passed on its branch before the core refactor")
 def test_the_warning_signal_checkpoints_requeues_and_resumes(tmp_path: Path, slurm_cluster: SlurmCluster) -> None:
     project: Project = make_project(tmp_path, slurm_cluster, slurm_extra='  signal: "USR1@60"\n  requeue: true\n')
     (project.home / "workspace" / "ckpt.py").write_text(CHECKPOINTING_JOB)

@@ -4,7 +4,10 @@ Runs the user's script as its child and tells the node supervisor (``MLENV_SUPER
 who the rank is (``RANK``/``LOCAL_RANK`` from this worker's own environment), the child's pid and how it ended.
 The child's stdout and stderr are a connection of their own to the supervisor, so its lines never meet another
 rank's. The child leads its own process group: every signal this wrapper receives is passed on once to that group,
-and the child is killed when the wrapper dies. We exit as the child did (by its signal, if it was killed).
+and the child is killed when the wrapper dies. A signal this wrapper finds ignored stays ignored, here and in the
+child, and is not passed on: whoever ignored it sends it to every process of the job, the user's included (Slurm's
+warning signal, which the ranks catch themselves); passed on as well, it would reach the child twice, the second time
+after its handler's exit had begun, and kill it. We exit as the child did (by its signal, if it was killed).
 Without a supervisor the script simply runs.
 """
 
@@ -69,7 +72,8 @@ def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
             os.killpg(child.pid, signum)
 
     for sig in FORWARDED:
-        signal.signal(sig, forward)
+        if signal.getsignal(sig) != signal.SIG_IGN:
+            signal.signal(sig, forward)
     child = subprocess.Popen(command, stdout=output.fileno(), stderr=output.fileno(), env=child_environ(environ),
                              preexec_fn=_die_with_parent)  # only os and prctl: safe with threads
     output.close()  # the child holds it; the supervisor sees its end when the child's last holder closes it
