@@ -1,13 +1,14 @@
-"""A private, real Slurm for the Slurm-backend tests, started once per session by the ``slurm_cluster`` fixture.
+"""A private, real Slurm for the Slurm-backend tests, started once per session by the ``slurm_cluster`` fixture
+(again only when a test asks for another number of nodes: a ``slurm_nodes`` fixture of its module's returning 3).
 
 One temporary directory holds everything: a fresh munge key and a ``munged`` on its own socket; ``slurm.conf``,
 whose ``AuthInfo=socket=...`` points the daemons and every client at that munged; ``gres.conf``; state, spool,
-pid and log files. ``slurmctld`` and two ``slurmd`` (nodes ``n1`` and ``n2``: both ``localhost``, 127.0.0.1,
-each on its own free port, with 4 CPUs and 2 GPUs) run in the foreground as children of this process, so the
-fixture owns their PIDs. Partition ``debug`` (the default, up) holds both nodes; partition ``down`` holds them
-too but is DOWN, so a job sent there stays PENDING with reason ``PartitionDown``. There is no accounting:
-``sacct`` does not work, ``scontrol show job`` does (for MinJobAge, 300 s, after the job ends). The GPUs are
-symlinks to /dev/null: enough for ``--gpus-per-node`` and for CUDA_VISIBLE_DEVICES in steps.
+pid and log files. ``slurmctld`` and a ``slurmd`` per node (``n1``, ``n2`` and, when asked, ``n3``...: all
+``localhost``, 127.0.0.1, each on its own free port, with 4 CPUs and 2 GPUs) run in the foreground as children of
+this process, so the fixture owns their PIDs. Partition ``debug`` (the default, up) holds every node; partition
+``down`` holds them too but is DOWN, so a job sent there stays PENDING with reason ``PartitionDown``. There is no
+accounting: ``sacct`` does not work, ``scontrol show job`` does (for MinJobAge, 300 s, after the job ends). The GPUs
+are symlinks to /dev/null: enough for ``--gpus-per-node`` and for CUDA_VISIBLE_DEVICES in steps.
 
 Use it from a test module with ``pytest_plugins = ["tests.integration.slurm_cluster"]``::
 
@@ -16,8 +17,9 @@ Use it from a test module with ``pytest_plugins = ["tests.integration.slurm_clus
         job_id = slurm_cluster.ok("sbatch", "--parsable", "--wrap", "true").strip()
         assert slurm_cluster.wait_finished(job_id)["ExitCode"] == "0:0"
 
-The cluster is shared by the whole session. After each test, the test's jobs are cancelled and the test fails
-if any process started for a job (slurmstepd, a task, a client) outlives them.
+The cluster is shared by the whole session (by the tests that ask for its number of nodes; one private Slurm
+runs at a time). After each test, the test's jobs are cancelled and the test fails if any process started for a
+job (slurmstepd, a task, a client) outlives them.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,7 +41,7 @@ import pytest
 
 from tests._prereq import clean_environ, require
 
-NODES = ("n1", "n2")
+DEFAULT_NODES = 2
 PARTITIONS = ("debug", "down")
 CPUS_PER_NODE = 4
 GPUS_PER_NODE = 2
@@ -102,8 +104,8 @@ class SlurmCluster:
 
     tmp: Path
     ports: dict[str, int]
+    nodes: tuple[str, ...]
     startup_s: float = 0.0
-    nodes: tuple[str, ...] = NODES
     partitions: tuple[str, ...] = PARTITIONS
     _daemons: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict, repr=False)
 
@@ -237,15 +239,21 @@ class SlurmCluster:
         return result.returncode == 0 and set(result.stdout.splitlines()) == {f"{n} idle" for n in self.nodes}
 
 
-def create_cluster() -> SlurmCluster:
-    """Files of a new cluster in a new directory under /tmp (nothing started).
+def node_names(count: int) -> tuple[str, ...]:
+    """``n1`` ... ``n<count>``."""
+    return tuple(f"n{number}" for number in range(1, count + 1))
+
+
+def create_cluster(count: int = DEFAULT_NODES) -> SlurmCluster:
+    """Files of a new cluster of ``count`` nodes in a new directory under /tmp (nothing started).
 
     /tmp rather than pytest's tmp_path: munged wants execute permission for everyone on every directory above
     its socket (pytest's base directory is 0700), and Unix socket paths must stay under 108 bytes.
     """
+    nodes = node_names(count)
     tmp = Path(tempfile.mkdtemp(prefix="mlenv-slurm-", dir="/tmp"))
     tmp.chmod(0o755)
-    for sub in ("state", "run", "log", "dev", *(f"spool/{node}" for node in NODES)):
+    for sub in ("state", "run", "log", "dev", *(f"spool/{node}" for node in nodes)):
         (tmp / sub).mkdir(parents=True)
     key = os.open(tmp / "munge.key", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)  # owned by us, munged's user
     with os.fdopen(key, "wb") as out:
@@ -253,19 +261,19 @@ def create_cluster() -> SlurmCluster:
     for index in range(GPUS_PER_NODE):
         (tmp / "dev" / f"gpu{index}").symlink_to("/dev/null")  # gres needs character devices
     (tmp / "gres.conf").write_text(f"Name=gpu File={tmp}/dev/gpu[0-{GPUS_PER_NODE - 1}]\n")
-    ctld_port, *node_ports = _free_ports(1 + len(NODES))
-    ports = {"slurmctld": ctld_port, **dict(zip(NODES, node_ports, strict=True))}
-    nodes = "\n".join(NODE_LINE.format(name=node, port=ports[node], cpus=CPUS_PER_NODE, gpus=GPUS_PER_NODE)
-                      for node in NODES)
+    ctld_port, *node_ports = _free_ports(1 + len(nodes))
+    ports = {"slurmctld": ctld_port, **dict(zip(nodes, node_ports, strict=True))}
+    lines = "\n".join(NODE_LINE.format(name=node, port=ports[node], cpus=CPUS_PER_NODE, gpus=GPUS_PER_NODE)
+                      for node in nodes)
     (tmp / "slurm.conf").write_text(SLURM_CONF.format(tmp=tmp, ctld_port=ctld_port, default_port=node_ports[0],
-                                                      nodes=nodes, node_list=",".join(NODES)))
-    return SlurmCluster(tmp, ports)
+                                                      nodes=lines, node_list=",".join(nodes)))
+    return SlurmCluster(tmp, ports, nodes=nodes)
 
 
 @contextmanager
-def running_cluster() -> Iterator[SlurmCluster]:
-    """A started cluster, stopped and removed afterwards (also when starting it failed)."""
-    cluster = create_cluster()
+def running_cluster(count: int = DEFAULT_NODES) -> Iterator[SlurmCluster]:
+    """A started cluster of ``count`` nodes, stopped and removed afterwards (also when starting it failed)."""
+    cluster = create_cluster(count)
     try:
         cluster.start()
         yield cluster
@@ -289,19 +297,47 @@ def require_slurm() -> None:
     require(*(_tool(name) for name in (*DAEMONS, *CLIENTS)))
 
 
-@pytest.fixture(scope="session")
-def slurm_cluster_session() -> Iterator[SlurmCluster]:
-    """One private Slurm for the whole session (prefer ``slurm_cluster``, which also cleans up after a test)."""
-    require_slurm()
-    with running_cluster() as cluster:
-        yield cluster
+class SessionClusters:
+    """The session's private Slurm, one at a time: started for the first test that needs it, and again, after
+    the previous one has stopped, for a test that asks for another number of nodes."""
+
+    def __init__(self) -> None:
+        self._stack = ExitStack()
+        self._cluster: SlurmCluster | None = None
+
+    def get(self, count: int) -> SlurmCluster:
+        if self._cluster is None or len(self._cluster.nodes) != count:
+            self.close()
+            self._cluster = self._stack.enter_context(running_cluster(count))
+        return self._cluster
+
+    def close(self) -> None:
+        self._cluster = None
+        self._stack.close()
 
 
 @pytest.fixture
-def slurm_cluster(slurm_cluster_session: SlurmCluster) -> Iterator[SlurmCluster]:
-    """The session's private Slurm, with an empty queue; afterwards the test's jobs are cancelled, and the test
-    fails if a process started for them is still alive."""
-    cluster = slurm_cluster_session
+def slurm_nodes() -> int:
+    """How many nodes the test's private Slurm has: override this fixture in a test module to ask for more."""
+    return DEFAULT_NODES
+
+
+@pytest.fixture(scope="session")
+def slurm_clusters() -> Iterator[SessionClusters]:
+    """The session's private Slurms (prefer ``slurm_cluster``, which also cleans up after a test)."""
+    require_slurm()
+    clusters = SessionClusters()
+    try:
+        yield clusters
+    finally:
+        clusters.close()
+
+
+@pytest.fixture
+def slurm_cluster(slurm_nodes: int, slurm_clusters: SessionClusters) -> Iterator[SlurmCluster]:
+    """The session's private Slurm with ``slurm_nodes`` nodes, with an empty queue; afterwards the test's jobs are
+    cancelled, and the test fails if a process started for them is still alive."""
+    cluster = slurm_clusters.get(slurm_nodes)
     yield cluster
     cluster.cancel_all()
     try:

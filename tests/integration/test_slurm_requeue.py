@@ -1,8 +1,14 @@
-"""Slurm's warning signal, checkpoint and requeue on a real Slurm (tests/integration/slurm_cluster.py): a detached
-batch job of 2 nodes x 2 ranks under ``slurm.signal: "USR1@60"`` and ``slurm.requeue: true`` gets ``scancel
---signal=USR1 --batch``; the batch shell passes it to the 4 ranks, which checkpoint and exit while every other
-process of the step (task shell, runtime, torchrun's agent) lives on; mlenv requeues the job, and the next attempt
-(MLENV_RESTART_COUNT 1) resumes from the checkpoints and completes. Each attempt has its own exit file."""
+"""Keeping a job alive on a real 3-node Slurm (tests/integration/slurm_cluster.py, nodes n1, n2, n3; each job
+takes 2 of them).
+
+Slurm's warning signal, checkpoint and requeue: a detached batch job of 2 nodes x 2 ranks under ``slurm.signal:
+"USR1@60"`` and ``slurm.requeue: true`` gets ``scancel --signal=USR1 --batch``; the batch shell passes it to the 4
+ranks, which checkpoint and exit while every other process of the step (task shell, runtime, torchrun's agent)
+lives on; mlenv requeues the job, and the next attempt (MLENV_RESTART_COUNT 1) resumes from the checkpoints and
+completes. Each attempt has its own exit file. A requeue the site refuses fails the run with Slurm's words.
+
+Bad nodes left out: an attached batch job that always fails on one node, under ``--max-restarts 3``, is submitted
+again without that node once it failed first twice, and succeeds on the third node."""
 
 from __future__ import annotations
 
@@ -19,6 +25,12 @@ if TYPE_CHECKING:
     from tests.integration.slurm_cluster import SlurmCluster
 
 pytest_plugins = ["tests.integration.slurm_cluster"]
+
+
+@pytest.fixture
+def slurm_nodes() -> int:
+    """Every test here runs on a Slurm of 3 nodes."""
+    return 3
 
 # No torch: attempt 0 waits for the warning, writes its checkpoint and exits; attempt 1 resumes from it.
 CHECKPOINTING_JOB = """\
@@ -108,12 +120,12 @@ def test_doctor_checks_that_jobs_may_be_requeued(tmp_path: Path, slurm_cluster: 
     assert "requeue" not in {c["name"] for c in plain["checks"]}
 
 
-# No torch: a node that always fails (n1), wherever Slurm puts the job.
+# No torch: a node that always fails (the one named first), wherever Slurm puts the job.
 PICKY_JOB = """\
 import os, sys
 host, attempt = os.environ["SLURMD_NODENAME"], os.environ["MLENV_RESTART_COUNT"]
-if host == "n1":
-    print(f"attempt {attempt}: n1 is broken", flush=True)
+if host == sys.argv[1]:
+    print(f"attempt {attempt}: {host} is broken", flush=True)
     sys.exit(5)
 print(f"attempt {attempt}: ok on {host}", flush=True)
 """
@@ -121,19 +133,28 @@ print(f"attempt {attempt}: ok on {host}", flush=True)
 
 def test_a_node_that_fails_first_twice_is_left_out_of_the_next_attempt(tmp_path: Path,
                                                                         slurm_cluster: SlurmCluster) -> None:
+    """2 of the 3 nodes: Slurm gives the job n1 and n2, n2 fails first twice, the third attempt runs on n1 and n3."""
     project = make_project(tmp_path, slurm_cluster)
-    path = project.home / "clusters" / f"{project.name}.yaml"
-    path.write_text(path.read_text().replace("default_nodes: 2", "default_nodes: 1"))  # n2 is the spare
     (project.home / "workspace" / "picky.py").write_text(PICKY_JOB)
     project.ok("sync", "-c", project.name)
     result = project.mlenv("launch", "-c", project.name, "--launcher", "torchrun", "--nproc", "1", "--max-restarts",
-                           "3", "picky.py", timeout=300)
+                           "3", "picky.py", "n2", timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "attempt 0: n1 is broken" in result.stdout and "attempt 1: n1 is broken" in result.stdout
-    assert "excluding n1 (node-0) from the next attempts: it failed first in 2 attempts of the run" in result.stderr
-    assert "attempt 2 of at most 3 restarts (MLENV_RESTART_COUNT=2) without n1" in result.stderr
-    assert "attempt 2: ok on n2" in result.stdout and "attempt 3" not in result.stdout
+    assert "attempt 0: n2 is broken" in result.stdout and "attempt 1: n2 is broken" in result.stdout
+    assert "excluding n2 (node-1) from the next attempts: it failed first in 2 attempts of the run" in result.stderr
+    assert "attempt 2 of at most 3 restarts (MLENV_RESTART_COUNT=2) without n2" in result.stderr
+    assert set(re.findall(r"attempt 2: ok on (n\d)", result.stdout)) == {"n1", "n3"}, result.stdout
+    assert "attempt 2: n2" not in result.stdout and "attempt 3" not in result.stdout
     jobs = project.recorded_jobs()
     assert len(jobs) == 3
-    assert "#SBATCH --exclude=n1\n" in slurm_cluster.ok("scontrol", "write", "batch_script", jobs[-1], "-")
-    assert slurm_cluster.job(jobs[-1])["NodeList"] == "n2"
+    assert [slurm_cluster.job(job)["NodeList"] for job in jobs] == ["n[1-2]", "n[1-2]", "n[1,3]"]
+    assert "#SBATCH --exclude=n2\n" in slurm_cluster.ok("scontrol", "write", "batch_script", jobs[-1], "-")
+    status = json.loads(project.ok("status", "-c", project.name, "--json").stdout)
+    (excluded,) = status["excluded"]
+    assert (excluded["node"], excluded["host"]) == (1, "n2"), excluded
+    assert excluded["reason"] == "it failed first in 2 attempts of the run"
+    assert "excluded: node-1 (n2) since " in project.ok("status", "-c", project.name).stdout
+    # the cluster is not deployed (batch jobs): its excluded nodes are recorded for it, until forgotten
+    assert json.loads(project.ok("nodes", "-c", project.name, "--json").stdout)["excluded"] == [excluded]
+    project.ok("nodes", "-c", project.name, "--forget-excluded")
+    assert json.loads(project.ok("status", "-c", project.name, "--json").stdout)["excluded"] == []

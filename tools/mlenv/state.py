@@ -99,6 +99,14 @@ class State:
     jobs: dict[str, tuple[dict[str, Any], ...]] = field(default_factory=dict)
     """Batch jobs mlenv submitted, by deployment (cluster) name, whether or not it is deployed: status and clean
     touch only these."""
+    excluded: dict[str, tuple[dict[str, Any], ...]] = field(default_factory=dict)
+    """Nodes left out of the next runs of a cluster that is not deployed (its Slurm batch jobs), by cluster name;
+    a deployment keeps its own (``Deployment.excluded``)."""
+
+    def excluded_of(self, name: str) -> tuple[dict[str, Any], ...]:
+        """The nodes excluded from the next runs of ``name``: its deployment's, else the undeployed cluster's."""
+        known = self.deployments.get(name)
+        return known.excluded if known is not None else self.excluded.get(name, ())
 
 
 def state_file() -> Path:
@@ -148,11 +156,13 @@ def load() -> State:
         if current is not None and current not in deployments:
             raise ValueError(f"current deployment {current!r} is not recorded")
         jobs = {str(name): tuple(listed) for name, listed in dict(data.get("jobs") or {}).items()}
-        if not all(isinstance(job, dict) for listed in jobs.values() for job in listed):
-            raise TypeError("a job is not a mapping")
+        excluded = {str(name): tuple(listed) for name, listed in dict(data.get("excluded") or {}).items()}
+        if not all(isinstance(item, dict) for by_name in (jobs, excluded) for listed in by_name.values()
+                   for item in listed):
+            raise TypeError("a job or an excluded node is not a mapping")
     except (KeyError, TypeError, ValueError) as exc:
         raise _corrupt(path, f"unexpected shape: {exc}") from None
-    return State(deployments, current, jobs)
+    return State(deployments, current, jobs, excluded)
 
 
 def _migrate(path: Path, old: dict[str, Any]) -> State:
@@ -180,6 +190,8 @@ def save(state: State) -> None:
     data = {"version": VERSION, "current": state.current,
             "deployments": {name: d.to_json() for name, d in sorted(state.deployments.items())},
             "jobs": {name: list(listed) for name, listed in sorted(state.jobs.items()) if listed}}
+    if any(state.excluded.values()):  # written only when some undeployed cluster has excluded nodes
+        data["excluded"] = {name: list(listed) for name, listed in sorted(state.excluded.items()) if listed}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".state.json.{os.getpid()}.tmp")
@@ -253,35 +265,42 @@ def update(name: str, *, runs: tuple[dict[str, Any], ...] | None = None, handle:
 
 
 def exclude(name: str, nodes: dict[int, tuple[str, str]]) -> tuple[dict[str, Any], ...]:
-    """Record ``nodes`` (node number -> (host, why)) as excluded from the deployment ``name``'s next runs; a node
-    already excluded keeps its first reason. The excluded nodes afterwards."""
+    """Record ``nodes`` (node number -> (host, why)) as excluded from the next runs of ``name`` (its deployment,
+    or the cluster when it is not deployed); a node already excluded keeps its first reason. The excluded nodes
+    afterwards."""
     from datetime import datetime, timezone
 
     since = datetime.now(timezone.utc).isoformat(timespec="seconds")
     with locked():
         state = load()
-        known = state.deployments.get(name)
-        if known is None:
-            raise UsageError(f"no deployment {shown(name)} is recorded to exclude nodes of")
-        listed = {int(entry["node"]): entry for entry in known.excluded}
+        listed = {int(entry["node"]): entry for entry in state.excluded_of(name)}
         for node, (host, reason) in nodes.items():
             listed.setdefault(node, {"node": node, "host": host, "reason": reason, "since": since})
         excluded = tuple(listed[node] for node in sorted(listed))
-        state.deployments[name] = replace(known, excluded=excluded)
+        _set_excluded(state, name, excluded)
         save(state)
         return excluded
 
 
 def forget_excluded(name: str) -> tuple[dict[str, Any], ...]:
-    """Clear the deployment ``name``'s excluded nodes; those it had."""
+    """Clear the excluded nodes of ``name`` (its deployment, or the cluster when it is not deployed); those it
+    had."""
     with locked():
         state = load()
-        known = state.deployments.get(name)
-        if known is None or not known.excluded:
+        had = state.excluded_of(name)
+        if not had:
             return ()
-        state.deployments[name] = replace(known, excluded=())
+        _set_excluded(state, name, ())
         save(state)
-        return known.excluded
+        return had
+
+
+def _set_excluded(state: State, name: str, excluded: tuple[dict[str, Any], ...]) -> None:
+    known = state.deployments.get(name)
+    if known is not None:
+        state.deployments[name] = replace(known, excluded=excluded)
+    else:
+        state.excluded[name] = excluded
 
 
 def add_job(name: str, job: dict[str, Any], keep: int) -> None:

@@ -124,7 +124,7 @@ def launch(target: Target, spec: LaunchSpec) -> LaunchResult:
         warn(f"--max-restarts {spec.max_restarts}: a detached run here is not restarted yet (the nodes' supervisors "
              "restart it on local and ssh clusters); on Slurm, slurm.requeue with slurm.signal requeues it after the "
              "warning signal")
-    recorded = target.recorded.excluded if target.recorded else ()
+    recorded = state.load().excluded_of(target.handle.name)
     excluded = {str(entry["host"]) for entry in recorded if "host" in entry}
     spec = replace(spec, exclude=tuple(sorted({*spec.exclude, *excluded})))
     run_dir = _run_dir(spec.run_id)
@@ -152,7 +152,7 @@ def _first_failed(target: Target, run_id: str, outcome: LaunchOutcome) -> int | 
 
 def _faulty(target: Target, outcome: LaunchOutcome, node: int | None, first_failures: Counter[str]) -> list[str]:
     """The host of ``node``, the one that failed first, when this makes two attempts it failed first in: named, and
-    recorded as excluded on the deployment (mlenv nodes shows it)."""
+    recorded as excluded on the deployment, or the cluster when it is not deployed (mlenv nodes shows it)."""
     from mlenv.ui import warn
 
     if node is None or node not in outcome.hosts:
@@ -163,8 +163,7 @@ def _faulty(target: Target, outcome: LaunchOutcome, node: int | None, first_fail
         return []
     reason = f"it failed first in {first_failures[host]} attempts of the run"
     warn(f"excluding {host} (node-{node}) from the next attempts: {reason}")
-    if target.recorded is not None:
-        state.exclude(target.recorded.name, {node: (host, reason)})
+    state.exclude(target.handle.name, {node: (host, reason)})
     return [host]
 
 

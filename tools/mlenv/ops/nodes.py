@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 from mlenv import state
-from mlenv.errors import UsageError
 from mlenv.ops.target import Target
 
 
 def show_excluded(target: Target, forget: bool, as_json: bool) -> int:
-    """Print (or clear, then print what was cleared) the excluded nodes of ``target``'s deployment."""
+    """Print (or clear, then print what was cleared) the excluded nodes of ``target``'s deployment, or of its
+    cluster when it is not deployed (its Slurm batch jobs')."""
     from mlenv.ui import info, print_json, table
 
-    if target.recorded is None:
-        raise UsageError(f"{target.handle.name} is not deployed: no nodes are recorded as excluded")
-    name = target.recorded.name
-    listed = state.forget_excluded(name) if forget else state.load().deployments[name].excluded
+    name = target.handle.name
+    listed = state.forget_excluded(name) if forget else state.load().excluded_of(name)
     if as_json:
         print_json({"cluster": name, "excluded": [] if forget else list(listed),
                     **({"forgotten": list(listed)} if forget else {})})

@@ -26,7 +26,7 @@ def _report(handle: Handle, recorded: state.Deployment | None, current: str | No
         "runs": list(recorded.runs) if recorded else [],
         "deploy": dict(recorded.deploy) if recorded else None,
         "latest_run": None,  # the latest detached run, as its nodes' supervisors recorded it (docs/runs.md)
-        "excluded": list(recorded.excluded) if recorded else [],
+        "excluded": list(recorded.excluded if recorded else state.load().excluded_of(handle.name)),
     }
     try:
         made = backend()

@@ -106,6 +106,20 @@ class Login:
             raise OperationError(f"{shlex.join(command)} failed on {self.where}:\n{message}")
         return result.stdout.decode(errors="replace")
 
+    def size(self, path: str) -> int:
+        """The size of the file ``path`` there (0 while it does not exist)."""
+        if self.destination is None:
+            try:
+                return Path(path).stat().st_size
+            except FileNotFoundError:
+                return 0
+            except OSError as exc:
+                raise OperationError(f"cannot read {shown(path)}: {exc.strerror}") from None
+        result = self.run(["sh", "-c", 'if test -e "$1"; then wc -c < "$1"; else echo 0; fi', "sh", path])
+        if result.returncode != 0 or not result.stdout.strip().isdigit():
+            raise OperationError(f"cannot read {shown(path)} on {self.where}: {last_line(result.stderr)}")
+        return int(result.stdout)
+
     def read(self, path: str, offset: int) -> bytes:
         """The bytes of the file ``path`` there from ``offset`` on (nothing while it does not exist)."""
         if self.destination is None:

@@ -72,6 +72,8 @@ def batch(run: Run) -> LaunchOutcome:
     """Submit the run as a batch job, record it, then (unless detached) follow it to its end."""
     spec = run.request.spec
     ship_runtime(run.login, run.job.runtime_path)
+    # every attempt of the run appends to its output file (requeues too): this one's output starts at its end
+    start = run.login.size(f"{run.run_path}/{OUTPUT_FILE}")
     try:
         job_id = submit(run.login, run.run_path, str(run.request.payload))
     except SubmitError as exc:
@@ -84,7 +86,7 @@ def batch(run: Run) -> LaunchOutcome:
     output = NodeOutput(run.log_dir, run.handle.nodes)
     try:
         with interrupted_by_sigterm():
-            final = _follow(run, job_id, output)
+            final = _follow(run, job_id, output, start)
     except CannotStart as exc:
         run.login.run(["scancel", job_id])
         return run.outcome(1, None, output.paths, f"{exc}; job {job_id} cancelled")
@@ -101,10 +103,10 @@ def batch(run: Run) -> LaunchOutcome:
     return run.outcome(code, output.failed, output.paths, message, hosts=tuple(final.hosts))
 
 
-def _follow(run: Run, job_id: str, output: NodeOutput) -> JobInfo:
-    """Pending (live reason), then the output as it grows, until the job has ended; how it ended."""
+def _follow(run: Run, job_id: str, output: NodeOutput, offset: int) -> JobInfo:
+    """Pending (live reason), then the output as it grows from ``offset``, until the job has ended; how it
+    ended."""
     current = wait_started(run.login, job_id, f"batch job {job_id}")
-    offset = 0
     while True:
         data = run.login.read(f"{run.run_path}/{OUTPUT_FILE}", offset)
         offset += len(data)

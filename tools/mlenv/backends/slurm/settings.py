@@ -17,6 +17,7 @@ OWNED_OPTIONS: dict[str, tuple[tuple[str, ...], str]] = {
     "--ntasks-per-node": ((), "gpus.procs_per_node (mlenv runs one task per node, which starts the processes)"),
     "--output": (("-o",), "nothing: mlenv writes the output to slurm.workdir/.mlenv/runs/<run>/"),
     "--error": (("-e",), "nothing: mlenv writes the output to slurm.workdir/.mlenv/runs/<run>/"),
+    "--open-mode": ((), "nothing: every attempt of a run appends to its output file"),
     "--job-name": (("-J",), "cluster.name (jobs are named mlenv-<name>)"),
     "--chdir": (("-D",), "slurm.workdir"),
     "--partition": (("-p",), "slurm.partition"),
