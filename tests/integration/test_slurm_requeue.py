@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
-from tests.integration.test_slurm_backend import Project, make_project
+from tests.integration.test_slurm_backend import MLENV, Project, make_project
 
 if TYPE_CHECKING:
     from tests.integration.slurm_cluster import SlurmCluster
@@ -100,6 +101,41 @@ def test_the_warning_signal_checkpoints_requeues_and_resumes(tmp_path: Path, slu
         assert first < logs.index(f"[node-{node} ", first) < second < logs.index(f"[node-{node} ", second), logs
     (row,) = project.status()
     assert (row["phase"], row["detail"]) == ("COMPLETED", "exit code 0")
+
+
+def test_a_requeue_the_site_refuses_fails_the_run_with_slurm_s_words(tmp_path: Path,
+                                                                     slurm_cluster: SlurmCluster) -> None:
+    """The job asked for its requeue (#SBATCH --requeue), but the site takes it away, as its policy may (here an
+    admin's scontrol update): after the warning the ranks checkpoint, the requeue is refused, and the attached
+    launch fails with Slurm's own words; nothing runs again."""
+    project = make_project(tmp_path, slurm_cluster, slurm_extra='  signal: "USR1@60"\n  requeue: true\n')
+    (project.home / "workspace" / "ckpt.py").write_text(CHECKPOINTING_JOB)
+    project.ok("sync", "-c", project.name)
+    launch = subprocess.Popen([str(MLENV), "launch", "-c", project.name, "--launcher", "torchrun", "ckpt.py"],
+                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=project.env, cwd=project.home)
+    try:
+        runs = project.workdir / ".mlenv" / "runs"
+
+        def training() -> bool:
+            logs = list(runs.glob("*/output.log")) if runs.is_dir() else []
+            return bool(logs) and logs[0].read_text().count("attempt 0 training") == 4
+
+        slurm_cluster.wait(training, "the 4 ranks to train", 120)
+        (job_id,) = project.recorded_jobs()
+        slurm_cluster.ok("scontrol", "update", f"JobId={job_id}", "Requeue=0")
+        slurm_cluster.ok("scancel", "--signal=USR1", "--batch", job_id)
+        out, err = launch.communicate(timeout=120)
+    finally:
+        if launch.poll() is None:
+            launch.kill()
+            launch.communicate()
+    assert launch.returncode == 1, out + err
+    assert f"mlenv: scontrol requeue {job_id} failed" in out, out
+    assert f"Requested operation is presently disabled for job {job_id}" in out, out
+    assert set(re.findall(r"rank (\d) got SIGUSR1: checkpointed step 7", out)) == {"0", "1", "2", "3"}, out
+    job = slurm_cluster.job(job_id)
+    assert (job["JobState"], job["ExitCode"], job["Restarts"]) == ("FAILED", "1:0", "0")
 
 
 def test_doctor_checks_that_jobs_may_be_requeued(tmp_path: Path, slurm_cluster: SlurmCluster) -> None:

@@ -111,15 +111,18 @@ def config_value(text: str, name: str) -> str | None:
 
 def requeue_check(config: str) -> Check:
     """slurm.requeue against the site's JobRequeue (``scontrol show config``): 0 means the admins do not want batch
-    jobs requeued by default."""
+    jobs requeued. A job's own ``--requeue`` overrides it (Slurm 22.05 requeues such a job), unless the site's
+    policy takes it away (a job_submit plugin, an admin's ``scontrol update Requeue=0``): then ``scontrol
+    requeue`` refuses, and the run fails with its words."""
     value = config_value(config, "JobRequeue")
     if value is None:
         return Check("requeue", "WARN", "scontrol show config does not say JobRequeue", "ask the admins whether "
                      "batch jobs may be requeued")
     if value == "0":
         return Check("requeue", "WARN", "slurm.requeue is set, but this Slurm has JobRequeue=0: its admins do not "
-                     "requeue batch jobs by default, and a requeue mlenv asks for after the warning signal may be "
-                     "refused (scontrol requeue then says why, in the run's output)",
+                     "want batch jobs requeued. mlenv's #SBATCH --requeue asks for it all the same; where the site "
+                     "refuses, the requeue after the warning signal fails and so does the run, with Slurm's words "
+                     "in its output (\"Requested operation is presently disabled\")",
                      "ask the admins whether jobs may be requeued here, or remove slurm.requeue")
     return Check("requeue", "PASS", f"JobRequeue={value}: batch jobs may be requeued")
 
