@@ -194,3 +194,60 @@ def test_a_node_that_fails_first_twice_is_left_out_of_the_next_attempt(tmp_path:
     assert json.loads(project.ok("nodes", "-c", project.name, "--json").stdout)["excluded"] == [excluded]
     project.ok("nodes", "-c", project.name, "--forget-excluded")
     assert json.loads(project.ok("status", "-c", project.name, "--json").stdout)["excluded"] == []
+
+
+# No torch: node 1 fails the first attempt only.
+FLAKY_JOB = """\
+import os, sys
+attempt = int(os.environ["MLENV_RESTART_COUNT"])
+print(f"attempt {attempt} of run {os.environ['MLENV_RUN_ID']} on {os.environ['SLURMD_NODENAME']}", flush=True)
+sys.exit(3 if attempt == 0 and os.environ["MLENV_NODE_RANK"] == "1" else 0)
+"""
+
+
+def detached(project: Project, slurm_cluster: SlurmCluster, job: str, *args: str) -> tuple[Path, dict[str, str]]:
+    """Launch ``job`` detached under --max-restarts 3 (1 process a node); its run directory and how the job
+    ended."""
+    project.ok("sync", "-c", project.name)
+    started = project.ok("launch", "-c", project.name, "--launcher", "torchrun", "--nproc", "1", "--detach",
+                         "--max-restarts", "3", job, *args, timeout=120)
+    assert "not restarted" not in started.stderr, started.stderr
+    job_id = project.submitted(started.stderr)
+    ended = slurm_cluster.wait_finished(job_id, 120)
+    (run,) = (project.workdir / ".mlenv" / "runs").iterdir()
+    return run, ended
+
+
+def test_the_batch_script_restarts_a_detached_run(tmp_path: Path, slurm_cluster: SlurmCluster) -> None:
+    project = make_project(tmp_path, slurm_cluster)
+    (project.home / "workspace" / "flaky.py").write_text(FLAKY_JOB)
+    run, ended = detached(project, slurm_cluster, "flaky.py")
+    assert (ended["JobState"], ended["ExitCode"]) == ("COMPLETED", "0:0"), ended
+    output = (run / "output.log").read_text()
+    assert "mlenv: node 1 failed first, with exit code 3\n" in output, output
+    assert ("mlenv: attempt 0 failed with exit code 3: restarting the run, attempt 1 of at most 3 restarts "
+            "(MLENV_RESTART_COUNT=1)\n") in output, output
+    assert [(run / f"attempt-{k}" / "exit").read_text() for k in (0, 1)] == ["3\n", "0\n"]
+    assert (run / "attempt").read_text() == "1\n" and not (run / "attempt-2").exists()
+    logs = project.ok("logs", "-c", project.name, timeout=30).stdout
+    for node in (0, 1):  # each attempt of each node under its header, the same run
+        first, second = (logs.index(f"mlenv: ==== attempt {k} (MLENV_RESTART_COUNT={k}) of run {run.name}, "
+                                    f"node {node} ====") for k in (0, 1))
+        assert first < logs.index(f"attempt 0 of run {run.name}", first) < second, logs
+        assert second < logs.index(f"attempt 1 of run {run.name}", second), logs
+    (row,) = project.status()
+    assert (row["phase"], row["detail"]) == ("COMPLETED", "exit code 0")
+
+
+def test_the_batch_script_stops_restarting_on_a_node_that_failed_first_twice(tmp_path: Path,
+                                                                            slurm_cluster: SlurmCluster) -> None:
+    """Inside one job there is no spare node: after n2 failed first twice the run stops there, saying so."""
+    project = make_project(tmp_path, slurm_cluster)
+    (project.home / "workspace" / "picky.py").write_text(PICKY_JOB)
+    run, ended = detached(project, slurm_cluster, "picky.py", "n2")
+    assert (ended["JobState"], ended["ExitCode"]) == ("FAILED", "5:0"), ended
+    output = (run / "output.log").read_text()
+    assert output.count("mlenv: node 1 failed first, with exit code 5\n") == 2, output
+    assert ("mlenv: n2 (node-1) failed first in 2 attempts of the run: not restarting it there, and this job has no "
+            "spare node\n") in output, output
+    assert (run / "attempt").read_text() == "1\n" and not (run / "attempt-2").exists()

@@ -115,15 +115,15 @@ def restartable(outcome: LaunchOutcome) -> bool:
 def launch(target: Target, spec: LaunchSpec) -> LaunchResult:
     """Run ``spec``, and again up to ``spec.max_restarts`` times while it fails (same run id, MLENV_RESTART_COUNT
     the attempt), away from the deployment's excluded nodes and from a node that failed first in two attempts; the
-    last attempt's result. A detached run on local and ssh clusters is restarted by the nodes' supervisors."""
+    last attempt's result. A detached run is restarted from the nodes (local and ssh: their supervisors; Slurm: the
+    run's script), where the backend can."""
     from dataclasses import replace
 
     from mlenv.ui import warn
 
     if spec.detach and spec.max_restarts and not target.backend.jobs.restarts_detached:
-        warn(f"--max-restarts {spec.max_restarts}: a detached run here is not restarted yet (the nodes' supervisors "
-             "restart it on local and ssh clusters); on Slurm, slurm.requeue with slurm.signal requeues it after the "
-             "warning signal")
+        warn(f"--max-restarts {spec.max_restarts}: a detached run here is not restarted yet (the nodes restart it on "
+             "local, ssh and Slurm clusters)")
     recorded = state.load().excluded_of(target.handle.name)
     excluded = {str(entry["host"]) for entry in recorded if "host" in entry}
     spec = replace(spec, exclude=tuple(sorted({*spec.exclude, *excluded})))

@@ -365,9 +365,10 @@ class SlurmBackend:
             raise UsageError(f"{', '.join(spec.exclude)} must be left out, but the run goes inside allocation "
                              f"{allocation}, which has no spare node (deploy --spares is not built yet): clean the "
                              "allocation so that launch submits batch jobs, which leave them out")
+        restarts = spec.max_restarts if spec.detach else 0  # an attached run's restarts are mlenv's own
         text = (script.launch_script(job, title, spec.run_id, task, allocation, spec.attempt,
-                                    spec.secrets) if allocation
-                else script.batch_script(job, title, spec.run_id, task, spec.attempt, spec.exclude))
+                                    spec.secrets, restarts) if allocation
+                else script.batch_script(job, title, spec.run_id, task, spec.attempt, spec.exclude, restarts))
         return LaunchRequest(spec, text, dict.fromkeys(range(job.nodes), task), {"MLENV_RUN_ID": spec.run_id}, text)
 
     def launch(self, handle: Handle, request: LaunchRequest, secrets: Mapping[str, str],
@@ -393,8 +394,8 @@ class SlurmBackend:
         info(f"cancelled {', '.join(targets)}")
         return 0
 
-    restarts_detached = False
-    """A detached run is requeued by Slurm (slurm.requeue with slurm.signal), not restarted by mlenv."""
+    restarts_detached = True
+    """A detached run's failed attempts are run again by its batch (or launch) script, inside the same job."""
 
     def latest_run(self, handle: Handle, run_id: str) -> dict[str, Any] | None:
         """None: status shows each node's state (``run_states``), read from the shared run directory."""

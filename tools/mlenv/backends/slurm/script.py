@@ -22,6 +22,7 @@ from mlenv.core.fanout import checkpoint_dir, run_dir
 from mlenv.core.remote import RUNTIME_DIR, read_secrets
 from mlenv.errors import OperationError, UsageError, shown
 from mlenv.render.templates import Templates
+from mlenv.runtime.cli import USER_STOPS
 
 TEMPLATES = Path(mlenv.__file__).parent / "manifests" / "slurm"
 PORT_BASE, PORT_SPAN = 20000, 10000
@@ -204,25 +205,30 @@ def srun_line(job: SlurmJob, run_id: str, task: Sequence[str], secrets: Sequence
 
 
 def _run_context(job: SlurmJob, title: str, run_id: str, task: Sequence[str], batch: bool = False,
-                 attempt: int = 0, exclude: Sequence[str] = (), secrets: Sequence[str] = ()) -> dict[str, Any]:
+                 attempt: int = 0, exclude: Sequence[str] = (), secrets: Sequence[str] = (),
+                 restarts: int = 0) -> dict[str, Any]:
     env = {**job.env, "MLENV_RUN_ID": run_id, "MLENV_RUN_DIR": job.run_path(run_id),
            "MLENV_CHECKPOINT_DIR": f"{job.workdir}/{checkpoint_dir(run_id)}", "PYTHONUNBUFFERED": "1"}
     return {**_context(job, title, f"{job.run_path(run_id)}/{OUTPUT_FILE}", batch), "env": env,
             "runtime_path": job.runtime_path, "port_base": PORT_BASE, "port_span": PORT_SPAN,
             "srun": srun_line(job, run_id, task, secrets), "attempt": attempt, "exclude": ",".join(exclude),
+            "restarts": restarts, "user_stops": sorted(USER_STOPS),
             "unexported": Shell(" ".join(secrets))}  # names checked by read_secrets in srun_line
 
 
 def batch_script(job: SlurmJob, title: str, run_id: str, task: Sequence[str], attempt: int = 0,
-                 exclude: Sequence[str] = ()) -> str:
+                 exclude: Sequence[str] = (), restarts: int = 0) -> str:
     """The sbatch script of a launch without an allocation: the run as a batch job (its ``attempt``-th start, away
-    from the ``exclude`` hosts)."""
-    return _render("batch.sbatch.j2", **_run_context(job, title, run_id, task, True, attempt, exclude))
+    from the ``exclude`` hosts), which runs a failed attempt again while ``restarts`` (a detached run's
+    --max-restarts) allows."""
+    return _render("batch.sbatch.j2", **_run_context(job, title, run_id, task, True, attempt, exclude,
+                                                     restarts=restarts))
 
 
 def launch_script(job: SlurmJob, title: str, run_id: str, task: Sequence[str], job_id: str, attempt: int = 0,
-                  secrets: Sequence[str] = ()) -> str:
+                  secrets: Sequence[str] = (), restarts: int = 0) -> str:
     """The bash script of a launch inside the allocation ``job_id``, run where Slurm's commands are; the forwarded
-    ``secrets`` arrive in its environment and leave it at once, for the run's step's stdin alone."""
-    return _render("launch.sh.j2", **_run_context(job, title, run_id, task, attempt=attempt, secrets=secrets),
-                   job_id=job_id)
+    ``secrets`` arrive in its environment and leave it at once, for the run's step's stdin alone. It runs a failed
+    attempt again while ``restarts`` (a detached run's --max-restarts) allows."""
+    return _render("launch.sh.j2", **_run_context(job, title, run_id, task, attempt=attempt, secrets=secrets,
+                                                  restarts=restarts), job_id=job_id)
