@@ -61,6 +61,15 @@ def hang_timeout(target: Target) -> float | None:
     return cluster.hang_timeout if cluster else None
 
 
+def idle_watch(target: Target) -> tuple[int | None, float | None]:
+    """``launch.idle_minutes`` (in seconds) and ``launch.idle_util`` of the deployment's cluster file, if it sets
+    them and still loads."""
+    from mlenv.ops.target import file_cluster
+
+    cluster = file_cluster(target, "launch.idle_minutes")
+    return (cluster.idle_seconds, cluster.idle_util) if cluster else (None, None)
+
+
 def _run_dir(run: str) -> Path:
     from mlenv.config.discover import project_root
 
@@ -106,9 +115,12 @@ USER_STOPS = frozenset({129, 130, 143})
 
 
 def restartable(outcome: LaunchOutcome) -> bool:
-    """Whether a finished attached run failed in a way a restart may mend: not a success, not a user's stop, not a
-    run that never started (mlenv's own failure, with no node's exit code)."""
-    return (outcome.exit_code != 0 and not outcome.interrupted and not outcome.detached
+    """Whether a finished attached run failed in a way a restart may mend: not a success, not a user's stop, not an
+    idle stop (``--on-idle stop``: it would idle again), not a run that never started (mlenv's own failure, with no
+    node's exit code)."""
+    from mlenv.runtime.idle import IDLE_EXIT_CODE
+
+    return (outcome.exit_code not in (0, IDLE_EXIT_CODE) and not outcome.interrupted and not outcome.detached
             and outcome.exit_code not in USER_STOPS and bool(outcome.node_exit_codes))
 
 
