@@ -104,7 +104,7 @@ class Node:
 
 
 def job(nodes: int, on_idle: str | None = None) -> list[Node]:
-    """``nodes`` nodes, each with its watch started (5 %, 3 s); their samplers read no GPU, never drained."""
+    """``nodes`` nodes, each with its watch started (5 %, 3 s); their samplers (no rank started) never run."""
     members: list[Node] = []
     for number in range(nodes):
         node = Node(number, nodes, members)
@@ -156,6 +156,17 @@ def test_on_idle_stop_stops_the_job_with_its_own_exit_code() -> None:
     assert first.watch is not None and first.watch.finished(IDLE_EXIT_CODE) == IDLE_EXIT_CODE
     assert first.state["idle"] is not None  # an idle stop keeps why
     assert second.watch is not None and second.watch.finished(0) == 0 and second.state["idle"] is None
+
+
+def test_sampling_starts_with_the_nodes_first_rank() -> None:
+    (only,) = job(1)
+    assert only.watch is not None and only.watch.sampler.thread.ident is None  # the launcher is starting
+    only.watch.rank_started(RankInfo(rank=0, local_rank=0, node=0, host="gpu-a", pid=os.getpid()))
+    only.watch.rank_started(RankInfo(rank=1, local_rank=1, node=0, host="gpu-a", pid=os.getpid()))
+    assert only.watch.sampler.thread.ident is not None
+    only.watch.finished(0)
+    only.watch.sampler.thread.join(timeout=30)
+    assert not only.watch.sampler.thread.is_alive()
 
 
 def test_gpus_that_cannot_be_read_are_named_once_and_never_idle() -> None:

@@ -1,13 +1,14 @@
 """The idle-GPU watch (``launch --idle-seconds S [--idle-util P] [--on-idle stop]``): an observer on every node's
 supervisor.
 
-Every node samples its own GPUs with the forensics GPU reader (:func:`mlenv.runtime.gpus.read_gpus`, in a thread of
-its own so that a slow ``nvidia-smi`` never holds up the job's output), only those of ``CUDA_VISIBLE_DEVICES`` when
-it is set. A node is idle once every one of its GPUs has stayed under P percent for S seconds; it tells node 0 (the
-hub), and again when one of them is busy again. When every node is idle, node 0 flags the job: every node says so
-in its output (``mlenv: node-N (HOST) idle: ...``) and records ``"idle": {...}`` in its state.json; the run's state
-stays what it was. A node that becomes busy again clears the flag everywhere. With ``--on-idle stop`` node 0 then
-stops the job with :data:`IDLE_EXIT_CODE`, which is never restarted (an idle job would idle again).
+From its first rank's start on (a launcher starting is not idle), every node samples its own GPUs with the forensics
+GPU reader (:func:`mlenv.runtime.gpus.read_gpus`, in a thread of its own so that a slow ``nvidia-smi`` never holds
+up the job's output), only those of ``CUDA_VISIBLE_DEVICES`` when it is set. A node is idle once every one of its
+GPUs has stayed under P percent for S seconds; it tells node 0 (the hub), and again when one of them is busy again.
+When every node is idle, node 0 flags the job: every node says so in its output (``mlenv: node-N (HOST) idle: ...``)
+and records ``"idle": {...}`` in its state.json; the run's state stays what it was. A node that becomes busy again
+clears the flag everywhere. With ``--on-idle stop`` node 0 then stops the job with :data:`IDLE_EXIT_CODE`, which is
+never restarted (an idle job would idle again).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from .gpus import Gpu, read_gpus
-from .observers import BaseObserver, JobControl
+from .observers import BaseObserver, RankInfo
 
 IDLE_EXIT_CODE = 125
 """What ``--on-idle stop`` exits with: the code after the hang stop's 124, used by nothing else of mlenv."""
@@ -68,7 +69,9 @@ class Sampler:
         self.thread = threading.Thread(target=self._run, name="mlenv-idle-gpus", daemon=True)
 
     def start(self) -> None:
-        self.thread.start()
+        """Start sampling, unless it already started (or was closed)."""
+        if self.thread.ident is None and not self.done.is_set():
+            self.thread.start()
 
     def close(self) -> None:
         self.done.set()
@@ -88,7 +91,7 @@ class Sampler:
     def _sample(self) -> Sample:
         try:
             gpus = visible(self.read(), self.environ)
-        except OSError as err:
+        except (OSError, ValueError) as err:
             return Sample(time.monotonic(), error=str(err))
         if not gpus:
             return Sample(time.monotonic(), error="no GPU of the run listed by nvidia-smi")
@@ -150,8 +153,7 @@ class IdleWatch(BaseObserver):
         self.flagged = False
         self.idle_nodes: dict[int, dict[str, Any]] = {}  # the hub's: node -> its report
 
-    def started(self, control: JobControl) -> None:
-        super().started(control)
+    def rank_started(self, rank: RankInfo) -> None:
         self.sampler.start()
 
     def tick(self, now: float) -> None:
