@@ -146,6 +146,8 @@ def test_on_idle_is_bad_input_without_idle_minutes_or_unknown_and_help_names_125
     assert "125" in project.ok("launch", "--help").stdout
     dry = project.ok("launch", "--dry-run", "--on-idle", "stop", "sleeper.py").stdout
     assert "--idle-seconds 3 --on-idle stop --" in dry, dry
+    through_make = make("launch-dry-run", "SCRIPT=sleeper.py", "ON_IDLE=stop", home=project.home)
+    assert through_make.returncode == 0 and "--idle-seconds 3 --on-idle stop --" in through_make.stdout
     assert project.mlenv("launch", "--on-idle", "sometimes", "sleeper.py").returncode == 2
     cluster_file = project.home / "clusters" / f"{project.name}.yaml"
     original = cluster_file.read_text()
