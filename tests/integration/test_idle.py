@@ -2,7 +2,8 @@
 every node reads its GPUs from the nvidia-smi stand-in (first on PATH, its utilization from a file the test writes).
 Busy GPUs flag nothing; 0 % on every GPU flags the run idle in the output and in ``status`` (text and
 ``latest_run.idle``), busy again clears it; ``--on-idle stop`` ends the job with exit code 125 (``make launch
-ON_IDLE=stop`` too) and is not restarted under --max-restarts; bad settings are bad input (exit 2)."""
+ON_IDLE=stop`` too) and is not restarted under --max-restarts, attached or detached; bad settings are bad input (exit
+2)."""
 
 from __future__ import annotations
 
@@ -122,8 +123,20 @@ def test_on_idle_stop_ends_the_job_with_125_and_it_is_not_restarted(project: Loc
     assert f"mlenv: node-1 ({project.app}-1) idle: every GPU under 5% for " in result.stdout
     assert result.stdout.count(" up on node ") == 4  # judged from the ranks' start on, not the launchers'
     assert "restarting" not in result.stderr and "attempt 1" not in result.stdout + result.stderr
+    assert "stopped on every node: every GPU of the job was idle (--on-idle stop)" in result.stderr
     run = _run(project)
     assert run["state"] == "failed" and run["attempt"] == 0 and sorted(run["idle"]) == ["node-0", "node-1"], run
+
+
+def test_a_detached_idle_stop_is_not_restarted_by_the_nodes(project: LocalProject, gpus: Path) -> None:
+    project.ok("launch", "--detach", "--launcher", "torchrun", "--on-idle", "stop", "--max-restarts", "2",
+               "sleeper.py", "600")
+    run = _wait(project, "stopped for idle", lambda run: run.get("state") == "failed")
+    assert run["attempt"] == 0 and sorted(run["idle"]) == ["node-0", "node-1"], run
+    states = json.loads(project.ok("status", "--json").stdout)["run_states"]
+    assert states == {"0": f"failed ({IDLE_EXIT_CODE})", "1": f"failed ({IDLE_EXIT_CODE})"}, states
+    logs = project.ok("logs").stdout
+    assert "stopping the job: idle: every GPU of the job under 5% for" in logs and "restarting" not in logs, logs
 
 
 def test_busy_gpus_never_stop_a_job_under_on_idle_stop(project: LocalProject, gpus: Path) -> None:

@@ -16,6 +16,7 @@ from mlenv import state
 from mlenv.core.capabilities import LaunchOutcome, LaunchSpec
 from mlenv.errors import UsageError
 from mlenv.ops.target import Target
+from mlenv.runtime.idle import IDLE_EXIT_CODE
 
 STEP = re.compile(r"\bstep (\d+)/(\d+)\b")
 TAIL_LINES = 15
@@ -118,8 +119,6 @@ def restartable(outcome: LaunchOutcome) -> bool:
     """Whether a finished attached run failed in a way a restart may mend: not a success, not a user's stop, not an
     idle stop (``--on-idle stop``: it would idle again), not a run that never started (mlenv's own failure, with no
     node's exit code)."""
-    from mlenv.runtime.idle import IDLE_EXIT_CODE
-
     return (outcome.exit_code not in (0, IDLE_EXIT_CODE) and not outcome.interrupted and not outcome.detached
             and outcome.exit_code not in USER_STOPS and bool(outcome.node_exit_codes))
 
@@ -204,6 +203,8 @@ def _attempt(target: Target, spec: LaunchSpec, run_dir: Path) -> LaunchResult:
         error(outcome.message)
     if outcome.interrupted:
         error(f"interrupted: every node stopped; logs in {run_dir}")
+    elif outcome.exit_code == IDLE_EXIT_CODE:
+        error(f"stopped on every node: every GPU of the job was idle (--on-idle stop); logs in {run_dir}")
     elif outcome.failed_node is not None:
         node = outcome.failed_node
         error(f"node-{node} failed with exit code {outcome.node_exit_codes[node]}; the other nodes were stopped. "
