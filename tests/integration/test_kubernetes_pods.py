@@ -169,12 +169,11 @@ def test_stacks_and_gpu_state_through_kubectl_exec(kube_project: KubeProject) ->
     while True:
         result = project.mlenv("stacks", "--json", timeout=120)
         report = json.loads(result.stdout) if result.returncode == 0 else {}
-        if [g["ranks"] for g in report.get("groups", [])] == [[2], [0, 1, 3]]:
-            break
+        found = [(g["ranks"], g["frames"][-1]["function"]) for g in report.get("groups", [])]
+        if found == [([2], "stuck_in_a_pod"), ([0, 1, 3], "all_reduce")]:
+            break  # every rank in its place (a rank that is still starting may be sampled in an import)
         assert time.monotonic() < deadline, result.stdout + result.stderr
         time.sleep(1)
-    assert report["groups"][0]["frames"][-1]["function"] == "stuck_in_a_pod"
-    assert report["groups"][1]["frames"][-1]["function"] == "all_reduce"
     project.ok("stop")
     project.ok("clean")
     assert not pod_processes(project.pods_root)

@@ -40,12 +40,18 @@ SECRET = f"tok-{os.getpid()}-{time.time_ns()}"
 """A forwarded token: found in no file under Slurm's state and spool directories or the workdir."""
 TRAIN = ("train_multi_node.py", "--engine", "ddp", "--steps", "5")
 DONE = re.compile(r"^\[node-(\d) r\d\] done steps=5 first_loss=([\d.]+) last_loss=([\d.]+) world_size=4$", re.MULTILINE)
-# No torch: node 1's first process fails at once when asked to, every other one sleeps until stopped.
+# No torch: node 1's first process fails when asked to, once every process has printed (so that each rank has a
+# log to show), every other one sleeps until stopped. The processes share the workdir (one machine).
 FAILING_JOB = """\
-import hashlib, os, sys, time
+import glob, hashlib, os, sys, time
 secret = os.environ.get("MLENV_TEST_SECRET")  # shown by its digest: the job's own output may land in files
 print(f"secret {secret and hashlib.sha256(secret.encode()).hexdigest()[:16]}", flush=True)
+up = f".up-{os.environ.get('MLENV_RUN_ID', '')}-{os.environ.get('MLENV_RESTART_COUNT', '0')}-"
+open(up + os.environ["RANK"], "w").close()
 if "--fail" in sys.argv and os.environ["MLENV_NODE_RANK"] == "1" and os.environ["LOCAL_RANK"] == "0":
+    deadline = time.monotonic() + 120
+    while len(glob.glob(up + "*")) < int(os.environ["WORLD_SIZE"]) and time.monotonic() < deadline:
+        time.sleep(0.1)
     print("failing on purpose", flush=True)
     sys.exit(3)
 print("sleeping", flush=True)
@@ -427,12 +433,11 @@ def test_status_gpus_and_stacks_through_srun(project: Project, slurm_cluster: Sl
         while True:
             result = project.mlenv("stacks", "-c", project.name, "--json", timeout=60)
             report = json.loads(result.stdout) if result.returncode == 0 else {}
-            if [g["ranks"] for g in report.get("groups", [])] == [[1], [0, 2, 3]]:
-                break
+            found = [(g["ranks"], g["frames"][-1]["function"]) for g in report.get("groups", [])]
+            if found == [([1], "stuck_in_slurm"), ([0, 2, 3], "all_reduce")]:
+                break  # every rank in its place (a rank that is still starting may be sampled in an import)
             assert time.monotonic() < deadline, result.stdout + result.stderr
             time.sleep(1)
-        assert report["groups"][0]["frames"][-1]["function"] == "stuck_in_slurm"
-        assert report["groups"][1]["frames"][-1]["function"] == "all_reduce"
         project.ok("stop", "-c", project.name)
     finally:
         project.mlenv("clean", "-c", project.name)
