@@ -152,7 +152,7 @@ def test_exec_into_a_pod_whose_container_is_not_running(kube_project: KubeProjec
 
 @pytest.mark.parametrize("kube_project", ["kubernetes", "runai"], indirect=True)
 def test_stacks_and_gpu_state_through_kubectl_exec(kube_project: KubeProject) -> None:  # noqa: F811 - fixture
-    from tests.integration.test_stacks import HANG
+    from tests.integration.test_stacks import HANG, until_grouped
 
     project = kube_project
     project.ok("deploy", str(project.cluster_file))
@@ -165,15 +165,7 @@ def test_stacks_and_gpu_state_through_kubectl_exec(kube_project: KubeProject) ->
     assert [(s["node"], s["name"]) for s in states] == [(n, p["name"]) for n, p in enumerate(report["pods"])], states
     assert all("gpus" in s for s in states), states  # every pod answered (no nvidia-smi there: named in errors)
     project.ok("launch", "--launcher", "torchrun", "--detach", "hang.py")
-    deadline = time.monotonic() + 180
-    while True:
-        result = project.mlenv("stacks", "--json", timeout=120)
-        report = json.loads(result.stdout) if result.returncode == 0 else {}
-        found = [(g["ranks"], g["frames"][-1]["function"]) for g in report.get("groups", [])]
-        if found == [([2], "stuck_in_a_pod"), ([0, 1, 3], "all_reduce")]:
-            break  # every rank in its place (a rank that is still starting may be sampled in an import)
-        assert time.monotonic() < deadline, result.stdout + result.stderr
-        time.sleep(1)
+    until_grouped(lambda: project.mlenv("stacks", "--json", timeout=120), 2, "stuck_in_a_pod", 180)
     project.ok("stop")
     project.ok("clean")
     assert not pod_processes(project.pods_root)

@@ -419,7 +419,7 @@ def test_doctor(tmp_path: Path, slurm_cluster: SlurmCluster) -> None:
 
 def test_status_gpus_and_stacks_through_srun(project: Project, slurm_cluster: SlurmCluster,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    from tests.integration.test_stacks import HANG
+    from tests.integration.test_stacks import HANG, until_grouped
 
     monkeypatch.setenv("PATH", f"{ROOT / 'tests' / 'fixtures' / 'nvidia_smi'}{os.pathsep}{os.environ['PATH']}")
     (project.home / "workspace" / "hang.py").write_text(HANG.format(function="stuck_in_slurm", stuck=1))
@@ -429,15 +429,8 @@ def test_status_gpus_and_stacks_through_srun(project: Project, slurm_cluster: Sl
         states = json.loads(project.ok("status", "-c", project.name, "--gpus", "--json").stdout)["gpu_state"]
         assert [(s["node"], s["name"], len(s["gpus"])) for s in states] == [(0, "n1", 2), (1, "n2", 2)], states
         project.ok("launch", "-c", project.name, "--launcher", "torchrun", "--detach", "hang.py")
-        deadline = time.monotonic() + 120
-        while True:
-            result = project.mlenv("stacks", "-c", project.name, "--json", timeout=60)
-            report = json.loads(result.stdout) if result.returncode == 0 else {}
-            found = [(g["ranks"], g["frames"][-1]["function"]) for g in report.get("groups", [])]
-            if found == [([1], "stuck_in_slurm"), ([0, 2, 3], "all_reduce")]:
-                break  # every rank in its place (a rank that is still starting may be sampled in an import)
-            assert time.monotonic() < deadline, result.stdout + result.stderr
-            time.sleep(1)
+        until_grouped(lambda: project.mlenv("stacks", "-c", project.name, "--json", timeout=60), 1,
+                      "stuck_in_slurm", 120)
         project.ok("stop", "-c", project.name)
     finally:
         project.mlenv("clean", "-c", project.name)
