@@ -167,7 +167,8 @@ def test_on_idle_is_bad_input_without_idle_minutes_or_unknown_and_help_names_125
     cluster_file.write_text(original.replace("  idle_minutes: 3s\n", "  idle_util: 12.5\n"))
     try:
         refused = project.mlenv("launch", "--on-idle", "stop", "sleeper.py")
-        assert refused.returncode == 2 and "needs launch.idle_minutes" in refused.stderr, refused.stderr
+        assert refused.returncode == 2 and "--on-idle stop needs launch.idle_minutes" in refused.stderr, refused.stderr
+        assert project.mlenv("launch", "--on-idle", "warn", "sleeper.py").returncode == 2
         assert "--idle" not in project.ok("launch", "--dry-run", "sleeper.py").stdout  # nothing watched
         cluster_file.write_text(original.replace("  idle_minutes: 3s\n", "  idle_minutes: 30m\n  idle_util: 12.5\n"))
         dry = project.ok("launch", "--dry-run", "--on-idle", "warn", "sleeper.py").stdout

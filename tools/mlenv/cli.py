@@ -463,8 +463,8 @@ def launch(cluster_ref: str | None, launcher: str, nproc: int | None, args_text:
     if on_hang and not hang_timeout:
         raise UsageError("--on-hang stop needs a hang timeout: --hang-timeout SECONDS (or launch.hang_timeout)")
     idle_seconds, idle_util = launching.idle_watch(target)
-    if on_idle == "stop" and not idle_seconds:
-        raise UsageError("--on-idle stop needs launch.idle_minutes in the cluster file (e.g. idle_minutes: 30m)")
+    if on_idle and not idle_seconds:
+        raise UsageError(f"--on-idle {on_idle} needs launch.idle_minutes in the cluster file (e.g. idle_minutes: 30m)")
     spec = LaunchSpec(launcher, script, (*script_args, *extra), nproc, launching.run_id(target.handle.name),
                       detach, names, expect_transport or launching.file_expect_transport(target), hang_timeout,
                       on_hang, launching.max_restarts(target, max_restarts), idle_seconds=idle_seconds,
