@@ -397,8 +397,9 @@ class SlurmBackend:
 
     def latest_run(self, handle: Handle, run_id: str) -> dict[str, Any]:
         """Run ``run_id`` as its nodes' supervisors recorded it in the shared run directory, its newest attempt
-        (``core.runrecords.latest_run``): read in one command on the login host; a node that has not written yet
-        is ``running`` while the run's step (in the allocation) or batch job is live, else ``-``."""
+        (``core.runrecords.latest_run``): read in one command on the login host; a node without an exit status is
+        ``running`` (or ``hung``) while the run's step (in the allocation) or batch job is live, else ``failed`` when
+        its supervisor had started (gone without an exit status), else ``-``."""
         job = job_from(handle)
         login, live = self._live(handle, run_id)
         attempt, files = noderecords.read(login, f"{job.workdir}/{RUNS_DIR}", run_id)
@@ -414,7 +415,7 @@ class SlurmBackend:
 
     def run_states(self, handle: Handle, run_id: str) -> dict[int, str]:
         """Node ordinal -> its state of run ``run_id`` as ``latest_run`` reads it: ``<state> (N)`` once the node's
-        supervisor wrote its exit status, else ``running`` (or ``hung``) while the run is live, else ``-``."""
+        supervisor wrote its exit status, else ``running``, ``hung``, ``failed`` (lost) or ``-``."""
         return dict(self.latest_run(handle, run_id)["nodes"])
 
     def _live(self, handle: Handle, run_id: str) -> tuple[Login, bool]:
