@@ -332,7 +332,7 @@ class Supervisor:
         if not failed:
             return
         failure = FirstFailure(rank.info.rank, self.node, exit_code, signame, self._reason(rank, exit_code, signame),
-                               list(rank.tail))
+                               list(rank.tail), self._node_fault())
         self.local_failure = failure
         self.note(describe(failure, rank.info.pid))
         if self.channel is not None:
@@ -346,6 +346,10 @@ class Supervisor:
                     or kernel_killed(rank.info.pid):
                 return "killed by the kernel's OOM killer"
         return f"killed by {signame}" if signame else f"exited with {exit_code}"
+
+    def _node_fault(self) -> dict[str, str] | None:
+        """The first node-fault sign an observer found on this node (nodefault.py)."""
+        return next((fault for observer in self.observers if (fault := observer.node_fault()) is not None), None)
 
     def _launcher_failed(self, status: int) -> None:
         name = Path(self.argv[2] if len(self.argv) > 2 and self.argv[1] == "-m" else self.argv[0]).name
