@@ -42,7 +42,8 @@ if sys.argv[-1] == "--sleep":
 # they are. ok: NCCL's lines of an IB network (one rank a node), exit 0. contradict: NCCL's lines of sockets, then
 # wait to be stopped. hang, sleep: wait silently. late-fail-N: the other node's ranks exit 0 first, then node N's
 # rank 0 fails (it waits until their processes are gone, seen through pid files under MARKS). netfail-N: node N's
-# rank 0 prints an NCCL network error and fails.
+# rank 0 prints an NCCL network error and fails. lose-N: node N's rank 0 kills its node's supervisor (SIGKILL) and
+# fails.
 NET_ERROR = ("n1:88:102 [0] transport/net_ib.cc:1296 NCCL WARN NET/IB : Got completion from peer 10.0.0.1<33092> "
              "with error 12, opcode 0, len 0, vendor err 129 (Recv)")
 PLAN_JOB = f"""\
@@ -76,6 +77,11 @@ if step.startswith("late-fail-"):
             time.sleep(0.1)
         print("failing after the other node's ranks succeeded", flush=True)
         sys.exit(3)
+if step.startswith("lose-") and node == step[-1] and local == "0":
+    import json, signal
+    with open(os.environ["MLENV_JOB"]) as record:  # the supervisor's record.json
+        os.kill(json.load(record)["pid"], signal.SIGKILL)
+    sys.exit(3)
 if step.startswith("netfail-") and node == step[-1] and local == "0":
     print({NET_ERROR!r}, flush=True)
     sys.exit(3)
@@ -266,7 +272,8 @@ def test_a_detached_node_that_succeeded_before_another_failed_takes_part_in_the_
     run = wait_for(project, "succeeded", 2, seconds=360)
     assert sorted((rank["rank"], rank["state"]) for rank in run["ranks"]) == [(r, "succeeded") for r in range(4)]
     logs = project.ok("logs", timeout=60).stdout
-    assert logs.count("failing after the other node's ranks succeeded") == 2, logs
+    failed = re.findall(r"\[node-(\d) r\d\] failing after the other node's ranks succeeded", logs)
+    assert sorted(failed) == ["0", "1"], logs  # node 1 in attempt 0, node 0 in attempt 1
     for attempt in (1, 2):
         assert logs.count(f"restarting the run, attempt {attempt} of at most 2") == 2, logs  # on both nodes
     assert {node for attempt, _, node in attempts_by_node(logs) if attempt == 2} == {0, 1}
@@ -289,3 +296,14 @@ def test_an_nccl_network_error_excludes_the_node_at_once(project: LocalProject) 
     assert (failure["node"], failure["node_fault"]) == (1, {"sign": "nccl-net", "evidence": NET_ERROR})
     listed = json.loads(project.ok("nodes", "--json").stdout)["excluded"]
     assert [(e["node"], e["host"], e["reason"]) for e in listed] == [(1, host, f"NCCL network error: {NET_ERROR}")]
+
+
+def test_a_node_whose_supervisor_is_lost_is_excluded_at_once(project: LocalProject) -> None:
+    result = project.mlenv("launch", "--launcher", "torchrun", "--max-restarts", "3", "plan.py", "lose-1", "-",
+                           timeout=240)
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    host = f"{project.app}-1"
+    assert re.search(rf"excluding {host} \(node-1\) from the next attempts: unreachable: the node's supervisor "
+                     r"\(pid \d+\) is gone without an exit status", result.stderr), result.stderr[-3000:]
+    assert sorted({attempt for attempt, _, _ in attempts(result.stdout)}) == [0]
+    assert latest(project)["node_faults"]["1"]["sign"] == "unreachable"
