@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -42,8 +43,9 @@ if sys.argv[-1] == "--sleep":
 # they are. ok: NCCL's lines of an IB network (one rank a node), exit 0. contradict: NCCL's lines of sockets, then
 # wait to be stopped. hang, sleep: wait silently. late-fail-N: the other node's ranks exit 0 first, then node N's
 # rank 0 fails (it waits until their processes are gone, seen through pid files under MARKS). netfail-N: node N's
-# rank 0 prints an NCCL network error and fails. lose-N: node N's rank 0 kills its node's supervisor (SIGKILL) and
-# fails.
+# rank 0 prints an NCCL network error and fails. stop-race: node 0's ranks wait; node 1's rank 0 fails once they are
+# gone (as a rank does of its peers' death), its rank 1 waits. lose-N: node N's rank 0 kills its node's supervisor
+# (SIGKILL) and fails.
 NET_ERROR = ("n1:88:102 [0] transport/net_ib.cc:1296 NCCL WARN NET/IB : Got completion from peer 10.0.0.1<33092> "
              "with error 12, opcode 0, len 0, vendor err 129 (Recv)")
 PLAN_JOB = f"""\
@@ -61,13 +63,17 @@ if network and local == "0":
     print(f"n{{node}}:7:7 [0] NCCL INFO Using network {{network}}", flush=True)
 if step in ("contradict", "hang", "sleep"):
     time.sleep(600)
-if step.startswith("late-fail-"):
+if step.startswith("late-fail-") or step == "stop-race":
     here = os.path.join(marks, str(attempt))
     os.makedirs(here, exist_ok=True)
-    if node != step[-1]:
+    if node != ("1" if step == "stop-race" else step[-1]):
         with open(os.path.join(here, f"{{node}}-{{local}}"), "w") as mark:
             mark.write(str(os.getpid()))
+        if step == "stop-race":
+            time.sleep(600)
         sys.exit(0)
+    if local != "0" and step == "stop-race":
+        time.sleep(600)
     if local == "0":
         deadline = time.monotonic() + 120
         while len(os.listdir(here)) < 2 or any(os.path.exists(f"/proc/{{open(os.path.join(here, n)).read()}}")
@@ -307,3 +313,26 @@ def test_a_node_whose_supervisor_is_lost_is_excluded_at_once(project: LocalProje
                      r"\(pid \d+\) is gone without an exit status", result.stderr), result.stderr[-3000:]
     assert sorted({attempt for attempt, _, _ in attempts(result.stdout)}) == [0]
     assert latest(project)["node_faults"]["1"]["sign"] == "unreachable"
+
+
+def test_a_detached_user_stop_reaching_one_node_stops_every_node_and_is_never_restarted(project: LocalProject) -> None:
+    # the user's SIGTERM reaches node 0's supervisor only (as an admin's kill would); node 1's rank 0 then fails of
+    # its peers' death: it is still the user's stop, on every node, and no node starts another attempt
+    project.ok("launch", "--launcher", "torchrun", "--detach", "--max-restarts", "2", "plan.py", "stop-race",
+               str(project.home / "marks"), timeout=120)
+    deadline = time.monotonic() + 120
+    while [rank["state"] for rank in latest(project).get("ranks") or []] != ["running"] * 4:
+        assert time.monotonic() < deadline, latest(project)
+        time.sleep(1)
+    (record,) = project.pod_dir(0).glob("workspace/.mlenv/runs/*/attempt-0/node0/record.json")
+    os.kill(json.loads(record.read_text())["pid"], signal.SIGTERM)
+    deadline = time.monotonic() + 120
+    report = json.loads(project.ok("status", "--json").stdout)
+    while not all("(" in node for node in report["run_states"].values()):  # until both nodes have ended
+        assert time.monotonic() < deadline, report
+        time.sleep(1)
+        report = json.loads(project.ok("status", "--json").stdout)
+    run = report["latest_run"]
+    assert (run["state"], run["attempt"], report["run_states"]) == ("stopped", 0, {"0": "stopped (143)",
+                                                                                   "1": "stopped (143)"}), report
+    assert "restarting the run" not in project.ok("logs", timeout=60).stdout

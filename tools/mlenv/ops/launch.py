@@ -19,6 +19,7 @@ from mlenv.core.capabilities import LaunchOutcome, LaunchSpec
 from mlenv.errors import UsageError
 from mlenv.ops.target import Target
 from mlenv.runtime.nodefault import SIGNS, UNREACHABLE
+from mlenv.runtime.runlayout import USER_STOPS
 
 STEP = re.compile(r"\bstep (\d+)/(\d+)\b")
 TAIL_LINES = 15
@@ -106,8 +107,6 @@ FAULTY_AFTER = 2
 """A node that failed first in this many attempts is judged faulty and left out of the next ones."""
 SSH_UNREACHABLE = 255
 """ssh's exit status when it cannot reach the host (or the connection broke)."""
-USER_STOPS = frozenset({129, 130, 143})
-"""Exit codes of a run the user stopped (SIGHUP, SIGINT, SIGTERM: Ctrl-C, mlenv stop, scancel): never restarted."""
 
 
 def restartable(outcome: LaunchOutcome) -> bool:

@@ -25,6 +25,8 @@ HUNG, RESTARTING, REQUEUED = "hung", "restarting", "requeued"
 RUN_STATES = (RUNNING, SUCCEEDED, FAILED, STOPPED, HUNG, RESTARTING, REQUEUED)
 """The states of a run (and of a node's share of it), one set everywhere; docs/runs.md says what each means."""
 RANK_STATES = (RUNNING, SUCCEEDED, FAILED, STOPPED)
+USER_STOPS = frozenset({129, 130, 143})
+"""Exit statuses of a job the user stopped (SIGHUP, SIGINT, SIGTERM: Ctrl-C, mlenv stop, scancel): never restarted."""
 
 _ATTEMPT = re.compile(r"attempt-(\d+)")
 _NODE = re.compile(r"node(\d+)")
