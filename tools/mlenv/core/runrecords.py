@@ -11,7 +11,7 @@ from mlenv.runtime.runlayout import run_state
 
 NodeJob = Mapping[str, Any]
 """One node's share of a run in the shape of an entry of the runtime's ``jobs --json``: ``state``, ``exit_code``,
-``attempt``, ``ranks``, ``first_failure``, ``transport``, ``stacks``, ``idle``."""
+``attempt``, ``ranks``, ``first_failure``, ``transport``, ``stacks``, ``idle``, ``node_fault``."""
 
 
 def node_state(job: NodeJob | None) -> str:
@@ -25,8 +25,9 @@ def node_state(job: NodeJob | None) -> str:
 def latest_run(run_id: str, jobs: Mapping[int, NodeJob | None]) -> dict[str, Any]:
     """Run ``run_id`` from its nodes' shares (node ordinal -> share, None where the node has none):
     ``{"id", "state", "attempt", "ranks", "first_failure", "transport": {"node-N": {"verdict", "plugin", "devices",
-    "nccl_version"}}, "stacks", "idle": {"node-N": {...}}|null, "nodes": {ordinal: state}}`` (``stacks``: the hang
-    watchdog's capture of the whole job, on node 0; ``idle``: each node's idle GPUs while the job is flagged idle)."""
+    "nccl_version"}}, "stacks", "idle": {"node-N": {...}}|null, "node_faults": {ordinal: {"sign", "evidence"}},
+    "nodes": {ordinal: state}}`` (``stacks``: the hang watchdog's capture of the whole job, on node 0; ``idle``: each
+    node's idle GPUs while the job is flagged idle; ``node_faults``: a node's own fault sign, runtime/nodefault.py)."""
     known = [job for job in jobs.values() if job is not None]
     failures = [job["first_failure"] for job in known if job.get("first_failure")]  # the same on every node
     return {"id": run_id, "state": run_state([str(job.get("state")) for job in known]),
@@ -38,4 +39,6 @@ def latest_run(run_id: str, jobs: Mapping[int, NodeJob | None]) -> dict[str, Any
             "stacks": next((job["stacks"] for job in known if job.get("stacks")), None),
             "idle": {f"node-{ordinal}": job["idle"] for ordinal, job in sorted(jobs.items())
                      if job is not None and job.get("idle")} or None,
+            "node_faults": {ordinal: job["node_fault"] for ordinal, job in sorted(jobs.items())
+                            if job is not None and job.get("node_fault")},
             "nodes": {ordinal: node_state(job) for ordinal, job in jobs.items()}}

@@ -29,7 +29,7 @@ from .launchers import DEFAULT_LAUNCHER, LAUNCHERS
 from .nccl import detect_nccl_env
 from .ncclog import EXPECTATIONS, LogReport, NcclLogReader, iter_lines, judge
 from .observing import observers_for
-from .runlayout import NodeDir, attempt_of, read_ranks, runs_root, write_atomic
+from .runlayout import USER_STOPS, NodeDir, attempt_of, read_ranks, runs_root, write_atomic
 from .stacks import METHODS, group, sample
 from .stacks import render as render_stacks
 from .topology import TopologyError, detect_topology, host_name
@@ -221,10 +221,6 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         if args.detached_supervisor:
             _restart(args, env, status)
     return status
-
-
-USER_STOPS = frozenset({129, 130, 143})
-"""Exit statuses of a job the user stopped (SIGHUP, SIGINT, SIGTERM: mlenv stop, scancel): never restarted."""
 
 
 def _restart(args: argparse.Namespace, environ: Mapping[str, str], status: int) -> None:

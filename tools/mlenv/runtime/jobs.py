@@ -23,6 +23,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, NamedTuple
 
+from .nodefault import UNREACHABLE, NodeFault
 from .readfs import read_int
 from .runlayout import (
     FAILED,
@@ -96,10 +97,18 @@ class NodeJob:
         recorded = read_state(self.files)
         return {**self.record.to_dict(), "state": self.state, "exit_code": self.exit_code,
                 "reason": recorded.get("reason") or (LOST if self.lost else None),
-                "first_failure": recorded.get("first_failure"),
+                "first_failure": recorded.get("first_failure"), "node_fault": self.node_fault(recorded),
                 "transport": recorded.get("transport"), "stacks": recorded.get("stacks"), "idle": recorded.get("idle"),
                 "ranks": [rank.to_dict() for rank in read_ranks(self.files)],
                 "run_dir": str(self.files.run_dir), "node_dir": str(self.files.path), "log": str(self.files.log)}
+
+    def node_fault(self, recorded: Mapping[str, object]) -> object:
+        """This node's own fault sign (nodefault.py): an in-node check's refusal, or ``unreachable`` when its
+        supervisor is gone without an exit status; None without one."""
+        if self.lost:
+            return NodeFault(UNREACHABLE, f"the node's supervisor (pid {self.record.pid}) is gone without an exit "
+                                          "status").to_dict()
+        return recorded.get("node_fault")
 
     @property
     def lost(self) -> bool:

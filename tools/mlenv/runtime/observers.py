@@ -81,6 +81,9 @@ class Observer(Protocol):
     def message(self, message: Mapping[str, Any]) -> None:
         """A message an observer sent with ``tell_hub``/``tell_all`` (observers tell their kind apart)."""
 
+    def node_fault(self) -> dict[str, str] | None:
+        """When a rank of this node fails first: a sign that the node is at fault (nodefault.py), else None."""
+
 
 class BaseObserver:
     """No-op methods: an observer implements only what it needs."""
@@ -106,6 +109,9 @@ class BaseObserver:
         return exit_code
 
     def message(self, message: Mapping[str, Any]) -> None:
+        return None
+
+    def node_fault(self) -> dict[str, str] | None:
         return None
 
     def note(self, message: str) -> None:

@@ -81,7 +81,10 @@ def node_job(files: Mapping[str, str], attempt: int, live: bool) -> dict[str, An
     reason = recorded.get("reason") or (None if code is not None or live else LOST)
     return {"attempt": attempt, "state": state, "exit_code": code, "reason": reason,
             "first_failure": recorded.get("first_failure"), "transport": recorded.get("transport"),
-            "stacks": recorded.get("stacks"), "idle": recorded.get("idle"), "ranks": ranks(files)}
+            "stacks": recorded.get("stacks"), "idle": recorded.get("idle"), "ranks": ranks(files),
+            # the node's own sign only: a supervisor gone without an exit status is not "unreachable" here, since
+            # srun kills the other nodes' steps (KillWait) once one failed
+            "node_fault": recorded.get("node_fault")}
 
 
 def _json(text: str | None) -> Any:
