@@ -6,14 +6,18 @@ are bad input (exit 2), through the CLI, the cluster file and make."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.integration.local_cluster import LocalProject, make_project, require_local
+from tests.integration.local_cluster import MLENV, ROOT, LocalProject, make_project, require_local
 from tests.integration.test_makefile import make
 
 # No torch: until the attempt named by --until (exclusive), the first rank of one node fails: node --bad-node, or
@@ -35,13 +39,68 @@ if sys.argv[-1] == "--sleep":
 """
 
 
+# No torch: each attempt K does step K of the comma-separated plan (its last step from then on); everyone says who
+# they are. ok: NCCL's lines of an IB network (one rank a node), exit 0. contradict: NCCL's lines of sockets, then
+# wait to be stopped. hang, sleep: wait silently. late-fail-N: the other node's ranks exit 0 first, then node N's
+# rank 0 fails (it waits until their processes are gone, seen through pid files under MARKS). netfail-N: node N's
+# rank 0 prints an NCCL network error and fails. stop-race: node 0's ranks wait; node 1's rank 0 fails once they are
+# gone (as a rank does of its peers' death), its rank 1 waits. lose-N: node N's rank 0 kills its node's supervisor
+# (SIGKILL) and fails.
+NET_ERROR = ("n1:88:102 [0] transport/net_ib.cc:1296 NCCL WARN NET/IB : Got completion from peer 10.0.0.1<33092> "
+             "with error 12, opcode 0, len 0, vendor err 129 (Recv)")
+PLAN_JOB = f"""\
+import os, sys, time
+attempt, marks = int(os.environ["MLENV_RESTART_COUNT"]), sys.argv[2]
+steps = sys.argv[1].split(",")
+step = steps[min(attempt, len(steps) - 1)]
+node, local = os.environ["MLENV_NODE_RANK"], os.environ["LOCAL_RANK"]
+print(f"attempt {{attempt}} of run {{os.environ['MLENV_RUN_ID']}} on node {{node}} rank {{os.environ['RANK']}}: "
+      f"{{step}}", flush=True)
+network = {{"ok": "IB", "contradict": "Socket"}}.get(step)
+if network and local == "0":
+    using = "NET/IB : Using [0]mlx5_0:1/IB" if network == "IB" else "NET/Socket : Using [0]eth0:10.0.0.5<0>"
+    print(f"n{{node}}:7:7 [0] NCCL INFO {{using}}", flush=True)
+    print(f"n{{node}}:7:7 [0] NCCL INFO Using network {{network}}", flush=True)
+if step in ("contradict", "hang", "sleep"):
+    time.sleep(600)
+if step.startswith("late-fail-") or step == "stop-race":
+    here = os.path.join(marks, str(attempt))
+    os.makedirs(here, exist_ok=True)
+    if node != ("1" if step == "stop-race" else step[-1]):
+        with open(os.path.join(here, f"{{node}}-{{local}}"), "w") as mark:
+            mark.write(str(os.getpid()))
+        if step == "stop-race":
+            time.sleep(600)
+        sys.exit(0)
+    if local != "0" and step == "stop-race":
+        time.sleep(600)
+    if local == "0":
+        deadline = time.monotonic() + 120
+        while len(os.listdir(here)) < 2 or any(os.path.exists(f"/proc/{{open(os.path.join(here, n)).read()}}")
+                                               for n in os.listdir(here)):
+            if time.monotonic() > deadline:
+                sys.exit(4)
+            time.sleep(0.1)
+        print("failing after the other node's ranks succeeded", flush=True)
+        sys.exit(3)
+if step.startswith("lose-") and node == step[-1] and local == "0":
+    import json, signal
+    with open(os.environ["MLENV_JOB"]) as record:  # the supervisor's record.json
+        os.kill(json.load(record)["pid"], signal.SIGKILL)
+    sys.exit(3)
+if step.startswith("netfail-") and node == step[-1] and local == "0":
+    print({NET_ERROR!r}, flush=True)
+    sys.exit(3)
+"""
+
+
 @pytest.fixture
 def project(tmp_path: Path) -> Iterator[LocalProject]:
-    """A deployed 2 x 2 local cluster (processes) holding flaky.py."""
+    """A deployed 2 x 2 local cluster (processes) holding flaky.py and plan.py."""
     require_local("processes")
     made = make_project(tmp_path, "lrst", "10.77.68.0/24", "processes")
     made.ok("deploy", made.name)
-    made.ok("sync", "--source", str(made.source({"flaky.py": FLAKY_JOB})))
+    made.ok("sync", "--source", str(made.source({"flaky.py": FLAKY_JOB, "plan.py": PLAN_JOB})))
     yield made
     made.mlenv("clean", "--cluster", made.name, "--delete-data", "--yes")
 
@@ -153,3 +212,127 @@ def test_bad_restart_counts_are_bad_input(tmp_path: Path) -> None:
     invalid = project.mlenv("validate", project.name)
     assert invalid.returncode == 2 and invalid.stderr.count("\n") == 1, invalid.stderr
     assert "launch.max_restarts" in invalid.stderr
+
+
+def latest(project: LocalProject) -> dict[str, Any]:
+    return json.loads(project.ok("status", "--json").stdout)["latest_run"] or {}
+
+
+def wait_for(project: LocalProject, state: str, attempt: int, seconds: float = 300) -> dict[str, Any]:
+    """The latest run once it is in ``state`` at ``attempt`` (no earlier attempt may end otherwise than failed)."""
+    deadline = time.monotonic() + seconds
+    while (run := latest(project)).get("state") != state or run.get("attempt") != attempt:
+        assert time.monotonic() < deadline, run
+        assert run.get("state") not in ("succeeded", "stopped") or run.get("attempt", 0) >= attempt, run
+        time.sleep(1)
+    return run
+
+
+RESTARTED = ["--max-restarts", "2", "--expect-transport", "rdma", "--hang-timeout", "5", "--on-hang", "stop",
+             "plan.py", "contradict,hang,ok"]
+
+
+def test_a_transport_contradiction_and_a_hang_stopped_are_restarted_attached(project: LocalProject) -> None:
+    result = project.mlenv("launch", "--launcher", "torchrun", *RESTARTED, str(project.home / "marks"), timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "NCCL uses SOCKETS but --expect-transport is rdma" in result.stderr + result.stdout
+    assert "failed with exit code 1: restarting it, attempt 1 of at most 2 restarts" in result.stderr
+    assert "failed with exit code 124: restarting it, attempt 2 of at most 2 restarts" in result.stderr
+    assert "excluding" not in result.stderr  # no node failed: the job was stopped
+    assert (run := latest(project))["state"] == "succeeded" and run["attempt"] == 2, run
+
+
+def test_a_transport_contradiction_and_a_hang_stopped_are_restarted_detached(project: LocalProject) -> None:
+    project.ok("launch", "--launcher", "torchrun", "--detach", *RESTARTED, str(project.home / "marks"), timeout=120)
+    run = wait_for(project, "succeeded", 2)
+    assert sorted(rank["rank"] for rank in run["ranks"]) == [0, 1, 2, 3], run
+    logs = project.ok("logs", timeout=60).stdout
+    assert "mlenv: attempt 0 failed with exit code 1: restarting the run, attempt 1 of at most 2" in logs, logs
+    assert "mlenv: attempt 1 failed with exit code 124: restarting the run, attempt 2 of at most 2" in logs, logs
+
+
+def test_a_stop_by_the_user_is_never_restarted_attached(project: LocalProject) -> None:
+    attached = subprocess.Popen([str(MLENV), "launch", "--launcher", "torchrun", "--max-restarts", "2", "plan.py",
+                                 "sleep", "-"], cwd=ROOT, env={**os.environ, "MLENV_HOME": str(project.home)},
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while len(latest(project).get("ranks") or []) < 4:
+            assert time.monotonic() < deadline and attached.poll() is None
+            time.sleep(1)
+        project.ok("stop", timeout=120)
+        out, err = attached.communicate(timeout=120)
+    finally:
+        attached.kill()
+    assert attached.returncode == 143, out[-2000:] + err[-2000:]
+    assert "restarting it" not in err
+    assert (latest(project)["state"], latest(project)["attempt"]) == ("stopped", 0)
+
+
+def test_a_detached_node_that_succeeded_before_another_failed_takes_part_in_the_next_attempt(
+        project: LocalProject) -> None:
+    # attempt 0: node 0's ranks exit 0, then node 1 fails; attempt 1: node 1's exit 0, then node 0 fails; attempt 2:
+    # both succeed (without the succeeded node, the next attempt would wait for it forever)
+    project.ok("launch", "--launcher", "torchrun", "--detach", "--max-restarts", "2", "plan.py",
+               "late-fail-1,late-fail-0,ok", str(project.home / "marks"), timeout=120)
+    run = wait_for(project, "succeeded", 2, seconds=360)
+    assert sorted((rank["rank"], rank["state"]) for rank in run["ranks"]) == [(r, "succeeded") for r in range(4)]
+    logs = project.ok("logs", timeout=60).stdout
+    failed = re.findall(r"\[node-(\d) r\d\] failing after the other node's ranks succeeded", logs)
+    assert sorted(failed) == ["0", "1"], logs  # node 1 in attempt 0, node 0 in attempt 1
+    for attempt in (1, 2):
+        assert logs.count(f"restarting the run, attempt {attempt} of at most 2") == 2, logs  # on both nodes
+    assert {node for attempt, _, node in attempts_by_node(logs) if attempt == 2} == {0, 1}
+
+
+def attempts_by_node(output: str) -> set[tuple[int, str, int]]:
+    """(attempt, run id, node) of every rank's first line."""
+    return {(int(m[1]), m[2], int(m[3])) for m in re.finditer(r"attempt (\d) of run (\S+) on node (\d) rank", output)}
+
+
+def test_an_nccl_network_error_excludes_the_node_at_once(project: LocalProject) -> None:
+    result = project.mlenv("launch", "--launcher", "torchrun", "--max-restarts", "3", "plan.py", "netfail-1", "-",
+                           timeout=240)
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    host = f"{project.app}-1"
+    assert f"excluding {host} (node-1) from the next attempts: NCCL network error: {NET_ERROR}" in result.stderr
+    assert sorted({attempt for attempt, _, _ in attempts(result.stdout)}) == [0]  # not after two failures
+    assert f"{host} must be left out of the run" in result.stderr.rstrip().splitlines()[-1]
+    failure = latest(project)["first_failure"]
+    assert (failure["node"], failure["node_fault"]) == (1, {"sign": "nccl-net", "evidence": NET_ERROR})
+    listed = json.loads(project.ok("nodes", "--json").stdout)["excluded"]
+    assert [(e["node"], e["host"], e["reason"]) for e in listed] == [(1, host, f"NCCL network error: {NET_ERROR}")]
+
+
+def test_a_node_whose_supervisor_is_lost_is_excluded_at_once(project: LocalProject) -> None:
+    result = project.mlenv("launch", "--launcher", "torchrun", "--max-restarts", "3", "plan.py", "lose-1", "-",
+                           timeout=240)
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    host = f"{project.app}-1"
+    assert re.search(rf"excluding {host} \(node-1\) from the next attempts: unreachable: the node's supervisor "
+                     r"\(pid \d+\) is gone without an exit status", result.stderr), result.stderr[-3000:]
+    assert sorted({attempt for attempt, _, _ in attempts(result.stdout)}) == [0]
+    assert latest(project)["node_faults"]["1"]["sign"] == "unreachable"
+
+
+def test_a_detached_user_stop_reaching_one_node_stops_every_node_and_is_never_restarted(project: LocalProject) -> None:
+    # the user's SIGTERM reaches node 0's supervisor only (as an admin's kill would); node 1's rank 0 then fails of
+    # its peers' death: it is still the user's stop, on every node, and no node starts another attempt
+    project.ok("launch", "--launcher", "torchrun", "--detach", "--max-restarts", "2", "plan.py", "stop-race",
+               str(project.home / "marks"), timeout=120)
+    deadline = time.monotonic() + 120
+    while [rank["state"] for rank in latest(project).get("ranks") or []] != ["running"] * 4:
+        assert time.monotonic() < deadline, latest(project)
+        time.sleep(1)
+    (record,) = project.pod_dir(0).glob("workspace/.mlenv/runs/*/attempt-0/node0/record.json")
+    os.kill(json.loads(record.read_text())["pid"], signal.SIGTERM)
+    deadline = time.monotonic() + 120
+    report = json.loads(project.ok("status", "--json").stdout)
+    while not all("(" in node for node in report["run_states"].values()):  # until both nodes have ended
+        assert time.monotonic() < deadline, report
+        time.sleep(1)
+        report = json.loads(project.ok("status", "--json").stdout)
+    run = report["latest_run"]
+    assert (run["state"], run["attempt"], report["run_states"]) == ("stopped", 0, {"0": "stopped (143)",
+                                                                                   "1": "stopped (143)"}), report
+    assert "restarting the run" not in project.ok("logs", timeout=60).stdout

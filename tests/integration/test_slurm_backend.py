@@ -40,12 +40,18 @@ SECRET = f"tok-{os.getpid()}-{time.time_ns()}"
 """A forwarded token: found in no file under Slurm's state and spool directories or the workdir."""
 TRAIN = ("train_multi_node.py", "--engine", "ddp", "--steps", "5")
 DONE = re.compile(r"^\[node-(\d) r\d\] done steps=5 first_loss=([\d.]+) last_loss=([\d.]+) world_size=4$", re.MULTILINE)
-# No torch: node 1's first process fails at once when asked to, every other one sleeps until stopped.
+# No torch: node 1's first process fails when asked to, once every process has printed (so that each rank has a
+# log to show), every other one sleeps until stopped. The processes share the workdir (one machine).
 FAILING_JOB = """\
-import hashlib, os, sys, time
+import glob, hashlib, os, sys, time
 secret = os.environ.get("MLENV_TEST_SECRET")  # shown by its digest: the job's own output may land in files
 print(f"secret {secret and hashlib.sha256(secret.encode()).hexdigest()[:16]}", flush=True)
+up = f".up-{os.environ.get('MLENV_RUN_ID', '')}-{os.environ.get('MLENV_RESTART_COUNT', '0')}-"
+open(up + os.environ["RANK"], "w").close()
 if "--fail" in sys.argv and os.environ["MLENV_NODE_RANK"] == "1" and os.environ["LOCAL_RANK"] == "0":
+    deadline = time.monotonic() + 120
+    while len(glob.glob(up + "*")) < int(os.environ["WORLD_SIZE"]) and time.monotonic() < deadline:
+        time.sleep(0.1)
     print("failing on purpose", flush=True)
     sys.exit(3)
 print("sleeping", flush=True)
@@ -92,6 +98,12 @@ class Project:
 
     def status(self) -> list[dict[str, Any]]:
         return list(json.loads(self.ok("status", "-c", self.name, "--json").stdout)["pods"])
+
+    def latest_run(self) -> dict[str, Any]:
+        """status --json's latest_run (never null on a deployment that ran something)."""
+        run = json.loads(self.ok("status", "-c", self.name, "--json").stdout)["latest_run"]
+        assert isinstance(run, dict), run
+        return run
 
     def recorded_jobs(self) -> list[str]:
         state = json.loads((self.home / ".mlenv" / "state.json").read_text())
@@ -194,6 +206,9 @@ def test_a_failing_node_gives_the_job_its_exit_code(project: Project, slurm_clus
     assert slurm_cluster.job(job_id)["ExitCode"] == "3:0"
     (row,) = project.status()
     assert (row["phase"], row["detail"]) == ("FAILED", "exit code 3")
+    run = project.latest_run()  # the batch job's run, from the nodes' records in the shared run directory
+    failure = run["first_failure"]
+    assert (run["state"], failure["node"], failure["exit_code"]) == ("failed", 1, 3) and failure["rank"] in (2, 3)
     for follow in ([], ["-f"]):  # the run has ended: following it ends too
         logs = project.ok("logs", "-c", project.name, "--pod", "1", *follow, timeout=30).stdout
         assert any(re.fullmatch(r"\[node-1 r[23]\] failing on purpose", line) for line in logs.splitlines())
@@ -202,7 +217,16 @@ def test_a_failing_node_gives_the_job_its_exit_code(project: Project, slurm_clus
         assert one.returncode == 0 and one.stdout, one.stderr
         assert all(line.startswith(f"[node-1 r{rank}] ") for line in one.stdout.splitlines()), one.stdout
     unknown = project.mlenv("logs", "-c", project.name, "--rank", "9", timeout=30)
-    assert (unknown.returncode, unknown.stderr) == (2, "error: rank 9 is not in the latest run of hpc\n")
+    assert (unknown.returncode, unknown.stderr) == (
+        2, "error: rank 9 is not in the latest run of hpc (its ranks: 0, 1, 2, 3)\n")
+
+
+def _cmdline(pid: int) -> bytes:
+    """A process's command line (the nodes are on this host); empty once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
 
 
 def steps(cluster: SlurmCluster, job_id: str) -> list[str]:
@@ -273,6 +297,15 @@ def test_deploy_exec_shell_launch_logs_status_clean(project: Project, slurm_clus
     assert got == {"node-0", "node-1"}, forwarded.stdout  # every node's processes got it
     assert SECRET not in forwarded.stdout + forwarded.stderr
     assert _files_holding(SECRET, slurm_cluster.tmp, project.workdir, project.home) == []
+    failed = project.latest_run()  # read from the nodes' records in the shared run directory
+    failure = failed["first_failure"]
+    assert (failed["state"], failed["attempt"], failure["node"], failure["exit_code"], failure["reason"]) == (
+        "failed", 0, 1, 3, "exited with 3") and failure["rank"] in (2, 3), failed
+    assert (failure["rank"], 1, "failed", 3) in [(r["rank"], r["node"], r["state"], r["exit_code"])
+                                                 for r in failed["ranks"]], failed["ranks"]
+    assert [r["rank"] for r in failed["ranks"]] == [0, 1, 2, 3]
+    said = project.ok("status", "-c", project.name).stdout
+    assert f"first failure: rank {failure['rank']} (node-1) exited with 3" in said, said
     refused = _launch_with_secret(project, "--detach", "fail.py")
     assert refused.returncode == 2 and "on Slurm, a detached run" in refused.stderr and not steps(slurm_cluster,
                                                                                                  allocation)
@@ -281,9 +314,26 @@ def test_deploy_exec_shell_launch_logs_status_clean(project: Project, slurm_clus
     output = max((project.workdir / ".mlenv" / "runs").glob("*/output.log"))  # run ids sort by time
     slurm_cluster.wait(lambda: "mlenv: job" in output.read_text() and len(steps(slurm_cluster, allocation)) == 1,
                        "the detached run's step (after the master's address)", 60)
+    def detached_ranks() -> list[tuple[int, str, bytes]]:
+        """(rank, state, the command line of its pid) of every rank of the detached run, as status reads it."""
+        return [(r["rank"], r["state"], _cmdline(r["pid"])) for r in project.latest_run()["ranks"]]
+
+    slurm_cluster.wait(lambda: [(rank, state) for rank, state, _ in detached_ranks()] == [
+        (rank, "running") for rank in range(4)], "status to list the detached run's 4 running ranks", 60)
+    assert all(b"fail.py" in cmdline for _, _, cmdline in detached_ranks())  # each pid: the rank's own process
+    running = project.latest_run()
+    assert (running["state"], running["first_failure"], sorted(r["node"] for r in running["ranks"])) == (
+        "running", None, [0, 0, 1, 1]), running
+    unknown = project.mlenv("logs", "-c", project.name, "--rank", "9", timeout=30)
+    assert (unknown.returncode, unknown.stderr) == (
+        2, "error: rank 9 is not in the latest run of hpc (its ranks: 0, 1, 2, 3)\n")
     (step,) = steps(slurm_cluster, allocation)
     assert project.ok("stop", "-c", project.name).stderr == f"cancelled {step}\n"
     slurm_cluster.wait(lambda: not steps(slurm_cluster, allocation), f"step {step} to end", 30)
+    ended = json.loads(project.ok("status", "-c", project.name, "--json").stdout)
+    # the supervisors stop the job and record it, unless Slurm's KillWait (2 s here) kills them first: lost, failed
+    assert "running" not in ended["run_states"].values() and ended["latest_run"]["state"] in ("stopped", "failed"), \
+        ended
     assert interrupted(project, ["--launcher", "torchrun", "fail.py"], NO_STOP_GRACE) == 130  # Ctrl-C cancels the step
     assert re.search(r"error: interrupted: (step \d+\.\d+ cancelled|the run's step has ended)\n",
                      project.last_stderr[-1]), project.last_stderr[-1]
@@ -413,7 +463,7 @@ def test_doctor(tmp_path: Path, slurm_cluster: SlurmCluster) -> None:
 
 def test_status_gpus_and_stacks_through_srun(project: Project, slurm_cluster: SlurmCluster,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    from tests.integration.test_stacks import HANG
+    from tests.integration.test_stacks import HANG, until_grouped
 
     monkeypatch.setenv("PATH", f"{ROOT / 'tests' / 'fixtures' / 'nvidia_smi'}{os.pathsep}{os.environ['PATH']}")
     (project.home / "workspace" / "hang.py").write_text(HANG.format(function="stuck_in_slurm", stuck=1))
@@ -423,16 +473,8 @@ def test_status_gpus_and_stacks_through_srun(project: Project, slurm_cluster: Sl
         states = json.loads(project.ok("status", "-c", project.name, "--gpus", "--json").stdout)["gpu_state"]
         assert [(s["node"], s["name"], len(s["gpus"])) for s in states] == [(0, "n1", 2), (1, "n2", 2)], states
         project.ok("launch", "-c", project.name, "--launcher", "torchrun", "--detach", "hang.py")
-        deadline = time.monotonic() + 120
-        while True:
-            result = project.mlenv("stacks", "-c", project.name, "--json", timeout=60)
-            report = json.loads(result.stdout) if result.returncode == 0 else {}
-            if [g["ranks"] for g in report.get("groups", [])] == [[1], [0, 2, 3]]:
-                break
-            assert time.monotonic() < deadline, result.stdout + result.stderr
-            time.sleep(1)
-        assert report["groups"][0]["frames"][-1]["function"] == "stuck_in_slurm"
-        assert report["groups"][1]["frames"][-1]["function"] == "all_reduce"
+        until_grouped(lambda: project.mlenv("stacks", "-c", project.name, "--json", timeout=60), 1,
+                      "stuck_in_slurm", 120)
         project.ok("stop", "-c", project.name)
     finally:
         project.mlenv("clean", "-c", project.name)

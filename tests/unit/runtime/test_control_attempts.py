@@ -49,3 +49,42 @@ def test_a_node_of_the_next_attempt_retries_until_its_own_node_0_listens() -> No
     assert [stop[1] for stop in stops] == [3, 3]
     following.close()
     early.close()
+
+
+def connected(port: int, stops: list[Any]) -> tuple[ControlChannel, ControlChannel]:
+    hub, other = channel(0, 0, port, stops), channel(1, 0, port, stops)
+    pump([hub, other], lambda: any(peer.node == 1 for peer in hub.peers))
+    return hub, other
+
+
+FAILURE = {"rank": 2, "node": 1, "exit_code": 3}
+
+
+def test_node_0_whose_ranks_succeeded_names_a_later_failure_before_it_ends() -> None:
+    port, stops = free_port(), list[Any]()
+    hub, other = connected(port, stops)
+    hub.done()  # node 0's ranks all succeeded
+    assert hub.waiting_for_peers()  # node 1 runs on
+    other.failure(FAILURE, time.time())
+    other.done()
+    pump([hub, other], lambda: all(peer.done for peer in hub.peers))
+    assert hub.waiting_for_peers() and stops == []  # node 1 has ended, but its failure is not named yet
+    pump([hub, other], lambda: not hub.waiting_for_peers())
+    assert [(stop[1], stop[2]) for stop in stops] == [(3, FAILURE), (3, FAILURE)]  # node 0 and node 1 stop
+    hub.close()
+    other.close()
+
+
+def test_a_node_whose_ranks_succeeded_stays_until_node_0_ends_and_hears_of_a_later_failure() -> None:
+    port, stops = free_port(), list[Any]()
+    hub, other = connected(port, stops)
+    other.done()  # node 1's ranks all succeeded
+    pump([hub, other], lambda: not hub.waiting_for_peers())
+    assert other.waiting_for_peers()  # until node 0 has ended
+    hub.failure({**FAILURE, "node": 0, "rank": 0}, time.time())
+    pump([hub, other], lambda: len(stops) == 2)
+    assert [stop[1] for stop in stops] == [3, 3]
+    hub.close()
+    pump([hub, other], lambda: not other.waiting_for_peers())
+    assert len(stops) == 2  # node 0's leaving after it ended is no failure
+    other.close()

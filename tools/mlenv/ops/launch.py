@@ -8,14 +8,19 @@ import os
 import re
 import time
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from mlenv import state
 from mlenv.core.capabilities import LaunchOutcome, LaunchSpec
 from mlenv.errors import UsageError
 from mlenv.ops.target import Target
+from mlenv.runtime.idle import IDLE_EXIT_CODE
+from mlenv.runtime.nodefault import SIGNS, UNREACHABLE
+from mlenv.runtime.runlayout import USER_STOPS
 
 STEP = re.compile(r"\bstep (\d+)/(\d+)\b")
 TAIL_LINES = 15
@@ -61,6 +66,15 @@ def hang_timeout(target: Target) -> float | None:
     return cluster.hang_timeout if cluster else None
 
 
+def idle_watch(target: Target) -> tuple[int | None, float | None]:
+    """``launch.idle_minutes`` (in seconds) and ``launch.idle_util`` of the deployment's cluster file, if it sets
+    them and still loads."""
+    from mlenv.ops.target import file_cluster
+
+    cluster = file_cluster(target, "launch.idle_minutes")
+    return (cluster.idle_seconds, cluster.idle_util) if cluster else (None, None)
+
+
 def _run_dir(run: str) -> Path:
     from mlenv.config.discover import project_root
 
@@ -101,22 +115,23 @@ def dry_run(target: Target, spec: LaunchSpec) -> str:
 
 FAULTY_AFTER = 2
 """A node that failed first in this many attempts is judged faulty and left out of the next ones."""
-USER_STOPS = frozenset({129, 130, 143})
-"""Exit codes of a run the user stopped (SIGHUP, SIGINT, SIGTERM: Ctrl-C, mlenv stop, scancel): never restarted."""
+SSH_UNREACHABLE = 255
+"""ssh's exit status when it cannot reach the host (or the connection broke)."""
 
 
 def restartable(outcome: LaunchOutcome) -> bool:
-    """Whether a finished attached run failed in a way a restart may mend: not a success, not a user's stop, not a
-    run that never started (mlenv's own failure, with no node's exit code)."""
-    return (outcome.exit_code != 0 and not outcome.interrupted and not outcome.detached
+    """Whether a finished attached run failed in a way a restart may mend: not a success, not a user's stop, not an
+    idle stop (``--on-idle stop``: it would idle again), not a run that never started (mlenv's own failure, with no
+    node's exit code)."""
+    return (outcome.exit_code not in (0, IDLE_EXIT_CODE) and not outcome.interrupted and not outcome.detached
             and outcome.exit_code not in USER_STOPS and bool(outcome.node_exit_codes))
 
 
 def launch(target: Target, spec: LaunchSpec) -> LaunchResult:
     """Run ``spec``, and again up to ``spec.max_restarts`` times while it fails (same run id, MLENV_RESTART_COUNT
-    the attempt), away from the deployment's excluded nodes and from a node that failed first in two attempts; the
-    last attempt's result. A detached run is restarted from the nodes (local and ssh: their supervisors; Slurm: the
-    run's script), where the backend can."""
+    the attempt), away from the excluded nodes (the deployment's, or the cluster's when it is not deployed) and from
+    the nodes judged faulty (``judge_faulty``); the last attempt's result. A detached run is restarted from the nodes
+    (local and ssh: their supervisors; Slurm: the run's script), where the backend can."""
     from dataclasses import replace
 
     from mlenv.ui import warn
@@ -131,7 +146,8 @@ def launch(target: Target, spec: LaunchSpec) -> LaunchResult:
     result = _attempt(target, spec, run_dir)
     first_failures: Counter[str] = Counter()
     while spec.attempt < spec.max_restarts and restartable(result.outcome):
-        faulty = _faulty(target, result.outcome, _first_failed(target, spec.run_id, result.outcome), first_failures)
+        run = target.backend.jobs.latest_run(target.handle, spec.run_id)  # None: the backend keeps no such records
+        faulty = _exclude(target, result.outcome, judge_faulty(result.outcome, run, first_failures))
         spec = replace(spec, attempt=spec.attempt + 1, exclude=tuple(sorted({*spec.exclude, *faulty})))
         warn(f"run {spec.run_id} failed with exit code {result.exit_code}: restarting it, attempt {spec.attempt} "
              f"of at most {spec.max_restarts} restarts (MLENV_RESTART_COUNT={spec.attempt})"
@@ -140,31 +156,48 @@ def launch(target: Target, spec: LaunchSpec) -> LaunchResult:
     return result
 
 
-def _first_failed(target: Target, run_id: str, outcome: LaunchOutcome) -> int | None:
-    """The node whose rank failed first, as the nodes' supervisors decided it (the first failure node 0 named),
-    else the node whose launch ended first with a failure (which may be one the job's stop reached first)."""
-    run = target.backend.jobs.latest_run(target.handle, run_id)  # None: the backend keeps no such records
-    failure = run.get("first_failure") if run is not None else None
-    if isinstance(failure, dict) and isinstance(failure.get("node"), int):
-        return int(failure["node"])
-    return outcome.failed_node
+def judge_faulty(outcome: LaunchOutcome, run: Mapping[str, Any] | None,
+                 first_failures: Counter[str]) -> dict[int, str]:
+    """The nodes of a failed attempt judged faulty, each with why (the one place this is decided). At once: a node
+    whose failure carries a node-fault sign (runtime/nodefault.py): unreachable (ssh's exit 255 where the node has
+    no record of the run, or its supervisor gone without an exit status), its in-node check refused, or the first
+    failure's NCCL network error, Xid or ECC event. And the node that failed first (as the nodes' supervisors
+    decided it; where the backend keeps no records, the node whose launch ended first with a failure) once it did
+    so in FAULTY_AFTER attempts; ``first_failures`` (host -> attempts) counts them."""
+    known = (run or {}).get("node_faults", {})
+    signs: dict[int, Mapping[str, Any]] = {int(node): fault for node, fault in known.items()
+                                           if isinstance(fault, Mapping)}
+    recorded = (run or {}).get("nodes", {})
+    for node, code in outcome.node_exit_codes.items():
+        if run is not None and code == SSH_UNREACHABLE and recorded.get(node, "-") == "-":
+            signs.setdefault(node, {"sign": UNREACHABLE, "evidence": f"exit {code} and no record of the run there"})
+    failure = (run or {}).get("first_failure")
+    if isinstance(failure, Mapping) and isinstance(failure.get("node"), int):
+        first: int | None = int(failure["node"])
+    else:  # a run stopped without a rank's failure (an observer, a lost node) has no node that failed first
+        first = outcome.failed_node if run is None else None
+    if isinstance(failure, Mapping) and isinstance(failure.get("node_fault"), Mapping) and first is not None:
+        signs.setdefault(first, failure["node_fault"])
+    faulty = {node: f"{SIGNS.get(str(sign.get('sign')), str(sign.get('sign')))}: {sign.get('evidence')}"
+              for node, sign in sorted(signs.items()) if node in outcome.hosts}
+    if first is not None and first in outcome.hosts:
+        host = outcome.hosts[first]
+        first_failures[host] += 1
+        if first_failures[host] >= FAULTY_AFTER:
+            faulty.setdefault(first, f"it failed first in {first_failures[host]} attempts of the run")
+    return faulty
 
 
-def _faulty(target: Target, outcome: LaunchOutcome, node: int | None, first_failures: Counter[str]) -> list[str]:
-    """The host of ``node``, the one that failed first, when this makes two attempts it failed first in: named, and
-    recorded as excluded on the deployment, or the cluster when it is not deployed (mlenv nodes shows it)."""
+def _exclude(target: Target, outcome: LaunchOutcome, faulty: Mapping[int, str]) -> list[str]:
+    """The hosts of the ``faulty`` nodes: named with why, and recorded as excluded on the deployment, or on the
+    cluster when it is not deployed (mlenv nodes shows them)."""
     from mlenv.ui import warn
 
-    if node is None or node not in outcome.hosts:
-        return []
-    host = outcome.hosts[node]
-    first_failures[host] += 1
-    if first_failures[host] < FAULTY_AFTER:
-        return []
-    reason = f"it failed first in {first_failures[host]} attempts of the run"
-    warn(f"excluding {host} (node-{node}) from the next attempts: {reason}")
-    state.exclude(target.handle.name, {node: (host, reason)})
-    return [host]
+    for node, reason in faulty.items():
+        warn(f"excluding {outcome.hosts[node]} (node-{node}) from the next attempts: {reason}")
+    if faulty:
+        state.exclude(target.handle.name, {node: (outcome.hosts[node], reason) for node, reason in faulty.items()})
+    return [outcome.hosts[node] for node in faulty]
 
 
 def _attempt(target: Target, spec: LaunchSpec, run_dir: Path) -> LaunchResult:
@@ -191,6 +224,8 @@ def _attempt(target: Target, spec: LaunchSpec, run_dir: Path) -> LaunchResult:
         error(outcome.message)
     if outcome.interrupted:
         error(f"interrupted: every node stopped; logs in {run_dir}")
+    elif outcome.exit_code == IDLE_EXIT_CODE:
+        error(f"stopped on every node: every GPU of the job was idle (--on-idle stop); logs in {run_dir}")
     elif outcome.failed_node is not None:
         node = outcome.failed_node
         error(f"node-{node} failed with exit code {outcome.node_exit_codes[node]}; the other nodes were stopped. "

@@ -217,8 +217,13 @@ class ControlChannel:
             self._send(self.upstream, {"done": True})
 
     def waiting_for_peers(self) -> bool:
-        """Node 0 stays until every connected node has ended (else they would take its leaving as a failure)."""
-        return any(not peer.done for peer in self.peers)
+        """Node 0 stays until every connected node has ended (else they would take its leaving as a failure) and it
+        has named the first of the failures reported (after its own ranks succeeded too); the others stay connected
+        until node 0 has ended, so that a failure elsewhere after their own ranks succeeded still reaches them (and a
+        detached run's restart starts on every node)."""
+        if self.node != 0:
+            return self.upstream is not None
+        return any(not peer.done for peer in self.peers) or (self.decide_at is not None and not self.stopped)
 
     def close(self) -> None:
         for sock in [*(p.sock for p in self.peers), *([self.upstream.sock] if self.upstream else []),

@@ -23,6 +23,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, NamedTuple
 
+from .nodefault import UNREACHABLE, NodeFault
 from .readfs import read_int
 from .runlayout import (
     FAILED,
@@ -40,6 +41,8 @@ from .supervisor import JOB_VARIABLE
 
 POLL_SECONDS = 0.2
 KILL_WAIT_SECONDS = 5.0
+LOST = "gone without an exit status"
+"""The reason of a node's share whose supervisor is gone without writing its exit status (state failed)."""
 
 
 class JobError(Exception):
@@ -93,11 +96,19 @@ class NodeJob:
         first failure of the job as this node knows it."""
         recorded = read_state(self.files)
         return {**self.record.to_dict(), "state": self.state, "exit_code": self.exit_code,
-                "reason": recorded.get("reason") or ("gone without an exit status" if self.lost else None),
-                "first_failure": recorded.get("first_failure"),
-                "transport": recorded.get("transport"), "stacks": recorded.get("stacks"),
+                "reason": recorded.get("reason") or (LOST if self.lost else None),
+                "first_failure": recorded.get("first_failure"), "node_fault": self.node_fault(recorded),
+                "transport": recorded.get("transport"), "stacks": recorded.get("stacks"), "idle": recorded.get("idle"),
                 "ranks": [rank.to_dict() for rank in read_ranks(self.files)],
                 "run_dir": str(self.files.run_dir), "node_dir": str(self.files.path), "log": str(self.files.log)}
+
+    def node_fault(self, recorded: Mapping[str, object]) -> object:
+        """This node's own fault sign (nodefault.py): an in-node check's refusal, or ``unreachable`` when its
+        supervisor is gone without an exit status; None without one."""
+        if self.lost:
+            return NodeFault(UNREACHABLE, f"the node's supervisor (pid {self.record.pid}) is gone without an exit "
+                                          "status").to_dict()
+        return recorded.get("node_fault")
 
     @property
     def lost(self) -> bool:
@@ -177,12 +188,14 @@ def node_job(files: NodeDir, proc_root: str | Path = "/proc") -> NodeJob | None:
         code = read_exit(files.exit)  # it may have ended since the first look
     if code is None:
         return NodeJob(files, record, FAILED, None)
-    recorded = str(read_state(files).get("state") or "")
-    return NodeJob(files, record, recorded if recorded and recorded != RUNNING else _ended(code), code)
+    return NodeJob(files, record, ended_state(str(read_state(files).get("state") or ""), code), code)
 
 
-def _ended(code: int) -> str:
-    """The state of a job that ended with ``code`` and left no state of its own (killed before writing it)."""
+def ended_state(recorded: str, code: int) -> str:
+    """The state of a node's share that ended with ``code``: the one its state.json records, else (killed before
+    writing it) the one the exit code says."""
+    if recorded and recorded != RUNNING:
+        return recorded
     return SUCCEEDED if code == 0 else STOPPED if code in (128 + signal.SIGTERM, 128 + signal.SIGKILL) else FAILED
 
 

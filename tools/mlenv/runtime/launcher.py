@@ -26,9 +26,10 @@ from typing import IO
 from .forensics import flight_recorder_env, torch_version
 from .host import visible_gpu_count
 from .nccl import NcclEnv, detect_nccl_env
+from .nodefault import NODE_CHECK, NodeFault
 from .observers import Observer
 from .preflight import library_dirs, rdma_preflight
-from .runlayout import NodeDir, attempt_of
+from .runlayout import FAILED, NodeDir, attempt_of, write_json
 from .stacks import FAULTHANDLER_DIR
 from .supervisor import FORWARDED_SIGNALS, Sinks, Supervisor
 from .topology import DEFAULT_APP_NAME, Topology, detect_topology, host_name
@@ -157,6 +158,8 @@ def launch(
             _note(line)
         if check.refusal:
             _note(f"error: {check.refusal}; not starting the job (--expect-transport any starts it anyway)")
+            if run_dir is not None:
+                _refused(NodeDir(run_dir, attempt_of(environ), topology.node_rank), check.refusal)
             return 1
     with ExitStack() as stack:
         workdir = run_dir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mlenv-launch-")))
@@ -179,6 +182,13 @@ def launch(
         control = (topology.master_addr, topology.master_port + CONTROL_PORT_OFFSET)
         return run_job(job, log, node_dir=node_dir, host=host_name(environ), num_nodes=topology.num_nodes,
                        control=control, observers=observers)
+
+
+def _refused(node_dir: NodeDir, refusal: str) -> None:
+    """Record that an in-node check refused to start this node's share: a node-fault sign (nodefault.py)."""
+    node_dir.path.mkdir(parents=True, exist_ok=True)
+    write_json(node_dir.state, {"state": FAILED, "reason": refusal, "first_failure": None,
+                                "node_fault": NodeFault(NODE_CHECK, refusal).to_dict()})
 
 
 def _prepare(

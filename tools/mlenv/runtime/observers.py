@@ -53,6 +53,9 @@ class JobControl(Protocol):
         """Set this node's state (one of runlayout.RUN_STATES) and extra fields of state.json, e.g.
         ``set_state("hung", stacks=path)``."""
 
+    def record(self, **fields: object) -> None:
+        """Set extra fields of state.json (``None`` clears one); the state stays what it is."""
+
     def stop(self, reason: str, exit_code: int) -> None:
         """Stop the whole job on every node; recorded as ``reason``, the node exits ``exit_code``."""
 
@@ -77,6 +80,9 @@ class Observer(Protocol):
 
     def message(self, message: Mapping[str, Any]) -> None:
         """A message an observer sent with ``tell_hub``/``tell_all`` (observers tell their kind apart)."""
+
+    def node_fault(self) -> dict[str, str] | None:
+        """When a rank of this node fails first: a sign that the node is at fault (nodefault.py), else None."""
 
 
 class BaseObserver:
@@ -103,6 +109,9 @@ class BaseObserver:
         return exit_code
 
     def message(self, message: Mapping[str, Any]) -> None:
+        return None
+
+    def node_fault(self) -> dict[str, str] | None:
         return None
 
     def note(self, message: str) -> None:

@@ -25,6 +25,8 @@ HUNG, RESTARTING, REQUEUED = "hung", "restarting", "requeued"
 RUN_STATES = (RUNNING, SUCCEEDED, FAILED, STOPPED, HUNG, RESTARTING, REQUEUED)
 """The states of a run (and of a node's share of it), one set everywhere; docs/runs.md says what each means."""
 RANK_STATES = (RUNNING, SUCCEEDED, FAILED, STOPPED)
+USER_STOPS = frozenset({129, 130, 143})
+"""Exit statuses of a job the user stopped (SIGHUP, SIGINT, SIGTERM: Ctrl-C, mlenv stop, scancel): never restarted."""
 
 _ATTEMPT = re.compile(r"attempt-(\d+)")
 _NODE = re.compile(r"node(\d+)")
@@ -146,6 +148,8 @@ class FirstFailure:
     signal: str | None
     reason: str  # "exited with 7", "killed by SIGSEGV", "killed by the kernel's OOM killer"
     log_tail: list[str]
+    node_fault: dict[str, str] | None = None
+    """The failing rank's node's fault sign, ``{"sign", "evidence"}`` (nodefault.py), when its failure carries one."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -153,7 +157,12 @@ class FirstFailure:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> FirstFailure:
         return cls(int(data["rank"]), int(data["node"]), int(data["exit_code"]), _str_or_none(data["signal"]),
-                   str(data["reason"]), [str(line) for line in data["log_tail"]])
+                   str(data["reason"]), [str(line) for line in data["log_tail"]],
+                   _fault(data.get("node_fault")))
+
+
+def _fault(value: object) -> dict[str, str] | None:
+    return {str(key): str(text) for key, text in value.items()} if isinstance(value, dict) else None
 
 
 def _int_or_none(value: object) -> int | None:
@@ -185,7 +194,11 @@ def read_json(path: Path) -> Any:
 
 def read_ranks(node_dir: NodeDir) -> list[RankRecord]:
     """The node's ranks.json (empty when missing or unreadable)."""
-    data = read_json(node_dir.ranks)
+    return parse_ranks(read_json(node_dir.ranks))
+
+
+def parse_ranks(data: object) -> list[RankRecord]:
+    """The ranks of a ranks.json's JSON (empty when it is not a list of RankRecords)."""
     try:
         return [RankRecord.from_dict(item) for item in data] if isinstance(data, list) else []
     except (KeyError, TypeError, ValueError):

@@ -35,6 +35,7 @@ from .runlayout import (
     RUNNING,
     STOPPED,
     SUCCEEDED,
+    USER_STOPS,
     FirstFailure,
     NodeDir,
     RankRecord,
@@ -110,11 +111,13 @@ class Supervisor:
     stop_reason: str | None = None
     stop_code: int | None = None
     kill_at: float | None = None
-    user_signal: int | None = None
+    user_signal: int | None = None  # the user stopped the job: with this signal here, or on another node
+    user_stop_told: bool = False  # the other nodes were told of the user's stop here
     first_failure: FirstFailure | None = None
     local_failure: FirstFailure | None = None
     channel: ControlChannel | None = None
     extra_state: dict[str, object] = field(default_factory=dict)
+    current_state: str = RUNNING  # as state.json has it
     oom_before: int | None = None
     marker: bytes = b""  # MLENV_JOB=...: in the environment of every process of the job
     written_ranks: list[dict[str, Any]] | None = None
@@ -134,6 +137,9 @@ class Supervisor:
     def set_state(self, state: str, **fields: object) -> None:
         self.extra_state.update(fields)
         self._write_state(state, str(self.extra_state.get("reason") or ""))
+
+    def record(self, **fields: object) -> None:
+        self.set_state(self.current_state, **fields)
 
     @property
     def hub(self) -> bool:
@@ -200,6 +206,9 @@ class Supervisor:
                 key.data()
             now = time.monotonic()
             if self.channel is not None:
+                if self.user_signal is not None and not self.user_stop_told:  # stop every node, as the user's
+                    self.user_stop_told = True
+                    self.channel.stop(f"stopped by {signal_name(self.user_signal)}", 128 + self.user_signal)
                 self.channel.tick()
             if now >= next_tick:
                 next_tick = now + 1.0
@@ -332,7 +341,7 @@ class Supervisor:
         if not failed:
             return
         failure = FirstFailure(rank.info.rank, self.node, exit_code, signame, self._reason(rank, exit_code, signame),
-                               list(rank.tail))
+                               list(rank.tail), self._node_fault())
         self.local_failure = failure
         self.note(describe(failure, rank.info.pid))
         if self.channel is not None:
@@ -346,6 +355,10 @@ class Supervisor:
                     or kernel_killed(rank.info.pid):
                 return "killed by the kernel's OOM killer"
         return f"killed by {signame}" if signame else f"exited with {exit_code}"
+
+    def _node_fault(self) -> dict[str, str] | None:
+        """The first node-fault sign an observer found on this node (nodefault.py)."""
+        return next((fault for observer in self.observers if (fault := observer.node_fault()) is not None), None)
 
     def _launcher_failed(self, status: int) -> None:
         name = Path(self.argv[2] if len(self.argv) > 2 and self.argv[1] == "-m" else self.argv[0]).name
@@ -365,9 +378,12 @@ class Supervisor:
         if self.stop_reason is not None:
             return
         self.stop_reason, self.stop_code = reason, exit_code
+        if first is None and exit_code in USER_STOPS and self.user_signal is None:
+            self.user_signal, self.user_stop_told = exit_code - 128, True  # the user stopped it on another node
         if first is None:
             self.note(f"stopping the job: {reason}")
-        self._terminate(signal.SIGTERM)
+        if self.kill_at is None:  # not already stopping (the user's own signal)
+            self._terminate(signal.SIGTERM)
 
     def _terminate(self, signum: int) -> None:
         """SIGTERM (or the user's signal) to the launcher's group; SIGKILL to the whole job after the grace."""
@@ -391,14 +407,14 @@ class Supervisor:
         for rank in self.ranks_by_number.values():
             if rank.record.state == RUNNING:  # its wrapper never reported: killed with the launcher
                 rank.record = replace(rank.record, state=STOPPED, ended_at=utc_now())
-        if self.first_failure is not None:
+        if self.user_signal is not None:  # the user's stop, even when a rank failed of it first somewhere
+            state, reason = STOPPED, f"stopped by {signal_name(self.user_signal)}"
+            code = 128 + self.user_signal
+        elif self.first_failure is not None:
             ff = self.first_failure
             state, code = FAILED, ff.exit_code
             reason = f"rank {ff.rank} {ff.reason}" if ff.node == self.node and self.local_failure == ff \
                 else f"stopped after rank {ff.rank} failed"
-        elif self.user_signal is not None:
-            state, reason = STOPPED, f"stopped by {signal_name(self.user_signal)}"
-            code = 128 + self.user_signal
         elif self.stop_reason is not None:
             state, reason, code = FAILED, self.stop_reason, self.stop_code or 1
         else:
@@ -421,6 +437,7 @@ class Supervisor:
             self.written_ranks = records
 
     def _write_state(self, state: str, reason: str) -> None:
+        self.current_state = state
         data = {**self.extra_state, "state": state, "reason": reason,
                 "first_failure": self.first_failure.to_dict() if self.first_failure else None}
         with contextlib.suppress(OSError):

@@ -22,7 +22,8 @@ from mlenv.core.fanout import checkpoint_dir, run_dir
 from mlenv.core.remote import RUNTIME_DIR, read_secrets
 from mlenv.errors import OperationError, UsageError, shown
 from mlenv.render.templates import Templates
-from mlenv.runtime.cli import USER_STOPS
+from mlenv.runtime.idle import IDLE_EXIT_CODE
+from mlenv.runtime.runlayout import USER_STOPS
 
 TEMPLATES = Path(mlenv.__file__).parent / "manifests" / "slurm"
 PORT_BASE, PORT_SPAN = 20000, 10000
@@ -35,6 +36,8 @@ EXIT_FILE = "exit"
 """In an attempt's directory: the attempt's exit code, written by the script at its end."""
 ATTEMPT_FILE = "attempt"
 """In a run directory: the number K of its latest attempt, whose files are in ``attempt-K/``."""
+FINAL_CODES = sorted({0, IDLE_EXIT_CODE, *USER_STOPS})
+"""Exit codes of an attempt that the script never runs again: success, an idle stop, a stop by the user."""
 OUTPUT_FILE = "output.log"
 """In a run directory: a batch job's output (srun's --label lines of every node, and the script's own)."""
 
@@ -212,7 +215,7 @@ def _run_context(job: SlurmJob, title: str, run_id: str, task: Sequence[str], ba
     return {**_context(job, title, f"{job.run_path(run_id)}/{OUTPUT_FILE}", batch), "env": env,
             "runtime_path": job.runtime_path, "port_base": PORT_BASE, "port_span": PORT_SPAN,
             "srun": srun_line(job, run_id, task, secrets), "attempt": attempt, "exclude": ",".join(exclude),
-            "restarts": restarts, "user_stops": sorted(USER_STOPS),
+            "restarts": restarts, "final": Shell("|".join(map(str, FINAL_CODES))),
             "unexported": Shell(" ".join(secrets))}  # names checked by read_secrets in srun_line
 
 

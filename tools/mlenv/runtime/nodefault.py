@@ -1,0 +1,140 @@
+"""Node-fault signs: what, in a failure, says that the node itself is at fault rather than the script, so that the
+next attempt of the run leaves it out at once (``mlenv launch --max-restarts``; the CLI judges, ops/launch.py).
+
+The signs and how they read (``sign``, then the words the CLI prints before the evidence):
+
+- ``unreachable``: the node cannot be reached (ssh exit 255) or its supervisor is gone without an exit status;
+- ``nccl-net``: a rank of the node printed one of NCCL's own network failures (:data:`NCCL_NET_ERRORS`);
+- ``xid``: the kernel logged a GPU Xid event since the node's share started (``/dev/kmsg``);
+- ``ecc``: a GPU's uncorrectable ECC count or retired pages grew since then (``nvidia-smi -q -d ECC``);
+- ``node-check``: an in-node check refused to start the job (the rdma preflight, preflight.py).
+
+A sign is recorded as ``{"sign", "evidence"}``: in the first failure (``state.json``'s ``first_failure.node_fault``)
+when a rank's failure carries it, in ``state.json``'s ``node_fault`` when the node failed without a rank.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .gpus import Gpu, Xid, boot_time, bus_key, parse_kmsg, read_gpus, read_kmsg
+from .observers import BaseObserver, JobControl, RankInfo
+
+UNREACHABLE, NCCL_NET, XID, ECC, NODE_CHECK = "unreachable", "nccl-net", "xid", "ecc", "node-check"
+SIGNS = {
+    UNREACHABLE: "unreachable",
+    NCCL_NET: "NCCL network error",
+    XID: "GPU Xid event",
+    ECC: "GPU ECC errors",
+    NODE_CHECK: "in-node check failed",
+}
+"""Every sign and how the CLI names it."""
+
+NCCL_NET_ERRORS = re.compile("|".join([
+    # src/transport/net_ib.cc (net_ib/p2p.cc since 2.26): WARN("NET/IB : Got completion from peer %s with error %d,
+    # opcode %d, len %d, vendor err %d (%s)..."), later "NET/IB: Got completion from peer %s with status=%s(%d)...";
+    # the GIN proxy's "NET/IB/GIN: Got completion from peer ..."
+    r"NET/IB(?:/GIN)? ?: Got completion from peer",
+    # src/transport/net_ib.cc (net_ib/common.cc since 2.26), ncclIbAsyncThreadMain: WARN("NET/IB : %s:%d Got async
+    # event : %s", dev, port, ibv_event_type_str(...)): only the error events ("port error", "local catastrophic
+    # error", "CQ error", "... work queue error"), not "port active" or "client reregistration"
+    r"NET/IB ?: .*Got async event ?: [^\n]*(?:error|fatal)",
+    # src/misc/socket.cc: WARN("Net : Connection closed by remote peer %s"), since 2.19 "socketProgress: Connection
+    # closed by remote peer %s"; WARN("Net : Call to recv from %s failed : %s")
+    r"Connection closed by remote peer",
+    r"Net : Call to recv from \S+ failed",
+    # src/transport/net_socket.cc, persistentSocketThread: WARN("NET/Socket : socket progress error")
+    r"NET/Socket : socket progress error",
+    # src/init.cc ncclGetErrorString(ncclRemoteError), as NCCL and torch's DistBackendError print it
+    r"ncclRemoteError",
+    r"remote process exited or there was a network error",
+]))
+"""NCCL's own words for a failed network, one pattern per WARN format (the NCCL source file named above each)."""
+EVIDENCE_WIDTH = 300
+
+
+@dataclass(frozen=True)
+class NodeFault:
+    """A node-fault sign and the line or figures that show it."""
+
+    sign: str  # one of SIGNS
+    evidence: str
+
+    def to_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+
+def nccl_net_error(text: str) -> NodeFault | None:
+    """The ``nccl-net`` sign when ``text`` (one output line) is one of NCCL's network failures."""
+    if NCCL_NET_ERRORS.search(text) is None:
+        return None
+    return NodeFault(NCCL_NET, text.strip()[:EVIDENCE_WIDTH])
+
+
+def gpu_fault(before: list[Gpu], after: list[Gpu], xids: list[Xid]) -> NodeFault | None:
+    """The ``xid`` sign for the first Xid event, else the ``ecc`` sign for the first GPU whose uncorrectable ECC
+    count or retired pages grew (or got a page retirement pending) between ``before`` and ``after``."""
+    if xids:
+        event = xids[0]
+        index = {bus_key(gpu.bus_id): gpu.index for gpu in after or before}.get(bus_key(event.bus_id), "?")
+        return NodeFault(XID, f"Xid {event.code} on GPU {index} ({event.bus_id}): {event.message}"[:EVIDENCE_WIDTH])
+    earlier = {gpu.uuid: gpu.ecc for gpu in before}
+    for gpu in after:
+        was, now = earlier.get(gpu.uuid), gpu.ecc
+        if was is None:
+            continue
+        figures = (("volatile uncorrectable ECC errors", was.volatile_uncorrectable, now.volatile_uncorrectable),
+                   ("retired pages", was.retired_pages, now.retired_pages))
+        grew = [f"{name} {old} -> {new}" for name, old, new in figures
+                if old is not None and new is not None and new > old]
+        if now.retirement_pending and not was.retirement_pending:
+            grew.append("a page retirement pending")
+        if grew:
+            return NodeFault(ECC, f"GPU {gpu.index} ({gpu.bus_id}): {', '.join(grew)}")
+    return None
+
+
+class NodeFaultWatch(BaseObserver):
+    """Notes this node's signs while the job runs: the first NCCL network error a rank printed, and the GPUs' ECC
+    figures at the start, compared (with the Xid events since the start) when a rank fails."""
+
+    def __init__(self, nvidia_smi: str = "nvidia-smi", kmsg: Path = Path("/dev/kmsg"),
+                 proc_root: Path = Path("/proc")) -> None:
+        self.nvidia_smi = shutil.which(nvidia_smi)  # None on a node without NVIDIA GPUs: no GPU signs to read
+        self.kmsg = kmsg
+        self.proc_root = proc_root
+        self.since = time.time()
+        self.gpus: list[Gpu] = []
+        self.nccl: NodeFault | None = None
+
+    def started(self, control: JobControl) -> None:
+        super().started(control)
+        self.since = time.time()
+        self.gpus = self._read_gpus()
+
+    def line(self, rank: RankInfo | None, text: str) -> None:
+        if self.nccl is None:
+            self.nccl = nccl_net_error(text)
+
+    def node_fault(self) -> dict[str, str] | None:
+        found = self.nccl or gpu_fault(self.gpus, self._read_gpus(), self._xids())
+        return found.to_dict() if found else None
+
+    def _read_gpus(self) -> list[Gpu]:
+        if self.nvidia_smi is None:
+            return []
+        try:
+            return read_gpus(self.nvidia_smi)
+        except OSError:
+            return []
+
+    def _xids(self) -> list[Xid]:
+        booted = boot_time(self.proc_root)
+        try:
+            return parse_kmsg(read_kmsg(self.kmsg), booted, self.since) if booted is not None else []
+        except OSError:  # no kernel log here (a container without it, no permission)
+            return []
