@@ -171,6 +171,7 @@ def _faulty(target: Target, outcome: LaunchOutcome, node: int | None, first_fail
 def _attempt(target: Target, spec: LaunchSpec, run_dir: Path) -> LaunchResult:
     """One start of ``spec`` through the backend, its local logs in ``run_dir`` (the run's, or attempt-K/ in it); a
     summary and, on failure, the failing node's last log lines."""
+    from mlenv.ops.spares import announce
     from mlenv.ui import error, info
 
     secrets = _secrets(spec.secrets)
@@ -180,6 +181,7 @@ def _attempt(target: Target, spec: LaunchSpec, run_dir: Path) -> LaunchResult:
          f"{' (detached)' if spec.detach else ''}; logs in {run_dir}")
     started = time.monotonic()
     _remember(target, spec)  # before it starts: status, stacks and the hang watchdog's state see it while it runs
+    announce(target, request)  # the nodes on spare hosts, and why
     outcome = target.backend.jobs.launch(target.handle, request, secrets, str(run_dir))
     result = LaunchResult(outcome, spec.run_id, run_dir, round(time.monotonic() - started, 1))
     if spec.detach:

@@ -258,6 +258,10 @@ class SlurmBackend:
             return [Node(index, host, job.workdir, ready=True) for index, host in enumerate(current.hosts)]
         return [Node(index, f"node-{index}", job.workdir) for index in range(job.nodes)]
 
+    def spares(self, handle: Handle) -> list[Node]:
+        """PURE: none apart from the nodes: an allocation's spare nodes are in ``nodes``, and share the workdir."""
+        return []
+
     def exec_argv(self, handle: Handle, node: Node, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
                   interactive: bool = False, stop_on_stdin_eof: bool = False,
                   secrets: Sequence[str] = ()) -> list[str]:
