@@ -25,7 +25,7 @@ def place(name: str, nodes: Sequence[str], spares: Sequence[str],
                                  f"spare node to take their place: stopping. {FORGET}")
         free = f" ({', '.join(usable)})" if usable else ""
         raise OperationError(f"{hosts} must be left out of the run (mlenv nodes says why), and {name} has "
-                             f"{len(usable)} usable spare{'' if len(usable) == 1 else 's'}{free} for the "
+                             f"{len(usable) or 'no'} usable spare{'' if len(usable) == 1 else 's'}{free} for the "
                              f"{len(left_out)} excluded node{'' if len(left_out) == 1 else 's'} ({which}): "
                              f"stopping. {FORGET}")
     return {ordinal: (host, spare) for (ordinal, host), spare in zip(left_out, usable, strict=False)}

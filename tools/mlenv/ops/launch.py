@@ -95,8 +95,17 @@ def max_restarts(target: Target, asked: int | None) -> int:
 
 
 def dry_run(target: Target, spec: LaunchSpec) -> str:
-    """What ``launch`` would run, as the backend prints it (secret values masked)."""
-    return target.backend.jobs.prepare_launch(target.handle, spec).text
+    """What ``launch`` would run, as the backend prints it (secret values masked): away from the excluded nodes."""
+    return target.backend.jobs.prepare_launch(target.handle, without_excluded(target, spec)).text
+
+
+def without_excluded(target: Target, spec: LaunchSpec) -> LaunchSpec:
+    """``spec`` away from the hosts recorded as excluded on the deployment (mlenv nodes lists them)."""
+    from dataclasses import replace
+
+    recorded = target.recorded.excluded if target.recorded else ()
+    excluded = {str(entry["host"]) for entry in recorded if "host" in entry}
+    return replace(spec, exclude=tuple(sorted({*spec.exclude, *excluded})))
 
 
 FAULTY_AFTER = 2
@@ -124,9 +133,7 @@ def launch(target: Target, spec: LaunchSpec) -> LaunchResult:
         warn(f"--max-restarts {spec.max_restarts}: a detached run here is not restarted yet (the nodes' supervisors "
              "restart it on local and ssh clusters); on Slurm, slurm.requeue with slurm.signal requeues it after the "
              "warning signal")
-    recorded = target.recorded.excluded if target.recorded else ()
-    excluded = {str(entry["host"]) for entry in recorded if "host" in entry}
-    spec = replace(spec, exclude=tuple(sorted({*spec.exclude, *excluded})))
+    spec = without_excluded(target, spec)
     run_dir = _run_dir(spec.run_id)
     result = _attempt(target, spec, run_dir)
     first_failures: Counter[str] = Counter()
