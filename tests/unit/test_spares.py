@@ -54,7 +54,7 @@ def test_a_launch_inside_an_allocation_with_spares_names_its_nodes(olivia: Path)
     assert launch.spares == {0: ("gpu-0", held[-1])}
     nodes = ",".join(held[1:])
     assert f"--nodelist={nodes} " in launch.text and f"nodes={nodes} head=gpu-1\n" in launch.text
-    assert f'echo "mlenv: job $SLURM_JOB_ID on $nodes, master $head' in launch.text
+    assert 'echo "mlenv: job $SLURM_JOB_ID on $nodes, master $head' in launch.text
     plain = backend.prepare_launch(handle, replace(spec, exclude=()))
     assert plain.spares == {} and f"--nodelist={','.join(held[:-1])} " in plain.text  # never the spare by chance
     with pytest.raises(OperationError, match=r"has no usable spares for the 1 excluded node \(node-0\)"):
