@@ -154,6 +154,12 @@ class FanoutJobs:
     def _node_jobs(self, handle: Handle, run_id: str | None) -> dict[int, dict[str, Any] | None]:
         """Node ordinal -> its runtime's ``jobs --json`` entry of ``run_id`` (its newest run when None; None: none
         there, or unreadable)."""
+        return {ordinal: job for ordinal, (_, job) in self._machine_jobs(handle, run_id).items()}
+
+    def _machine_jobs(self, handle: Handle, run_id: str | None
+                      ) -> dict[int, tuple[Node, dict[str, Any] | None]]:
+        """Node ordinal -> the machine that ran its part of ``run_id`` (its newest run when None) last, as a node of
+        that ordinal (a spare host that took its place, else the node), and that machine's ``jobs --json`` entry."""
         from mlenv.parallel import run_parallel
 
         output: dict[int, list[str]] = {}
@@ -162,18 +168,20 @@ class FanoutJobs:
         commands = {n.ordinal: self.exec_argv(handle, n, self.runtime(handle, "jobs", "--json")) for n in machines}
         run_parallel(commands, echo=False, on_line=lambda node, line: output.setdefault(node, []).append(line))
         found = {n.ordinal: _job("\n".join(output.get(n.ordinal, [])), run_id) for n in machines}
-        jobs = {node.ordinal: found[node.ordinal] for node in nodes}
+        jobs = {node.ordinal: (node, found[node.ordinal]) for node in nodes}
         for spare in spares:  # a spare host that ran a node's part more recently than the node's own host
             job = found[spare.ordinal]
             rank = job.get("node_rank") if job is not None else None
-            if job is not None and isinstance(rank, int) and rank in jobs and _newer(job, jobs[rank]):
-                jobs[rank] = job
+            if job is not None and isinstance(rank, int) and rank in jobs and _newer(job, jobs[rank][1]):
+                jobs[rank] = (replace(spare, ordinal=rank), job)
         return jobs
 
     def logs_argv(self, handle: Handle, node: Node, follow: bool, rank: int | None = None) -> list[str]:
         """The runtime's ``logs`` of the node's latest run (``--follow`` ends with the job, or when the local side
         goes away; ``rank``: only that global rank's lines)."""
         options = [*(["--follow"] if follow else []), *(["--rank", str(rank)] if rank is not None else [])]
+        if self.spares(handle):  # the node's latest run may have run on a spare host
+            node = self._machine_jobs(handle, None).get(node.ordinal, (node, None))[0]
         return self.exec_argv(handle, node, self.runtime(handle, "logs", *options), stop_on_stdin_eof=follow)
 
 
@@ -189,9 +197,9 @@ def _job(jobs_json: str, run_id: str | None) -> dict[str, Any] | None:
 
 
 def _newer(job: dict[str, Any], than: dict[str, Any] | None) -> bool:
-    """Whether ``job`` is a later attempt (or a later start) than ``than``."""
-    def key(entry: dict[str, Any]) -> tuple[int, str]:
-        return int(entry.get("attempt") or 0), str(entry.get("started_at") or "")
+    """Whether ``job`` started after ``than`` (the later attempt when both started in the same millisecond)."""
+    def key(entry: dict[str, Any]) -> tuple[str, int]:
+        return str(entry.get("started_at") or ""), int(entry.get("attempt") or 0)
 
     return than is None or key(job) > key(than)
 
