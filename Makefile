@@ -1,14 +1,14 @@
 # mlenv: thin front end over the `mlenv` CLI. `make help` lists the targets.
 # Variables: CLUSTER (deployment, cluster name or file), MODE (rdma|tcp), NODES, IMAGE, OUT, POD, CMD, FOLLOW,
 #            DELETE_DATA, YES, SCRIPT, ARGS, LAUNCHER, DETACH, ENV, NAME, STEPS, SIZES, EXPECT, FORCE, VENV, LOG_RANK,
-#            EXPECT_TRANSPORT, HANG_TIMEOUT, ON_HANG, MAX_RESTARTS, SPARES.
+#            EXPECT_TRANSPORT, HANG_TIMEOUT, ON_HANG, ON_IDLE, MAX_RESTARTS, SPARES.
 
 SHELL := /bin/bash
 VENV ?= .venv
 # Every value reaches the CLI through the environment ("$$VAR"), never spliced into the shell command line, and
 # verbatim: make does not expand a `$` inside it (make exec CMD='echo $HOSTNAME' echoes each pod's name).
 USER_VARS := CLUSTER MODE NODES IMAGE OUT POD CMD FOLLOW DELETE_DATA YES SCRIPT ARGS LAUNCHER DETACH ENV NAME STEPS \
-             SIZES EXPECT FORCE VENV LOG_RANK EXPECT_TRANSPORT HANG_TIMEOUT ON_HANG MAX_RESTARTS \
+             SIZES EXPECT FORCE VENV LOG_RANK EXPECT_TRANSPORT HANG_TIMEOUT ON_HANG ON_IDLE MAX_RESTARTS \
              SPARES
 $(foreach v,$(USER_VARS),$(if $(filter command line environment,$(origin $(v))),$(eval override $(v) := $$(value $(v)))))
 export $(USER_VARS)
@@ -30,6 +30,7 @@ flag = $(if $(filter 1,$(words $(FLAG_VALUE))),$(call FLAG_WORD,$(FLAG_VALUE),$(
 FLAG_ERROR = $(error $(1)=$(value $(1)): expected 1, yes or true (or 0, no, false or nothing))
 EXPECT_OPT = $(if $(EXPECT_TRANSPORT),--expect-transport "$$EXPECT_TRANSPORT")
 HANG_OPTS = $(if $(HANG_TIMEOUT),--hang-timeout "$$HANG_TIMEOUT") $(if $(ON_HANG),--on-hang "$$ON_HANG")
+IDLE_OPT = $(if $(ON_IDLE),--on-idle "$$ON_IDLE")
 RESTARTS_OPT = $(if $(MAX_RESTARTS),--max-restarts "$$MAX_RESTARTS")
 SPARES_OPT = $(if $(SPARES),--spares "$$SPARES")
 
@@ -100,13 +101,13 @@ exec: install ## Run CMD="..." on every node (or POD=N) in parallel
 logs: install ## The latest run's output of every node (or POD=N, or one rank: LOG_RANK=N); FOLLOW=1 follows it
 	@$(MLENV) logs $(CLUSTER_OPT) $(POD_OPT) $(call flag,FOLLOW,--follow) $(if $(LOG_RANK),--rank "$$LOG_RANK")
 
-launch: install ## Run SCRIPT= [ARGS=] [LAUNCHER=] [ENV=] [DETACH=1] [EXPECT_TRANSPORT=] [HANG_TIMEOUT=s [ON_HANG=stop]] [MAX_RESTARTS=N] on every node
+launch: install ## Run SCRIPT= [ARGS=] [LAUNCHER=] [ENV=] [DETACH=1] [EXPECT_TRANSPORT=] [HANG_TIMEOUT=s [ON_HANG=stop]] [ON_IDLE=stop|warn] [MAX_RESTARTS=N] on every node
 	@$(MLENV) launch $(CLUSTER_OPT) $(if $(LAUNCHER),--launcher "$$LAUNCHER") $(if $(ARGS),--args "$$ARGS") \
-	    $(ENV_OPTS) $(call flag,DETACH,--detach) $(EXPECT_OPT) $(HANG_OPTS) $(RESTARTS_OPT) -- "$${SCRIPT:-train_multi_node.py}"
+	    $(ENV_OPTS) $(call flag,DETACH,--detach) $(EXPECT_OPT) $(HANG_OPTS) $(IDLE_OPT) $(RESTARTS_OPT) -- "$${SCRIPT:-train_multi_node.py}"
 
 launch-dry-run: install ## Print what launch would run on every node (same variables as launch)
 	@$(MLENV) launch $(CLUSTER_OPT) $(if $(LAUNCHER),--launcher "$$LAUNCHER") $(if $(ARGS),--args "$$ARGS") \
-	    $(ENV_OPTS) $(call flag,DETACH,--detach) $(EXPECT_OPT) $(HANG_OPTS) $(RESTARTS_OPT) --dry-run -- "$${SCRIPT:-train_multi_node.py}"
+	    $(ENV_OPTS) $(call flag,DETACH,--detach) $(EXPECT_OPT) $(HANG_OPTS) $(IDLE_OPT) $(RESTARTS_OPT) --dry-run -- "$${SCRIPT:-train_multi_node.py}"
 
 stacks: install ## Python stack of every rank of the latest run (or POD=N's), grouped, odd ones out first
 	@$(MLENV) stacks $(CLUSTER_OPT) $(POD_OPT)

@@ -120,6 +120,7 @@ class Controller:
     def reconcile(self) -> None:
         """One pass over everything (under the store lock, so each pass sees and leaves a consistent state)."""
         with self.store.lock:
+            before = (self.store.resource_version, astuple(self.faults))
             self._collect_garbage()
             for sts in self.store.list(STATEFULSETS):
                 self._sync_statefulset(sts)
@@ -127,7 +128,9 @@ class Controller:
             self._run_pods()
             for sts in self.store.list(STATEFULSETS):
                 self._update_statefulset_status(sts)
-            self._settled = (self.store.resource_version, astuple(self.faults))
+            # settled only by a pass that changed nothing: what this pass wrote (a pod's IP, its status) is seen by
+            # the next one (a pod's /etc/hosts names peers scheduled after it, and itself once it has an IP)
+            self._settled = before
 
     # --- events ---------------------------------------------------------------------------------------------
 
@@ -352,7 +355,7 @@ class Controller:
         if self.kubelet is not None:
             self.kubelet.prune({p["metadata"]["uid"] for p in pods})
             self._waiting = self.kubelet.waiting()
-        for pod in pods:
+        for index, pod in enumerate(pods):
             if self.kubelet is None and (pod.get("status") or {}).get("phase") in ("Running", "Succeeded", "Failed"):
                 continue
             node_name = (pod.get("spec") or {}).get("nodeName")
@@ -361,7 +364,7 @@ class Controller:
                 if node is None:
                     continue
                 placed.append((pod, node))
-                pod = self.store.get(PODS, pod["metadata"]["namespace"], pod["metadata"]["name"]) or pod
+                pod = pods[index] = self.store.get(PODS, pod["metadata"]["namespace"], pod["metadata"]["name"]) or pod
             if self.kubelet is None:
                 self._start_containers(pod, nodes.get(pod["spec"]["nodeName"]))
             elif not pod["metadata"].get("deletionTimestamp"):

@@ -269,9 +269,9 @@ class Kubelet:
         text = "\n".join(lines) + "\n"
         hosts = run.directory / "hosts"
         if not hosts.exists() or hosts.read_text() != text:
-            with hosts.open("r+" if hosts.exists() else "w") as out:
-                out.truncate(0)
+            with hosts.open("r+" if hosts.exists() else "w") as out:  # overwritten, then cut: never read empty
                 out.write(text)
+                out.truncate()
 
     def _start(self, run: PodRun) -> None:
         pod = run.pod

@@ -152,7 +152,7 @@ def test_exec_into_a_pod_whose_container_is_not_running(kube_project: KubeProjec
 
 @pytest.mark.parametrize("kube_project", ["kubernetes", "runai"], indirect=True)
 def test_stacks_and_gpu_state_through_kubectl_exec(kube_project: KubeProject) -> None:  # noqa: F811 - fixture
-    from tests.integration.test_stacks import HANG
+    from tests.integration.test_stacks import HANG, until_grouped
 
     project = kube_project
     project.ok("deploy", str(project.cluster_file))
@@ -165,16 +165,7 @@ def test_stacks_and_gpu_state_through_kubectl_exec(kube_project: KubeProject) ->
     assert [(s["node"], s["name"]) for s in states] == [(n, p["name"]) for n, p in enumerate(report["pods"])], states
     assert all("gpus" in s for s in states), states  # every pod answered (no nvidia-smi there: named in errors)
     project.ok("launch", "--launcher", "torchrun", "--detach", "hang.py")
-    deadline = time.monotonic() + 180
-    while True:
-        result = project.mlenv("stacks", "--json", timeout=120)
-        report = json.loads(result.stdout) if result.returncode == 0 else {}
-        if [g["ranks"] for g in report.get("groups", [])] == [[2], [0, 1, 3]]:
-            break
-        assert time.monotonic() < deadline, result.stdout + result.stderr
-        time.sleep(1)
-    assert report["groups"][0]["frames"][-1]["function"] == "stuck_in_a_pod"
-    assert report["groups"][1]["frames"][-1]["function"] == "all_reduce"
+    until_grouped(lambda: project.mlenv("stacks", "--json", timeout=120), 2, "stuck_in_a_pod", 180)
     project.ok("stop")
     project.ok("clean")
     assert not pod_processes(project.pods_root)

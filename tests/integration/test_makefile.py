@@ -126,7 +126,7 @@ def test_variables_reach_the_cli_verbatim(tmp_path: Path, project: LocalProject)
     assert statefulset["spec"]["template"]["spec"]["containers"][0]["image"] == image  # verbatim, `$` included
     spliced = f"$(shell touch {marker})"  # expanded by make, this would create the marker
     for variable in ("POD", "ARGS", "ENV", "NAME", "STEPS", "VENV", "LOG_RANK", "EXPECT_TRANSPORT",
-                     "MAX_RESTARTS"):
+                     "MAX_RESTARTS", "ON_IDLE"):
         shown = make("-n", "clean-cluster", "logs", "launch", "demo", f"{variable}={spliced}")  # print, run nothing
         assert shown.returncode == 0, shown.stderr
     for variable in BOOLEANS:  # not a boolean: a usage error naming it, still never expanded

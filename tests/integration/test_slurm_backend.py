@@ -40,12 +40,18 @@ SECRET = f"tok-{os.getpid()}-{time.time_ns()}"
 """A forwarded token: found in no file under Slurm's state and spool directories or the workdir."""
 TRAIN = ("train_multi_node.py", "--engine", "ddp", "--steps", "5")
 DONE = re.compile(r"^\[node-(\d) r\d\] done steps=5 first_loss=([\d.]+) last_loss=([\d.]+) world_size=4$", re.MULTILINE)
-# No torch: node 1's first process fails at once when asked to, every other one sleeps until stopped.
+# No torch: node 1's first process fails when asked to, once every process has printed (so that each rank has a
+# log to show), every other one sleeps until stopped. The processes share the workdir (one machine).
 FAILING_JOB = """\
-import hashlib, os, sys, time
+import glob, hashlib, os, sys, time
 secret = os.environ.get("MLENV_TEST_SECRET")  # shown by its digest: the job's own output may land in files
 print(f"secret {secret and hashlib.sha256(secret.encode()).hexdigest()[:16]}", flush=True)
+up = f".up-{os.environ.get('MLENV_RUN_ID', '')}-{os.environ.get('MLENV_RESTART_COUNT', '0')}-"
+open(up + os.environ["RANK"], "w").close()
 if "--fail" in sys.argv and os.environ["MLENV_NODE_RANK"] == "1" and os.environ["LOCAL_RANK"] == "0":
+    deadline = time.monotonic() + 120
+    while len(glob.glob(up + "*")) < int(os.environ["WORLD_SIZE"]) and time.monotonic() < deadline:
+        time.sleep(0.1)
     print("failing on purpose", flush=True)
     sys.exit(3)
 print("sleeping", flush=True)
@@ -413,7 +419,7 @@ def test_doctor(tmp_path: Path, slurm_cluster: SlurmCluster) -> None:
 
 def test_status_gpus_and_stacks_through_srun(project: Project, slurm_cluster: SlurmCluster,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    from tests.integration.test_stacks import HANG
+    from tests.integration.test_stacks import HANG, until_grouped
 
     monkeypatch.setenv("PATH", f"{ROOT / 'tests' / 'fixtures' / 'nvidia_smi'}{os.pathsep}{os.environ['PATH']}")
     (project.home / "workspace" / "hang.py").write_text(HANG.format(function="stuck_in_slurm", stuck=1))
@@ -423,16 +429,8 @@ def test_status_gpus_and_stacks_through_srun(project: Project, slurm_cluster: Sl
         states = json.loads(project.ok("status", "-c", project.name, "--gpus", "--json").stdout)["gpu_state"]
         assert [(s["node"], s["name"], len(s["gpus"])) for s in states] == [(0, "n1", 2), (1, "n2", 2)], states
         project.ok("launch", "-c", project.name, "--launcher", "torchrun", "--detach", "hang.py")
-        deadline = time.monotonic() + 120
-        while True:
-            result = project.mlenv("stacks", "-c", project.name, "--json", timeout=60)
-            report = json.loads(result.stdout) if result.returncode == 0 else {}
-            if [g["ranks"] for g in report.get("groups", [])] == [[1], [0, 2, 3]]:
-                break
-            assert time.monotonic() < deadline, result.stdout + result.stderr
-            time.sleep(1)
-        assert report["groups"][0]["frames"][-1]["function"] == "stuck_in_slurm"
-        assert report["groups"][1]["frames"][-1]["function"] == "all_reduce"
+        until_grouped(lambda: project.mlenv("stacks", "-c", project.name, "--json", timeout=60), 1,
+                      "stuck_in_slurm", 120)
         project.ok("stop", "-c", project.name)
     finally:
         project.mlenv("clean", "-c", project.name)

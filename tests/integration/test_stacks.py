@@ -7,8 +7,9 @@ from __future__ import annotations
 import json
 import random
 import string
+import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,22 @@ if rank == {stuck}:
 dist.all_reduce(t)
 """
 
+
+
+def until_grouped(stacks: Callable[[], subprocess.CompletedProcess[str]], stuck: int, function: str,
+                  deadline: float) -> None:
+    """Run ``stacks`` (``mlenv stacks --json``) until rank ``stuck`` sits in ``function`` and the other three in
+    all_reduce (a rank that is still starting may be sampled in an import); fail with its last answer after
+    ``deadline`` seconds."""
+    expected = [([stuck], function), ([rank for rank in range(4) if rank != stuck], "all_reduce")]
+    until = time.monotonic() + deadline
+    while True:
+        result = stacks()
+        report = json.loads(result.stdout) if result.returncode == 0 else {}
+        if [(g["ranks"], g["frames"][-1]["function"]) for g in report.get("groups", [])] == expected:
+            return
+        assert time.monotonic() < until, result.stdout + result.stderr
+        time.sleep(1)
 
 @pytest.fixture(scope="module")
 def hung(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalProject, str, int]]:

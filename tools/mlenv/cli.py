@@ -430,17 +430,22 @@ def clean(cluster_ref: str | None, delete_data: bool, yes: bool) -> None:
                    "say so, state hung (default: launch.hang_timeout of the cluster file, else off).")
 @click.option("--on-hang", type=click.Choice(["stop"]), default=None,
               help="With a hang timeout: also stop the job, exit code 124 (as timeout).")
+@click.option("--on-idle", type=click.Choice(["stop", "warn"]), default=None,
+              help="When every GPU of the job stayed under launch.idle_util (default 5%) for launch.idle_minutes of "
+                   "the cluster file, the run is flagged idle (output, status); stop also stops it, exit code 125, "
+                   "and it is not restarted under --max-restarts (it would idle again). Default: warn.")
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 @reports_errors
 def launch(cluster_ref: str | None, launcher: str, nproc: int | None, args_text: str | None, secrets: tuple[str, ...],
            detach: bool, expect_transport: str | None, dry_run: bool, hang_timeout: float | None,
-           on_hang: str | None, max_restarts: int | None, script: str,
+           on_hang: str | None, on_idle: str | None, max_restarts: int | None, script: str,
            script_args: tuple[str, ...]) -> None:
     """Start SCRIPT on every node at once through the runtime; fail-fast, logs in runs/.
 
     Everything after SCRIPT belongs to it: `mlenv launch train.py -c cfg.yaml` passes -c cfg.yaml to train.py.
-    Exits with the job's exit code once it started; 124 when --on-hang stop stopped a hung job.
+    Exits with the job's exit code once it started; 124 when --on-hang stop stopped a hung job, 125 when --on-idle
+    stop stopped an idle one.
     """
     import shlex
 
@@ -460,9 +465,13 @@ def launch(cluster_ref: str | None, launcher: str, nproc: int | None, args_text:
     hang_timeout = hang_timeout or launching.hang_timeout(target)
     if on_hang and not hang_timeout:
         raise UsageError("--on-hang stop needs a hang timeout: --hang-timeout SECONDS (or launch.hang_timeout)")
+    idle_seconds, idle_util = launching.idle_watch(target)
+    if on_idle and not idle_seconds:
+        raise UsageError(f"--on-idle {on_idle} needs launch.idle_minutes in the cluster file (e.g. idle_minutes: 30m)")
     spec = LaunchSpec(launcher, script, (*script_args, *extra), nproc, launching.run_id(target.handle.name),
                       detach, names, expect_transport or launching.file_expect_transport(target), hang_timeout,
-                      on_hang, launching.max_restarts(target, max_restarts))
+                      on_hang, launching.max_restarts(target, max_restarts), idle_seconds=idle_seconds,
+                      idle_util=idle_util, on_idle=on_idle)
     if dry_run:
         click.echo(launching.dry_run(target, spec), nl=False)
         return

@@ -111,7 +111,7 @@ def test_states_hosts_and_table(runtime: Runner, tmp_path: Path, unrelated: subp
     assert [(job["run_id"], job["node_rank"], job["host"], job["state"]) for job in other] == [
         ("r2", 0, "ml-dev-env-1", "failed")]
     assert set(other[0]) == {"run_id", "node_rank", "host", "pid", "start_ticks", "started_at", "argv", "attempt",
-                             "state", "exit_code", "reason", "first_failure", "transport", "stacks", "ranks",
+                             "state", "exit_code", "reason", "first_failure", "transport", "stacks", "idle", "ranks",
                              "run_dir", "node_dir", "log"}
 
 

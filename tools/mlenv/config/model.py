@@ -156,6 +156,10 @@ class Cluster(NamedTuple):
     notes: str | None
     hang_timeout: float | None = None
     """launch.hang_timeout: the default of ``mlenv launch --hang-timeout``."""
+    idle_seconds: int | None = None
+    """launch.idle_minutes in seconds: GPUs under ``idle_util`` this long flag a run idle (None: not watched)."""
+    idle_util: float | None = None
+    """launch.idle_util: the utilization percent under which a GPU is idle (None: the default, 5)."""
     warnings: tuple[str, ...] = ()
     positions: Mapping[JsonPath, tuple[int, int]] = MappingProxyType({})
 

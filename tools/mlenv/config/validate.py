@@ -177,6 +177,11 @@ def _scheduling(reader: ClusterReader) -> Scheduling:
                                                             default=DEFAULT_GRACE_SECONDS)))
 
 
+def _seconds_or_none(written: int | str | None) -> int | None:
+    """A duration the schema accepted, in seconds; None when not written."""
+    return None if written is None else parse_seconds(written)
+
+
 def _container(reader: ClusterReader) -> Container | None:
     if reader.get("container") is None:
         return None
@@ -236,6 +241,8 @@ def build_cluster(loaded: LoadedFile, table: BackendTable) -> Cluster:
         settings=reader.backend.parse_settings(reader),
         notes=reader.get("notes"),
         hang_timeout=reader.get("launch", "hang_timeout"),
+        idle_seconds=_seconds_or_none(reader.get("launch", "idle_minutes")),
+        idle_util=reader.get("launch", "idle_util"),
         warnings=tuple(reader.warnings),
         positions=dict(loaded.positions),
     )

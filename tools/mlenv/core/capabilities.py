@@ -153,11 +153,20 @@ class LaunchSpec:
     """Which start of the run this is: MLENV_RESTART_COUNT on every node (0 the first)."""
     exclude: tuple[str, ...] = ()
     """Hosts the run must not use (nodes judged faulty); a backend that cannot leave them out refuses."""
+    idle_seconds: int | None = None
+    """launch.idle_minutes in seconds: every GPU of the job under ``idle_util`` this long flags the run idle."""
+    idle_util: float | None = None
+    """launch.idle_util: the utilization percent under which a GPU is idle (None: the runtime's default, 5)."""
+    on_idle: str | None = None
+    """``stop``: the idle watch also stops the job (exit code 125); None or ``warn``: it only says so."""
 
     def watchdog_options(self) -> list[str]:
-        """The runtime launch's options for the hang watchdog."""
+        """The runtime launch's options for the hang watchdog and the idle-GPU watch."""
+        idle = ["--idle-seconds", str(self.idle_seconds),
+                *(["--idle-util", f"{self.idle_util:g}"] if self.idle_util is not None else []),
+                *(["--on-idle", self.on_idle] if self.on_idle == "stop" else [])] if self.idle_seconds else []
         return [*(["--hang-timeout", f"{self.hang_timeout:g}"] if self.hang_timeout else []),
-                *(["--on-hang", self.on_hang] if self.on_hang else [])]
+                *(["--on-hang", self.on_hang] if self.on_hang else []), *idle]
 
 
 @dataclass(frozen=True)

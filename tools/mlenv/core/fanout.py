@@ -132,7 +132,8 @@ class FanoutJobs:
     def latest_run(self, handle: Handle, run_id: str) -> dict[str, Any] | None:
         """Run ``run_id`` as its nodes' supervisors recorded it (docs/runs.md): ``{"id", "state", "attempt",
         "ranks", "first_failure", "transport": {"node-N": {"verdict", "plugin", "devices", "nccl_version"}},
-        "stacks", "nodes": {ordinal: state}}`` (``stacks``: the hang watchdog's capture of the whole job, on node 0)."""
+        "stacks", "idle": {"node-N": {...}}|null, "nodes": {ordinal: state}}`` (``stacks``: the hang watchdog's capture
+        of the whole job, on node 0; ``idle``: each node's idle GPUs while the job is flagged idle)."""
         jobs = self._node_jobs(handle, run_id)
         known = [job for job in jobs.values() if job is not None]
         failures = [job["first_failure"] for job in known if job.get("first_failure")]  # the same on every node
@@ -144,6 +145,8 @@ class FanoutJobs:
                 "transport": {f"node-{ordinal}": job["transport"] for ordinal, job in sorted(jobs.items())
                               if job is not None and job.get("transport")},
                 "stacks": next((job["stacks"] for job in known if job.get("stacks")), None),
+                "idle": {f"node-{ordinal}": job["idle"] for ordinal, job in sorted(jobs.items())
+                         if job is not None and job.get("idle")} or None,
                 "nodes": {ordinal: _state(job) for ordinal, job in jobs.items()}}
 
     def rank_nodes(self, handle: Handle) -> dict[int, int] | None:

@@ -16,6 +16,7 @@ from mlenv import state
 from mlenv.core.capabilities import LaunchOutcome, LaunchSpec
 from mlenv.errors import UsageError
 from mlenv.ops.target import Target
+from mlenv.runtime.idle import IDLE_EXIT_CODE
 
 STEP = re.compile(r"\bstep (\d+)/(\d+)\b")
 TAIL_LINES = 15
@@ -59,6 +60,15 @@ def hang_timeout(target: Target) -> float | None:
 
     cluster = file_cluster(target, "launch.hang_timeout")
     return cluster.hang_timeout if cluster else None
+
+
+def idle_watch(target: Target) -> tuple[int | None, float | None]:
+    """``launch.idle_minutes`` (in seconds) and ``launch.idle_util`` of the deployment's cluster file, if it sets
+    them and still loads."""
+    from mlenv.ops.target import file_cluster
+
+    cluster = file_cluster(target, "launch.idle_minutes")
+    return (cluster.idle_seconds, cluster.idle_util) if cluster else (None, None)
 
 
 def _run_dir(run: str) -> Path:
@@ -115,9 +125,10 @@ USER_STOPS = frozenset({129, 130, 143})
 
 
 def restartable(outcome: LaunchOutcome) -> bool:
-    """Whether a finished attached run failed in a way a restart may mend: not a success, not a user's stop, not a
-    run that never started (mlenv's own failure, with no node's exit code)."""
-    return (outcome.exit_code != 0 and not outcome.interrupted and not outcome.detached
+    """Whether a finished attached run failed in a way a restart may mend: not a success, not a user's stop, not an
+    idle stop (``--on-idle stop``: it would idle again), not a run that never started (mlenv's own failure, with no
+    node's exit code)."""
+    return (outcome.exit_code not in (0, IDLE_EXIT_CODE) and not outcome.interrupted and not outcome.detached
             and outcome.exit_code not in USER_STOPS and bool(outcome.node_exit_codes))
 
 
@@ -201,6 +212,8 @@ def _attempt(target: Target, spec: LaunchSpec, run_dir: Path) -> LaunchResult:
         error(outcome.message)
     if outcome.interrupted:
         error(f"interrupted: every node stopped; logs in {run_dir}")
+    elif outcome.exit_code == IDLE_EXIT_CODE:
+        error(f"stopped on every node: every GPU of the job was idle (--on-idle stop); logs in {run_dir}")
     elif outcome.failed_node is not None:
         node = outcome.failed_node
         error(f"node-{node} failed with exit code {outcome.node_exit_codes[node]}; the other nodes were stopped. "

@@ -100,6 +100,10 @@ def _print(report: dict[str, Any]) -> None:
         if transport:
             say("transport: " + ", ".join(f"{node} {found['verdict']} ({found.get('plugin') or 'no network'})"
                                           for node, found in transport.items()))
+        if run.get("idle"):
+            from mlenv.runtime.idle import describe
+
+            say("GPUs idle: " + "; ".join(describe(report) for report in run["idle"].values()))
         if run.get("first_failure"):
             failure = run["first_failure"]
             say(f"first failure: rank {failure['rank']} (node-{failure['node']}) {failure['reason']}")

@@ -22,6 +22,7 @@ from .doctor import examine, render
 from .forensics import flight_dumps
 from .gpus import read_node, render_node
 from .hang import HANG_EXIT_CODE
+from .idle import DEFAULT_IDLE_UTIL, IDLE_EXIT_CODE
 from .jobs import POLL_SECONDS, JobError, NodeJob, follow_log, host_jobs, start_recorded, stop_jobs
 from .launcher import forwarding_signals, launch
 from .launchers import DEFAULT_LAUNCHER, LAUNCHERS
@@ -85,6 +86,16 @@ def _hang_seconds(text: str) -> float:
     return value
 
 
+def _percent(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 100:
+        raise argparse.ArgumentTypeError(f"expected a percentage from 0 to 100, got {text!r}")
+    return value
+
+
 def _run_id(text: str) -> str:
     if not text or "/" in text or text in (".", ".."):
         raise argparse.ArgumentTypeError(f"expected the name of a run directory, got {text!r}")
@@ -135,6 +146,14 @@ def build_parser() -> argparse.ArgumentParser:
                           "directory, tell the attached user, state hung")
     run.add_argument("--on-hang", choices=["stop"],
                      help=f"with --hang-timeout: also stop the job (exit code {HANG_EXIT_CODE}, as timeout)")
+    run.add_argument("--idle-seconds", type=_hang_seconds, metavar="SECONDS",
+                     help="every GPU of the job (CUDA_VISIBLE_DEVICES) under --idle-util for this long: say so on "
+                          "every node and record it in state.json (idle)")
+    run.add_argument("--idle-util", type=_percent, metavar="PERCENT",
+                     help=f"with --idle-seconds: a GPU under this utilization is idle (default: {DEFAULT_IDLE_UTIL:g})")
+    run.add_argument("--on-idle", choices=["stop", "warn"],
+                     help=f"with --idle-seconds: stop the job (exit code {IDLE_EXIT_CODE}, never restarted), or only "
+                          "warn (the default)")
     run.add_argument("--max-restarts", type=_count, default=0, metavar="N",
                      help="with --detach: when the job fails (not when it is stopped), start it again on this node, "
                           "up to N times, as attempt K+1 (MLENV_RESTART_COUNT) of the same run")
@@ -209,10 +228,11 @@ USER_STOPS = frozenset({129, 130, 143})
 
 
 def _restart(args: argparse.Namespace, environ: Mapping[str, str], status: int) -> None:
-    """A detached attempt failed: start the next one on this node, in the background, when --max-restarts allows
+    """A detached attempt failed (not stopped by the user, nor for idle GPUs: an idle job would idle again): start
+    the next one on this node, in the background, when --max-restarts allows
     (every node of the run sees the same failure, which the control channel spreads, and restarts alike)."""
     attempt = attempt_of(environ)
-    if status == 0 or status in USER_STOPS or attempt >= args.max_restarts:
+    if status in (0, IDLE_EXIT_CODE) or status in USER_STOPS or attempt >= args.max_restarts:
         return
     following = attempt + 1
     print(f"mlenv: attempt {attempt} failed with exit code {status}: restarting the run, attempt {following} of at "
@@ -298,6 +318,9 @@ def _recorded(
                   *(["--expect-transport", args.expect_transport] if args.expect_transport else []),
                   *(["--hang-timeout", str(args.hang_timeout)] if args.hang_timeout else []),
                   *(["--on-hang", args.on_hang] if args.on_hang else []),
+                  *(["--idle-seconds", str(args.idle_seconds)] if args.idle_seconds else []),
+                  *(["--idle-util", str(args.idle_util)] if args.idle_util is not None else []),
+                  *(["--on-idle", args.on_idle] if args.on_idle else []),
                   *(["--max-restarts", str(args.max_restarts)] if args.max_restarts else []),
                   "--exit-file", str(files.exit), *(["--detached-supervisor"] if args.detach else []), "--", *job]
     process, record = start_recorded(supervisor, files, run_id=environ.get("MLENV_RUN_ID") or files.run_dir.name,

@@ -95,7 +95,7 @@ class NodeJob:
         return {**self.record.to_dict(), "state": self.state, "exit_code": self.exit_code,
                 "reason": recorded.get("reason") or ("gone without an exit status" if self.lost else None),
                 "first_failure": recorded.get("first_failure"),
-                "transport": recorded.get("transport"), "stacks": recorded.get("stacks"),
+                "transport": recorded.get("transport"), "stacks": recorded.get("stacks"), "idle": recorded.get("idle"),
                 "ranks": [rank.to_dict() for rank in read_ranks(self.files)],
                 "run_dir": str(self.files.run_dir), "node_dir": str(self.files.path), "log": str(self.files.log)}
 

@@ -53,6 +53,9 @@ class JobControl(Protocol):
         """Set this node's state (one of runlayout.RUN_STATES) and extra fields of state.json, e.g.
         ``set_state("hung", stacks=path)``."""
 
+    def record(self, **fields: object) -> None:
+        """Set extra fields of state.json (``None`` clears one); the state stays what it is."""
+
     def stop(self, reason: str, exit_code: int) -> None:
         """Stop the whole job on every node; recorded as ``reason``, the node exits ``exit_code``."""
 

@@ -6,7 +6,9 @@ import argparse
 from collections.abc import Mapping
 
 from .hang import HangWatchdog
+from .idle import DEFAULT_IDLE_UTIL, IdleWatch, Sampler, sample_interval
 from .observers import Observer
+from .topology import host_name
 from .transport import TransportProof, expectation
 
 
@@ -15,4 +17,9 @@ def observers_for(options: argparse.Namespace, environ: Mapping[str, str]) -> li
     found: list[Observer] = [TransportProof(expectation(getattr(options, "expect_transport", None), environ), environ)]
     if getattr(options, "hang_timeout", None):
         found.append(HangWatchdog(options.hang_timeout, getattr(options, "on_hang", None)))
+    if getattr(options, "idle_seconds", None):
+        window = float(options.idle_seconds)
+        threshold = DEFAULT_IDLE_UTIL if options.idle_util is None else float(options.idle_util)
+        found.append(IdleWatch(threshold, window, getattr(options, "on_idle", None),
+                               Sampler(sample_interval(window), environ), host_name(environ)))
     return found

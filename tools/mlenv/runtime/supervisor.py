@@ -115,6 +115,7 @@ class Supervisor:
     local_failure: FirstFailure | None = None
     channel: ControlChannel | None = None
     extra_state: dict[str, object] = field(default_factory=dict)
+    current_state: str = RUNNING  # as state.json has it
     oom_before: int | None = None
     marker: bytes = b""  # MLENV_JOB=...: in the environment of every process of the job
     written_ranks: list[dict[str, Any]] | None = None
@@ -134,6 +135,9 @@ class Supervisor:
     def set_state(self, state: str, **fields: object) -> None:
         self.extra_state.update(fields)
         self._write_state(state, str(self.extra_state.get("reason") or ""))
+
+    def record(self, **fields: object) -> None:
+        self.set_state(self.current_state, **fields)
 
     @property
     def hub(self) -> bool:
@@ -421,6 +425,7 @@ class Supervisor:
             self.written_ranks = records
 
     def _write_state(self, state: str, reason: str) -> None:
+        self.current_state = state
         data = {**self.extra_state, "state": state, "reason": reason,
                 "first_failure": self.first_failure.to_dict() if self.first_failure else None}
         with contextlib.suppress(OSError):
