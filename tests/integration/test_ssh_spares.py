@@ -63,6 +63,9 @@ def test_an_excluded_host_is_replaced_by_a_spare(ssh_hosts: SshHostsFactory, tmp
     deployed = project.ok("deploy", "spr")
     assert f"{spare.spec} (spare) (node2): Python 3." in deployed.stderr, deployed.stderr
     assert "checking 2 hosts and 1 spare over ssh" in deployed.stderr
+    report = json.loads(project.ok("doctor", "spr", "--json", timeout=180).stdout)  # the spare checked like the hosts
+    checks = {check["name"]: check["status"] for check in report["checks"]}
+    assert checks[f"{spare.spec}: master reachable"] == "PASS" and set(checks.values()) == {"PASS"}, report
     dry = project.ok("deploy", "spr", "--dry-run").stdout
     assert f"spares:\n- host: {spare.spec}\n" in dry, dry
     project.ok("sync", "--source", str(project.source({"job.py": JOB})))
