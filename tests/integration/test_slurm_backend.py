@@ -99,6 +99,12 @@ class Project:
     def status(self) -> list[dict[str, Any]]:
         return list(json.loads(self.ok("status", "-c", self.name, "--json").stdout)["pods"])
 
+    def latest_run(self) -> dict[str, Any]:
+        """status --json's latest_run (never null on a deployment that ran something)."""
+        run = json.loads(self.ok("status", "-c", self.name, "--json").stdout)["latest_run"]
+        assert isinstance(run, dict), run
+        return run
+
     def recorded_jobs(self) -> list[str]:
         state = json.loads((self.home / ".mlenv" / "state.json").read_text())
         return [job["id"] for job in state["jobs"].get(self.name, [])]
@@ -200,6 +206,9 @@ def test_a_failing_node_gives_the_job_its_exit_code(project: Project, slurm_clus
     assert slurm_cluster.job(job_id)["ExitCode"] == "3:0"
     (row,) = project.status()
     assert (row["phase"], row["detail"]) == ("FAILED", "exit code 3")
+    run = project.latest_run()  # the batch job's run, from the nodes' records in the shared run directory
+    failure = run["first_failure"]
+    assert (run["state"], failure["node"], failure["exit_code"]) == ("failed", 1, 3) and failure["rank"] in (2, 3)
     for follow in ([], ["-f"]):  # the run has ended: following it ends too
         logs = project.ok("logs", "-c", project.name, "--pod", "1", *follow, timeout=30).stdout
         assert any(re.fullmatch(r"\[node-1 r[23]\] failing on purpose", line) for line in logs.splitlines())
@@ -208,7 +217,16 @@ def test_a_failing_node_gives_the_job_its_exit_code(project: Project, slurm_clus
         assert one.returncode == 0 and one.stdout, one.stderr
         assert all(line.startswith(f"[node-1 r{rank}] ") for line in one.stdout.splitlines()), one.stdout
     unknown = project.mlenv("logs", "-c", project.name, "--rank", "9", timeout=30)
-    assert (unknown.returncode, unknown.stderr) == (2, "error: rank 9 is not in the latest run of hpc\n")
+    assert (unknown.returncode, unknown.stderr) == (
+        2, "error: rank 9 is not in the latest run of hpc (its ranks: 0, 1, 2, 3)\n")
+
+
+def _cmdline(pid: int) -> bytes:
+    """A process's command line (the nodes are on this host); empty once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
 
 
 def steps(cluster: SlurmCluster, job_id: str) -> list[str]:
@@ -279,6 +297,15 @@ def test_deploy_exec_shell_launch_logs_status_clean(project: Project, slurm_clus
     assert got == {"node-0", "node-1"}, forwarded.stdout  # every node's processes got it
     assert SECRET not in forwarded.stdout + forwarded.stderr
     assert _files_holding(SECRET, slurm_cluster.tmp, project.workdir, project.home) == []
+    failed = project.latest_run()  # read from the nodes' records in the shared run directory
+    failure = failed["first_failure"]
+    assert (failed["state"], failed["attempt"], failure["node"], failure["exit_code"], failure["reason"]) == (
+        "failed", 0, 1, 3, "exited with 3") and failure["rank"] in (2, 3), failed
+    assert (failure["rank"], 1, "failed", 3) in [(r["rank"], r["node"], r["state"], r["exit_code"])
+                                                 for r in failed["ranks"]], failed["ranks"]
+    assert [r["rank"] for r in failed["ranks"]] == [0, 1, 2, 3]
+    said = project.ok("status", "-c", project.name).stdout
+    assert f"first failure: rank {failure['rank']} (node-1) exited with 3" in said, said
     refused = _launch_with_secret(project, "--detach", "fail.py")
     assert refused.returncode == 2 and "on Slurm, a detached run" in refused.stderr and not steps(slurm_cluster,
                                                                                                  allocation)
@@ -287,9 +314,26 @@ def test_deploy_exec_shell_launch_logs_status_clean(project: Project, slurm_clus
     output = max((project.workdir / ".mlenv" / "runs").glob("*/output.log"))  # run ids sort by time
     slurm_cluster.wait(lambda: "mlenv: job" in output.read_text() and len(steps(slurm_cluster, allocation)) == 1,
                        "the detached run's step (after the master's address)", 60)
+    def detached_ranks() -> list[tuple[int, str, bytes]]:
+        """(rank, state, the command line of its pid) of every rank of the detached run, as status reads it."""
+        return [(r["rank"], r["state"], _cmdline(r["pid"])) for r in project.latest_run()["ranks"]]
+
+    slurm_cluster.wait(lambda: [(rank, state) for rank, state, _ in detached_ranks()] == [
+        (rank, "running") for rank in range(4)], "status to list the detached run's 4 running ranks", 60)
+    assert all(b"fail.py" in cmdline for _, _, cmdline in detached_ranks())  # each pid: the rank's own process
+    running = project.latest_run()
+    assert (running["state"], running["first_failure"], sorted(r["node"] for r in running["ranks"])) == (
+        "running", None, [0, 0, 1, 1]), running
+    unknown = project.mlenv("logs", "-c", project.name, "--rank", "9", timeout=30)
+    assert (unknown.returncode, unknown.stderr) == (
+        2, "error: rank 9 is not in the latest run of hpc (its ranks: 0, 1, 2, 3)\n")
     (step,) = steps(slurm_cluster, allocation)
     assert project.ok("stop", "-c", project.name).stderr == f"cancelled {step}\n"
     slurm_cluster.wait(lambda: not steps(slurm_cluster, allocation), f"step {step} to end", 30)
+    ended = json.loads(project.ok("status", "-c", project.name, "--json").stdout)
+    # the supervisors stop the job and record it, unless Slurm's KillWait (2 s here) kills them first: lost, failed
+    assert "running" not in ended["run_states"].values() and ended["latest_run"]["state"] in ("stopped", "failed"), \
+        ended
     assert interrupted(project, ["--launcher", "torchrun", "fail.py"], NO_STOP_GRACE) == 130  # Ctrl-C cancels the step
     assert re.search(r"error: interrupted: (step \d+\.\d+ cancelled|the run's step has ended)\n",
                      project.last_stderr[-1]), project.last_stderr[-1]

@@ -12,9 +12,9 @@ from typing import Any
 
 from mlenv.core.capabilities import Handle, LaunchOutcome, LaunchRequest, LaunchSpec, Node
 from mlenv.core.remote import RUNTIME_DIR, secrets_input
+from mlenv.core.runrecords import latest_run, node_state
 from mlenv.core.spares import described, place
 from mlenv.errors import OperationError
-from mlenv.runtime.runlayout import run_state
 
 RUNS_DIR = f"{RUNTIME_DIR}/runs"
 """Where each node keeps its runs, relative to its workspace: ``.mlenv/runs/<run id>/attempt-<K>/node<R>/``."""
@@ -127,27 +127,11 @@ class FanoutJobs:
 
     def run_states(self, handle: Handle, run_id: str) -> dict[int, str]:
         """Node ordinal -> its state of run ``run_id`` (``failed (7)`` once it ended), or ``-``."""
-        return {ordinal: _state(job) for ordinal, job in self._node_jobs(handle, run_id).items()}
+        return {ordinal: node_state(job) for ordinal, job in self._node_jobs(handle, run_id).items()}
 
     def latest_run(self, handle: Handle, run_id: str) -> dict[str, Any] | None:
-        """Run ``run_id`` as its nodes' supervisors recorded it (docs/runs.md): ``{"id", "state", "attempt",
-        "ranks", "first_failure", "transport": {"node-N": {"verdict", "plugin", "devices", "nccl_version"}},
-        "stacks", "idle": {"node-N": {...}}|null, "nodes": {ordinal: state}}`` (``stacks``: the hang watchdog's capture
-        of the whole job, on node 0; ``idle``: each node's idle GPUs while the job is flagged idle)."""
-        jobs = self._node_jobs(handle, run_id)
-        known = [job for job in jobs.values() if job is not None]
-        failures = [job["first_failure"] for job in known if job.get("first_failure")]  # the same on every node
-        return {"id": run_id, "state": run_state([str(job.get("state")) for job in known]),
-                "attempt": max((int(job.get("attempt", 0)) for job in known), default=0),
-                "ranks": sorted((rank for job in known for rank in job.get("ranks", [])),
-                                key=lambda rank: rank["rank"]),
-                "first_failure": failures[0] if failures else None,
-                "transport": {f"node-{ordinal}": job["transport"] for ordinal, job in sorted(jobs.items())
-                              if job is not None and job.get("transport")},
-                "stacks": next((job["stacks"] for job in known if job.get("stacks")), None),
-                "idle": {f"node-{ordinal}": job["idle"] for ordinal, job in sorted(jobs.items())
-                         if job is not None and job.get("idle")} or None,
-                "nodes": {ordinal: _state(job) for ordinal, job in jobs.items()}}
+        """Run ``run_id`` as its nodes' supervisors recorded it (docs/runs.md; ``core.runrecords.latest_run``)."""
+        return latest_run(run_id, self._node_jobs(handle, run_id))
 
     def rank_nodes(self, handle: Handle) -> dict[int, int] | None:
         """Global rank -> the ordinal of the node it ran on, in each node's newest run."""
@@ -205,13 +189,6 @@ def _newer(job: dict[str, Any], than: dict[str, Any] | None) -> bool:
         return str(entry.get("started_at") or ""), int(entry.get("attempt") or 0)
 
     return than is None or key(job) > key(than)
-
-
-def _state(job: dict[str, Any] | None) -> str:
-    if job is None:
-        return "-"
-    code = job.get("exit_code")
-    return f"{job.get('state', '?')} ({code})" if code is not None else str(job.get("state", "?"))
 
 
 def checkpoint_dir(run_id: str) -> str:

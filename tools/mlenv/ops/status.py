@@ -23,7 +23,7 @@ def _report(handle: Handle, recorded: state.Deployment | None, current: str | No
         "nodes": handle.nodes, "namespace": handle.data.get("namespace"), "current": handle.name == current,
         "deployed": recorded is not None,
         "cluster_file": recorded.cluster_file if recorded else None,
-        "runs": list(recorded.runs) if recorded else [],
+        "runs": list(recorded.runs) if recorded else _submitted_runs(handle.name),
         "deploy": dict(recorded.deploy) if recorded else None,
         "latest_run": None,  # the latest detached run, as its nodes' supervisors recorded it (docs/runs.md)
         "excluded": list(recorded.excluded) if recorded else [],
@@ -54,6 +54,14 @@ def _report(handle: Handle, recorded: state.Deployment | None, current: str | No
             raise
         report["pods"], report["error"] = [], f"cannot query it: {type(exc).__name__}: {exc}"
     return report
+
+
+def _submitted_runs(name: str) -> list[dict[str, Any]]:
+    """The runs of the batch jobs submitted for a cluster file that is not deployed (Slurm), as a deployment
+    records its runs."""
+    return [{"id": job["run"], "script": job.get("script", "-"), "started": job.get("submitted", "-"),
+             "detached": bool(job.get("detached", True))}
+            for job in state.jobs_of(name) if isinstance(job.get("run"), str) and job["run"]]
 
 
 def _print(report: dict[str, Any]) -> None:

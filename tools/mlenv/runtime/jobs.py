@@ -40,6 +40,8 @@ from .supervisor import JOB_VARIABLE
 
 POLL_SECONDS = 0.2
 KILL_WAIT_SECONDS = 5.0
+LOST = "gone without an exit status"
+"""The reason of a node's share whose supervisor is gone without writing its exit status (state failed)."""
 
 
 class JobError(Exception):
@@ -93,7 +95,7 @@ class NodeJob:
         first failure of the job as this node knows it."""
         recorded = read_state(self.files)
         return {**self.record.to_dict(), "state": self.state, "exit_code": self.exit_code,
-                "reason": recorded.get("reason") or ("gone without an exit status" if self.lost else None),
+                "reason": recorded.get("reason") or (LOST if self.lost else None),
                 "first_failure": recorded.get("first_failure"),
                 "transport": recorded.get("transport"), "stacks": recorded.get("stacks"), "idle": recorded.get("idle"),
                 "ranks": [rank.to_dict() for rank in read_ranks(self.files)],
@@ -177,12 +179,14 @@ def node_job(files: NodeDir, proc_root: str | Path = "/proc") -> NodeJob | None:
         code = read_exit(files.exit)  # it may have ended since the first look
     if code is None:
         return NodeJob(files, record, FAILED, None)
-    recorded = str(read_state(files).get("state") or "")
-    return NodeJob(files, record, recorded if recorded and recorded != RUNNING else _ended(code), code)
+    return NodeJob(files, record, ended_state(str(read_state(files).get("state") or ""), code), code)
 
 
-def _ended(code: int) -> str:
-    """The state of a job that ended with ``code`` and left no state of its own (killed before writing it)."""
+def ended_state(recorded: str, code: int) -> str:
+    """The state of a node's share that ended with ``code``: the one its state.json records, else (killed before
+    writing it) the one the exit code says."""
+    if recorded and recorded != RUNNING:
+        return recorded
     return SUCCEEDED if code == 0 else STOPPED if code in (128 + signal.SIGTERM, 128 + signal.SIGKILL) else FAILED
 
 

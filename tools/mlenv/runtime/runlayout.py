@@ -185,7 +185,11 @@ def read_json(path: Path) -> Any:
 
 def read_ranks(node_dir: NodeDir) -> list[RankRecord]:
     """The node's ranks.json (empty when missing or unreadable)."""
-    data = read_json(node_dir.ranks)
+    return parse_ranks(read_json(node_dir.ranks))
+
+
+def parse_ranks(data: object) -> list[RankRecord]:
+    """The ranks of a ranks.json's JSON (empty when it is not a list of RankRecords)."""
     try:
         return [RankRecord.from_dict(item) for item in data] if isinstance(data, list) else []
     except (KeyError, TypeError, ValueError):

@@ -7,15 +7,13 @@ cluster's shared filesystem: sync copies it once, and every run keeps its files 
 from __future__ import annotations
 
 import hashlib
-import json
-import re
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from mlenv.backends.slurm import jobs, run, script
+from mlenv.backends.slurm import jobs, noderecords, run, script
 from mlenv.backends.slurm import record as recorded
 from mlenv.backends.slurm.checks import slurm_checks
 from mlenv.backends.slurm.jobs import JobInfo
@@ -40,6 +38,7 @@ from mlenv.core.capabilities import (
 )
 from mlenv.core.fanout import RUNS_DIR
 from mlenv.core.registry import Records
+from mlenv.core.runrecords import latest_run
 from mlenv.core.spares import place
 from mlenv.errors import ConfigError, OperationError, Problem, UsageError
 from mlenv.plan import JobPlan
@@ -405,42 +404,39 @@ class SlurmBackend:
     restarts_detached = False
     """A detached run is requeued by Slurm (slurm.requeue with slurm.signal), not restarted by mlenv."""
 
-    def latest_run(self, handle: Handle, run_id: str) -> dict[str, Any] | None:
-        """None: status shows each node's state (``run_states``), read from the shared run directory."""
-        return None
+    def latest_run(self, handle: Handle, run_id: str) -> dict[str, Any]:
+        """Run ``run_id`` as its nodes' supervisors recorded it in the shared run directory, its newest attempt
+        (``core.runrecords.latest_run``): read in one command on the login host; a node without an exit status is
+        ``running`` (or ``hung``) while the run's step (in the allocation) or batch job is live, else ``failed`` when
+        its supervisor had started (gone without an exit status), else ``-``."""
+        job = job_from(handle)
+        login, live = self._live(handle, run_id)
+        attempt, files = noderecords.read(login, f"{job.workdir}/{RUNS_DIR}", run_id)
+        return latest_run(run_id, {node: noderecords.node_job(files.get(node, {}), attempt, live)
+                                   for node in range(job.nodes)})
 
     def rank_nodes(self, handle: Handle) -> dict[int, int] | None:
-        """None: ``logs --rank`` filters every node's log."""
-        return None
+        """Global rank -> the node it ran on, in the newest attempt of the newest run in the shared run
+        directory."""
+        job = job_from(handle)
+        _, files = noderecords.read(Login.of(job.settings), f"{job.workdir}/{RUNS_DIR}", None)
+        return {rank["rank"]: node for node, mine in files.items() for rank in noderecords.ranks(mine)}
 
     def run_states(self, handle: Handle, run_id: str) -> dict[int, str]:
-        """Node ordinal -> ``<state> (N)`` once the node's supervisor wrote its exit status in the shared run
-        directory (its newest attempt), else ``running`` while the run's step (in the allocation) or batch job is
-        live, else ``-``."""
-        job = job_from(handle)
+        """Node ordinal -> its state of run ``run_id`` as ``latest_run`` reads it: ``<state> (N)`` once the node's
+        supervisor wrote its exit status, else ``running``, ``hung``, ``failed`` (lost) or ``-``."""
+        return dict(self.latest_run(handle, run_id)["nodes"])
+
+    def _live(self, handle: Handle, run_id: str) -> tuple[Login, bool]:
+        """Whether run ``run_id``'s batch job is queued or running, or its step runs in the allocation."""
         login, found, batch = self._jobs(handle)
         live = any(found[submitted["id"]].live for submitted in batch if submitted.get("run") == run_id)
         allocation = allocation_id(handle)
         if not live and allocation is not None and found[allocation].state == "RUNNING":
             steps = login.ok(["squeue", "-h", "-s", f"--jobs={allocation}", "-o", "%j"]).split()
             live = script.step_name(run_id) in steps
-        listed = login.run(["ls", "-1", job.run_path(run_id)])
-        attempts = sorted(int(name[len("attempt-"):]) for name in listed.stdout.decode(errors="replace").split()
-                          if re.fullmatch(r"attempt-\d+", name)) if listed.returncode == 0 else []
-        states: dict[int, str] = {}
-        for node in range(job.nodes):
-            where = f"{job.run_path(run_id)}/attempt-{attempts[-1]}/node{node}" if attempts else None
-            code = login.read(f"{where}/exit", 0).decode(errors="replace").strip() if where else ""
-            if not code.isdigit():
-                states[node] = "running" if live else "-"
-                continue
-            try:
-                recorded = json.loads(login.read(f"{where}/state.json", 0) or b"null")
-            except ValueError:
-                recorded = None
-            state = recorded.get("state") if isinstance(recorded, dict) else None
-            states[node] = f"{state or ('succeeded' if code == '0' else 'failed')} ({code})"
-        return states
+        return login, live
+
 
 def _held(handle: Handle) -> tuple[str, ...]:
     """The allocation's nodes as deploy found them running (empty in a record of an older mlenv)."""

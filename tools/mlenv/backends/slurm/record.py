@@ -19,8 +19,8 @@ def jobs(records: Records, name: str) -> list[dict[str, Any]]:
     return [job for job in records.jobs_of(name) if isinstance(job.get("id"), str) and job["id"].isdigit()]
 
 
-def remember(records: Records, handle: Handle, job_id: str, run_id: str, script: str) -> None:
-    """Record a batch job submitted for ``handle``'s cluster file."""
-    job = {"id": job_id, "run": run_id, "script": script,
+def remember(records: Records, handle: Handle, job_id: str, run_id: str, script: str, detached: bool) -> None:
+    """Record a batch job submitted for ``handle``'s cluster file (``status`` shows its run)."""
+    job = {"id": job_id, "run": run_id, "script": script, "detached": detached,
            "submitted": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     records.add_job(handle.name, job, KEEP_JOBS)

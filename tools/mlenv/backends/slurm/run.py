@@ -76,7 +76,7 @@ def batch(run: Run) -> LaunchOutcome:
         job_id = submit(run.login, run.run_path, str(run.request.payload))
     except SubmitError as exc:
         return LaunchOutcome(1, {}, {}, message=str(exc))
-    record.remember(run.records, run.handle, job_id, run.run_id, spec.script)
+    record.remember(run.records, run.handle, job_id, run.run_id, spec.script, spec.detach)
     info(f"batch job {job_id} submitted to partition {run.job.settings.partition}; its output: "
          f"{run.run_path}/{OUTPUT_FILE}")
     if spec.detach:

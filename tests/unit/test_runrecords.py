@@ -1,0 +1,48 @@
+"""``core.runrecords.latest_run``: status's ``latest_run`` from each node's share of a run, as every backend gives it
+(the fan-out backends from the runtime's ``jobs --json``, Slurm from the shared run directory)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mlenv.core.runrecords import latest_run, node_state
+
+
+def rank(number: int, node: int, state: str, exit_code: int | None = None) -> dict[str, Any]:
+    return {"rank": number, "local_rank": number % 2, "node": node, "host": f"h{node}", "pid": 100 + number,
+            "state": state, "exit_code": exit_code, "signal": None, "started_at": "2026-11-25T20:00:00+00:00",
+            "ended_at": None, "last_output_at": None}
+
+
+FAILURE = {"rank": 3, "node": 1, "exit_code": 3, "signal": None, "reason": "exited with 3", "log_tail": ["boom"]}
+
+
+def test_a_failed_run_names_its_first_failure_and_every_rank_in_order() -> None:
+    run = latest_run("r1", {
+        0: {"state": "failed", "exit_code": 143, "attempt": 1, "first_failure": FAILURE,
+            "ranks": [rank(1, 0, "stopped", 143), rank(0, 0, "stopped", 143)],
+            "transport": {"verdict": "TCP", "plugin": None, "devices": [], "nccl_version": None}},
+        1: {"state": "failed", "exit_code": 3, "attempt": 1, "first_failure": FAILURE,
+            "ranks": [rank(3, 1, "failed", 3), rank(2, 1, "stopped", 143)], "transport": None, "stacks": None},
+    })
+    assert (run["id"], run["state"], run["attempt"], run["first_failure"]) == ("r1", "failed", 1, FAILURE)
+    assert [(r["rank"], r["pid"], r["state"]) for r in run["ranks"]] == [
+        (0, 100, "stopped"), (1, 101, "stopped"), (2, 102, "stopped"), (3, 103, "failed")]
+    assert run["transport"] == {"node-0": {"verdict": "TCP", "plugin": None, "devices": [], "nccl_version": None}}
+    assert (run["stacks"], run["idle"]) == (None, None)
+    assert run["nodes"] == {0: "failed (143)", 1: "failed (3)"}
+
+
+def test_nodes_without_a_share_are_unknown_and_a_hung_node_makes_the_run_hung() -> None:
+    run = latest_run("r2", {0: {"state": "hung", "exit_code": None, "stacks": "/runs/r2/stacks/t1",
+                                "idle": {"node": 0}, "ranks": [rank(0, 0, "running")]},
+                            1: {"state": "running", "exit_code": None, "ranks": []}, 2: None})
+    assert (run["state"], run["attempt"], run["first_failure"]) == ("hung", 0, None)
+    assert (run["stacks"], run["idle"]) == ("/runs/r2/stacks/t1", {"node-0": {"node": 0}})
+    assert run["nodes"] == {0: "hung", 1: "running", 2: "-"}
+
+
+def test_no_share_anywhere_is_no_state() -> None:
+    run = latest_run("r3", {0: None, 1: None})
+    assert (run["state"], run["ranks"], run["transport"], run["nodes"]) == (None, [], {}, {0: "-", 1: "-"})
+    assert node_state(None) == "-"

@@ -1,0 +1,76 @@
+"""The Slurm backend's reader of the nodes' records (one sh command on the login host, here on a real directory tree
+through ``Login(None)``): the newest attempt of a run, each node's share as ``jobs --json`` gives it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from mlenv.backends.slurm.login import Login
+from mlenv.backends.slurm.noderecords import node_job, read
+
+FAILURE = {"rank": 3, "node": 1, "exit_code": 3, "signal": None, "reason": "exited with 3",
+           "log_tail": ["a line with \x1e, \"quotes\"", "[node-1 r3] failing"]}
+
+
+def rank(number: int, node: int, state: str, exit_code: int | None) -> dict[str, Any]:
+    return {"rank": number, "local_rank": number % 2, "node": node, "host": f"n{node + 1}", "pid": 4200 + number,
+            "state": state, "exit_code": exit_code, "signal": None, "started_at": "2026-11-25T20:00:00+00:00",
+            "ended_at": None, "last_output_at": None}
+
+
+def write(runs: Path, run: str, attempt: int, node: int, **files: object) -> None:
+    directory = runs / run / f"attempt-{attempt}" / f"node{node}"
+    directory.mkdir(parents=True)
+    for name, content in files.items():
+        (directory / name.replace("_", ".")).write_text(content if isinstance(content, str)
+                                                        else json.dumps(content, indent=2) + "\n")
+
+
+def test_the_newest_attempt_of_the_run_node_by_node(tmp_path: Path) -> None:
+    write(tmp_path, "r1", 9, 0, exit="0\n")
+    write(tmp_path, "r1", 10, 1, exit="3\n", record_json={"pid": 1}, state_json={"state": "failed",
+                                                                                 "first_failure": FAILURE},
+          ranks_json=[rank(2, 1, "stopped", 143), rank(3, 1, "failed", 3)])
+    write(tmp_path, "r1", 10, 0, record_json={"pid": 2}, state_json={"state": "running"},
+          ranks_json=[rank(0, 0, "running", None)])
+    (tmp_path / "r1" / "attempt-x").mkdir()
+    (tmp_path / "allocation-7.log").write_text("not a run\n")
+    attempt, files = read(Login(None), str(tmp_path), "r1")
+    assert (attempt, sorted(files), sorted(files[1])) == (10, [0, 1], ["exit", "ranks.json", "record.json",
+                                                                        "state.json"])
+    failed = node_job(files[1], attempt, live=False)
+    assert failed is not None
+    assert (failed["state"], failed["exit_code"], failed["attempt"], failed["first_failure"]) == (
+        "failed", 3, 10, FAILURE)
+    assert [(r["rank"], r["pid"], r["state"]) for r in failed["ranks"]] == [(2, 4202, "stopped"), (3, 4203, "failed")]
+    running = node_job(files[0], attempt, live=True)
+    assert running is not None and (running["state"], running["exit_code"]) == ("running", None)
+    lost = node_job(files[0], attempt, live=False)  # its supervisor started, the job is gone, no exit status
+    assert lost is not None and (lost["state"], lost["reason"]) == ("failed", "gone without an exit status")
+
+
+def test_nodes_that_have_not_written(tmp_path: Path) -> None:
+    assert read(Login(None), str(tmp_path / "none"), "r1") == (0, {})
+    (tmp_path / "r2" / "attempt-0").mkdir(parents=True)
+    assert read(Login(None), str(tmp_path), "r2") == (0, {})
+    assert node_job({}, 0, live=True) == {"attempt": 0, "state": "running", "exit_code": None, "reason": None,
+                                          "first_failure": None, "transport": None, "stacks": None, "idle": None,
+                                          "ranks": []}
+    assert node_job({}, 0, live=False) is None
+
+
+def test_an_ended_node_without_a_state_of_its_own_and_a_hung_one() -> None:
+    ended = [node_job({"exit": "143\n", "state.json": '{"state": "running"}'}, 0, live=False),
+             node_job({"exit": "0\n", "state.json": "not JSON"}, 0, live=True)]
+    assert [(job or {}).get("state") for job in ended] == ["stopped", "succeeded"]
+    hung = node_job({"state.json": '{"state": "hung", "stacks": "/w/stacks/t"}'}, 0, live=True)
+    assert hung is not None and (hung["state"], hung["stacks"]) == ("hung", "/w/stacks/t")
+
+
+def test_without_a_run_id_the_newest_run(tmp_path: Path) -> None:
+    write(tmp_path, "20261125-200000-a", 0, 0, ranks_json=[rank(0, 0, "succeeded", 0)])
+    write(tmp_path, "20261125-200100-b", 0, 1, ranks_json=[rank(1, 1, "running", None)])
+    attempt, files = read(Login(None), str(tmp_path), None)
+    assert (attempt, list(files)) == (0, [1]) and '"rank": 1' in files[1]["ranks.json"]

@@ -1,0 +1,91 @@
+"""What every node's supervisor recorded of a run in the shared run directory (docs/runs.md), read in ONE command on
+the login host (sh, like the logs: the login host need not have the runtime's Python), as the shares
+``core.runrecords.latest_run`` turns into ``status``'s ``latest_run``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from mlenv.backends.slurm.login import Login
+from mlenv.runtime.jobs import LOST, ended_state
+from mlenv.runtime.runlayout import FAILED, HUNG, RUNNING, parse_ranks
+
+FILES = ("exit", "state.json", "ranks.json", "record.json")
+"""A node's records, read in this order: the exit file first, so that a node that has ended is read with its final
+state.json (written before it)."""
+SEPARATOR = "\036"
+"""Starts each header line of the output: never in a record (JSON escapes control characters; exit is a number)."""
+READ = f"""root=$1 run=$2 newest=
+if [ -z "$run" ]; then for dir in "$root"/*/; do [ -d "$dir" ] && dir=${{dir%/}} && run=${{dir##*/}}; done; fi
+[ -n "$run" ] || exit 0
+for dir in "$root/$run"/attempt-*; do
+  k=${{dir##*/attempt-}}
+  case $k in ''|*[!0-9]*) continue ;; esac
+  if [ -z "$newest" ] || [ "$k" -gt "$newest" ]; then newest=$k; fi
+done
+[ -n "$newest" ] || exit 0
+printf '{SEPARATOR}attempt %s\\n' "$newest"
+for dir in "$root/$run/attempt-$newest"/node*; do
+  node=${{dir##*/node}}
+  case $node in ''|*[!0-9]*) continue ;; esac
+  for name in {" ".join(FILES)}; do
+    [ -f "$dir/$name" ] || continue
+    printf '{SEPARATOR}%s %s\\n' "$node" "$name"
+    cat -- "$dir/$name" 2>/dev/null
+  done
+done
+"""
+"""``sh -c READ sh RUNS_ROOT RUN_ID``: the newest attempt of run RUN_ID (of the newest run when RUN_ID is empty; run
+ids sort by time) as ``<SEP>attempt K``, then each node's records, each after a line ``<SEP>R NAME``."""
+
+
+def read(login: Login, runs_root: str, run_id: str | None) -> tuple[int, dict[int, dict[str, str]]]:
+    """The newest attempt of run ``run_id`` (the newest run when None) and its nodes' records: node -> file name ->
+    text (0 and nothing while no node has written)."""
+    attempt = 0
+    files: dict[int, dict[str, str]] = {}
+    for chunk in login.ok(["sh", "-c", READ, "sh", runs_root, run_id or ""]).split(SEPARATOR)[1:]:
+        header, _, text = chunk.partition("\n")
+        what, _, name = header.partition(" ")
+        if what == "attempt":
+            attempt = int(name)
+        elif what.isdigit() and name in FILES:
+            files.setdefault(int(what), {})[name] = text
+    return attempt, files
+
+
+def ranks(files: Mapping[str, str]) -> list[dict[str, Any]]:
+    """The node's ranks (RankRecords), empty when ranks.json is missing or unreadable."""
+    return [rank.to_dict() for rank in parse_ranks(_json(files.get("ranks.json")))]
+
+
+def node_job(files: Mapping[str, str], attempt: int, live: bool) -> dict[str, Any] | None:
+    """One node's share of the run from its ``files``, in the shape of the runtime's ``jobs --json`` entries: ended
+    once its exit file is there (the state its state.json says, else the exit code's); else, while the run's step or
+    batch job is ``live``, running (or hung, as a watchdog recorded); else failed when its supervisor started and is
+    gone without an exit status; else None (nothing known)."""
+    text = files.get("exit", "").strip()
+    code = int(text) if text.isdigit() else None
+    recorded = _json(files.get("state.json"))
+    recorded = recorded if isinstance(recorded, dict) else {}
+    if code is not None:
+        state = ended_state(str(recorded.get("state") or ""), code)
+    elif live:
+        state = HUNG if recorded.get("state") == HUNG else RUNNING
+    elif "record.json" in files:
+        state = FAILED
+    else:
+        return None
+    reason = recorded.get("reason") or (None if code is not None or live else LOST)
+    return {"attempt": attempt, "state": state, "exit_code": code, "reason": reason,
+            "first_failure": recorded.get("first_failure"), "transport": recorded.get("transport"),
+            "stacks": recorded.get("stacks"), "idle": recorded.get("idle"), "ranks": ranks(files)}
+
+
+def _json(text: str | None) -> Any:
+    try:
+        return json.loads(text) if text else None
+    except ValueError:
+        return None
