@@ -253,8 +253,9 @@ def update(name: str, *, runs: tuple[dict[str, Any], ...] | None = None, handle:
 
 
 def exclude(name: str, nodes: dict[int, tuple[str, str]]) -> tuple[dict[str, Any], ...]:
-    """Record ``nodes`` (node number -> (host, why)) as excluded from the deployment ``name``'s next runs; a node
-    already excluded keeps its first reason. The excluded nodes afterwards."""
+    """Record ``nodes`` (node number -> (host, why)) as excluded from the deployment ``name``'s next runs; a host
+    already excluded keeps its first reason (a spare host that ran a node is excluded apart from the node's own host).
+    The excluded nodes afterwards."""
     from datetime import datetime, timezone
 
     since = datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -263,10 +264,10 @@ def exclude(name: str, nodes: dict[int, tuple[str, str]]) -> tuple[dict[str, Any
         known = state.deployments.get(name)
         if known is None:
             raise UsageError(f"no deployment {shown(name)} is recorded to exclude nodes of")
-        listed = {int(entry["node"]): entry for entry in known.excluded}
+        listed = {str(entry["host"]): entry for entry in known.excluded}
         for node, (host, reason) in nodes.items():
-            listed.setdefault(node, {"node": node, "host": host, "reason": reason, "since": since})
-        excluded = tuple(listed[node] for node in sorted(listed))
+            listed.setdefault(host, {"node": node, "host": host, "reason": reason, "since": since})
+        excluded = tuple(sorted(listed.values(), key=lambda entry: (int(entry["node"]), str(entry["host"]))))
         state.deployments[name] = replace(known, excluded=excluded)
         save(state)
         return excluded

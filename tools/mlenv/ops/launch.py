@@ -109,8 +109,17 @@ def max_restarts(target: Target, asked: int | None) -> int:
 
 
 def dry_run(target: Target, spec: LaunchSpec) -> str:
-    """What ``launch`` would run, as the backend prints it (secret values masked)."""
-    return target.backend.jobs.prepare_launch(target.handle, spec).text
+    """What ``launch`` would run, as the backend prints it (secret values masked): away from the excluded nodes."""
+    return target.backend.jobs.prepare_launch(target.handle, without_excluded(target, spec)).text
+
+
+def without_excluded(target: Target, spec: LaunchSpec) -> LaunchSpec:
+    """``spec`` away from the hosts recorded as excluded on the deployment (mlenv nodes lists them)."""
+    from dataclasses import replace
+
+    recorded = target.recorded.excluded if target.recorded else ()
+    excluded = {str(entry["host"]) for entry in recorded if "host" in entry}
+    return replace(spec, exclude=tuple(sorted({*spec.exclude, *excluded})))
 
 
 FAULTY_AFTER = 2
@@ -139,9 +148,7 @@ def launch(target: Target, spec: LaunchSpec) -> LaunchResult:
         warn(f"--max-restarts {spec.max_restarts}: a detached run here is not restarted yet (the nodes' supervisors "
              "restart it on local and ssh clusters); on Slurm, slurm.requeue with slurm.signal requeues it after the "
              "warning signal")
-    recorded = target.recorded.excluded if target.recorded else ()
-    excluded = {str(entry["host"]) for entry in recorded if "host" in entry}
-    spec = replace(spec, exclude=tuple(sorted({*spec.exclude, *excluded})))
+    spec = without_excluded(target, spec)
     run_dir = _run_dir(spec.run_id)
     result = _attempt(target, spec, run_dir)
     first_failures: Counter[str] = Counter()
@@ -203,6 +210,7 @@ def _exclude(target: Target, outcome: LaunchOutcome, faulty: Mapping[int, str]) 
 def _attempt(target: Target, spec: LaunchSpec, run_dir: Path) -> LaunchResult:
     """One start of ``spec`` through the backend, its local logs in ``run_dir`` (the run's, or attempt-K/ in it); a
     summary and, on failure, the failing node's last log lines."""
+    from mlenv.ops.spares import announce
     from mlenv.ui import error, info
 
     secrets = _secrets(spec.secrets)
@@ -212,6 +220,7 @@ def _attempt(target: Target, spec: LaunchSpec, run_dir: Path) -> LaunchResult:
          f"{' (detached)' if spec.detach else ''}; logs in {run_dir}")
     started = time.monotonic()
     _remember(target, spec)  # before it starts: status, stacks and the hang watchdog's state see it while it runs
+    announce(target, request)  # the nodes on spare hosts, and why
     outcome = target.backend.jobs.launch(target.handle, request, secrets, str(run_dir))
     result = LaunchResult(outcome, spec.run_id, run_dir, round(time.monotonic() - started, 1))
     if spec.detach:
