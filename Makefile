@@ -1,14 +1,15 @@
 # mlenv: thin front end over the `mlenv` CLI. `make help` lists the targets.
 # Variables: CLUSTER (deployment, cluster name or file), MODE (rdma|tcp), NODES, IMAGE, OUT, POD, CMD, FOLLOW,
 #            DELETE_DATA, YES, SCRIPT, ARGS, LAUNCHER, DETACH, ENV, NAME, STEPS, SIZES, EXPECT, FORCE, VENV, LOG_RANK,
-#            EXPECT_TRANSPORT, HANG_TIMEOUT, ON_HANG, ON_IDLE, MAX_RESTARTS.
+#            EXPECT_TRANSPORT, HANG_TIMEOUT, ON_HANG, ON_IDLE, MAX_RESTARTS, SPARES.
 
 SHELL := /bin/bash
 VENV ?= .venv
 # Every value reaches the CLI through the environment ("$$VAR"), never spliced into the shell command line, and
 # verbatim: make does not expand a `$` inside it (make exec CMD='echo $HOSTNAME' echoes each pod's name).
 USER_VARS := CLUSTER MODE NODES IMAGE OUT POD CMD FOLLOW DELETE_DATA YES SCRIPT ARGS LAUNCHER DETACH ENV NAME STEPS \
-             SIZES EXPECT FORCE VENV LOG_RANK EXPECT_TRANSPORT HANG_TIMEOUT ON_HANG ON_IDLE MAX_RESTARTS
+             SIZES EXPECT FORCE VENV LOG_RANK EXPECT_TRANSPORT HANG_TIMEOUT ON_HANG ON_IDLE MAX_RESTARTS \
+             SPARES
 $(foreach v,$(USER_VARS),$(if $(filter command line environment,$(origin $(v))),$(eval override $(v) := $$(value $(v)))))
 export $(USER_VARS)
 MLENV = "$$VENV/bin/mlenv"
@@ -31,6 +32,7 @@ EXPECT_OPT = $(if $(EXPECT_TRANSPORT),--expect-transport "$$EXPECT_TRANSPORT")
 HANG_OPTS = $(if $(HANG_TIMEOUT),--hang-timeout "$$HANG_TIMEOUT") $(if $(ON_HANG),--on-hang "$$ON_HANG")
 IDLE_OPT = $(if $(ON_IDLE),--on-idle "$$ON_IDLE")
 RESTARTS_OPT = $(if $(MAX_RESTARTS),--max-restarts "$$MAX_RESTARTS")
+SPARES_OPT = $(if $(SPARES),--spares "$$SPARES")
 
 .DEFAULT_GOAL := help
 .PHONY: help install install-train install-system test lint bench demo list-clusters validate-cluster \
@@ -76,10 +78,10 @@ render-cluster: install ## Print what deploy sends for CLUSTER= [MODE=] [NODES=]
 	@$(MLENV) render $(CLUSTER_OPT) $(PLAN_OPTS) $(IMAGE_OPT) $(if $(OUT),-o "$$OUT")
 
 deploy-cluster-dry-run: install ## Print exactly what deploy-cluster would send
-	@$(MLENV) deploy $(CLUSTER_OPT) $(PLAN_OPTS) $(IMAGE_OPT) --dry-run
+	@$(MLENV) deploy $(CLUSTER_OPT) $(PLAN_OPTS) $(IMAGE_OPT) $(SPARES_OPT) --dry-run
 
-deploy-cluster: install ## Deploy CLUSTER= [MODE=] [NODES=] [IMAGE=] and wait until every node is ready
-	@$(MLENV) deploy $(CLUSTER_OPT) $(PLAN_OPTS) $(IMAGE_OPT)
+deploy-cluster: install ## Deploy CLUSTER= [MODE=] [NODES=] [IMAGE=] [SPARES=K] and wait until every node is ready
+	@$(MLENV) deploy $(CLUSTER_OPT) $(PLAN_OPTS) $(IMAGE_OPT) $(SPARES_OPT)
 
 use: install ## Make NAME= (a deployment, cluster name or file) the current deployment
 	@$(MLENV) use "$$NAME"

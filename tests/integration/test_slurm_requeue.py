@@ -241,13 +241,13 @@ def test_the_batch_script_restarts_a_detached_run(tmp_path: Path, slurm_cluster:
 
 def test_the_batch_script_stops_restarting_on_a_node_that_failed_first_twice(tmp_path: Path,
                                                                             slurm_cluster: SlurmCluster) -> None:
-    """Inside one job there is no spare node: after n2 failed first twice the run stops there, saying so."""
+    """The script moves no node to a spare: after n2 failed first twice the run stops there, saying so."""
     project = make_project(tmp_path, slurm_cluster)
     (project.home / "workspace" / "picky.py").write_text(PICKY_JOB)
     run, ended = detached(project, slurm_cluster, "picky.py", "n2")
     assert (ended["JobState"], ended["ExitCode"]) == ("FAILED", "5:0"), ended
     output = (run / "output.log").read_text()
     assert output.count("mlenv: node 1 failed first, with exit code 5\n") == 2, output
-    assert ("mlenv: n2 (node-1) failed first in 2 attempts of the run: not restarting it there, and this job has no "
-            "spare node\n") in output, output
+    assert ("mlenv: n2 (node-1) failed first in 2 attempts of the run: not restarting it there (the script moves no "
+            "node to a spare)\n") in output, output
     assert (run / "attempt").read_text() == "1\n" and not (run / "attempt-2").exists()

@@ -144,3 +144,56 @@ def test_the_request_is_pure_and_every_value_is_quoted(tmp_path: Path) -> None:
     v6 = Transport(5, "/tmp/c", "u")
     assert v6.destination(HostSpec("fd00::7", None, 2200), "/ws") == "u@[fd00::7]:/ws/"
     assert v6.ssh_argv(HostSpec("fd00::7", None, 2200), ["true"])[-3:] == ["--", "u@fd00::7", "true"]
+
+
+def test_spares_are_hosts_checked_like_them(tmp_path: Path) -> None:
+    spares = ["gpu3", "me@gpu2.lab.example:2222", "gpu3", "x;y"]
+    text = edited(LAB, (HOSTS_LINE, HOSTS_LINE + "\n  spares:\n" + "".join(f"    - {s!r}\n" for s in spares)))
+    path = tmp_path / "x.yaml"
+    first = text.splitlines().index("  spares:") + 2  # the line of spares[0]; every item at column 7
+    assert problems(path, text) == [
+        f'{path}:{first + 1}:7: ssh.spares[1]: "me@gpu2.lab.example:2222" is listed twice (first as hosts[1]); one '
+        "node runs per host, so list each host once",
+        f'{path}:{first + 2}:7: ssh.spares[2]: "gpu3" is listed twice (first as spares[0]); one node runs per host, so '
+        "list each host once",
+        f"{path}:{first + 3}:7: ssh.spares[3]: expected a host name, alias or address of letters, digits, '.', '_' or "
+        "'-', got 'x;y', got \"x;y\""]
+    good = loaded(path, edited(LAB, (HOSTS_LINE, HOSTS_LINE + "\n  spares: [gpu3, 'ssh://gpu4:2200']"))).settings
+    assert isinstance(good, SshSettings) and good.spares == (HostSpec("gpu3"), HostSpec("gpu4", None, 2200))
+
+
+def test_a_left_out_host_is_replaced_by_a_spare_in_the_launch_and_its_dry_run(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from mlenv.core.capabilities import LaunchSpec
+    from mlenv.errors import OperationError
+
+    text = edited(LAB, (HOSTS_LINE, HOSTS_LINE + "\n  spares: [gpu3, gpu4]"))
+    backend = SshBackend(uid=1234)
+    prepared = backend.prepare(plan(loaded(tmp_path / "lab.yaml", text))).handle
+    target = SshTarget.of(prepared)
+    assert [target.label(i) for i in range(4)] == ["me@gpu1.lab.example", "me@gpu2.lab.example:2222", "me@gpu3",
+                                                   "me@gpu4"]
+    handle = replace(prepared, data=replace(target, workspaces=("/w0", "/w1", "/w2", "/w3")).to_data())
+    spec = LaunchSpec("torchrun", "train.py", run_id="r1", exclude=("me@gpu3", "me@gpu2.lab.example:2222"))
+    request = backend.prepare_launch(handle, spec)
+    assert request == backend.prepare_launch(handle, spec)  # pure
+    assert request.spares == {1: ("me@gpu2.lab.example:2222", "me@gpu4")}  # gpu3 is excluded too: never used
+    lines = request.text.splitlines()
+    assert "# node-1: me@gpu2.lab.example:2222 excluded, using spare me@gpu4" in lines
+    assert [line.split(":")[0] for line in lines if line.startswith("node-")] == ["node-0", "node-1"]  # ranks kept
+    nodes = backend.placed(handle, backend.nodes(handle), request.spares)
+    assert [(n.ordinal, n.name, n.workspace) for n in nodes] == [(0, "me@gpu1.lab.example", "/w0"),
+                                                                 (1, "me@gpu4", "/w3")]
+    assert SshTarget.of(handle).machine(nodes[1].name, nodes[1].ordinal) == HostSpec("gpu4")  # what exec reaches
+    first = backend.prepare_launch(handle, replace(spec, exclude=("me@gpu1.lab.example",)))
+    assert first.spares == {0: ("me@gpu1.lab.example", "me@gpu3")}
+    assert "# MASTER_ADDR=<the address of node 0's spare me@gpu3, as its ssh server sees the connection>" \
+        in first.text.splitlines()
+    with pytest.raises(OperationError) as short:
+        backend.prepare_launch(handle, replace(spec, exclude=("me@gpu1.lab.example", "me@gpu2.lab.example:2222",
+                                                               "me@gpu4")))
+    assert str(short.value) == (
+        "me@gpu1.lab.example, me@gpu2.lab.example:2222 must be left out of the run (mlenv nodes says why), and lab "
+        "has 1 usable spare (me@gpu3) for the 2 excluded nodes (node-0, node-1): stopping. mlenv nodes "
+        "--forget-excluded lets the run use them again")

@@ -227,20 +227,23 @@ def render(cluster: str | None, cluster_ref: str | None, mode: str | None, nodes
 @mode_option
 @nodes_option
 @image_option
+@click.option("--spares", type=click.IntRange(0, 1024), default=0, metavar="K",
+              help="Slurm: hold K nodes more than the job uses; a launch runs on the others when nodes are excluded "
+                   "(ssh: list spare hosts in ssh.spares).")
 @click.option("--dry-run", is_flag=True, help="Print exactly what deploy would send (as render does); change nothing.")
 @click.option("--timeout", type=click.IntRange(min=1), default=900, show_default=True,
               help="Seconds to wait for every node to be ready.")
 @reports_errors
 def deploy(cluster: str | None, cluster_ref: str | None, mode: str | None, nodes: int | None, image: str | None,
-           dry_run: bool, timeout: int) -> None:
+           spares: int, dry_run: bool, timeout: int) -> None:
     """Deploy a cluster's environment and wait until every node is ready (re-running converges).
 
     Without CLUSTER, deploys the current deployment again.
     """
     from mlenv.ops.deploy import deploy as run_deploy
-    from mlenv.ops.deploy import prepared
+    from mlenv.ops.deploy import prepared, with_spares
 
-    job = _plan(_one_cluster(cluster, cluster_ref), mode, nodes, image)
+    job = with_spares(_plan(_one_cluster(cluster, cluster_ref), mode, nodes, image), spares)
     if dry_run:
         click.echo(prepared(job).text, nl=False)
         return

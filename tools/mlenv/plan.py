@@ -51,6 +51,8 @@ class JobPlan(NamedTuple):
     rdma_resources: Mapping[str, int]
     ipc_lock: bool
     warnings: tuple[str, ...]
+    spares: int = 0
+    """Nodes held beyond ``nodes`` to take an excluded node's place (``deploy --spares``; a Slurm allocation)."""
 
     def node_env(self, ordinal: int) -> dict[str, str]:
         """The env contract of node ``ordinal``."""

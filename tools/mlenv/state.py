@@ -266,17 +266,17 @@ def update(name: str, *, runs: tuple[dict[str, Any], ...] | None = None, handle:
 
 def exclude(name: str, nodes: dict[int, tuple[str, str]]) -> tuple[dict[str, Any], ...]:
     """Record ``nodes`` (node number -> (host, why)) as excluded from the next runs of ``name`` (its deployment,
-    or the cluster when it is not deployed); a node already excluded keeps its first reason. The excluded nodes
-    afterwards."""
+    or the cluster when it is not deployed); a host already excluded keeps its first reason (a spare host that ran a
+    node is excluded apart from the node's own host). The excluded nodes afterwards."""
     from datetime import datetime, timezone
 
     since = datetime.now(timezone.utc).isoformat(timespec="seconds")
     with locked():
         state = load()
-        listed = {int(entry["node"]): entry for entry in state.excluded_of(name)}
+        listed = {str(entry["host"]): entry for entry in state.excluded_of(name)}
         for node, (host, reason) in nodes.items():
-            listed.setdefault(node, {"node": node, "host": host, "reason": reason, "since": since})
-        excluded = tuple(listed[node] for node in sorted(listed))
+            listed.setdefault(host, {"node": node, "host": host, "reason": reason, "since": since})
+        excluded = tuple(sorted(listed.values(), key=lambda entry: (int(entry["node"]), str(entry["host"]))))
         _set_excluded(state, name, excluded)
         save(state)
         return excluded

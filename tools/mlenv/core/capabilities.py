@@ -181,6 +181,8 @@ class LaunchRequest:
     """Variables added to every node's command for this run (secrets are not here)."""
     payload: Any = None
     """Backend-specific form (Slurm: the batch script)."""
+    spares: Mapping[int, tuple[str, str]] = field(default_factory=dict)
+    """Node ordinal -> (its excluded host, the spare host that runs it instead) (core.spares)."""
 
 
 @dataclass(frozen=True)
@@ -248,6 +250,10 @@ class NodeAccess(Protocol):
         the node's MLENV_NODE_RANK and ``env``. With ``stop_on_stdin_eof`` the command is stopped when the local
         command's stdin closes (killing the local side stops the remote one too). ``secrets`` are variable names
         whose values the command reads first from stdin, one line each (core.remote)."""
+
+    def spares(self, handle: Handle) -> list[Node]:
+        """PURE: the hosts held in reserve to take an excluded node's place (``ssh.spares``), prepared and synced
+        like the nodes, their ordinals after the nodes'; empty where the backend keeps none apart from its nodes."""
 
     def copy_target(self, handle: Handle, node: Node) -> CopyTarget:
         """Where rsync copies the workspace of ``node`` to."""

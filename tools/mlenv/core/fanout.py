@@ -7,11 +7,13 @@ from __future__ import annotations
 import json
 import shlex
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from mlenv.core.capabilities import Handle, LaunchOutcome, LaunchRequest, LaunchSpec, Node
 from mlenv.core.remote import RUNTIME_DIR, secrets_input
 from mlenv.core.runrecords import latest_run, node_state
+from mlenv.core.spares import described, place
 from mlenv.errors import OperationError
 
 RUNS_DIR = f"{RUNTIME_DIR}/runs"
@@ -54,13 +56,23 @@ class FanoutJobs:
     torch_fix: str | None = None
     """Nothing to name beyond doctor's own hint: launches run in the software exec reaches."""
 
+    def spares(self, handle: Handle) -> list[Node]:
+        """PURE: none by default; a backend that keeps spare hosts lists them (and its ``nodes`` is pure too)."""
+        return []
+
+    def placement(self, handle: Handle, exclude: Sequence[str]) -> dict[int, tuple[str, str]]:
+        """PURE: node ordinal -> (its excluded host, the spare that runs it instead); OperationError when the spares
+        are too few. Without spares every excluded host stops the run, as these nodes cannot be done without."""
+        if not exclude:
+            return {}
+        spares = [node.name for node in self.spares(handle)]
+        nodes = [node.name for node in self.nodes(handle)] if spares else list(exclude)
+        return place(handle.name, nodes, spares, exclude)
+
     def prepare_launch(self, handle: Handle, spec: LaunchSpec) -> LaunchRequest:
-        """PURE: the same runtime launch on every node, in its workspace; refused when nodes must be left out,
-        which these backends cannot do yet (no spare nodes)."""
-        if spec.exclude:
-            raise OperationError(f"{', '.join(spec.exclude)} must be left out of the run (mlenv nodes says why), and "
-                                 f"{handle.name} has no spare node to take their place: stopping. mlenv nodes "
-                                 "--forget-excluded lets the run use them again")
+        """PURE: the same runtime launch on every node, in its workspace; a node whose host must be left out runs
+        on a spare host (same node rank), or the launch is refused when the spares are too few."""
+        placed = self.placement(handle, spec.exclude)
         options = ["--launcher", spec.launcher, *(["--nproc", str(spec.nproc)] if spec.nproc else []),
                    "--run-dir", run_dir(spec.run_id), *(["--detach"] if spec.detach else []),
                    *(["--max-restarts", str(spec.max_restarts)] if spec.detach and spec.max_restarts else []),
@@ -70,7 +82,7 @@ class FanoutJobs:
         env = {"MLENV_RUN_ID": spec.run_id, "MLENV_RESTART_COUNT": str(spec.attempt),
                "MLENV_CHECKPOINT_DIR": checkpoint_dir(spec.run_id), "PYTHONUNBUFFERED": "1"}
         commands = {ordinal: command for ordinal in range(handle.nodes)}
-        return LaunchRequest(spec, launch_text(handle, spec, env, commands), commands, env)
+        return LaunchRequest(spec, launch_text(handle, spec, env, commands, placed), commands, env, spares=placed)
 
     def launch(self, handle: Handle, request: LaunchRequest, secrets: Mapping[str, str],
                log_dir: str) -> LaunchOutcome:
@@ -81,6 +93,7 @@ class FanoutJobs:
         if len(nodes) < handle.nodes:
             raise OperationError(f"only {len(nodes)} of {handle.nodes} nodes of {handle.name} are running: "
                                  f"mlenv status shows why; deploy again to repair")
+        nodes = self.placed(handle, nodes, request.spares)
         detach = request.spec.detach
         names = request.spec.secrets
         commands = {n.ordinal: self.exec_argv(handle, n, request.commands[n.ordinal], env=request.env,
@@ -94,11 +107,21 @@ class FanoutJobs:
                              result.first_failure, detached=detach, stopped=result.stopped,
                              interrupted=result.interrupted, hosts={n.ordinal: n.name for n in nodes})
 
+    def placed(self, handle: Handle, nodes: Sequence[Node], spares: Mapping[int, tuple[str, str]]) -> list[Node]:
+        """``nodes`` with each one named in ``spares`` replaced by its spare host (keeping the node's ordinal)."""
+        held = {node.name: node for node in self.spares(handle)}
+        return [replace(held[spares[node.ordinal][1]], ordinal=node.ordinal) if node.ordinal in spares else node
+                for node in nodes]
+
+    def machines(self, handle: Handle) -> list[Node]:
+        """The nodes and the spare hosts: every machine a run may have used."""
+        return [*self.nodes(handle), *self.spares(handle)]
+
     def stop(self, handle: Handle) -> int:
-        """The runtime's ``stop`` on every node: every job mlenv started there ends; the nodes stay."""
+        """The runtime's ``stop`` on every node and spare host: every job mlenv started there ends; they stay."""
         from mlenv.parallel import run_parallel
 
-        nodes = self.nodes(handle)
+        nodes = self.machines(handle)
         commands = {n.ordinal: self.exec_argv(handle, n, self.runtime(handle, "stop")) for n in nodes}
         return run_parallel(commands).exit_code
 
@@ -118,18 +141,34 @@ class FanoutJobs:
     def _node_jobs(self, handle: Handle, run_id: str | None) -> dict[int, dict[str, Any] | None]:
         """Node ordinal -> its runtime's ``jobs --json`` entry of ``run_id`` (its newest run when None; None: none
         there, or unreadable)."""
+        return {ordinal: job for ordinal, (_, job) in self._machine_jobs(handle, run_id).items()}
+
+    def _machine_jobs(self, handle: Handle, run_id: str | None
+                      ) -> dict[int, tuple[Node, dict[str, Any] | None]]:
+        """Node ordinal -> the machine that ran its part of ``run_id`` (its newest run when None) last, as a node of
+        that ordinal (a spare host that took its place, else the node), and that machine's ``jobs --json`` entry."""
         from mlenv.parallel import run_parallel
 
         output: dict[int, list[str]] = {}
-        nodes = self.nodes(handle)
-        commands = {n.ordinal: self.exec_argv(handle, n, self.runtime(handle, "jobs", "--json")) for n in nodes}
+        nodes, spares = self.nodes(handle), self.spares(handle)
+        machines = [*nodes, *spares]  # the spares' ordinals come after the nodes'
+        commands = {n.ordinal: self.exec_argv(handle, n, self.runtime(handle, "jobs", "--json")) for n in machines}
         run_parallel(commands, echo=False, on_line=lambda node, line: output.setdefault(node, []).append(line))
-        return {node.ordinal: _job("\n".join(output.get(node.ordinal, [])), run_id) for node in nodes}
+        found = {n.ordinal: _job("\n".join(output.get(n.ordinal, [])), run_id) for n in machines}
+        jobs = {node.ordinal: (node, found[node.ordinal]) for node in nodes}
+        for spare in spares:  # a spare host that ran a node's part more recently than the node's own host
+            job = found[spare.ordinal]
+            rank = job.get("node_rank") if job is not None else None
+            if job is not None and isinstance(rank, int) and rank in jobs and _newer(job, jobs[rank][1]):
+                jobs[rank] = (replace(spare, ordinal=rank), job)
+        return jobs
 
     def logs_argv(self, handle: Handle, node: Node, follow: bool, rank: int | None = None) -> list[str]:
         """The runtime's ``logs`` of the node's latest run (``--follow`` ends with the job, or when the local side
         goes away; ``rank``: only that global rank's lines)."""
         options = [*(["--follow"] if follow else []), *(["--rank", str(rank)] if rank is not None else [])]
+        if self.spares(handle):  # the node's latest run may have run on a spare host
+            node = self._machine_jobs(handle, None).get(node.ordinal, (node, None))[0]
         return self.exec_argv(handle, node, self.runtime(handle, "logs", *options), stop_on_stdin_eof=follow)
 
 
@@ -144,19 +183,28 @@ def _job(jobs_json: str, run_id: str | None) -> dict[str, Any] | None:
     return mine[-1] if mine else None
 
 
+def _newer(job: dict[str, Any], than: dict[str, Any] | None) -> bool:
+    """Whether ``job`` started after ``than`` (the later attempt when both started in the same millisecond)."""
+    def key(entry: dict[str, Any]) -> tuple[str, int]:
+        return str(entry.get("started_at") or ""), int(entry.get("attempt") or 0)
+
+    return than is None or key(job) > key(than)
+
+
 def checkpoint_dir(run_id: str) -> str:
     """Where a run's script keeps its checkpoints, relative to the node's workspace (the run's working directory):
     the same for every attempt, and shared by the nodes when the workspace is."""
     return f"checkpoints/{run_id}"
 
 
-def launch_text(handle: Handle, spec: LaunchSpec, env: Mapping[str, str],
-                commands: Mapping[int, Sequence[str]]) -> str:
-    """What ``launch --dry-run`` prints: every node's command, shell-quoted, forwarded secrets masked."""
+def launch_text(handle: Handle, spec: LaunchSpec, env: Mapping[str, str], commands: Mapping[int, Sequence[str]],
+                spares: Mapping[int, tuple[str, str]]) -> str:
+    """What ``launch --dry-run`` prints: the nodes run on spare hosts, every node's command, shell-quoted,
+    forwarded secrets masked."""
     shown_env = [f"{k}={shlex.quote(v)}" for k, v in env.items()] + [f"{name}={MASK}" for name in spec.secrets]
     lines = [f"# mlenv launch: run {spec.run_id} of {handle.name} on {handle.nodes} nodes "
              f"({spec.launcher}{', detached' if spec.detach else ''})",
              "# each node runs, in its workspace, with the deployment's env contract and MLENV_NODE_RANK=<node>:",
-             f"# env {' '.join(shown_env)}"]
+             f"# env {' '.join(shown_env)}", *described(spares)]
     lines += [f"node-{ordinal}: {shlex.join(command)}" for ordinal, command in sorted(commands.items())]
     return "\n".join(lines) + "\n"

@@ -78,6 +78,8 @@ class BackendInfo(NamedTuple):
     capabilities: frozenset[str] = ALL
     """Which of ``core.capabilities.CAPABILITIES`` it implements (by name); the conformance suite runs each."""
     keeps_records: bool = False
+    spare_nodes: bool = False
+    """Its deployment can hold spare nodes beyond the job's (``deploy --spares K``: a Slurm allocation)."""
     """Reads and records what it submitted (batch jobs) itself: its factory takes the ``Records`` it is handed
     (``mlenv.state.RECORDS``), as backends never import state."""
 
@@ -104,7 +106,7 @@ BACKENDS: dict[str, BackendInfo] = {
                     uses=frozenset({"app", "storage"})),
         BackendInfo("slurm", "mlenv.backends.slurm.backend:SlurmBackend", section="slurm",
                     settings="mlenv.backends.slurm.settings:parse", cpu_nodes=True, uses=CONTAINER_FIELDS,
-                    machines=("slurm", "nodelist"), keeps_records=True),
+                    machines=("slurm", "nodelist"), keeps_records=True, spare_nodes=True),
         BackendInfo("runai", "mlenv.backends.runai.backend:RunaiBackend", section="runai",
                     settings="mlenv.backends.runai.settings:parse",
                     rules="mlenv.backends.kubernetes.rules:check_resources",

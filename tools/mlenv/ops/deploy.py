@@ -26,6 +26,18 @@ def prepared(job: JobPlan) -> Request:
     return request
 
 
+def with_spares(job: JobPlan, spares: int) -> JobPlan:
+    """``job`` holding ``spares`` nodes more than it uses (``deploy --spares``); UsageError where the backend's
+    deployment holds no spare nodes."""
+    from mlenv.core.registry import BACKENDS
+
+    if spares and not BACKENDS[job.cluster.backend].spare_nodes:
+        raise UsageError(f"--spares {spares}: a deployment of the {job.cluster.backend} backend holds no spare nodes "
+                         "(a Slurm "
+                         "allocation does; an ssh cluster lists its spare hosts in ssh.spares)")
+    return job._replace(spares=spares)
+
+
 def _check_name(job: JobPlan, cluster_file: str) -> None:
     """A deployment name belongs to one cluster file; another live file of the same name must be cleaned first."""
     from pathlib import Path

@@ -109,8 +109,18 @@ def max_restarts(target: Target, asked: int | None) -> int:
 
 
 def dry_run(target: Target, spec: LaunchSpec) -> str:
-    """What ``launch`` would run, as the backend prints it (secret values masked)."""
-    return target.backend.jobs.prepare_launch(target.handle, spec).text
+    """What ``launch`` would run, as the backend prints it (secret values masked): away from the excluded nodes."""
+    return target.backend.jobs.prepare_launch(target.handle, without_excluded(target, spec)).text
+
+
+def without_excluded(target: Target, spec: LaunchSpec) -> LaunchSpec:
+    """``spec`` away from the hosts recorded as excluded on the deployment, or on the cluster when it is not
+    deployed (mlenv nodes lists them)."""
+    from dataclasses import replace
+
+    recorded = state.load().excluded_of(target.handle.name)
+    excluded = {str(entry["host"]) for entry in recorded if "host" in entry}
+    return replace(spec, exclude=tuple(sorted({*spec.exclude, *excluded})))
 
 
 FAULTY_AFTER = 2
@@ -139,9 +149,7 @@ def launch(target: Target, spec: LaunchSpec) -> LaunchResult:
     if spec.detach and spec.max_restarts and not target.backend.jobs.restarts_detached:
         warn(f"--max-restarts {spec.max_restarts}: a detached run here is not restarted yet (the nodes restart it on "
              "local, ssh and Slurm clusters)")
-    recorded = state.load().excluded_of(target.handle.name)
-    excluded = {str(entry["host"]) for entry in recorded if "host" in entry}
-    spec = replace(spec, exclude=tuple(sorted({*spec.exclude, *excluded})))
+    spec = without_excluded(target, spec)
     run_dir = _run_dir(spec.run_id)
     result = _attempt(target, spec, run_dir)
     first_failures: Counter[str] = Counter()
@@ -203,6 +211,7 @@ def _exclude(target: Target, outcome: LaunchOutcome, faulty: Mapping[int, str]) 
 def _attempt(target: Target, spec: LaunchSpec, run_dir: Path) -> LaunchResult:
     """One start of ``spec`` through the backend, its local logs in ``run_dir`` (the run's, or attempt-K/ in it); a
     summary and, on failure, the failing node's last log lines."""
+    from mlenv.ops.spares import announce
     from mlenv.ui import error, info
 
     secrets = _secrets(spec.secrets)
@@ -212,6 +221,7 @@ def _attempt(target: Target, spec: LaunchSpec, run_dir: Path) -> LaunchResult:
          f"{' (detached)' if spec.detach else ''}; logs in {run_dir}")
     started = time.monotonic()
     _remember(target, spec)  # before it starts: status, stacks and the hang watchdog's state see it while it runs
+    announce(target, request)  # the nodes on spare hosts, and why
     outcome = target.backend.jobs.launch(target.handle, request, secrets, str(run_dir))
     result = LaunchResult(outcome, spec.run_id, run_dir, round(time.monotonic() - started, 1))
     if spec.detach:

@@ -101,6 +101,9 @@ def _print(report: dict[str, Any]) -> None:
             f"{run.get('state') or 'state unknown'}{restarted}, running on {running}/{len(states)} nodes "
             f"({', '.join(f'node-{n} {s}' for n, s in sorted(states.items()))}); "
             "mlenv logs -f follows it, mlenv stop stops it")
+        if latest.get("spares"):
+            say("on spare hosts: " + ", ".join(f"node-{used['node']} on {used['spare']} (in place of {used['host']})"
+                                               for used in latest["spares"]))
         transport = run.get("transport") or {}
         if transport:
             say("transport: " + ", ".join(f"{node} {found['verdict']} ({found.get('plugin') or 'no network'})"

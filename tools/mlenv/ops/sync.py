@@ -468,7 +468,7 @@ def sync(backend: NodeAccess, handle: Handle, source: Path | None = None, delete
     patterns = tuple(_ignore_patterns(source))  # bad input stops the sync before anything is copied
     if shutil.which("rsync") is None:
         raise OperationError("rsync is not installed on this machine: apt-get install rsync (make install-system)")
-    pods = backend.nodes(handle)
+    pods = [*backend.nodes(handle), *backend.spares(handle)]  # spares kept current to take a node's place
     shared = handle.shared_workspace
     targets = pods[:1] if shared else pods
     copies = "once (shared workspace)" if shared else f"to {len(targets)} pods"

@@ -39,6 +39,7 @@ from mlenv.core.capabilities import (
 from mlenv.core.fanout import RUNS_DIR
 from mlenv.core.registry import Records
 from mlenv.core.runrecords import latest_run
+from mlenv.core.spares import place
 from mlenv.errors import ConfigError, OperationError, Problem, UsageError
 from mlenv.plan import JobPlan
 from mlenv.ui import info
@@ -139,7 +140,7 @@ class SlurmBackend:
                        procs_per_node=plan.procs_per_node,
                        env={k: v for k, v in plan.env.items() if k not in ("MASTER_ADDR", "MASTER_PORT")},
                        settings=settings, container=plan.cluster.container,
-                       interfaces=dict(plan.cluster.tcp.interfaces))
+                       interfaces=dict(plan.cluster.tcp.interfaces), spares=plan.spares)
         text = script.allocation_script(job)
         handle = Handle(self.name, plan.name, plan.nodes, plan.mode, True, dict(job.env),
                         {"job": job_data(job), "allocation": None})
@@ -193,10 +194,12 @@ class SlurmBackend:
         head = current.hosts[0]
         addresses = _addresses(login, job_id, current.hosts)
         master = addresses[0] or head
-        allocation = {**handle.data["allocation"], "master_addr": master, "addresses": addresses}
+        allocation = {**handle.data["allocation"], "master_addr": master, "addresses": addresses,
+                      "hosts": list(current.hosts)}
         env = {**handle.env, "MASTER_ADDR": master, "MASTER_PORT": str(master_port(job_id))}
         record(replace(handle, env=env, data={**handle.data, "allocation": allocation}))
-        info(f"{what} is running on {current.nodelist}; master {head} at {master}:{master_port(job_id)}")
+        spares = f" ({job.nodes} for the job, {job.spares} spare)" if job.spares else ""
+        info(f"{what} is running on {current.nodelist}{spares}; master {head} at {master}:{master_port(job_id)}")
 
     @staticmethod
     def _allocation(handle: Handle) -> str:
@@ -236,11 +239,12 @@ class SlurmBackend:
 
     @staticmethod
     def _allocation_rows(handle: Handle, job: SlurmJob, current: JobInfo) -> list[NodeStatus]:
-        extra = {"job": current.id, "run": "allocation", "elapsed": current.elapsed or ""}
+        extra = {"job": current.id, "run": "allocation", "elapsed": current.elapsed or "",
+                 **({"spares": str(job.spares)} if job.spares else {})}
         if current.state != "RUNNING":
             detail = current.reason_words() if current.state == "PENDING" else current.words()
             return [NodeStatus(f"node-{index}", index, None, current.state, False, 0, job.gpus_per_node, None,
-                               detail=detail, extra=extra) for index in range(job.nodes)]
+                               detail=detail, extra=extra) for index in range(job.nodes + job.spares)]
         allocation = handle.data.get("allocation") or {}
         addresses = list(allocation.get("addresses") or [allocation.get("master_addr")])
         addresses += [None] * (len(current.hosts) - len(addresses))
@@ -248,14 +252,19 @@ class SlurmBackend:
                            extra=extra) for index, host in enumerate(current.hosts)]
 
     def nodes(self, handle: Handle) -> list[Node]:
-        """The allocation's nodes while it runs (ready: exec and shell reach them); otherwise the nodes as
-        placeholders, which share the workdir (sync and logs need no allocation)."""
+        """The allocation's nodes while it runs (ready: exec and shell reach them; its spares after the job's
+        nodes are not among them); otherwise the nodes as placeholders, which share the workdir (sync and logs
+        need no allocation)."""
         job = job_from(handle)
         allocation = allocation_id(handle)
         current = jobs.state(Login.of(job.settings), allocation) if allocation else None
         if current is not None and current.state == "RUNNING":
-            return [Node(index, host, job.workdir, ready=True) for index, host in enumerate(current.hosts)]
+            return [Node(index, host, job.workdir, ready=True) for index, host in enumerate(current.hosts[:job.nodes])]
         return [Node(index, f"node-{index}", job.workdir) for index in range(job.nodes)]
+
+    def spares(self, handle: Handle) -> list[Node]:
+        """PURE: none apart from the nodes: an allocation's spare nodes are in ``nodes``, and share the workdir."""
+        return []
 
     def exec_argv(self, handle: Handle, node: Node, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
                   interactive: bool = False, stop_on_stdin_eof: bool = False,
@@ -360,15 +369,14 @@ class SlurmBackend:
         where = f"inside allocation {allocation}" if allocation else "as a batch job"
         title = (f"mlenv launch: run {spec.run_id} of {handle.name}, {spec.script} with {spec.launcher} on "
                  f"{job.nodes} nodes {where}{' (detached)' if spec.detach else ''}{forwarded}")
-        if allocation and spec.exclude:
-            raise UsageError(f"{', '.join(spec.exclude)} must be left out, but the run goes inside allocation "
-                             f"{allocation}, which has no spare node (deploy --spares is not built yet): clean the "
-                             "allocation so that launch submits batch jobs, which leave them out")
+        placed = _placement(handle, job, spec.exclude) if allocation else {}
+        nodelist = _step_hosts(handle, job, placed) if allocation and job.spares else ()
         restarts = spec.max_restarts if spec.detach else 0  # an attached run's restarts are mlenv's own
-        text = (script.launch_script(job, title, spec.run_id, task, allocation, spec.attempt,
-                                    spec.secrets, restarts) if allocation
+        text = (script.launch_script(job, title, spec.run_id, task, allocation, spec.attempt, spec.secrets,
+                                     nodelist, restarts) if allocation
                 else script.batch_script(job, title, spec.run_id, task, spec.attempt, spec.exclude, restarts))
-        return LaunchRequest(spec, text, dict.fromkeys(range(job.nodes), task), {"MLENV_RUN_ID": spec.run_id}, text)
+        return LaunchRequest(spec, text, dict.fromkeys(range(job.nodes), task), {"MLENV_RUN_ID": spec.run_id}, text,
+                             spares=placed)
 
     def launch(self, handle: Handle, request: LaunchRequest, secrets: Mapping[str, str],
                log_dir: str) -> LaunchOutcome:
@@ -376,7 +384,8 @@ class SlurmBackend:
         job = job_from(handle)
         this = run.Run(handle, job, Login.of(job.settings), request, Path(log_dir), self.records)
         allocation = allocation_id(handle)
-        return run.in_allocation(this, allocation, secrets) if allocation else run.batch(this)
+        return (run.in_allocation(this, allocation, secrets, _step_hosts(handle, job, request.spares)) if allocation
+                else run.batch(this))
 
     def stop(self, handle: Handle) -> int:
         """Cancel the runs: the allocation's steps (it keeps holding the nodes) and the batch jobs."""
@@ -428,6 +437,28 @@ class SlurmBackend:
             steps = login.ok(["squeue", "-h", "-s", f"--jobs={allocation}", "-o", "%j"]).split()
             live = script.step_name(run_id) in steps
         return login, live
+
+
+def _held(handle: Handle) -> tuple[str, ...]:
+    """The allocation's nodes as deploy found them running (empty in a record of an older mlenv)."""
+    return tuple(map(str, (handle.data.get("allocation") or {}).get("hosts") or ()))
+
+
+def _placement(handle: Handle, job: SlurmJob, exclude: Sequence[str]) -> dict[int, tuple[str, str]]:
+    """PURE: node -> (its excluded host, the allocation's spare node that runs instead), the allocation's first
+    ``job.nodes`` nodes being the job's; OperationError when the spares are too few."""
+    held = _held(handle)
+    if not exclude or not held:
+        return place(handle.name, list(exclude), [], exclude) if exclude else {}  # nodes unknown: none to spare
+    return place(handle.name, held[:job.nodes], held[job.nodes:], exclude)
+
+
+def _step_hosts(handle: Handle, job: SlurmJob, placed: Mapping[int, tuple[str, str]]) -> tuple[str, ...]:
+    """The run's nodes inside the allocation, in the allocation's order (the order of their node ranks, which
+    Slurm numbers so): its first ``job.nodes`` nodes with the spares of ``placed`` in the excluded ones' place."""
+    held = _held(handle)
+    chosen = {placed[index][1] if index in placed else host for index, host in enumerate(held[:job.nodes])}
+    return tuple(host for host in held if host in chosen)
 
 
 def _job_detail(login: Login, job: SlurmJob, run_id: str, current: JobInfo) -> str | None:

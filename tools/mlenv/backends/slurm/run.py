@@ -141,9 +141,10 @@ def _cancel_step(run: Run, job_id: str) -> str:
     return f"step {', '.join(steps)} cancelled" if steps else "the run's step has ended"
 
 
-def in_allocation(run: Run, job_id: str, secrets: Mapping[str, str]) -> LaunchOutcome:
-    """Run the launch script inside the allocation ``job_id`` (waiting while it is pending); attached, the
-    forwarded ``secrets`` go to its stdin (never with --detach: ``prepare_launch`` refuses that)."""
+def in_allocation(run: Run, job_id: str, secrets: Mapping[str, str], hosts: tuple[str, ...] = ()) -> LaunchOutcome:
+    """Run the launch script inside the allocation ``job_id`` (waiting while it is pending) on ``hosts`` (in
+    node-rank order, where known); attached, the forwarded ``secrets`` go to its stdin (never with --detach:
+    ``prepare_launch`` refuses that)."""
     spec = run.request.spec
     current = wait_started(run.login, job_id, f"allocation {job_id} of {run.handle.name}")
     if current.state != "RUNNING":
@@ -170,7 +171,8 @@ def in_allocation(run: Run, job_id: str, secrets: Mapping[str, str]) -> LaunchOu
     finally:
         output.close()
     if result.interrupted:
-        return run.outcome(130, None, output.paths, f"interrupted: {_cancel_step(run, job_id)}", interrupted=True)
+        return run.outcome(130, None, output.paths, f"interrupted: {_cancel_step(run, job_id)}", interrupted=True,
+                           hosts=hosts)
     code = result.exit_codes[0]
-    return run.outcome(128 - code if code < 0 else code, output.failed, output.paths)
+    return run.outcome(128 - code if code < 0 else code, output.failed, output.paths, hosts=hosts)
 

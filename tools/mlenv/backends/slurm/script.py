@@ -66,6 +66,9 @@ class SlurmJob:
     container: Container | None
     interfaces: Mapping[str, str]
     """Slurm node name -> socket interface (network.tcp.interfaces)."""
+    spares: int = 0
+    """Nodes the allocation holds beyond ``nodes`` (deploy --spares): a launch runs on ``nodes`` of the others when
+    nodes must be left out."""
 
     @property
     def workdir(self) -> str:
@@ -123,7 +126,7 @@ def _render(template: str, **context: Any) -> str:
 def _context(job: SlurmJob, title: str, output: str, batch: bool = False) -> dict[str, Any]:
     settings = {**job.settings.to_data(), "signal_name": job.settings.signal_name}
     return {"job": job, "s": settings, "title": title, "output": output, "batch": batch,
-            "grace": grace_seconds(job.settings.signal_seconds)}
+            "grace": grace_seconds(job.settings.signal_seconds), "held": job.nodes if batch else job.nodes + job.spares}
 
 
 def grace_seconds(warning: int) -> int:
@@ -134,7 +137,8 @@ def grace_seconds(warning: int) -> int:
 
 def allocation_script(job: SlurmJob) -> str:
     """The sbatch script of ``deploy``: a job that holds the nodes until its time limit or ``clean``."""
-    title = f"mlenv deploy: allocation of {job.nodes} nodes for {job.name}"
+    spares = f" and {job.spares} spare{'s' if job.spares > 1 else ''}" if job.spares else ""
+    title = f"mlenv deploy: allocation of {job.nodes} nodes{spares} for {job.name}"
     return _render("allocation.sbatch.j2", **_context(job, title, job.allocation_output()))
 
 
@@ -191,11 +195,13 @@ def step_name(run_id: str) -> str:
     return f"mlenv-{run_id}"
 
 
-def srun_line(job: SlurmJob, run_id: str, task: Sequence[str], secrets: Sequence[str] = ()) -> Shell:
-    """The srun of a run: one task per node, fail-fast, every line labelled with its node. Forwarded ``secrets``
-    (shell variables of the launch script, exported to nothing) reach every task on the step's stdin, which Slurm
-    hands over and never saves, unlike a job's or a step's environment."""
-    options = ["srun", "--overlap", f"--job-name={step_name(run_id)}", f"--nodes={job.nodes}", "--ntasks-per-node=1",
+def srun_line(job: SlurmJob, run_id: str, task: Sequence[str], secrets: Sequence[str] = (),
+              nodelist: Sequence[str] = ()) -> Shell:
+    """The srun of a run: one task per node (on ``nodelist`` when given), fail-fast, every line labelled with its
+    node. Forwarded ``secrets`` (shell variables of the launch script, exported to nothing) reach every task on the
+    step's stdin, which Slurm hands over and never saves, unlike a job's or a step's environment."""
+    options = ["srun", "--overlap", f"--job-name={step_name(run_id)}", f"--nodes={job.nodes}",
+               *([f"--nodelist={','.join(nodelist)}"] if nodelist else []), "--ntasks-per-node=1",
                *([f"--cpus-per-task={job.settings.cpus_per_task}"] if job.settings.cpus_per_task else []),
                "--kill-on-bad-exit=1", "--label", *(["--input=all"] if secrets else [])]
     parts = [shlex.join(options),
@@ -209,13 +215,13 @@ def srun_line(job: SlurmJob, run_id: str, task: Sequence[str], secrets: Sequence
 
 def _run_context(job: SlurmJob, title: str, run_id: str, task: Sequence[str], batch: bool = False,
                  attempt: int = 0, exclude: Sequence[str] = (), secrets: Sequence[str] = (),
-                 restarts: int = 0) -> dict[str, Any]:
+                 nodelist: Sequence[str] = (), restarts: int = 0) -> dict[str, Any]:
     env = {**job.env, "MLENV_RUN_ID": run_id, "MLENV_RUN_DIR": job.run_path(run_id),
            "MLENV_CHECKPOINT_DIR": f"{job.workdir}/{checkpoint_dir(run_id)}", "PYTHONUNBUFFERED": "1"}
     return {**_context(job, title, f"{job.run_path(run_id)}/{OUTPUT_FILE}", batch), "env": env,
             "runtime_path": job.runtime_path, "port_base": PORT_BASE, "port_span": PORT_SPAN,
-            "srun": srun_line(job, run_id, task, secrets), "attempt": attempt, "exclude": ",".join(exclude),
-            "restarts": restarts, "final": Shell("|".join(map(str, FINAL_CODES))),
+            "srun": srun_line(job, run_id, task, secrets, nodelist), "attempt": attempt, "exclude": ",".join(exclude),
+            "nodelist": list(nodelist), "restarts": restarts, "final": Shell("|".join(map(str, FINAL_CODES))),
             "unexported": Shell(" ".join(secrets))}  # names checked by read_secrets in srun_line
 
 
@@ -229,9 +235,10 @@ def batch_script(job: SlurmJob, title: str, run_id: str, task: Sequence[str], at
 
 
 def launch_script(job: SlurmJob, title: str, run_id: str, task: Sequence[str], job_id: str, attempt: int = 0,
-                  secrets: Sequence[str] = (), restarts: int = 0) -> str:
-    """The bash script of a launch inside the allocation ``job_id``, run where Slurm's commands are; the forwarded
-    ``secrets`` arrive in its environment and leave it at once, for the run's step's stdin alone. It runs a failed
-    attempt again while ``restarts`` (a detached run's --max-restarts) allows."""
+                  secrets: Sequence[str] = (), nodelist: Sequence[str] = (), restarts: int = 0) -> str:
+    """The bash script of a launch inside the allocation ``job_id``, run where Slurm's commands are (on the
+    allocation's ``nodelist`` nodes when given, the first the master); the forwarded ``secrets`` arrive in its
+    environment and leave it at once, for the run's step's stdin alone. It runs a failed attempt again while
+    ``restarts`` (a detached run's --max-restarts) allows."""
     return _render("launch.sh.j2", **_run_context(job, title, run_id, task, attempt=attempt, secrets=secrets,
-                                                  restarts=restarts), job_id=job_id)
+                                                  nodelist=nodelist, restarts=restarts), job_id=job_id)

@@ -81,7 +81,7 @@ class SshBackend(FanoutJobs):
                               settings.known_hosts, settings.jump)
         target = SshTarget(hosts, transport, settings.workdir, settings.python,
                            _owner(plan, [h.display(settings.user) for h in hosts], settings.workdir),
-                           plan.gpus_per_node)
+                           plan.gpus_per_node, spares=settings.spares)
         handle = Handle(self.name, plan.name, plan.nodes, plan.mode, False, dict(plan.env), target.to_data())
         text = _request_text(plan, target)
         return Request(handle, text, {"deploy.yaml": text, "ssh_config": transport.config_text}, target)
@@ -107,13 +107,13 @@ class SshBackend(FanoutJobs):
         target.deployed(handle.name)
 
         def reach(ordinal: int) -> str | None:
-            host = target.hosts[ordinal]
+            host = target.machines[ordinal]
             result = subprocess.run(target.transport.ssh_argv(host, ["true"]), capture_output=True, text=True,
                                     stdin=subprocess.DEVNULL, timeout=target.transport.connect_timeout + timeout,
                                     check=False)
             return failure(target.transport, host, result.stderr) if result.returncode else None
 
-        errors = [e for e in parallel(reach, {i: i for i in range(len(target.hosts))}).values() if e]
+        errors = [e for e in parallel(reach, {i: i for i in range(len(target.machines))}).values() if e]
         if errors:
             raise OperationError("hosts not reachable:\n" + "\n".join(errors))
 
@@ -131,6 +131,12 @@ class SshBackend(FanoutJobs):
         workspaces = target.deployed(handle.name)
         return [Node(i, target.label(i), workspaces[i], host.host, ready=True) for i, host in enumerate(target.hosts)]
 
+    def spares(self, handle: Handle) -> list[Node]:
+        """PURE: the spare hosts (ssh.spares), their ordinals after the hosts'."""
+        target = SshTarget.of(handle)
+        return [Node(i, target.label(i), target.workspace(i), host.host, ready=True)
+                for i, host in enumerate(target.machines) if i >= len(target.hosts)]
+
     def exec_argv(self, handle: Handle, node: Node, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
                   interactive: bool = False, stop_on_stdin_eof: bool = False,
                   secrets: Sequence[str] = ()) -> list[str]:
@@ -141,26 +147,26 @@ class SshBackend(FanoutJobs):
         script = remote.script(stop_on_stdin_eof=stop_on_stdin_eof and not interactive, secrets=secrets)
         command = ["env", *(f"{key}={value}" for key, value in variables.items()), "sh", "-c", script, "sh",
                    node.workspace, *argv]
-        return target.transport.ssh_argv(target.hosts[node.ordinal], command, tty=interactive)
+        return target.transport.ssh_argv(target.machine(node.name, node.ordinal), command, tty=interactive)
 
     def copy_target(self, handle: Handle, node: Node) -> CopyTarget:
         """rsync over the host's ssh connection (``-e 'ssh -F CONFIG -p PORT'``) to ``user@host:WORKSPACE/``."""
         target = SshTarget.of(handle)
         target.transport.write_config()
-        host = target.hosts[node.ordinal]
+        host = target.machine(node.name, node.ordinal)
         return CopyTarget(target.transport.destination(host, node.workspace), target.transport.ssh_base(host))
 
     def data_volumes(self, handle: Handle) -> list[str]:
         """The workspaces ``clean --delete-data`` deletes (those deploy made; others are kept)."""
         target = SshTarget.of(handle)
-        ordinals = [0] if handle.shared_workspace else range(len(target.hosts))
+        ordinals = [0] if handle.shared_workspace else range(len(target.machines))
         return [f"{target.label(i)}:{target.workspace(i)}" for i in ordinals]
 
     def clean(self, handle: Handle, delete_data: bool) -> None:
         """Stop every job mlenv started on the hosts (the runtime's ``stop``, by recorded PID); delete the
         workspaces only with ``delete_data`` and only where deploy made them. Twice is fine."""
         target = SshTarget.of(handle)
-        every = range(len(target.hosts))
+        every = range(len(target.machines))
         stopped = self._on_hosts(target, every, {"stop": True})
         errors = [r.error for r in stopped.values() if r.error]
         for ordinal, answer in sorted(stopped.items()):
@@ -182,7 +188,7 @@ class SshBackend(FanoutJobs):
             raise OperationError("clean did not finish on every host (run it again):\n" + "\n".join(errors))
 
     def _on_hosts(self, target: SshTarget, ordinals: Sequence[int], request: Mapping[str, Any]) -> dict[int, Reply]:
-        requests = {i: (target.hosts[i], {"workdir": target.workspace(i), **request}) for i in ordinals}
+        requests = {i: (target.machines[i], {"workdir": target.workspace(i), **request}) for i in ordinals}
         return probe_all(target.transport, target.python, requests)
 
     def checks(self, plan: JobPlan) -> list[Check]:
@@ -191,33 +197,41 @@ class SshBackend(FanoutJobs):
         return doctor.checks(SshTarget.of(self.prepare(plan).handle))
 
     def prepare_launch(self, handle: Handle, spec: LaunchSpec) -> LaunchRequest:
-        """PURE: the runtime's launch on every host; MASTER_PORT is only picked at launch."""
+        """PURE: the runtime's launch on every host (a spare in an excluded host's place); MASTER_PORT is only
+        picked at launch, and MASTER_ADDR too when node 0 runs on a spare."""
         request = super().prepare_launch(handle, spec)
-        return replace(request, text=request.text + f"# {PORT_NOTE} (exec and shell see "
-                                                    f"MASTER_PORT={handle.env.get('MASTER_PORT', '')})\n")
+        master = (f"# MASTER_ADDR=<the address of node 0's spare {request.spares[0][1]}, as its ssh server sees the "
+                  "connection>\n") if 0 in request.spares else ""
+        return replace(request, text=request.text + master + f"# {PORT_NOTE} (exec and shell see "
+                                                             f"MASTER_PORT={handle.env.get('MASTER_PORT', '')})\n")
 
     def launch(self, handle: Handle, request: LaunchRequest, secrets: Mapping[str, str],
                log_dir: str) -> LaunchOutcome:
-        """Pick a free MASTER_PORT on host 0 (a fixed one collides on shared machines), then start every host."""
+        """Pick a free MASTER_PORT on node 0's host (a fixed one collides on shared machines; its address is
+        MASTER_ADDR when it is a spare), then start every host."""
         target = SshTarget.of(handle)
-        workspaces = target.deployed(handle.name)
-        answer = probe(target.transport, target.hosts[0], target.python, {"workdir": workspaces[0], "free_port": True})
+        (head,) = self.placed(handle, self.nodes(handle)[:1], request.spares)
+        host = target.machine(head.name, head.ordinal)
+        answer = probe(target.transport, host, target.python, {"workdir": head.workspace, "free_port": True})
         if answer.facts is None:
-            raise OperationError(f"cannot pick the rendezvous port on host 0: {answer.error}")
-        port = str(answer.facts["free_port"])
-        info(f"MASTER_PORT {port} (free on {target.label(0)}), MASTER_ADDR {handle.env.get('MASTER_ADDR')}")
-        outcome = super().launch(handle, replace(request, env={**request.env, "MASTER_PORT": port}), secrets,
-                                 log_dir)
+            raise OperationError(f"cannot pick the rendezvous port on {head.name} (node 0): {answer.error}")
+        env = {**request.env, "MASTER_PORT": str(answer.facts["free_port"])}
+        if 0 in request.spares:
+            env["MASTER_ADDR"] = str(answer.facts.get("address") or host.host)
+        info(f"MASTER_PORT {env['MASTER_PORT']} (free on {head.name}), MASTER_ADDR "
+             f"{env.get('MASTER_ADDR', handle.env.get('MASTER_ADDR'))}")
+        outcome = super().launch(handle, replace(request, env=env), secrets, log_dir)
         if outcome.exit_code != 0 and not outcome.detached:
-            self._stop_leftovers(handle, request.spec.run_id)
+            self._stop_leftovers(handle, request.spec.run_id, request.spares)
         return outcome
 
-    def _stop_leftovers(self, handle: Handle, run_id: str) -> None:
+    def _stop_leftovers(self, handle: Handle, run_id: str, spares: Mapping[int, tuple[str, str]]) -> None:
         """After a failed or interrupted run, the runtime's ``stop`` of that run on every host: it ends every
         process carrying the run's marker, including those a launcher left behind when its parent was stopped
         (DeepSpeed's runner leaves its ``launch`` child running)."""
         command = self.runtime(handle, "stop", "--run", run_id, "--grace", str(LEFTOVER_GRACE))
-        commands = {n.ordinal: self.exec_argv(handle, n, command) for n in self.nodes(handle)}
+        commands = {n.ordinal: self.exec_argv(handle, n, command) for n in self.placed(handle, self.nodes(handle),
+                                                                                    spares)}
         lines: list[tuple[int, str]] = []
         run_parallel(commands, echo=False, on_line=lambda ordinal, line: lines.append((ordinal, line)))
         for ordinal, line in sorted(lines):
@@ -260,12 +274,15 @@ def _request_text(plan: JobPlan, target: SshTarget) -> str:
               *([f"nvidia-smi -L lists at least {target.gpus_per_node} GPUs"] if target.gpus_per_node else []),
               f"mkdir -p {target.workdir} (marked as mlenv's when deploy makes it)",
               "shared workspace? a marker written through host 0, looked for through the others"]
-    document = {
+    document: dict[str, Any] = {
         "backend": "ssh",
         "name": plan.name,
         "hosts": [{"rank": i, "host": target.label(i),
                    "ssh": shlex.join([*transport.ssh_base(host), "--", host.destination(transport.user)])}
                   for i, host in enumerate(target.hosts)],
+        **({"spares": [{"host": target.label(i), "ssh": shlex.join([*transport.ssh_base(host), "--",
+                                                                  host.destination(transport.user)])}
+                       for i, host in enumerate(target.machines) if i >= len(target.hosts)]} if target.spares else {}),
         "workdir": target.workdir,
         "python": target.python,
         "deploy_checks": checks,

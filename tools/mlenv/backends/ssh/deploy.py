@@ -1,5 +1,5 @@
-"""Deploy on plain hosts: check every host (ssh login, Python, free disk, GPUs), make the workspace dirs, and find
-out whether the hosts share the workspace (a marker written through host 0, looked for through the others).
+"""Deploy on plain hosts: check every host and spare host (ssh login, Python, free disk, GPUs), make the workspace
+dirs, and find out whether they share the workspace (a marker written through host 0, looked for through the others).
 
 Host 0 goes first, so that on a shared filesystem it is host 0 that makes (and marks) the workspace and the
 marker exists before the others look; the other hosts then go at once.
@@ -55,7 +55,8 @@ def _summary(target: SshTarget, ordinal: int, facts: Mapping[str, Any]) -> str:
     gpus = f"{facts['gpus']} GPUs" if "gpus" in facts else "GPUs not checked (gpus.per_node: 0)"
     rsync = "rsync" if facts["rsync"] else "no rsync (sync copies everything with tar)"
     made = "made" if facts.get("created") else "already there"
-    return (f"{target.label(ordinal)} ({shown(str(facts['hostname']))}): Python "
+    spare = " (spare)" if ordinal >= len(target.hosts) else ""
+    return (f"{target.label(ordinal)}{spare} ({shown(str(facts['hostname']))}): Python "
             f"{'.'.join(map(str, facts['python']))}, {gpus}, {facts['free_bytes'] / GIB:.1f} GiB free, {rsync}; "
             f"workspace {shown(str(facts['workspace']))} ({made})")
 
@@ -66,30 +67,31 @@ def _request(target: SshTarget, **extra: Any) -> dict[str, Any]:
 
 
 def deploy(target: SshTarget) -> Deployed:
-    """Check and prepare every host; OperationError listing every host's problem at once."""
+    """Check and prepare every host and spare; OperationError listing every host's problem at once."""
     token = secrets.token_hex(8)
-    first, *others = target.hosts
+    first, *others = target.machines
     several = bool(others)
     order = "host 0 first, then the others at once; " if several else ""
-    info(f"checking {len(target.hosts)} host{'s' if several else ''} over ssh ({order}each gets "
-         f"{target.transport.connect_timeout} s to answer, ssh.connect_timeout)")
+    spares = f" and {len(target.spares)} spare{'s' if len(target.spares) > 1 else ''}" if target.spares else ""
+    info(f"checking {len(target.hosts)} host{'s' if len(target.hosts) > 1 else ''}{spares} over ssh ({order}each "
+         f"gets {target.transport.connect_timeout} s to answer, ssh.connect_timeout)")
     replies = {0: probe(target.transport, first, target.python,
                         _request(target, marker_write=token if several else None))}
     replies.update(probe_all(target.transport, target.python,
                              {i: (host, _request(target, marker_look=token))
-                              for i, host in enumerate(target.hosts) if i}))
+                              for i, host in enumerate(target.machines) if i}))
     if several and replies[0].facts is not None:
         probe(target.transport, first, target.python, {"workdir": target.workdir, "marker_remove": token})
     problems = _report(target, replies)
     if problems:
-        raise OperationError(f"deploy failed on {len(problems)} of {len(target.hosts)} hosts:\n"
+        raise OperationError(f"deploy failed on {len(problems)} of {len(target.machines)} hosts:\n"
                              + "\n".join(line for found in problems.values() for line in found))
     facts = {i: r.facts for i, r in replies.items() if r.facts is not None}
-    seen = [bool(facts[i].get("marker_seen")) for i in range(1, len(target.hosts))]
+    seen = [bool(facts[i].get("marker_seen")) for i in range(1, len(target.machines))]
     shared = several and all(seen)
     if several:
         _say_shared(target, shared, seen)
-    deployed = replace(target, workspaces=tuple(str(facts[i]["workspace"]) for i in range(len(target.hosts))))
+    deployed = replace(target, workspaces=tuple(str(facts[i]["workspace"]) for i in range(len(target.machines))))
     return Deployed(deployed, shared, str(facts[0].get("address") or first.host))
 
 

@@ -1,6 +1,6 @@
-"""Preflight checks of plain hosts for ``mlenv doctor``: ssh and rsync here; on each host: reachable, host key
-known or new, Python, rsync, workdir writable, free disk, GPUs (``nvidia-smi -L`` when gpus.per_node > 0); and
-host 0, the master, reachable from every other host on a free port, as the rendezvous will be. Changes nothing
+"""Preflight checks of plain hosts for ``mlenv doctor``: ssh and rsync here; on each host and spare host: reachable,
+host key known or new, Python, rsync, workdir writable, free disk, GPUs (``nvidia-smi -L`` when gpus.per_node > 0);
+and host 0, the master, reachable from every other host on a free port, as the rendezvous will be. Changes nothing
 but known_hosts (accept-new records a new host's key, as the first deploy would)."""
 
 from __future__ import annotations
@@ -118,7 +118,8 @@ def _serve(target: SshTarget, count: int) -> tuple[subprocess.Popen[str], int | 
 
 
 def _rendezvous(target: SshTarget, master: Mapping[str, Any], reachable: list[int]) -> list[Check]:
-    """Host 0 reachable from every other host on a free port, at the address launch gives them (MASTER_ADDR)."""
+    """Host 0 reachable from every other host and spare on a free port, at the address launch gives them
+    (MASTER_ADDR)."""
     address = str(master.get("address") or target.hosts[0].host)
     others = [i for i in reachable if i]
     if not others:
@@ -128,8 +129,9 @@ def _rendezvous(target: SshTarget, master: Mapping[str, Any], reachable: list[in
         if port is None:
             server.kill()
             return [Check("rendezvous", "FAIL", f"could not listen on {target.label(0)}")]
-        requests = {i: (target.hosts[i], {"workdir": target.workdir,
-                                          "connect": {"address": address, "port": port, "timeout": CONNECT_SECONDS}})
+        requests = {i: (target.machines[i], {"workdir": target.workdir,
+                                             "connect": {"address": address, "port": port,
+                                                         "timeout": CONNECT_SECONDS}})
                     for i in others}
         replies = probe_all(target.transport, target.python, requests)
         server.communicate()
@@ -146,7 +148,7 @@ def _rendezvous(target: SshTarget, master: Mapping[str, Any], reachable: list[in
 
 
 def checks(target: SshTarget) -> list[Check]:
-    """Every check, none stopping the others."""
+    """Every check of every host and spare host, none stopping the others."""
     found = _local()
     try:
         target.transport.write_config()
@@ -154,10 +156,10 @@ def checks(target: SshTarget) -> list[Check]:
         return [*found, Check("ssh config", "FAIL", str(exc))]
     if target.transport.identity_file:
         found.append(_identity(target.transport.identity_file))
-    keys = parallel(lambda host: _host_key(target, host), dict(enumerate(target.hosts)))
+    keys = parallel(lambda host: _host_key(target, host), dict(enumerate(target.machines)))
     request = {"workdir": target.workdir, "gpus": target.gpus_per_node > 0}
-    replies = probe_all(target.transport, target.python, {i: (h, request) for i, h in enumerate(target.hosts)})
-    for ordinal in range(len(target.hosts)):
+    replies = probe_all(target.transport, target.python, {i: (h, request) for i, h in enumerate(target.machines)})
+    for ordinal in range(len(target.machines)):
         found += [keys[ordinal], *_host_checks(target, ordinal, replies[ordinal])]
     master = replies[0].facts
     if master is not None:

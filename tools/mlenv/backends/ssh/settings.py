@@ -34,6 +34,8 @@ class SshSettings:
     """The workspace on every host: absolute, or relative to the login's home (``~/...``)."""
     python: str
     connect_timeout: int
+    spares: tuple[HostSpec, ...] = ()
+    """Hosts prepared like the others that take an excluded node's place (its node rank), in this order."""
 
 
 def _text(value: object) -> bool:
@@ -52,23 +54,28 @@ def local_file(reader: ClusterReader, *path: str) -> str | None:
     return str(value)
 
 
-def _hosts(reader: ClusterReader) -> tuple[HostSpec, ...]:
-    hosts: list[HostSpec] = []
-    seen: dict[tuple[str, int | None, str | None], int] = {}
+def _hosts(reader: ClusterReader) -> tuple[tuple[HostSpec, ...], tuple[HostSpec, ...]]:
+    """ssh.hosts and ssh.spares, each machine listed once across both."""
+    seen: dict[tuple[str, int | None, str | None], str] = {}
     default_user = reader.get("ssh", "user")
-    for index, text in enumerate(reader.get("ssh", "hosts", default=[])):
-        try:
-            spec = parse_host(text)
-        except HostError as exc:
-            reader.problem(("ssh", "hosts", index), f"{exc}, got {show_value(text)}")
-            continue
-        key = (spec.host, spec.port, spec.user or default_user)
-        if key in seen:
-            reader.problem(("ssh", "hosts", index), f"{show_value(text)} is listed twice (first as hosts[{seen[key]}]);"
-                                                    " one node runs per host, so list each host once")
-        seen.setdefault(key, index)
-        hosts.append(spec)
-    return tuple(hosts)
+
+    def listed(field: str) -> tuple[HostSpec, ...]:
+        hosts: list[HostSpec] = []
+        for index, text in enumerate(reader.get("ssh", field, default=[])):
+            try:
+                spec = parse_host(text)
+            except HostError as exc:
+                reader.problem(("ssh", field, index), f"{exc}, got {show_value(text)}")
+                continue
+            key = (spec.host, spec.port, spec.user or default_user)
+            if key in seen:
+                reader.problem(("ssh", field, index), f"{show_value(text)} is listed twice (first as {seen[key]});"
+                                                      " one node runs per host, so list each host once")
+            seen.setdefault(key, f"{field}[{index}]")
+            hosts.append(spec)
+        return tuple(hosts)
+
+    return listed("hosts"), listed("spares")
 
 
 def jump_hosts(reader: ClusterReader, *path: str) -> str | None:
@@ -113,7 +120,7 @@ def _check_nodes(reader: ClusterReader, hosts: tuple[HostSpec, ...]) -> None:
 
 def parse(reader: ClusterReader) -> SshSettings:
     """The ssh backend's settings (BackendInfo.settings of ``ssh``)."""
-    hosts = _hosts(reader)
+    hosts, spares = _hosts(reader)
     if reader.get("ssh") is None:
         reader.problem(("ssh",), "backend ssh needs an ssh: section with its hosts (see clusters/lab.yaml)")
     else:
@@ -128,4 +135,5 @@ def parse(reader: ClusterReader) -> SshSettings:
         python=_python(reader),
         connect_timeout=reader.integer("ssh", "connect_timeout", default=DEFAULT_CONNECT_TIMEOUT, minimum=1,
                                        maximum=300) or DEFAULT_CONNECT_TIMEOUT,
+        spares=spares,
     )

@@ -1,0 +1,71 @@
+"""``mlenv deploy --spares K`` on a real Slurm (tests/integration/slurm_cluster.py): the allocation holds one node
+more than the 1-node job; a restarted run whose node (n1) fails first twice goes on, inside the allocation, on the
+spare (n2), said and shown in the dry run; without a spare left the run stops, naming the node, with exit 1.
+``--spares -1`` and ``SPARES=-1`` are bad input (exit 2)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tests.integration.test_makefile import make
+from tests.integration.test_slurm_backend import make_project
+
+if TYPE_CHECKING:
+    from tests.integration.slurm_cluster import SlurmCluster
+
+pytest_plugins = ["tests.integration.slurm_cluster"]
+
+# No torch: fails on the nodes named in argv[1], wherever the step runs.
+PICKY_JOB = """\
+import os, sys
+host, attempt = os.environ["SLURMD_NODENAME"], os.environ["MLENV_RESTART_COUNT"]
+if host in sys.argv[1].split(","):
+    print(f"attempt {attempt}: {host} is broken", flush=True)
+    sys.exit(5)
+print(f"attempt {attempt}: ok on {host} as node {os.environ['MLENV_NODE_RANK']}", flush=True)
+"""
+
+
+def test_a_spare_node_of_the_allocation_takes_an_excluded_nodes_place(tmp_path: Path,
+                                                                      slurm_cluster: SlurmCluster) -> None:
+    project = make_project(tmp_path, slurm_cluster)
+    path = project.home / "clusters" / f"{project.name}.yaml"
+    path.write_text(path.read_text().replace("default_nodes: 2", "default_nodes: 1"))
+    (project.home / "workspace" / "picky.py").write_text(PICKY_JOB)
+    refused = project.mlenv("deploy", project.name, "--spares", "-1")
+    assert refused.returncode == 2 and "--spares" in refused.stderr and "-1" in refused.stderr
+    through_make = make("deploy-cluster-dry-run", f"CLUSTER={project.name}", "SPARES=-1", home=project.home)
+    assert through_make.returncode == 2 and "--spares" in through_make.stderr
+    dry = make("deploy-cluster-dry-run", f"CLUSTER={project.name}", "SPARES=1", home=project.home)
+    assert "#SBATCH --nodes=2\n" in dry.stdout and "allocation of 1 nodes and 1 spare" in dry.stdout, dry.stdout
+    deployed = project.ok("deploy", project.name, "--spares", "1", "--timeout", "60", timeout=120)
+    assert "is running on n[1-2] (1 for the job, 1 spare)" in deployed.stderr, deployed.stderr
+    assert [(pod["node"], pod["extra"].get("spares")) for pod in project.status()] == [("n1", "1"), ("n2", "1")]
+    project.ok("sync", "-c", project.name)
+
+    result = project.mlenv("launch", "-c", project.name, "--launcher", "torchrun", "--nproc", "1", "--max-restarts",
+                           "3", "picky.py", "n1", timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "attempt 0: n1 is broken" in result.stdout and "attempt 1: n1 is broken" in result.stdout
+    assert "node-0: n1 excluded (it failed first in 2 attempts of the run), using spare n2" in result.stderr
+    assert "attempt 2: ok on n2 as node 0" in result.stdout, result.stdout
+    assert project.recorded_jobs() == []  # every attempt ran inside the allocation: no batch job
+    dry_launch = project.ok("launch", "-c", project.name, "--dry-run", "picky.py", "none").stdout
+    assert "--nodelist=n2 " in dry_launch and "nodes=n2 head=n2\n" in dry_launch, dry_launch
+    again = project.ok("launch", "-c", project.name, "--launcher", "torchrun", "--nproc", "1", "picky.py", "none",
+                       timeout=300)
+    assert "attempt 0: ok on n2 as node 0" in again.stdout and "using spare n2" in again.stderr
+    report = json.loads(project.ok("status", "-c", project.name, "--json").stdout)
+    assert report["runs"][-1]["spares"] == [{"node": 0, "host": "n1", "spare": "n2"}]
+
+    short = project.mlenv("launch", "-c", project.name, "--launcher", "torchrun", "--nproc", "1", "--max-restarts",
+                          "3", "picky.py", "n1,n2", timeout=300)
+    assert short.returncode == 1, short.stdout + short.stderr
+    assert short.stderr.rstrip().splitlines()[-1] == (
+        f"error: n1 must be left out of the run (mlenv nodes says why), and {project.name} has no usable spares for "
+        "the 1 excluded node (node-0): stopping. mlenv nodes --forget-excluded lets the run use them again")
+    listed = json.loads(project.ok("nodes", "-c", project.name, "--json").stdout)["excluded"]
+    assert [(entry["node"], entry["host"]) for entry in listed] == [(0, "n1"), (0, "n2")]
+    project.ok("clean", "-c", project.name, timeout=120)

@@ -1,0 +1,127 @@
+"""``ssh.spares`` against real sshd "machines" (tests/integration/ssh_hosts.py), through the real `mlenv` command:
+deploy prepares the spare like the hosts, sync copies to it; a restarted run whose node-1 host fails first twice
+is excluded and goes on with the spare as node-1 (said, in the dry run, in status); the next launch uses the spare
+at once; when the spare fails too, no spare is left: the run stops, naming the nodes, with exit 1. Bad spares are
+bad input (exit 2)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tests.integration.local_cluster import MLENV, LocalProject
+
+if TYPE_CHECKING:  # imported at run time as a plugin, so that pytest rewrites its asserts
+    from tests.integration.ssh_hosts import SshHostsFactory
+
+pytest_plugins = ["tests.integration.ssh_hosts"]
+
+# The first rank of every node on a machine named in argv[1] fails (the machines' hostnames are node0, node1, ...).
+JOB = """\
+import os, socket, sys
+print(f"attempt {os.environ['MLENV_RESTART_COUNT']} node {os.environ['MLENV_NODE_RANK']} rank {os.environ['RANK']} "
+      f"on {socket.gethostname()}", flush=True)
+if socket.gethostname() in sys.argv[1].split(",") and os.environ["LOCAL_RANK"] == "0":
+    print("failing on purpose", flush=True)
+    sys.exit(3)
+"""
+RAN = re.compile(r"attempt (\d) node (\d) rank (\d) on (node\d)")
+LAUNCH_TIMEOUT = 300
+
+
+def _project(home: Path, name: str, hosts: list[str], spares: list[str], machines_root: Path,
+             identity: Path, known_hosts: Path) -> LocalProject:
+    (home / "clusters").mkdir(parents=True)
+    (home / "manifests").mkdir()
+    (home / "clusters" / f"{name}.yaml").write_text(f"""\
+backend: ssh
+cluster:
+  name: {name}
+ssh:
+  hosts: {json.dumps(hosts)}
+  spares: {json.dumps(spares)}
+  identity_file: {identity}
+  known_hosts: {known_hosts}
+  workdir: {machines_root}/{name}
+  python: {Path(MLENV).parent / "python"}
+  connect_timeout: 5
+gpus:
+  per_node: 0
+  default_nodes: {len(hosts)}
+  procs_per_node: 1
+""")
+    return LocalProject(home, name, "ml-dev-env")
+
+
+def test_an_excluded_host_is_replaced_by_a_spare(ssh_hosts: SshHostsFactory, tmp_path: Path) -> None:
+    machines = ssh_hosts(3, separate=True)  # each its own workdir: sync must copy to the spare too
+    first, second, spare = machines.hosts
+    project = _project(tmp_path / "project", "spr", [first.spec, second.spec], [spare.spec], machines.workdir,
+                       machines.identity, machines.known_hosts)
+    deployed = project.ok("deploy", "spr")
+    assert f"{spare.spec} (spare) (node2): Python 3." in deployed.stderr, deployed.stderr
+    assert "checking 2 hosts and 1 spare over ssh" in deployed.stderr
+    report = json.loads(project.ok("doctor", "spr", "--json", timeout=180).stdout)  # the spare checked like the hosts
+    checks = {check["name"]: check["status"] for check in report["checks"]}
+    assert checks[f"{spare.spec}: master reachable"] == "PASS" and set(checks.values()) == {"PASS"}, report
+    dry = project.ok("deploy", "spr", "--dry-run").stdout
+    assert f"spares:\n- host: {spare.spec}\n" in dry, dry
+    project.ok("sync", "--source", str(project.source({"job.py": JOB})))
+    assert all((host.files / "spr" / "job.py").is_file() for host in machines.hosts)  # the spare's copy too
+    assert (spare.files / "spr" / ".mlenv" / "mlenv" / "runtime" / "__main__.py").is_file()
+
+    result = project.mlenv("launch", "--max-restarts", "3", "job.py", "node1", timeout=LAUNCH_TIMEOUT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    ran = {(int(a), int(n), int(r), host) for a, n, r, host in RAN.findall(result.stdout)}
+    assert {(a, n, host) for a, n, _, host in ran if a == 2} == {(2, 0, "node0"), (2, 1, "node2")}, result.stdout
+    assert (f"excluding {second.spec} (node-1) from the next attempts: it failed first in 2 attempts of the run"
+            in result.stderr)
+    said = (f"node-1: {second.spec} excluded (it failed first in 2 attempts of the run), using spare {spare.spec}")
+    assert said in result.stderr, result.stderr
+    report = json.loads(project.ok("status", "--json").stdout)
+    run = report["latest_run"]
+    assert (run["state"], run["attempt"]) == ("succeeded", 2), run
+    assert {rank["node"]: rank["host"] for rank in run["ranks"]} == {0: "node0", 1: "node2"}, run
+    assert report["runs"][-1]["spares"] == [{"node": 1, "host": second.spec, "spare": spare.spec}]
+    assert f"on spare hosts: node-1 on {spare.spec} (in place of {second.spec})" in project.ok("status").stdout
+    logs = project.ok("logs", "--pod", "1", timeout=60).stdout  # from the spare, which ran node-1 last
+    assert re.search(r"^\[node-1 r\d\] attempt 2 node 1 rank \d on node2$", logs, re.MULTILINE), logs
+    assert "on node1" not in logs
+    (spare_rank,) = [rank["rank"] for rank in run["ranks"] if rank["node"] == 1]  # torchrun's rendezvous decides
+    assert f"attempt 2 node 1 rank {spare_rank} on node2" in project.ok("logs", "--rank", str(spare_rank),
+                                                                        timeout=60).stdout
+
+    dry_launch = project.ok("launch", "--dry-run", "job.py", "none").stdout  # what is sent: the spare at once
+    assert f"# node-1: {second.spec} excluded, using spare {spare.spec}\n" in dry_launch, dry_launch
+    again = project.ok("launch", "job.py", "none", timeout=LAUNCH_TIMEOUT)
+    assert {(int(n), host) for _, n, _, host in RAN.findall(again.stdout)} == {(0, "node0"), (1, "node2")}
+    assert said in again.stderr
+
+    short = project.mlenv("launch", "--max-restarts", "3", "job.py", "node2", timeout=LAUNCH_TIMEOUT)
+    assert short.returncode == 1, short.stdout + short.stderr
+    assert short.stderr.rstrip().splitlines()[-1] == (
+        f"error: {second.spec} must be left out of the run (mlenv nodes says why), and spr has no usable spares for "
+        "the 1 excluded node (node-1): stopping. mlenv nodes --forget-excluded lets the run use them again")
+    listed = json.loads(project.ok("nodes", "--json").stdout)["excluded"]
+    assert [(entry["node"], entry["host"]) for entry in listed] == [(1, second.spec), (1, spare.spec)]
+    project.ok("nodes", "--forget-excluded")
+    back = project.ok("launch", "job.py", "none", timeout=LAUNCH_TIMEOUT)
+    assert {(int(n), host) for _, n, _, host in RAN.findall(back.stdout)} == {(0, "node0"), (1, "node1")}
+    assert "using spare" not in back.stderr
+    project.mlenv("clean", "--delete-data", "--yes")
+
+
+def test_bad_spares_are_bad_input(tmp_path: Path) -> None:
+    project = _project(tmp_path / "project", "bad", ["a.example", "b.example"], ["b.example", "-oProxyCommand=x"],
+                       tmp_path, tmp_path / "id", tmp_path / "known")
+    result = project.mlenv("validate", "bad")
+    assert result.returncode == 2, result.stderr
+    path = project.home / "clusters" / "bad.yaml"
+    assert result.stderr.splitlines() == [
+        f'error: {path}:6:12: ssh.spares[0]: "b.example" is listed twice (first as hosts[1]); one node runs per host, '
+        "so list each host once",
+        f"error: {path}:6:25: ssh.spares[1]: a host cannot start with '-' (ssh would read it as an option), got "
+        '"-oProxyCommand=x"']
+    assert project.mlenv("deploy", "bad").returncode == 2
