@@ -237,10 +237,20 @@ def _attempt(target: Target, spec: LaunchSpec, run_dir: Path) -> LaunchResult:
     elif outcome.exit_code == IDLE_EXIT_CODE:
         error(f"stopped on every node: every GPU of the job was idle (--on-idle stop); logs in {run_dir}")
     elif outcome.failed_node is not None:
-        node = outcome.failed_node
+        node = _failed_first(target, spec.run_id, outcome, outcome.failed_node)
         error(f"node-{node} failed with exit code {outcome.node_exit_codes[node]}; the other nodes were stopped. "
               f"Last lines of {result.log(node)}:\n{_tail(result.log(node))}")
     return result
+
+
+def _failed_first(target: Target, run_id: str, outcome: LaunchOutcome, ended_first: int) -> int:
+    """The node that failed first: as the nodes' supervisors decided it (the run's first failure), where the backend
+    keeps their records; else ``ended_first``, the node whose launch ended first with a failure (a node stopped for
+    its peer's failure may end before the node that failed)."""
+    run = target.backend.jobs.latest_run(target.handle, run_id)
+    failure = (run or {}).get("first_failure")
+    node = failure.get("node") if isinstance(failure, Mapping) else None
+    return node if isinstance(node, int) and node in outcome.node_exit_codes else ended_first
 
 
 def _remember(target: Target, spec: LaunchSpec) -> None:
