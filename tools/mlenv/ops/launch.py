@@ -228,16 +228,19 @@ def _attempt(target: Target, spec: LaunchSpec, run_dir: Path) -> LaunchResult:
         if outcome.exit_code == 0:
             info(f"run {spec.run_id} started in the background: mlenv logs -f follows it, mlenv stop stops it")
         return result
+    first = None
+    if outcome.failed_node is not None and not outcome.interrupted and outcome.exit_code != IDLE_EXIT_CODE:
+        first = _failed_first(target, spec.run_id, outcome, outcome.failed_node)
     if outcome.node_exit_codes:
-        _summary(result)
+        _summary(result, first)
     if outcome.message:
         error(outcome.message)
     if outcome.interrupted:
         error(f"interrupted: every node stopped; logs in {run_dir}")
     elif outcome.exit_code == IDLE_EXIT_CODE:
         error(f"stopped on every node: every GPU of the job was idle (--on-idle stop); logs in {run_dir}")
-    elif outcome.failed_node is not None:
-        node = _failed_first(target, spec.run_id, outcome, outcome.failed_node)
+    elif first is not None:
+        node = first
         error(f"node-{node} failed with exit code {outcome.node_exit_codes[node]}; the other nodes were stopped. "
               f"Last lines of {result.log(node)}:\n{_tail(result.log(node))}")
     return result
@@ -280,16 +283,19 @@ def _last_step(path: Path) -> str:
     return f"{found[-1][0]}/{found[-1][1]}" if found else "-"
 
 
-def _summary(result: LaunchResult) -> None:
+def _summary(result: LaunchResult, failed_first: int | None) -> None:
+    """The table of nodes: a node that did not fail first but ended with an error was stopped for that failure."""
     from mlenv.ui import table
 
     outcome = result.outcome
 
     def verdict(node: int) -> str:
         code = outcome.node_exit_codes.get(node, -1)
-        if node in outcome.stopped:
+        if code == 0:
+            return "ok"
+        if node in outcome.stopped or (failed_first is not None and node != failed_first):
             return f"stopped (exit {code})"
-        return "ok" if code == 0 else f"failed ({code})"
+        return f"failed ({code})"
 
     table(f"launch finished in {result.seconds} s (exit {result.exit_code})",
           ["NODE", "RESULT", "LAST STEP", "LOG"],
