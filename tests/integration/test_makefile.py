@@ -113,6 +113,10 @@ def test_validate_list_render_and_dry_run(tmp_path: Path) -> None:
     assert dry == ok("render-cluster", "CLUSTER=nerc-production", "MODE=tcp", "IMAGE=registry.example/ml:2").stdout
     assert [d["kind"] for d in yaml.safe_load_all(dry)] == [
         "ServiceAccount", "PersistentVolumeClaim", "PersistentVolumeClaim", "Service", "NetworkPolicy", "StatefulSet"]
+    held = ok("deploy-cluster-dry-run", "CLUSTER=olivia", "SPARES=1").stdout.splitlines()  # 2 nodes + 1 spare
+    assert "#SBATCH --nodes=3" in held and "# mlenv deploy: allocation of 2 nodes and 1 spare for olivia" in held
+    refused = make("deploy-cluster-dry-run", "CLUSTER=olivia", "SPARES=-1")
+    assert refused.returncode == 2 and "'--spares': -1 is not in the range" in refused.stderr, refused.stderr
 
 
 def test_variables_reach_the_cli_verbatim(tmp_path: Path, project: LocalProject) -> None:
@@ -126,8 +130,8 @@ def test_variables_reach_the_cli_verbatim(tmp_path: Path, project: LocalProject)
     assert statefulset["spec"]["template"]["spec"]["containers"][0]["image"] == image  # verbatim, `$` included
     spliced = f"$(shell touch {marker})"  # expanded by make, this would create the marker
     for variable in ("POD", "ARGS", "ENV", "NAME", "STEPS", "VENV", "LOG_RANK", "EXPECT_TRANSPORT",
-                     "MAX_RESTARTS", "ON_IDLE"):
-        shown = make("-n", "clean-cluster", "logs", "launch", "demo", f"{variable}={spliced}")  # print, run nothing
+                     "MAX_RESTARTS", "ON_IDLE", "SPARES"):
+        shown = make("-n", "clean-cluster", "logs", "launch", "deploy-cluster", "demo", f"{variable}={spliced}")
         assert shown.returncode == 0, shown.stderr
     for variable in BOOLEANS:  # not a boolean: a usage error naming it, still never expanded
         refused = make("-n", "clean-cluster", "logs", "launch", f"{variable}={spliced}")
