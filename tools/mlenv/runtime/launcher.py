@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import signal
 import socket
 import subprocess
 import sys
@@ -31,7 +30,7 @@ from .observers import Observer
 from .preflight import library_dirs, rdma_preflight
 from .runlayout import FAILED, NodeDir, attempt_of, write_json
 from .stacks import FAULTHANDLER_DIR
-from .supervisor import FORWARDED_SIGNALS, Sinks, Supervisor
+from .supervisor import Sinks, Supervisor, handling_user_signals
 from .topology import DEFAULT_APP_NAME, Topology, detect_topology, host_name
 from .transport import Expectation, debug_env, expectation
 
@@ -256,12 +255,8 @@ def forwarding_signals(process: subprocess.Popen[bytes]) -> Iterator[None]:
         with suppress(ProcessLookupError):
             process.send_signal(signum)
 
-    previous = {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
-    try:
+    with handling_user_signals(forward):
         yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 def _container_log(stack: ExitStack, path: str | None) -> list[IO[bytes]]:

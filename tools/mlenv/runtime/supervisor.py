@@ -20,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -58,6 +58,17 @@ JOB_VARIABLE = "MLENV_JOB"
 
 def utc_now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+@contextlib.contextmanager
+def handling_user_signals(handler: Callable[[int, object], None]) -> Iterator[None]:
+    """``handler`` for SIGINT/SIGTERM/SIGHUP (a user's stop) while the block runs; the previous handlers after."""
+    previous = {sig: signal.signal(sig, handler) for sig in FORWARDED_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler_before in previous.items():
+            signal.signal(sig, handler_before)
 
 
 @dataclass
@@ -261,12 +272,8 @@ class Supervisor:
             self.user_signal = signum
             self._terminate(signum)
 
-        previous = {sig: signal.signal(sig, handle) for sig in FORWARDED_SIGNALS}
-        try:
+        with handling_user_signals(handle):
             yield
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
 
     # connections ------------------------------------------------------------------------------------------------
     def _accept(self, server: socket.socket) -> None:
