@@ -186,7 +186,8 @@ def test_launch_logs_stop_and_dry_run(project: LocalProject) -> None:
     unfollowed = make("logs", "POD=0", "FOLLOW=0", home=home)  # the job sleeps 300 s: following would hang
     assert unfollowed.returncode == 0, unfollowed.stderr
     stopped = ok("stop", "CLUSTER=mk", home=home).stdout
-    assert stopped.count("stopped node") == 2, stopped
+    # a node may have ended of its peer's stop (passed over the control channel) before stop reached it
+    assert stopped.count("stopped node") + stopped.count("nothing to stop") == 2 and "stopped node" in stopped, stopped
 
 
 def test_nccl_test_target(project: LocalProject) -> None:

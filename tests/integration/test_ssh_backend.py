@@ -302,7 +302,9 @@ def test_clean_stops_jobs_and_deletes_the_workspace_only_when_asked(lab: Lab,
     assert started.stdout.count("started in the background: pid") == 2
     assert [p["extra"]["jobs"] for p in project.status()] == ["1", "1"]
     cleaned = project.ok("clean", "--cluster", PAIR)
-    assert cleaned.stderr.count("stopped node ") == 2, cleaned.stderr
+    # each node's supervisor passes a user's stop to the other over the control channel: a node may have ended of
+    # its peer's stop before clean reached it ("nothing to stop" there)
+    assert cleaned.stderr.count("stopped node ") in (1, 2), cleaned.stderr
     assert _gone(SLEEPER) == []
     assert (workspace / "train_multi_node.py").is_file()  # kept without --delete-data
     project.ok("deploy", PAIR)
