@@ -311,8 +311,10 @@ def test_a_node_whose_supervisor_is_lost_is_excluded_at_once(project: LocalProje
     host = f"{project.app}-1"
     assert re.search(rf"excluding {host} \(node-1\) from the next attempts: unreachable: the node's supervisor "
                      r"\(pid \d+\) is gone without an exit status", result.stderr), result.stderr[-3000:]
-    assert sorted({attempt for attempt, _, _ in attempts(result.stdout)}) == [0]
-    assert latest(project)["node_faults"]["1"]["sign"] == "unreachable"
+    # no attempt after the first (the ranks may not have printed their line before the node was lost)
+    assert {attempt for attempt, _, _ in attempts(result.stdout)} <= {0}
+    run = latest(project)
+    assert (run["attempt"], run["node_faults"]["1"]["sign"]) == (0, "unreachable"), run
 
 
 def test_a_detached_user_stop_reaching_one_node_stops_every_node_and_is_never_restarted(project: LocalProject) -> None:
