@@ -156,14 +156,14 @@ def test_doctor_checks_that_jobs_may_be_requeued(tmp_path: Path, slurm_cluster: 
     assert "requeue" not in {c["name"] for c in plain["checks"]}
 
 
-# No torch: a node that always fails (the one named first), wherever Slurm puts the job.
+# No torch: the nodes named in argv[1] (comma-separated) always fail, wherever Slurm puts the job.
 PICKY_JOB = """\
 import os, sys
 host, attempt = os.environ["SLURMD_NODENAME"], os.environ["MLENV_RESTART_COUNT"]
-if host == sys.argv[1]:
+if host in sys.argv[1].split(","):
     print(f"attempt {attempt}: {host} is broken", flush=True)
     sys.exit(5)
-print(f"attempt {attempt}: ok on {host}", flush=True)
+print(f"attempt {attempt}: ok on {host} as node {os.environ['MLENV_NODE_RANK']}", flush=True)
 """
 
 

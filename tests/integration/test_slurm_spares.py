@@ -11,21 +11,12 @@ from typing import TYPE_CHECKING
 
 from tests.integration.test_makefile import make
 from tests.integration.test_slurm_backend import make_project
+from tests.integration.test_slurm_requeue import PICKY_JOB
 
 if TYPE_CHECKING:
     from tests.integration.slurm_cluster import SlurmCluster
 
 pytest_plugins = ["tests.integration.slurm_cluster"]
-
-# No torch: fails on the nodes named in argv[1], wherever the step runs.
-PICKY_JOB = """\
-import os, sys
-host, attempt = os.environ["SLURMD_NODENAME"], os.environ["MLENV_RESTART_COUNT"]
-if host in sys.argv[1].split(","):
-    print(f"attempt {attempt}: {host} is broken", flush=True)
-    sys.exit(5)
-print(f"attempt {attempt}: ok on {host} as node {os.environ['MLENV_NODE_RANK']}", flush=True)
-"""
 
 
 def test_a_spare_node_of_the_allocation_takes_an_excluded_nodes_place(tmp_path: Path,
