@@ -285,6 +285,24 @@ def test_a_detached_node_that_succeeded_before_another_failed_takes_part_in_the_
     assert {node for attempt, _, node in attempts_by_node(logs) if attempt == 2} == {0, 1}
 
 
+def test_a_detached_run_is_not_restarted_after_its_node_failed_first_twice(project: LocalProject) -> None:
+    """The nodes' supervisors judge as mlenv does attached, from the first failures they recorded, and stop alike:
+    node 1 failed first in attempts 0 and 1, so no node starts attempt 2 (a detached run moves to no spare)."""
+    project.ok("launch", "--launcher", "torchrun", "--detach", "--max-restarts", "3", "flaky.py", "--until", "9",
+               "--bad-node", "1", timeout=120)
+    wait_for(project, "failed", 1)
+    said = ("mlenv: node-1 must be left out of the run (it failed first in 2 attempts of the run): not restarting it "
+            "(the nodes of a detached run restart it where it ran; launched attached, mlenv leaves the node out)")
+    deadline = time.monotonic() + 120
+    while (logs := project.ok("logs", timeout=60).stdout).count(said) < 2:  # every node, once it has ended
+        assert time.monotonic() < deadline, logs
+        time.sleep(0.5)
+    assert {attempt for attempt, _, _ in attempts(logs)} == {0, 1}, logs
+    assert "restarting the run, attempt 2" not in logs, logs
+    run = latest(project)
+    assert (run["state"], run["attempt"], run["first_failure"]["node"]) == ("failed", 1, 1), run
+
+
 def attempts_by_node(output: str) -> set[tuple[int, str, int]]:
     """(attempt, run id, node) of every rank's first line."""
     return {(int(m[1]), m[2], int(m[3])) for m in re.finditer(r"attempt (\d) of run (\S+) on node (\d) rank", output)}

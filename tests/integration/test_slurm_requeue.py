@@ -7,8 +7,9 @@ ranks, which checkpoint and exit while every other process of the step (task she
 lives on; mlenv requeues the job, and the next attempt (MLENV_RESTART_COUNT 1) resumes from the checkpoints and
 completes. Each attempt has its own exit file. A requeue the site refuses fails the run with Slurm's words.
 
-Bad nodes left out: an attached batch job that always fails on one node, under ``--max-restarts 3``, is submitted
-again without that node once it failed first twice, and succeeds on the third node."""
+Bad nodes left out: a batch job that always fails on one node, under ``--max-restarts 3``, is submitted again
+without that node once it failed first twice (attached, by mlenv; detached, by the run's script), and succeeds on the
+third node."""
 
 from __future__ import annotations
 
@@ -239,15 +240,43 @@ def test_the_batch_script_restarts_a_detached_run(tmp_path: Path, slurm_cluster:
     assert (row["phase"], row["detail"]) == ("COMPLETED", "exit code 0")
 
 
-def test_the_batch_script_stops_restarting_on_a_node_that_failed_first_twice(tmp_path: Path,
-                                                                            slurm_cluster: SlurmCluster) -> None:
-    """The script moves no node to a spare: after n2 failed first twice the run stops there, saying so."""
+def test_a_detached_run_goes_on_in_a_batch_job_without_the_node_that_failed_first_twice(
+        tmp_path: Path, slurm_cluster: SlurmCluster) -> None:
+    """Detached, with no terminal waiting: after n2 failed first in attempts 0 and 1 (job X on n[1-2]), the run's
+    script submits job Y with --exclude=n2, to start once X has handed the run on; attempt 2 runs on n1 and n3 and
+    succeeds. mlenv finds Y in the run's directory: status shows both jobs and n2 as excluded, logs every attempt."""
     project = make_project(tmp_path, slurm_cluster)
     (project.home / "workspace" / "picky.py").write_text(PICKY_JOB)
     run, ended = detached(project, slurm_cluster, "picky.py", "n2")
-    assert (ended["JobState"], ended["ExitCode"]) == ("FAILED", "5:0"), ended
+    assert (ended["JobState"], ended["ExitCode"], ended["NodeList"]) == ("COMPLETED", "0:0", "n[1-2]"), ended
     output = (run / "output.log").read_text()
     assert output.count("mlenv: node 1 failed first, with exit code 5\n") == 2, output
-    assert ("mlenv: n2 (node-1) failed first in 2 attempts of the run: not restarting it there (the script moves no "
-            "node to a spare)\n") in output, output
-    assert (run / "attempt").read_text() == "1\n" and not (run / "attempt-2").exists()
+    assert ("mlenv: excluding n2 (node-1) from the next attempts: it failed first in 2 attempts of the run\n"
+            in output), output
+    found = re.search(r"^mlenv: attempt 2 of at most 3 restarts submitted as batch job (\d+), without n2 "
+                      r"\(MLENV_RESTART_COUNT=2\)$", output, re.MULTILINE)
+    assert found, output
+    following = found[1]
+    assert slurm_cluster.job(following)["ExcNodeList"] == "n2"
+    last = slurm_cluster.wait_finished(following, 120)
+    assert (last["JobState"], last["ExitCode"], last["NodeList"]) == ("COMPLETED", "0:0", "n[1,3]"), last
+    output = (run / "output.log").read_text()
+    assert set(re.findall(r"attempt 2: ok on (n\d) as node", output)) == {"n1", "n3"}, output
+    assert "attempt 2: n2" not in output and not (run / "attempt-3").exists()
+    assert [(run / f"attempt-{k}" / "exit").read_text() for k in (0, 1, 2)] == ["5\n", "5\n", "0\n"]
+    assert (run / "attempt").read_text() == "2\n"
+    # mlenv follows the run into the job its script submitted, and records the node it left out
+    status = json.loads(project.ok("status", "-c", project.name, "--json").stdout)
+    assert project.recorded_jobs() == [ended["JobId"], following]
+    rows = {row["name"]: (row["phase"], row["detail"]) for row in status["pods"]}
+    assert rows == {f"job-{ended['JobId']}": ("COMPLETED", f"its run went on as job {following}, without a node "
+                                                            "that failed first twice"),
+                    f"job-{following}": ("COMPLETED", "exit code 0")}, rows
+    (excluded,) = status["excluded"]
+    assert (excluded["node"], excluded["host"], excluded["reason"]) == (1, "n2", "it failed first in 2 attempts "
+                                                                                  "of the run"), excluded
+    assert status["latest_run"]["attempt"] == 2, status["latest_run"]
+    logs = project.ok("logs", "-c", project.name, timeout=30).stdout
+    for k in (0, 1, 2):
+        assert f"mlenv: ==== attempt {k} (MLENV_RESTART_COUNT={k}) of run {run.name}, node 1 ====" in logs, logs
+    assert "attempt 2: ok on n3 as node 1" in logs, logs

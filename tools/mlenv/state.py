@@ -311,6 +311,16 @@ def add_job(name: str, job: dict[str, Any], keep: int) -> None:
         save(state)
 
 
+def update_job(name: str, job_id: str, fields: dict[str, Any]) -> None:
+    """Add ``fields`` to the recorded batch job ``job_id`` of the cluster ``name`` (nothing when not recorded)."""
+    with locked():
+        state = load()
+        listed = state.jobs.get(name, ())
+        if any(job.get("id") == job_id for job in listed):
+            state.jobs[name] = tuple({**job, **fields} if job.get("id") == job_id else job for job in listed)
+            save(state)
+
+
 def jobs_of(name: str) -> tuple[dict[str, Any], ...]:
     """The batch jobs recorded for the cluster ``name``, oldest first."""
     return load().jobs.get(name, ())
@@ -328,6 +338,12 @@ class StateRecords:
 
     def add_job(self, name: str, job: dict[str, Any], keep: int) -> None:
         add_job(name, job, keep)
+
+    def update_job(self, name: str, job_id: str, fields: dict[str, Any]) -> None:
+        update_job(name, job_id, fields)
+
+    def exclude(self, name: str, nodes: dict[int, tuple[str, str]]) -> None:
+        exclude(name, nodes)
 
 
 RECORDS = StateRecords()

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from mlenv.runtime.gpus import Ecc, Gpu
 from mlenv.runtime.launcher import RUNTIME_PARENT, Job, launch, run_job
-from mlenv.runtime.nodefault import NodeFault, NodeFaultWatch, gpu_fault, nccl_net_error
+from mlenv.runtime.nodefault import NodeFault, NodeFaultWatch, first_failed_faulty, gpu_fault, nccl_net_error
 from mlenv.runtime.runlayout import NodeDir, read_state
 from runtime_support import FIXTURES
 
@@ -96,6 +96,22 @@ def test_a_plain_failure_carries_no_sign(tmp_path: Path) -> None:
     failure = _first_failure(tmp_path, "raise SystemExit(3)", NodeFaultWatch(nvidia_smi="no-such-nvidia-smi",
                                                                              kmsg=tmp_path / "no-kmsg"))
     assert failure["node_fault"] is None
+
+
+def test_a_detached_run_s_nodes_judge_from_their_records_of_the_first_failures(tmp_path: Path) -> None:
+    """What a node's supervisor reads before it restarts a detached run: the first failures its real runs recorded."""
+    run = tmp_path / "run"
+    plain = NodeFaultWatch(nvidia_smi="no-such-nvidia-smi", kmsg=tmp_path / "no-kmsg")
+    for attempt in (0, 1):
+        assert run_job(_job(tmp_path, "raise SystemExit(3)"), node_dir=NodeDir(run, attempt, 0),
+                       observers=[plain]) == 3
+    assert first_failed_faulty(run, 0, 0) is None  # once is not yet a fault
+    assert first_failed_faulty(run, 1, 0) == (0, "it failed first in 2 attempts of the run")
+    line = NET_ERRORS[0]
+    assert run_job(_job(tmp_path, f"print({line!r}); raise SystemExit(3)"), node_dir=NodeDir(tmp_path / "net", 0, 0),
+                   observers=[NodeFaultWatch(nvidia_smi="no-such-nvidia-smi")]) == 3
+    assert first_failed_faulty(tmp_path / "net", 0, 0) == (0, f"NCCL network error: {line}")  # at once
+    assert first_failed_faulty(tmp_path / "nothing", 0, 0) is None
 
 
 def _standin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, uncorrectable: int) -> Path:

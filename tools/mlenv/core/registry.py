@@ -132,7 +132,8 @@ CONFIG_RULES = BackendTable(BACKENDS, DEFAULT_BACKEND, SELECTIVE_FIELDS)
 
 class Records(Protocol):
     """What a backend may read and record of mlenv's records (``mlenv.state.RECORDS`` provides it), by deployment
-    name: the recorded handle, and the batch jobs submitted whether or not the cluster is deployed."""
+    name: the recorded handle, the batch jobs submitted whether or not the cluster is deployed, and the nodes left
+    out of the next runs."""
 
     def handle_of(self, name: str) -> Handle | None:
         """The recorded deployment's handle, if ``name`` is recorded."""
@@ -142,6 +143,12 @@ class Records(Protocol):
 
     def add_job(self, name: str, job: dict[str, Any], keep: int) -> None:
         """Record ``job`` for ``name``, keeping the newest ``keep``."""
+
+    def update_job(self, name: str, job_id: str, fields: dict[str, Any]) -> None:
+        """Add ``fields`` to the recorded job ``job_id`` of ``name`` (nothing when it is not recorded)."""
+
+    def exclude(self, name: str, nodes: dict[int, tuple[str, str]]) -> None:
+        """Record ``nodes`` (node number -> (host, why)) as excluded from the next runs of ``name``."""
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from mlenv.core.capabilities import LaunchOutcome, LaunchSpec
 from mlenv.errors import UsageError
 from mlenv.ops.target import Target
 from mlenv.runtime.idle import IDLE_EXIT_CODE
-from mlenv.runtime.nodefault import SIGNS, UNREACHABLE
+from mlenv.runtime.nodefault import FAULTY_AFTER, UNREACHABLE, why_faulty
 from mlenv.runtime.runlayout import USER_STOPS
 
 STEP = re.compile(r"\bstep (\d+)/(\d+)\b")
@@ -123,8 +123,6 @@ def without_excluded(target: Target, spec: LaunchSpec) -> LaunchSpec:
     return replace(spec, exclude=tuple(sorted({*spec.exclude, *excluded})))
 
 
-FAULTY_AFTER = 2
-"""A node that failed first in this many attempts is judged faulty and left out of the next ones."""
 SSH_UNREACHABLE = 255
 """ssh's exit status when it cannot reach the host (or the connection broke)."""
 
@@ -186,8 +184,7 @@ def judge_faulty(outcome: LaunchOutcome, run: Mapping[str, Any] | None,
         first = outcome.failed_node if run is None else None
     if isinstance(failure, Mapping) and isinstance(failure.get("node_fault"), Mapping) and first is not None:
         signs.setdefault(first, failure["node_fault"])
-    faulty = {node: f"{SIGNS.get(str(sign.get('sign')), str(sign.get('sign')))}: {sign.get('evidence')}"
-              for node, sign in sorted(signs.items()) if node in outcome.hosts}
+    faulty = {node: why_faulty(sign) for node, sign in sorted(signs.items()) if node in outcome.hosts}
     if first is not None and first in outcome.hosts:
         host = outcome.hosts[first]
         first_failures[host] += 1

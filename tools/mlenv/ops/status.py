@@ -26,7 +26,8 @@ def _report(handle: Handle, recorded: state.Deployment | None, current: str | No
         "runs": list(recorded.runs) if recorded else _submitted_runs(handle.name),
         "deploy": dict(recorded.deploy) if recorded else None,
         "latest_run": None,  # the latest detached run, as its nodes' supervisors recorded it (docs/runs.md)
-        "excluded": list(recorded.excluded if recorded else state.load().excluded_of(handle.name)),
+        # an undeployed cluster's once the backend has answered: it may record some (Slurm batch runs' scripts)
+        "excluded": list(recorded.excluded) if recorded else [],
     }
     try:
         made = backend()
@@ -53,6 +54,8 @@ def _report(handle: Handle, recorded: state.Deployment | None, current: str | No
         if not tolerant:
             raise
         report["pods"], report["error"] = [], f"cannot query it: {type(exc).__name__}: {exc}"
+    if recorded is None:
+        report["excluded"] = list(state.load().excluded_of(handle.name))
     return report
 
 

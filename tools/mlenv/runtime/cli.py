@@ -28,6 +28,7 @@ from .launcher import forwarding_signals, launch
 from .launchers import DEFAULT_LAUNCHER, LAUNCHERS
 from .nccl import detect_nccl_env
 from .ncclog import EXPECTATIONS, LogReport, NcclLogReader, iter_lines, judge
+from .nodefault import first_failed_faulty
 from .observing import observers_for
 from .runlayout import USER_STOPS, NodeDir, attempt_of, read_ranks, runs_root, write_atomic
 from .stacks import METHODS, group, sample
@@ -229,6 +230,11 @@ def _restart(args: argparse.Namespace, environ: Mapping[str, str], status: int) 
     (every node of the run sees the same failure, which the control channel spreads, and restarts alike)."""
     attempt = attempt_of(environ)
     if status in (0, IDLE_EXIT_CODE) or status in USER_STOPS or attempt >= args.max_restarts:
+        return
+    faulty = first_failed_faulty(args.run_dir, attempt, detect_topology(environ).node_rank)
+    if faulty is not None:  # every node reads the same first failure, and stops alike
+        print(f"mlenv: node-{faulty[0]} must be left out of the run ({faulty[1]}): not restarting it (the nodes of a "
+              "detached run restart it where it ran; launched attached, mlenv leaves the node out)", flush=True)
         return
     following = attempt + 1
     print(f"mlenv: attempt {attempt} failed with exit code {status}: restarting the run, attempt {following} of at "

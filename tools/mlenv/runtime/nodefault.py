@@ -18,11 +18,14 @@ from __future__ import annotations
 import re
 import shutil
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from .gpus import Gpu, Xid, boot_time, bus_key, parse_kmsg, read_gpus, read_kmsg
 from .observers import BaseObserver, JobControl, RankInfo
+from .runlayout import NodeDir, read_state
 
 UNREACHABLE, NCCL_NET, XID, ECC, NODE_CHECK = "unreachable", "nccl-net", "xid", "ecc", "node-check"
 SIGNS = {
@@ -33,6 +36,8 @@ SIGNS = {
     NODE_CHECK: "in-node check failed",
 }
 """Every sign and how the CLI names it."""
+FAULTY_AFTER = 2
+"""A node that failed first in this many attempts of a run is judged faulty and left out of the next ones."""
 
 NCCL_NET_ERRORS = re.compile("|".join([
     # src/transport/net_ib.cc (net_ib/p2p.cc since 2.26): WARN("NET/IB : Got completion from peer %s with error %d,
@@ -66,6 +71,28 @@ class NodeFault:
 
     def to_dict(self) -> dict[str, str]:
         return asdict(self)
+
+
+def why_faulty(fault: Mapping[str, Any]) -> str:
+    """How a recorded sign (``{"sign", "evidence"}``) reads: ``NCCL network error: <the line>``."""
+    sign = str(fault.get("sign"))
+    return f"{SIGNS.get(sign, sign)}: {fault.get('evidence')}"
+
+
+def first_failed_faulty(run_dir: Path, attempt: int, node: int) -> tuple[int, str] | None:
+    """The node that failed first in ``attempt`` of the run and why it is faulty (its failure carries a node-fault
+    sign, or it failed first in FAULTY_AFTER attempts), as node ``node``'s own records of the run's attempts show it
+    (every node records the run's first failure, which the supervisors' control channel spreads); None when it is
+    not (or nothing failed first)."""
+    firsts = [read_state(NodeDir(run_dir, k, node)).get("first_failure") for k in range(attempt + 1)]
+    nodes = [first.get("node") if isinstance(first, dict) else None for first in firsts]
+    latest = firsts[-1]
+    if not isinstance(latest, dict) or not isinstance(nodes[-1], int):
+        return None
+    if isinstance(latest.get("node_fault"), dict):
+        return nodes[-1], why_faulty(latest["node_fault"])
+    count = nodes.count(nodes[-1])
+    return (nodes[-1], f"it failed first in {count} attempts of the run") if count >= FAULTY_AFTER else None
 
 
 def nccl_net_error(text: str) -> NodeFault | None:

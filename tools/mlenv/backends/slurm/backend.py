@@ -13,7 +13,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from mlenv.backends.slurm import jobs, noderecords, run, script
+from mlenv.backends.slurm import followed, jobs, noderecords, run, script
 from mlenv.backends.slurm import record as recorded
 from mlenv.backends.slurm.checks import slurm_checks
 from mlenv.backends.slurm.jobs import JobInfo
@@ -211,13 +211,17 @@ class SlurmBackend:
     def _jobs(self, handle: Handle, exit_codes: bool = False
               ) -> tuple[Login, dict[str, JobInfo], list[dict[str, Any]]]:
         """The allocation and the recorded batch jobs of ``handle`` (the newest SHOWN_JOBS with ``exit_codes``),
-        as Slurm knows them now."""
-        login = Login.of(job_from(handle).settings)
-        submitted = recorded.jobs(self.records, handle.name)
-        batch = submitted[-SHOWN_JOBS:] if exit_codes else submitted
-        allocation = allocation_id(handle)
-        ids = [*([allocation] if allocation else []), *(job["id"] for job in batch)]
-        return login, jobs.query(login, ids, exit_codes), batch
+        as Slurm knows them now, with the jobs that detached runs' scripts submitted to go on without a node."""
+        job = job_from(handle)
+        login = Login.of(job.settings)
+        while True:  # again once when the runs' scripts submitted jobs not recorded yet (followed.follow)
+            submitted = recorded.jobs(self.records, handle.name)
+            batch = submitted[-SHOWN_JOBS:] if exit_codes else submitted
+            allocation = allocation_id(handle)
+            ids = [*([allocation] if allocation else []), *(entry["id"] for entry in batch)]
+            found = jobs.query(login, ids, exit_codes)
+            if not followed.follow(login, self.records, handle, job, found):
+                return login, found, batch
 
     def status(self, handle: Handle) -> list[NodeStatus]:
         """The allocation's nodes (or its pending reason), then the newest batch jobs mlenv submitted for the
@@ -233,7 +237,7 @@ class SlurmBackend:
             run_id = str(submitted.get("run", ""))
             rows.append(NodeStatus(f"job-{current.id}", index, current.nodelist, current.state,
                                    current.state == "RUNNING", 0, job.gpus_per_node * job.nodes, None,
-                                   detail=_job_detail(login, job, run_id, current),
+                                   detail=_job_detail(login, job, submitted, current),
                                    extra={"job": current.id, "run": run_id, "elapsed": current.elapsed or ""}))
         return rows
 
@@ -461,13 +465,16 @@ def _step_hosts(handle: Handle, job: SlurmJob, placed: Mapping[int, tuple[str, s
     return tuple(host for host in held if host in chosen)
 
 
-def _job_detail(login: Login, job: SlurmJob, run_id: str, current: JobInfo) -> str | None:
+def _job_detail(login: Login, job: SlurmJob, submitted: Mapping[str, Any], current: JobInfo) -> str | None:
     """A batch job's reason while pending, its exit code once ended (from its run's exit file once Slurm has
-    forgotten it)."""
+    forgotten it), or the job it handed its run on to."""
+    run_id = str(submitted.get("run", ""))
     if current.state == "PENDING":
         return current.reason_words()
     if current.live:
         return None
+    if submitted.get("next"):
+        return f"its run went on as job {submitted['next']}, without a node that failed first twice"
     code = current.exit_code
     if current.state == jobs.GONE and run_id:
         code = run.exit_file(login, job.run_path(run_id))

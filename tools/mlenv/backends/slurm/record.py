@@ -19,8 +19,11 @@ def jobs(records: Records, name: str) -> list[dict[str, Any]]:
     return [job for job in records.jobs_of(name) if isinstance(job.get("id"), str) and job["id"].isdigit()]
 
 
-def remember(records: Records, handle: Handle, job_id: str, run_id: str, script: str, detached: bool) -> None:
-    """Record a batch job submitted for ``handle``'s cluster file (``status`` shows its run)."""
+def remember(records: Records, handle: Handle, job_id: str, run_id: str, script: str, detached: bool,
+             restarts: int = 0) -> None:
+    """Record a batch job submitted for ``handle``'s cluster file (``status`` shows its run); ``restarts``: the
+    --max-restarts of a detached run, whose script may submit the run's next job (``follow``)."""
     job = {"id": job_id, "run": run_id, "script": script, "detached": detached,
-           "submitted": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+           "submitted": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+           **({"restarts": restarts} if restarts else {})}
     records.add_job(handle.name, job, KEEP_JOBS)

@@ -78,7 +78,8 @@ def batch(run: Run) -> LaunchOutcome:
         job_id = submit(run.login, run.run_path, str(run.request.payload))
     except SubmitError as exc:
         return LaunchOutcome(1, {}, {}, message=str(exc))
-    record.remember(run.records, run.handle, job_id, run.run_id, spec.script, spec.detach)
+    record.remember(run.records, run.handle, job_id, run.run_id, spec.script, spec.detach,
+                    spec.max_restarts if spec.detach else 0)
     info(f"batch job {job_id} submitted to partition {run.job.settings.partition}; its output: "
          f"{run.run_path}/{OUTPUT_FILE}")
     if spec.detach:

@@ -38,6 +38,9 @@ ATTEMPT_FILE = "attempt"
 """In a run directory: the number K of its latest attempt, whose files are in ``attempt-K/``."""
 FINAL_CODES = sorted({0, IDLE_EXIT_CODE, *USER_STOPS})
 """Exit codes of an attempt that the script never runs again: success, an idle stop, a stop by the user."""
+RESUBMITTED_FILE = "resubmitted"
+"""In a run directory: ``<job id> <host> <node> <why>`` for each batch job that a detached run's script submitted to
+go on without a node that failed first twice (one line each, appended)."""
 OUTPUT_FILE = "output.log"
 """In a run directory: a batch job's output (srun's --label lines of every node, and the script's own)."""
 
@@ -221,7 +224,8 @@ def _run_context(job: SlurmJob, title: str, run_id: str, task: Sequence[str], ba
     return {**_context(job, title, f"{job.run_path(run_id)}/{OUTPUT_FILE}", batch), "env": env,
             "runtime_path": job.runtime_path, "port_base": PORT_BASE, "port_span": PORT_SPAN,
             "srun": srun_line(job, run_id, task, secrets, nodelist), "attempt": attempt, "exclude": ",".join(exclude),
-            "nodelist": list(nodelist), "restarts": restarts, "final": Shell("|".join(map(str, FINAL_CODES))),
+            "nodelist": list(nodelist), "restarts": restarts, "resubmitted_file": RESUBMITTED_FILE,
+            "final": Shell("|".join(map(str, FINAL_CODES))),
             "unexported": Shell(" ".join(secrets))}  # names checked by read_secrets in srun_line
 
 

@@ -1,0 +1,61 @@
+"""The batch jobs that detached runs' scripts submitted to go on without a node that failed first twice (the
+``resubmitted`` file of the run's directory, docs/runs.md): recorded as the runs' jobs once the job that submitted
+one has ended, so that status, logs, stop and clean see them, with the nodes they left out recorded as excluded."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime, timezone
+from itertools import pairwise
+
+from mlenv.backends.slurm import record
+from mlenv.backends.slurm.jobs import JobInfo
+from mlenv.backends.slurm.login import Login
+from mlenv.backends.slurm.script import RESUBMITTED_FILE, SlurmJob
+from mlenv.core.capabilities import Handle
+from mlenv.core.registry import Records
+
+SEPARATOR = "\036"
+READ = f'for path; do printf "{SEPARATOR}%s\\n" "$path"; cat -- "$path" 2>/dev/null; done'
+"""``sh -c READ sh PATH...``: each file after a line ``<SEP>PATH`` (nothing for a missing one)."""
+
+
+def follow(login: Login, records: Records, handle: Handle, job: SlurmJob, found: Mapping[str, JobInfo]) -> bool:
+    """Record the jobs that the ended restartable jobs of ``handle`` (as ``found`` now) submitted, in one command on
+    the login host (none when no such job has ended since it was last looked at); whether any was new. An ended
+    job is marked ``followed`` (read once), with ``next``: the job it handed its run on to."""
+    recorded = record.jobs(records, handle.name)
+    ended = [submitted for submitted in recorded if submitted.get("restarts") and not submitted.get("followed")
+             and submitted["id"] in found and not found[submitted["id"]].live]
+    if not ended:
+        return False
+    paths = {f"{job.run_path(str(submitted['run']))}/{RESUBMITTED_FILE}": str(submitted["run"])
+             for submitted in ended}
+    known = {str(submitted["id"]) for submitted in recorded}
+    handed: dict[str, str] = {}  # job -> the job it handed its run on to
+    for chunk in login.ok(["sh", "-c", READ, "sh", *paths]).split(SEPARATOR)[1:]:
+        path, _, text = chunk.partition("\n")
+        run_id = paths.get(path)
+        if run_id is None:
+            continue
+        origin = next(submitted for submitted in recorded if submitted.get("run") == run_id)
+        lines = [parsed for parsed in map(_parse, text.splitlines()) if parsed is not None]
+        chain = [str(origin["id"]), *(job_id for job_id, *_ in lines)]
+        handed.update(pairwise(chain))
+        for job_id, host, node, why in lines:
+            if job_id not in known:
+                record.remember(records, handle, job_id, run_id, str(origin.get("script", "")), True,
+                                int(origin["restarts"]))
+                records.exclude(handle.name, {node: (host, why)})
+                known.add(job_id)
+    since = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    for submitted in ended:
+        fields = {"followed": since, **({"next": handed[submitted["id"]]} if submitted["id"] in handed else {})}
+        records.update_job(handle.name, str(submitted["id"]), fields)
+    return len(known) > len(recorded)
+
+
+def _parse(line: str) -> tuple[str, str, int, str] | None:
+    """``<job id> <host> <node> <why>``; None for a line that is not one."""
+    job_id, host, node, why = (*line.split(" ", 3), "", "", "")[:4]
+    return (job_id, host, int(node), why) if job_id.isdigit() and host and node.isdigit() else None
