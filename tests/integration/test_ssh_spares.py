@@ -7,7 +7,10 @@ bad input (exit 2)."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -111,6 +114,56 @@ def test_an_excluded_host_is_replaced_by_a_spare(ssh_hosts: SshHostsFactory, tmp
     assert {(int(n), host) for _, n, _, host in RAN.findall(back.stdout)} == {(0, "node0"), (1, "node1")}
     assert "using spare" not in back.stderr
     project.mlenv("clean", "--delete-data", "--yes")
+
+
+# Attempt 0: every rank waits, node 1's first rank after leaving a mark (in its machine's workdir); later attempts end.
+WAITING_JOB = """\
+import os, socket, time
+attempt = os.environ["MLENV_RESTART_COUNT"]
+print(f"attempt {attempt} node {os.environ['MLENV_NODE_RANK']} rank {os.environ['RANK']} on {socket.gethostname()}",
+      flush=True)
+if attempt == "0":
+    if os.environ["MLENV_NODE_RANK"] == "1" and os.environ["LOCAL_RANK"] == "0":
+        open("reached", "w").close()
+    time.sleep(600)
+"""
+
+
+def test_a_host_lost_during_the_run_is_unreachable_and_left_out_at_once(ssh_hosts: SshHostsFactory,
+                                                                         tmp_path: Path) -> None:
+    """node-1's machine powers off while attempt 0 runs: its ssh ends with 255 and its records cannot be read, so
+    it is judged unreachable at once (no second failure), and attempt 1 runs node-1 on the spare."""
+    machines = ssh_hosts(3, separate=True)
+    first, second, spare = machines.hosts
+    project = _project(tmp_path / "project", "lost", [first.spec, second.spec], [spare.spec], machines.workdir,
+                       machines.identity, machines.known_hosts)
+    project.ok("deploy", "lost")
+    project.ok("sync", "--source", str(project.source({"wait.py": WAITING_JOB})))
+    launch = subprocess.Popen([str(MLENV), "launch", "--max-restarts", "2", "wait.py"], stdin=subprocess.DEVNULL,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, "MLENV_HOME": str(project.home)}, cwd=project.home)
+    try:
+        mark = second.files / "lost" / "reached"
+        deadline = time.monotonic() + LAUNCH_TIMEOUT
+        while not mark.exists():
+            assert launch.poll() is None and time.monotonic() < deadline, "node-1 never started attempt 0"
+            time.sleep(0.1)
+        machines.stop(second)  # every process on it ends, its port refuses connections
+        out, err = launch.communicate(timeout=LAUNCH_TIMEOUT)
+    finally:
+        if launch.poll() is None:
+            launch.kill()
+            launch.communicate()
+    assert launch.returncode == 0, out + err
+    assert re.search(rf"excluding {re.escape(second.spec)} \(node-1\) from the next attempts: unreachable: exit 255 "
+                     r"and no record of the run there", err), err
+    assert f"node-1: {second.spec} excluded (unreachable: exit 255 and no record of the run there), using spare " \
+           f"{spare.spec}" in err, err
+    ran = {(int(a), int(n), host) for a, n, _, host in RAN.findall(out)}
+    assert {(n, host) for a, n, host in ran if a == 1} == {(0, "node0"), (1, "node2")}, out
+    assert not any(a == 2 for a, _, _ in ran), out
+    listed = json.loads(project.ok("nodes", "--json").stdout)["excluded"]
+    assert [(entry["node"], entry["host"]) for entry in listed] == [(1, second.spec)], listed
 
 
 def test_bad_spares_are_bad_input(tmp_path: Path) -> None:

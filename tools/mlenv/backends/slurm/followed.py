@@ -16,7 +16,7 @@ from mlenv.core.capabilities import Handle
 from mlenv.core.registry import Records
 
 SEPARATOR = "\036"
-READ = f'for path; do printf "{SEPARATOR}%s\\n" "$path"; cat -- "$path" 2>/dev/null; done'
+READ = f'for path; do printf "{SEPARATOR}%s\\n" "$path"; cat -- "$path" 2>/dev/null || :; done'
 """``sh -c READ sh PATH...``: each file after a line ``<SEP>PATH`` (nothing for a missing one)."""
 
 
