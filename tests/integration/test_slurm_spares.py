@@ -6,6 +6,7 @@ spare (n2), said and shown in the dry run; without a spare left the run stops, n
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -44,7 +45,7 @@ def test_a_spare_node_of_the_allocation_takes_an_excluded_nodes_place(tmp_path: 
     assert "attempt 2: ok on n2 as node 0" in result.stdout, result.stdout
     assert project.recorded_jobs() == []  # every attempt ran inside the allocation: no batch job
     dry_launch = project.ok("launch", "-c", project.name, "--dry-run", "picky.py", "none").stdout
-    assert "--nodelist=n2 " in dry_launch and "nodes=n2 head=n2\n" in dry_launch, dry_launch
+    assert ' --nodelist="$nodes" ' in dry_launch and "\nnodes=n2 head=n2\n" in dry_launch, dry_launch
     again = project.ok("launch", "-c", project.name, "--launcher", "torchrun", "--nproc", "1", "picky.py", "none",
                        timeout=300)
     assert "attempt 0: ok on n2 as node 0" in again.stdout and "using spare n2" in again.stderr
@@ -59,4 +60,29 @@ def test_a_spare_node_of_the_allocation_takes_an_excluded_nodes_place(tmp_path: 
         "the 1 excluded node (node-0): stopping. mlenv nodes --forget-excluded lets the run use them again")
     listed = json.loads(project.ok("nodes", "-c", project.name, "--json").stdout)["excluded"]
     assert [(entry["node"], entry["host"]) for entry in listed] == [(0, "n1"), (0, "n2")]
+    project.ok("clean", "-c", project.name, timeout=120)
+
+
+def test_a_detached_run_s_script_moves_a_node_that_failed_first_twice_onto_a_spare(
+        tmp_path: Path, slurm_cluster: SlurmCluster) -> None:
+    """Detached, the launch script inside the allocation restarts the run itself: once n1 failed first in attempts 0
+    and 1, attempt 2 runs on the allocation's spare n2 (its master there too), and succeeds."""
+    project = make_project(tmp_path, slurm_cluster)
+    path = project.home / "clusters" / f"{project.name}.yaml"
+    path.write_text(path.read_text().replace("default_nodes: 2", "default_nodes: 1"))
+    (project.home / "workspace" / "picky.py").write_text(PICKY_JOB)
+    project.ok("deploy", project.name, "--spares", "1", "--timeout", "60", timeout=120)
+    project.ok("sync", "-c", project.name)
+    project.ok("launch", "-c", project.name, "--launcher", "torchrun", "--nproc", "1", "--detach", "--max-restarts",
+               "3", "picky.py", "n1", timeout=120)
+    run_id = json.loads(project.ok("status", "-c", project.name, "--json").stdout)["runs"][-1]["id"]
+    run = project.workdir / ".mlenv" / "runs" / run_id
+    slurm_cluster.wait(lambda: (run / "attempt-2" / "exit").exists(), "attempt 2 to end", 240)
+    output = (run / "output.log").read_text()
+    assert (run / "attempt-2" / "exit").read_text() == "0\n", output
+    assert "attempt 0: n1 is broken" in output and "attempt 1: n1 is broken" in output, output
+    assert ("mlenv: excluding n1 (node-0) from the next attempts: it failed first in 2 attempts of the run\n"
+            in output), output
+    assert re.search(r"^mlenv: job \d+ on n2, master n2 at ", output, re.MULTILINE), output
+    assert "attempt 2: ok on n2 as node 0" in output and "attempt 3" not in output, output
     project.ok("clean", "-c", project.name, timeout=120)

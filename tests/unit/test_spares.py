@@ -53,10 +53,13 @@ def test_a_launch_inside_an_allocation_with_spares_names_its_nodes(olivia: Path)
     assert launch == backend.prepare_launch(handle, spec)  # pure
     assert launch.spares == {0: ("gpu-0", held[-1])}
     nodes = ",".join(held[1:])
-    assert f"--nodelist={nodes} " in launch.text and f"nodes={nodes} head=gpu-1\n" in launch.text
+    assert ' --nodelist="$nodes" ' in launch.text and f"\nnodes={nodes} head=gpu-1\n" in launch.text
     assert 'echo "mlenv: job $SLURM_JOB_ID on $nodes, master $head' in launch.text
+    assert "move()" not in launch.text  # attached: mlenv itself restarts, onto spares
+    detached = backend.prepare_launch(handle, replace(spec, detach=True, max_restarts=2))
+    assert f"\nheld={','.join(held)} left=gpu-0,elsewhere\n" in detached.text  # its script moves onto the rest
     plain = backend.prepare_launch(handle, replace(spec, exclude=()))
-    assert plain.spares == {} and f"--nodelist={','.join(held[:-1])} " in plain.text  # never the spare by chance
+    assert plain.spares == {} and f"\nnodes={','.join(held[:-1])} head=gpu-0\n" in plain.text  # never the spare
     with pytest.raises(OperationError, match=r"has no usable spares for the 1 excluded node \(node-0\)"):
         backend.prepare_launch(handle, replace(spec, exclude=("gpu-0", held[-1])))
     without = replace(handle, data={**handle.data, "allocation": {"id": "4242", "digest": "x"}})  # hosts unknown

@@ -203,11 +203,10 @@ def srun_line(job: SlurmJob, run_id: str, task: Sequence[str], secrets: Sequence
     """The srun of a run: one task per node (on ``nodelist`` when given), fail-fast, every line labelled with its
     node. Forwarded ``secrets`` (shell variables of the launch script, exported to nothing) reach every task on the
     step's stdin, which Slurm hands over and never saves, unlike a job's or a step's environment."""
-    options = ["srun", "--overlap", f"--job-name={step_name(run_id)}", f"--nodes={job.nodes}",
-               *([f"--nodelist={','.join(nodelist)}"] if nodelist else []), "--ntasks-per-node=1",
+    options = ["srun", "--overlap", f"--job-name={step_name(run_id)}", f"--nodes={job.nodes}", "--ntasks-per-node=1",
                *([f"--cpus-per-task={job.settings.cpus_per_task}"] if job.settings.cpus_per_task else []),
                "--kill-on-bad-exit=1", "--label", *(["--input=all"] if secrets else [])]
-    parts = [shlex.join(options),
+    parts = [shlex.join(options) + (' --nodelist="$nodes"' if nodelist else ""),  # the script's $nodes: nodelist
              shlex.join(["sh", "-c", task_wrapper(job.interfaces, secrets, job.settings.signal_name), "sh"])]
     if job.container is not None:
         parts.append(shlex.join(container_argv(job)))
@@ -239,10 +238,13 @@ def batch_script(job: SlurmJob, title: str, run_id: str, task: Sequence[str], at
 
 
 def launch_script(job: SlurmJob, title: str, run_id: str, task: Sequence[str], job_id: str, attempt: int = 0,
-                  secrets: Sequence[str] = (), nodelist: Sequence[str] = (), restarts: int = 0) -> str:
+                  secrets: Sequence[str] = (), nodelist: Sequence[str] = (), restarts: int = 0,
+                  allocation_nodes: Sequence[str] = (), exclude: Sequence[str] = ()) -> str:
     """The bash script of a launch inside the allocation ``job_id``, run where Slurm's commands are (on the
     allocation's ``nodelist`` nodes when given, the first the master); the forwarded ``secrets`` arrive in its
     environment and leave it at once, for the run's step's stdin alone. It runs a failed attempt again while
-    ``restarts`` (a detached run's --max-restarts) allows."""
-    return _render("launch.sh.j2", **_run_context(job, title, run_id, task, attempt=attempt, secrets=secrets,
-                                                  nodelist=nodelist, restarts=restarts), job_id=job_id)
+    ``restarts`` (a detached run's --max-restarts) allows; with a ``nodelist``, on the first of the
+    ``allocation_nodes`` not excluded (``exclude``, and a node that failed first twice)."""
+    return _render("launch.sh.j2", **_run_context(job, title, run_id, task, attempt=attempt, exclude=exclude,
+                                                  secrets=secrets, nodelist=nodelist, restarts=restarts),
+                   job_id=job_id, allocation_nodes=list(allocation_nodes))
