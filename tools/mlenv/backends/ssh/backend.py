@@ -118,12 +118,13 @@ class SshBackend(FanoutJobs):
             raise OperationError("hosts not reachable:\n" + "\n".join(errors))
 
     def status(self, handle: Handle) -> list[NodeStatus]:
-        """Every host: reachable, its GPUs, the mlenv jobs running there (the runtime's ``jobs --json``)."""
+        """Every host, then every spare host (``spare: yes``): reachable, its GPUs, the mlenv jobs running there
+        (the runtime's ``jobs --json``)."""
         target = SshTarget.of(handle)
         requests = {i: (host, {"workdir": target.workspace(i), "gpus": target.gpus_per_node > 0, "jobs": True})
-                    for i, host in enumerate(target.hosts)}
+                    for i, host in enumerate(target.machines)}
         replies = probe_all(target.transport, target.python, requests)
-        return [_status_row(target, i, replies[i]) for i in range(len(target.hosts))]
+        return [_status_row(target, i, replies[i]) for i in range(len(target.machines))]
 
     def nodes(self, handle: Handle) -> list[Node]:
         """The deployed hosts, in rank order."""
@@ -241,16 +242,18 @@ class SshBackend(FanoutJobs):
 
 def _status_row(target: SshTarget, ordinal: int, answer: Reply) -> NodeStatus:
     label = target.label(ordinal)
+    # the SPARE column only where the file has spare hosts
+    spare = {"spare": "yes" if ordinal >= len(target.hosts) else "no"} if target.spares else {}
     facts = answer.facts
     if facts is None:
-        return NodeStatus(label, ordinal, None, "Unreachable", False, 0, 0, None, detail=answer.error)
+        return NodeStatus(label, ordinal, None, "Unreachable", False, 0, 0, None, detail=answer.error, extra=spare)
     jobs = facts.get("jobs")
     running = "-" if jobs is None else str(sum(1 for job in jobs if job.get("state") == "running"))
     detail = None if facts["exists"] else "workspace missing: mlenv deploy makes it again"
     detail = detail or facts.get("gpu_error") or facts.get("jobs_error")
     return NodeStatus(label, ordinal, str(facts["hostname"]), "Reachable" if facts["exists"] else "NoWorkspace",
                       bool(facts["exists"]), 0, int(facts.get("gpus", 0)), facts.get("address"),
-                      detail=None if detail is None else shown(str(detail)), extra={"jobs": running})
+                      detail=None if detail is None else shown(str(detail)), extra={"jobs": running, **spare})
 
 
 def _say_deleted(target: SshTarget, ordinal: int, answer: Reply) -> None:
