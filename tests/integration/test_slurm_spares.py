@@ -36,6 +36,9 @@ def test_a_spare_node_of_the_allocation_takes_an_excluded_nodes_place(tmp_path: 
     assert "is running on n[1-2] (1 for the job, 1 spare)" in deployed.stderr, deployed.stderr
     assert [(pod["node"], pod["extra"].get("spares")) for pod in project.status()] == [("n1", "1"), ("n2", "1")]
     project.ok("sync", "-c", project.name)
+    on_spare = project.ok("exec", "-c", project.name, "--pod", "1", "--", "sh", "-c", "echo $SLURMD_NODENAME")
+    assert on_spare.stdout.split()[-1] == "n2", on_spare.stdout  # exec reaches the spare node
+    assert "n2" not in project.ok("exec", "-c", project.name, "--", "sh", "-c", "echo $SLURMD_NODENAME").stdout
 
     result = project.mlenv("launch", "-c", project.name, "--launcher", "torchrun", "--nproc", "1", "--max-restarts",
                            "3", "picky.py", "n1", timeout=300)

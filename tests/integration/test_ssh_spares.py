@@ -74,6 +74,10 @@ def test_an_excluded_host_is_replaced_by_a_spare(ssh_hosts: SshHostsFactory, tmp
     project.ok("sync", "--source", str(project.source({"job.py": JOB})))
     assert all((host.files / "spr" / "job.py").is_file() for host in machines.hosts)  # the spare's copy too
     assert (spare.files / "spr" / ".mlenv" / "mlenv" / "runtime" / "__main__.py").is_file()
+    assert project.ok("exec", "--pod", "2", "--", "hostname").stdout.split()[-1] == "node2"  # the spare
+    missing = project.mlenv("exec", "--pod", "5", "--", "hostname")
+    assert (missing.returncode, missing.stderr.strip()) == (
+        2, "error: pod 5 does not exist: spr has pods 0, 1, 2 (spare) (--pod N / POD=N)"), missing.stderr
 
     result = project.mlenv("launch", "--max-restarts", "3", "job.py", "node1", timeout=LAUNCH_TIMEOUT)
     assert result.returncode == 0, result.stdout + result.stderr

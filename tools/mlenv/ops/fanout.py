@@ -19,14 +19,18 @@ UNKNOWN_RANK = 2
 
 
 def select_nodes(backend: NodeAccess, handle: Handle, only: int | None) -> list[Node]:
-    """Every node, or just node ``only`` (UsageError naming the valid ordinals when it does not exist)."""
+    """Every node, or just node ``only``, which may be a spare (UsageError naming the valid ordinals when it does
+    not exist)."""
     nodes = backend.nodes(handle)
     if only is None:
         return nodes
     chosen = [n for n in nodes if n.ordinal == only]
     if not chosen:
-        raise UsageError(f"pod {only} does not exist: {handle.name} has pods "
-                         f"{', '.join(str(n.ordinal) for n in nodes)} (--pod N / POD=N)")
+        spares = backend.spares(handle)
+        chosen = [n for n in spares if n.ordinal == only]
+        if not chosen:
+            named = ", ".join([*(str(n.ordinal) for n in nodes), *(f"{n.ordinal} (spare)" for n in spares)])
+            raise UsageError(f"pod {only} does not exist: {handle.name} has pods {named} (--pod N / POD=N)")
     return chosen
 
 

@@ -267,8 +267,11 @@ class SlurmBackend:
         return [Node(index, f"node-{index}", job.workdir) for index in range(job.nodes)]
 
     def spares(self, handle: Handle) -> list[Node]:
-        """PURE: none apart from the nodes: an allocation's spare nodes are in ``nodes``, and share the workdir."""
-        return []
+        """PURE: the allocation's spare nodes (deploy --spares), as deploy found them running, their ordinals after
+        the job's nodes (exec and shell reach them with --pod; they share the workdir)."""
+        job = job_from(handle)
+        return [Node(index, host, job.workdir, ready=True)
+                for index, host in enumerate(_held(handle)) if index >= job.nodes]
 
     def exec_argv(self, handle: Handle, node: Node, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
                   interactive: bool = False, stop_on_stdin_eof: bool = False,
