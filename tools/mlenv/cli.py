@@ -229,7 +229,8 @@ def render(cluster: str | None, cluster_ref: str | None, mode: str | None, nodes
 @image_option
 @click.option("--spares", type=click.IntRange(0, 1024), default=0, metavar="K",
               help="Slurm: hold K nodes more than the job uses; a launch runs on the others when nodes are excluded "
-                   "(ssh: list spare hosts in ssh.spares).")
+                   "(ssh: list spare hosts in ssh.spares). Like --nodes it describes this deploy: deploying again "
+                   "without it holds none.")
 @click.option("--dry-run", is_flag=True, help="Print exactly what deploy would send (as render does); change nothing.")
 @click.option("--timeout", type=click.IntRange(min=1), default=900, show_default=True,
               help="Seconds to wait for every node to be ready.")

@@ -9,7 +9,7 @@ import re
 import time
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -34,6 +34,9 @@ class LaunchResult:
     run_id: str
     run_dir: Path
     seconds: float
+    latest_run: Mapping[str, Any] | None = None
+    """The run as its nodes' supervisors recorded it, read once when an attached attempt failed (None otherwise, or
+    where the backend keeps no such records)."""
 
     @property
     def exit_code(self) -> int:
@@ -116,7 +119,6 @@ def dry_run(target: Target, spec: LaunchSpec) -> str:
 def without_excluded(target: Target, spec: LaunchSpec) -> LaunchSpec:
     """``spec`` away from the hosts recorded as excluded on the deployment, or on the cluster when it is not
     deployed (mlenv nodes lists them)."""
-    from dataclasses import replace
 
     recorded = state.load().excluded_of(target.handle.name)
     excluded = {str(entry["host"]) for entry in recorded if "host" in entry}
@@ -140,7 +142,6 @@ def launch(target: Target, spec: LaunchSpec) -> LaunchResult:
     the attempt), away from the excluded nodes (the deployment's, or the cluster's when it is not deployed) and from
     the nodes judged faulty (``judge_faulty``); the last attempt's result. A detached run is restarted from the nodes
     (local and ssh: their supervisors; Slurm: the run's script), where the backend can."""
-    from dataclasses import replace
 
     from mlenv.ui import warn
 
@@ -152,7 +153,7 @@ def launch(target: Target, spec: LaunchSpec) -> LaunchResult:
     result = _attempt(target, spec, run_dir)
     first_failures: Counter[str] = Counter()
     while spec.attempt < spec.max_restarts and restartable(result.outcome):
-        run = target.backend.jobs.latest_run(target.handle, spec.run_id)  # None: the backend keeps no such records
+        run = result.latest_run or target.backend.jobs.latest_run(target.handle, spec.run_id)  # None: no records
         faulty = _exclude(target, result.outcome, judge_faulty(result.outcome, run, first_failures))
         spec = replace(spec, attempt=spec.attempt + 1, exclude=tuple(sorted({*spec.exclude, *faulty})))
         warn(f"run {spec.run_id} failed with exit code {result.exit_code}: restarting it, attempt {spec.attempt} "
@@ -227,7 +228,9 @@ def _attempt(target: Target, spec: LaunchSpec, run_dir: Path) -> LaunchResult:
         return result
     first = None
     if outcome.failed_node is not None and not outcome.interrupted and outcome.exit_code != IDLE_EXIT_CODE:
-        first = _failed_first(target, spec.run_id, outcome, outcome.failed_node)
+        run = target.backend.jobs.latest_run(target.handle, spec.run_id)
+        result = replace(result, latest_run=run)
+        first = _failed_first(run, outcome, outcome.failed_node)
     if outcome.node_exit_codes:
         _summary(result, first)
     if outcome.message:
@@ -243,11 +246,10 @@ def _attempt(target: Target, spec: LaunchSpec, run_dir: Path) -> LaunchResult:
     return result
 
 
-def _failed_first(target: Target, run_id: str, outcome: LaunchOutcome, ended_first: int) -> int:
-    """The node that failed first: as the nodes' supervisors decided it (the run's first failure), where the backend
+def _failed_first(run: Mapping[str, Any] | None, outcome: LaunchOutcome, ended_first: int) -> int:
+    """The node that failed first: as the nodes' supervisors decided it (``run``'s first failure), where the backend
     keeps their records; else ``ended_first``, the node whose launch ended first with a failure (a node stopped for
     its peer's failure may end before the node that failed)."""
-    run = target.backend.jobs.latest_run(target.handle, run_id)
     failure = (run or {}).get("first_failure")
     node = failure.get("node") if isinstance(failure, Mapping) else None
     return node if isinstance(node, int) and node in outcome.node_exit_codes else ended_first
