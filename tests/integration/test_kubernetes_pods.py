@@ -152,13 +152,13 @@ def test_exec_into_a_pod_whose_container_is_not_running(kube_project: KubeProjec
 
 @pytest.mark.parametrize("kube_project", ["kubernetes", "runai"], indirect=True)
 def test_stacks_and_gpu_state_through_kubectl_exec(kube_project: KubeProject) -> None:  # noqa: F811 - fixture
-    from tests.integration.test_stacks import HANG, until_grouped
+    from tests.integration.test_stacks import hanging_job, until_grouped
 
     project = kube_project
     project.ok("deploy", str(project.cluster_file))
     source = project.home / "workspace"
     source.mkdir()
-    (source / "hang.py").write_text(HANG.format(function="stuck_in_a_pod", stuck=2))
+    (source / "hang.py").write_text(hanging_job("stuck_in_a_pod", 2))
     project.ok("sync", "--source", str(source))
     report = json.loads(project.ok("status", "--gpus", "--json").stdout)
     states = report["gpu_state"]

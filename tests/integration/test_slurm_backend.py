@@ -463,10 +463,10 @@ def test_doctor(tmp_path: Path, slurm_cluster: SlurmCluster) -> None:
 
 def test_status_gpus_and_stacks_through_srun(project: Project, slurm_cluster: SlurmCluster,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    from tests.integration.test_stacks import HANG, until_grouped
+    from tests.integration.test_stacks import hanging_job, until_grouped
 
     monkeypatch.setenv("PATH", f"{ROOT / 'tests' / 'fixtures' / 'nvidia_smi'}{os.pathsep}{os.environ['PATH']}")
-    (project.home / "workspace" / "hang.py").write_text(HANG.format(function="stuck_in_slurm", stuck=1))
+    (project.home / "workspace" / "hang.py").write_text(hanging_job("stuck_in_slurm", 1))
     project.ok("sync", "-c", project.name)
     project.ok("deploy", project.name, "--timeout", "60")
     try:

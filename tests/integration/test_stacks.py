@@ -18,26 +18,14 @@ from mlenv.runtime.stacks import find_py_spy
 
 from tests._prereq import require
 from tests.integration.local_cluster import LocalProject, make_project, require_local
+from tests.integration.test_hang import HANG
 from tests.integration.test_makefile import ok
 
-HANG = """\
-import os, sys, time
-import torch
-import torch.distributed as dist
 
-def {function}():
-    while True:
-        time.sleep(0.2)
-
-dist.init_process_group("gloo")
-rank = dist.get_rank()
-t = torch.ones(4)
-print(f"rank {{rank}} up", flush=True)
-if rank == {stuck}:
-    {function}()
-dist.all_reduce(t)
-"""
-
+def hanging_job(function: str, stuck: int) -> str:
+    """test_hang's job with rank ``stuck`` in ``function`` for good (it is never released), the others in
+    all_reduce."""
+    return HANG.format(function=function, stuck=stuck, release="/nonexistent/never-released")
 
 
 def until_grouped(stacks: Callable[[], subprocess.CompletedProcess[str]], stuck: int, function: str,
@@ -66,7 +54,7 @@ def hung(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalProjec
     stuck = draw.randrange(4)
     project = make_project(tmp_path_factory.mktemp("stacks"), "lst", "10.77.72.0/24", "processes")
     project.ok("deploy", project.name)
-    project.ok("sync", "--source", str(project.source({"hang.py": HANG.format(function=function, stuck=stuck)})))
+    project.ok("sync", "--source", str(project.source({"hang.py": hanging_job(function, stuck)})))
     project.ok("launch", "--detach", "--launcher", "torchrun", "hang.py")
     yield project, function, stuck
     project.mlenv("stop")
