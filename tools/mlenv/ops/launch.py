@@ -119,7 +119,6 @@ def dry_run(target: Target, spec: LaunchSpec) -> str:
 def without_excluded(target: Target, spec: LaunchSpec) -> LaunchSpec:
     """``spec`` away from the hosts recorded as excluded on the deployment, or on the cluster when it is not
     deployed (mlenv nodes lists them)."""
-
     recorded = state.load().excluded_of(target.handle.name)
     excluded = {str(entry["host"]) for entry in recorded if "host" in entry}
     return replace(spec, exclude=tuple(sorted({*spec.exclude, *excluded})))

@@ -267,11 +267,11 @@ class SlurmBackend:
         return [Node(index, f"node-{index}", job.workdir) for index in range(job.nodes)]
 
     def spares(self, handle: Handle) -> list[Node]:
-        """PURE: the allocation's spare nodes (deploy --spares), as deploy found them running, their ordinals after
-        the job's nodes (exec and shell reach them with --pod; they share the workdir)."""
+        """PURE: the allocation's spare nodes (deploy --spares) as deploy found them, their ordinals after the job's
+        nodes: exec and shell reach them with --pod while the allocation runs (Slurm says when it does not). Not
+        ready: nothing that fans out over the nodes asks them (they share the workdir)."""
         job = job_from(handle)
-        return [Node(index, host, job.workdir, ready=True)
-                for index, host in enumerate(_held(handle)) if index >= job.nodes]
+        return [Node(index, host, job.workdir) for index, host in enumerate(_held(handle)) if index >= job.nodes]
 
     def exec_argv(self, handle: Handle, node: Node, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
                   interactive: bool = False, stop_on_stdin_eof: bool = False,
@@ -306,7 +306,7 @@ class SlurmBackend:
         """The srun of ``argv`` on ``node`` in the allocation, as run where Slurm's commands are."""
         job = job_from(handle)
         job_id = allocation_id(handle)
-        if not node.ready or job_id is None:
+        if not (node.ready or node.name in _held(handle)) or job_id is None:  # a placeholder, or no allocation
             raise OperationError(f"no running allocation of {handle.name}: exec and shell run inside it "
                                  f"(mlenv deploy {handle.name}; mlenv status shows it)")
         variables = {**handle.env, "MASTER_PORT": str(master_port(job_id)), "MLENV_NODE_RANK": str(node.ordinal)}
