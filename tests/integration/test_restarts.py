@@ -292,7 +292,8 @@ def test_a_detached_run_is_not_restarted_after_its_node_failed_first_twice(proje
                "--bad-node", "1", timeout=120)
     wait_for(project, "failed", 1)
     said = ("mlenv: node-1 must be left out of the run (it failed first in 2 attempts of the run): not restarting it "
-            "(the nodes of a detached run restart it where it ran; launched attached, mlenv leaves the node out)")
+            "(the nodes of a detached run restart it where it ran; ssh.spares, or a launch attached, leave the node "
+            "out)")
     deadline = time.monotonic() + 120
     while (logs := project.ok("logs", timeout=60).stdout).count(said) < 2:  # every node, once it has ended
         assert time.monotonic() < deadline, logs

@@ -11,8 +11,9 @@ import os
 import re
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tests.integration.local_cluster import MLENV, LocalProject
 
@@ -171,6 +172,76 @@ def test_a_host_lost_during_the_run_is_unreachable_and_left_out_at_once(ssh_host
     assert not any(a == 2 for a, _, _ in ran), out
     listed = json.loads(project.ok("nodes", "--json").stdout)["excluded"]
     assert [(entry["node"], entry["host"]) for entry in listed] == [(1, second.spec)], listed
+
+
+def _latest(project: LocalProject) -> dict[str, Any]:
+    return json.loads(project.ok("status", "--json").stdout)["latest_run"] or {}
+
+
+def _until(condition: Callable[[], bool], what: str, seconds: float = LAUNCH_TIMEOUT) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"no {what} after {seconds} s"
+        time.sleep(0.5)
+
+
+def test_a_detached_run_s_standby_takes_the_place_of_a_node_that_failed_first_twice(ssh_hosts: SshHostsFactory,
+                                                                                   tmp_path: Path) -> None:
+    """Detached, with no terminal waiting: the spare host waits as the run's standby; once node1 failed first in
+    attempts 0 and 1, node 0's supervisor hands node-1 to it, and attempt 2 runs on node0 and the spare. A run that
+    needs no spare ends its standby; mlenv stop stops a waiting one."""
+    machines = ssh_hosts(3, separate=True)
+    first, second, spare = machines.hosts
+    project = _project(tmp_path / "project", "sby", [first.spec, second.spec], [spare.spec], machines.workdir,
+                       machines.identity, machines.known_hosts)
+    project.ok("deploy", "sby")
+    project.ok("sync", "--source", str(project.source({"job.py": JOB, "wait.py": WAITING_JOB})))
+    dry = project.ok("launch", "--detach", "--max-restarts", "3", "--dry-run", "job.py", "node1").stdout
+    assert f"MLENV_STANDBYS={spare.address}" in dry, dry
+    assert re.search(rf"^standby on {re.escape(spare.spec)}: .* launch .*--detach --max-restarts 3 --standby 0 -- "
+                     r"job.py node1$", dry, re.MULTILINE), dry
+    started = project.ok("launch", "--detach", "--max-restarts", "3", "job.py", "node1", timeout=LAUNCH_TIMEOUT)
+    assert re.search(rf"{re.escape(spare.spec)}: mlenv: standby 0 of run \S+ on node2: waiting on port \d+",
+                     started.stderr), started.stderr
+    _until(lambda: (_latest(project).get("state"), _latest(project).get("attempt")) == ("succeeded", 2),
+           "attempt 2 succeeded")
+    run = _latest(project)
+    assert {rank["node"]: rank["host"] for rank in run["ranks"]} == {0: "node0", 1: "node2"}, run
+    logs = project.ok("logs", timeout=60).stdout
+    said = (f"mlenv: node-1 must be left out of the run (it failed first in 2 attempts of the run): the standby on "
+            f"{spare.address} takes its place")
+    assert said in logs, logs  # node 0's log, which handed it over
+    assert re.search(r"^\[node-1 r\d\] attempt 2 node 1 rank \d on node2$", logs, re.MULTILINE), logs
+    runs = spare.files / "sby" / ".mlenv" / "runs"
+    (standby_log,) = runs.glob("*/standby-0.log")
+    assert f"mlenv: taking node-1's place in run {run['id']} from attempt 2 on" in standby_log.read_text()
+
+    project.ok("launch", "--detach", "--max-restarts", "3", "job.py", "none", timeout=LAUNCH_TIMEOUT)
+    _until(lambda: _latest(project).get("state") == "succeeded" and _latest(project)["id"] != run["id"],
+           "the second run to succeed")
+    unused = runs / _latest(project)["id"] / "standby-0.log"
+    _until(lambda: "needs this standby no more" in (unused.read_text() if unused.exists() else ""),
+           "the unused standby to end")
+
+    assert not _standbys(_latest(project)["id"])
+    project.ok("launch", "--detach", "--max-restarts", "3", "wait.py", timeout=LAUNCH_TIMEOUT)
+    waiting = json.loads(project.ok("status", "--json").stdout)["runs"][-1]["id"]
+    assert len(_standbys(waiting)) == 1
+    project.ok("stop", timeout=120)  # the spare host's stop, or node 0's supervisor, ends it
+    _until(lambda: not _standbys(waiting), "the stopped run's standby to end", 30)
+
+
+def _standbys(run_id: str) -> list[int]:
+    """The standby processes of run ``run_id`` on every machine (they share this machine's processes)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            variables = (entry / "environ").read_bytes().split(b"\0") if entry.name.isdigit() else []
+        except OSError:
+            continue
+        if any(v.startswith(b"MLENV_STANDBY=") and run_id.encode() in v for v in variables):
+            found.append(int(entry.name))
+    return found
 
 
 def test_bad_spares_are_bad_input(tmp_path: Path) -> None:

@@ -15,6 +15,8 @@ from mlenv.core.remote import RUNTIME_DIR, secrets_input
 from mlenv.core.runrecords import latest_run, node_state
 from mlenv.core.spares import described, place
 from mlenv.errors import OperationError
+from mlenv.runtime.standby import STANDBYS
+from mlenv.ui import info
 
 RUNS_DIR = f"{RUNTIME_DIR}/runs"
 """Where each node keeps its runs, relative to its workspace: ``.mlenv/runs/<run id>/attempt-<K>/node<R>/``."""
@@ -82,7 +84,23 @@ class FanoutJobs:
         env = {"MLENV_RUN_ID": spec.run_id, "MLENV_RESTART_COUNT": str(spec.attempt),
                "MLENV_CHECKPOINT_DIR": checkpoint_dir(spec.run_id), "PYTHONUNBUFFERED": "1"}
         commands = {ordinal: command for ordinal in range(handle.nodes)}
-        return LaunchRequest(spec, launch_text(handle, spec, env, commands, placed), commands, env, spares=placed)
+        standbys = self.standbys(handle, spec, placed)
+        if standbys:  # the spare hosts wait to take a node's place in a later attempt (runtime/standby.py)
+            env[STANDBYS] = ",".join(node.ip or node.name for node in standbys)
+            commands.update({node.ordinal: self.runtime(handle, "launch", *options, "--standby", str(slot), "--",
+                                                         spec.script, *spec.args)
+                             for slot, node in enumerate(standbys)})
+        names = {node.ordinal: node.name for node in standbys}
+        return LaunchRequest(spec, launch_text(handle, spec, env, commands, placed, names), commands, env,
+                             spares=placed)
+
+    def standbys(self, handle: Handle, spec: LaunchSpec, placed: Mapping[int, tuple[str, str]]) -> list[Node]:
+        """PURE: the spare hosts a detached run under --max-restarts keeps waiting (those not running a node), so
+        that its nodes can leave a faulty node out without mlenv; none otherwise."""
+        if not (spec.detach and spec.max_restarts):
+            return []
+        running = {spare for _, spare in placed.values()}
+        return [node for node in self.spares(handle) if node.name not in running]
 
     def launch(self, handle: Handle, request: LaunchRequest, secrets: Mapping[str, str],
                log_dir: str) -> LaunchOutcome:
@@ -96,6 +114,7 @@ class FanoutJobs:
         nodes = self.placed(handle, nodes, request.spares)
         detach = request.spec.detach
         names = request.spec.secrets
+        self._start_standbys(handle, request)
         commands = {n.ordinal: self.exec_argv(handle, n, request.commands[n.ordinal], env=request.env,
                                               stop_on_stdin_eof=not detach, secrets=names) for n in nodes}
         from pathlib import Path
@@ -106,6 +125,29 @@ class FanoutJobs:
         return LaunchOutcome(result.exit_code, dict(result.exit_codes), {n: str(p) for n, p in logs.items()},
                              result.first_failure, detached=detach, stopped=result.stopped,
                              interrupted=result.interrupted, hosts={n.ordinal: n.name for n in nodes})
+
+    def _start_standbys(self, handle: Handle, request: LaunchRequest) -> None:
+        """Start the request's standbys on their spare hosts (each returns once it listens); OperationError naming
+        the spare hosts that could not, after stopping the others."""
+        from mlenv.parallel import run_parallel
+
+        standbys = [node for node in self.spares(handle) if node.ordinal in request.commands]
+        if not standbys:
+            return
+        said: dict[int, list[str]] = {}
+        result = run_parallel({node.ordinal: self.exec_argv(handle, node, request.commands[node.ordinal],
+                                                            env=request.env) for node in standbys},
+                              echo=False, on_line=lambda ordinal, line: said.setdefault(ordinal, []).append(line))
+        failed = [node for node in standbys if result.exit_codes.get(node.ordinal) != 0]
+        if failed:
+            stop = self.runtime(handle, "stop", "--run", request.spec.run_id)
+            run_parallel({node.ordinal: self.exec_argv(handle, node, stop) for node in standbys}, echo=False)
+            raise OperationError("cannot start the standby of the run on " + "; ".join(
+                f"{node.name}: {(said.get(node.ordinal) or [f'exit {result.exit_codes.get(node.ordinal)}'])[-1]}"
+                for node in failed))
+        for node in standbys:
+            for line in said.get(node.ordinal, []):
+                info(f"{node.name}: {line}")
 
     def placed(self, handle: Handle, nodes: Sequence[Node], spares: Mapping[int, tuple[str, str]]) -> list[Node]:
         """``nodes`` with each one named in ``spares`` replaced by its spare host (keeping the node's ordinal)."""
@@ -198,13 +240,14 @@ def checkpoint_dir(run_id: str) -> str:
 
 
 def launch_text(handle: Handle, spec: LaunchSpec, env: Mapping[str, str], commands: Mapping[int, Sequence[str]],
-                spares: Mapping[int, tuple[str, str]]) -> str:
-    """What ``launch --dry-run`` prints: the nodes run on spare hosts, every node's command, shell-quoted,
-    forwarded secrets masked."""
+                spares: Mapping[int, tuple[str, str]], standbys: Mapping[int, str] | None = None) -> str:
+    """What ``launch --dry-run`` prints: the nodes run on spare hosts, every node's command (and the standby's of
+    each spare host in ``standbys``: ordinal -> its name), shell-quoted, forwarded secrets masked."""
     shown_env = [f"{k}={shlex.quote(v)}" for k, v in env.items()] + [f"{name}={MASK}" for name in spec.secrets]
     lines = [f"# mlenv launch: run {spec.run_id} of {handle.name} on {handle.nodes} nodes "
              f"({spec.launcher}{', detached' if spec.detach else ''})",
              "# each node runs, in its workspace, with the deployment's env contract and MLENV_NODE_RANK=<node>:",
              f"# env {' '.join(shown_env)}", *described(spares)]
-    lines += [f"node-{ordinal}: {shlex.join(command)}" for ordinal, command in sorted(commands.items())]
+    lines += [f"{f'standby on {standbys[ordinal]}' if standbys and ordinal in standbys else f'node-{ordinal}'}: "
+              f"{shlex.join(command)}" for ordinal, command in sorted(commands.items())]
     return "\n".join(lines) + "\n"

@@ -12,12 +12,15 @@ import json
 import os
 import shlex
 import shutil
+import socket
+import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, NoReturn, cast
 
+from . import standby
 from .doctor import examine, render
 from .forensics import flight_dumps
 from .gpus import read_node, render_node
@@ -28,9 +31,9 @@ from .launcher import forwarding_signals, launch
 from .launchers import DEFAULT_LAUNCHER, LAUNCHERS
 from .nccl import detect_nccl_env
 from .ncclog import EXPECTATIONS, LogReport, NcclLogReader, iter_lines, judge
-from .nodefault import first_failed_faulty
+from .nodefault import FAILED_FIRST, failed_first, judge_first_failure
 from .observing import observers_for
-from .runlayout import USER_STOPS, NodeDir, attempt_of, read_ranks, runs_root, write_atomic
+from .runlayout import USER_STOPS, NodeDir, attempt_of, read_ranks, read_state, runs_root, write_atomic
 from .stacks import METHODS, group, sample
 from .stacks import render as render_stacks
 from .topology import TopologyError, detect_topology, host_name
@@ -158,6 +161,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--max-restarts", type=_count, default=0, metavar="N",
                      help="with --detach: when the job fails (not when it is stopped), start it again on this node, "
                           "up to N times, as attempt K+1 (MLENV_RESTART_COUNT) of the same run")
+    run.add_argument("--standby", type=_count, metavar="SLOT",
+                     help="with --detach, on a spare host: wait (on MASTER_PORT + 2 + SLOT) until node 0 hands this "
+                          "host a node that must be left out of the run, then run that node's share from the next "
+                          "attempt on")
     run.add_argument("--exit-file", type=Path, help=argparse.SUPPRESS)  # the recorded supervisor's
     run.add_argument("--detached-supervisor", action="store_true", help=argparse.SUPPRESS)  # stdout is the log
     run.add_argument("job", nargs=argparse.REMAINDER, help="the script and its arguments, after --")
@@ -226,22 +233,58 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
 
 def _restart(args: argparse.Namespace, environ: Mapping[str, str], status: int) -> None:
     """A detached attempt failed (not stopped by the user, nor for idle GPUs: an idle job would idle again): start
-    the next one on this node, in the background, when --max-restarts allows
-    (every node of the run sees the same failure, which the control channel spreads, and restarts alike)."""
+    the next one on this node, in the background, when --max-restarts allows (every node of the run sees the same
+    failure, which the control channel spreads, and restarts alike). A node judged faulty is left out: a standby
+    takes its place (node 0 hands it over), else no node restarts."""
     attempt = attempt_of(environ)
+    rank = detect_topology(environ).node_rank
+    run_id = environ.get("MLENV_RUN_ID") or args.run_dir.name
     if status in (0, IDLE_EXIT_CODE) or status in USER_STOPS or attempt >= args.max_restarts:
+        if rank == 0:
+            standby.end_unused(environ, run_id)
         return
-    faulty = first_failed_faulty(args.run_dir, attempt, detect_topology(environ).node_rank)
-    if faulty is not None:  # every node reads the same first failure, and stops alike
-        print(f"mlenv: node-{faulty[0]} must be left out of the run ({faulty[1]}): not restarting it (the nodes of a "
-              "detached run restart it where it ran; launched attached, mlenv leaves the node out)", flush=True)
-        return
-    following = attempt + 1
-    print(f"mlenv: attempt {attempt} failed with exit code {status}: restarting the run, attempt {following} of at "
-          f"most {args.max_restarts} restarts (MLENV_RESTART_COUNT={following})", flush=True)
+    first = read_state(NodeDir(args.run_dir, attempt, rank)).get("first_failure")
+    earlier = [who for who in environ.get(FAILED_FIRST, "").split(",")][:attempt] if attempt else []
+    following = {**environ, "MLENV_RESTART_COUNT": str(attempt + 1), FAILED_FIRST: ",".join([*earlier,
+                                                                                             failed_first(first)])}
+    faulty = judge_first_failure(first, earlier)
+    if faulty is not None:
+        taken = _leave_out(faulty, rank, following, run_id)
+        if taken is None:
+            return
+        following[standby.USED] = str(taken)
+    print(f"mlenv: attempt {attempt} failed with exit code {status}: restarting the run, attempt {attempt + 1} of "
+          f"at most {args.max_restarts} restarts (MLENV_RESTART_COUNT={attempt + 1})", flush=True)
     args.detach = True
     job = args.job[1:] if args.job[:1] == ["--"] else args.job
-    _recorded(args, {**environ, "MLENV_RESTART_COUNT": str(following)}, args.launcher, job, args.run_dir)
+    _recorded(args, following, args.launcher, job, args.run_dir)
+
+
+def _leave_out(faulty: tuple[int, str], rank: int, following: Mapping[str, str], run_id: str) -> int | None:
+    """Node ``faulty`` must be left out of the next attempt: the run's next unused standby takes its place (node 0
+    hands it over; the node itself does not restart) and how many standbys are used then, or None where this node
+    does not restart: it is the faulty one, or no standby can take the place (then no node restarts)."""
+    node, why = faulty
+    spares, taken = standby.addresses(following), standby.used(following)
+    left_out = f"mlenv: node-{node} must be left out of the run ({why})"
+    if node == 0 or taken >= len(spares):
+        instead = ("node 0 holds the rendezvous, which a standby cannot take over" if node == 0 and spares
+                   else "no standby host is left" if spares
+                   else "the nodes of a detached run restart it where it ran; ssh.spares, or a launch attached, "
+                        "leave the node out")
+        print(f"{left_out}: not restarting it ({instead})", flush=True)
+        if rank == 0:
+            standby.end_unused(following, run_id)
+        return None
+    message = {"run_id": run_id, "node": node, "attempt": int(following["MLENV_RESTART_COUNT"]), "used": taken + 1,
+               "failed_first": following.get(FAILED_FIRST, "")}
+    error = standby.send(spares[taken], taken, following, message) if rank == 0 else None
+    if error is not None:
+        print(f"{left_out}: not restarting it: {error}", flush=True)
+        return None
+    if rank in (0, node):
+        print(f"{left_out}: the standby on {spares[taken]} takes its place", flush=True)
+    return None if rank == node else taken + 1
 
 
 def _run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
@@ -299,11 +342,68 @@ def _launch(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     if not Path(job[0]).is_file():
         raise BadInput(f"no such script: {job[0]} (relative to {Path.cwd()})")
     run_dir = args.run_dir or (Path(environ["MLENV_RUN_DIR"]) if environ.get("MLENV_RUN_DIR") else None)
+    if args.standby is not None:
+        return _standby(args, environ, launcher, job, run_dir)
     if args.detach or (run_dir is not None and args.exit_file is None and not args.dry_run):
         return _recorded(args, environ, launcher, job, run_dir)
     return launch(job, launcher=launcher, environ=environ, nproc=args.nproc, run_dir=run_dir,
                   dry_run=args.dry_run, node_log=args.exit_file is None or not args.detached_supervisor,
                   expect_transport=args.expect_transport, observers=observers_for(args, environ))
+
+
+def _launch_argv(args: argparse.Namespace, launcher: str, run_dir: Path) -> list[str]:
+    """``python -m mlenv.runtime launch`` with this launch's options (not its mode, nor the job)."""
+    return [sys.executable, "-m", "mlenv.runtime", "launch", "--launcher", launcher,
+            *(["--nproc", str(args.nproc)] if args.nproc else []), "--run-dir", str(run_dir),
+            *(["--expect-transport", args.expect_transport] if args.expect_transport else []),
+            *(["--hang-timeout", str(args.hang_timeout)] if args.hang_timeout else []),
+            *(["--on-hang", args.on_hang] if args.on_hang else []),
+            *(["--idle-seconds", str(args.idle_seconds)] if args.idle_seconds else []),
+            *(["--idle-util", str(args.idle_util)] if args.idle_util is not None else []),
+            *(["--on-idle", args.on_idle] if args.on_idle else []),
+            *(["--max-restarts", str(args.max_restarts)] if args.max_restarts else [])]
+
+
+STANDBY_FD = "MLENV_STANDBY_FD"
+"""In the standby's background process: its listening socket, opened (and checked) by the command that started it."""
+
+
+def _standby(
+    args: argparse.Namespace, environ: Mapping[str, str], launcher: str, job: list[str], run_dir: Path | None
+) -> int:
+    """A spare host's standby of a detached run (runtime/standby.py): started in the background, listening, until
+    node 0 hands it a node (it then runs that node's share, detached, from the next attempt on) or ends it."""
+    if run_dir is None or not args.detach:
+        raise BadInput("launch --standby needs --detach and a run directory (--run-dir DIR or MLENV_RUN_DIR)")
+    run_dir = run_dir.absolute()
+    run_id = environ.get("MLENV_RUN_ID") or run_dir.name
+    marker = standby.pid_file(run_dir, args.standby)
+    if STANDBY_FD not in environ:  # the command run on the spare host: listen, then wait in the background
+        listener = standby.listen(environ, args.standby)
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        argv = [*_launch_argv(args, launcher, run_dir), "--detach", "--standby", str(args.standby), "--", *job]
+        env = {**environ, STANDBY_FD: str(listener.fileno()), standby.MARKER: str(marker)}
+        with marker.with_suffix(".log").open("ab") as log:
+            process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                       env=env, start_new_session=True, pass_fds=(listener.fileno(),))
+        listener.close()
+        write_atomic(marker, json.dumps({"run_id": run_id, "slot": args.standby, "pid": process.pid,
+                                         "port": standby.port(environ, args.standby)}) + "\n")
+        print(f"mlenv: standby {args.standby} of run {run_id} on {host_name(environ)}: waiting on port "
+              f"{standby.port(environ, args.standby)} for a node to take over (pid {process.pid})")
+        return 0
+    with socket.socket(fileno=int(environ[STANDBY_FD])) as listener:
+        message = standby.wait(listener, run_id)
+    if message is None:
+        print(f"mlenv: run {run_id} needs this standby no more", flush=True)
+        return 0
+    node, attempt = int(message["node"]), int(message["attempt"])
+    print(f"mlenv: taking node-{node}'s place in run {run_id} from attempt {attempt} on", flush=True)
+    env = {name: value for name, value in environ.items() if name not in (STANDBY_FD, standby.MARKER)}
+    env.update({"MLENV_NODE_RANK": str(node), "MLENV_RESTART_COUNT": str(attempt),
+                standby.USED: str(message["used"]), FAILED_FIRST: str(message.get("failed_first", ""))})
+    args.standby = None
+    return _recorded(args, env, launcher, job, run_dir)
 
 
 def _recorded(
@@ -315,16 +415,8 @@ def _recorded(
         raise BadInput("launch --detach needs a run directory: --run-dir DIR or MLENV_RUN_DIR")
     rank = detect_topology(environ).node_rank
     files = NodeDir(run_dir.absolute(), attempt_of(environ), rank)
-    supervisor = [sys.executable, "-m", "mlenv.runtime", "launch", "--launcher", launcher,
-                  *(["--nproc", str(args.nproc)] if args.nproc else []), "--run-dir", str(files.run_dir),
-                  *(["--expect-transport", args.expect_transport] if args.expect_transport else []),
-                  *(["--hang-timeout", str(args.hang_timeout)] if args.hang_timeout else []),
-                  *(["--on-hang", args.on_hang] if args.on_hang else []),
-                  *(["--idle-seconds", str(args.idle_seconds)] if args.idle_seconds else []),
-                  *(["--idle-util", str(args.idle_util)] if args.idle_util is not None else []),
-                  *(["--on-idle", args.on_idle] if args.on_idle else []),
-                  *(["--max-restarts", str(args.max_restarts)] if args.max_restarts else []),
-                  "--exit-file", str(files.exit), *(["--detached-supervisor"] if args.detach else []), "--", *job]
+    supervisor = [*_launch_argv(args, launcher, files.run_dir), "--exit-file", str(files.exit),
+                  *(["--detached-supervisor"] if args.detach else []), "--", *job]
     process, record = start_recorded(supervisor, files, run_id=environ.get("MLENV_RUN_ID") or files.run_dir.name,
                                      host=host_name(environ), environ=environ, detached=args.detach)
     if args.detach:
@@ -357,9 +449,13 @@ def _state(job: NodeJob) -> str:
 
 
 def _stop(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    found = host_jobs(args.runs_root or runs_root(environ), host_name(environ), args.run)
+    root = args.runs_root or runs_root(environ)
+    found = host_jobs(root, host_name(environ), args.run)
     stopped = stop_jobs(found, args.grace)
-    if not stopped:
+    standbys = standby.stop(root, args.run)
+    if standbys:
+        print(f"stopped {standbys} standby{'' if standbys == 1 else 's'} of detached runs")
+    if not stopped and not standbys:
         print("nothing to stop")
     for result in stopped:
         if result.left:

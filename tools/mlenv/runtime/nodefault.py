@@ -18,14 +18,13 @@ from __future__ import annotations
 import re
 import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from .gpus import Gpu, Xid, boot_time, bus_key, parse_kmsg, read_gpus, read_kmsg
 from .observers import BaseObserver, JobControl, RankInfo
-from .runlayout import NodeDir, read_state
 
 UNREACHABLE, NCCL_NET, XID, ECC, NODE_CHECK = "unreachable", "nccl-net", "xid", "ecc", "node-check"
 SIGNS = {
@@ -79,20 +78,32 @@ def why_faulty(fault: Mapping[str, Any]) -> str:
     return f"{SIGNS.get(sign, sign)}: {fault.get('evidence')}"
 
 
-def first_failed_faulty(run_dir: Path, attempt: int, node: int) -> tuple[int, str] | None:
-    """The node that failed first in ``attempt`` of the run and why it is faulty (its failure carries a node-fault
-    sign, or it failed first in FAULTY_AFTER attempts), as node ``node``'s own records of the run's attempts show it
-    (every node records the run's first failure, which the supervisors' control channel spreads); None when it is
-    not (or nothing failed first)."""
-    firsts = [read_state(NodeDir(run_dir, k, node)).get("first_failure") for k in range(attempt + 1)]
-    nodes = [first.get("node") if isinstance(first, dict) else None for first in firsts]
-    latest = firsts[-1]
-    if not isinstance(latest, dict) or not isinstance(nodes[-1], int):
+FAILED_FIRST = "MLENV_FAILED_FIRST"
+"""In a detached run's restarted attempts: who failed first in each earlier attempt (``failed_first``), comma-joined
+in attempt order (empty where nothing did)."""
+
+
+def failed_first(first: object) -> str:
+    """Who failed first, as an attempt's recorded first failure names it: its host, else ``node-N`` (an older
+    record); empty when nothing failed first."""
+    if not isinstance(first, Mapping) or not isinstance(first.get("node"), int):
+        return ""
+    return str(first.get("host") or f"node-{first['node']}")
+
+
+def judge_first_failure(first: object, earlier: Sequence[str]) -> tuple[int, str] | None:
+    """The node that failed first (``first``: an attempt's recorded first failure) and why it is faulty: its failure
+    carries a node-fault sign, or its host failed first in FAULTY_AFTER attempts, counting ``earlier`` (who failed
+    first in the earlier attempts, ``failed_first``); None when it is not, or nothing failed first. Every node of a
+    detached run judges so from the same first failure, which the supervisors' control channel spreads."""
+    who = failed_first(first)
+    if not who or not isinstance(first, Mapping):
         return None
-    if isinstance(latest.get("node_fault"), dict):
-        return nodes[-1], why_faulty(latest["node_fault"])
-    count = nodes.count(nodes[-1])
-    return (nodes[-1], f"it failed first in {count} attempts of the run") if count >= FAULTY_AFTER else None
+    node = int(first["node"])
+    if isinstance(first.get("node_fault"), Mapping):
+        return node, why_faulty(first["node_fault"])
+    count = [*earlier, who].count(who)
+    return (node, f"it failed first in {count} attempts of the run") if count >= FAULTY_AFTER else None
 
 
 def nccl_net_error(text: str) -> NodeFault | None:

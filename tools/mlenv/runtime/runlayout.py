@@ -150,6 +150,8 @@ class FirstFailure:
     log_tail: list[str]
     node_fault: dict[str, str] | None = None
     """The failing rank's node's fault sign, ``{"sign", "evidence"}`` (nodefault.py), when its failure carries one."""
+    host: str | None = None
+    """The failing rank's host (a spare host may run a node in a later attempt)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -158,7 +160,7 @@ class FirstFailure:
     def from_dict(cls, data: Mapping[str, Any]) -> FirstFailure:
         return cls(int(data["rank"]), int(data["node"]), int(data["exit_code"]), _str_or_none(data["signal"]),
                    str(data["reason"]), [str(line) for line in data["log_tail"]],
-                   _fault(data.get("node_fault")))
+                   _fault(data.get("node_fault")), _str_or_none(data.get("host")))
 
 
 def _fault(value: object) -> dict[str, str] | None:

@@ -348,7 +348,7 @@ class Supervisor:
         if not failed:
             return
         failure = FirstFailure(rank.info.rank, self.node, exit_code, signame, self._reason(rank, exit_code, signame),
-                               list(rank.tail), self._node_fault())
+                               list(rank.tail), self._node_fault(), self.host)
         self.local_failure = failure
         self.note(describe(failure, rank.info.pid))
         if self.channel is not None:
