@@ -239,19 +239,22 @@ def _attempt(target: Target, spec: LaunchSpec, run_dir: Path) -> LaunchResult:
     elif outcome.exit_code == IDLE_EXIT_CODE:
         error(f"stopped on every node: every GPU of the job was idle (--on-idle stop); logs in {run_dir}")
     elif first is not None:
-        node = first
-        error(f"node-{node} failed with exit code {outcome.node_exit_codes[node]}; the other nodes were stopped. "
+        node, code = first
+        error(f"node-{node} failed with exit code {code}; the other nodes were stopped. "
               f"Last lines of {result.log(node)}:\n{_tail(result.log(node))}")
     return result
 
 
-def _failed_first(run: Mapping[str, Any] | None, outcome: LaunchOutcome, ended_first: int) -> int:
-    """The node that failed first: as the nodes' supervisors decided it (``run``'s first failure), where the backend
-    keeps their records; else ``ended_first``, the node whose launch ended first with a failure (a node stopped for
-    its peer's failure may end before the node that failed)."""
+def _failed_first(run: Mapping[str, Any] | None, outcome: LaunchOutcome, ended_first: int) -> tuple[int, int]:
+    """The node that failed first and its exit code: as the nodes' supervisors decided it (``run``'s first failure),
+    where the backend keeps their records (the node's launch may have been stopped for a peer that ended first with
+    the same failure); else ``ended_first``, the node whose launch ended first with a failure."""
     failure = (run or {}).get("first_failure")
     node = failure.get("node") if isinstance(failure, Mapping) else None
-    return node if isinstance(node, int) and node in outcome.node_exit_codes else ended_first
+    if isinstance(failure, Mapping) and isinstance(node, int) and node in outcome.node_exit_codes:
+        code = failure.get("exit_code")
+        return node, code if isinstance(code, int) else outcome.node_exit_codes[node]
+    return ended_first, outcome.node_exit_codes[ended_first]
 
 
 def _remember(target: Target, spec: LaunchSpec) -> None:
@@ -281,7 +284,7 @@ def _last_step(path: Path) -> str:
     return f"{found[-1][0]}/{found[-1][1]}" if found else "-"
 
 
-def _summary(result: LaunchResult, failed_first: int | None) -> None:
+def _summary(result: LaunchResult, failed_first: tuple[int, int] | None) -> None:
     """The table of nodes: a node that did not fail first but ended with an error was stopped for that failure."""
     from mlenv.ui import table
 
@@ -289,9 +292,11 @@ def _summary(result: LaunchResult, failed_first: int | None) -> None:
 
     def verdict(node: int) -> str:
         code = outcome.node_exit_codes.get(node, -1)
+        if failed_first is not None and node == failed_first[0]:
+            return f"failed ({failed_first[1]})"
         if code == 0:
             return "ok"
-        if node in outcome.stopped or (failed_first is not None and node != failed_first):
+        if node in outcome.stopped or failed_first is not None:
             return f"stopped (exit {code})"
         return f"failed ({code})"
 
