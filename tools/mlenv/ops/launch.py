@@ -164,7 +164,9 @@ def launch(target: Target, spec: LaunchSpec) -> LaunchResult:
 
 def judge_faulty(outcome: LaunchOutcome, run: Mapping[str, Any] | None,
                  first_failures: Counter[str]) -> dict[int, str]:
-    """The nodes of a failed attempt judged faulty, each with why (the one place this is decided). At once: a node
+    """The nodes of a failed attached attempt judged faulty, each with why (the nodes of a detached run judge its
+    first failure by the same rules: runtime/nodefault.py judge_first_failure; the Slurm scripts by the second rule
+    only). At once: a node
     whose failure carries a node-fault sign (runtime/nodefault.py): unreachable (ssh's exit 255 where the node has
     no record of the run, or its supervisor gone without an exit status), its in-node check refused, or the first
     failure's NCCL network error, Xid or ECC event. And the node that failed first (as the nodes' supervisors

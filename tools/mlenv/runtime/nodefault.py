@@ -1,5 +1,6 @@
 """Node-fault signs: what, in a failure, says that the node itself is at fault rather than the script, so that the
-next attempt of the run leaves it out at once (``mlenv launch --max-restarts``; the CLI judges, ops/launch.py).
+next attempt of the run leaves it out at once (``mlenv launch --max-restarts``: the CLI judges an attached run,
+ops/launch.py; the nodes' supervisors a detached one, ``judge_first_failure``).
 
 The signs and how they read (``sign``, then the words the CLI prints before the evidence):
 
