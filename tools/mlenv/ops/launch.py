@@ -141,7 +141,6 @@ def launch(target: Target, spec: LaunchSpec) -> LaunchResult:
     the attempt), away from the excluded nodes (the deployment's, or the cluster's when it is not deployed) and from
     the nodes judged faulty (``judge_faulty``); the last attempt's result. A detached run is restarted from the nodes
     (local and ssh: their supervisors; Slurm: the run's script), where the backend can."""
-
     from mlenv.ui import warn
 
     if spec.detach and spec.max_restarts and not target.backend.jobs.restarts_detached:
@@ -166,12 +165,11 @@ def judge_faulty(outcome: LaunchOutcome, run: Mapping[str, Any] | None,
                  first_failures: Counter[str]) -> dict[int, str]:
     """The nodes of a failed attached attempt judged faulty, each with why (the nodes of a detached run judge its
     first failure by the same rules: runtime/nodefault.py judge_first_failure; the Slurm scripts by the second rule
-    only). At once: a node
-    whose failure carries a node-fault sign (runtime/nodefault.py): unreachable (ssh's exit 255 where the node has
-    no record of the run, or its supervisor gone without an exit status), its in-node check refused, or the first
-    failure's NCCL network error, Xid or ECC event. And the node that failed first (as the nodes' supervisors
-    decided it; where the backend keeps no records, the node whose launch ended first with a failure) once it did
-    so in FAULTY_AFTER attempts; ``first_failures`` (host -> attempts) counts them."""
+    only). At once: a node whose failure carries a node-fault sign (runtime/nodefault.py): unreachable (ssh's exit
+    255 where the node has no record of the run, or its supervisor gone without an exit status), its in-node check
+    refused, or the first failure's NCCL network error, Xid or ECC event. And the node that failed first (as the
+    nodes' supervisors decided it; where the backend keeps no records, the node whose launch ended first with a
+    failure) once it did so in FAULTY_AFTER attempts; ``first_failures`` (host -> attempts) counts them."""
     known = (run or {}).get("node_faults", {})
     signs: dict[int, Mapping[str, Any]] = {int(node): fault for node, fault in known.items()
                                            if isinstance(fault, Mapping)}

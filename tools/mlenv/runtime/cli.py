@@ -244,7 +244,7 @@ def _restart(args: argparse.Namespace, environ: Mapping[str, str], status: int) 
             standby.end_unused(environ, run_id)
         return
     first = read_state(NodeDir(args.run_dir, attempt, rank)).get("first_failure")
-    earlier = [who for who in environ.get(FAILED_FIRST, "").split(",")][:attempt] if attempt else []
+    earlier = environ.get(FAILED_FIRST, "").split(",")[:attempt] if attempt else []
     following = {**environ, "MLENV_RESTART_COUNT": str(attempt + 1), FAILED_FIRST: ",".join([*earlier,
                                                                                              failed_first(first)])}
     faulty = judge_first_failure(first, earlier)

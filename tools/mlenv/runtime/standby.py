@@ -55,7 +55,7 @@ def pid_file(run_dir: Path, slot: int) -> Path:
 
 def listen(environ: Mapping[str, str], slot: int) -> socket.socket:
     """The standby's listening socket (OSError when the port is taken)."""
-    listener = socket.create_server(("", port(environ, slot)), reuse_port=False)
+    listener = socket.create_server(("", port(environ, slot)))
     listener.set_inheritable(True)
     return listener
 
