@@ -19,7 +19,6 @@ import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from mlenv.backends.kubernetes.naming import pod_dns
 from mlenv.backends.local import net as localnet
@@ -379,8 +378,3 @@ def _dns_names(app: str, namespace: str, ordinal: int) -> list[str]:
     full = pod_dns(app, namespace, ordinal)
     parts = full.split(".")
     return [full, ".".join(parts[:3]), ".".join(parts[:2]), parts[0]]
-
-
-def local_pods(data: Mapping[str, Any]) -> list[LocalPod]:
-    """The pods recorded in a local handle's data (for tests and tools)."""
-    return [LocalPod(**pod) for pod in data.get("pods", [])]

@@ -114,10 +114,6 @@ class Transport:
         argument is quoted here."""
         return [*self.ssh_base(host), "-t" if tty else "-T", "--", host.destination(self.user), shlex.join(remote)]
 
-    def control_argv(self, host: HostSpec, operation: str) -> list[str]:
-        """``ssh -O check|exit``: ask the host's master connection."""
-        return [*self.ssh_base(host), "-O", operation, "--", host.destination(self.user)]
-
     def destination(self, host: HostSpec, path: str) -> str:
         """``user@host:path/`` for rsync."""
         return f"{host.rsync_host(self.user)}:{path.rstrip('/')}/"
