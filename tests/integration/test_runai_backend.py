@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 from click.testing import CliRunner, Result
-from mlenv.backends.kubernetes import explain, waiting
+from mlenv.backends.kubeapi import explain, waiting
 from mlenv.backends.runai import tool
 from mlenv.backends.runai.backend import RunaiBackend
 from mlenv.cli import main

@@ -20,7 +20,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-
 STANDBYS = "MLENV_STANDBYS"
 """The run's standbys: their hosts' addresses, comma-separated, in slot order."""
 USED = "MLENV_STANDBYS_USED"

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from mlenv.backends.kubernetes.naming import pod_dns
+from mlenv.backends.kubeapi.naming import pod_dns
 from mlenv.backends.local import net as localnet
 from mlenv.backends.local import proc as localproc
 from mlenv.backends.local.settings import LocalSettings

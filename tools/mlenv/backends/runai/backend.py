@@ -12,11 +12,10 @@ from collections.abc import Mapping, Sequence
 from functools import cached_property
 from typing import Any
 
-from mlenv.backends.kubernetes import explain
-from mlenv.backends.kubernetes import pods as podview
-from mlenv.backends.kubernetes.backend import rdma_warning
-from mlenv.backends.kubernetes.client import Client, resolve_binary
-from mlenv.backends.kubernetes.preflight import (
+from mlenv.backends.kubeapi import explain
+from mlenv.backends.kubeapi import pods as podview
+from mlenv.backends.kubeapi.client import Client, resolve_binary
+from mlenv.backends.kubeapi.preflight import (
     can_i,
     check_allocatable,
     check_login,
@@ -25,7 +24,8 @@ from mlenv.backends.kubernetes.preflight import (
     explained,
     require,
 )
-from mlenv.backends.kubernetes.waiting import wait_pods_gone, wait_pods_ready
+from mlenv.backends.kubeapi.rules import rdma_warning
+from mlenv.backends.kubeapi.waiting import wait_pods_gone, wait_pods_ready
 from mlenv.backends.runai import argv as commands
 from mlenv.backends.runai import flags, tool
 from mlenv.backends.runai.project import check_project

@@ -25,7 +25,7 @@ from mlenv.backends.ssh.diagnose import failure
 from mlenv.backends.ssh.facts import Reply, parallel, probe, probe_all
 from mlenv.backends.ssh.settings import SshSettings
 from mlenv.backends.ssh.target import SshTarget
-from mlenv.backends.ssh.transport import Transport, control_dir
+from mlenv.backends.sshlink.transport import Transport, control_dir
 from mlenv.core import remote
 from mlenv.core.capabilities import (
     Check,

@@ -20,8 +20,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from mlenv.backends.ssh.hosts import HostSpec
+from mlenv.backends.sshlink.hosts import HostSpec
 from mlenv.errors import OperationError, shown
+
+SSH_FAILED = 255
+"""ssh's exit code for its own failure (connection, authentication), not the remote command's."""
 
 CONTROL_ROOT = "/tmp"  # noqa: S108 - a private directory per user is made there and checked (owner, mode, no link)
 CONTROL_PERSIST = 300
