@@ -20,7 +20,19 @@ from mlenv.backends.kubeapi.naming import (
 )
 from mlenv.backends.kubeapi.rules import rdma_warning
 from mlenv.core import remote
-from mlenv.core.capabilities import Check, CopyTarget, Handle, Node, NodeStatus, Recorder, Request
+from mlenv.core.capabilities import (
+    Check,
+    Checks,
+    CopyTarget,
+    Deploy,
+    Handle,
+    Jobs,
+    Node,
+    NodeAccess,
+    NodeStatus,
+    Recorder,
+    Request,
+)
 from mlenv.core.fanout import FanoutJobs
 from mlenv.errors import OperationError, UsageError
 from mlenv.ui import info, warn
@@ -54,7 +66,7 @@ def _security_warnings(d: KubeDeployment) -> list[str]:
     return warnings
 
 
-class KubernetesBackend(FanoutJobs):
+class KubernetesBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks):
     """A StatefulSet of GPU pods with ``oc`` (OpenShift) or ``kubectl`` (Kubernetes)."""
 
     def __init__(self, flavour: str) -> None:

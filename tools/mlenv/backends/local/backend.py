@@ -24,7 +24,19 @@ from mlenv.backends.kubeapi.naming import pod_dns
 from mlenv.backends.local import net as localnet
 from mlenv.backends.local import proc as localproc
 from mlenv.backends.local.settings import LocalSettings
-from mlenv.core.capabilities import Check, CopyTarget, Handle, Node, NodeStatus, Recorder, Request
+from mlenv.core.capabilities import (
+    Check,
+    Checks,
+    CopyTarget,
+    Deploy,
+    Handle,
+    Jobs,
+    Node,
+    NodeAccess,
+    NodeStatus,
+    Recorder,
+    Request,
+)
 from mlenv.core.fanout import FanoutJobs
 from mlenv.core.remote import RUNTIME_DIR, read_secrets
 from mlenv.errors import OperationError, UsageError, shown
@@ -117,7 +129,7 @@ def _venv_bin() -> str:
     return str(Path(sys.executable).parent)
 
 
-class LocalBackend(FanoutJobs):
+class LocalBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks):
     """Pods on this machine: network namespaces (root) or plain directories and processes."""
 
     name = "local"

@@ -32,7 +32,19 @@ from mlenv.backends.runai.project import check_project
 from mlenv.backends.runai.settings import RunaiSettings
 from mlenv.backends.runai.workload import Workload, ordinal
 from mlenv.core import remote
-from mlenv.core.capabilities import Check, CopyTarget, Handle, Node, NodeStatus, Recorder, Request
+from mlenv.core.capabilities import (
+    Check,
+    Checks,
+    CopyTarget,
+    Deploy,
+    Handle,
+    Jobs,
+    Node,
+    NodeAccess,
+    NodeStatus,
+    Recorder,
+    Request,
+)
 from mlenv.core.fanout import FanoutJobs
 from mlenv.errors import MlenvError, OperationError, UsageError
 from mlenv.plan import JobPlan
@@ -57,7 +69,7 @@ def _warnings(plan: JobPlan, claim: str | None) -> list[str]:
     return warnings
 
 
-class RunaiBackend(FanoutJobs):
+class RunaiBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks):
     """A Run:ai distributed PyTorch workload: a master and workers running ``sleep infinity``."""
 
     name = "runai"
