@@ -178,8 +178,8 @@ def test_rdma_used_passes(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> 
     rdma = SOCKET_LINES.replace("NET/Socket : Using [0]eth0:10.0.0.5<0>", "NET/IB : Using [0]mlx5_0:1/IB")
     assert run(python_job(tmp_path, rdma.replace("network Socket", "network IB")), tmp_path,
                expected=RDMA_DEFAULT) == 0
-    assert "mlenv: RDMA (no GDR), as expected" in capfd.readouterr().err
-    assert read_state(NodeDir(tmp_path / "run", 0, 0))["transport"]["verdict"] == "RDMA (no GDR)"
+    assert "mlenv: RDMA (GDR not shown), as expected" in capfd.readouterr().err
+    assert read_state(NodeDir(tmp_path / "run", 0, 0))["transport"]["verdict"] == "RDMA (GDR not shown)"
 
 
 def test_nothing_proven_fails_an_explicit_expectation(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:

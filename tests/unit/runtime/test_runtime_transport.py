@@ -51,7 +51,7 @@ def test_the_verdict_is_printed_as_soon_as_nccl_names_its_network_and_refined_by
                  "gpu-b:4242:4250 [1] NCCL INFO Using network IB"):
         observer.line(RANK, text)
     observer.tick(1.0)
-    assert control.notes == ["node-1: RDMA (no GDR) via mlx5_0..3 (NET/IB, NCCL 2.21.5)"]
+    assert control.notes == ["node-1: RDMA (GDR not shown) via mlx5_0..3 (NET/IB, NCCL 2.21.5)"]
     observer.line(RANK, "gpu-b:4242:4251 [1] NCCL INFO Channel 00/0 : 1[1] -> 9[1] [receive] via NET/IB/1/GDRDMA")
     observer.tick(2.0)
     observer.tick(3.0)  # nothing new: nothing printed
