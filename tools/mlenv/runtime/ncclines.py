@@ -33,8 +33,8 @@ _DEVICE_TAG = re.compile(r"\[(\d+)\]")
 _MLENV_TAG = re.compile(r"\s*\[node-(?P<node>\d+) r(?P<rank>\d+)\]")
 LAUNCHER_TAG = re.compile(r"\s*(?:\[node-\d+(?: r\d+)?\] |\[(?P<tag>default\d+|rank\d+|\d+(?:,\d+)?)\](?:<std\w+>)?:?"
                           r"|(?P<label>\d+): |[\w.-]+: )")
-_OWN = re.compile(r"(?:\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)?\] )?(?P<host>[^\s:]+):(?P<pid>\d+):\d+ "
-                  r"\[(?P<dev>-?\d+)\] (?:[\w./-]+\.\w+:\d+ (?:\(\w+\) )?(?=NCCL WARN))?NCCL (?P<level>INFO|WARN) "
+_OWN = re.compile(r"(?:\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)?\] )?(?P<host>[\w-]+):(?P<pid>\d+):\d+ "
+                  r"\[(?P<dev>-?\d+)\] (?:[\w./<>-]+:\d+ (?:\(\w+\) )?(?=NCCL WARN))?NCCL (?P<level>INFO|WARN) "
                   r"(?P<message>.*)")
 _VERSION = re.compile(r"[NR]CCL version (\d+\.\d+\.\d+[\w.+-]*)")
 _OWN_VERSION = re.compile(r"NCCL version (\d+\.\d+\.\d+[\w.+-]*)\s*")
