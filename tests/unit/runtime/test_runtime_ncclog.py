@@ -44,6 +44,26 @@ def test_real_logs_get_the_verdict_read_from_them(entry: dict[str, str]) -> None
         assert all(item.startswith(f"{entry['file']}:") for item in report.to_dict()["evidence"])  # type: ignore
 
 
+SYNTHETIC = json.loads((FIXTURES / "synthetic.json").read_text())
+
+
+@pytest.mark.parametrize("entry", SYNTHETIC, ids=[entry["file"] for entry in SYNTHETIC])
+def test_what_nccl_did_decides_on_synthetic_logs_in_nccl_s_format(entry: dict[str, str]) -> None:
+    """A single host whose channels stay inside it, a network known only from its errors, IB without channel lines
+    and IB whose HCA has GPUDirect RDMA disabled (tests/fixtures/nccl_logs/synthetic.json)."""
+    report = parse_nccl_log((FIXTURES / "synthetic" / entry["file"]).read_text().splitlines(), entry["file"])
+    assert entry["notes"].startswith("synthetic, in NCCL's exact format")
+    assert report.verdict == entry["expected"], report.reason
+
+
+def test_a_network_known_from_its_errors_is_that_network_and_its_failure() -> None:
+    report = parse_nccl_log((FIXTURES / "synthetic" / "ib_errors_only_2.2x.log").read_text().splitlines())
+    assert report.reason.startswith("NCCL used NET/IB and it failed: NET/IB : Got completion from peer 10.42.0.17")
+    assert judge(report, "rdma")[0] and contradicts(report.verdict, "sockets")
+    socket_error = ["h:1:2 [0] transport/net_socket.cc:441 NCCL WARN NET/Socket : socket progress error"]
+    assert parse_nccl_log(socket_error).verdict == SOCKETS
+
+
 def test_the_corpus_spans_versions_plugins_and_verdicts() -> None:
     assert len(CORPUS) >= 30
     assert all(entry["url"].startswith("https://github.com/") and entry["nccl_version"] for entry in CORPUS)

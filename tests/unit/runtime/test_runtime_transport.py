@@ -214,3 +214,16 @@ def test_a_contradiction_on_another_node_is_stopped_by_the_hub_and_no_node_says_
                                        "(evidence: rank9:1)")
     assert hub.finished(1) == 1 and other.finished(1) == 1
     assert not any("could not prove" in note for note in hub_control.notes + other_control.notes)
+
+
+def test_the_hub_says_its_own_verdict_before_a_peer_s_contradiction_stops_the_job() -> None:
+    peers: list[Recorder] = []
+    hub, hub_control = proof(Expectation("rdma", explicit=True), peers=peers)
+    other, _ = proof(Expectation("rdma", explicit=True), peers=peers)
+    hub.line(RankInfo(rank=0, local_rank=0, node=0, host="gpu-a", pid=77), "gpu-a:77:78 [0] NCCL INFO Using network "
+                                                                           "Socket")
+    other.line(RANK, "gpu-b:4242:4250 [1] NCCL INFO Using network Socket")
+    other.tick(1.0)  # before the hub's own tick
+    assert hub_control.notes[0] == "node-0: SOCKETS (NET/Socket): NCCL chose NET/Socket"
+    assert hub_control.notes[1].startswith("error: NCCL uses SOCKETS but --expect-transport is rdma")
+    assert len(hub_control.stops) == 1

@@ -80,7 +80,7 @@ def nccl_record(text: str) -> Record | None:
     merely contains NCCL's words, a header cut or moved, two records on a line)."""
     tag = LAUNCHER_TAG.match(text)
     rest = text[tag.end():] if tag else text
-    if own := _OWN.fullmatch(rest.strip()):
+    if (own := _OWN.fullmatch(rest.strip())) and not _MARKER.search(own["message"]):  # not two records joined
         message = own["message"][:_MESSAGE_CHARS].strip()
         version = _VERSION.match(message)
         return Record(own["level"], message, own["host"], own["pid"], own["dev"], _tag(tag),

@@ -156,6 +156,7 @@ class TransportProof(BaseObserver):
     def message(self, message: Mapping[str, Any]) -> None:
         if message.get("kind") != KIND or self.control is None:
             return
+        self.tick(0.0)  # this node's own verdict first: said, and known to the hub, before any stop ends its lines
         if message.get("event") == "node" and self.control.hub:
             self.node_verdicts[str(message["node"])] = (str(message["verdict"]), str(message["reason"]),
                                                         [str(e) for e in message.get("evidence", [])])
