@@ -230,7 +230,7 @@ def test_multi_node_nvlink_is_a_network_transport() -> None:
 
 
 @pytest.mark.parametrize("prefix", ["[default3]:", "3: ", "2025-05-16T16:39:51.208-07:00 ", "[2025-10-16 22:16:08] ",
-                                    "[node-1 r3] ", "[1,3]<stdout>:"])
+                                    "[node-1 r3] ", "[1,3]<stdout>:", "[rank3]:", "10.0.0.7: "])
 def test_launcher_prefixes_keep_host_and_process(prefix: str) -> None:
     report = parse_nccl_log([f"{prefix}gpu7:4242:4250 [3] NCCL INFO Using network IB"])
     assert [(r.process, r.verdict) for r in report.ranks] == [("gpu7:4242", RDMA_UNSHOWN)]

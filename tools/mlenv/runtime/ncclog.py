@@ -10,6 +10,10 @@ with error``: it was used, and failed). What NCCL merely set up proves nothing w
 network was crossed. GPUDirect RDMA is known from the channels (``/GDRDMA``), ``GDR 0|1`` or the HCAs' lines;
 without them it is "not shown", never "no". Bootstrap and sideband sockets (``Bootstrap : Using eth0``, 2.4's
 ``NET/Socket : Using`` before the IB one, 2.3's ``for sideband communication``) never decide it.
+
+:meth:`NcclLogReader.feed` reads a log after the run (``nccl-log-check``, ``mlenv nccl-test``), whose processes
+are gone: it cannot know their pids, so it reads records as logs are written and pasted. The live proof
+(transport.py) hands :meth:`NcclLogReader.add` only records in NCCL's own shape from the job's own processes.
 """
 
 from __future__ import annotations
