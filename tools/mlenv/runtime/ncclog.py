@@ -272,7 +272,7 @@ class NcclLogReader:
             process.decision = decide(process.evidence_, _multi_for(process.evidence_, multi, nodes[process.node]))
         node_reports = [_node_report(name, ev, _node_decision(ev, multi, [p for p in processes if p.node == name]))
                         for name, ev in sorted(nodes.items(), key=lambda item: _natural(item[0]))]
-        verdict, reason = combine([(n.node, n.verdict, n.reason) for n in node_reports])
+        _, verdict, reason = combine((n.node, n.verdict, n.reason) for n in node_reports)
         if not processes:
             reason = "no NCCL lines" + (" (NCCL_DEBUG unset, or set to WARN?)" if self.lines else ": empty input")
         ordered = sorted(processes, key=lambda r: (r.rank is None, r.rank or 0, _natural(r.process)))
@@ -331,14 +331,14 @@ def _node_report(name: str, ev: Evidence, decision: Decision) -> NodeReport:
                       ev.devices(), ev.nccl_version, ev.provider, ev.evidence)
 
 
-def combine(nodes: Iterable[tuple[str, str, str]]) -> tuple[str, str]:
-    """The job's verdict and reason from its nodes' ``(node, verdict, reason)``: the worst verdict (ORDER), its
-    node named where there are several."""
-    found = list(nodes)
+def combine(nodes: Iterable[tuple[str, str, str]]) -> tuple[str, str, str]:
+    """The job's ``(node, verdict, reason)`` from its nodes' ones: the worst verdict (ORDER, the first node that
+    has it), the reason naming that node where there are several."""
+    found = sorted(nodes, key=lambda n: _natural(n[0]))
     if not found:
-        return UNKNOWN, "no NCCL lines"
+        return "", UNKNOWN, "no NCCL lines"
     node, verdict, reason = min(found, key=lambda n: ORDER.index(n[1]))
-    return verdict, reason if len(found) == 1 else f"{node}: {reason}"
+    return node, verdict, reason if len(found) == 1 else f"{node}: {reason}"
 
 
 def _natural(name: str) -> tuple[object, ...]:

@@ -30,6 +30,7 @@ KIND = "transport"
 from the hub to every node)."""
 _MAX_WAITING = 256  # lines of a rank kept until its pid is known
 _MAX_DEPTH = 64  # parents walked up from a record's pid to a rank's
+_MAX_PIDS = 4096  # (rank, pid) answers kept
 
 DEBUG_SUBSYS = "INIT,NET"
 """The NCCL_DEBUG_SUBSYS that prints what the proof reads: the network NCCL picks and the channels it sets up."""
@@ -143,12 +144,19 @@ class TransportProof(BaseObserver):
     def _of_job(self, rank: RankInfo | None, pid: int) -> bool:
         """Whether ``pid`` is the process of ``rank`` (any rank's for the launcher's lines) or a descendant."""
         key = (rank.rank if rank else None, pid)
-        if key not in self.owned:
-            roots = self.pids.get(rank.rank, set()) | {rank.pid} if rank else set().union(*self.pids.values())
-            self.owned[key] = any(ancestor in roots for ancestor in _ancestry(pid, self.proc_root))
-        return self.owned[key]
+        if key in self.owned:
+            return self.owned[key]
+        roots = self.pids.get(rank.rank, set()) | {rank.pid} if rank else set().union(*self.pids.values())
+        found = any(ancestor in roots for ancestor in _ancestry(pid, self.proc_root))
+        if len(self.owned) < _MAX_PIDS:
+            self.owned[key] = found
+        return found
 
     def tick(self, now: float) -> None:
+        self._flush()
+
+    def _flush(self) -> None:
+        """Decide on the records read since the last time."""
         if self.changed and not self.stopped:
             self.changed = False
             self._decide()
@@ -156,22 +164,17 @@ class TransportProof(BaseObserver):
     def message(self, message: Mapping[str, Any]) -> None:
         if message.get("kind") != KIND or self.control is None:
             return
-        self.tick(0.0)  # this node's own verdict first: said, and known to the hub, before any stop ends its lines
+        self._flush()  # this node's own verdict first: said, and known to the hub, before any stop ends its lines
         if message.get("event") == "node" and self.control.hub:
             self.node_verdicts[str(message["node"])] = (str(message["verdict"]), str(message["reason"]),
                                                         [str(e) for e in message.get("evidence", [])])
-            node, verdict, reason = self._combined(self.node_verdicts)
+            node, verdict, reason = combine((n, found[0], found[1]) for n, found in self.node_verdicts.items())
             if self.run != (node, verdict, reason):
                 self.control.tell_all({"kind": KIND, "event": "run", "node": node, "verdict": verdict,
                                        "reason": reason})
         elif message.get("event") == "run":
             self.run = (str(message["node"]), str(message["verdict"]), str(message["reason"]))
             self._stop_on_contradiction()
-
-    def _combined(self, nodes: Mapping[str, tuple[str, str, list[str]]]) -> tuple[str, str, str]:
-        verdict, reason = combine((node, found[0], found[1]) for node, found in nodes.items())
-        node = next((n for n, found in sorted(nodes.items()) if found[0] == verdict), "")
-        return node, verdict, reason
 
     def _stop_on_contradiction(self) -> None:
         if self.run is None or self.stopped or not self.expected.judged:
@@ -193,10 +196,11 @@ class TransportProof(BaseObserver):
         report = self._decide()
         if self.stopped:
             return exit_code or 1
-        own = {n.node: (n.verdict, n.reason, n.evidence) for n in report.nodes if n.verdict != UNKNOWN}
+        own = {n.node: (n.verdict, n.reason) for n in report.nodes if n.verdict != UNKNOWN}
         if self.run is not None:
-            own.setdefault(self.run[0], (self.run[1], self.run[2], []))
-        _, verdict, reason = self._combined(own) if own else ("", UNKNOWN, self._unproven(report))
+            own.setdefault(self.run[0], self.run[1:])
+        _, verdict, reason = (combine((n, *found) for n, found in own.items()) if own
+                              else ("", UNKNOWN, self._unproven(report)))
         status, lines = final_verdict(verdict, reason, self.expected, exit_code, bool(own or report.ranks))
         for line in lines:
             self.note(line)
