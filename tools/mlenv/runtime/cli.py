@@ -30,8 +30,7 @@ from .jobs import POLL_SECONDS, JobError, NodeJob, follow_log, host_jobs, start_
 from .launcher import forwarding_signals, launch
 from .launchers import DEFAULT_LAUNCHER, LAUNCHERS
 from .nccl import detect_nccl_env
-from .ncclines import iter_lines
-from .ncclog import EXPECTATIONS, LogReport, NcclLogReader, judge
+from .ncclog import EXPECTATIONS, LogReport, NcclLogReader, iter_lines, judge
 from .nodefault import FAILED_FIRST, failed_first, judge_first_failure
 from .observing import observers_for
 from .runlayout import USER_STOPS, NodeDir, attempt_of, read_ranks, read_state, runs_root, write_atomic
