@@ -7,7 +7,9 @@ nothing proves fails the job; the rdma-mode default only warns, saying why nothi
 
 Only NCCL's own records are evidence: a line in NCCL's exact shape (``host:pid:tid [dev] NCCL INFO ...``,
 ncclines.nccl_record) whose pid is the process of the rank that wrote it or one of its descendants (read from
-``/proc/<pid>/stat``), so that a rank printing an old log echoes nothing into the proof. Each node tells the hub
+``/proc/<pid>/stat``), so that a rank printing an old log echoes nothing into the proof (NCCL run in a pid
+namespace of its own, a container the rank starts, is not seen: the end says which pids were not believed; a
+rank that prints a line with its own pid is believed). Each node tells the hub
 (node 0) its verdict; the hub makes the run's one verdict from them, stops the job when it contradicts the
 expectation and tells every node, which then judge that same verdict at the end.
 """
