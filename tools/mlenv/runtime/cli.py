@@ -33,7 +33,16 @@ from .nccl import detect_nccl_env
 from .ncclog import EXPECTATIONS, LogReport, NcclLogReader, iter_lines, judge
 from .nodefault import FAILED_FIRST, failed_first, judge_first_failure
 from .observing import observers_for
-from .runlayout import USER_STOPS, NodeDir, attempt_of, read_ranks, read_state, runs_root, write_atomic
+from .runlayout import (
+    USER_STOPS,
+    NodeDir,
+    absolute_checkpoint_dir,
+    attempt_of,
+    read_ranks,
+    read_state,
+    runs_root,
+    write_atomic,
+)
 from .stacks import METHODS, group, sample
 from .stacks import render as render_stacks
 from .topology import TopologyError, detect_topology, host_name
@@ -341,6 +350,7 @@ def _launch(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         raise BadInput(f"MLENV_LAUNCHER={launcher!r} is not one of {', '.join(LAUNCHERS)}")
     if not Path(job[0]).is_file():
         raise BadInput(f"no such script: {job[0]} (relative to {Path.cwd()})")
+    environ = absolute_checkpoint_dir(environ, Path.cwd())  # the same directory for a script that changes its own
     run_dir = args.run_dir or (Path(environ["MLENV_RUN_DIR"]) if environ.get("MLENV_RUN_DIR") else None)
     if args.standby is not None:
         return _standby(args, environ, launcher, job, run_dir)
