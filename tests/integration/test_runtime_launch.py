@@ -348,6 +348,33 @@ def test_a_script_that_changes_directory_sees_one_absolute_checkpoint_dir_in_eve
     assert said == [[str(WORKSPACE / "checkpoints" / "run-c")]] * 2
 
 
+def test_stacks_of_a_rank_with_300_threads_are_its_main_thread_s(tmp_path: Path) -> None:
+    """faulthandler dumps 100 threads, the newest first, so a rank's every-thread dump lacks its main thread; the
+    faulthandler stack of a real rank (armed by the runtime) is its main thread's all the same."""
+    require("torch")
+    script = tmp_path / "threads.py"
+    script.write_text(
+        "import threading, time\n"
+        "never = threading.Event()\n"
+        "for _ in range(300):\n"
+        "    threading.Thread(target=never.wait, daemon=True).start()\n"
+        "def inner_wait():\n"
+        "    print('threads', threading.active_count(), flush=True)\n"
+        "    while True:\n"
+        "        time.sleep(0.1)\n"
+        "inner_wait()\n"
+    )
+    env = detached_env(tmp_path, "run-t")
+    start_detached(env, script)
+    wait_for_line(NodeDir(Path(env["MLENV_RUN_DIR"]), 0, 0).log, "threads 301")
+    result = runtime(env, "stacks", "--method", "faulthandler", "--json")
+    assert result.returncode == 0, result.stderr
+    [rank] = json.loads(result.stdout)["ranks"]
+    assert (rank["method"], rank["error"]) == ("faulthandler", None), rank
+    assert [frame["function"] for frame in rank["frames"]] == ["<module>", "inner_wait"], rank["frames"]
+    assert runtime(env, "stop", "--run", "run-t").returncode == 0
+
+
 def test_stop_ends_a_detached_job_and_every_process_it_started(tmp_path: Path) -> None:
     require("torch")
     script = tmp_path / "sleeps.py"
