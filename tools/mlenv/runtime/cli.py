@@ -155,8 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="what NCCL's output must prove; a contradiction fails the job "
                           "(default: rdma in rdma mode, else any)")
     run.add_argument("--hang-timeout", type=_hang_seconds, metavar="SECONDS",
-                     help="no rank output on any node for this long: capture every rank's stack into the run "
-                          "directory, tell the attached user, state hung")
+                     help="no rank output on any node (any bytes: a progress bar's updates count) for this long: "
+                          "capture every rank's stack into the run directory, tell the attached user, state hung")
     run.add_argument("--on-hang", choices=["stop"],
                      help=f"with --hang-timeout: also stop the job (exit code {HANG_EXIT_CODE}, as timeout)")
     run.add_argument("--idle-seconds", type=_hang_seconds, metavar="SECONDS",
