@@ -27,8 +27,14 @@ import os, sys
 attempt, until = int(os.environ["MLENV_RESTART_COUNT"]), int(sys.argv[2])
 failing = sys.argv[4] if sys.argv[3:4] == ["--bad-node"] else str(attempt % 2)
 node, local = os.environ["MLENV_NODE_RANK"], os.environ["LOCAL_RANK"]
+os.chdir("/")  # as Hydra's job.chdir does: the checkpoints must not move with it
+checkpoints = os.environ["MLENV_CHECKPOINT_DIR"]
+os.makedirs(checkpoints, exist_ok=True)
+mark = os.path.join(checkpoints, f"node{node}-local{local}")
+resumed = os.path.exists(mark)
+open(mark, "w").close()
 print(f"attempt {attempt} of run {os.environ['MLENV_RUN_ID']} on node {node} rank {os.environ['RANK']} "
-      f"checkpoints {os.environ['MLENV_CHECKPOINT_DIR']}", flush=True)
+      f"checkpoints {checkpoints} local {local} resumed {resumed}", flush=True)
 if node == failing and local == "0" and attempt < until:
     print("failing on purpose", flush=True)
     sys.exit(3)
@@ -119,7 +125,15 @@ def test_a_failed_run_is_restarted_until_it_succeeds(project: LocalProject) -> N
     assert {attempt for attempt, _, _ in seen} == {0, 1, 2}, result.stdout
     assert sorted(rank for attempt, _, rank in seen if attempt == 2) == [0, 1, 2, 3], result.stdout
     (run_id,) = {run for _, run, _ in seen}  # the same MLENV_RUN_ID every time
-    assert set(re.findall(r"checkpoints (\S+)", result.stdout)) == {f"checkpoints/{run_id}"}  # and checkpoints
+    # and checkpoints: absolute, each node's the same in every attempt, so a script that changes directory resumes
+    found = re.findall(r"attempt (\d) of run \S+ on node (\d) rank \d checkpoints (\S+) local (\d) resumed (\w+)",
+                       result.stdout)
+    assert {int(attempt) for attempt, _, _, _, _ in found} == {0, 1, 2}, result.stdout
+    for node in ("0", "1"):
+        (checkpoints,) = {path for _, n, path, _, _ in found if n == node}
+        assert os.path.isabs(checkpoints) and checkpoints.endswith(f"/checkpoints/{run_id}"), checkpoints
+    # node 0's first rank failed attempt 0 after its mark: attempt 2 finds it
+    assert ("2", "0", "0", "True") in {(a, n, local, resumed) for a, n, _, local, resumed in found}, result.stdout
     for attempt in (1, 2):
         assert (f"run {run_id} failed with exit code 3: restarting it, attempt {attempt} of at most 3 restarts "
                 f"(MLENV_RESTART_COUNT={attempt})") in result.stderr

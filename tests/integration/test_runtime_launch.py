@@ -327,6 +327,54 @@ def test_a_detached_job_runs_on_and_logs_follow_it_to_its_exit_status(tmp_path: 
     assert job_processes("run-a") == []
 
 
+def test_a_script_that_changes_directory_sees_one_absolute_checkpoint_dir_in_every_attempt(tmp_path: Path) -> None:
+    """A detached run restarts itself: the relative MLENV_CHECKPOINT_DIR a backend sets is the workspace's, absolute,
+    in both attempts, wherever the script goes."""
+    require("torch")
+    script = tmp_path / "moves.py"
+    script.write_text(
+        "import os, sys\n"
+        "os.chdir('/')\n"
+        "print('checkpoints', os.environ['MLENV_CHECKPOINT_DIR'], flush=True)\n"
+        "sys.exit(3 if os.environ['MLENV_RESTART_COUNT'] == '0' else 0)\n"
+    )
+    env = detached_env(tmp_path, "run-c", MLENV_CHECKPOINT_DIR="checkpoints/run-c")
+    result = runtime(env, "launch", "--detach", "--max-restarts", "1", "--", str(script), timeout=60)
+    assert result.returncode == 0, result.stderr
+    second = NodeDir(Path(env["MLENV_RUN_DIR"]), 1, 0)
+    wait_for_line(second.exit, "0")
+    said = [re.findall(r"checkpoints (\S+)", NodeDir(second.run_dir, attempt, 0).log.read_text())
+            for attempt in (0, 1)]
+    assert said == [[str(WORKSPACE / "checkpoints" / "run-c")]] * 2
+
+
+def test_stacks_of_a_rank_with_300_threads_are_its_main_thread_s(tmp_path: Path) -> None:
+    """faulthandler dumps 100 threads, the newest first, so a rank's every-thread dump lacks its main thread; the
+    faulthandler stack of a real rank (armed by the runtime) is its main thread's all the same."""
+    require("torch")
+    script = tmp_path / "threads.py"
+    script.write_text(
+        "import threading, time\n"
+        "never = threading.Event()\n"
+        "for _ in range(300):\n"
+        "    threading.Thread(target=never.wait, daemon=True).start()\n"
+        "def inner_wait():\n"
+        "    print('threads', threading.active_count(), flush=True)\n"
+        "    while True:\n"
+        "        time.sleep(0.1)\n"
+        "inner_wait()\n"
+    )
+    env = detached_env(tmp_path, "run-t")
+    start_detached(env, script)
+    wait_for_line(NodeDir(Path(env["MLENV_RUN_DIR"]), 0, 0).log, "threads 301")
+    result = runtime(env, "stacks", "--method", "faulthandler", "--json")
+    assert result.returncode == 0, result.stderr
+    [rank] = json.loads(result.stdout)["ranks"]
+    assert (rank["method"], rank["error"]) == ("faulthandler", None), rank
+    assert [frame["function"] for frame in rank["frames"]] == ["<module>", "inner_wait"], rank["frames"]
+    assert runtime(env, "stop", "--run", "run-t").returncode == 0
+
+
 def test_stop_ends_a_detached_job_and_every_process_it_started(tmp_path: Path) -> None:
     require("torch")
     script = tmp_path / "sleeps.py"

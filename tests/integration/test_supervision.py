@@ -62,6 +62,19 @@ for i in range(50):
 time.sleep(300)
 """
 
+# A progress bar as tqdm draws it: \r, then the bar's state, no newline until the loop ends; for 20 s, an update
+# every half second.
+BAR = """\
+import os, sys, time
+rank = os.environ["RANK"]
+for step in range(1, 41):
+    sys.stdout.write(f"\\rrank {rank} bar {step}/40")
+    sys.stdout.flush()
+    time.sleep(0.5)
+sys.stdout.write("\\n")
+print(f"rank {rank} done", flush=True)
+"""
+
 TAGGED = re.compile(r"^\[node-(\d) r(\d)\] (.*)$")
 
 
@@ -71,7 +84,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalProject]:
     require_local("processes")
     project = make_project(tmp_path_factory.mktemp("sup"), "lsup", "10.77.63.0/24", "processes")
     project.ok("deploy", project.name)
-    source = project.source({"fails.py": RANK_FAILS, "chatty.py": CHATTY, "bad.py": BAD_RANKS})
+    source = project.source({"fails.py": RANK_FAILS, "chatty.py": CHATTY, "bad.py": BAD_RANKS, "bar.py": BAR})
     project.ok("sync", "--cluster", project.name, "--source", str(source))
     yield project
     project.mlenv("clean", "--cluster", project.name, "--delete-data", "--yes")
@@ -141,6 +154,24 @@ def test_every_line_arrives_whole_and_tagged(cluster: LocalProject) -> None:
     assert len(one) == 300 and all(re.match(r"\[node-\d r2\] rank 2 line \d+ ", line) for line in one)
     unknown = cluster.mlenv("logs", "--cluster", cluster.name, "--rank", "9")
     assert unknown.returncode == 2 and "rank 9 is not in the latest run" in unknown.stderr, unknown.stderr
+
+
+def test_a_progress_bar_is_output_tagged_on_the_terminal_and_whole_in_the_log(cluster: LocalProject) -> None:
+    """A bar drawn with \\r for 20 s, updated every half second, never looks hung to a 10 s hang watchdog (which would
+    stop a silent job 15 s after its last output); every state of it is tagged with its rank where the terminal shows
+    it, and a whole line of the log."""
+    result = cluster.mlenv("launch", "--cluster", cluster.name, "--launcher", "torchrun", "--hang-timeout", "10",
+                           "--on-hang", "stop", "bar.py", timeout=180)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    pieces = [piece for piece in re.split(r"[\r\n]", result.stdout) if " bar " in piece]
+    for piece in pieces:
+        tagged = TAGGED.match(piece)
+        assert tagged and re.fullmatch(rf"rank {tagged.group(2)} bar \d+/40", tagged.group(3)), piece
+    assert {piece.split()[3] for piece in pieces if piece.endswith(" bar 40/40")} == {"0", "1", "2", "3"}
+    assert "hung" not in result.stdout + result.stderr
+    logged = cluster.ok("logs", "--cluster", cluster.name, "--rank", "1").stdout.splitlines()
+    assert [re.sub(r"^\[node-\d r1\] ", "", line) for line in logged] == [
+        *(f"rank 1 bar {step}/40" for step in range(1, 41)), "rank 1 done"], logged
 
 
 def test_bad_ranks_lose_no_other_rank_s_lines(cluster: LocalProject) -> None:

@@ -430,8 +430,9 @@ def clean(cluster_ref: str | None, delete_data: bool, yes: bool) -> None:
                    "naming it (exit 1).")
 @click.option("--dry-run", is_flag=True, help="Print what launch would run on every node; run nothing.")
 @click.option("--hang-timeout", type=float, default=None, metavar="SECONDS",
-              help="No output from any rank for this long: capture every rank's stack into the run directory, "
-                   "say so, state hung (default: launch.hang_timeout of the cluster file, else off).")
+              help="No output from any rank (any bytes: a progress bar's updates count) for this long: capture "
+                   "every rank's stack into the run directory, say so, state hung (default: launch.hang_timeout of "
+                   "the cluster file, else off).")
 @click.option("--on-hang", type=click.Choice(["stop"]), default=None,
               help="With a hang timeout: also stop the job, exit code 124 (as timeout).")
 @click.option("--on-idle", type=click.Choice(["stop", "warn"]), default=None,

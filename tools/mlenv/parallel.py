@@ -1,5 +1,7 @@
 """Run one local command per node at once and stream every line as it arrives, prefixed ``[node-N]``; fail-fast
-and Ctrl-C stop every command (its whole process group). Knows nothing of backends."""
+and Ctrl-C stop every command (its whole process group). A rank's line that its node's supervisor updates in place
+(a progress bar: ``\\r`` and the rank's tag again before each state) shows its latest state on stdout before it ends,
+and only its last state once it has. Knows nothing of backends."""
 
 from __future__ import annotations
 
@@ -54,7 +56,7 @@ class _Node:
     """One running command and the thread that streams its output."""
 
     def __init__(self, ordinal: int, argv: Sequence[str], keep_stdin: bool, preamble: bytes,
-                 emit: LineHandler) -> None:
+                 emit: LineHandler, show: LineHandler) -> None:
         self.ordinal = ordinal
         self.process = subprocess.Popen(argv, stdin=subprocess.PIPE if keep_stdin or preamble else subprocess.DEVNULL,
                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
@@ -64,13 +66,29 @@ class _Node:
                 self.process.stdin.flush()
             if not keep_stdin:
                 self.process.stdin.close()
-        self.reader = threading.Thread(target=self._pump, args=(emit,), daemon=True)
+        self.reader = threading.Thread(target=self._pump, args=(emit, show), daemon=True)
         self.reader.start()
 
-    def _pump(self, emit: LineHandler) -> None:
+    def _pump(self, emit: LineHandler, show: LineHandler) -> None:
+        """Every whole line to ``emit``; the latest state of an unfinished line updated in place to ``show``."""
         stdout = self.process.stdout
-        for raw in iter(stdout.readline if stdout else bytes, b""):
-            emit(self.ordinal, raw.decode(errors="replace").rstrip("\r\n"))
+        if stdout is None:
+            return
+        pending, carriage = bytearray(), -1  # the unfinished line, and where its last \r is
+        for chunk in iter(lambda: os.read(stdout.fileno(), 1 << 16), b""):
+            start = len(pending)
+            pending += chunk
+            if pending.find(b"\n", start) >= 0:
+                *lines, rest = bytes(pending).split(b"\n")
+                for raw in lines:
+                    emit(self.ordinal, raw.decode(errors="replace").rstrip("\r"))
+                pending, start, carriage = bytearray(rest), 0, -1
+            found = pending.rfind(b"\r", start)
+            carriage = found if found >= 0 else carriage
+            if carriage >= 0:
+                show(self.ordinal, pending[carriage + 1:].decode(errors="replace"))
+        if pending:
+            emit(self.ordinal, pending.decode(errors="replace").rstrip("\r"))
 
     def signal_group(self, sig: signal.Signals) -> None:
         """Signal the command's process group (the local exec process and everything it started)."""
@@ -122,17 +140,33 @@ def run_parallel(commands: Mapping[int, Sequence[str]], *, fail_fast: bool = Fal
     and is reported as ``interrupted``."""
     lock = threading.Lock()
     files = {n: path.open("a", encoding="utf-8") for n, path in (logs or {}).items()}
+    shown: int | None = None  # the node whose unfinished line stdout shows
 
     def emit(ordinal: int, line: str) -> None:
+        nonlocal shown
         with lock:
             if echo:
-                sys.stdout.write(node_line(ordinal, line) + "\n")
+                last = line[line.rfind("\r") + 1:]  # a line updated in place: its last state, tagged
+                if last != line and last.startswith(f"[node-{ordinal} r"):
+                    sys.stdout.write(("\r" if shown == ordinal else "\n" if shown is not None else "") + last + "\n")
+                else:
+                    sys.stdout.write(("\n" if shown is not None else "") + node_line(ordinal, line) + "\n")
+                shown = None
                 sys.stdout.flush()
             if ordinal in files:
                 files[ordinal].write(line + "\n")
                 files[ordinal].flush()
             if on_line is not None:
                 on_line(ordinal, line)
+
+    def show(ordinal: int, state: str) -> None:
+        """The latest state of a rank's line that its node updates in place, before the line ends."""
+        nonlocal shown
+        if echo and state.startswith(f"[node-{ordinal} r"):
+            with lock:
+                sys.stdout.write(("\r" if shown == ordinal else "\n" if shown is not None else "") + state)
+                sys.stdout.flush()
+                shown = ordinal
 
     nodes: list[_Node] = []
     codes: dict[int, int] = {}
@@ -142,7 +176,7 @@ def run_parallel(commands: Mapping[int, Sequence[str]], *, fail_fast: bool = Fal
         with interrupted_by_sigterm():
             for ordinal, argv in commands.items():
                 try:
-                    nodes.append(_Node(ordinal, argv, keep_stdin, stdin, emit))
+                    nodes.append(_Node(ordinal, argv, keep_stdin, stdin, emit, show))
                 except OSError as exc:
                     _stop(nodes)
                     raise OperationError(f"cannot run {argv[0]} for node-{ordinal}: {exc.strerror}") from None

@@ -4,7 +4,9 @@ gone while it is sampled, grouping and the one-line summaries."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -16,9 +18,11 @@ from mlenv.runtime.stacks import (
     FAULTHANDLER_FILE,
     STACK_SIGNAL,
     Frame,
+    StackError,
     catches,
     group,
     parse_faulthandler,
+    parse_py_spy,
     ranges,
     render,
     sample_rank,
@@ -36,8 +40,19 @@ waits_for_ever()
 """
 
 
-def _start(code: str, env: dict[str, str]) -> subprocess.Popen[str]:
-    process = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
+# Many threads started after the main one: faulthandler's dump of every thread holds the newest 100 only.
+THREADS = """\
+import signal, sys, threading
+if sys.argv[1:] == ["--block"]:  # the main thread (and every thread it starts) blocks the main-thread signal
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGRTMIN + 7})
+never = threading.Event()
+for _ in range(300):
+    threading.Thread(target=never.wait, daemon=True).start()
+"""
+
+
+def _start(code: str, env: dict[str, str], *args: str) -> subprocess.Popen[str]:
+    process = subprocess.Popen([sys.executable, "-c", code, *args], env=env, stdout=subprocess.PIPE, text=True)
     assert process.stdout is not None and process.stdout.readline() == "ready\n"  # up, handler registered
     return process
 
@@ -51,14 +66,18 @@ def image_site(tmp_path: Path) -> Path:
     return site
 
 
+def _rank_env(dump: Path, *more: Path) -> dict[str, str]:
+    """The environment the runtime gives a rank: our site dir first on PYTHONPATH, its faulthandler file."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([SITE_DIR, str(Path(SITE_DIR).parents[2]), *map(str, more)]),
+            FAULTHANDLER_FILE: str(dump)}
+
+
 @pytest.fixture
 def armed(tmp_path: Path, image_site: Path) -> Iterator[tuple[subprocess.Popen[str], Path]]:
-    """A process started as the runtime starts a rank: our site dir first on PYTHONPATH, its faulthandler file."""
+    """A process started as the runtime starts a rank, under an image with a sitecustomize of its own."""
     dump = tmp_path / "stacks" / "faulthandler" / "rank3.txt"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([SITE_DIR, str(Path(SITE_DIR).parents[2]), str(image_site)]),
-           FAULTHANDLER_FILE: str(dump)}
     process = _start("import os\nassert os.environ.get('IMAGE_SITE_RAN') == '1'\n"
-                     "assert 'MLENV_FAULTHANDLER_FILE' not in os.environ\n" + WAITER, env)
+                     "assert 'MLENV_FAULTHANDLER_FILE' not in os.environ\n" + WAITER, _rank_env(dump, image_site))
     yield process, dump
     process.kill()
     process.wait()
@@ -76,6 +95,37 @@ def test_faulthandler_fallback_takes_the_main_thread_and_chains_the_image_site(
         assert [f.function for f in taken.frames] == ["<module>", "waits_for_ever"]
     assert dump.read_text().startswith(f"mlenv: pid {process.pid} main thread 0x")
     assert process.poll() is None  # the signal did not hurt it
+
+
+def test_a_rank_with_300_threads_gives_its_main_thread_s_stack(tmp_path: Path) -> None:
+    """faulthandler dumps 100 threads, the newest first: the main thread's own dump is taken instead."""
+    dump = tmp_path / "rank0.txt"
+    process = _start(THREADS + WAITER, _rank_env(dump))
+    try:
+        taken = sample_rank({"rank": 0, "local_rank": 0, "node": 0, "host": "h", "pid": process.pid},
+                            native=False, method="faulthandler", dumps=tmp_path)
+        assert taken.error is None and [f.function for f in taken.frames] == ["<module>", "waits_for_ever"], taken
+        assert "Stack (most recent call first):" in dump.read_text()  # the main thread's alone
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_a_dump_of_300_threads_without_the_main_one_says_so(tmp_path: Path) -> None:
+    """Where the main thread cannot be sent its own signal (here: it blocks it), every thread's dump is read; the
+    main thread is not among its 100: an error that says so, never another thread's stack."""
+    dump = tmp_path / "rank0.txt"
+    process = _start(THREADS + WAITER, _rank_env(dump), "--block")
+    try:
+        taken = sample_rank({"rank": 0, "local_rank": 0, "node": 0, "host": "h", "pid": process.pid},
+                            native=False, method="faulthandler", dumps=tmp_path)
+        assert taken.frames == [] and taken.state == "running", taken
+        assert re.fullmatch(r"the main thread \(0x[0-9a-f]+\) is not in faulthandler's dump \(100 threads shown; "
+                            r"faulthandler dumps at most 100, the newest first\)", str(taken.error)), taken.error
+        assert process.poll() is None
+    finally:
+        process.kill()
+        process.wait()
 
 
 def test_the_signal_goes_only_to_a_process_that_catches_it(tmp_path: Path) -> None:
@@ -107,6 +157,17 @@ def test_parse_faulthandler_keeps_the_latest_dump_of_the_main_thread() -> None:
             "Current thread 0x00007f0000000001 (most recent call first):\n"
             "  File \"a.py\", line 40 in load_batch\n  File \"a.py\", line 88 in <module>\n")
     assert parse_faulthandler(text) == [Frame("<module>", "a.py", 88), Frame("load_batch", "a.py", 40)]
+    alone = "Stack (most recent call first):\n  File \"a.py\", line 41 in step\n  File \"a.py\", line 90 in <module>\n"
+    assert parse_faulthandler(text + alone) == [Frame("<module>", "a.py", 90), Frame("step", "a.py", 41)]
+
+
+def test_parse_py_spy_never_takes_another_thread_for_the_main_one() -> None:
+    worker = {"thread_name": "Thread-1", "os_thread_id": None, "frames": [{"name": "wait", "filename": "t.py",
+                                                                          "line": 3, "module": None}]}
+    main = {**worker, "thread_name": "MainThread", "frames": [{"name": "step", "filename": "a.py", "line": 9}]}
+    assert parse_py_spy(json.dumps([worker, main]), 7, False) == [Frame("step", "a.py", 9)]
+    with pytest.raises(StackError, match="which of the process's 2 threads is its main thread"):
+        parse_py_spy(json.dumps([worker, {**worker, "thread_name": None}]), 7, False)
 
 
 def _stack(rank: int, node: int, *frames: tuple[str, str | None, int | None]) -> dict[str, object]:

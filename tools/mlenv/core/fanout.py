@@ -238,8 +238,9 @@ def _newer(job: dict[str, Any], than: dict[str, Any] | None) -> bool:
 
 
 def checkpoint_dir(run_id: str) -> str:
-    """Where a run's script keeps its checkpoints, relative to the node's workspace (the run's working directory):
-    the same for every attempt, and shared by the nodes when the workspace is."""
+    """Where a run's script keeps its checkpoints, relative to the node's workspace (the run's working directory;
+    the runtime makes it absolute there when the node's share starts): the same for every attempt, and shared by the
+    nodes when the workspace is."""
     return f"checkpoints/{run_id}"
 
 

@@ -33,7 +33,16 @@ from .nccl import detect_nccl_env
 from .ncclog import EXPECTATIONS, LogReport, NcclLogReader, iter_lines, judge
 from .nodefault import FAILED_FIRST, failed_first, judge_first_failure
 from .observing import observers_for
-from .runlayout import USER_STOPS, NodeDir, attempt_of, read_ranks, read_state, runs_root, write_atomic
+from .runlayout import (
+    USER_STOPS,
+    NodeDir,
+    absolute_checkpoint_dir,
+    attempt_of,
+    read_ranks,
+    read_state,
+    runs_root,
+    write_atomic,
+)
 from .stacks import METHODS, group, sample
 from .stacks import render as render_stacks
 from .topology import TopologyError, detect_topology, host_name
@@ -146,8 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="what NCCL's output must prove; a contradiction fails the job "
                           "(default: rdma in rdma mode, else any)")
     run.add_argument("--hang-timeout", type=_hang_seconds, metavar="SECONDS",
-                     help="no rank output on any node for this long: capture every rank's stack into the run "
-                          "directory, tell the attached user, state hung")
+                     help="no rank output on any node (any bytes: a progress bar's updates count) for this long: "
+                          "capture every rank's stack into the run directory, tell the attached user, state hung")
     run.add_argument("--on-hang", choices=["stop"],
                      help=f"with --hang-timeout: also stop the job (exit code {HANG_EXIT_CODE}, as timeout)")
     run.add_argument("--idle-seconds", type=_hang_seconds, metavar="SECONDS",
@@ -341,6 +350,7 @@ def _launch(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         raise BadInput(f"MLENV_LAUNCHER={launcher!r} is not one of {', '.join(LAUNCHERS)}")
     if not Path(job[0]).is_file():
         raise BadInput(f"no such script: {job[0]} (relative to {Path.cwd()})")
+    environ = absolute_checkpoint_dir(environ, Path.cwd())  # the same directory for a script that changes its own
     run_dir = args.run_dir or (Path(environ["MLENV_RUN_DIR"]) if environ.get("MLENV_RUN_DIR") else None)
     if args.standby is not None:
         return _standby(args, environ, launcher, job, run_dir)

@@ -1,7 +1,7 @@
 """GPU state of this node, as ``status --gpus``, ``top`` and the idle-GPU check read it: per GPU utilisation,
 memory, temperature and power (``nvidia-smi --query-gpu``), ECC counters and retired pages (``nvidia-smi -q -d
 ECC,PAGE_RETIREMENT``), Xid events from the kernel log since the run started, and the job's ranks with their CPU,
-RSS and the age of their last output line (the supervisor's ``ranks.json``).
+RSS and the age of their last output (any bytes: the supervisor's ``ranks.json``).
 
 One reader, :func:`read_node`; every source takes its root or program as an argument so tests feed stand-ins.
 A source that cannot be read is named in ``errors`` and the rest still answers.
@@ -82,7 +82,7 @@ class RankUsage:
     cpu_percent: float | None
     rss_mib: float | None
     last_output_age_s: float | None
-    """Seconds since the rank's last output line (None before its first)."""
+    """Seconds since the rank last wrote anything, a whole line or not (None before it first did)."""
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """The hang watchdog (``launch --hang-timeout SECONDS [--on-hang stop]``): an observer on every node's supervisor.
 
 Silence is judged for the whole job, by node 0 (the hub): every node tells it, at most once a second, that its ranks
-wrote output. When no rank anywhere has written for the timeout, node 0 asks every node for its ranks' stacks
-(``stacks.sample``: py-spy, else faulthandler), and again a few seconds later: a job that is busy without a word
+wrote output: any bytes, so a progress bar's updates (``\\r``, no newline until its loop ends) are output. When no
+rank anywhere has written for the timeout, node 0 asks every node for its ranks' stacks (``stacks.sample``: py-spy,
+else faulthandler), and again a few seconds later: a job that is busy without a word
 (importing, compiling) shows other functions the second time, and the watch goes on. When both samples agree, node 0
 writes one capture of the whole job into its run directory
 (``stacks/<UTC time>/``: stacks.json, stacks.txt, and ncclras.txt where NCCL's RAS client exists), and every node
@@ -52,8 +53,9 @@ class HangWatchdog(BaseObserver):
         super().started(control)
         self.last_output = time.monotonic()
 
-    def line(self, rank: RankInfo | None, text: str) -> None:
-        if rank is None or self.control is None:
+    def output(self, rank: RankInfo) -> None:
+        """Any bytes from a rank are output: a progress bar's ``\\r`` updates keep a job from looking hung."""
+        if self.control is None:
             return
         now = time.monotonic()
         if now - self.last_told >= 1.0 or self.hung:

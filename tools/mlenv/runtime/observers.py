@@ -1,4 +1,5 @@
-"""What the node supervisor hands out: every whole line and every rank event, to observers.
+"""What the node supervisor hands out: every whole line (each finished state of a line updated in place with ``\\r``
+is one), that a rank wrote at all, and every rank event, to observers.
 
 Observers (the transport proof, the hang watchdog, the restart policy) never read the output another way. They
 act through :class:`JobControl`: notes to the user, the node's state, and one way to stop the whole job. All of
@@ -68,7 +69,11 @@ class Observer(Protocol):
     def rank_started(self, rank: RankInfo) -> None: ...
 
     def line(self, rank: RankInfo | None, text: str) -> None:
-        """One whole line without its newline; ``rank`` None for the launcher's own (torchrun, DeepSpeed)."""
+        """One whole line without its newline (or one state of a line updated in place, without its ``\\r``);
+        ``rank`` None for the launcher's own (torchrun, DeepSpeed)."""
+
+    def output(self, rank: RankInfo) -> None:
+        """The rank wrote: any bytes, a whole line or not (a progress bar's ``\\r`` update, part of a line)."""
 
     def rank_exited(self, rank: RankInfo, exit_code: int, signal: str | None) -> None: ...
 
@@ -97,6 +102,9 @@ class BaseObserver:
         return None
 
     def line(self, rank: RankInfo | None, text: str) -> None:
+        return None
+
+    def output(self, rank: RankInfo) -> None:
         return None
 
     def rank_exited(self, rank: RankInfo, exit_code: int, signal: str | None) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 
 DEFAULT_RUNS_ROOT = Path(".mlenv", "runs")
 ATTEMPT_VARIABLE = "MLENV_RESTART_COUNT"
+CHECKPOINT_VARIABLE = "MLENV_CHECKPOINT_DIR"
 
 RUNNING, SUCCEEDED, FAILED, STOPPED = "running", "succeeded", "failed", "stopped"
 HUNG, RESTARTING, REQUEUED = "hung", "restarting", "requeued"
@@ -83,6 +84,16 @@ def attempt_of(environ: Mapping[str, str]) -> int:
     """This attempt's number: ``MLENV_RESTART_COUNT`` (mlenv restarts, Slurm requeues), else 0."""
     text = environ.get(ATTEMPT_VARIABLE, "")
     return int(text) if text.isdigit() else 0
+
+
+def absolute_checkpoint_dir(environ: Mapping[str, str], workdir: Path) -> dict[str, str]:
+    """``environ`` with ``MLENV_CHECKPOINT_DIR`` made absolute against ``workdir`` (the run's working directory when
+    the node's share starts), so a script that changes directory still finds it; every later attempt inherits the
+    absolute path. Nothing else changes, nor an unset or already absolute one."""
+    value = environ.get(CHECKPOINT_VARIABLE)
+    if not value or os.path.isabs(value):
+        return dict(environ)
+    return {**environ, CHECKPOINT_VARIABLE: os.path.normpath(os.path.join(os.path.abspath(workdir), value))}
 
 
 def attempts(run_dir: Path) -> list[int]:

@@ -1,13 +1,19 @@
 """The Python stack of every rank of this node, at once: ``py-spy dump`` where it can attach (ptrace), else the
-standard library's ``faulthandler``, which the runtime arms in every rank it starts (``site/sitecustomize.py``) on a
-real-time signal nobody else uses. The signal is sent only to a process that catches it (``SigCgt`` in
-``/proc/PID/status``): any other would die of it. Each rank writes its own file in the run directory.
+standard library's ``faulthandler``, which the runtime arms in every rank it starts (``site/sitecustomize.py``) on
+two real-time signals nobody else uses: one dumps the thread that handles it alone, and is sent to the rank's main
+thread itself (``tgkill``), so the dump is the main thread's however many threads the rank runs; the other dumps
+every thread (at most 100, newest first: the main thread, the oldest, is left out of a larger process's), used where
+the first cannot be sent. A signal is sent only to a process that catches it (``SigCgt`` in ``/proc/PID/status``):
+any other would die of it. Each rank writes its own file in the run directory. The rank's stack is its main
+thread's, never another's: a dump without it is an error that says so.
 
 Frames run outermost first. Ranks with the same stack are grouped, the odd ones out first.
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import json
 import os
 import re
@@ -24,8 +30,12 @@ from pathlib import Path
 from .readfs import read_text
 
 STACK_SIGNAL = signal.SIGRTMIN + 6
-"""The real-time signal faulthandler dumps on (not USR1/USR2: training code and Slurm use those)."""
+"""The real-time signal faulthandler dumps every thread on (not USR1/USR2: training code and Slurm use those)."""
 STACK_SIGNAL_NAME = "SIGRTMIN+6"
+MAIN_STACK_SIGNAL = signal.SIGRTMIN + 7
+"""The real-time signal faulthandler dumps the thread that handles it on, alone: sent to the main thread."""
+MAX_DUMPED_THREADS = 100
+"""How many threads faulthandler dumps at most (CPython's ``MAX_NTHREADS``)."""
 FAULTHANDLER_DIR = "MLENV_FAULTHANDLER_DIR"
 """Set by the launcher for the whole job: where the ranks' faulthandler files go."""
 FAULTHANDLER_FILE = "MLENV_FAULTHANDLER_FILE"
@@ -35,6 +45,8 @@ PY_SPY_TIMEOUT = 20.0
 DUMP_WAIT_SECONDS = 10.0
 _FRAME = re.compile(r'^\s*File "(.*)", line (\d+) in (.*)$')
 _THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-f]+) \(most recent call first\):$")
+_ALONE = "Stack (most recent call first):"
+"""The header of a dump of the handling thread alone (MAIN_STACK_SIGNAL's, handled by the main thread)."""
 _LIBRARY = ("site-packages", "dist-packages", "/lib/python3", "<frozen")
 
 
@@ -81,10 +93,28 @@ def alive(pid: int, proc_root: Path) -> bool:
 
 def catches(pid: int, signum: int, proc_root: Path) -> bool:
     """Whether ``pid`` has a handler for ``signum`` (bit ``signum - 1`` of ``SigCgt`` in its status)."""
+    return _signal_bit(pid, "SigCgt", signum, proc_root)
+
+
+def _signal_bit(pid: int, mask: str, signum: int, proc_root: Path) -> bool:
+    """Bit ``signum - 1`` of ``mask`` (SigCgt: caught by the process; SigBlk: blocked by its main thread)."""
     for line in (read_text(proc_root / str(pid) / "status") or "").splitlines():
-        if line.startswith("SigCgt:"):
+        if line.startswith(f"{mask}:"):
             return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
     return False
+
+
+def _to_main_thread(pid: int, signum: int) -> bool:
+    """Send ``signum`` to ``pid``'s main thread itself (``tgkill``; its thread id is the pid), so that the handler
+    runs there; False where the C library has no ``tgkill`` (glibc before 2.30), ProcessLookupError when it is gone."""
+    try:
+        tgkill = ctypes.CDLL(None, use_errno=True).tgkill
+    except (AttributeError, OSError):
+        return False
+    if tgkill(pid, pid, signum) != 0:
+        error = ctypes.get_errno()
+        raise ProcessLookupError(pid) if error == errno.ESRCH else OSError(error, os.strerror(error))
+    return True
 
 
 def find_py_spy() -> str | None:
@@ -93,12 +123,17 @@ def find_py_spy() -> str | None:
 
 
 def parse_py_spy(text: str, pid: int, native: bool) -> list[Frame]:
-    """The main thread's frames from ``py-spy dump --json``, outermost first; native frames (``--native``) have no
-    source file or line."""
+    """The main thread's frames from ``py-spy dump --json``, outermost first (the thread whose id is the pid, else
+    the one named MainThread, else the only one: never another); native frames (``--native``) have no source file or
+    line."""
     threads = json.loads(text)
     if not isinstance(threads, list) or not threads:
         raise StackError("py-spy found no thread")
-    main = next((t for t in threads if t.get("os_thread_id") == pid), threads[0])
+    main = next((t for t in threads if t.get("os_thread_id") == pid), None) \
+        or next((t for t in threads if t.get("thread_name") == "MainThread"), None) \
+        or (threads[0] if len(threads) == 1 else None)
+    if main is None:
+        raise StackError(f"py-spy did not say which of the process's {len(threads)} threads is its main thread")
     frames = []
     for frame in reversed(main.get("frames") or []):
         python = frame.get("module") is None
@@ -127,28 +162,47 @@ def py_spy_frames(pid: int, native: bool, py_spy: str) -> list[Frame]:
 
 
 def parse_faulthandler(text: str) -> list[Frame]:
-    """The main thread's frames of the last dump in a rank's faulthandler file, outermost first. The file starts
-    with ``mlenv: pid P main thread 0x...`` (written when the rank armed it)."""
+    """The main thread's frames of the last dump in a rank's faulthandler file, outermost first: a dump of the main
+    thread alone (``Stack ...``: MAIN_STACK_SIGNAL, which only the main thread is sent), else the main thread's part
+    of a dump of every thread, found by the id on the ``mlenv: pid P main thread 0x...`` line the file starts with
+    (written when the rank armed it). StackError when the dump lacks the main thread: never another thread's."""
     main = re.search(r"main thread (0x[0-9a-f]+)", text)
     threads: dict[str, list[Frame]] = {}
     current: list[Frame] | None = None
+    last = ""  # the dump read last: the main thread alone, or every thread
     for line in text.splitlines():
-        if (thread := _THREAD.match(line)) is not None:
-            current = threads[thread[1]] = []  # a later dump of the same thread replaces the earlier one
+        if line == _ALONE:
+            current, last = threads.setdefault(_ALONE, []), _ALONE
+            current.clear()  # a later dump replaces the earlier one
+        elif (thread := _THREAD.match(line)) is not None:
+            current, last = threads.setdefault(thread[1], []), "threads"
+            current.clear()
+        elif line == "..." and last == "threads":
+            threads["..."] = []  # faulthandler stopped at MAX_DUMPED_THREADS
         elif current is not None and (frame := _FRAME.match(line)) is not None:
             current.append(Frame(frame[3], frame[1], int(frame[2])))
     if not threads:
         raise StackError("the rank's faulthandler file holds no dump")
-    chosen = threads.get(main[1]) if main else None
-    return list(reversed(chosen if chosen is not None else next(reversed(threads.values()))))
+    if last == _ALONE:
+        return list(reversed(threads[_ALONE]))
+    if main is None:
+        raise StackError("the rank's faulthandler file does not name its main thread")
+    if main[1] not in threads:
+        shown = len([key for key in threads if key.startswith("0x")])
+        cut = f"; faulthandler dumps at most {MAX_DUMPED_THREADS}, the newest first" if "..." in threads else ""
+        raise StackError(f"the main thread ({main[1]}) is not in faulthandler's dump ({shown} threads shown{cut})")
+    return list(reversed(threads[main[1]]))
 
 
 def faulthandler_frames(pid: int, dump: Path, proc_root: Path, wait: float = DUMP_WAIT_SECONDS) -> list[Frame]:
-    """Send STACK_SIGNAL to ``pid`` (only when it catches it) and read what its faulthandler wrote to ``dump``."""
+    """Have ``pid``'s faulthandler dump its main thread (MAIN_STACK_SIGNAL to that thread; else STACK_SIGNAL, every
+    thread; a signal only when it catches it) and read what it wrote to ``dump``."""
     if not catches(pid, STACK_SIGNAL, proc_root):
         raise StackError(f"pid {pid} does not catch {STACK_SIGNAL_NAME}: faulthandler is not armed in it")
     before = dump.stat().st_size if dump.exists() else 0
-    os.kill(pid, STACK_SIGNAL)
+    alone = catches(pid, MAIN_STACK_SIGNAL, proc_root) and not _signal_bit(pid, "SigBlk", MAIN_STACK_SIGNAL, proc_root)
+    if not (alone and _to_main_thread(pid, MAIN_STACK_SIGNAL)):
+        os.kill(pid, STACK_SIGNAL)
     deadline = time.monotonic() + wait
     size = before
     while time.monotonic() < deadline:

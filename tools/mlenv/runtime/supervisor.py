@@ -2,9 +2,12 @@
 and knows every rank of this node by its global rank, pid, exit code and signal.
 
 Each rank's output comes through a connection of its own (a unix socket), so lines are whole: they are tagged
-``[node-R rN]`` and go to stdout, output.log and the container log, and to the observers. The first rank of the job
-to fail is named; the job stops on every node (control channel); the node exits with that rank's own code.
-All work happens in one thread, around one selector.
+``[node-R rN]`` and go to stdout, output.log and the container log, and to the observers. A line a rank updates in
+place with ``\\r`` (a progress bar: tqdm writes no newline until its loop ends) is shown on stdout in its latest state,
+each state tagged again after its ``\\r``; in the logs and to the observers each finished state is a whole line of
+its own. Any bytes from a rank are output (its ``last_output_at``, ``Observer.output``), a whole line or not. The
+first rank of the job to fail is named; the job stops on every node (control channel); the node exits with that
+rank's own code. All work happens in one thread, around one selector.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import collections
 import contextlib
 import json
 import os
+import re
 import selectors
 import signal
 import socket
@@ -48,7 +52,8 @@ mlenv's own grace for the node's command, so that the supervisor ends its job be
 DRAIN_SECONDS = 2.0
 """After the launcher ended, how long output still held open by a rank's leftover children is read."""
 MAX_LINE = 16 << 20
-"""A longer line is cut there (and goes on as a new line)."""
+"""A longer line (or state of a line updated with ``\\r``) is cut there (and goes on as a new line)."""
+_ENDS = re.compile(rb"[\r\n]")
 TAIL_LINES = 10
 TAIL_WIDTH = 300
 TICK = 0.2
@@ -73,17 +78,47 @@ def handling_user_signals(handler: Callable[[int, object], None]) -> Iterator[No
 
 @dataclass
 class Sinks:
-    """Where lines go besides the observers: stdout, the node log and the container log."""
+    """Where lines go besides the observers: stdout, the node log and the container log. On stdout one line updated
+    in place (``\\r``) may be left open, showing its latest state; anything else written there ends it first."""
 
     files: list[IO[bytes]]
+    open_line: str | None = None  # the tag of the line left open on stdout
+    shown: str = ""  # what it shows
 
     def write(self, line: str, note: bool = False) -> None:
         """One line to stdout (a note: stderr) and every file."""
+        self.end()
         data = (line + "\n").encode(errors="replace")
         for sink in [sys.stderr.buffer if note else sys.stdout.buffer, *self.files]:
-            with contextlib.suppress(OSError, ValueError):
-                sink.write(data)
-                sink.flush()
+            _put(sink, data)
+
+    def log(self, line: str) -> None:
+        """One line to every file, not to stdout."""
+        data = (line + "\n").encode(errors="replace")
+        for sink in self.files:
+            _put(sink, data)
+
+    def show(self, tag: str, line: str) -> None:
+        """``line``, the latest state of ``tag``'s line, on stdout, in place of the state shown before (``\\r``)."""
+        if self.open_line == tag and self.shown == line:
+            return
+        again = self.open_line == tag
+        if not again:
+            self.end()
+        _put(sys.stdout.buffer, ("\r" if again else "").encode() + line.encode(errors="replace"))
+        self.open_line, self.shown = tag, line
+
+    def end(self, tag: str | None = None) -> None:
+        """End the line left open on stdout (only ``tag``'s, when given): it keeps its last state."""
+        if self.open_line is not None and tag in (None, self.open_line):
+            _put(sys.stdout.buffer, b"\n")
+            self.open_line, self.shown = None, ""
+
+
+def _put(sink: IO[bytes], data: bytes) -> None:
+    with contextlib.suppress(OSError, ValueError):
+        sink.write(data)
+        sink.flush()
 
 
 @dataclass
@@ -91,6 +126,7 @@ class _Rank:
     info: RankInfo
     record: RankRecord
     tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
+    updating: bool = False  # the tail's last line is a state of the line the rank updates in place
 
 
 @dataclass
@@ -322,17 +358,47 @@ class Supervisor:
                     and reader.connection.rank == number:
                 reader.drain()
 
-    def _line(self, rank: _Rank | None, raw: bytes) -> None:
-        text = raw.rstrip(b"\r").decode(errors="replace")
-        if rank is None:
-            tagged = f"[node-{self.node}] {text}"
+    def _output(self, rank: _Rank) -> None:
+        """The rank wrote: any bytes, a whole line or not (the hang watchdog's and ``status --gpus``' output)."""
+        rank.record = replace(rank.record, last_output_at=utc_now())
+        for observer in self.observers:
+            observer.output(rank.info)
+
+    def _tag(self, rank: _Rank | None) -> str:
+        return f"[node-{self.node}]" if rank is None else f"[node-{self.node} r{rank.info.rank}]"
+
+    def _line(self, rank: _Rank | None, raw: bytes, state: bool = False) -> None:
+        """A whole line of the rank (None: the launcher's) to stdout, the logs and the observers; with ``state``
+        a finished state of a line it updates in place: on stdout in place of the one before, in the logs and the
+        rank's last lines a line of its own."""
+        text = raw.decode(errors="replace")
+        tag = self._tag(rank)
+        if rank is not None:
+            if state and rank.updating:
+                rank.tail[-1] = text[:TAIL_WIDTH]  # the last lines as a terminal shows them
+            else:
+                rank.tail.append(text[:TAIL_WIDTH])
+            rank.updating = state
+        if state:
+            self.sinks.log(f"{tag} {text}")
+            self.sinks.show(tag, f"{tag} {text}")
         else:
-            tagged = f"[node-{self.node} r{rank.info.rank}] {text}"
-            rank.tail.append(text[:TAIL_WIDTH])
-            rank.record = replace(rank.record, last_output_at=utc_now())
-        self.sinks.write(tagged)
+            self.sinks.write(f"{tag} {text}")
         for observer in self.observers:
             observer.line(None if rank is None else rank.info, text)
+
+    def _show(self, rank: _Rank | None, raw: bytes) -> None:
+        """The state of a line updated in place that the rank is still writing: on stdout only, until it is done."""
+        tag = self._tag(rank)
+        self.sinks.show(tag, f"{tag} {raw.decode(errors='replace')}")
+
+    def _updated_line_ended(self, rank: _Rank | None, raw: bytes) -> None:
+        """The newline after a line updated in place: ``raw`` its last state (nothing new when empty)."""
+        if raw:
+            self._line(rank, raw, state=True)
+        self.sinks.end(self._tag(rank))
+        if rank is not None:
+            rank.updating = False
 
     # rank events ------------------------------------------------------------------------------------------------
     def _rank_exited(self, rank: _Rank, exit_code: int, signame: str | None) -> None:
@@ -452,12 +518,14 @@ class Supervisor:
 
 
 class _Reader:
-    """Reads one connection: its header line, then output (split into whole lines) or control messages."""
+    """Reads one connection: its header line, then output (split into whole lines, and the states of a line updated
+    in place with ``\\r``) or control messages."""
 
     def __init__(self, supervisor: Supervisor, connection: _Connection) -> None:
         self.supervisor = supervisor
         self.connection = connection
-        self.scanned = 0  # the buffer holds no newline before this
+        self.scanned = 0  # the buffer holds no line end before this
+        self.updated = False  # the output line being read was updated in place (a carriage return since it began)
 
     def __call__(self) -> None:
         try:
@@ -487,16 +555,13 @@ class _Reader:
                 break
             self.connection.buffer += chunk
             self._lines(final=False)
-        rank = self.supervisor.ranks_by_number.get(self.connection.rank or 0)
-        if rank is not None and self.connection.buffer:  # the rank's partial last line
-            self.supervisor._line(rank, bytes(self.connection.buffer))
-            self.connection.buffer.clear()
-            self.scanned = 0
+        if self.connection.kind == "output":
+            self._output(final=True)  # the rank's partial last line
 
     def _lines(self, final: bool) -> None:
         """Hand on every whole line (a line longer than MAX_LINE in pieces); with ``final`` the rest too."""
         buffer = self.connection.buffer
-        while True:
+        while self.connection.kind in (None, "control"):  # the header, control messages: JSON lines
             end = buffer.find(b"\n", self.scanned)
             if end >= 0:
                 raw, cut = bytes(buffer[:end]), end + 1
@@ -504,14 +569,48 @@ class _Reader:
                 raw, cut = bytes(buffer[:MAX_LINE]), MAX_LINE
             else:
                 self.scanned = len(buffer)
-                break
+                if final and buffer:
+                    self._one(bytes(buffer))
+                    buffer.clear()
+                    self.scanned = 0
+                return
             del buffer[:cut]
             self.scanned = 0
             self._one(raw)
-        if final and buffer:
-            self._one(bytes(buffer))
+        self._output(final)
+
+    def _output(self, final: bool) -> None:
+        """Hand on the output's whole lines and the finished states of a line updated in place (``\\r``), show the
+        state still being written; with ``final`` the rest as the line's end."""
+        buffer, supervisor = self.connection.buffer, self.supervisor
+        rank = supervisor.ranks_by_number.get(self.connection.rank or 0) if self.connection.kind == "output" else None
+        if rank is not None and buffer and not final:  # bytes just read
+            supervisor._output(rank)
+        while (found := _ENDS.search(buffer, self.scanned)) is not None or len(buffer) >= MAX_LINE:
+            end = found.start() if found is not None else MAX_LINE
+            raw, updates = bytes(buffer[:end]), found is not None and buffer[end] == ord("\r")
+            del buffer[:end + 1 if found is not None else end]
+            self.scanned = 0
+            self._piece(rank, raw, updates)
+        self.scanned = len(buffer)
+        if final and (buffer or self.updated):
+            self._piece(rank, bytes(buffer), False)
             buffer.clear()
             self.scanned = 0
+        elif self.updated and buffer:
+            supervisor._show(rank, bytes(buffer))
+
+    def _piece(self, rank: _Rank | None, raw: bytes, updates: bool) -> None:
+        """``raw`` up to a ``\\r`` (``updates``: a state of a line updated in place) or the line's end."""
+        if updates:
+            self.updated = True
+            if raw:
+                self.supervisor._line(rank, raw, state=True)
+        elif self.updated:
+            self.updated = False
+            self.supervisor._updated_line_ended(rank, raw)
+        else:
+            self.supervisor._line(rank, raw)
 
     def _one(self, raw: bytes) -> None:
         connection, supervisor = self.connection, self.supervisor
@@ -526,10 +625,6 @@ class _Reader:
                 message = json.loads(raw)
                 if isinstance(message, dict):
                     supervisor._message(connection, message)
-        elif connection.kind == "launcher":
-            supervisor._line(None, raw)
-        else:
-            supervisor._line(supervisor.ranks_by_number.get(connection.rank or 0), raw)
 
 
 def describe(failure: FirstFailure, pid: int) -> str:

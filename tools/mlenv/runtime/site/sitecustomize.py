@@ -23,18 +23,20 @@ def _chain() -> None:
 
 
 def _arm() -> None:
-    """Dump every thread's stack to $MLENV_FAULTHANDLER_FILE on SIGRTMIN+6 (set by the rank wrapper for the
-    user's process only), after a line naming this process and its main thread."""
+    """Dump to $MLENV_FAULTHANDLER_FILE (set by the rank wrapper for the user's process only), after a line naming
+    this process and its main thread: every thread's stack on SIGRTMIN+6, the handling thread's alone on SIGRTMIN+7
+    (which mlenv sends to the main thread)."""
     path = os.environ.pop("MLENV_FAULTHANDLER_FILE", None)  # not inherited by what the rank starts
     if not path:
         return
     try:
-        from mlenv.runtime.stacks import STACK_SIGNAL  # the one place the signal is chosen
+        from mlenv.runtime.stacks import MAIN_STACK_SIGNAL, STACK_SIGNAL  # the one place the signals are chosen
 
         os.makedirs(os.path.dirname(path), exist_ok=True)
         dump = open(path, "a", buffering=1)  # noqa: SIM115 - open for the life of the process
         dump.write(f"mlenv: pid {os.getpid()} main thread 0x{threading.main_thread().ident:016x}\n")
         faulthandler.register(STACK_SIGNAL, file=dump, all_threads=True, chain=False)
+        faulthandler.register(MAIN_STACK_SIGNAL, file=dump, all_threads=False, chain=False)
         _arm.dump = dump  # type: ignore[attr-defined]  # kept open
     except (OSError, ValueError, RuntimeError, ImportError) as exc:
         print(f"mlenv: faulthandler not armed: {exc}", file=sys.stderr)
