@@ -209,6 +209,8 @@ def test_a_failing_node_gives_the_job_its_exit_code(project: Project, slurm_clus
     run = project.latest_run()  # the batch job's run, from the nodes' records in the shared run directory
     failure = run["first_failure"]
     assert (run["state"], failure["node"], failure["exit_code"]) == ("failed", 1, 3) and failure["rank"] in (2, 3)
+    assert failure["host"] == "n2", failure  # the scheduler's name of the node, never the batch shell's HOSTNAME
+    assert {(rank["node"], rank["host"]) for rank in run["ranks"]} == {(0, "n1"), (1, "n2")}, run["ranks"]
     for follow in ([], ["-f"]):  # the run has ended: following it ends too
         logs = project.ok("logs", "-c", project.name, "--pod", "1", *follow, timeout=30).stdout
         assert any(re.fullmatch(r"\[node-1 r[23]\] failing on purpose", line) for line in logs.splitlines())
@@ -427,6 +429,33 @@ def test_status_and_clean_touch_only_the_jobs_mlenv_submitted(tmp_path: Path, sl
     assert slurm_cluster.job(job_id)["JobState"] == "CANCELLED" and slurm_cluster.state(foreign) == "PENDING"
 
 
+def test_the_submitting_shell_s_variables_stay_out_of_slurm_s_state(tmp_path: Path,
+                                                                      slurm_cluster: SlurmCluster) -> None:
+    """A token exported in the shell before deploy and a batch launch is in no file of slurmctld's state (jobs held
+    pending in partition down, whose saved environments are there); slurm.export's names are carried."""
+    project = make_project(tmp_path, slurm_cluster, partition="down", slurm_extra="  export: [MLENV_CARRIED]\n")
+    batch = project.home / "clusters" / "batch.yaml"
+    batch.write_text((project.home / "clusters" / "hpc.yaml").read_text().replace("name: hpc", "name: batch"))
+    carried = f"carried-{os.getpid()}-{time.time_ns()}"
+    env = {**project.env, "MLENV_SHELL_TOKEN": SECRET, "MLENV_CARRIED": carried}
+    def mlenv(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(MLENV), *args], capture_output=True, text=True, timeout=60, env=env,
+                              cwd=project.home, stdin=subprocess.DEVNULL, check=False)
+
+    deployed = mlenv("deploy", project.name, "--timeout", "1")
+    assert deployed.returncode == 1 and "still PENDING" in deployed.stderr, deployed.stderr
+    launched = mlenv("launch", "-c", "batch", "--detach", "fail.py")
+    assert launched.returncode == 0, launched.stderr
+    saved = sorted((slurm_cluster.tmp / "state").glob("hash.*/job.*/environment"))
+    assert len(saved) == 2 and all(carried.encode() in path.read_bytes() for path in saved), saved
+    assert _files_holding(SECRET, slurm_cluster.tmp) == []
+    doctor = json.loads(mlenv("doctor", "-c", project.name, "--json").stdout)
+    (evidence,) = [c["evidence"] for c in doctor["checks"] if c["name"] == "environment"]
+    assert "--export=MLENV_CARRIED" in evidence and "only slurm.export's MLENV_CARRIED" in evidence, evidence
+    for name in (project.name, "batch"):
+        project.ok("clean", "-c", name)
+
+
 def test_sbatch_errors_come_verbatim_with_a_hint(tmp_path: Path, slurm_cluster: SlurmCluster) -> None:
     project = make_project(tmp_path, slurm_cluster, partition="nosuch")
     words = ("error: sbatch: error: invalid partition specified: nosuch\n"
@@ -446,9 +475,11 @@ def test_doctor(tmp_path: Path, slurm_cluster: SlurmCluster) -> None:
     good = make_project(tmp_path / "good", slurm_cluster, gpus=2, extra=f"container: {{image: {image}}}\n")
     report = json.loads(good.ok("doctor", "-c", good.name, "--json").stdout)
     checks = {c["name"]: (c["status"], c["evidence"]) for c in report["checks"]}
-    assert list(checks) == ["slurm", "partition", "nodes", "gpus", "time", "workdir", "apptainer", "image"]
+    assert list(checks) == ["slurm", "partition", "nodes", "gpus", "time", "workdir", "apptainer", "image",
+                            "environment"]
     assert {name: status for name, (status, _) in checks.items() if name != "apptainer"} == dict.fromkeys(
-        ("slurm", "partition", "nodes", "gpus", "time", "workdir", "image"), "PASS")
+        ("slurm", "partition", "nodes", "gpus", "time", "workdir", "image", "environment"), "PASS")
+    assert "--export=NONE" in checks["environment"][1] and "nothing from the shell" in checks["environment"][1]
     assert checks["nodes"][1] == "2 of 2 nodes of debug can run jobs; 2 asked"
     assert checks["image"][1] == f"{image} is there on this machine"
     assert checks["apptainer"][0] == ("PASS" if shutil.which("apptainer") else "WARN")

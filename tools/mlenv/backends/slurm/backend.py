@@ -381,7 +381,8 @@ class SlurmBackend:
         restarts = spec.max_restarts if spec.detach else 0  # an attached run's restarts are mlenv's own
         text = (script.launch_script(job, title, spec.run_id, task, allocation, spec.attempt, spec.secrets,
                                      nodelist, restarts, _held(handle), spec.exclude) if allocation
-                else script.batch_script(job, title, spec.run_id, task, spec.attempt, spec.exclude, restarts))
+                else script.batch_script(job, title, spec.run_id, task, spec.attempt, spec.exclude, restarts,
+                                         spec.max_restarts))
         return LaunchRequest(spec, text, dict.fromkeys(range(job.nodes), task), {"MLENV_RUN_ID": spec.run_id}, text,
                              spares=placed)
 
