@@ -352,6 +352,24 @@ def test_deploy_exec_shell_launch_logs_status_clean(project: Project, slurm_clus
     assert project.name not in json.loads((project.home / ".mlenv" / "state.json").read_text())["deployments"]
 
 
+def test_stop_ends_a_detached_run_with_restarts_left_for_good(project: Project, slurm_cluster: SlurmCluster) -> None:
+    """mlenv stop of a detached run under --max-restarts inside an allocation: its script starts no further
+    attempt, and the run reads as stopped, never failed (no first failure, nothing restarted)."""
+    allocation = re.search(r"allocation (\d+) submitted", project.ok("deploy", project.name, "--timeout", "60").stderr)
+    assert allocation, "deploy named no allocation"
+    project.ok("launch", "-c", project.name, "--launcher", "torchrun", "--detach", "--max-restarts", "2", "fail.py")
+    (output,) = (project.workdir / ".mlenv" / "runs").glob("*/output.log")
+    slurm_cluster.wait(lambda: output.read_text().count("sleeping") == 4, "the 4 ranks to sleep", 120)
+    project.ok("stop", "-c", project.name)
+    slurm_cluster.wait(lambda: "stopped by mlenv stop" in output.read_text(), "the run's script to end", 60)
+    assert not steps(slurm_cluster, allocation[1]) and "restarting the run" not in output.read_text()
+    assert not (output.parent / "attempt-1").exists()
+    run = project.latest_run()
+    assert (run["state"], run["first_failure"]) == ("stopped", None), run
+    assert "mlenv stop stops it" not in project.ok("status", "-c", project.name).stdout  # nothing of it runs
+    project.ok("clean", "-c", project.name)
+
+
 def test_slurm_commands_run_on_the_login_host_over_ssh(tmp_path: Path, slurm_cluster: SlurmCluster,
                                                        ssh_hosts: SshHostsFactory) -> None:
     """slurm.login with slurm.ssh: sync, deploy, exec, status and clean reach Slurm only through the login host (an
@@ -443,10 +461,12 @@ def test_the_submitting_shell_s_variables_stay_out_of_slurm_s_state(tmp_path: Pa
                               cwd=project.home, stdin=subprocess.DEVNULL, check=False)
 
     deployed = mlenv("deploy", project.name, "--timeout", "1")
-    assert deployed.returncode == 1 and "still PENDING" in deployed.stderr, deployed.stderr
+    allocation = re.search(r"allocation (\d+) submitted", deployed.stderr)
+    assert deployed.returncode == 1 and allocation and "still PENDING" in deployed.stderr, deployed.stderr
     launched = mlenv("launch", "-c", "batch", "--detach", "fail.py")
     assert launched.returncode == 0, launched.stderr
-    saved = sorted((slurm_cluster.tmp / "state").glob("hash.*/job.*/environment"))
+    saved = [path for job_id in (allocation[1], project.submitted(launched.stderr))
+             for path in (slurm_cluster.tmp / "state").glob(f"hash.*/job.{job_id}/environment")]
     assert len(saved) == 2 and all(carried.encode() in path.read_bytes() for path in saved), saved
     assert _files_holding(SECRET, slurm_cluster.tmp) == []
     doctor = json.loads(mlenv("doctor", "-c", project.name, "--json").stdout)
@@ -509,3 +529,10 @@ def test_status_gpus_and_stacks_through_srun(project: Project, slurm_cluster: Sl
         project.ok("stop", "-c", project.name)
     finally:
         project.mlenv("clean", "-c", project.name)
+    # no allocation: stacks reaches a detached batch job's nodes through the job, with the py-spy of the venv that
+    # slurm.setup activates, and says which method it used
+    project.ok("launch", "-c", project.name, "--launcher", "torchrun", "--detach", "hang.py")
+    until_grouped(lambda: project.mlenv("stacks", "-c", project.name, "--json", timeout=60), 1, "stuck_in_slurm", 120)
+    said = project.ok("stacks", "-c", project.name, timeout=60).stdout
+    assert re.match(r"run \S+: 4 ranks, sampled by py-spy\n", said), said
+    project.ok("stop", "-c", project.name)

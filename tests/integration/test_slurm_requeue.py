@@ -85,6 +85,8 @@ def test_the_warning_signal_checkpoints_requeues_and_resumes(tmp_path: Path, slu
     # the nodes (about 2 minutes): starting it earlier (scontrol update StartTime=now) only gets it killed with
     # "Job credential revoked"
     slurm_cluster.wait(lambda: slurm_cluster.job(job_id).get("Reason") == "BeginTime", "the requeued job to wait", 60)
+    waiting = project.latest_run()  # the ranks checkpointed and exited 0, but the run is not done
+    assert (waiting["state"], waiting["attempt"]) == ("requeued", 0), waiting
     slurm_cluster.wait(lambda: slurm_cluster.state(job_id) == "", "the resumed attempt to end", 360)
     assert slurm_cluster.job(job_id)["JobState"] == "COMPLETED"
     assert (run / "attempt-1" / "exit").read_text() == "0\n" and (run / "attempt").read_text() == "1\n"
@@ -137,6 +139,7 @@ def test_a_requeue_the_site_refuses_fails_the_run_with_slurm_s_words(tmp_path: P
     assert set(re.findall(r"rank (\d) got SIGUSR1: checkpointed step 7", out)) == {"0", "1", "2", "3"}, out
     job = slurm_cluster.job(job_id)
     assert (job["JobState"], job["ExitCode"], job["Restarts"]) == ("FAILED", "1:0", "0")
+    assert project.latest_run()["state"] == "failed"  # every rank exited 0 after its checkpoint; the job failed
 
 
 def test_doctor_checks_that_jobs_may_be_requeued(tmp_path: Path, slurm_cluster: SlurmCluster) -> None:

@@ -41,6 +41,12 @@ FINAL_CODES = sorted({0, IDLE_EXIT_CODE, *USER_STOPS})
 RESUBMITTED_FILE = "resubmitted"
 """In a run directory: ``<job id> <host> <node> <why>`` for each batch job that a detached run's script submitted to
 go on without a node that failed first twice (one line each, appended)."""
+DEPLOYMENT_FILE = "deployment"
+"""In a run directory: the name of the deployment (cluster file) that ran it, so that logs and status find its own
+runs where another file's share the workdir."""
+STOP_FILE = "stop"
+"""In a run directory: written by ``mlenv stop`` before it cancels the run's job or step; the run's script starts no
+further attempt, and the run reads as stopped, never failed."""
 REQUEUES = 10
 """How many times a batch job's script requeues it after the warning signal when --max-restarts does not say."""
 OUTPUT_FILE = "output.log"
@@ -227,6 +233,7 @@ def _run_context(job: SlurmJob, title: str, run_id: str, task: Sequence[str], ba
             "runtime_path": job.runtime_path, "port_base": PORT_BASE, "port_span": PORT_SPAN,
             "srun": srun_line(job, run_id, task, secrets, nodelist), "attempt": attempt, "exclude": ",".join(exclude),
             "nodelist": list(nodelist), "restarts": restarts, "resubmitted_file": RESUBMITTED_FILE,
+            "stop_file": STOP_FILE, "deployment_file": DEPLOYMENT_FILE,
             "resubmit_export": ",".join([*job.settings.export, "MLENV_RESUBMITTED=1"]),
             "final": Shell("|".join(map(str, FINAL_CODES))),
             "unexported": Shell(" ".join(secrets))}  # names checked by read_secrets in srun_line
