@@ -97,3 +97,4 @@ def test_a_batch_run_s_state_follows_its_job() -> None:
     assert reconcile("running", JobInfo("7", "RUNNING")) == "running"
     assert reconcile(None, JobInfo("7", "PENDING")) is None  # never started: nothing to say
     assert reconcile("succeeded", None) == "succeeded"  # a run inside the allocation
+    assert reconcile("succeeded", JobInfo("7", "CANCELLED", exit_code=143), stopped=True) == "stopped"  # mlenv stop

@@ -479,7 +479,7 @@ class SlurmBackend:
         found = noderecords.read(login, f"{job.workdir}/{RUNS_DIR}", run_id)
         run = latest_run(run_id, {node: noderecords.node_job(found.files.get(node, {}), found.attempt, live,
                                                              found.stopped) for node in range(job.nodes)})
-        return {**run, "state": runstate.reconcile(run["state"], batch_job)}
+        return {**run, "state": runstate.reconcile(run["state"], batch_job, found.stopped)}
 
     def rank_nodes(self, handle: Handle) -> dict[int, int] | None:
         """Global rank -> the node it ran on, in the newest attempt of the deployment's newest run in the shared run
