@@ -333,9 +333,8 @@ def test_deploy_exec_shell_launch_logs_status_clean(project: Project, slurm_clus
     assert project.ok("stop", "-c", project.name).stderr == f"cancelled {step}\n"
     slurm_cluster.wait(lambda: not steps(slurm_cluster, allocation), f"step {step} to end", 30)
     ended = json.loads(project.ok("status", "-c", project.name, "--json").stdout)
-    # the supervisors stop the job and record it, unless Slurm's KillWait (2 s here) kills them first: lost, failed
-    assert "running" not in ended["run_states"].values() and ended["latest_run"]["state"] in ("stopped", "failed"), \
-        ended
+    # the supervisors stop the job and record it, or Slurm's KillWait (2 s here) kills them first: stopped either way
+    assert "running" not in ended["run_states"].values() and ended["latest_run"]["state"] == "stopped", ended
     assert interrupted(project, ["--launcher", "torchrun", "fail.py"], NO_STOP_GRACE) == 130  # Ctrl-C cancels the step
     assert re.search(r"error: interrupted: (step \d+\.\d+ cancelled|the run's step has ended)\n",
                      project.last_stderr[-1]), project.last_stderr[-1]

@@ -150,6 +150,27 @@ def test_a_requeue_the_site_refuses_fails_the_run_with_slurm_s_words(tmp_path: P
     assert project.latest_run()["state"] == "failed"  # every rank exited 0 after its checkpoint; the job failed
 
 
+def test_a_grace_that_runs_out_says_so(tmp_path: Path, slurm_cluster: SlurmCluster) -> None:
+    """Ranks that ignore the warning are stopped when the grace (3 of the warning's 4 s) runs out: the output and the
+    attempt's grace file say so, and the job is requeued."""
+    project = make_project(tmp_path, slurm_cluster, slurm_extra='  signal: "USR1@4"\n  requeue: true\n')
+    project.ok("sync", "-c", project.name)
+    job_id = project.submitted(project.ok("launch", "-c", project.name, "--detach", "fail.py").stderr)
+    runs = project.workdir / ".mlenv" / "runs"
+
+    def output() -> str:
+        found = list(runs.glob("*/output.log")) if runs.is_dir() else []
+        return found[0].read_text() if found else ""
+
+    slurm_cluster.wait(lambda: output().count("sleeping") == 4, "the 4 ranks to sleep", 120)
+    slurm_cluster.ok("scancel", "--signal=USR1", "--batch", job_id)
+    slurm_cluster.wait(lambda: int(slurm_cluster.job(job_id).get("Restarts", "0")) >= 1, "the requeue", 60)
+    said = "mlenv: the ranks did not end within the grace of 3 s after the warning: stopping them\n"
+    (grace,) = runs.glob("*/attempt-0/grace")
+    assert said in output() and grace.read_text() == said, output()
+    project.ok("clean", "-c", project.name)
+
+
 def test_doctor_checks_that_jobs_may_be_requeued(tmp_path: Path, slurm_cluster: SlurmCluster) -> None:
     from mlenv.backends.slurm.checks import requeue_check
 
