@@ -4,8 +4,9 @@ takes 2 of them).
 Slurm's warning signal, checkpoint and requeue: a detached batch job of 2 nodes x 2 ranks under ``slurm.signal:
 "USR1@60"`` and ``slurm.requeue: true`` gets ``scancel --signal=USR1 --batch``; the batch shell passes it to the 4
 ranks, which checkpoint and exit while every other process of the step (task shell, runtime, torchrun's agent)
-lives on; mlenv requeues the job, and the next attempt (MLENV_RESTART_COUNT 1) resumes from the checkpoints and
-completes. Each attempt has its own exit file. A requeue the site refuses fails the run with Slurm's words.
+lives on; mlenv requeues the job, and the next attempt (MLENV_RESTART_COUNT 1) resumes from the checkpoints; a
+second warning finds the requeues capped (--max-restarts 1) and ends the job. Each attempt has its own exit file.
+A requeue the site refuses fails the run with Slurm's words.
 
 Bad nodes left out: a batch job that always fails on one node, under ``--max-restarts 3``, is submitted again
 without that node once it failed first twice (attached, by mlenv; detached, by the run's script), and succeeds on the
@@ -34,7 +35,8 @@ def slurm_nodes() -> int:
     """Every test here runs on a Slurm of 3 nodes."""
     return 3
 
-# No torch: attempt 0 waits for the warning, writes its checkpoint and exits; attempt 1 resumes from it.
+# No torch: attempt 0 waits for the warning, writes its checkpoint and exits; attempt 1 resumes from it (and, with
+# --again, waits for the warning again).
 CHECKPOINTING_JOB = """\
 import os, signal, sys, time
 rank, attempt = os.environ["RANK"], int(os.environ["MLENV_RESTART_COUNT"])
@@ -43,7 +45,8 @@ if attempt:
     with open(checkpoint) as saved:
         print(f"rank {rank} attempt {attempt} resumed from step {saved.read()} of run {os.environ['MLENV_RUN_ID']}",
               flush=True)
-    sys.exit(0)
+    if "--again" not in sys.argv:
+        sys.exit(0)
 def save(signum, frame):
     os.makedirs(os.path.dirname(checkpoint), exist_ok=True)
     with open(checkpoint, "w") as out:
@@ -62,7 +65,8 @@ def test_the_warning_signal_checkpoints_requeues_and_resumes(tmp_path: Path, slu
     project: Project = make_project(tmp_path, slurm_cluster, slurm_extra='  signal: "USR1@60"\n  requeue: true\n')
     (project.home / "workspace" / "ckpt.py").write_text(CHECKPOINTING_JOB)
     project.ok("sync", "-c", project.name)
-    started = project.ok("launch", "-c", project.name, "--launcher", "torchrun", "--detach", "ckpt.py", timeout=120)
+    started = project.ok("launch", "-c", project.name, "--launcher", "torchrun", "--detach", "--max-restarts", "1",
+                         "ckpt.py", "--again", timeout=120)
     job_id = project.submitted(started.stderr)
     script = slurm_cluster.ok("scontrol", "write", "batch_script", job_id, "-")
     assert "#SBATCH --signal=B:USR1@60\n#SBATCH --requeue\n" in script
@@ -85,8 +89,14 @@ def test_the_warning_signal_checkpoints_requeues_and_resumes(tmp_path: Path, slu
     # the nodes (about 2 minutes): starting it earlier (scontrol update StartTime=now) only gets it killed with
     # "Job credential revoked"
     slurm_cluster.wait(lambda: slurm_cluster.job(job_id).get("Reason") == "BeginTime", "the requeued job to wait", 60)
-    slurm_cluster.wait(lambda: slurm_cluster.state(job_id) == "", "the resumed attempt to end", 360)
-    assert slurm_cluster.job(job_id)["JobState"] == "COMPLETED"
+    waiting = project.latest_run()  # the ranks checkpointed and exited 0, but the run is not done
+    assert (waiting["state"], waiting["attempt"]) == ("requeued", 0), waiting
+    slurm_cluster.wait(lambda: text().count("attempt 1 training") == 4, "the resumed attempt to train", 360)
+    slurm_cluster.ok("scancel", "--signal=USR1", "--batch", job_id)  # a second warning: no second requeue
+    slurm_cluster.wait(lambda: slurm_cluster.state(job_id) == "", "the resumed attempt to end", 120)
+    assert (f"not requeueing job {job_id} again: requeued 1 times, the most --max-restarts 1 allows"
+            in text()), text()
+    assert (slurm_cluster.job(job_id)["JobState"], project.latest_run()["state"]) == ("FAILED", "failed")
     assert (run / "attempt-1" / "exit").read_text() == "0\n" and (run / "attempt").read_text() == "1\n"
     assert sorted(path.name for path in (project.workdir / "checkpoints" / run.name).iterdir()) == [
         "rank0", "rank1", "rank2", "rank3"]
@@ -101,7 +111,7 @@ def test_the_warning_signal_checkpoints_requeues_and_resumes(tmp_path: Path, slu
                                     f"node {node} ====") for k in (0, 1))
         assert first < logs.index(f"[node-{node} ", first) < second < logs.index(f"[node-{node} ", second), logs
     (row,) = project.status()
-    assert (row["phase"], row["detail"]) == ("COMPLETED", "exit code 0")
+    assert (row["phase"], row["detail"]) == ("FAILED", "exit code 1")
 
 
 def test_a_requeue_the_site_refuses_fails_the_run_with_slurm_s_words(tmp_path: Path,
@@ -137,6 +147,28 @@ def test_a_requeue_the_site_refuses_fails_the_run_with_slurm_s_words(tmp_path: P
     assert set(re.findall(r"rank (\d) got SIGUSR1: checkpointed step 7", out)) == {"0", "1", "2", "3"}, out
     job = slurm_cluster.job(job_id)
     assert (job["JobState"], job["ExitCode"], job["Restarts"]) == ("FAILED", "1:0", "0")
+    assert project.latest_run()["state"] == "failed"  # every rank exited 0 after its checkpoint; the job failed
+
+
+def test_a_grace_that_runs_out_says_so(tmp_path: Path, slurm_cluster: SlurmCluster) -> None:
+    """Ranks that ignore the warning are stopped when the grace (3 of the warning's 4 s) runs out: the output and the
+    attempt's grace file say so, and the job is requeued."""
+    project = make_project(tmp_path, slurm_cluster, slurm_extra='  signal: "USR1@4"\n  requeue: true\n')
+    project.ok("sync", "-c", project.name)
+    job_id = project.submitted(project.ok("launch", "-c", project.name, "--detach", "fail.py").stderr)
+    runs = project.workdir / ".mlenv" / "runs"
+
+    def output() -> str:
+        found = list(runs.glob("*/output.log")) if runs.is_dir() else []
+        return found[0].read_text() if found else ""
+
+    slurm_cluster.wait(lambda: output().count("sleeping") == 4, "the 4 ranks to sleep", 120)
+    slurm_cluster.ok("scancel", "--signal=USR1", "--batch", job_id)
+    slurm_cluster.wait(lambda: int(slurm_cluster.job(job_id).get("Restarts", "0")) >= 1, "the requeue", 60)
+    said = "mlenv: the ranks did not end within the grace of 3 s after the warning: stopping them\n"
+    (grace,) = runs.glob("*/attempt-0/grace")
+    assert said in output() and grace.read_text() == said, output()
+    project.ok("clean", "-c", project.name)
 
 
 def test_doctor_checks_that_jobs_may_be_requeued(tmp_path: Path, slurm_cluster: SlurmCluster) -> None:

@@ -38,7 +38,8 @@ def until_grouped(stacks: Callable[[], subprocess.CompletedProcess[str]], stuck:
     while True:
         result = stacks()
         report = json.loads(result.stdout) if result.returncode == 0 else {}
-        if [(g["ranks"], g["frames"][-1]["function"]) for g in report.get("groups", [])] == expected:
+        if [(g["ranks"], g["frames"][-1]["function"] if g["frames"] else None)  # none yet: a rank starting
+                for g in report.get("groups", [])] == expected:
             return
         assert time.monotonic() < until, result.stdout + result.stderr
         time.sleep(1)

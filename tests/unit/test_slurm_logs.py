@@ -9,9 +9,9 @@ from pathlib import Path
 from mlenv.backends.slurm.backend import LOGS
 
 
-def logs(runs: Path, node: int, rank: str = "") -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["sh", "-c", LOGS, "sh", str(runs), str(node), "", rank], capture_output=True, text=True,
-                          timeout=30)
+def logs(runs: Path, node: int, rank: str = "", name: str = "") -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["sh", "-c", LOGS, "sh", str(runs), str(node), "", rank, name], capture_output=True,
+                          text=True, timeout=30)
 
 
 def write(runs: Path, run: str, attempt: int, node: int, *lines: str) -> None:
@@ -38,3 +38,27 @@ def test_every_attempt_of_a_restarted_run_under_its_header(tmp_path: Path) -> No
     only = logs(tmp_path, 1, "2")
     assert only.stdout == "".join(f"mlenv: ==== attempt {k} (MLENV_RESTART_COUNT={k}) of run r2, node 1 ====\n"
                                   f"[node-1 r2] attempt {k}\n" for k in range(3))
+
+
+def test_a_rank_through_every_attempt_wherever_it_ran(tmp_path: Path) -> None:
+    """Rank 2 ran on node 1, then (after the restart) on node 0; attempts sort by number, 10 after 9."""
+    for attempt in range(11):
+        node = 1 if attempt == 0 else 0
+        directory = tmp_path / "r1" / f"attempt-{attempt}" / f"node{node}"
+        directory.mkdir(parents=True)
+        (directory / "output.log").write_text(f"[node-{node} r2] attempt {attempt}\n[node-{node} r9] other\n")
+        (directory / "ranks.json").write_text(f'[{{"rank": 2, "node": {node}}}]')
+    only = logs(tmp_path, 0, "2")
+    assert only.returncode == 0, only.stderr
+    assert only.stdout == "".join(f"mlenv: ==== attempt {k} (MLENV_RESTART_COUNT={k}) of run r1, node {int(k == 0)} "
+                                  f"====\n[node-{int(k == 0)} r2] attempt {k}\n" for k in range(11))
+    assert logs(tmp_path, 0, "5").returncode == 2  # in no attempt
+
+
+def test_the_deployment_s_own_run_never_another_file_s_sharing_the_workdir(tmp_path: Path) -> None:
+    write(tmp_path, "20261125-200000-a", 0, 0, "[node-0 r0] mine")
+    write(tmp_path, "20261125-200100-b", 0, 0, "[node-0 r0] theirs")
+    (tmp_path / "20261125-200000-a" / "deployment").write_text("a\n")
+    (tmp_path / "20261125-200100-b" / "deployment").write_text("b\n")
+    assert logs(tmp_path, 0, name="a").stdout == "[node-0 r0] mine\n"
+    assert logs(tmp_path, 0, name="b").stdout == "[node-0 r0] theirs\n"

@@ -37,7 +37,7 @@ def test_the_newest_attempt_of_the_run_node_by_node(tmp_path: Path) -> None:
           ranks_json=[rank(0, 0, "running", None)])
     (tmp_path / "r1" / "attempt-x").mkdir()
     (tmp_path / "allocation-7.log").write_text("not a run\n")
-    attempt, files = read(Login(None), str(tmp_path), "r1")
+    attempt, files, stopped = read(Login(None), str(tmp_path), "r1")
     assert (attempt, sorted(files), sorted(files[1])) == (10, [0, 1], ["exit", "ranks.json", "record.json",
                                                                         "state.json"])
     failed = node_job(files[1], attempt, live=False)
@@ -49,12 +49,18 @@ def test_the_newest_attempt_of_the_run_node_by_node(tmp_path: Path) -> None:
     assert running is not None and (running["state"], running["exit_code"]) == ("running", None)
     lost = node_job(files[0], attempt, live=False)  # its supervisor started, the job is gone, no exit status
     assert lost is not None and (lost["state"], lost["reason"]) == ("failed", "gone without an exit status")
+    assert not stopped
+    (tmp_path / "r1" / "stop").write_text("2026-11-25T20:01:00Z\n")  # mlenv stop's, before it cancelled the step
+    attempt, files, stopped = read(Login(None), str(tmp_path), "r1")
+    by_user = [node_job(files[node], attempt, live=False, stopped=stopped) for node in (0, 1)]
+    assert [(job or {}).get("state") for job in by_user] == ["stopped", "stopped"], by_user
+    assert [(job or {}).get("first_failure") for job in by_user] == [None, None]  # no rank failed of its own
 
 
 def test_nodes_that_have_not_written(tmp_path: Path) -> None:
-    assert read(Login(None), str(tmp_path / "none"), "r1") == (0, {})
+    assert read(Login(None), str(tmp_path / "none"), "r1") == (0, {}, False)
     (tmp_path / "r2" / "attempt-0").mkdir(parents=True)
-    assert read(Login(None), str(tmp_path), "r2") == (0, {})
+    assert read(Login(None), str(tmp_path), "r2") == (0, {}, False)
     assert node_job({}, 0, live=True) == {"attempt": 0, "state": "running", "exit_code": None, "reason": None,
                                           "first_failure": None, "transport": None, "stacks": None, "idle": None,
                                           "ranks": [], "node_fault": None}
@@ -72,5 +78,23 @@ def test_an_ended_node_without_a_state_of_its_own_and_a_hung_one() -> None:
 def test_without_a_run_id_the_newest_run(tmp_path: Path) -> None:
     write(tmp_path, "20261125-200000-a", 0, 0, ranks_json=[rank(0, 0, "succeeded", 0)])
     write(tmp_path, "20261125-200100-b", 0, 1, ranks_json=[rank(1, 1, "running", None)])
-    attempt, files = read(Login(None), str(tmp_path), None)
+    attempt, files, _ = read(Login(None), str(tmp_path), None)
     assert (attempt, list(files)) == (0, [1]) and '"rank": 1' in files[1]["ranks.json"]
+    (tmp_path / "20261125-200000-a" / "deployment").write_text("a\n")
+    (tmp_path / "20261125-200100-b" / "deployment").write_text("b\n")  # another cluster file's, sharing the workdir
+    assert list(read(Login(None), str(tmp_path), None, "a").files) == [0]
+
+
+def test_a_batch_run_s_state_follows_its_job() -> None:
+    """The nodes' records end with each attempt; the job says whether the run goes on, and how it ended."""
+    from mlenv.backends.slurm.jobs import JobInfo
+    from mlenv.backends.slurm.runstate import reconcile
+
+    assert reconcile("succeeded", JobInfo("7", "PENDING", "BeginTime")) == "requeued"  # after the warning
+    assert reconcile("failed", JobInfo("7", "PREEMPTED")) == "preempted"
+    assert reconcile("succeeded", JobInfo("7", "FAILED", exit_code=1)) == "failed"  # the requeue was refused
+    assert reconcile("succeeded", JobInfo("7", "COMPLETED", exit_code=0)) == "succeeded"
+    assert reconcile("running", JobInfo("7", "RUNNING")) == "running"
+    assert reconcile(None, JobInfo("7", "PENDING")) is None  # never started: nothing to say
+    assert reconcile("succeeded", None) == "succeeded"  # a run inside the allocation
+    assert reconcile("succeeded", JobInfo("7", "CANCELLED", exit_code=143), stopped=True) == "stopped"  # mlenv stop

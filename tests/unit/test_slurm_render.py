@@ -361,6 +361,21 @@ def test_the_warning_signal_by_name_or_number(project: Path, signal: str, kept: 
     assert isinstance(settings, SlurmSettings) and (settings.signal, settings.requeue) == (kept, True)
 
 
+def test_a_warning_at_or_before_the_time_limit_s_start_is_bad_input(project: Path) -> None:
+    """A lead of the whole time limit would warn, checkpoint and requeue every start, forever."""
+    cluster = project / "clusters" / "slurm-gloo.yaml"
+    cluster.write_text(cluster.read_text().replace('time: "02:00:00"', 'time: "00:01:00"'))
+    with_warning(project, '"USR1@120"')
+    result = mlenv("validate", "slurm-gloo")
+    assert result.exit_code == 2 and "Traceback" not in result.stderr
+    assert result.stderr.startswith(
+        "error: clusters/slurm-gloo.yaml:16:3: slurm.signal: USR1@120 warns 120 s before the time limit, but "
+        "slurm.time (clusters/slurm-gloo.yaml:13:3) is 00:01:00, 60 s: every start would get the warning at "
+        "once"), result.stderr
+    cluster.write_text(cluster.read_text().replace("USR1@120", "USR1@59"))
+    assert mlenv("validate", "slurm-gloo").exit_code == 0
+
+
 @pytest.mark.parametrize(("signal", "why"), [
     ('"USR1@x"', "expected sbatch's [B:]SIG@SECONDS like USR1@120 (SECONDS a whole number up to 65535), got "
                  '"USR1@x"'),

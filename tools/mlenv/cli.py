@@ -427,7 +427,7 @@ def clean(cluster_ref: str | None, delete_data: bool, yes: bool) -> None:
                    "a stop by the user is never restarted (default: launch.max_restarts, else 0). A node that failed "
                    "first twice, or whose failure shows a node fault, is left out: a spare takes its place "
                    "(ssh.spares, deploy --spares), a Slurm batch job goes on with --exclude, else the run stops "
-                   "naming it (exit 1).")
+                   "naming it (exit 1). Also caps a Slurm batch job's requeues after the warning (10 without it).")
 @click.option("--dry-run", is_flag=True, help="Print what launch would run on every node; run nothing.")
 @click.option("--hang-timeout", type=float, default=None, metavar="SECONDS",
               help="No output from any rank (any bytes: a progress bar's updates count) for this long: capture "

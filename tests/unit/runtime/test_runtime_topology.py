@@ -135,6 +135,12 @@ def test_pod_name_from_the_system_without_hostname() -> None:
     assert host_name({}) == host_name({"HOSTNAME": " "}) == socket.gethostname()
 
 
+def test_a_slurm_node_is_named_by_the_scheduler_never_by_the_batch_shell_s_hostname() -> None:
+    """srun copies the batch shell's HOSTNAME to every node: n1's on n2."""
+    assert host_name({"SLURMD_NODENAME": "n2", "HOSTNAME": "n1", "SLURM_JOB_ID": "7"}) == "n2"
+    assert host_name({"HOSTNAME": "n1", "SLURM_JOB_ID": "7"}) == socket.gethostname()
+
+
 def test_topology_command_reads_hostname(run_runtime: Runner) -> None:
     env = {"HOSTNAME": "llm-1", "MLENV_APP_NAME": "llm", "MLENV_NUM_NODES": "2"}
     found = json.loads(run_runtime("topology", "--json", env=env).stdout)

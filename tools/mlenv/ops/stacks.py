@@ -42,7 +42,9 @@ def take(backend: NodeAccess, handle: Handle, only: int | None = None, *, native
 
 def text(report: dict[str, Any]) -> str:
     """The groups, then what else there is to look at and which nodes did not answer."""
-    lines = [f"run {report['run']}: {len(report['ranks'])} ranks"]
+    methods = sorted({str(rank["method"]) for rank in report["ranks"] if rank.get("method")})
+    lines = [f"run {report['run']}: {len(report['ranks'])} ranks" + (f", sampled by {' and '.join(methods)}"
+                                                                      if methods else "")]
     lines.append(render(report["groups"]) if report["ranks"] else "no running rank")
     if report["flight_dumps"]:
         lines.append("NCCL flight recorder dumps:")

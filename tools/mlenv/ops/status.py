@@ -11,6 +11,7 @@ from mlenv.core.capabilities import JOBS, Handle
 from mlenv.core.registry import Backend
 from mlenv.errors import MlenvError
 from mlenv.ops.target import backend_of, resolve
+from mlenv.runtime.runlayout import FAILED, STOPPED, SUCCEEDED
 from mlenv.ui import error, print_json, say, table
 
 
@@ -100,10 +101,11 @@ def _print(report: dict[str, Any]) -> None:
         kind = "detached run" if latest.get("detached", True) else "run"
         restarted = f", attempt {run['attempt']} (restarted {run['attempt']}x; mlenv logs shows every attempt)" \
             if run.get("attempt") else ""
+        ended = run.get("state") in (SUCCEEDED, FAILED, STOPPED)  # nothing of it runs any more
         say(f"latest {kind}: {latest['id']} ({latest['script']}, started {latest['started']}): "
             f"{run.get('state') or 'state unknown'}{restarted}, running on {running}/{len(states)} nodes "
             f"({', '.join(f'node-{n} {s}' for n, s in sorted(states.items()))}); "
-            "mlenv logs -f follows it, mlenv stop stops it")
+            + ("mlenv logs shows it" if ended else "mlenv logs -f follows it, mlenv stop stops it"))
         if latest.get("spares"):
             say("on spare hosts: " + ", ".join(f"node-{used['node']} on {used['spare']} (in place of {used['host']})"
                                                for used in latest["spares"]))

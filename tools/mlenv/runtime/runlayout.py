@@ -22,8 +22,8 @@ ATTEMPT_VARIABLE = "MLENV_RESTART_COUNT"
 CHECKPOINT_VARIABLE = "MLENV_CHECKPOINT_DIR"
 
 RUNNING, SUCCEEDED, FAILED, STOPPED = "running", "succeeded", "failed", "stopped"
-HUNG, RESTARTING, REQUEUED = "hung", "restarting", "requeued"
-RUN_STATES = (RUNNING, SUCCEEDED, FAILED, STOPPED, HUNG, RESTARTING, REQUEUED)
+HUNG, RESTARTING, REQUEUED, PREEMPTED = "hung", "restarting", "requeued", "preempted"
+RUN_STATES = (RUNNING, SUCCEEDED, FAILED, STOPPED, HUNG, RESTARTING, REQUEUED, PREEMPTED)
 """The states of a run (and of a node's share of it), one set everywhere; docs/runs.md says what each means."""
 RANK_STATES = (RUNNING, SUCCEEDED, FAILED, STOPPED)
 USER_STOPS = frozenset({129, 130, 143})

@@ -50,8 +50,12 @@ class _World:
 
 
 def host_name(environ: Mapping[str, str]) -> str:
-    """This pod's or machine's name: ``HOSTNAME`` (set in every container) when present, else the system's."""
-    return environ.get("HOSTNAME", "").strip() or socket.gethostname()
+    """This node's name: the scheduler's in a Slurm step (``SLURMD_NODENAME``); else ``HOSTNAME`` as a container
+    runtime or mlenv's local backend sets it for the pod or node, never inside a Slurm job (srun copies the batch
+    shell's to every node); else the kernel's."""
+    slurm = environ.get("SLURMD_NODENAME", "").strip()
+    container = "" if "SLURM_JOB_ID" in environ else environ.get("HOSTNAME", "").strip()
+    return slurm or container or socket.gethostname()
 
 
 def detect_topology(environ: Mapping[str, str], hostname: str | None = None) -> Topology:

@@ -13,7 +13,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from mlenv.backends.slurm import followed, jobs, noderecords, run, script
+from mlenv.backends.slurm import followed, jobs, noderecords, run, runstate, script
 from mlenv.backends.slurm import record as recorded
 from mlenv.backends.slurm.checks import slurm_checks
 from mlenv.backends.slurm.jobs import JobInfo
@@ -54,32 +54,63 @@ _SECRETS_REFUSED = (
     "Instead deploy an allocation (mlenv deploy {name}) and launch attached: the secret then reaches the run's "
     "step on its stdin only; or provide the variable yourself through slurm.setup (e.g. a line that reads it "
     "from a file only you can read)")
+MARK_STOPPED = 'for f; do [ -d "${f%/*}" ] && date -u +%Y-%m-%dT%H:%M:%SZ > "$f"; done; exit 0'
+"""``sh -c MARK_STOPPED sh FILE...``: each run's stop file, where its directory is."""
+STEP_PREFIX = script.step_name("")
 CLEAN_TIMEOUT = 60.0
 SHOWN_JOBS = 10
 """Batch jobs status shows: the newest."""
-LOGS = """runs=$1 rank=$2 follow=$3 only=$4 latest=
-for log in "$runs"/*/attempt-*/node"$rank"/output.log; do [ -e "$log" ] && latest=$log; done
-[ -n "$latest" ] || { echo "no run has a log of node $rank under $runs yet" >&2; exit 1; }
-node=${latest%/output.log} run=${latest%/attempt-*/node*/output.log}
-show() { if [ -n "$only" ]; then grep --line-buffered -a "^\\[node-$rank r$only\\] "; else cat; fi; }
-[ -z "$only" ] || grep -q "\\"rank\\": $only," "$node/ranks.json" 2>/dev/null || exit 2  # not on this node
-attempt=${node%/node*} attempt=${attempt##*/attempt-} k=0
-while [ "$attempt" -gt 0 ] && [ "$k" -le "$attempt" ]; do  # restarted: every attempt under a header, newest last
-  if [ -e "$run/attempt-$k/node$rank/output.log" ]; then
-    echo "mlenv: ==== attempt $k (MLENV_RESTART_COUNT=$k) of run ${run##*/}, node $rank ===="
-    [ "$k" = "$attempt" ] || show < "$run/attempt-$k/node$rank/output.log"
+LOGS = """runs=$1 node=$2 follow=$3 only=$4 name=$5 run= newest= found= tailing=
+for dir in "$runs"/*/; do  # the deployment's newest run with a log (run ids sort by time); one of another file's: no
+  dir=${dir%/}
+  if [ -f "$dir/DEPLOYMENT_FILE" ] && [ "$(cat "$dir/DEPLOYMENT_FILE")" != "$name" ]; then continue; fi
+  for log in "$dir"/attempt-*/node*/output.log; do [ -e "$log" ] && run=$dir && break; done
+done
+[ -n "$run" ] || { echo "no run of $name has a log under $runs yet" >&2; exit 1; }
+for dir in "$run"/attempt-*; do  # attempts in number order: attempt-10 after attempt-9
+  k=${dir##*/attempt-}
+  case $k in ''|*[!0-9]*) continue ;; esac
+  if [ -z "$newest" ] || [ "$k" -gt "$newest" ]; then newest=$k; fi
+done
+where() {  # attempt $1's node directory with the log: node $node's, or the one rank $only ran on then
+  if [ -z "$only" ]; then
+    [ ! -e "$run/attempt-$1/node$node/output.log" ] || echo "$run/attempt-$1/node$node"
+    return
+  fi
+  for dir in "$run/attempt-$1"/node*; do
+    if grep -q "\\"rank\\": $only," "$dir/ranks.json" 2>/dev/null && [ -e "$dir/output.log" ]; then
+      echo "$dir"
+      return
+    fi
+  done
+}
+show() { if [ -n "$only" ]; then grep --line-buffered -a "^\\[node-[0-9]* r$only\\] "; else cat; fi; }
+k=0
+while [ "$k" -le "$newest" ]; do  # restarted: every attempt under a header naming it, the newest last
+  dir=$(where "$k")
+  if [ -n "$dir" ]; then
+    found=$dir
+    [ "$newest" -eq 0 ] ||
+      echo "mlenv: ==== attempt $k (MLENV_RESTART_COUNT=$k) of run ${run##*/}, node ${dir##*/node} ===="
+    if [ -n "$follow" ] && [ "$k" -eq "$newest" ]; then tailing=1; else show < "$dir/output.log"; fi
   fi
   k=$((k + 1))
 done
-[ -n "$follow" ] || { show < "$latest"; exit 0; }
+if [ -z "$found" ]; then
+  [ -z "$only" ] || exit 2
+  echo "run ${run##*/} of $name has no log of node $node yet" >&2
+  exit 1
+fi
+[ -n "$tailing" ] || exit 0
 pid=$(mktemp)
-{ tail -n +1 -f "$latest" & echo $! > "$pid"; wait; } | show &
-while [ ! -e "$run/attempt-$attempt/exit" ] && [ ! -e "$node/exit" ]; do sleep 1; done
+{ tail -n +1 -f "$found/output.log" & echo $! > "$pid"; wait; } | show &
+while [ ! -e "$run/attempt-$newest/exit" ] && [ ! -e "$found/exit" ]; do sleep 1; done
 sleep 1; kill "$(cat "$pid")"; rm -f "$pid"; wait
-"""
-"""The node's log of the newest run that has one (after a restart every attempt's, each under a header naming it,
-the newest last); with follow, until the node's exit file or its attempt's (the batch or step script's); with a
-rank, only that rank's lines (exit 2, silently, when the node's ranks.json lacks it)."""
+""".replace("DEPLOYMENT_FILE", script.DEPLOYMENT_FILE)
+"""The log of the deployment's newest run (never another cluster file's sharing the workdir): node N's, or with a
+rank only that rank's lines from the node it ran on in each attempt (exit 2, silently, when it ran in none); after a
+restart every attempt's, each under a header naming it, the newest last; with follow, until the node's exit file or
+its attempt's (the batch or step script's)."""
 
 
 def job_data(job: SlurmJob) -> dict[str, Any]:
@@ -168,7 +199,9 @@ class SlurmBackend(Deploy, NodeAccess, Jobs, Checks):
         job_id = submit(login, f"{job.workdir}/{RUNS_DIR}", request.text)
         handle = replace(handle, data={**handle.data, "allocation": {"id": job_id, "digest": digest}})
         record(handle)
-        info(f"allocation {job_id} submitted: {job.nodes} nodes of partition {job.settings.partition}")
+        spares = f" ({job.nodes} + {job.spares} spare{'s' if job.spares > 1 else ''})" if job.spares else ""
+        info(f"allocation {job_id} submitted: {job.nodes + job.spares} nodes{spares} of partition "
+             f"{job.settings.partition}")
         return handle
 
     def _live_allocation(self, login: Login, name: str) -> Handle | None:
@@ -260,15 +293,26 @@ class SlurmBackend(Deploy, NodeAccess, Jobs, Checks):
                            extra=extra) for index, host in enumerate(current.hosts)]
 
     def nodes(self, handle: Handle) -> list[Node]:
-        """The allocation's nodes while it runs (ready: exec and shell reach them; its spares after the job's
-        nodes are not among them); otherwise the nodes as placeholders, which share the workdir (sync and logs
-        need no allocation)."""
+        """The nodes of the allocation while it runs, else of the newest running batch job mlenv submitted (ready:
+        exec, shell and stacks reach them; the allocation's spares after the job's nodes are not among them);
+        otherwise the nodes as placeholders, which share the workdir (sync and logs need no job)."""
         job = job_from(handle)
-        allocation = allocation_id(handle)
-        current = jobs.state(Login.of(job.settings), allocation) if allocation else None
-        if current is not None and current.state == "RUNNING":
-            return [Node(index, host, job.workdir, ready=True) for index, host in enumerate(current.hosts[:job.nodes])]
+        running = self._running(handle)
+        if running is not None:
+            return [Node(index, host, job.workdir, ready=True) for index, host in enumerate(running.hosts[:job.nodes])]
         return [Node(index, f"node-{index}", job.workdir) for index in range(job.nodes)]
+
+    def _running(self, handle: Handle) -> JobInfo | None:
+        """The job whose nodes exec reaches: the allocation while it runs, else (none deployed) the newest running
+        batch job of the deployment's runs."""
+        login = Login.of(job_from(handle).settings)
+        allocation = allocation_id(handle)
+        if allocation is not None:
+            current = jobs.state(login, allocation)
+            return current if current.state == "RUNNING" else None
+        submitted = [entry["id"] for entry in recorded.jobs(self.records, handle.name)][-SHOWN_JOBS:]
+        found = jobs.query(login, submitted, exit_codes=False) if submitted else {}
+        return next((found[job_id] for job_id in reversed(submitted) if found[job_id].state == "RUNNING"), None)
 
     def spares(self, handle: Handle) -> list[Node]:
         """PURE: the allocation's spare nodes (deploy --spares) as deploy found them, their ordinals after the job's
@@ -289,8 +333,9 @@ class SlurmBackend(Deploy, NodeAccess, Jobs, Checks):
         return Login.of(job_from(handle).settings).argv(step, tty=tty)
 
     def runtime(self, handle: Handle, *args: str) -> list[str]:
-        """``python3 -m mlenv.runtime ARGS`` (the Python of the step's PATH)."""
-        return [script.PYTHON, "-m", "mlenv.runtime", *args]
+        """``python3 -m mlenv.runtime ARGS`` after the slurm.setup lines, on the node, as the launch's ranks run
+        (the Python and tools, py-spy among them, of the environment slurm.setup activates)."""
+        return script.after_setup(job_from(handle), [script.PYTHON, "-m", "mlenv.runtime", *args])
 
     torch_fix = ("install PyTorch where slurm.setup puts the job (e.g. `source VENV/bin/activate`), or run in a "
                  "container: with it (container.image in the cluster file)")
@@ -310,9 +355,11 @@ class SlurmBackend(Deploy, NodeAccess, Jobs, Checks):
         """The srun of ``argv`` on ``node`` in the allocation, as run where Slurm's commands are."""
         job = job_from(handle)
         job_id = allocation_id(handle)
-        if not (node.ready or node.name in _held(handle)) or job_id is None:  # a placeholder, or no allocation
-            raise OperationError(f"no running allocation of {handle.name}: exec and shell run inside it "
-                                 f"(mlenv deploy {handle.name}; mlenv status shows it)")
+        if job_id is None and node.ready:  # a node of a running batch job
+            job_id = running.id if (running := self._running(handle)) and node.name in running.hosts else None
+        if not (node.ready or node.name in _held(handle)) or job_id is None:  # a placeholder, or no job
+            raise OperationError(f"no running allocation or batch job of {handle.name}: exec, shell and stacks run "
+                                 f"inside one (mlenv deploy {handle.name}, or mlenv launch; mlenv status shows them)")
         variables = {**handle.env, "MASTER_PORT": str(master_port(job_id)), "MLENV_NODE_RANK": str(node.ordinal)}
         master = (handle.data.get("allocation") or {}).get("master_addr")
         if master:
@@ -337,7 +384,7 @@ class SlurmBackend(Deploy, NodeAccess, Jobs, Checks):
         """The node's log of the newest run (from the shared workdir; ``follow`` ends with the node's job)."""
         job = job_from(handle)
         command = ["sh", "-c", LOGS, "sh", f"{job.workdir}/{RUNS_DIR}", str(node.ordinal), "1" if follow else "",
-                   "" if rank is None else str(rank)]
+                   "" if rank is None else str(rank), handle.name]
         return Login.of(job.settings).argv(command)
 
     def data_volumes(self, handle: Handle) -> list[str]:
@@ -385,7 +432,8 @@ class SlurmBackend(Deploy, NodeAccess, Jobs, Checks):
         restarts = spec.max_restarts if spec.detach else 0  # an attached run's restarts are mlenv's own
         text = (script.launch_script(job, title, spec.run_id, task, allocation, spec.attempt, spec.secrets,
                                      nodelist, restarts, _held(handle), spec.exclude) if allocation
-                else script.batch_script(job, title, spec.run_id, task, spec.attempt, spec.exclude, restarts))
+                else script.batch_script(job, title, spec.run_id, task, spec.attempt, spec.exclude, restarts,
+                                         spec.max_restarts))
         return LaunchRequest(spec, text, dict.fromkeys(range(job.nodes), task), {"MLENV_RUN_ID": spec.run_id}, text,
                              spares=placed)
 
@@ -399,16 +447,24 @@ class SlurmBackend(Deploy, NodeAccess, Jobs, Checks):
                 else run.batch(this))
 
     def stop(self, handle: Handle) -> int:
-        """Cancel the runs: the allocation's steps (it keeps holding the nodes) and the batch jobs."""
-        login, found, _ = self._jobs(handle)
+        """Stop the runs for good: first each run's stop file (its script starts no further attempt, and the run
+        reads as stopped), then cancel the allocation's steps (it keeps holding the nodes) and the batch jobs."""
+        login, found, batch = self._jobs(handle)
         allocation = allocation_id(handle)
         targets = [job_id for job_id, current in found.items() if current.live and job_id != allocation]
+        runs = {str(entry["run"]) for entry in batch if entry.get("run") and found[entry["id"]].live}
         if allocation is not None and found[allocation].state == "RUNNING":
-            steps = login.ok(["squeue", "-h", "-s", f"--jobs={allocation}", "-o", "%i"]).split()
-            targets += [step for step in steps if step.partition(".")[2].isdigit()]
+            listed = login.ok(["squeue", "-h", "-s", f"--jobs={allocation}", "-o", "%i %j"]).splitlines()
+            for step, _, name in (line.partition(" ") for line in listed):
+                if step.partition(".")[2].isdigit():
+                    targets.append(step)
+                    runs |= {name.strip().removeprefix(STEP_PREFIX)} if name.startswith(STEP_PREFIX) else set()
         if not targets:
             info(f"nothing to stop: no run of {handle.name} is queued or running")
             return 0
+        job = job_from(handle)
+        login.ok(["sh", "-c", MARK_STOPPED, "sh", *(f"{job.run_path(run_id)}/{script.STOP_FILE}"
+                                                    for run_id in sorted(runs))])
         login.ok(["scancel", *targets])
         info(f"cancelled {', '.join(targets)}")
         return 0
@@ -419,19 +475,21 @@ class SlurmBackend(Deploy, NodeAccess, Jobs, Checks):
     def latest_run(self, handle: Handle, run_id: str) -> dict[str, Any]:
         """Run ``run_id`` as its nodes' supervisors recorded it in the shared run directory, its newest attempt
         (``core.runrecords.latest_run``): read in one command on the login host; a node without an exit status is
-        ``running`` (or ``hung``) while the run's step (in the allocation) or batch job is live, else ``failed`` when
-        its supervisor had started (gone without an exit status), else ``-``."""
+        ``running`` (or ``hung``) while the run's step (in the allocation) or batch job runs, else ``failed`` when
+        its supervisor had started (gone without an exit status), else ``-``; the run's state as its batch job says
+        (``runstate.reconcile``: requeued, preempted, failed)."""
         job = job_from(handle)
-        login, live = self._live(handle, run_id)
-        attempt, files = noderecords.read(login, f"{job.workdir}/{RUNS_DIR}", run_id)
-        return latest_run(run_id, {node: noderecords.node_job(files.get(node, {}), attempt, live)
-                                   for node in range(job.nodes)})
+        login, live, batch_job = self._live(handle, run_id)
+        found = noderecords.read(login, f"{job.workdir}/{RUNS_DIR}", run_id)
+        run = latest_run(run_id, {node: noderecords.node_job(found.files.get(node, {}), found.attempt, live,
+                                                             found.stopped) for node in range(job.nodes)})
+        return {**run, "state": runstate.reconcile(run["state"], batch_job, found.stopped)}
 
     def rank_nodes(self, handle: Handle) -> dict[int, int] | None:
-        """Global rank -> the node it ran on, in the newest attempt of the newest run in the shared run
+        """Global rank -> the node it ran on, in the newest attempt of the deployment's newest run in the shared run
         directory."""
         job = job_from(handle)
-        _, files = noderecords.read(Login.of(job.settings), f"{job.workdir}/{RUNS_DIR}", None)
+        files = noderecords.read(Login.of(job.settings), f"{job.workdir}/{RUNS_DIR}", None, handle.name).files
         return {rank["rank"]: node for node, mine in files.items() for rank in noderecords.ranks(mine)}
 
     def run_states(self, handle: Handle, run_id: str) -> dict[int, str]:
@@ -439,15 +497,20 @@ class SlurmBackend(Deploy, NodeAccess, Jobs, Checks):
         supervisor wrote its exit status, else ``running``, ``hung``, ``failed`` (lost) or ``-``."""
         return dict(self.latest_run(handle, run_id)["nodes"])
 
-    def _live(self, handle: Handle, run_id: str) -> tuple[Login, bool]:
-        """Whether run ``run_id``'s batch job is queued or running, or its step runs in the allocation."""
+    def _live(self, handle: Handle, run_id: str) -> tuple[Login, bool, JobInfo | None]:
+        """Whether run ``run_id``'s batch job runs (not waiting to start, nor again), or its step runs in the
+        allocation; and its newest batch job (its exit code once ended), None for a run inside the allocation."""
         login, found, batch = self._jobs(handle)
-        live = any(found[submitted["id"]].live for submitted in batch if submitted.get("run") == run_id)
+        mine = [found[submitted["id"]] for submitted in batch if submitted.get("run") == run_id]
+        job = mine[-1] if mine else None
+        live = job is not None and job.live and job.state not in runstate.WAITING
+        if job is not None and not job.live:
+            job = jobs.state(login, job.id)
         allocation = allocation_id(handle)
-        if not live and allocation is not None and found[allocation].state == "RUNNING":
+        if job is None and allocation is not None and found[allocation].state == "RUNNING":
             steps = login.ok(["squeue", "-h", "-s", f"--jobs={allocation}", "-o", "%j"]).split()
             live = script.step_name(run_id) in steps
-        return login, live
+        return login, live, job
 
 
 def _held(handle: Handle) -> tuple[str, ...]:

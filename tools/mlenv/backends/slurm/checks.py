@@ -4,13 +4,13 @@ host cannot be reached, and the partition's when sinfo does not work."""
 
 from __future__ import annotations
 
-import math
 import re
 import shlex
 from dataclasses import dataclass
 
 from mlenv.backends.slurm.login import Login
 from mlenv.backends.slurm.script import SlurmJob
+from mlenv.backends.slurm.settings import minutes
 from mlenv.core.capabilities import Check
 from mlenv.errors import MlenvError
 
@@ -46,26 +46,6 @@ def parse_sinfo(text: str) -> list[NodeRow]:
             gpus = max((int(count) for count in _GPUS.findall(gres)), default=0)
             rows.append(NodeRow(name, available == "up", state, gpus, limit))
     return rows
-
-
-def minutes(limit: str) -> float | None:
-    """A Slurm time (``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH[:MM[:SS]]``, ``infinite``) in minutes."""
-    text = limit.strip().lower()
-    if text in ("infinite", "unlimited"):
-        return math.inf
-    days, _, rest = text.rpartition("-")
-    try:
-        parts = [int(part) for part in rest.split(":")]
-        if days:
-            hours, mins, secs = ([*parts, 0, 0])[:3]
-            return int(days) * 1440 + hours * 60 + mins + secs / 60
-        if len(parts) == 1:
-            return float(parts[0])
-        if len(parts) == 2:
-            return parts[0] + parts[1] / 60
-        return parts[0] * 60 + parts[1] + parts[2] / 60
-    except ValueError:
-        return None
 
 
 def _partition_checks(job: SlurmJob, rows: list[NodeRow]) -> list[Check]:
@@ -157,6 +137,19 @@ def _container_checks(login: Login, job: SlurmJob) -> list[Check]:
     return checks
 
 
+def environment_check(job: SlurmJob) -> Check:
+    """Which variables mlenv's batch jobs (deploy's allocation, a launch without one) get: never the submitting
+    shell's, but slurm.export's, since slurmctld saves a job's environment in its state directory."""
+    carried = (f"from the shell that submits them only slurm.export's {', '.join(job.settings.export)}"
+               if job.settings.export else "nothing from the shell that submits them")
+    contract = ", ".join(sorted({*job.env, "MASTER_ADDR", "MASTER_PORT", "MLENV_RUN_ID", "MLENV_RUN_DIR",
+                                 "MLENV_CHECKPOINT_DIR", "MLENV_RESTART_COUNT", "PYTHONPATH"}))
+    return Check("environment", "PASS",
+                 f"batch jobs are submitted with --export={job.settings.sbatch_export}: they get Slurm's SLURM_* "
+                 f"variables and the login environment Slurm sets up on the node, {carried}; a run's steps add "
+                 f"{contract}, then what slurm.setup sets")
+
+
 def slurm_checks(login: Login, job: SlurmJob) -> list[Check]:
     """Every check of ``job`` against the Slurm reached through ``login``."""
     try:
@@ -174,4 +167,4 @@ def slurm_checks(login: Login, job: SlurmJob) -> list[Check]:
         shown = login.run(["scontrol", "show", "config"])
         checks.append(requeue_check(shown.stdout.decode(errors="replace")) if shown.returncode == 0 else Check(
             "requeue", "WARN", f"scontrol show config failed: {shown.stderr.decode(errors='replace').strip()}"))
-    return [*checks, _workdir_check(login, job), *_container_checks(login, job)]
+    return [*checks, _workdir_check(login, job), *_container_checks(login, job), environment_check(job)]

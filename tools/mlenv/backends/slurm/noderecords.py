@@ -6,19 +6,27 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from mlenv.backends.slurm.login import Login
+from mlenv.backends.slurm.script import DEPLOYMENT_FILE, STOP_FILE
 from mlenv.runtime.jobs import LOST, ended_state
-from mlenv.runtime.runlayout import FAILED, HUNG, RUNNING, parse_ranks
+from mlenv.runtime.runlayout import FAILED, HUNG, RUNNING, STOPPED, parse_ranks
 
 FILES = ("exit", "state.json", "ranks.json", "record.json")
 """A node's records, read in this order: the exit file first, so that a node that has ended is read with its final
 state.json (written before it)."""
 SEPARATOR = "\036"
 """Starts each header line of the output: never in a record (JSON escapes control characters; exit is a number)."""
-READ = f"""root=$1 run=$2 newest=
-if [ -z "$run" ]; then for dir in "$root"/*/; do [ -d "$dir" ] && dir=${{dir%/}} && run=${{dir##*/}}; done; fi
+READ = f"""root=$1 run=$2 name=$3 newest=
+if [ -z "$run" ]; then
+  for dir in "$root"/*/; do
+    dir=${{dir%/}}
+    [ -d "$dir" ] || continue
+    if [ -f "$dir/{DEPLOYMENT_FILE}" ] && [ "$(cat "$dir/{DEPLOYMENT_FILE}")" != "$name" ]; then continue; fi
+    run=${{dir##*/}}
+  done
+fi
 [ -n "$run" ] || exit 0
 for dir in "$root/$run"/attempt-*; do
   k=${{dir##*/attempt-}}
@@ -27,6 +35,7 @@ for dir in "$root/$run"/attempt-*; do
 done
 [ -n "$newest" ] || exit 0
 printf '{SEPARATOR}attempt %s\\n' "$newest"
+[ ! -e "$root/$run/{STOP_FILE}" ] || printf '{SEPARATOR}stopped\\n'
 for dir in "$root/$run/attempt-$newest"/node*; do
   node=${{dir##*/node}}
   case $node in ''|*[!0-9]*) continue ;; esac
@@ -37,23 +46,37 @@ for dir in "$root/$run/attempt-$newest"/node*; do
   done
 done
 """
-"""``sh -c READ sh RUNS_ROOT RUN_ID``: the newest attempt of run RUN_ID (of the newest run when RUN_ID is empty; run
-ids sort by time) as ``<SEP>attempt K``, then each node's records, each after a line ``<SEP>R NAME``."""
+"""``sh -c READ sh RUNS_ROOT RUN_ID NAME``: the newest attempt of run RUN_ID (of deployment NAME's newest run when
+RUN_ID is empty, never another cluster file's sharing the workdir; run ids sort by time) as ``<SEP>attempt K``,
+``<SEP>stopped`` when ``mlenv stop`` stopped it, then each node's records, each after a line ``<SEP>R NAME``."""
 
 
-def read(login: Login, runs_root: str, run_id: str | None) -> tuple[int, dict[int, dict[str, str]]]:
-    """The newest attempt of run ``run_id`` (the newest run when None) and its nodes' records: node -> file name ->
-    text (0 and nothing while no node has written)."""
-    attempt = 0
+class RunFiles(NamedTuple):
+    """What ``read`` found of a run."""
+
+    attempt: int
+    """Its newest attempt."""
+    files: dict[int, dict[str, str]]
+    """Node -> file name -> text, of that attempt."""
+    stopped: bool = False
+    """Whether ``mlenv stop`` stopped it (its stop file)."""
+
+
+def read(login: Login, runs_root: str, run_id: str | None, name: str = "") -> RunFiles:
+    """The newest attempt of run ``run_id`` (deployment ``name``'s newest run when None) and its nodes' records (0
+    and nothing while no node has written)."""
+    attempt, stopped = 0, False
     files: dict[int, dict[str, str]] = {}
-    for chunk in login.ok(["sh", "-c", READ, "sh", runs_root, run_id or ""]).split(SEPARATOR)[1:]:
+    for chunk in login.ok(["sh", "-c", READ, "sh", runs_root, run_id or "", name]).split(SEPARATOR)[1:]:
         header, _, text = chunk.partition("\n")
         what, _, name = header.partition(" ")
         if what == "attempt":
             attempt = int(name)
+        elif what == "stopped":
+            stopped = True
         elif what.isdigit() and name in FILES:
             files.setdefault(int(what), {})[name] = text
-    return attempt, files
+    return RunFiles(attempt, files, stopped)
 
 
 def ranks(files: Mapping[str, str]) -> list[dict[str, Any]]:
@@ -61,11 +84,13 @@ def ranks(files: Mapping[str, str]) -> list[dict[str, Any]]:
     return [rank.to_dict() for rank in parse_ranks(_json(files.get("ranks.json")))]
 
 
-def node_job(files: Mapping[str, str], attempt: int, live: bool) -> dict[str, Any] | None:
+def node_job(files: Mapping[str, str], attempt: int, live: bool, stopped: bool = False) -> dict[str, Any] | None:
     """One node's share of the run from its ``files``, in the shape of the runtime's ``jobs --json`` entries: ended
     once its exit file is there (the state its state.json says, else the exit code's); else, while the run's step or
     batch job is ``live``, running (or hung, as a watchdog recorded); else failed when its supervisor started and is
-    gone without an exit status; else None (nothing known)."""
+    gone without an exit status; else None (nothing known). A run that ``mlenv stop`` ``stopped`` failed of
+    nothing: a node that ended failed (Slurm's SIGTERM, or SIGKILL after KillWait) is stopped, without a first
+    failure."""
     text = files.get("exit", "").strip()
     code = int(text) if text.isdigit() else None
     recorded = _json(files.get("state.json"))
@@ -79,8 +104,11 @@ def node_job(files: Mapping[str, str], attempt: int, live: bool) -> dict[str, An
     else:
         return None
     reason = recorded.get("reason") or (None if code is not None or live else LOST)
+    if stopped and state == FAILED:
+        state, reason = STOPPED, "stopped by mlenv stop"
     return {"attempt": attempt, "state": state, "exit_code": code, "reason": reason,
-            "first_failure": recorded.get("first_failure"), "transport": recorded.get("transport"),
+            "first_failure": None if stopped and state == STOPPED else recorded.get("first_failure"),
+            "transport": recorded.get("transport"),
             "stacks": recorded.get("stacks"), "idle": recorded.get("idle"), "ranks": ranks(files),
             # the node's own sign only: a supervisor gone without an exit status is not "unreachable" here, since
             # srun kills the other nodes' steps (KillWait) once one failed

@@ -41,6 +41,14 @@ FINAL_CODES = sorted({0, IDLE_EXIT_CODE, *USER_STOPS})
 RESUBMITTED_FILE = "resubmitted"
 """In a run directory: ``<job id> <host> <node> <why>`` for each batch job that a detached run's script submitted to
 go on without a node that failed first twice (one line each, appended)."""
+DEPLOYMENT_FILE = "deployment"
+"""In a run directory: the name of the deployment (cluster file) that ran it, so that logs and status find its own
+runs where another file's share the workdir."""
+STOP_FILE = "stop"
+"""In a run directory: written by ``mlenv stop`` before it cancels the run's job or step; the run's script starts no
+further attempt, and the run reads as stopped, never failed."""
+REQUEUES = 10
+"""How many times a batch job's script requeues it after the warning signal when --max-restarts does not say."""
 OUTPUT_FILE = "output.log"
 """In a run directory: a batch job's output (srun's --label lines of every node, and the script's own)."""
 
@@ -129,7 +137,8 @@ def _render(template: str, **context: Any) -> str:
 def _context(job: SlurmJob, title: str, output: str, batch: bool = False) -> dict[str, Any]:
     settings = {**job.settings.to_data(), "signal_name": job.settings.signal_name}
     return {"job": job, "s": settings, "title": title, "output": output, "batch": batch,
-            "grace": grace_seconds(job.settings.signal_seconds), "held": job.nodes if batch else job.nodes + job.spares}
+            "grace": grace_seconds(job.settings.signal_seconds), "export": job.settings.sbatch_export,
+            "held": job.nodes if batch else job.nodes + job.spares}
 
 
 def grace_seconds(warning: int) -> int:
@@ -224,17 +233,22 @@ def _run_context(job: SlurmJob, title: str, run_id: str, task: Sequence[str], ba
             "runtime_path": job.runtime_path, "port_base": PORT_BASE, "port_span": PORT_SPAN,
             "srun": srun_line(job, run_id, task, secrets, nodelist), "attempt": attempt, "exclude": ",".join(exclude),
             "nodelist": list(nodelist), "restarts": restarts, "resubmitted_file": RESUBMITTED_FILE,
+            "stop_file": STOP_FILE, "deployment_file": DEPLOYMENT_FILE,
+            "resubmit_export": ",".join([*job.settings.export, "MLENV_RESUBMITTED=1"]),
             "final": Shell("|".join(map(str, FINAL_CODES))),
             "unexported": Shell(" ".join(secrets))}  # names checked by read_secrets in srun_line
 
 
 def batch_script(job: SlurmJob, title: str, run_id: str, task: Sequence[str], attempt: int = 0,
-                 exclude: Sequence[str] = (), restarts: int = 0) -> str:
+                 exclude: Sequence[str] = (), restarts: int = 0, requeues: int = 0) -> str:
     """The sbatch script of a launch without an allocation: the run as a batch job (its ``attempt``-th start, away
     from the ``exclude`` hosts), which runs a failed attempt again while ``restarts`` (a detached run's
-    --max-restarts) allows."""
+    --max-restarts) allows, and requeues itself after the warning signal up to ``requeues`` times (the run's
+    --max-restarts; REQUEUES without)."""
+    words = f"--max-restarts {requeues}" if requeues else f"mlenv's default ({REQUEUES}, without --max-restarts)"
     return _render("batch.sbatch.j2", **_run_context(job, title, run_id, task, True, attempt, exclude,
-                                                     restarts=restarts))
+                                                     restarts=restarts),
+                   requeues=requeues or REQUEUES, requeues_by=words)
 
 
 def launch_script(job: SlurmJob, title: str, run_id: str, task: Sequence[str], job_id: str, attempt: int = 0,

@@ -3,6 +3,7 @@ backend. Imported at validate time for files with ``backend: slurm``, so it impo
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +34,7 @@ OWNED_OPTIONS: dict[str, tuple[tuple[str, ...], str]] = {
     "--wrap": ((), "nothing: mlenv writes the job script"),
     "--signal": ((), "slurm.signal"),
     "--requeue": ((), "slurm.requeue"),
+    "--export": ((), "slurm.export (the names of your shell's variables to carry into the job)"),
 }
 """sbatch options mlenv sets itself, their short forms, and the field to use instead."""
 UNCATCHABLE = {"KILL": 9, "STOP": 19}
@@ -63,6 +65,8 @@ class SlurmSettings:
     setup: tuple[str, ...] = ()
     """Shell lines run before srun: the user's own code, inserted as written."""
     extra_sbatch: tuple[str, ...] = ()
+    export: tuple[str, ...] = ()
+    """Variables of the submitting shell that mlenv's jobs carry (``sbatch --export``); none without."""
     signal: str | None = None
     """``SIG@SECONDS`` (no ``B:``: batch scripts always get it in the batch shell, which passes it on)."""
     requeue: bool = False
@@ -83,6 +87,11 @@ class SlurmSettings:
     def signal_seconds(self) -> int:
         """How long before the time limit the warning comes (0 without one)."""
         return int(self.signal.partition("@")[2]) if self.signal else 0
+
+    @property
+    def sbatch_export(self) -> str:
+        """sbatch's ``--export``: the names of ``export``, else NONE (Slurm's own SLURM_* variables either way)."""
+        return ",".join(self.export) or "NONE"
 
     def to_data(self) -> dict[str, Any]:
         """JSON-serialisable form, for handles."""
@@ -152,6 +161,40 @@ def _signal(reader: ClusterReader) -> str | None:
         return None
 
 
+def minutes(limit: str) -> float | None:
+    """A Slurm time (``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH[:MM[:SS]]``, ``infinite``) in minutes."""
+    text = limit.strip().lower()
+    if text in ("infinite", "unlimited"):
+        return math.inf
+    days, _, rest = text.rpartition("-")
+    try:
+        parts = [int(part) for part in rest.split(":")]
+        if days:
+            hours, mins, secs = ([*parts, 0, 0])[:3]
+            return int(days) * 1440 + hours * 60 + mins + secs / 60
+        if len(parts) == 1:
+            return float(parts[0])
+        if len(parts) == 2:
+            return parts[0] + parts[1] / 60
+        return parts[0] * 60 + parts[1] + parts[2] / 60
+    except ValueError:
+        return None
+
+
+def _warning_lead(reader: ClusterReader, signal: str | None, time: str | None) -> None:
+    """A warning (slurm.signal) as early as the time limit (slurm.time) or earlier comes at every start: the job
+    would checkpoint and requeue forever."""
+    limit = minutes(time) if time else None
+    lead = int(signal.partition("@")[2]) if signal else 0
+    if limit is None or not lead or lead < limit * 60:
+        return
+    line, col = reader.loaded.position(("slurm", "time"))
+    reader.problem(("slurm", "signal"), f"{signal} warns {lead} s before the time limit, but slurm.time "
+                                        f"({reader.loaded.path}:{line}:{col}) is {time}, {limit * 60:.0f} s: every "
+                                        "start would get the warning at once, checkpoint and requeue; warn fewer "
+                                        "seconds before the limit than slurm.time, or raise slurm.time")
+
+
 def _nodelist(reader: ClusterReader) -> tuple[str, ...]:
     nodes = tuple(reader.get("slurm", "nodelist", default=[]))
     first: dict[str, int] = {}
@@ -200,6 +243,8 @@ def _text(reader: ClusterReader, field: str) -> str | None:
 
 def parse(reader: ClusterReader) -> SlurmSettings:
     """The Slurm backend's settings (BackendInfo.settings of ``slurm``)."""
+    signal, time = _signal(reader), _text(reader, "time")
+    _warning_lead(reader, signal, time)
     return SlurmSettings(
         partition=reader.get("slurm", "partition", default=""),
         workdir=str(reader.get("slurm", "workdir", default="/")).rstrip("/") or "/",
@@ -207,13 +252,14 @@ def parse(reader: ClusterReader) -> SlurmSettings:
         qos=_text(reader, "qos"),
         reservation=_text(reader, "reservation"),
         constraint=_text(reader, "constraint"),
-        time=_text(reader, "time"),
+        time=time,
         nodelist=_nodelist(reader),
         cpus_per_task=reader.integer("slurm", "cpus_per_task", minimum=1, maximum=4096),
         mem=_text(reader, "mem"),
         setup=tuple(reader.get("slurm", "setup", default=[])),
         extra_sbatch=_extra_sbatch(reader),
-        signal=_signal(reader),
+        export=tuple(reader.get("slurm", "export", default=[])),
+        signal=signal,
         requeue=bool(reader.get("slurm", "requeue", default=False)),
         login=_login(reader),
         **_login_ssh(reader),

@@ -20,9 +20,10 @@ HINTS = (
     ("memory", "check slurm.mem against the nodes' memory (`sinfo -o '%N %m'`)"),
 )
 GENERIC_HINT = "`mlenv doctor` checks the cluster file against this Slurm"
-SUBMIT = 'mkdir -p "$1" || exit 1; exec sbatch --parsable'
-"""Make the directory of the output file (sbatch does not), then submit the script that follows on stdin. Never
-with a forwarded secret: slurmctld saves a batch job's environment in its state directory."""
+SUBMIT = 'mkdir -p "$1" || exit 1; unset SBATCH_EXPORT; exec sbatch --parsable'
+"""Make the directory of the output file (sbatch does not), then submit the script that follows on stdin, with its
+own ``#SBATCH --export`` (SBATCH_EXPORT would override it). Never with a forwarded secret: slurmctld saves a batch
+job's environment in its state directory."""
 RUNTIME_MARKER = "mlenv/runtime/__main__.py"
 SHIP = f'test -e "$1/{RUNTIME_MARKER}" && exit 0; mkdir -p "$1" && exec tar -xf - -C "$1"'
 
