@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from .security import Security
 from .store import now_iso
 
 SANDBOX = Path(__file__).with_name("sandbox.py")
@@ -51,7 +52,8 @@ class Terminated:
 @dataclass(frozen=True)
 class Sandbox:
     """What the container is made of: its root, mounts (source directory or file, container path), hostname,
-    working directory, command and environment, and the network namespace (None: this machine's network)."""
+    working directory, command and environment, the network namespace (None: this machine's network), and the
+    security context it runs with."""
 
     root: Path
     mounts: Sequence[tuple[str, str]]
@@ -61,6 +63,7 @@ class Sandbox:
     env: Mapping[str, str]
     netns: str | None
     user_namespace: bool
+    security: Security
 
 
 def exit_status(returncode: int) -> int:
@@ -135,7 +138,8 @@ def _sandbox_argv(sandbox: Sandbox, spec_path: Path, remove: bool = False) -> li
     """``unshare --mount --uts -- python3 sandbox.py SPEC`` after writing SPEC (``remove``: the sandbox deletes
     it once read)."""
     spec = {"root": str(sandbox.root), "mounts": [list(m) for m in sandbox.mounts], "hostname": sandbox.hostname,
-            "workdir": sandbox.workdir, "argv": list(sandbox.argv), "env": dict(sandbox.env), "remove": remove}
+            "workdir": sandbox.workdir, "argv": list(sandbox.argv), "env": dict(sandbox.env), "remove": remove,
+            "security": sandbox.security.document()}
     spec_path.write_text(json.dumps(spec))
     return ["unshare", "--mount", "--uts", "--", sys.executable, "-I", str(SANDBOX), str(spec_path)]
 

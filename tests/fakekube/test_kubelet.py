@@ -17,6 +17,8 @@ import yaml
 from mlenv.backends.kubernetes.explain import pod_trouble
 
 from tests.fakekube.fixtures import FakeCluster
+from tests.fakekube.kubelet import home
+from tests.fakekube.security import CAPABILITIES, RUNTIME_DEFAULT
 from tests.integration.kube_pods import pod_processes
 
 WAIT_SECONDS = 60.0
@@ -232,3 +234,99 @@ def test_without_network_namespaces_pods_share_loopback(fake_kube_factory: Calla
     # pod shares its network, which is not what is tested here (the names and the shared IP are)
     inside = cluster.kubectl("exec", "w-1", "--", "sh", "-c", "hostname; getent hosts w-0")
     assert inside.stdout.split() == ["w-1", "127.0.0.1", fqdn, "w-0.w.ml.svc", "w-0.w", "w-0"], inside
+
+
+def secured_pod(name: str, script: str, pod_context: dict[str, Any], context: dict[str, Any]) -> str:
+    """A pod running ``sh -c SCRIPT`` once with these pod and container security contexts, an emptyDir at /work."""
+    return yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        "spec": {"restartPolicy": "Never", "securityContext": pod_context, "containers": [{
+            "name": "main", "image": "x", "command": ["sh", "-c", script], "securityContext": context,
+            "volumeMounts": [{"name": "work", "mountPath": "/work"}]}],
+            "volumes": [{"name": "work", "emptyDir": {}}]},
+    })
+
+
+def finished(cluster: FakeCluster, name: str) -> str:
+    """Wait until pod ``name`` ended (Succeeded or Failed); its log."""
+    until(lambda: (get_pod(cluster, name) or {}).get("status", {}).get("phase") in ("Succeeded", "Failed"),
+          f"pod {name} ended")
+    return cluster.kubectl("logs", name).stdout
+
+
+def waiting(cluster: FakeCluster, name: str) -> dict[str, Any]:
+    """Wait until pod ``name``'s container waits with a reason other than ContainerCreating; that state."""
+    def check() -> dict[str, Any] | None:
+        statuses = (get_pod(cluster, name) or {}).get("status", {}).get("containerStatuses") or [{}]
+        state = statuses[0].get("state", {}).get("waiting") or {}
+        return state if state.get("reason") not in (None, "ContainerCreating") else None
+    return dict(until(check, f"pod {name} waiting"))
+
+
+RESTRICTED = {"runAsUser": 1000, "runAsNonRoot": True, "readOnlyRootFilesystem": True,
+              "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+
+
+def test_a_restricted_pod_runs_as_its_user_and_cannot_write_the_host(cluster: FakeCluster, tmp_path: Path) -> None:
+    """runAsUser 1000, runAsNonRoot, a read-only root and every capability dropped: ``id`` says uid 1000, the
+    host's /tmp (and, even as root, anything outside the pod's volumes) cannot be written; its volume can."""
+    host_file = tmp_path / "from-the-pod"
+    script = (f"echo $(id -u) $(id -g) $(id -G); grep -E '^(CapEff|CapBnd|NoNewPrivs)' /proc/self/status; "
+              "echo HOME=$HOME; "
+              f"echo x > {host_file} && echo wrote-host; echo y > /work/mine && echo wrote-volume; "
+              "touch /etc/x || echo read-only-etc")
+    cluster.kubectl("apply", "-f", "-", input=secured_pod("restricted", script, {}, RESTRICTED))
+    log = finished(cluster, "restricted")
+    assert log.splitlines()[0] == "1000 0 0", log  # no runAsGroup: the image user's group, root's
+    assert "CapEff:\t0000000000000000" in log and "CapBnd:\t0000000000000000" in log and "NoNewPrivs:\t1" in log
+    assert "wrote-host" not in log and not host_file.exists(), log
+    assert "wrote-volume" in log and "read-only-etc" in log, log
+    assert f"HOME={home(1000)}\n" in log  # as in this machine's (the "image's") passwd, else /
+
+    as_root = {"readOnlyRootFilesystem": True}
+    cluster.kubectl("apply", "-f", "-", input=secured_pod(
+        "root-read-only", f"id -u; echo x > {host_file} || echo refused; echo y > /work/z && echo wrote-volume",
+        {}, as_root))
+    log = finished(cluster, "root-read-only")
+    assert log.splitlines()[0] == "0" and "refused" in log and "wrote-volume" in log, log
+    assert not host_file.exists()
+
+
+def test_container_fields_override_the_pods_and_fs_group_owns_the_volumes(cluster: FakeCluster) -> None:
+    pod_context = {"runAsUser": 2000, "runAsGroup": 3000, "fsGroup": 4000, "supplementalGroups": [5000]}
+    script = "id -u; id -g; id -G; stat -c '%g %a' /work; touch /work/f && stat -c '%g' /work/f"
+    cluster.kubectl("apply", "-f", "-", input=secured_pod("p", script, pod_context, {"runAsUser": 2500}))
+    assert finished(cluster, "p").split("\n")[:6] == ["2500", "3000", "3000 4000 5000", "4000 2777", "4000", ""]
+
+
+def test_capabilities_are_the_runtimes_default_set_with_adds_and_drops(cluster: FakeCluster) -> None:
+    def bounding(name: str, context: dict[str, Any]) -> set[str]:
+        cluster.kubectl("apply", "-f", "-", input=secured_pod(name, "grep CapBnd /proc/self/status", {}, context))
+        mask = int(finished(cluster, name).split()[1], 16)
+        return {cap for bit, cap in enumerate(CAPABILITIES) if mask >> bit & 1}
+
+    assert bounding("default", {}) == set(RUNTIME_DEFAULT)
+    assert bounding("ipc", {"capabilities": {"drop": ["ALL"], "add": ["IPC_LOCK"]}}) == {"IPC_LOCK"}
+    assert bounding("less", {"capabilities": {"drop": ["KILL", "CAP_CHOWN"]}}) == set(RUNTIME_DEFAULT) - {"KILL",
+                                                                                                          "CHOWN"}
+
+
+@pytest.mark.parametrize(("pod_context", "context", "reason", "words"), [
+    ({"runAsNonRoot": True}, {}, "CreateContainerConfigError",
+     "container has runAsNonRoot and image will run as root (pod: \"p_ml("),
+    ({"runAsNonRoot": True}, {"runAsUser": 0}, "CreateContainerConfigError",
+     "container's runAsUser breaks non-root policy (pod: \"p_ml("),
+    ({"seLinuxOptions": {"level": "s0:c1,c2"}}, {}, "CreateContainerError",
+     "fakekube cannot honour spec.securityContext.seLinuxOptions"),
+    ({}, {"seccompProfile": {"type": "Localhost", "localhostProfile": "x.json"}}, "CreateContainerError",
+     "fakekube cannot honour containers[main].securityContext.seccompProfile"),
+])
+def test_what_cannot_run_or_cannot_be_honoured_is_refused(cluster: FakeCluster, pod_context: dict[str, Any],
+                                                         context: dict[str, Any], reason: str, words: str) -> None:
+    cluster.kubectl("apply", "-f", "-", input=secured_pod("p", "echo ran", pod_context, context))
+    state = waiting(cluster, "p")
+    assert state["reason"] == reason and words in state["message"], state
+    assert (get_pod(cluster, "p") or {})["status"]["phase"] == "Pending"
+    events = cluster.kubectl("get", "events", "-o", "json").stdout
+    assert f"Error: {words}" in events.replace('\\"', '"')
+    assert cluster.kubectl("logs", "p").stdout == ""
