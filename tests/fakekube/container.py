@@ -100,7 +100,9 @@ class Container:
             os.close(write_end)
         copier = threading.Thread(target=_copy, args=(read_end, log), name=f"log-{sandbox.hostname}", daemon=True)
         copier.start()  # before PID 1 is found: a sandbox that fails says why in the log
-        container = cls(sandbox, log, process, _child(process))
+        pid1 = _child(process)
+        _until_executed(pid1, process)
+        container = cls(sandbox, log, process, pid1)
         threading.Thread(target=container._wait, args=(copier,), name=f"wait-{sandbox.hostname}", daemon=True).start()
         return container
 
@@ -166,6 +168,19 @@ def _is_namespace_init(pid: int) -> bool:
         return False
     ids = next((line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:")), [])
     return len(ids) > 1 and ids[-1] == "1"
+
+
+def _until_executed(pid1: int, process: subprocess.Popen[bytes]) -> None:
+    """Wait until the sandbox became the container's command (a signal sent before would find no handler of the
+    command's, and PID 1 ignores those), or ended."""
+    deadline = time.monotonic() + START_SECONDS
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            if str(SANDBOX).encode() not in Path(f"/proc/{pid1}/cmdline").read_bytes():
+                return
+        except OSError:
+            return
+        time.sleep(0.005)
 
 
 def _child(process: subprocess.Popen[bytes]) -> int:

@@ -111,6 +111,18 @@ def _become(security: dict[str, Any]) -> None:
         _prctl(PR_SET_NO_NEW_PRIVS, 1)
 
 
+def _look_up(command: str, path: str) -> str:
+    """``command`` found in ``path`` as the runtime finds it (directories the user may not search are passed
+    over); FileNotFoundError when it is nowhere."""
+    if "/" in command:
+        return command
+    for directory in path.split(os.pathsep):
+        candidate = os.path.join(directory or ".", command)
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    raise FileNotFoundError(2, "executable file not found in $PATH")
+
+
 def main(spec_path: str) -> None:
     """Build the root described in the spec file, then exec the container's command."""
     spec = json.loads(Path(spec_path).read_text())
@@ -137,7 +149,7 @@ def main(spec_path: str) -> None:
         raise SystemExit(f"fakekube: cannot change to the working directory {workdir}: {exc.strerror}") from None
     argv, env = spec["argv"], spec["env"]
     try:
-        os.execvpe(argv[0], argv, env)  # noqa: S606 - becoming the container's command is the point
+        os.execve(_look_up(argv[0], env.get("PATH", "")), argv, env)  # noqa: S606 - becoming the command is the point
     except OSError as exc:
         print(f"fakekube: cannot run {argv[0]!r}: {exc.strerror}", file=sys.stderr, flush=True)
         os._exit(NOT_FOUND if isinstance(exc, FileNotFoundError) else CANNOT_RUN)

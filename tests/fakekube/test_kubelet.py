@@ -236,6 +236,12 @@ def test_without_network_namespaces_pods_share_loopback(fake_kube_factory: Calla
     assert inside.stdout.split() == ["w-1", "127.0.0.1", fqdn, "w-0.w.ml.svc", "w-0.w", "w-0"], inside
 
 
+@pytest.fixture
+def plain(fake_kube_factory: Callable[..., FakeCluster]) -> FakeCluster:
+    """Plain Kubernetes (no SCC admission): pods run with the security context they ask for."""
+    return fake_kube_factory(run_pods=True, openshift=False)
+
+
 def secured_pod(name: str, script: str, pod_context: dict[str, Any], context: dict[str, Any]) -> str:
     """A pod running ``sh -c SCRIPT`` once with these pod and container security contexts, an emptyDir at /work."""
     return yaml.safe_dump({
@@ -267,7 +273,7 @@ RESTRICTED = {"runAsUser": 1000, "runAsNonRoot": True, "readOnlyRootFilesystem":
               "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
 
 
-def test_a_restricted_pod_runs_as_its_user_and_cannot_write_the_host(cluster: FakeCluster, tmp_path: Path) -> None:
+def test_a_restricted_pod_runs_as_its_user_and_cannot_write_the_host(plain: FakeCluster, tmp_path: Path) -> None:
     """runAsUser 1000, runAsNonRoot, a read-only root and every capability dropped: ``id`` says uid 1000, the
     host's /tmp (and, even as root, anything outside the pod's volumes) cannot be written; its volume can."""
     host_file = tmp_path / "from-the-pod"
@@ -275,8 +281,8 @@ def test_a_restricted_pod_runs_as_its_user_and_cannot_write_the_host(cluster: Fa
               "echo HOME=$HOME; "
               f"echo x > {host_file} && echo wrote-host; echo y > /work/mine && echo wrote-volume; "
               "touch /etc/x || echo read-only-etc")
-    cluster.kubectl("apply", "-f", "-", input=secured_pod("restricted", script, {}, RESTRICTED))
-    log = finished(cluster, "restricted")
+    plain.kubectl("apply", "-f", "-", input=secured_pod("restricted", script, {}, RESTRICTED))
+    log = finished(plain, "restricted")
     assert log.splitlines()[0] == "1000 0 0", log  # no runAsGroup: the image user's group, root's
     assert "CapEff:\t0000000000000000" in log and "CapBnd:\t0000000000000000" in log and "NoNewPrivs:\t1" in log
     assert "wrote-host" not in log and not host_file.exists(), log
@@ -284,25 +290,25 @@ def test_a_restricted_pod_runs_as_its_user_and_cannot_write_the_host(cluster: Fa
     assert f"HOME={home(1000)}\n" in log  # as in this machine's (the "image's") passwd, else /
 
     as_root = {"readOnlyRootFilesystem": True}
-    cluster.kubectl("apply", "-f", "-", input=secured_pod(
+    plain.kubectl("apply", "-f", "-", input=secured_pod(
         "root-read-only", f"id -u; echo x > {host_file} || echo refused; echo y > /work/z && echo wrote-volume",
         {}, as_root))
-    log = finished(cluster, "root-read-only")
+    log = finished(plain, "root-read-only")
     assert log.splitlines()[0] == "0" and "refused" in log and "wrote-volume" in log, log
     assert not host_file.exists()
 
 
-def test_container_fields_override_the_pods_and_fs_group_owns_the_volumes(cluster: FakeCluster) -> None:
+def test_container_fields_override_the_pods_and_fs_group_owns_the_volumes(plain: FakeCluster) -> None:
     pod_context = {"runAsUser": 2000, "runAsGroup": 3000, "fsGroup": 4000, "supplementalGroups": [5000]}
     script = "id -u; id -g; id -G; stat -c '%g %a' /work; touch /work/f && stat -c '%g' /work/f"
-    cluster.kubectl("apply", "-f", "-", input=secured_pod("p", script, pod_context, {"runAsUser": 2500}))
-    assert finished(cluster, "p").split("\n")[:6] == ["2500", "3000", "3000 4000 5000", "4000 2777", "4000", ""]
+    plain.kubectl("apply", "-f", "-", input=secured_pod("p", script, pod_context, {"runAsUser": 2500}))
+    assert finished(plain, "p").split("\n")[:6] == ["2500", "3000", "3000 4000 5000", "4000 2777", "4000", ""]
 
 
-def test_capabilities_are_the_runtimes_default_set_with_adds_and_drops(cluster: FakeCluster) -> None:
+def test_capabilities_are_the_runtimes_default_set_with_adds_and_drops(plain: FakeCluster) -> None:
     def bounding(name: str, context: dict[str, Any]) -> set[str]:
-        cluster.kubectl("apply", "-f", "-", input=secured_pod(name, "grep CapBnd /proc/self/status", {}, context))
-        mask = int(finished(cluster, name).split()[1], 16)
+        plain.kubectl("apply", "-f", "-", input=secured_pod(name, "grep CapBnd /proc/self/status", {}, context))
+        mask = int(finished(plain, name).split()[1], 16)
         return {cap for bit, cap in enumerate(CAPABILITIES) if mask >> bit & 1}
 
     assert bounding("default", {}) == set(RUNTIME_DEFAULT)
@@ -321,12 +327,33 @@ def test_capabilities_are_the_runtimes_default_set_with_adds_and_drops(cluster: 
     ({}, {"seccompProfile": {"type": "Localhost", "localhostProfile": "x.json"}}, "CreateContainerError",
      "fakekube cannot honour containers[main].securityContext.seccompProfile"),
 ])
-def test_what_cannot_run_or_cannot_be_honoured_is_refused(cluster: FakeCluster, pod_context: dict[str, Any],
+def test_what_cannot_run_or_cannot_be_honoured_is_refused(plain: FakeCluster, pod_context: dict[str, Any],
                                                          context: dict[str, Any], reason: str, words: str) -> None:
-    cluster.kubectl("apply", "-f", "-", input=secured_pod("p", "echo ran", pod_context, context))
-    state = waiting(cluster, "p")
+    plain.kubectl("apply", "-f", "-", input=secured_pod("p", "echo ran", pod_context, context))
+    state = waiting(plain, "p")
     assert state["reason"] == reason and words in state["message"], state
-    assert (get_pod(cluster, "p") or {})["status"]["phase"] == "Pending"
-    events = cluster.kubectl("get", "events", "-o", "json").stdout
+    assert (get_pod(plain, "p") or {})["status"]["phase"] == "Pending"
+    events = plain.kubectl("get", "events", "-o", "json").stdout
     assert f"Error: {words}" in events.replace('\\"', '"')
-    assert cluster.kubectl("logs", "p").stdout == ""
+    assert plain.kubectl("logs", "p").stdout == ""
+
+
+def test_on_openshift_the_scc_gives_the_namespaces_uid_and_fs_group(cluster: FakeCluster) -> None:
+    """restricted-v2: a pod that names no user runs as the first UID of its namespace's range with the first
+    group of the supplemental range as its fsGroup (its volumes that group's); a user outside the range is
+    refused at admission with OpenShift's words."""
+    namespace = json.loads(cluster.kubectl("get", "namespace", "ml", "-o", "json").stdout)["metadata"]
+    first = int(namespace["annotations"]["openshift.io/sa.scc.uid-range"].split("/")[0])
+    group = int(namespace["annotations"]["openshift.io/sa.scc.supplemental-groups"].split("/")[0])
+    script = "id -u; id -G; stat -c %g /work; grep CapBnd /proc/self/status; grep NoNewPrivs /proc/self/status"
+    cluster.kubectl("apply", "-f", "-", input=secured_pod("p", script, {"runAsNonRoot": True}, {}))
+    admitted = get_pod(cluster, "p") or {}
+    assert admitted["metadata"]["annotations"]["openshift.io/scc"] == "restricted-v2"
+    assert admitted["spec"]["containers"][0]["securityContext"]["runAsUser"] == first
+    assert finished(cluster, "p").split() == [str(first), "0", str(group), str(group), "CapBnd:",
+                                              "0000000000000000", "NoNewPrivs:", "1"]
+    refused = cluster.kubectl("apply", "-f", "-", input=secured_pod("q", "id", {}, {"runAsUser": 1000}))
+    assert refused.returncode == 1, refused
+    assert (f'pods "q" is forbidden: unable to validate against any security context constraint: [provider '
+            f'"restricted-v2": Forbidden: spec.containers[0].securityContext.runAsUser: Invalid value: 1000: must be '
+            f"in the ranges: [{first}, {first + 9999}]]") in refused.stderr, refused.stderr
