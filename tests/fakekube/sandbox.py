@@ -17,6 +17,7 @@ import json
 import os
 import re
 import socket
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -52,6 +53,20 @@ def _mirror_host(root: Path) -> None:
         elif source.is_file():
             target.touch()
             _mount("--bind", str(source), str(target))
+
+
+def _expose_python(root: Path) -> None:
+    """This Python (the "image's": PATH has it first) usable by any user, as an image's is: when a directory above
+    its installation is closed to others (``/root`` for a pyenv Python), a tmpfs that others may pass through
+    replaces that directory, with just the installation bound in."""
+    prefix = Path(sys.base_prefix).resolve()
+    closed = next((p for p in reversed(prefix.parents) if not os.stat(p).st_mode & stat.S_IXOTH), None)
+    if closed is None:
+        return
+    _mount("-t", "tmpfs", "-o", "mode=0711,size=1m", "python", str(root / closed.relative_to("/")))
+    inside = root / prefix.relative_to("/")
+    inside.mkdir(parents=True)
+    _mount("--rbind", str(prefix), str(inside))
 
 
 def _bind(root: Path, source: str, path: str) -> None:
@@ -135,6 +150,8 @@ def main(spec_path: str) -> None:
     (root / "proc").mkdir(exist_ok=True)
     _mount("-t", "proc", "proc", str(root / "proc"))
     _mount("-t", "tmpfs", "-o", SHM, "shm", str(root / "dev" / "shm"))
+    if security["uid"]:
+        _expose_python(root)
     for source, path in spec["mounts"]:
         _bind(root, source, path)
     if security["read_only_root"]:
