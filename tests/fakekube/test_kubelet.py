@@ -1,6 +1,7 @@
 """fakekube's kubelet (``run_pods=True``) through the real kubectl: containers really run, exec over WebSocket
-with stdin and exit codes, logs -f from the real output, CrashLoopBackOff, graceful deletion, replaced pods, and
-many execs at once."""
+with stdin and exit codes, logs -f from the real output, CrashLoopBackOff, graceful deletion, replaced pods, many
+execs at once, and the security context (user, groups, fsGroup, capabilities, a read-only root, what is refused;
+on OpenShift the SCC's UID)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 import os
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -277,15 +279,20 @@ def test_a_restricted_pod_runs_as_its_user_and_cannot_write_the_host(plain: Fake
     """runAsUser 1000, runAsNonRoot, a read-only root and every capability dropped: ``id`` says uid 1000, the
     host's /tmp (and, even as root, anything outside the pod's volumes) cannot be written; its volume can."""
     host_file = tmp_path / "from-the-pod"
+    host_tmp = Path("/tmp") / f"fakekube-{uuid.uuid4().hex}"  # the host's own /tmp (1777)
     script = (f"echo $(id -u) $(id -g) $(id -G); grep -E '^(CapEff|CapBnd|NoNewPrivs)' /proc/self/status; "
               "echo HOME=$HOME; "
-              f"echo x > {host_file} && echo wrote-host; echo y > /work/mine && echo wrote-volume; "
+              f"echo x > {host_tmp} && echo wrote-host; echo y > /work/mine && echo wrote-volume; "
               "touch /etc/x || echo read-only-etc")
     plain.kubectl("apply", "-f", "-", input=secured_pod("restricted", script, {}, RESTRICTED))
-    log = finished(plain, "restricted")
+    try:
+        log = finished(plain, "restricted")
+        assert not host_tmp.exists(), log
+    finally:
+        host_tmp.unlink(missing_ok=True)
     assert log.splitlines()[0] == "1000 0 0", log  # no runAsGroup: the image user's group, root's
     assert "CapEff:\t0000000000000000" in log and "CapBnd:\t0000000000000000" in log and "NoNewPrivs:\t1" in log
-    assert "wrote-host" not in log and not host_file.exists(), log
+    assert "wrote-host" not in log and f"{host_tmp}: Read-only file system" in log, log
     assert "wrote-volume" in log and "read-only-etc" in log, log
     assert f"HOME={home(1000)}\n" in log  # as in this machine's (the "image's") passwd, else /
 
