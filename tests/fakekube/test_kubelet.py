@@ -180,7 +180,8 @@ def test_64_parallel_execs_are_all_served_in_bounded_memory(cluster: FakeCluster
         thread.start()
     for thread in threads:
         thread.join()
-    assert sorted(int(r.stdout) for r in results.values() if r.returncode == 0) == list(range(64))
+    failed = {i: (r.returncode, r.stderr) for i, r in results.items() if r.returncode != 0}
+    assert sorted(int(r.stdout) for r in results.values() if r.returncode == 0) == list(range(64)), failed
     grown = _rss_kib() - before
     assert grown < 200 * 1024, f"the fake's memory grew by {grown} KiB"
     until(lambda: threading.active_count() < 40, "exec threads gone")
