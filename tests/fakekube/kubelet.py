@@ -396,12 +396,11 @@ def own_volume(source: Path, group: int, on_root_mismatch: bool) -> None:
             return
     for directory, _, files in os.walk(source):
         for path in [directory, *(os.path.join(directory, f) for f in files)]:
-            info = os.lstat(path)
-            if stat.S_ISLNK(info.st_mode):
-                continue
-            os.lchown(path, -1, group)
-            extra = 0o2770 if stat.S_ISDIR(info.st_mode) else 0o660
-            os.chmod(path, stat.S_IMODE(info.st_mode) | extra)
+            with contextlib.suppress(FileNotFoundError):  # removed meanwhile by a pod sharing the volume
+                info = os.lstat(path)
+                if not stat.S_ISLNK(info.st_mode):
+                    os.lchown(path, -1, group)
+                    os.chmod(path, stat.S_IMODE(info.st_mode) | (0o2770 if stat.S_ISDIR(info.st_mode) else 0o660))
 
 
 def _last_line(path: Path) -> str:
