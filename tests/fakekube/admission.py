@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import copy
 import itertools
+from collections.abc import Callable
 from typing import Any
 
-from . import errors
+from . import errors, scc
 from .faults import Faults
-from .resources import ResourceType
+from .resources import ResourceType, by_kind
+from .store import Store
+
+NAMESPACES, SCCS = by_kind("Namespace"), by_kind("SecurityContextConstraints")
 
 _INITIAL_STATUS: dict[str, dict[str, Any]] = {
     "Namespace": {"phase": "Active"},
@@ -46,9 +50,13 @@ def scc_rejection(pod_spec: dict[str, Any]) -> str | None:
 class Admission:
     """Defaulting and validation applied to every create and update that comes through the API."""
 
-    def __init__(self, faults: Faults) -> None:
+    def __init__(self, faults: Faults, store: Store, openshift: Callable[[], bool]) -> None:
         self.faults = faults
+        self.store = store
+        self.openshift = openshift
+        """Whether the cluster is OpenShift now (its SCC API is served): namespaces get UID ranges, pods SCCs."""
         self._cluster_ips = itertools.count(10)
+        self._ranges = scc.Ranges()
 
     def admit(self, rt: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None) -> dict[str, Any]:
         """The object to store for a create (``old`` None) or an update; raises ApiError to reject it."""
@@ -62,11 +70,23 @@ class Admission:
             reason = scc_rejection(obj.get("spec") or {})
             if reason:
                 raise errors.forbidden(rt, obj["metadata"]["name"], reason)
+        if rt.kind == "Pod" and old is None and self.openshift():
+            namespace = self.store.get(NAMESPACES, "", obj["metadata"].get("namespace", ""))
+            sccs = {s["metadata"]["name"]: s for s in self.store.list(SCCS)}
+            reason = scc.admit(obj, namespace or {"metadata": {}}, sccs)
+            if reason:
+                raise errors.forbidden(rt, obj["metadata"]["name"], reason)
         return obj
 
     def _default_namespace(self, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
         labels = obj["metadata"].setdefault("labels", {})
         labels["kubernetes.io/metadata.name"] = obj["metadata"]["name"]
+        kept = {k: v for k, v in ((old or {}).get("metadata", {}).get("annotations") or {}).items()
+                if k in (scc.UID_RANGE, scc.GROUP_RANGE, scc.MCS)}
+        if kept:  # set once, by the cluster
+            obj["metadata"]["annotations"] = {**(obj["metadata"].get("annotations") or {}), **kept}
+        elif self.openshift():
+            self._ranges.annotate(obj)
 
     def _default_statefulset(self, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
         spec = obj.setdefault("spec", {})

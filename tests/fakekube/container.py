@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from .security import Security
 from .store import now_iso
 
 SANDBOX = Path(__file__).with_name("sandbox.py")
@@ -51,7 +52,8 @@ class Terminated:
 @dataclass(frozen=True)
 class Sandbox:
     """What the container is made of: its root, mounts (source directory or file, container path), hostname,
-    working directory, command and environment, and the network namespace (None: this machine's network)."""
+    working directory, command and environment, the network namespace (None: this machine's network), and the
+    security context it runs with."""
 
     root: Path
     mounts: Sequence[tuple[str, str]]
@@ -61,6 +63,7 @@ class Sandbox:
     env: Mapping[str, str]
     netns: str | None
     user_namespace: bool
+    security: Security
 
 
 def exit_status(returncode: int) -> int:
@@ -97,7 +100,9 @@ class Container:
             os.close(write_end)
         copier = threading.Thread(target=_copy, args=(read_end, log), name=f"log-{sandbox.hostname}", daemon=True)
         copier.start()  # before PID 1 is found: a sandbox that fails says why in the log
-        container = cls(sandbox, log, process, _child(process))
+        pid1 = _child(process)
+        _until_executed(pid1, process)
+        container = cls(sandbox, log, process, pid1)
         threading.Thread(target=container._wait, args=(copier,), name=f"wait-{sandbox.hostname}", daemon=True).start()
         return container
 
@@ -135,7 +140,8 @@ def _sandbox_argv(sandbox: Sandbox, spec_path: Path, remove: bool = False) -> li
     """``unshare --mount --uts -- python3 sandbox.py SPEC`` after writing SPEC (``remove``: the sandbox deletes
     it once read)."""
     spec = {"root": str(sandbox.root), "mounts": [list(m) for m in sandbox.mounts], "hostname": sandbox.hostname,
-            "workdir": sandbox.workdir, "argv": list(sandbox.argv), "env": dict(sandbox.env), "remove": remove}
+            "workdir": sandbox.workdir, "argv": list(sandbox.argv), "env": dict(sandbox.env), "remove": remove,
+            "security": sandbox.security.document()}
     spec_path.write_text(json.dumps(spec))
     return ["unshare", "--mount", "--uts", "--", sys.executable, "-I", str(SANDBOX), str(spec_path)]
 
@@ -162,6 +168,19 @@ def _is_namespace_init(pid: int) -> bool:
         return False
     ids = next((line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:")), [])
     return len(ids) > 1 and ids[-1] == "1"
+
+
+def _until_executed(pid1: int, process: subprocess.Popen[bytes]) -> None:
+    """Wait until the sandbox became the container's command (a signal sent before would find no handler of the
+    command's, and PID 1 ignores those), or ended."""
+    deadline = time.monotonic() + START_SECONDS
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            if str(SANDBOX).encode() not in Path(f"/proc/{pid1}/cmdline").read_bytes():
+                return
+        except OSError:
+            return
+        time.sleep(0.005)
 
 
 def _child(process: subprocess.Popen[bytes]) -> int:

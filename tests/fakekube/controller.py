@@ -457,7 +457,7 @@ class Controller:
             self.record_event(pod, "Warning", "BackOff", f"Back-off restarting failed container {name} in pod "
                               f"{pod['metadata']['name']}_{pod['metadata']['namespace']}({pod['metadata']['uid']})",
                               "kubelet", host)
-        elif waiting.get("reason") == "CreateContainerError":
+        elif waiting.get("reason") in ("CreateContainerError", "CreateContainerConfigError"):
             self.record_event(pod, "Warning", "Failed", f"Error: {waiting.get('message', '')}", "kubelet", host)
 
     def _write_container_status(self, pod: dict[str, Any], containers: list[dict[str, Any]],

@@ -1,10 +1,12 @@
 """A kubelet that really runs pods on this machine (``FakeKube(run_pods=True)``).
 
 A scheduled pod's first container runs with its command and args, env (downward API fields included), working
-directory and volumes (claims as directories shared by every pod that mounts them, emptyDirs per pod); see
-:mod:`container`. As root with iproute2 each pod gets a network namespace with its pod IP on a bridge of its own
-(the local backend's plumbing, :mod:`mlenv.backends.local.net`); otherwise pods share this machine's network and
-their pod IP is 127.0.0.1. Every pod's /etc/hosts names the pods of its headless Service.
+directory and volumes (claims as directories shared by every pod that mounts them, emptyDirs per pod), and its
+security context (:mod:`security`: user, groups, capabilities, no_new_privs, a read-only root; volumes group-owned
+by the fsGroup as the kubelet makes them); see :mod:`container`. As root with iproute2 each pod gets a network
+namespace with its pod IP on a bridge of its own (the local backend's plumbing, :mod:`mlenv.backends.local.net`);
+otherwise pods share this machine's network and their pod IP is 127.0.0.1. Every pod's /etc/hosts names the pods
+of its headless Service.
 
 Restarts follow ``restartPolicy`` with the kubelet's doubling back-off (CrashLoopBackOff while waiting).
 ``delete`` is graceful: SIGTERM to PID 1, SIGKILL after the grace period. ``shutdown`` ends everything.
@@ -14,9 +16,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pwd
 import re
 import secrets
 import shutil
+import stat
 import sys
 import threading
 import time
@@ -27,6 +31,7 @@ from typing import Any
 
 from mlenv.backends.local import net
 
+from . import security
 from .container import Container, Sandbox, Terminated
 
 CLUSTER_DOMAIN = "cluster.local"
@@ -55,11 +60,19 @@ def field_value(pod: dict[str, Any], path: str) -> str:
     return str(values.get(path, ""))
 
 
-def container_env(pod: dict[str, Any], container: dict[str, Any]) -> dict[str, str]:
+def home(uid: int) -> str:
+    """HOME for ``uid``: its home directory in this machine's (the "image's") passwd, else ``/``, as CRI-O sets it."""
+    try:
+        return pwd.getpwuid(uid).pw_dir
+    except KeyError:
+        return "/"
+
+
+def container_env(pod: dict[str, Any], container: dict[str, Any], uid: int = 0) -> dict[str, str]:
     """The environment: the test environment's PATH (the "image"; this Python's directory first, so ``python3`` is
     the one running the tests), HOSTNAME, then the container's ``env`` in order."""
     path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "/usr/bin:/bin")])
-    env = {"PATH": path, "HOME": "/root", "HOSTNAME": pod["metadata"]["name"]}
+    env = {"PATH": path, "HOME": home(uid), "HOSTNAME": pod["metadata"]["name"]}
     for item in container.get("env") or []:
         source = item.get("valueFrom") or {}
         if "fieldRef" in source:
@@ -95,6 +108,7 @@ class PodRun:
     back_off: float = 0.0
     stopping: bool = False
     failure: str = ""
+    failure_reason: str = "CreateContainerError"
     done: threading.Event = field(default_factory=threading.Event)
 
     @property
@@ -200,7 +214,8 @@ class Kubelet:
             run = self._runs.get(uid)
             if run is None:
                 return None
-            index = run.restarts - (1 if previous or run.current is None else 0)
+            waits = run.current is None and not run.stopping  # to be restarted: its last log is the previous one
+            index = run.restarts - (1 if previous or waits else 0)
             if index < 0:
                 return None
             ended = run.current.ended if run.current is not None and not previous else _ENDED
@@ -220,14 +235,21 @@ class Kubelet:
             net.ensure_pod(self.bridge, f"p{index}", netns, BRIDGE_NIC, f"{ip}/{POD_SUBNET_BITS}")
         return PodRun(pod, directory, netns)
 
-    def _mounts(self, run: PodRun, container: dict[str, Any]) -> list[tuple[str, str]]:
-        """(source, container path) of the container's volumeMounts, then /etc/hosts."""
+    def _mounts(self, run: PodRun, container: dict[str, Any], context: security.Security) -> list[tuple[str, str]]:
+        """(source, container path) of the container's volumeMounts, then /etc/hosts. A new emptyDir is
+        world-writable (0777), a new claim root's (0755, as a provisioner makes it); with an fsGroup every volume
+        is made the group's (:func:`own_volume`)."""
         namespace = run.pod["metadata"].get("namespace", "default")
         sources: dict[str, Path] = {}
         for volume in (run.pod.get("spec") or {}).get("volumes") or []:
             claim = (volume.get("persistentVolumeClaim") or {}).get("claimName")
             source = self.root / "claims" / namespace / claim if claim else run.directory / "volumes" / volume["name"]
-            source.mkdir(parents=True, exist_ok=True)
+            if not source.exists():
+                source.mkdir(parents=True)
+                if not claim:
+                    source.chmod(0o777)
+            if context.fs_group is not None:
+                own_volume(source, context.fs_group, context.fs_group_on_root_mismatch)
             sources[volume["name"]] = source
         mounts = []
         for mount in container.get("volumeMounts") or []:
@@ -276,14 +298,20 @@ class Kubelet:
     def _start(self, run: PodRun) -> None:
         pod = run.pod
         container = (pod.get("spec") or {}).get("containers", [{}])[0]
-        env = container_env(pod, container)
+        try:
+            context = self._security(pod, container)
+        except security.Refused as refused:
+            run.failure, run.failure_reason = refused.message, refused.reason
+            return
+        env = container_env(pod, container, context.uid)
         argv = [expand(str(a), env) for a in [*(container.get("command") or []), *(container.get("args") or [])]]
         try:
             if not argv:
                 raise OSError("no command: fakekube does not pull images, so the container must name its command")
-            sandbox = Sandbox(run.directory / "rootfs", self._mounts(run, container),
+            sandbox = Sandbox(run.directory / "rootfs", self._mounts(run, container, context),
                               str((pod.get("spec") or {}).get("hostname") or pod["metadata"]["name"]),
-                              str(container.get("workingDir") or "/"), argv, env, run.netns, self.user_namespace)
+                              str(container.get("workingDir") or "/"), argv, env, run.netns, self.user_namespace,
+                              context)
             run.current = Container.start(sandbox, run.directory / f"container-{run.restarts}.log",
                                           run.directory / "sandbox.json")
         except OSError as exc:
@@ -292,6 +320,16 @@ class Kubelet:
             return
         threading.Thread(target=self._watch, args=(run, run.current), name=f"watch-{run.uid[:8]}",
                          daemon=True).start()
+
+    def _security(self, pod: dict[str, Any], container: dict[str, Any]) -> security.Security:
+        """The container's security context; without root (a user namespace mapping only root) only uid and gid
+        0 with no other groups can be honoured."""
+        context = security.effective(pod, container)
+        if self.user_namespace and (context.uid or context.gid or context.groups):
+            raise security.Refused("CreateContainerError",
+                                   f"fakekube runs without root: it cannot run a container as uid {context.uid}, gid "
+                                   f"{context.gid}, groups {list(context.groups)}: run the tests as root")
+        return context
 
     def _watch(self, run: PodRun, container: Container) -> None:
         """Wait for the container's end, record it, arrange the restart, and tell the controller."""
@@ -313,7 +351,7 @@ class Kubelet:
         last = run.last.document() if run.last else {}
         name = run.pod["metadata"]["name"]
         if run.failure:
-            state = {"waiting": {"reason": "CreateContainerError", "message": run.failure}}
+            state = {"waiting": {"reason": run.failure_reason, "message": run.failure}}
             return View(state, last, run.restarts, False, "Pending", "")
         if run.current is not None:
             started = {"running": {"startedAt": run.current.started_at}}
@@ -346,6 +384,23 @@ class Kubelet:
         with contextlib.suppress(OSError):
             shutil.rmtree(run.directory)
         run.done.set()
+
+
+def own_volume(source: Path, group: int, on_root_mismatch: bool) -> None:
+    """Make a volume the ``group``'s as the kubelet does for an fsGroup: every file and directory gets that group
+    and group read-write (directories also search and setgid, so new files get the group); with
+    ``fsGroupChangePolicy: OnRootMismatch`` nothing happens when the volume's root already is so."""
+    if on_root_mismatch:
+        info = source.stat()
+        if info.st_gid == group and info.st_mode & 0o2770 == 0o2770:
+            return
+    for directory, _, files in os.walk(source):
+        for path in [directory, *(os.path.join(directory, f) for f in files)]:
+            with contextlib.suppress(FileNotFoundError):  # removed meanwhile by a pod sharing the volume
+                info = os.lstat(path)
+                if not stat.S_ISLNK(info.st_mode):
+                    os.lchown(path, -1, group)
+                    os.chmod(path, stat.S_IMODE(info.st_mode) | (0o2770 if stat.S_ISDIR(info.st_mode) else 0o660))
 
 
 def _last_line(path: Path) -> str:

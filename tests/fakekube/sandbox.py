@@ -4,21 +4,34 @@ The kubelet starts this under ``unshare --pid --fork unshare --mount --uts`` (an
 pod's network); ``exec`` sessions under ``nsenter`` into the pod's PID and network namespaces, then the same. It
 builds the container's root from this machine's own top-level directories (the image is not pulled: the container
 runs this machine's programs), mounts a fresh /proc for the PID namespace, binds the pod's volumes and /etc/hosts
-at their mount paths, sets the hostname, changes root and working directory, and then *becomes* the command, so
-the container's command is PID 1. Standard library only; it runs before anything else exists.
+at their mount paths, sets the hostname, changes root, applies the security context (the host's directories
+read-only for ``readOnlyRootFilesystem``; the capability bounding set, groups, gid and uid; no_new_privs), changes
+to the working directory as that user, and then *becomes* the command, so the container's command is PID 1.
+Standard library only; it runs before anything else exists.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
+import re
 import socket
+import stat
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 NOT_FOUND, CANNOT_RUN = 127, 126
 """Exit statuses when the command is not found, or cannot be run (like ``sh`` and the kubelet's runtimes)."""
+PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 24, 38
+WRITABLE = ("proc", "dev")
+"""Under the root, what stays writable with a read-only root (as in a container: /dev is its own)."""
+OCTAL = re.compile(r"\\([0-7]{3})")
+"""How /proc/self/mountinfo escapes a space (``\\040``) and the like in a path."""
+SHM = "size=64m,mode=1777,nosuid,nodev"
+"""The container's own /dev/shm (what CRI-O gives a pod without an emptyDir there)."""
 
 
 def _mount(*args: str) -> None:
@@ -42,6 +55,20 @@ def _mirror_host(root: Path) -> None:
             _mount("--bind", str(source), str(target))
 
 
+def _expose_python(root: Path) -> None:
+    """This Python (the "image's": PATH has it first) usable by any user, as an image's is: when a directory above
+    its installation is closed to others (``/root`` for a pyenv Python), a tmpfs that others may pass through
+    replaces that directory, with just the installation bound in."""
+    prefix = Path(sys.base_prefix).resolve()
+    closed = next((p for p in reversed(prefix.parents) if not os.stat(p).st_mode & stat.S_IXOTH), None)
+    if closed is None:
+        return
+    _mount("-t", "tmpfs", "-o", "mode=0711,size=1m", "python", str(root / closed.relative_to("/")))
+    inside = root / prefix.relative_to("/")
+    inside.mkdir(parents=True)
+    _mount("--rbind", str(prefix), str(inside))
+
+
 def _bind(root: Path, source: str, path: str) -> None:
     """Bind ``source`` at the container path ``path``; a missing mount point is made only right under the root
     (so nothing is created in this machine's own directories)."""
@@ -56,24 +83,90 @@ def _bind(root: Path, source: str, path: str) -> None:
     _mount("--bind", source, str(target))
 
 
+def _mount_points(root: Path) -> list[tuple[str, str]]:
+    """(path, per-mount options) of every mount at or under ``root``, parents first."""
+    found = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split()
+        path = OCTAL.sub(lambda m: chr(int(m.group(1), 8)), fields[4])
+        if path == str(root) or path.startswith(f"{root}/"):
+            found.append((path, fields[5]))
+    return found
+
+
+def _read_only(root: Path, writable: set[str]) -> None:
+    """Every mount at or under ``root`` read-only but /proc, /dev and the ``writable`` container paths (the pod's
+    volumes and /etc/hosts), each keeping its other flags."""
+    kept = {str(root / name) for name in WRITABLE} | {str(root / path.lstrip("/")) for path in writable}
+    for path, options in _mount_points(root):
+        if any(path == k or path.startswith(f"{k}/") for k in kept):
+            continue
+        flags = ",".join("ro" if o == "rw" else o for o in options.split(","))
+        _mount("-o", f"remount,bind,{flags}", path)
+
+
+def _prctl(option: int, value: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(option, value, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), f"prctl({option}, {value})")
+
+
+def _become(security: dict[str, Any]) -> None:
+    """Drop the capabilities outside the pod's set from the bounding set (a root command gets just those when it
+    is executed; a non-root one none), switch groups, gid and uid, and set no_new_privs if asked."""
+    keep = set(security["capabilities"])
+    last = int(Path("/proc/sys/kernel/cap_last_cap").read_text())
+    for capability in range(last + 1):
+        if capability not in keep:
+            _prctl(PR_CAPBSET_DROP, capability)
+    os.setgroups(security["groups"])
+    os.setresgid(security["gid"], security["gid"], security["gid"])
+    os.setresuid(security["uid"], security["uid"], security["uid"])
+    if security["no_new_privs"]:
+        _prctl(PR_SET_NO_NEW_PRIVS, 1)
+
+
+def _look_up(command: str, path: str) -> str:
+    """``command`` found in ``path`` as the runtime finds it (directories the user may not search are passed
+    over); FileNotFoundError when it is nowhere."""
+    if "/" in command:
+        return command
+    for directory in path.split(os.pathsep):
+        candidate = os.path.join(directory or ".", command)
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    raise FileNotFoundError(2, "executable file not found in $PATH")
+
+
 def main(spec_path: str) -> None:
     """Build the root described in the spec file, then exec the container's command."""
     spec = json.loads(Path(spec_path).read_text())
     if spec["remove"]:
         Path(spec_path).unlink()
-    root = Path(spec["root"])
+    root, security = Path(spec["root"]), spec["security"]
     root.mkdir(parents=True, exist_ok=True)
+    _mount("--bind", str(root), str(root))  # a mount of its own, so that it can be made read-only
     _mirror_host(root)
     (root / "proc").mkdir(exist_ok=True)
     _mount("-t", "proc", "proc", str(root / "proc"))
+    _mount("-t", "tmpfs", "-o", SHM, "shm", str(root / "dev" / "shm"))
+    if security["uid"]:
+        _expose_python(root)
     for source, path in spec["mounts"]:
         _bind(root, source, path)
+    if security["read_only_root"]:
+        _read_only(root, {path for _, path in spec["mounts"]})
     socket.sethostname(spec["hostname"])
     os.chroot(root)
-    os.chdir(spec["workdir"] or "/")
+    _become(security)
+    try:
+        os.chdir(spec["workdir"] or "/")  # as the container's user, like runc
+    except OSError as exc:
+        workdir = spec["workdir"]
+        raise SystemExit(f"fakekube: cannot change to the working directory {workdir}: {exc.strerror}") from None
     argv, env = spec["argv"], spec["env"]
     try:
-        os.execvpe(argv[0], argv, env)  # noqa: S606 - becoming the container's command is the point
+        os.execve(_look_up(argv[0], env.get("PATH", "")), argv, env)  # noqa: S606 - becoming the command is the point
     except OSError as exc:
         print(f"fakekube: cannot run {argv[0]!r}: {exc.strerror}", file=sys.stderr, flush=True)
         os._exit(NOT_FOUND if isinstance(exc, FileNotFoundError) else CANNOT_RUN)

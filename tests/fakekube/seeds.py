@@ -96,8 +96,9 @@ DEFAULT_STORAGE_CLASSES: tuple[dict[str, Any], ...] = (
 def security_context_constraints(
     name: str, *, capabilities: tuple[str, ...] = (), privileged: bool = False, run_as_user: str = "MustRunAsRange",
     priority: int | None = None, users: tuple[str, ...] = (), groups: tuple[str, ...] = (),
+    drop: tuple[str, ...] = ("KILL", "MKNOD", "SETUID", "SETGID"),
 ) -> dict[str, Any]:
-    """An OpenShift SCC with the fields its printer columns show."""
+    """An OpenShift SCC with the fields its printer columns show (``drop``: its requiredDropCapabilities)."""
     return {
         "apiVersion": "security.openshift.io/v1", "kind": "SecurityContextConstraints",
         "metadata": {"name": name},
@@ -105,7 +106,7 @@ def security_context_constraints(
         "allowedCapabilities": list(capabilities) or None,
         "allowHostDirVolumePlugin": privileged, "allowHostIPC": privileged, "allowHostNetwork": privileged,
         "allowHostPID": privileged, "allowHostPorts": privileged, "readOnlyRootFilesystem": False,
-        "requiredDropCapabilities": None if privileged else ["KILL", "MKNOD", "SETUID", "SETGID"],
+        "requiredDropCapabilities": None if privileged else list(drop),
         "runAsUser": {"type": run_as_user}, "seLinuxContext": {"type": "RunAsAny" if privileged else "MustRunAs"},
         "fsGroup": {"type": "RunAsAny" if privileged else "MustRunAs"},
         "supplementalGroups": {"type": "RunAsAny"}, "priority": priority,
@@ -117,7 +118,8 @@ def security_context_constraints(
 
 # What a fresh OpenShift 4 cluster has (the ones the SCC admission errors name, and the one mlenv never uses).
 DEFAULT_SCCS: tuple[dict[str, Any], ...] = (
-    security_context_constraints("restricted-v2", capabilities=("NET_BIND_SERVICE",), groups=("system:authenticated",)),
+    security_context_constraints("restricted-v2", capabilities=("NET_BIND_SERVICE",), groups=("system:authenticated",),
+                                 drop=("ALL",)),
     security_context_constraints("anyuid", run_as_user="RunAsAny", priority=10, groups=("system:cluster-admins",)),
     security_context_constraints("privileged", capabilities=("*",), privileged=True, run_as_user="RunAsAny",
                                  users=("system:admin",), groups=("system:cluster-admins", "system:nodes")),

@@ -32,6 +32,8 @@ from .resources import OPENSHIFT_GROUPS, RESOURCES, ResourceType, by_kind
 from .seeds import NodeSpec
 from .store import Store
 
+SECURITY_GROUP = "security.openshift.io"
+
 DEFAULT_TOKEN = "fakekube-token"  # noqa: S105 - a test credential, not a secret
 TLS_DIR = Path(__file__).parent / "tls"
 
@@ -117,7 +119,8 @@ class FakeKube:
         self.requests = RequestLog()
         self.failures: list[str] = []  # bugs of the fake itself (handler or controller exceptions)
         self.store = Store()
-        self.api = Api(self.store, Admission(self.faults))
+        self.api = Api(self.store, Admission(self.faults, self.store,
+                                             lambda: SECURITY_GROUP not in self.hidden_groups))
         self.kubelet: Kubelet | None = None
         """With ``run_pods``: runs scheduled pods' containers on this machine (see kubelet.py); else None."""
         self._pod_root: Path | None = None

@@ -1,6 +1,7 @@
 """fakekube's kubelet (``run_pods=True``) through the real kubectl: containers really run, exec over WebSocket
-with stdin and exit codes, logs -f from the real output, CrashLoopBackOff, graceful deletion, replaced pods, and
-many execs at once."""
+with stdin and exit codes, logs -f from the real output, CrashLoopBackOff, graceful deletion, replaced pods, many
+execs at once, and the security context (user, groups, fsGroup, capabilities, a read-only root, what is refused;
+on OpenShift the SCC's UID)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 import os
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,8 @@ import yaml
 from mlenv.backends.kubeapi.explain import pod_trouble
 
 from tests.fakekube.fixtures import FakeCluster
+from tests.fakekube.kubelet import home
+from tests.fakekube.security import CAPABILITIES, RUNTIME_DEFAULT
 from tests.integration.kube_pods import pod_processes
 
 WAIT_SECONDS = 60.0
@@ -176,7 +180,8 @@ def test_64_parallel_execs_are_all_served_in_bounded_memory(cluster: FakeCluster
         thread.start()
     for thread in threads:
         thread.join()
-    assert sorted(int(r.stdout) for r in results.values() if r.returncode == 0) == list(range(64))
+    failed = {i: (r.returncode, r.stderr) for i, r in results.items() if r.returncode != 0}
+    assert sorted(int(r.stdout) for r in results.values() if r.returncode == 0) == list(range(64)), failed
     grown = _rss_kib() - before
     assert grown < 200 * 1024, f"the fake's memory grew by {grown} KiB"
     until(lambda: threading.active_count() < 40, "exec threads gone")
@@ -232,3 +237,131 @@ def test_without_network_namespaces_pods_share_loopback(fake_kube_factory: Calla
     # pod shares its network, which is not what is tested here (the names and the shared IP are)
     inside = cluster.kubectl("exec", "w-1", "--", "sh", "-c", "hostname; getent hosts w-0")
     assert inside.stdout.split() == ["w-1", "127.0.0.1", fqdn, "w-0.w.ml.svc", "w-0.w", "w-0"], inside
+
+
+@pytest.fixture
+def plain(fake_kube_factory: Callable[..., FakeCluster]) -> FakeCluster:
+    """Plain Kubernetes (no SCC admission): pods run with the security context they ask for."""
+    return fake_kube_factory(run_pods=True, openshift=False)
+
+
+def secured_pod(name: str, script: str, pod_context: dict[str, Any], context: dict[str, Any]) -> str:
+    """A pod running ``sh -c SCRIPT`` once with these pod and container security contexts, an emptyDir at /work."""
+    return yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        "spec": {"restartPolicy": "Never", "securityContext": pod_context, "containers": [{
+            "name": "main", "image": "x", "command": ["sh", "-c", script], "securityContext": context,
+            "volumeMounts": [{"name": "work", "mountPath": "/work"}]}],
+            "volumes": [{"name": "work", "emptyDir": {}}]},
+    })
+
+
+def finished(cluster: FakeCluster, name: str) -> str:
+    """Wait until pod ``name`` ended (Succeeded or Failed); its log."""
+    until(lambda: (get_pod(cluster, name) or {}).get("status", {}).get("phase") in ("Succeeded", "Failed"),
+          f"pod {name} ended")
+    return cluster.kubectl("logs", name).stdout
+
+
+def waiting(cluster: FakeCluster, name: str) -> dict[str, Any]:
+    """Wait until pod ``name``'s container waits with a reason other than ContainerCreating; that state."""
+    def check() -> dict[str, Any] | None:
+        statuses = (get_pod(cluster, name) or {}).get("status", {}).get("containerStatuses") or [{}]
+        state = statuses[0].get("state", {}).get("waiting") or {}
+        return state if state.get("reason") not in (None, "ContainerCreating") else None
+    return dict(until(check, f"pod {name} waiting"))
+
+
+RESTRICTED = {"runAsUser": 1000, "runAsNonRoot": True, "readOnlyRootFilesystem": True,
+              "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+
+
+def test_a_restricted_pod_runs_as_its_user_and_cannot_write_the_host(plain: FakeCluster, tmp_path: Path) -> None:
+    """runAsUser 1000, runAsNonRoot, a read-only root and every capability dropped: ``id`` says uid 1000, the
+    host's /tmp (and, even as root, anything outside the pod's volumes) cannot be written; its volume can."""
+    host_file = tmp_path / "from-the-pod"
+    host_tmp = Path("/tmp") / f"fakekube-{uuid.uuid4().hex}"  # the host's own /tmp (1777)
+    script = (f"echo $(id -u) $(id -g) $(id -G); grep -E '^(CapEff|CapBnd|NoNewPrivs)' /proc/self/status; "
+              "echo HOME=$HOME; "
+              f"echo x > {host_tmp} && echo wrote-host; echo y > /work/mine && echo wrote-volume; "
+              "touch /etc/x || echo read-only-etc")
+    plain.kubectl("apply", "-f", "-", input=secured_pod("restricted", script, {}, RESTRICTED))
+    try:
+        log = finished(plain, "restricted")
+        assert not host_tmp.exists(), log
+    finally:
+        host_tmp.unlink(missing_ok=True)
+    assert log.splitlines()[0] == "1000 0 0", log  # no runAsGroup: the image user's group, root's
+    assert "CapEff:\t0000000000000000" in log and "CapBnd:\t0000000000000000" in log and "NoNewPrivs:\t1" in log
+    assert "wrote-host" not in log and f"{host_tmp}: Read-only file system" in log, log
+    assert "wrote-volume" in log and "read-only-etc" in log, log
+    assert f"HOME={home(1000)}\n" in log  # as in this machine's (the "image's") passwd, else /
+
+    as_root = {"readOnlyRootFilesystem": True}
+    plain.kubectl("apply", "-f", "-", input=secured_pod(
+        "root-read-only", f"id -u; echo x > {host_file} || echo refused; echo y > /work/z && echo wrote-volume",
+        {}, as_root))
+    log = finished(plain, "root-read-only")
+    assert log.splitlines()[0] == "0" and "refused" in log and "wrote-volume" in log, log
+    assert not host_file.exists()
+
+
+def test_container_fields_override_the_pods_and_fs_group_owns_the_volumes(plain: FakeCluster) -> None:
+    pod_context = {"runAsUser": 2000, "runAsGroup": 3000, "fsGroup": 4000, "supplementalGroups": [5000]}
+    script = "id -u; id -g; id -G; stat -c '%g %a' /work; touch /work/f && stat -c '%g' /work/f"
+    plain.kubectl("apply", "-f", "-", input=secured_pod("p", script, pod_context, {"runAsUser": 2500}))
+    assert finished(plain, "p").split("\n")[:6] == ["2500", "3000", "3000 4000 5000", "4000 2777", "4000", ""]
+
+
+def test_capabilities_are_the_runtimes_default_set_with_adds_and_drops(plain: FakeCluster) -> None:
+    def bounding(name: str, context: dict[str, Any]) -> set[str]:
+        plain.kubectl("apply", "-f", "-", input=secured_pod(name, "grep CapBnd /proc/self/status", {}, context))
+        mask = int(finished(plain, name).split()[1], 16)
+        return {cap for bit, cap in enumerate(CAPABILITIES) if mask >> bit & 1}
+
+    assert bounding("default", {}) == set(RUNTIME_DEFAULT)
+    assert bounding("ipc", {"capabilities": {"drop": ["ALL"], "add": ["IPC_LOCK"]}}) == {"IPC_LOCK"}
+    assert bounding("less", {"capabilities": {"drop": ["KILL", "CAP_CHOWN"]}}) == set(RUNTIME_DEFAULT) - {"KILL",
+                                                                                                          "CHOWN"}
+
+
+@pytest.mark.parametrize(("pod_context", "context", "reason", "words"), [
+    ({"runAsNonRoot": True}, {}, "CreateContainerConfigError",
+     "container has runAsNonRoot and image will run as root (pod: \"p_ml("),
+    ({"runAsNonRoot": True}, {"runAsUser": 0}, "CreateContainerConfigError",
+     "container's runAsUser breaks non-root policy (pod: \"p_ml("),
+    ({"seLinuxOptions": {"level": "s0:c1,c2"}}, {}, "CreateContainerError",
+     "fakekube cannot honour spec.securityContext.seLinuxOptions"),
+    ({}, {"seccompProfile": {"type": "Localhost", "localhostProfile": "x.json"}}, "CreateContainerError",
+     "fakekube cannot honour containers[main].securityContext.seccompProfile"),
+])
+def test_what_cannot_run_or_cannot_be_honoured_is_refused(plain: FakeCluster, pod_context: dict[str, Any],
+                                                         context: dict[str, Any], reason: str, words: str) -> None:
+    plain.kubectl("apply", "-f", "-", input=secured_pod("p", "echo ran", pod_context, context))
+    state = waiting(plain, "p")
+    assert state["reason"] == reason and words in state["message"], state
+    assert (get_pod(plain, "p") or {})["status"]["phase"] == "Pending"
+    events = plain.kubectl("get", "events", "-o", "json").stdout
+    assert f"Error: {words}" in events.replace('\\"', '"')
+    assert plain.kubectl("logs", "p").stdout == ""
+
+
+def test_on_openshift_the_scc_gives_the_namespaces_uid_and_fs_group(cluster: FakeCluster) -> None:
+    """restricted-v2: a pod that names no user runs as the first UID of its namespace's range with the first
+    group of the supplemental range as its fsGroup (its volumes that group's); a user outside the range is
+    refused at admission with OpenShift's words."""
+    namespace = json.loads(cluster.kubectl("get", "namespace", "ml", "-o", "json").stdout)["metadata"]
+    first = int(namespace["annotations"]["openshift.io/sa.scc.uid-range"].split("/")[0])
+    group = int(namespace["annotations"]["openshift.io/sa.scc.supplemental-groups"].split("/")[0])
+    script = "id -u; id -G; stat -c %g /work; grep CapBnd /proc/self/status; grep NoNewPrivs /proc/self/status"
+    cluster.kubectl("apply", "-f", "-", input=secured_pod("p", script, {"runAsNonRoot": True}, {}))
+    admitted = get_pod(cluster, "p") or {}
+    assert admitted["metadata"]["annotations"]["openshift.io/scc"] == "restricted-v2"
+    assert admitted["spec"]["containers"][0]["securityContext"]["runAsUser"] == first
+    assert finished(cluster, "p").split() == [str(first), "0", str(group), str(group), "CapBnd:",
+                                              "0000000000000000", "NoNewPrivs:", "1"]
+    refused = cluster.kubectl("apply", "-f", "-", input=secured_pod("q", "id", {}, {"runAsUser": 1000}))
+    assert refused.returncode == 1, refused
+    assert (f'pods "q" is forbidden: unable to validate against any security context constraint: [provider '
+            f'"restricted-v2": Forbidden: spec.containers[0].securityContext.runAsUser: Invalid value: 1000: must be '
+            f"in the ranges: [{first}, {first + 9999}]]") in refused.stderr, refused.stderr

@@ -135,10 +135,11 @@ def kube_project(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Kub
 
 
 @contextmanager
-def kube_cluster(tmp_path: Path, backend: str) -> Iterator[KubeProject]:
+def kube_cluster(tmp_path: Path, backend: str, security: str = "") -> Iterator[KubeProject]:
     """fakekube (``python -m tests.fakekube --run-pods``) serving a project's 2-node cluster file of ``backend``
-    (``runai`` adds the Run:ai stand-in on PATH and labels the project's namespace as Run:ai does); every pod's
-    processes are gone when it ends."""
+    (``runai`` adds the Run:ai stand-in on PATH and labels the project's namespace as Run:ai does; ``kubernetes`` is
+    plain Kubernetes, the others OpenShift, whose SCC runs pods as a UID of the namespace's range) with
+    ``security`` (the cluster file's section, YAML); every pod's processes are gone when it ends."""
     require_kubectl()
     require("rsync", "torch")
     home = tmp_path / "home"
@@ -149,16 +150,17 @@ def kube_cluster(tmp_path: Path, backend: str) -> Iterator[KubeProject]:
     port = _free_port()
     kubeconfig = tmp_path / "kubeconfig"
     namespace = NAMESPACES[backend]
+    plain = ["--no-openshift"] if backend == "kubernetes" else []
     server = subprocess.Popen(
         [sys.executable, "-m", "tests.fakekube", "--port", str(port), "--namespace", namespace, "--run-pods",
-         "--restart-backoff", "30", "--kubeconfig", str(kubeconfig)],
+         "--restart-backoff", "30", "--kubeconfig", str(kubeconfig), *plain],
         cwd=ROOT, env={**os.environ, "TMPDIR": str(pods_root)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True)
     assert server.stdout is not None
     first = server.stdout.readline()
     assert first.startswith("fakekube serving"), first + server.stdout.read()
     cluster_file = home / "clusters" / "fake.yaml"
-    cluster_file.write_text(cluster_document(backend, port))
+    cluster_file.write_text(cluster_document(backend, port) + security)
     env = {**os.environ, "MLENV_HOME": str(home), "KUBECONFIG": str(kubeconfig),
            "KUBECACHEDIR": str(tmp_path / "kube-cache")}
     if backend == "runai":

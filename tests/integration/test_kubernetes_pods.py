@@ -9,6 +9,7 @@ import re
 import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +18,7 @@ from tests.integration.kube_pods import (  # noqa: F401 - kube_project is a fixt
     MLENV,
     ROOT,
     KubeProject,
+    kube_cluster,
     kube_project,
     pod_processes,
 )
@@ -61,6 +63,24 @@ def test_deploy_sync_exec_torchrun_clean(kube_project: KubeProject) -> None:  # 
 
     project.ok("clean")
     assert not pod_processes(project.pods_root)
+
+
+def test_a_user_id_of_the_cluster_file_runs_sync_exec_and_the_job_as_that_user(tmp_path: Path) -> None:
+    """``security.run_as_user`` on plain Kubernetes: the pods really run as that user, which can write its
+    workspace (the claim is root's until the pod's fsGroup makes it the user's group's); the job's files are its."""
+    with kube_cluster(tmp_path, "kubernetes", "security:\n  run_as_user: 1000\n") as project:
+        project.ok("deploy", str(project.cluster_file))
+        source = project.home / "workspace"
+        source.mkdir()
+        (source / "allreduce.py").write_text(ALLREDUCE_JOB + "open(f'/workspace/out-{os.environ[\"RANK\"]}', 'w')\n")
+        project.ok("sync", "--source", str(source))
+        answer = project.ok("exec", "--pod", "0", "--", "sh", "-c", "id -u; id -G; stat -c '%g %A' /workspace")
+        assert answer.stdout.splitlines() == ["[node-0] 1000", "[node-0] 0 1000", "[node-0] 1000 drwxrwsr-x"], answer
+        launched = project.ok("launch", "--launcher", "torchrun", "allreduce.py", timeout=300)
+        assert len(RESULT.findall(launched.stdout)) == 4, launched.stdout + launched.stderr
+        owners = project.ok("exec", "--pod", "0", "--", "sh", "-c", "stat -c '%u %g' /workspace/out-*")
+        assert owners.stdout.splitlines() == ["[node-0] 1000 1000"] * 2, owners.stdout
+        project.ok("clean")
 
 
 TRAPPING_JOB = """\

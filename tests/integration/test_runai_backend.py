@@ -198,9 +198,13 @@ def test_pods_get_the_pytorchjob_env_and_the_runtime_reads_it(fake: FakeCluster,
                     topology.master_port) == (rank, 2, 4, MASTER, 23456)
         container = found[name]["spec"]["containers"][0]
         assert container["command"] == ["sleep", "infinity"]
-        assert container["securityContext"] == {"capabilities": {"add": ["IPC_LOCK"]}}
+        context = dict(container["securityContext"])  # what mlenv asked for, and what the SCC (restricted-v2) adds
+        assert context.pop("runAsUser") >= 1_000_000_000 and context.pop("allowPrivilegeEscalation") is False
+        assert context == {"capabilities": {"add": ["IPC_LOCK"], "drop": ["ALL"]}}
         assert container["resources"]["limits"] == {"nvidia.com/gpu": "4", "rdma/rdma": "1"}
-        assert found[name]["metadata"]["annotations"] == {"k8s.v1.cni.cncf.io/networks": "kube-system/roce"}
+        annotations = dict(found[name]["metadata"]["annotations"])
+        assert annotations.pop("openshift.io/scc") == "restricted-v2"
+        assert annotations == {"k8s.v1.cni.cncf.io/networks": "kube-system/roce"}
 
 
 def test_not_logged_in_or_not_installed(fake: FakeCluster, home: Path, argv_log: Path,

@@ -221,9 +221,10 @@ CASES = [
     ("openshift", {"ipc_lock": True}, {"runAsNonRoot": True}, IPC_LOCK),
     ("openshift", {"run_as_user": 1000}, {"runAsNonRoot": True, "runAsUser": 1000}, []),
     ("kubernetes", {}, {}, NON_ROOT),
-    ("kubernetes", {"run_as_user": 1000}, {"runAsNonRoot": True, "runAsUser": 1000}, []),
+    ("kubernetes", {"run_as_user": 1000}, {"runAsNonRoot": True, "runAsUser": 1000, "fsGroup": 1000}, []),
     ("kubernetes", {"run_as_user": 0}, {"runAsUser": 0}, ROOT_USER),
-    ("kubernetes", {"ipc_lock": True, "run_as_user": 1000}, {"runAsNonRoot": True, "runAsUser": 1000}, IPC_LOCK),
+    ("kubernetes", {"ipc_lock": True, "run_as_user": 1000}, {"runAsNonRoot": True, "runAsUser": 1000, "fsGroup": 1000},
+     IPC_LOCK),
     ("kubernetes", {"ipc_lock": True}, {}, sorted([*IPC_LOCK, *NON_ROOT])),
 ]
 IDS = ["openshift", "openshift-ipc-lock", "openshift-uid", "kubernetes-image-user", "kubernetes-uid",

@@ -47,11 +47,13 @@ RAN = (0, 23, 24)
 REMOTE_SHELL_FAILED = 255
 """rsync's exit code when its remote shell (ssh) could not connect or log in: rsync's own error says why, and a
 tar stream would not get further."""
-KEEP_MODES = ("--no-perms", "--no-owner", "--no-group", "--executability")
+KEEP_MODES = ("--no-perms", "--no-owner", "--no-group", "--executability", "--omit-dir-times")
 """What rsync does not carry over: the source's mode, owner and group, which -a would also set on the node's
 existing workspace root (the "." of the copy: 0700 from a temporary directory). A new file gets the source's mode
 masked by the node's umask, and the group the directory gives (a setgid team directory's); an existing file keeps
-its own; whether a file is executable is carried always."""
+its own; whether a file is executable is carried always. Nor directories' times: only a directory's owner may set
+them, and a non-root pod's workspace root is the volume's, made writable to it by its fsGroup (OpenShift's
+restricted SCC)."""
 UNTAR = ("tar", "--no-overwrite-dir", "-xf", "-")
 """tar on the node, leaving the mode and owner of existing directories (the workspace root) as they are."""
 REACH_TIMEOUT = 120
