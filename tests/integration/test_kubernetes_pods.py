@@ -12,10 +12,9 @@ from collections.abc import Callable
 
 import pytest
 
+from tests.helpers import MLENV, ROOT
 from tests.integration.kube_pods import (  # noqa: F401 - kube_project is a fixture
     APP,
-    MLENV,
-    ROOT,
     KubeProject,
     kube_project,
     pod_processes,
