@@ -5,6 +5,7 @@ Imported one way, ``from tests.helpers import ...`` (pytest puts the checkout on
 from __future__ import annotations
 
 import os
+import shlex
 import socket
 import subprocess
 import sys
@@ -31,6 +32,13 @@ def run_mlenv(*args: str, home: Path | None = None, cwd: Path = ROOT, env: Mappi
     environ = {**(os.environ if env is None else env), **({"MLENV_HOME": str(home)} if home is not None else {})}
     return subprocess.run([str(MLENV), *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
                           env=environ, input=input, check=False)
+
+
+def succeeded(result: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
+    """``result``, of a command that had to succeed; else the test fails with the command line and its output."""
+    assert result.returncode == 0, (f"{shlex.join(map(str, result.args))}: exit {result.returncode}\n"
+                                    f"{result.stdout}\n{result.stderr}")
+    return result
 
 
 def free_ports(count: int, address: str = "127.0.0.1") -> list[int]:

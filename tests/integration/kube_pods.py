@@ -21,7 +21,7 @@ import pytest
 
 from tests._prereq import require
 from tests.fakekube.fixtures import require_kubectl
-from tests.helpers import ROOT, free_port, run_mlenv
+from tests.helpers import ROOT, free_port, run_mlenv, succeeded
 
 NAMESPACE = "ml"
 APP = "ml-dev-env"
@@ -44,9 +44,7 @@ class KubeProject:
 
     def ok(self, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
         """Run `mlenv` and insist that it succeeded."""
-        result = self.mlenv(*args, timeout=timeout)
-        assert result.returncode == 0, f"mlenv {' '.join(args)}: {result.returncode}\n{result.stdout}\n{result.stderr}"
-        return result
+        return succeeded(self.mlenv(*args, timeout=timeout))
 
     def kubectl(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         """The real kubectl against the fake."""

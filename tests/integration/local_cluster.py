@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests._prereq import require
-from tests.helpers import run_mlenv
+from tests.helpers import run_mlenv, succeeded
 
 TINY_JOB = """\
 import os, sys
@@ -74,9 +74,7 @@ class LocalProject:
 
     def ok(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         """Run `mlenv` and insist that it succeeded."""
-        result = self.mlenv(*args, timeout=timeout)
-        assert result.returncode == 0, f"mlenv {' '.join(args)}: {result.returncode}\n{result.stdout}\n{result.stderr}"
-        return result
+        return succeeded(self.mlenv(*args, timeout=timeout))
 
     def status(self) -> list[dict[str, object]]:
         """The pods of `mlenv status --json`."""

@@ -39,7 +39,7 @@ from pathlib import Path
 import pytest
 
 from tests._prereq import clean_environ, require
-from tests.helpers import free_ports
+from tests.helpers import free_ports, succeeded
 
 DEFAULT_NODES = 2
 PARTITIONS = ("debug", "down")
@@ -142,9 +142,7 @@ class SlurmCluster:
 
     def ok(self, *argv: str, timeout: float = COMMAND_TIMEOUT) -> str:
         """Run a client command that must succeed; its stdout."""
-        result = self.run(*argv, timeout=timeout)
-        assert result.returncode == 0, f"{' '.join(argv)}: exit {result.returncode}\n{result.stdout}{result.stderr}"
-        return result.stdout
+        return succeeded(self.run(*argv, timeout=timeout)).stdout
 
     def state(self, job_id: str) -> str:
         """The job's state as squeue shows it (PENDING, RUNNING, COMPLETING...); "" once it has ended (until

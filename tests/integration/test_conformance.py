@@ -31,7 +31,7 @@ from mlenv.core.capabilities import CAPABILITIES, CHECKS, DEPLOY, JOBS, NODE_ACC
 from mlenv.core.registry import BACKENDS, get
 
 from tests._prereq import clean_environ, require
-from tests.helpers import MLENV, run_mlenv
+from tests.helpers import MLENV, run_mlenv, succeeded
 from tests.integration.kube_pods import kube_cluster
 from tests.integration.local_cluster import make_project, require_local
 
@@ -67,8 +67,7 @@ class Subject:
         return run_mlenv(*args, cwd=self.home, env=self.env, input="", timeout=timeout)
 
     def ok(self, *args: str, timeout: float = CALL_TIMEOUT) -> subprocess.CompletedProcess[str]:
-        result = self.mlenv(*args, timeout=timeout)
-        assert result.returncode == 0, f"mlenv {' '.join(args)}: {result.returncode}\n{result.stdout}{result.stderr}"
+        result = succeeded(self.mlenv(*args, timeout=timeout))
         assert "Traceback" not in result.stderr, result.stderr
         return result
 

@@ -27,8 +27,7 @@ def cluster(fake_kube_factory: Callable[..., FakeCluster],  # noqa: F811 - pytes
             monkeypatch: pytest.MonkeyPatch) -> Callable[..., FakeCluster]:
     def start(**options: Any) -> FakeCluster:
         fake = fake_kube_factory(namespaces=[NAMESPACE], **options)
-        for name in ("KUBECONFIG", "KUBECACHEDIR", "OPENSHIFT_CLIENT_PYTHON_DEFAULT_OC_PATH"):
-            monkeypatch.setenv(name, fake.env[name])
+        fake.use_in(monkeypatch)
         return fake
 
     return start

@@ -37,8 +37,7 @@ def cluster(fake_kube_factory: Callable[..., FakeCluster],  # noqa: F811 - pytes
     def start(nodes: list[NodeSpec] = RDMA_NODES, openshift: bool = True) -> FakeCluster:
         fake = fake_kube_factory(nodes=nodes, namespaces=[NAMESPACE], openshift=openshift)
         fake.server.add(network_attachment_definition(NAMESPACE, "roce", resource_name="rdma/rdma"))
-        for name in ("KUBECONFIG", "KUBECACHEDIR", "OPENSHIFT_CLIENT_PYTHON_DEFAULT_OC_PATH"):
-            monkeypatch.setenv(name, fake.env[name])
+        fake.use_in(monkeypatch)
         return fake
 
     return start

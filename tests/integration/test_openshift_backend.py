@@ -47,8 +47,7 @@ def fake(fake_kube_factory: Callable[..., FakeCluster], home: Path,  # noqa: F81
          monkeypatch: pytest.MonkeyPatch) -> FakeCluster:
     """A started fake cluster whose kubeconfig the CLI (and the kubectl it runs) uses."""
     cluster = fake_kube_factory(nodes=["gpu-0", "gpu-1"], namespaces=[NAMESPACE])
-    for name in ("KUBECONFIG", "KUBECACHEDIR", "OPENSHIFT_CLIENT_PYTHON_DEFAULT_OC_PATH"):
-        monkeypatch.setenv(name, cluster.env[name])
+    cluster.use_in(monkeypatch)
     return cluster
 
 

@@ -67,8 +67,7 @@ def fake(fake_kube_factory: Callable[..., FakeCluster], home: Path, argv_log: Pa
     cluster.server.set_namespace_labels(NAMESPACE, {"runai/queue": PROJECT})
     cluster.server.add_namespace("kube-system")
     cluster.server.add(network_attachment_definition("kube-system", "roce", resource_name="rdma/rdma"))
-    for name in ("KUBECONFIG", "KUBECACHEDIR", "OPENSHIFT_CLIENT_PYTHON_DEFAULT_OC_PATH"):
-        monkeypatch.setenv(name, cluster.env[name])
+    cluster.use_in(monkeypatch)
     return cluster
 
 

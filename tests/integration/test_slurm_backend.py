@@ -24,7 +24,7 @@ import pytest
 
 from tests._prereq import clean_environ, require
 from tests._waiting import wait_until_polling
-from tests.helpers import MLENV, run_mlenv
+from tests.helpers import MLENV, run_mlenv, succeeded
 
 if TYPE_CHECKING:  # imported at run time as plugins, so that pytest rewrites their asserts
     from tests.integration.slurm_cluster import SlurmCluster
@@ -91,9 +91,7 @@ class Project:
         return run_mlenv(*args, cwd=self.home, env=self.env, input=stdin or "", timeout=timeout)
 
     def ok(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        result = self.mlenv(*args, timeout=timeout)
-        assert result.returncode == 0, f"mlenv {' '.join(args)}: {result.returncode}\n{result.stdout}{result.stderr}"
-        return result
+        return succeeded(self.mlenv(*args, timeout=timeout))
 
     def status(self) -> list[dict[str, Any]]:
         return list(json.loads(self.ok("status", "-c", self.name, "--json").stdout)["pods"])
