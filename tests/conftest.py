@@ -21,7 +21,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             continue
         definitions = item._fixtureinfo.name2fixturedefs
         fixtures = [definition.func for name in item.fixturenames for definition in definitions.get(name, ())]
-        for name in sorted(tiers.markers(item.function, fixtures)):
+
+        def fixture(name: str, item: pytest.Function = item) -> list[Callable[..., object]]:
+            return [definition.func for definition in item.session._fixturemanager.getfixturedefs(name, item) or ()]
+
+        params = item.callspec.params.values() if hasattr(item, "callspec") else ()
+        for name in sorted(tiers.markers(item.function, fixtures, fixture, params)):
             item.add_marker(name)
 
 

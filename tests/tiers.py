@@ -19,26 +19,35 @@ ROOT = TESTS.parent
 PREREQ = "tests._prereq"
 LOCAL = "tests.integration.local_cluster"
 MAKEFILE = "tests.integration.test_makefile"
-# The helper module of a costly thing -> its markers.
+# The helper module (or ``module:function``) of a costly thing -> its markers.
 MODULES = {
     "tests.integration.slurm_cluster": {"slurm"},
     "tests.integration.ssh_hosts": {"sshd"},
     "tests.integration.kube_pods": {"fakekube", "torch"},
-    LOCAL: {"torch"},  # a local cluster's nodes run torch jobs
+    f"{LOCAL}:require_local": {"torch"},  # a local cluster (its nodes run torch jobs), not its project files
+    f"{LOCAL}:make_project": {"torch"},
     "venv": {"release"},  # a fresh virtualenv to install the package into
 }
-HARNESS = {*MODULES, PREREQ}
+HARNESS = {*MODULES, LOCAL, PREREQ}
 TORCH = {"torch", "deepspeed"}  # prerequisites that mean torch
 INSTALLING = {"install", "install-train", "install-system", "demo"}  # make targets that install (the demo does)
 
 
-def markers(test: Callable[..., Any], fixtures: Iterable[Callable[..., Any]]) -> set[str]:
-    """The markers of a test function run with ``fixtures`` (their functions)."""
+def markers(test: Callable[..., Any], fixtures: Iterable[Callable[..., Any]],
+            fixture: Callable[[str], Iterable[Callable[..., Any]]], params: Iterable[object] = ()) -> set[str]:
+    """The markers of a test function run with ``fixtures`` (their functions) and its parameters ``params``;
+    ``fixture(name)``: the functions of the fixture ``name`` where the test may ask for it by name
+    (``request.getfixturevalue("slurm_cluster")``)."""
+    keys = {param for param in params if isinstance(param, str)}
     modules, words = set[str](), set[str]()
-    for module, named in _reached([test, *fixtures]):
-        modules.add(module)
-        if module not in HARNESS:  # what a test asks for, not what a harness might do
-            words |= named
+    todo, asked = [test, *fixtures], set[str]()
+    while todo:
+        for module, named in _reached(todo, keys):
+            modules.add(module)
+            if module not in HARNESS:  # what a test asks for, not what a harness might do
+                words |= named
+        todo = [function for word in sorted(words - asked) for function in fixture(word)]
+        asked |= words
     found = set[str]().union(*(MODULES.get(module, set()) for module in modules))
     if PREREQ in modules and words & TORCH:  # require("torch")
         found.add("torch")
@@ -49,9 +58,10 @@ def markers(test: Callable[..., Any], fixtures: Iterable[Callable[..., Any]]) ->
     return found
 
 
-def _reached(functions: list[Callable[..., Any]]) -> Iterator[tuple[str, set[str]]]:
+def _reached(functions: list[Callable[..., Any]], keys: set[str]) -> Iterator[tuple[str, set[str]]]:
     """(module, the strings its code names) for each function reached from ``functions``: those they name, those
-    named in turn by the test helpers among them, and the modules they name."""
+    named in turn by the test helpers among them, and the modules they name. Of a table of helpers keyed by a
+    test's parameter (a harness per backend), only the one its ``keys`` pick."""
     seen: set[int] = set()
     todo = list(functions)
     while todo:
@@ -61,14 +71,17 @@ def _reached(functions: list[Callable[..., Any]]) -> Iterator[tuple[str, set[str
             continue
         seen.add(id(code))
         names, words = _named(code)
-        yield _canonical(function.__module__), words
+        module = _canonical(function.__module__)
+        yield module, words
+        yield f"{module}:{function.__qualname__}", set()
         for name in names:
             if name.startswith("tests.") and name in sys.modules:  # imported inside the function
                 yield name, set()
                 continue
             value = function.__globals__.get(name)
             if isinstance(value, (dict, list, tuple)):  # a table of helpers (a harness per backend)
-                values = value.values() if isinstance(value, dict) else value
+                values = value if not isinstance(value, dict) else (
+                    [value[key] for key in keys & value.keys()] or list(value.values()))
                 todo.extend(item for item in values if inspect.isfunction(item) and _ours(item.__module__))
                 continue
             if isinstance(value, types.ModuleType):
