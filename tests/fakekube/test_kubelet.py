@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import yaml
-from mlenv.backends.kubernetes.explain import pod_trouble
+from mlenv.backends.kubeapi.explain import pod_trouble
 
 from tests.fakekube.fixtures import FakeCluster
 from tests.integration.kube_pods import pod_processes

@@ -181,6 +181,8 @@ def test_every_declared_capability_is_implemented(name: str) -> None:
     declared = {capability.name for capability in CAPABILITIES} & BACKENDS[name].capabilities
     assert declared == BACKENDS[name].capabilities, "the registry names a capability mlenv does not know"
     assert [c.name for c in CAPABILITIES if c.name in declared and not backend.has(c)] == []
+    # the class declares each Protocol it implements, so mypy checks every signature against it (make lint)
+    assert {c.name for c in CAPABILITIES if c.protocol in type(backend.impl).__mro__} == declared
 
 
 @pytest.mark.parametrize("name", list(BACKENDS))

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from mlenv.backends.kubernetes import explain, waiting
+from mlenv.backends.kubeapi import explain, waiting
+from mlenv.backends.kubeapi.pods import rdma_devices
+from mlenv.backends.kubeapi.preflight import same_server
 from mlenv.backends.kubernetes.backend import KubernetesBackend
-from mlenv.backends.kubernetes.pods import rdma_devices
-from mlenv.backends.kubernetes.preflight import same_server
 from mlenv.core.capabilities import Handle, Node
 from mlenv.core.clusters import load_plan
 from mlenv.core.remote import script
@@ -358,7 +358,7 @@ def test_a_half_failed_deploy_is_recorded_and_clean_removes_what_was_applied(fak
 
 def test_a_hung_apply_that_completes_later_is_recorded_and_cleaned(fake: FakeCluster, home: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    from mlenv.backends.kubernetes import client
+    from mlenv.backends.kubeapi import client
 
     monkeypatch.setattr(client, "CALL_TIMEOUT", 3)
     release = fake.server.held[("patch", "statefulsets")] = threading.Event()

@@ -60,8 +60,8 @@ print(f"attempt {{attempt}} of run {{os.environ['MLENV_RUN_ID']}} on node {{node
 network = {{"ok": "IB", "contradict": "Socket"}}.get(step)
 if network and local == "0":
     using = "NET/IB : Using [0]mlx5_0:1/IB" if network == "IB" else "NET/Socket : Using [0]eth0:10.0.0.5<0>"
-    print(f"n{{node}}:7:7 [0] NCCL INFO {{using}}", flush=True)
-    print(f"n{{node}}:7:7 [0] NCCL INFO Using network {{network}}", flush=True)
+    print(f"n{{node}}:{{os.getpid()}}:7 [0] NCCL INFO {{using}}", flush=True)  # as NCCL in this process prints it
+    print(f"n{{node}}:{{os.getpid()}}:7 [0] NCCL INFO Using network {{network}}", flush=True)
 if step in ("contradict", "hang", "sleep"):
     time.sleep(600)
 if step.startswith("late-fail-") or step == "stop-race":

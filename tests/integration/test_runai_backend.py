@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import yaml
-from mlenv.backends.kubernetes import explain, waiting
+from mlenv.backends.kubeapi import explain, waiting
 from mlenv.backends.runai import tool
 from mlenv.backends.runai.backend import RunaiBackend
 from mlenv.core.capabilities import Handle, Node

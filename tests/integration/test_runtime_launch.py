@@ -208,8 +208,8 @@ def test_rdma_mode_stops_a_job_that_runs_over_sockets(tmp_path: Path) -> None:
     script.write_text(
         "import os, time\n"
         "assert (os.environ['NCCL_DEBUG'], os.environ['NCCL_DEBUG_SUBSYS']) == ('INFO', 'INIT,NET')\n"
-        "print('n0:7:7 [0] NCCL INFO NET/Socket : Using [0]eth0:10.0.0.5<0>')\n"
-        "print('n0:7:7 [0] NCCL INFO Using network Socket', flush=True)\n"
+        "print(f'n0:{os.getpid()}:7 [0] NCCL INFO NET/Socket : Using [0]eth0:10.0.0.5<0>')\n"  # as NCCL prints it
+        "print(f'n0:{os.getpid()}:7 [0] NCCL INFO Using network Socket', flush=True)\n"
         "time.sleep(300)\n"
     )
     results = launch_nodes(tmp_path, "torchrun", [str(script)], nodes=2, nproc=1, timeout=120,

@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
-from mlenv.backends.ssh.hosts import Resolved, resolve
-from mlenv.backends.ssh.transport import Transport
+from mlenv.backends.sshlink.hosts import Resolved, resolve
+from mlenv.backends.sshlink.transport import Transport
 
 from tests._prereq import require
 from tests.helpers import MLENV, ROOT

@@ -1,8 +1,9 @@
 """The live transport proof on a local cluster of 2 nodes x 2 ranks: real NCCL logs of public bug reports
-(tests/fixtures/nccl_logs/corpus) are replayed by the job's ranks, as NCCL would print them, and then the job
-trains (sleeps) or ends. A socket fallback under --expect-transport rdma is stopped on every node within 60 s
-naming SOCKETS; RDMA over the OFI plugin runs to its end; no NCCL lines under an explicit expectation is not a
-pass; ``any`` reports and keeps the job's exit code; a detached run records each node's verdict."""
+(tests/fixtures/nccl_logs/corpus) are replayed by the job's ranks, as NCCL would print them (with the rank's own
+pid), and then the job trains (sleeps) or ends. A socket fallback under --expect-transport rdma is stopped on every
+node within 60 s naming SOCKETS; RDMA over the OFI plugin runs to its end; no NCCL lines under an explicit
+expectation is not a pass; ``any`` reports and keeps the job's exit code; a detached run records each node's
+verdict; an old log a rank prints as it is (other pids) is no evidence."""
 
 from __future__ import annotations
 
@@ -20,11 +21,15 @@ SOCKETS_LOG = "nccl1232_socket_shm_prefix_2.18.log"
 OFI_LOG = "awsofi24_efa_ring_2.4.log"
 
 REPLAY = """\
-import os, sys, time
-log, then = sys.argv[1], sys.argv[2]
-if os.environ["LOCAL_RANK"] == "0" and log != "-":  # one rank per node prints what NCCL printed there
+import os, re, sys, time
+log, then, echoed = sys.argv[1], sys.argv[2], sys.argv[3:]
+if os.environ["LOCAL_RANK"] == "0" and echoed:  # an old log, printed as it is
+    with open(echoed[0], errors="replace") as lines:
+        print(lines.read(), flush=True)
+if os.environ["LOCAL_RANK"] == "0" and log != "-":  # one rank per node prints what NCCL printed there, as its own
     with open(log, errors="replace") as lines:
         for line in lines:
+            line = re.sub(r"(?<![\\w-])([\\w-]+):[0-9]+:([0-9]+) \\[", rf"\\1:{os.getpid()}:\\2 [", line)
             print(line.rstrip("\\n"), flush=True)
 print("step 1/3 loss 0.5", flush=True)
 if then == "train":
@@ -95,3 +100,13 @@ def test_a_detached_run_records_each_node_s_verdict(cluster: LocalProject) -> No
     assert "transport: node-0 RDMA (no GDR) (NET/AWS Libfabric), node-1 RDMA (no GDR)" in shown
     logs = cluster.ok("logs", "--cluster", cluster.name).stdout
     assert "node-0: RDMA (no GDR)" in logs
+
+
+def test_an_old_log_a_rank_prints_is_no_evidence(cluster: LocalProject) -> None:
+    code, output, _ = launch(cluster, "--expect-transport", "rdma", "replay.py", OFI_LOG, "0", SOCKETS_LOG)
+    assert code == 0, output[-3000:]
+    assert "SOCKETS" not in output
+    assert "node-0: RDMA (no GDR) (NET/AWS Libfabric)" in output and "RDMA (no GDR), as expected" in output
+    code, output, _ = launch(cluster, "--expect-transport", "any", "replay.py", "-", "0", SOCKETS_LOG)
+    assert code == 0, output[-3000:]
+    assert "SOCKETS" not in output and "NCCL transport" not in output

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from mlenv.backends.kubernetes.kubeconfig import KubeconfigError, merged
+from mlenv.backends.kubeapi.kubeconfig import KubeconfigError, merged
 
 from tests.fakekube.fixtures import find_kubectl
 

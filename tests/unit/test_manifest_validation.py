@@ -6,7 +6,7 @@ import copy
 from typing import Any
 
 import pytest
-from mlenv.backends.kubernetes.naming import kube_deployment
+from mlenv.backends.kubeapi.naming import kube_deployment
 from mlenv.backends.kubernetes.render import render
 from mlenv.backends.kubernetes.schemas import validate_object
 from mlenv.core.clusters import load_cluster

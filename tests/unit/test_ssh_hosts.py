@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 from mlenv.backends.ssh.backend import SshBackend
-from mlenv.backends.ssh.hosts import HostError, HostSpec, parse_host
 from mlenv.backends.ssh.settings import SshSettings
 from mlenv.backends.ssh.target import SshTarget
-from mlenv.backends.ssh.transport import Transport
+from mlenv.backends.sshlink.hosts import HostError, HostSpec, parse_host
+from mlenv.backends.sshlink.transport import Transport
 from mlenv.plan import plan
 
 from tests.unit.config.files import ROOT, edited, loaded, position, problems

@@ -553,9 +553,9 @@ def doctor(cluster: str | None, cluster_ref: str | None, mode: str | None, as_js
 def discover(name: str, namespace: str | None, force: bool) -> None:
     """Write clusters/NAME.yaml from the logged-in cluster: GPU nodes, storage classes, RDMA networks; TODO
     comments mark what a person must decide."""
-    from mlenv.backends.kubernetes.discover import run_discover
+    from mlenv.core.registry import discoverer
 
-    run_discover(name, namespace, force)
+    discoverer("kubernetes")(name, namespace, force)
 
 
 @main.command()

@@ -54,10 +54,6 @@ class JobPlan(NamedTuple):
     spares: int = 0
     """Nodes held beyond ``nodes`` to take an excluded node's place (``deploy --spares``; a Slurm allocation)."""
 
-    def node_env(self, ordinal: int) -> dict[str, str]:
-        """The env contract of node ``ordinal``."""
-        return {**self.env, "MLENV_NODE_RANK": str(ordinal)}
-
 
 def nccl_env(cluster: Cluster, mode: str) -> dict[str, str]:
     """NCCL variables that the cluster file asks for in ``mode``; nccl.env entries win."""

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mlenv.backends.kubernetes.naming import kube_deployment
+from mlenv.backends.kubeapi.naming import kube_deployment
 from mlenv.backends.kubernetes.render import Rendered, render
 from mlenv.config import Cluster
 from mlenv.core.clusters import load_cluster

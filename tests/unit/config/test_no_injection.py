@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from mlenv.backends.kubernetes.naming import kube_deployment
+from mlenv.backends.kubeapi.naming import kube_deployment
 from mlenv.backends.kubernetes.render import render
 from mlenv.config.load import parse_yaml
 from mlenv.core.clusters import validate

@@ -149,9 +149,9 @@ def test_a_rank_killed_by_a_signal_is_named_and_exits_like_a_shell(tmp_path: Pat
     assert read_state(node_dir)["first_failure"]["reason"] == "killed by SIGTERM"
 
 
-SOCKET_LINES = (
-    "print('n0:7:7 [0] NCCL INFO NET/Socket : Using [0]eth0:10.0.0.5<0>'); "
-    "print('n0:7:7 [0] NCCL INFO Using network Socket')"
+SOCKET_LINES = (  # as NCCL prints them in the rank's own process
+    "import os; print(f'n0:{os.getpid()}:7 [0] NCCL INFO NET/Socket : Using [0]eth0:10.0.0.5<0>'); "
+    "print(f'n0:{os.getpid()}:7 [0] NCCL INFO Using network Socket')"
 )
 
 
@@ -178,8 +178,23 @@ def test_rdma_used_passes(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> 
     rdma = SOCKET_LINES.replace("NET/Socket : Using [0]eth0:10.0.0.5<0>", "NET/IB : Using [0]mlx5_0:1/IB")
     assert run(python_job(tmp_path, rdma.replace("network Socket", "network IB")), tmp_path,
                expected=RDMA_DEFAULT) == 0
-    assert "mlenv: RDMA (no GDR), as expected" in capfd.readouterr().err
-    assert read_state(NodeDir(tmp_path / "run", 0, 0))["transport"]["verdict"] == "RDMA (no GDR)"
+    assert "mlenv: RDMA (GDR not shown), as expected" in capfd.readouterr().err
+    assert read_state(NodeDir(tmp_path / "run", 0, 0))["transport"]["verdict"] == "RDMA (GDR not shown)"
+
+
+def test_an_old_log_printed_by_a_rank_stops_nothing_and_a_child_s_nccl_lines_count(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    old = tmp_path / "old.log"
+    old.write_text("node1:123:456 [0] NCCL INFO NET/Socket : Using [0]eth0:10.0.0.5<0>\n"
+                   "node1:123:456 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[0] [send] via NET/Socket/0\n")
+    child = "import os; print(f'n0:{os.getpid()}:9 [0] NCCL INFO Using network IB', flush=True)"
+    code = (f"import subprocess, sys; print(open({str(old)!r}).read(), flush=True); "
+            f"subprocess.run([sys.executable, '-c', {child!r}], check=True)")
+    assert run(python_job(tmp_path, code), tmp_path, expected=RDMA_ASKED) == 0
+    err = capfd.readouterr().err
+    assert "SOCKETS" not in err and "mlenv: RDMA (GDR not shown), as expected" in err
+    assert read_state(NodeDir(tmp_path / "run", 0, 0))["transport"]["verdict"] == "RDMA (GDR not shown)"
 
 
 def test_nothing_proven_fails_an_explicit_expectation(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:

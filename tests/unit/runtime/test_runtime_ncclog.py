@@ -14,6 +14,7 @@ from mlenv.runtime.ncclog import (
     MNNVL,
     RDMA,
     RDMA_GDR,
+    RDMA_UNSHOWN,
     SOCKETS,
     UNKNOWN,
     VERDICTS,
@@ -43,12 +44,32 @@ def test_real_logs_get_the_verdict_read_from_them(entry: dict[str, str]) -> None
         assert all(item.startswith(f"{entry['file']}:") for item in report.to_dict()["evidence"])  # type: ignore
 
 
+SYNTHETIC = json.loads((FIXTURES / "synthetic.json").read_text())
+
+
+@pytest.mark.parametrize("entry", SYNTHETIC, ids=[entry["file"] for entry in SYNTHETIC])
+def test_what_nccl_did_decides_on_synthetic_logs_in_nccl_s_format(entry: dict[str, str]) -> None:
+    """A single host whose channels stay inside it, a network known only from its errors, IB without channel lines
+    and IB whose HCA has GPUDirect RDMA disabled (tests/fixtures/nccl_logs/synthetic.json)."""
+    report = parse_nccl_log((FIXTURES / "synthetic" / entry["file"]).read_text().splitlines(), entry["file"])
+    assert entry["notes"].startswith("synthetic, in NCCL's exact format")
+    assert report.verdict == entry["expected"], report.reason
+
+
+def test_a_network_known_from_its_errors_is_that_network_and_its_failure() -> None:
+    report = parse_nccl_log((FIXTURES / "synthetic" / "ib_errors_only_2.2x.log").read_text().splitlines())
+    assert report.reason.startswith("NCCL used NET/IB and it failed: NET/IB : Got completion from peer 10.42.0.17")
+    assert judge(report, "rdma")[0] and contradicts(report.verdict, "sockets")
+    socket_error = ["h:1:2 [0] transport/net_socket.cc:441 NCCL WARN NET/Socket : socket progress error"]
+    assert parse_nccl_log(socket_error).verdict == SOCKETS
+
+
 def test_the_corpus_spans_versions_plugins_and_verdicts() -> None:
     assert len(CORPUS) >= 30
     assert all(entry["url"].startswith("https://github.com/") and entry["nccl_version"] for entry in CORPUS)
     plugins = " ".join(entry["plugin"] for entry in CORPUS)
     assert all(name in plugins for name in ("IB", "Socket", "OFI", "UCX", "IBext"))
-    assert {entry["expected"] for entry in CORPUS} == {RDMA_GDR, RDMA, SOCKETS, INTRA_NODE, UNKNOWN}
+    assert {entry["expected"] for entry in CORPUS} == {RDMA_GDR, RDMA, RDMA_UNSHOWN, SOCKETS, INTRA_NODE, UNKNOWN}
     versions = " ".join(entry["nccl_version"] for entry in CORPUS)
     assert all(version in versions for version in ("2.3.", "2.4", "2.5", "2.1", "2.2"))
 
@@ -128,10 +149,11 @@ def test_receiving_with_gdr_and_sending_from_host_memory_is_gdr() -> None:
     assert parse_nccl_log(lines).verdict == RDMA_GDR
 
 
-def test_ib_without_channel_lines_cannot_prove_gdr() -> None:
+def test_ib_without_channel_lines_does_not_show_gdr() -> None:
     line = "n0:10:11 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB [RO]; OOB ib0:10.2.0.1<0>"
     report = parse_nccl_log([line])
-    assert report.verdict == RDMA
+    assert report.verdict == RDMA_UNSHOWN
+    assert report.ranks[0].to_dict()["gdr"] is None
     assert report.reason == "NCCL chose NET/IB; no channel line shows GPUDirect RDMA"
 
 
@@ -160,7 +182,7 @@ def test_nccl_2_3_sideband_next_to_the_internal_socket_network_is_sockets() -> N
 def test_nccl_2_4_bootstrap_socket_before_ib_is_not_sockets_but_a_second_socket_line_is() -> None:
     bootstrap = "n1:5:5 [0] NCCL INFO NET/Socket : Using [0]ib0:192.168.11.1<0>"
     ib = "n1:5:5 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB ; OOB ib0:192.168.11.1<0>"
-    assert parse_nccl_log([bootstrap, ib]).verdict == RDMA
+    assert parse_nccl_log([bootstrap, ib]).verdict == RDMA_UNSHOWN
     assert parse_nccl_log([bootstrap]).verdict == UNKNOWN
     fallback = [bootstrap, "n1:5:5 [0] NCCL INFO NET/IB : No device found.", bootstrap]
     assert parse_nccl_log(fallback).verdict == SOCKETS
@@ -208,17 +230,17 @@ def test_multi_node_nvlink_is_a_network_transport() -> None:
 
 
 @pytest.mark.parametrize("prefix", ["[default3]:", "3: ", "2025-05-16T16:39:51.208-07:00 ", "[2025-10-16 22:16:08] ",
-                                    "[node-1 r3] ", "[1,3]<stdout>:"])
+                                    "[node-1 r3] ", "[1,3]<stdout>:", "[rank3]:", "10.0.0.7: "])
 def test_launcher_prefixes_keep_host_and_process(prefix: str) -> None:
     report = parse_nccl_log([f"{prefix}gpu7:4242:4250 [3] NCCL INFO Using network IB"])
-    assert [(r.process, r.verdict) for r in report.ranks] == [("gpu7:4242", RDMA)]
+    assert [(r.process, r.verdict) for r in report.ranks] == [("gpu7:4242", RDMA_UNSHOWN)]
     assert [n.node for n in report.nodes] == (["node-1"] if "node-1" in prefix else ["gpu7"])
 
 
 def test_lines_without_host_are_grouped_by_the_launcher_tag() -> None:
     lines = ["[default0]:[0] NCCL INFO Using network IB", "[default1]:[1] NCCL INFO Using network Socket"]
     report = parse_nccl_log(lines)
-    assert {r.process: r.verdict for r in report.ranks} == {"[default0]": RDMA, "[default1]": SOCKETS}
+    assert {r.process: r.verdict for r in report.ranks} == {"[default0]": RDMA_UNSHOWN, "[default1]": SOCKETS}
     assert report.verdict == SOCKETS
 
 
@@ -227,7 +249,7 @@ def test_two_records_joined_in_one_line_go_to_their_own_processes() -> None:
             "Network IB")
     report = parse_nccl_log([line])
     assert {r.process: r.verdict for r in report.ranks} == {"learnfair062:40507": UNKNOWN,
-                                                            "learnfair062:40515": RDMA}
+                                                            "learnfair062:40515": RDMA_UNSHOWN}
 
 
 def test_the_supervisor_names_node_and_rank() -> None:
@@ -277,7 +299,7 @@ def test_a_gigabyte_log_and_ten_megabyte_lines_in_bounded_memory() -> None:
     report = parse_nccl_log(iter_lines(stream))
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
-    assert report.verdict == RDMA
+    assert report.verdict == RDMA_UNSHOWN
     assert peak < 16 << 20
 
 

@@ -1,10 +1,15 @@
-"""The live transport proof as the supervisor drives it: lines, ticks, the end of the job. A recording JobControl
-stands for the supervisor (the observer is what is tested; test_runtime_launcher runs it under the real one)."""
+"""The live transport proof as the supervisor drives it: lines, ticks, the end of the job, the nodes' messages. A
+recording JobControl stands for the supervisor and its control channel (the observer is what is tested;
+test_runtime_launcher runs it under the real supervisor)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from mlenv.runtime.ncclog import parse_nccl_log
 from mlenv.runtime.observers import RankInfo
@@ -19,6 +24,23 @@ class Recorder:
     notes: list[str] = field(default_factory=list)
     states: list[tuple[str, dict[str, object]]] = field(default_factory=list)
     stops: list[tuple[str, int]] = field(default_factory=list)
+    peers: list[Recorder] = field(default_factory=list)  # every node's, the hub's first (none: a single node)
+    observer: TransportProof | None = None
+
+    @property
+    def hub(self) -> bool:
+        return not self.peers or self.peers[0] is self
+
+    def tell_hub(self, message: dict[str, Any]) -> None:
+        (self.peers[0] if self.peers else self).deliver(message)
+
+    def tell_all(self, message: dict[str, Any]) -> None:
+        for recorder in self.peers or [self]:
+            recorder.deliver(message)
+
+    def deliver(self, message: dict[str, Any]) -> None:
+        if self.observer is not None:
+            self.observer.message(message)
 
     def ranks(self) -> list[RankInfo]:
         return []
@@ -36,9 +58,13 @@ class Recorder:
 RANK = RankInfo(rank=9, local_rank=1, node=1, host="gpu-b", pid=4242)
 
 
-def proof(expected: Expectation, environ: dict[str, str] | None = None) -> tuple[TransportProof, Recorder]:
+def proof(expected: Expectation, environ: dict[str, str] | None = None,
+          peers: list[Recorder] | None = None) -> tuple[TransportProof, Recorder]:
     observer = TransportProof(expected, {"MLENV_NUM_NODES": "2", **(environ or {})})
-    control = Recorder()
+    control = Recorder(observer=observer)
+    if peers is not None:
+        peers.append(control)
+        control.peers = peers
     observer.started(control)
     return observer, control
 
@@ -51,7 +77,7 @@ def test_the_verdict_is_printed_as_soon_as_nccl_names_its_network_and_refined_by
                  "gpu-b:4242:4250 [1] NCCL INFO Using network IB"):
         observer.line(RANK, text)
     observer.tick(1.0)
-    assert control.notes == ["node-1: RDMA (no GDR) via mlx5_0..3 (NET/IB, NCCL 2.21.5)"]
+    assert control.notes == ["node-1: RDMA (GDR not shown) via mlx5_0..3 (NET/IB, NCCL 2.21.5)"]
     observer.line(RANK, "gpu-b:4242:4251 [1] NCCL INFO Channel 00/0 : 1[1] -> 9[1] [receive] via NET/IB/1/GDRDMA")
     observer.tick(2.0)
     observer.tick(3.0)  # nothing new: nothing printed
@@ -77,7 +103,7 @@ def test_a_contradiction_stops_the_job_with_the_evidence() -> None:
 
 def test_sockets_expected_and_rdma_seen_is_a_contradiction_too() -> None:
     observer, control = proof(Expectation("sockets", explicit=True))
-    observer.line(RANK, "h:1:1 [0] NCCL INFO Channel 00/0 : 1[1] -> 9[1] [receive] via NET/AWS Libfabric/1/GDRDMA")
+    observer.line(RANK, "h:4242:1 [0] NCCL INFO Channel 00/0 : 1[1] -> 9[1] [receive] via NET/AWS Libfabric/1/GDRDMA")
     observer.tick(1.0)
     assert control.stops and "NCCL uses RDMA+GDR but --expect-transport is sockets" in control.stops[0][0]
 
@@ -114,3 +140,90 @@ def test_why_nothing_was_proven() -> None:
     empty = parse_nccl_log([])
     assert why_unproven({"NCCL_DEBUG_SUBSYS": "COLL"}, empty) == "NCCL_DEBUG_SUBSYS=COLL leaves out INIT and NET"
     assert why_unproven({}, empty) == "no NCCL lines in the output: the job may not use NCCL"
+
+
+ECHOED = ["node1:123:456 [0] NCCL INFO NET/Socket : Using [0]eth0:10.0.0.5<0>",  # an old log, printed by the rank
+          "node1:123:456 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[0] [send] via NET/Socket/0",
+          "[default0]:node1:123:456 [0] NCCL INFO Using network Socket"]
+
+
+def test_lines_echoed_by_a_rank_are_not_evidence() -> None:
+    observer, control = proof(Expectation("rdma", explicit=False))
+    for text in ECHOED:
+        observer.line(RANK, text)
+    observer.line(RANK, "print('gpu-b:4242:4250 [1] NCCL INFO Using network Socket')")  # not NCCL's shape
+    observer.line(RANK, "rank 1: gpu-b:4242:4250 [1] NCCL INFO Using network Socket")  # nor this
+    observer.tick(1.0)
+    assert (control.stops, control.notes, control.states) == ([], [], [])
+    assert observer.finished(0) == 0
+    assert control.notes == ["warning: could not prove rdma: no NCCL lines in the output: the job may not use "
+                             "NCCL; lines in NCCL's shape from node1:123 (no process of this job) are no evidence"]
+    any_observer, any_control = proof(Expectation("any", explicit=True))
+    for text in ECHOED:
+        any_observer.line(RANK, text)
+    any_observer.tick(1.0)
+    assert any_observer.finished(0) == 0 and (any_control.notes, any_control.states) == ([], [])
+
+
+def test_a_child_of_the_rank_is_of_the_job_and_an_unrelated_process_is_not(tmp_path: Path) -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        observer, control = proof(Expectation("rdma", explicit=True))
+        observer.rank_started(RankInfo(rank=9, local_rank=1, node=1, host="gpu-b", pid=os.getpid()))
+        observer.line(RANK, f"gpu-b:{child.pid}:1 [1] NCCL INFO Using network IB")
+        stranger = RankInfo(rank=3, local_rank=0, node=1, host="gpu-b", pid=child.pid + 100000)
+        observer.line(stranger, f"gpu-b:{os.getpid()}:1 [0] NCCL INFO Using network Socket")
+        observer.tick(1.0)
+        assert control.notes == ["node-1: RDMA (GDR not shown) (NET/IB)"] and control.stops == []
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_lines_before_the_rank_s_pid_are_read_once_it_is_known() -> None:
+    observer, control = proof(Expectation("sockets", explicit=True))
+    early = RankInfo(rank=9, local_rank=1, node=1, host="gpu-b", pid=0)
+    observer.line(early, "gpu-b:4242:4250 [1] NCCL INFO Using network Socket")
+    observer.tick(1.0)
+    assert control.notes == []
+    observer.rank_started(RANK)
+    observer.tick(2.0)
+    assert control.notes == ["node-1: SOCKETS (NET/Socket): NCCL chose NET/Socket"]
+
+
+def test_the_hub_makes_one_verdict_for_the_run_and_every_node_judges_it() -> None:
+    peers: list[Recorder] = []
+    hub, hub_control = proof(Expectation("rdma", explicit=True), peers=peers)
+    other, other_control = proof(Expectation("rdma", explicit=True), peers=peers)
+    node0 = RankInfo(rank=0, local_rank=0, node=0, host="gpu-a", pid=77)
+    hub.line(node0, "gpu-a:77:78 [0] NCCL INFO Channel 00/0 : 1[0] -> 0[0] [receive] via NET/IB/0/GDRDMA")
+    hub.tick(1.0)
+    other.tick(1.0)  # node-1's ranks printed nothing
+    assert hub.finished(0) == 0 and other.finished(0) == 0
+    assert hub_control.notes[-1] == other_control.notes[-1] == "RDMA+GDR, as expected"
+
+
+def test_a_contradiction_on_another_node_is_stopped_by_the_hub_and_no_node_says_otherwise() -> None:
+    peers: list[Recorder] = []
+    hub, hub_control = proof(Expectation("rdma", explicit=True), peers=peers)
+    other, other_control = proof(Expectation("rdma", explicit=True), peers=peers)
+    other.line(RANK, "gpu-b:4242:4250 [1] NCCL INFO Using network Socket")
+    other.tick(1.0)
+    assert other_control.stops == [] and len(hub_control.stops) == 1
+    assert hub_control.stops[0][0] == ("NCCL uses SOCKETS but --expect-transport is rdma: NCCL chose NET/Socket "
+                                       "(evidence: rank9:1)")
+    assert hub.finished(1) == 1 and other.finished(1) == 1
+    assert not any("could not prove" in note for note in hub_control.notes + other_control.notes)
+
+
+def test_the_hub_says_its_own_verdict_before_a_peer_s_contradiction_stops_the_job() -> None:
+    peers: list[Recorder] = []
+    hub, hub_control = proof(Expectation("rdma", explicit=True), peers=peers)
+    other, _ = proof(Expectation("rdma", explicit=True), peers=peers)
+    hub.line(RankInfo(rank=0, local_rank=0, node=0, host="gpu-a", pid=77), "gpu-a:77:78 [0] NCCL INFO Using network "
+                                                                           "Socket")
+    other.line(RANK, "gpu-b:4242:4250 [1] NCCL INFO Using network Socket")
+    other.tick(1.0)  # before the hub's own tick
+    assert hub_control.notes[0] == "node-0: SOCKETS (NET/Socket): NCCL chose NET/Socket"
+    assert hub_control.notes[1].startswith("error: NCCL uses SOCKETS but --expect-transport is rdma")
+    assert len(hub_control.stops) == 1

@@ -70,7 +70,6 @@ class Security(NamedTuple):
     """ServiceAccount, the one extra capability mlenv may ask for, the user id and network isolation."""
 
     service_account: str
-    requires_privileged_scc: bool
     ipc_lock: bool
     network_policy: bool
     """Isolate the pods with a NetworkPolicy (default true)."""

@@ -123,7 +123,6 @@ def _busbw_gbytes(reader: ClusterReader) -> float | None:
 def _security(reader: ClusterReader) -> Security:
     security = Security(
         service_account=reader.get("security", "service_account", default="ml-dev-sa"),
-        requires_privileged_scc=bool(reader.get("security", "requires_privileged_scc", default=False)),
         ipc_lock=bool(reader.get("security", "ipc_lock", default=False)),
         network_policy=bool(reader.get("security", "network_policy", default=True)),
         run_as_user=reader.integer("security", "run_as_user", maximum=2**31 - 1),

@@ -8,8 +8,8 @@ inspected, re-deployed or cleaned even when its cluster file has changed since, 
 Launching is split the same way: ``prepare_launch`` (pure) and ``launch``.
 
 A backend implements the capabilities it supports (``Deploy``, ``NodeAccess``, ``Jobs``, ``Checks``); its registry
-entry names them, and ``core.registry.require`` gives ops the one they need, or a one-line error (exit 2) naming the
-backend and what to use instead.
+entry names them, and ``Backend.need`` (core/registry.py) gives ops the one they need, or a one-line error (exit 2)
+naming the backend and what to use instead.
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -28,16 +29,19 @@ def run_dir(run_id: str) -> str:
     return f"{RUNS_DIR}/{run_id}"
 
 
-class FanoutJobs:
-    """``prepare_launch``/``launch``/``stop``/``logs_argv`` on top of ``nodes`` and ``exec_argv``."""
+class FanoutJobs(ABC):
+    """``prepare_launch``/``launch``/``stop``/``logs_argv`` on top of ``nodes`` and ``exec_argv``, which the backend
+    provides."""
 
-    def nodes(self, handle: Handle) -> list[Node]:  # provided by the backend
-        raise NotImplementedError
+    @abstractmethod
+    def nodes(self, handle: Handle) -> list[Node]:
+        """The job's nodes, in node-rank order (``NodeAccess.nodes``)."""
 
+    @abstractmethod
     def exec_argv(self, handle: Handle, node: Node, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
                   interactive: bool = False, stop_on_stdin_eof: bool = False,
-                  secrets: Sequence[str] = ()) -> list[str]:  # provided by the backend
-        raise NotImplementedError
+                  secrets: Sequence[str] = ()) -> list[str]:
+        """A local argv running ``argv`` on ``node`` (``NodeAccess.exec_argv``)."""
 
     def python(self, handle: Handle) -> str:
         """The Python that runs the runtime on the nodes."""

@@ -32,6 +32,8 @@ from mlenv.core.capabilities import (
 from mlenv.errors import UsageError
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from mlenv.config.reader import ClusterReader
 
 C = TypeVar("C")
@@ -78,10 +80,13 @@ class BackendInfo(NamedTuple):
     capabilities: frozenset[str] = ALL
     """Which of ``core.capabilities.CAPABILITIES`` it implements (by name); the conformance suite runs each."""
     keeps_records: bool = False
-    spare_nodes: bool = False
-    """Its deployment can hold spare nodes beyond the job's (``deploy --spares K``: a Slurm allocation)."""
     """Reads and records what it submitted (batch jobs) itself: its factory takes the ``Records`` it is handed
     (``mlenv.state.RECORDS``), as backends never import state."""
+    spare_nodes: bool = False
+    """Its deployment can hold spare nodes beyond the job's (``deploy --spares K``: a Slurm allocation)."""
+    discover: str | None = None
+    """``module:function`` writing ``clusters/NAME.yaml`` from the logged-in cluster (``mlenv discover``):
+    ``function(name, namespace, force) -> Path``; imported only by that command."""
 
     def parse_settings(self, reader: ClusterReader) -> object | None:
         """Its own section, parsed by the function ``settings`` names (None without one)."""
@@ -100,7 +105,8 @@ BACKENDS: dict[str, BackendInfo] = {
                     rules="mlenv.backends.kubernetes.rules:check_openshift"),
         BackendInfo("kubernetes", "mlenv.backends.kubernetes.backend:kubernetes", kube_family=True,
                     creates_volumes=True, uses=KUBERNETES_FIELDS, settings="mlenv.backends.kubernetes.rules:parse",
-                    rules="mlenv.backends.kubernetes.rules:check"),
+                    rules="mlenv.backends.kubernetes.rules:check",
+                    discover="mlenv.backends.kubernetes.discover:run_discover"),
         BackendInfo("local", "mlenv.backends.local.backend:LocalBackend", section="local",
                     settings="mlenv.backends.local.settings:parse", cpu_nodes=True,
                     uses=frozenset({"app", "storage"})),
@@ -123,6 +129,17 @@ def _function(path: str) -> Callable[[ClusterReader], Any]:
     """The function ``module:function`` names, imported now."""
     module, _, function = path.partition(":")
     found: Callable[[ClusterReader], Any] = getattr(import_module(module), function)
+    return found
+
+
+def discoverer(name: str) -> Callable[[str, str | None, bool], Path]:
+    """The ``discover`` function of backend ``name``; UsageError naming the backends that have one."""
+    info = BACKENDS.get(name)
+    if info is None or info.discover is None:
+        able = ", ".join(sorted(known.name for known in BACKENDS.values() if known.discover))
+        raise UsageError(f"the {name} backend cannot discover a cluster; backends that can: {able}")
+    module, _, function = info.discover.partition(":")
+    found: Callable[[str, str | None, bool], Path] = getattr(import_module(module), function)
     return found
 
 

@@ -1,4 +1,4 @@
-"""The one place a launch's observers are built (CONTRACT.md section 2): each later option adds its own here."""
+"""The one place a launch's observers are built : each later option adds its own here."""
 
 from __future__ import annotations
 

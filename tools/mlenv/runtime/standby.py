@@ -20,8 +20,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .supervisor import marked_processes
-
 STANDBYS = "MLENV_STANDBYS"
 """The run's standbys: their hosts' addresses, comma-separated, in slot order."""
 USED = "MLENV_STANDBYS_USED"
@@ -104,6 +102,8 @@ def end_unused(environ: Mapping[str, str], run_id: str) -> None:
 def stop(root: Path, run_id: str | None) -> int:
     """SIGTERM the standbys of this host under the runs root ``root`` (of run ``run_id`` only when given); how many
     there were."""
+    from .supervisor import marked_processes  # here: mlenv's render reads this module's names, not the supervisor
+
     root = root.absolute()  # as the standby's run directory was made absolute (its marker)
     runs = [root / run_id] if run_id else sorted(root.glob("*"))
     count = 0

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from mlenv.backends.kubernetes.naming import (
+from mlenv.backends.kubeapi.naming import (
     CONTAINER,
     DATA_KIND,
     WORKSPACE,
@@ -18,14 +18,27 @@ from mlenv.backends.kubernetes.naming import (
     kube_deployment,
     owned_labels,
 )
+from mlenv.backends.kubeapi.rules import rdma_warning
 from mlenv.core import remote
-from mlenv.core.capabilities import Check, CopyTarget, Handle, Node, NodeStatus, Recorder, Request
+from mlenv.core.capabilities import (
+    Check,
+    Checks,
+    CopyTarget,
+    Deploy,
+    Handle,
+    Jobs,
+    Node,
+    NodeAccess,
+    NodeStatus,
+    Recorder,
+    Request,
+)
 from mlenv.core.fanout import FanoutJobs
 from mlenv.errors import OperationError, UsageError
 from mlenv.ui import info, warn
 
 if TYPE_CHECKING:
-    from mlenv.backends.kubernetes.client import Client
+    from mlenv.backends.kubeapi.client import Client
     from mlenv.plan import JobPlan
 
 CLEAN_TIMEOUT = 300
@@ -53,16 +66,7 @@ def _security_warnings(d: KubeDeployment) -> list[str]:
     return warnings
 
 
-def rdma_warning(plan: JobPlan) -> list[str]:
-    """The warning when RDMA mode would give the pods no RDMA device (Kubernetes and Run:ai pods alike)."""
-    if plan.mode == "rdma" and not plan.rdma_networks and not plan.rdma_resources:
-        return ["RDMA mode without network.rdma.networks or network.rdma.resources: pods will get no RDMA device "
-                "and NCCL will fall back to sockets; add the Multus network names "
-                "(oc get network-attachment-definitions) or the device-plugin resource (e.g. rdma/rdma: 1)"]
-    return []
-
-
-class KubernetesBackend(FanoutJobs):
+class KubernetesBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks):
     """A StatefulSet of GPU pods with ``oc`` (OpenShift) or ``kubectl`` (Kubernetes)."""
 
     def __init__(self, flavour: str) -> None:
@@ -72,12 +76,12 @@ class KubernetesBackend(FanoutJobs):
     @cached_property
     def binary(self) -> str:
         """The CLI's path (UsageError saying how to install it when missing)."""
-        from mlenv.backends.kubernetes.client import resolve_binary
+        from mlenv.backends.kubeapi.client import resolve_binary
 
         return resolve_binary(self.flavour)
 
     def _client(self, target: Target) -> Client:
-        from mlenv.backends.kubernetes.client import Client
+        from mlenv.backends.kubeapi.client import Client
 
         return Client(self.binary, target.namespace)
 
@@ -89,7 +93,7 @@ class KubernetesBackend(FanoutJobs):
     def _connected(self, handle: Handle) -> tuple[Target, Client]:
         target = self.target(handle)
         client = self._client(target)
-        from mlenv.backends.kubernetes.preflight import check_server, require
+        from mlenv.backends.kubeapi.preflight import check_server, require
 
         require([check_server(client, target)])  # a local read: every later call goes to the right cluster
         return target, client
@@ -114,7 +118,7 @@ class KubernetesBackend(FanoutJobs):
 
     def apply(self, request: Request, record: Recorder) -> Handle:
         """Check server, login and namespace; record; server-side apply exactly the request's YAML stream."""
-        from mlenv.backends.kubernetes.preflight import explained, preflight, require
+        from mlenv.backends.kubeapi.preflight import explained, preflight, require
 
         target = self.target(request.handle)
         client = self._client(target)
@@ -135,8 +139,8 @@ class KubernetesBackend(FanoutJobs):
 
     def wait_ready(self, handle: Handle, timeout: float, record: Recorder) -> None:
         """Live view until every pod is Ready on the latest spec; plain-words reasons when not."""
-        from mlenv.backends.kubernetes.preflight import explained
-        from mlenv.backends.kubernetes.waiting import wait_ready
+        from mlenv.backends.kubeapi.preflight import explained
+        from mlenv.backends.kubeapi.waiting import wait_ready
 
         target, client = self._connected(handle)
         with explained(target, client.flavour):
@@ -144,8 +148,8 @@ class KubernetesBackend(FanoutJobs):
         info(f"{target.app}: {target.nodes}/{target.nodes} pods ready in {target.namespace}")
 
     def _pods(self, handle: Handle) -> tuple[Target, dict[int, dict[str, Any]]]:
-        from mlenv.backends.kubernetes import pods as podview
-        from mlenv.backends.kubernetes.preflight import explained
+        from mlenv.backends.kubeapi import pods as podview
+        from mlenv.backends.kubeapi.preflight import explained
 
         target, client = self._connected(handle)
         with explained(target, client.flavour):
@@ -153,13 +157,13 @@ class KubernetesBackend(FanoutJobs):
 
     def status(self, handle: Handle) -> list[NodeStatus]:
         """Every pod of the deployment from one list call, in ordinal order."""
-        from mlenv.backends.kubernetes import explain
+        from mlenv.backends.kubeapi import explain
 
         return explain.statuses(self._pods(handle)[1])
 
     def nodes(self, handle: Handle) -> list[Node]:
         """The running pods, in ordinal order."""
-        from mlenv.backends.kubernetes import pods as podview
+        from mlenv.backends.kubeapi import pods as podview
 
         target, pods = self._pods(handle)
         running = podview.running_nodes(pods, WORKSPACE)
@@ -191,7 +195,7 @@ class KubernetesBackend(FanoutJobs):
 
     def data_volumes(self, handle: Handle) -> list[str]:
         """Names of the PVCs ``clean --delete-data`` deletes (shared claims and per-pod volumes)."""
-        from mlenv.backends.kubernetes.preflight import explained
+        from mlenv.backends.kubeapi.preflight import explained
 
         target, client = self._connected(handle)
         with explained(target, client.flavour):
@@ -199,8 +203,8 @@ class KubernetesBackend(FanoutJobs):
 
     def clean(self, handle: Handle, delete_data: bool) -> None:
         """Delete the recorded kinds by mlenv's labels (PVCs only with ``delete_data``), wait until pods are gone."""
-        from mlenv.backends.kubernetes.preflight import explained
-        from mlenv.backends.kubernetes.waiting import wait_gone
+        from mlenv.backends.kubeapi.preflight import explained
+        from mlenv.backends.kubeapi.waiting import wait_gone
 
         target, client = self._connected(handle)
         kinds = [*dict.fromkeys([*SWITCHABLE_KINDS, *target.kinds]), *([DATA_KIND.lower()] if delete_data else [])]

@@ -12,9 +12,9 @@ from collections.abc import Mapping, Sequence
 from decimal import Decimal
 from typing import Any
 
-from mlenv.backends.kubernetes.client import Client, KubeError
-from mlenv.backends.kubernetes.naming import DATA_KIND, Target
-from mlenv.backends.kubernetes.preflight import check_networks, preflight
+from mlenv.backends.kubeapi.client import Client, KubeError
+from mlenv.backends.kubeapi.naming import DATA_KIND, Target
+from mlenv.backends.kubeapi.preflight import check_networks, preflight
 from mlenv.config.quantity import QuantityError, parse_quantity
 from mlenv.core.capabilities import Check
 from mlenv.plan import JobPlan

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mlenv.backends.kubeapi.client import Client, KubeError, resolve_binary
 from mlenv.backends.kubernetes.checks import GPU, is_default_class, rwx_support
-from mlenv.backends.kubernetes.client import Client, KubeError, resolve_binary
 from mlenv.config.quantity import QuantityError, parse_quantity
 from mlenv.errors import OperationError, UsageError, shown
 from mlenv.render.yamlsafe import yaml_value

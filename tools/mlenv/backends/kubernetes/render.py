@@ -11,8 +11,8 @@ from functools import lru_cache
 from typing import Any, NamedTuple
 
 import mlenv
+from mlenv.backends.kubeapi.naming import DATA_KIND, KubeDeployment
 from mlenv.backends.kubernetes import podinit
-from mlenv.backends.kubernetes.naming import DATA_KIND, KubeDeployment
 from mlenv.backends.kubernetes.rules import version_of
 from mlenv.errors import OperationError
 from mlenv.render.templates import Templates

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
+from mlenv.backends.kubeapi.rules import namespace_problem
 from mlenv.backends.kubernetes import scc
 from mlenv.config.model import DEFAULT_APP, Cluster
 from mlenv.errors import show_value
@@ -21,7 +22,6 @@ if TYPE_CHECKING:
 DEFAULT_VERSION = "1.30"
 """The Kubernetes version rendered objects are validated against when the file names none."""
 
-SYSTEM_NAMESPACES = frozenset({"kube-system", "kube-public", "kube-node-lease", "openshift"})
 _INT64 = range(-(2**63), 2**63)
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _LABEL_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
@@ -41,14 +41,6 @@ def app_name_problem(name: str) -> str | None:
     return (f"{len(name)} characters is too long for Kubernetes: the StatefulSet's pods carry the label "
             f"controller-revision-hash=<app.name>-<10-character hash>, which must fit 63 characters; "
             f"use at most {MAX_APP_NAME}")
-
-
-def namespace_problem(namespace: str) -> str | None:
-    """Why mlenv must not deploy into ``namespace``, or None."""
-    if namespace in SYSTEM_NAMESPACES or namespace.startswith("openshift-"):
-        return (f"{namespace} is a system namespace; deploy into a namespace of your own "
-                f"(oc new-project NAME, or kubectl create namespace NAME)")
-    return None
 
 
 def rdma_resource_problem(name: str) -> str | None:

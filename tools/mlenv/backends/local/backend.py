@@ -19,13 +19,24 @@ import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
-from mlenv.backends.kubernetes.naming import pod_dns
+from mlenv.backends.kubeapi.naming import pod_dns
 from mlenv.backends.local import net as localnet
 from mlenv.backends.local import proc as localproc
 from mlenv.backends.local.settings import LocalSettings
-from mlenv.core.capabilities import Check, CopyTarget, Handle, Node, NodeStatus, Recorder, Request
+from mlenv.core.capabilities import (
+    Check,
+    Checks,
+    CopyTarget,
+    Deploy,
+    Handle,
+    Jobs,
+    Node,
+    NodeAccess,
+    NodeStatus,
+    Recorder,
+    Request,
+)
 from mlenv.core.fanout import FanoutJobs
 from mlenv.core.remote import RUNTIME_DIR, read_secrets
 from mlenv.errors import OperationError, UsageError, shown
@@ -118,7 +129,7 @@ def _venv_bin() -> str:
     return str(Path(sys.executable).parent)
 
 
-class LocalBackend(FanoutJobs):
+class LocalBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks):
     """Pods on this machine: network namespaces (root) or plain directories and processes."""
 
     name = "local"
@@ -379,8 +390,3 @@ def _dns_names(app: str, namespace: str, ordinal: int) -> list[str]:
     full = pod_dns(app, namespace, ordinal)
     parts = full.split(".")
     return [full, ".".join(parts[:3]), ".".join(parts[:2]), parts[0]]
-
-
-def local_pods(data: Mapping[str, Any]) -> list[LocalPod]:
-    """The pods recorded in a local handle's data (for tests and tools)."""
-    return [LocalPod(**pod) for pod in data.get("pods", [])]

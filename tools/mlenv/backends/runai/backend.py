@@ -12,11 +12,10 @@ from collections.abc import Mapping, Sequence
 from functools import cached_property
 from typing import Any
 
-from mlenv.backends.kubernetes import explain
-from mlenv.backends.kubernetes import pods as podview
-from mlenv.backends.kubernetes.backend import rdma_warning
-from mlenv.backends.kubernetes.client import Client, resolve_binary
-from mlenv.backends.kubernetes.preflight import (
+from mlenv.backends.kubeapi import explain
+from mlenv.backends.kubeapi import pods as podview
+from mlenv.backends.kubeapi.client import Client, resolve_binary
+from mlenv.backends.kubeapi.preflight import (
     can_i,
     check_allocatable,
     check_login,
@@ -25,14 +24,27 @@ from mlenv.backends.kubernetes.preflight import (
     explained,
     require,
 )
-from mlenv.backends.kubernetes.waiting import wait_pods_gone, wait_pods_ready
+from mlenv.backends.kubeapi.rules import rdma_warning
+from mlenv.backends.kubeapi.waiting import wait_pods_gone, wait_pods_ready
 from mlenv.backends.runai import argv as commands
 from mlenv.backends.runai import flags, tool
 from mlenv.backends.runai.project import check_project
 from mlenv.backends.runai.settings import RunaiSettings
 from mlenv.backends.runai.workload import Workload, ordinal
 from mlenv.core import remote
-from mlenv.core.capabilities import Check, CopyTarget, Handle, Node, NodeStatus, Recorder, Request
+from mlenv.core.capabilities import (
+    Check,
+    Checks,
+    CopyTarget,
+    Deploy,
+    Handle,
+    Jobs,
+    Node,
+    NodeAccess,
+    NodeStatus,
+    Recorder,
+    Request,
+)
 from mlenv.core.fanout import FanoutJobs
 from mlenv.errors import MlenvError, OperationError, UsageError
 from mlenv.plan import JobPlan
@@ -57,7 +69,7 @@ def _warnings(plan: JobPlan, claim: str | None) -> list[str]:
     return warnings
 
 
-class RunaiBackend(FanoutJobs):
+class RunaiBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks):
     """A Run:ai distributed PyTorch workload: a master and workers running ``sleep infinity``."""
 
     name = "runai"

@@ -4,8 +4,8 @@ v0.6.0 renamed the key ``kai.scheduler/queue``, so both are tried)."""
 
 from __future__ import annotations
 
-from mlenv.backends.kubernetes.client import Client, KubeError
-from mlenv.backends.kubernetes.preflight import can_i
+from mlenv.backends.kubeapi.client import Client, KubeError
+from mlenv.backends.kubeapi.preflight import can_i
 from mlenv.core.capabilities import Check
 
 QUEUE_LABELS = ("runai/queue", "kai.scheduler/queue")

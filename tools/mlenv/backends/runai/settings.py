@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from mlenv.backends.kubernetes.rules import namespace_problem
+from mlenv.backends.kubeapi.rules import namespace_problem
 from mlenv.backends.runai.flags import FLAGS, V1, V2, VARIANTS, WORKSPACE, extra_arg_problems
 from mlenv.errors import show_value
 

@@ -12,10 +12,10 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from mlenv.backends.kubernetes import pods as podview
-from mlenv.backends.kubernetes.explain import owner_trouble
-from mlenv.backends.kubernetes.naming import Target
-from mlenv.backends.kubernetes.waiting import PodSet
+from mlenv.backends.kubeapi import pods as podview
+from mlenv.backends.kubeapi.explain import owner_trouble
+from mlenv.backends.kubeapi.naming import Target
+from mlenv.backends.kubeapi.waiting import PodSet
 
 WORKLOAD_LABEL = "workloadName"
 """On every pod (and PodGroup) of a Run:ai workload (REFERENCE.md: LOG-COLLECTOR)."""

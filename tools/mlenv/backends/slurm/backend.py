@@ -26,12 +26,16 @@ from mlenv.config.model import Bind, Container
 from mlenv.core import remote
 from mlenv.core.capabilities import (
     Check,
+    Checks,
     CopyTarget,
+    Deploy,
     Handle,
+    Jobs,
     LaunchOutcome,
     LaunchRequest,
     LaunchSpec,
     Node,
+    NodeAccess,
     NodeStatus,
     Recorder,
     Request,
@@ -123,7 +127,7 @@ def _hosts(plan: JobPlan, settings: SlurmSettings) -> tuple[str, ...]:
     return settings.nodelist[:plan.nodes]
 
 
-class SlurmBackend:
+class SlurmBackend(Deploy, NodeAccess, Jobs, Checks):
     """Slurm through sbatch, squeue, scontrol, srun and scancel, here or on the login host."""
 
     name = "slurm"

@@ -16,15 +16,15 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mlenv.backends.ssh.diagnose import SSH_FAILED
-from mlenv.backends.ssh.settings import DEFAULT_CONNECT_TIMEOUT
+from mlenv.backends.sshlink.fields import DEFAULT_CONNECT_TIMEOUT
+from mlenv.backends.sshlink.transport import SSH_FAILED
 from mlenv.core.capabilities import CopyTarget
 from mlenv.errors import OperationError, shown
 
 if TYPE_CHECKING:
     from mlenv.backends.slurm.settings import SlurmSettings
-    from mlenv.backends.ssh.hosts import HostSpec
-    from mlenv.backends.ssh.transport import Transport
+    from mlenv.backends.sshlink.hosts import HostSpec
+    from mlenv.backends.sshlink.transport import Transport
 
 CALL_TIMEOUT = 60.0
 """Seconds a Slurm command (or a file read) may take."""
@@ -54,8 +54,8 @@ class Login:
 
     @cached_property
     def _ssh(self) -> tuple[Transport, HostSpec]:
-        from mlenv.backends.ssh.hosts import parse_host
-        from mlenv.backends.ssh.transport import Transport, control_dir
+        from mlenv.backends.sshlink.hosts import parse_host
+        from mlenv.backends.sshlink.transport import Transport, control_dir
 
         transport = Transport(connect_timeout=self.connect_timeout, control_dir=control_dir(os.getuid()),
                               identity_file=self.identity_file, known_hosts=self.known_hosts, jump=self.jump)

@@ -168,7 +168,7 @@ def _nodelist(reader: ClusterReader) -> tuple[str, ...]:
 
 
 def _login(reader: ClusterReader) -> str | None:
-    from mlenv.backends.ssh.hosts import HostError, parse_host
+    from mlenv.backends.sshlink.hosts import HostError, parse_host
 
     login = reader.get("slurm", "login")
     if login is None:
@@ -182,7 +182,7 @@ def _login(reader: ClusterReader) -> str | None:
 
 def _login_ssh(reader: ClusterReader) -> dict[str, Any]:
     """``slurm.ssh``: how ssh reaches the login host, checked as the ssh backend checks the same fields."""
-    from mlenv.backends.ssh.settings import jump_hosts, local_file
+    from mlenv.backends.sshlink.fields import jump_hosts, local_file
 
     if reader.get("slurm", "ssh") is not None and reader.get("slurm", "login") is None:
         reader.problem(("slurm", "ssh"), "slurm.ssh says how to reach slurm.login, which is not set: set "

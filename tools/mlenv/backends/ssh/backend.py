@@ -25,16 +25,20 @@ from mlenv.backends.ssh.diagnose import failure
 from mlenv.backends.ssh.facts import Reply, parallel, probe, probe_all
 from mlenv.backends.ssh.settings import SshSettings
 from mlenv.backends.ssh.target import SshTarget
-from mlenv.backends.ssh.transport import Transport, control_dir
+from mlenv.backends.sshlink.transport import Transport, control_dir
 from mlenv.core import remote
 from mlenv.core.capabilities import (
     Check,
+    Checks,
     CopyTarget,
+    Deploy,
     Handle,
+    Jobs,
     LaunchOutcome,
     LaunchRequest,
     LaunchSpec,
     Node,
+    NodeAccess,
     NodeStatus,
     Recorder,
     Request,
@@ -62,7 +66,7 @@ def _owner(plan: JobPlan, target_hosts: Sequence[str], workdir: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-class SshBackend(FanoutJobs):
+class SshBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks):
     """Plain machines over ssh: the runtime started on every host through its ssh connection."""
 
     name = "ssh"

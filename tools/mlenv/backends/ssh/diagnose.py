@@ -8,11 +8,10 @@ import os
 import shlex
 import subprocess
 
-from mlenv.backends.ssh.hosts import HostSpec, Resolved, resolve
-from mlenv.backends.ssh.transport import Transport
+from mlenv.backends.sshlink.hosts import HostSpec, Resolved, resolve
+from mlenv.backends.sshlink.transport import Transport
 from mlenv.errors import shown
 
-SSH_FAILED = 255
 CHANGED = "REMOTE HOST IDENTIFICATION HAS CHANGED"
 ADDED = "Permanently added"
 KEYGEN_TIMEOUT = 10.0

@@ -16,8 +16,8 @@ from typing import Any
 from mlenv.backends.ssh.deploy import GIB, MIN_FREE_BYTES, MIN_PYTHON
 from mlenv.backends.ssh.diagnose import DEFAULT_KNOWN_HOSTS, keygen, needs_passphrase
 from mlenv.backends.ssh.facts import Reply, answers, parallel, probe_all, probe_argv
-from mlenv.backends.ssh.hosts import HostSpec, resolve
 from mlenv.backends.ssh.target import SshTarget
+from mlenv.backends.sshlink.hosts import HostSpec, resolve
 from mlenv.core.capabilities import Check
 from mlenv.errors import MlenvError, shown
 

@@ -12,10 +12,10 @@ from functools import cache
 from pathlib import Path
 from typing import Any, TypeVar
 
-from mlenv.backends.ssh.diagnose import ADDED, SSH_FAILED, failure, first_contact
-from mlenv.backends.ssh.hosts import HostSpec
+from mlenv.backends.ssh.diagnose import ADDED, failure, first_contact
 from mlenv.backends.ssh.probe import PREFIX
-from mlenv.backends.ssh.transport import Transport
+from mlenv.backends.sshlink.hosts import HostSpec
+from mlenv.backends.sshlink.transport import SSH_FAILED, Transport
 from mlenv.errors import shown
 
 MAX_PARALLEL = 16

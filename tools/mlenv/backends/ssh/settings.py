@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from mlenv.backends.ssh.hosts import HostError, HostSpec, parse_host
+from mlenv.backends.sshlink.fields import DEFAULT_CONNECT_TIMEOUT, jump_hosts, local_file, plain_text
+from mlenv.backends.sshlink.hosts import HostError, HostSpec, parse_host
 from mlenv.errors import show_value
 
 if TYPE_CHECKING:
@@ -14,7 +15,6 @@ if TYPE_CHECKING:
 
 DEFAULT_WORKDIR = "~/mlenv/workspace"
 DEFAULT_PYTHON = "python3"
-DEFAULT_CONNECT_TIMEOUT = 10
 
 
 @dataclass(frozen=True)
@@ -36,22 +36,6 @@ class SshSettings:
     connect_timeout: int
     spares: tuple[HostSpec, ...] = ()
     """Hosts prepared like the others that take an excluded node's place (its node rank), in this order."""
-
-
-def _text(value: object) -> bool:
-    return isinstance(value, str) and bool(value) and all(c.isprintable() and c != '"' for c in value)
-
-
-def local_file(reader: ClusterReader, *path: str) -> str | None:
-    """A local file for ssh (identity_file, known_hosts): absolute or ``~/``, printable, no double quote
-    (ssh_config quotes values with them)."""
-    value = reader.get(*path)
-    if value is None:
-        return None
-    if not _text(value) or not (value.startswith(("/", "~/"))):
-        reader.problem(path, f"expected an absolute path or one starting with ~/, got {show_value(value)}")
-        return None
-    return str(value)
 
 
 def _hosts(reader: ClusterReader) -> tuple[tuple[HostSpec, ...], tuple[HostSpec, ...]]:
@@ -78,23 +62,9 @@ def _hosts(reader: ClusterReader) -> tuple[tuple[HostSpec, ...], tuple[HostSpec,
     return listed("hosts"), listed("spares")
 
 
-def jump_hosts(reader: ClusterReader, *path: str) -> str | None:
-    """ProxyJump host(s), ``ssh -J`` syntax: each hop a host ssh can parse."""
-    value = reader.get(*path)
-    if value is None:
-        return None
-    for hop in str(value).split(","):
-        try:
-            parse_host(hop)
-        except HostError as exc:
-            reader.problem(path, f"{exc}, got {show_value(value)} (several hops: a,b)")
-            return None
-    return str(value)
-
-
 def _workdir(reader: ClusterReader) -> str:
     value = reader.get("ssh", "workdir", default=DEFAULT_WORKDIR)
-    if not _text(value) or (value.startswith("~") and value != "~" and not value.startswith("~/")):
+    if not plain_text(value) or (value.startswith("~") and value != "~" and not value.startswith("~/")):
         reader.problem(("ssh", "workdir"), f"expected a directory path (absolute, or ~/... in the login's home), "
                                            f"got {show_value(value)}")
         return DEFAULT_WORKDIR
@@ -103,7 +73,7 @@ def _workdir(reader: ClusterReader) -> str:
 
 def _python(reader: ClusterReader) -> str:
     value = reader.get("ssh", "python", default=DEFAULT_PYTHON)
-    if not _text(value) or value.startswith("-") or any(c.isspace() for c in value):
+    if not plain_text(value) or value.startswith("-") or any(c.isspace() for c in value):
         reader.problem(("ssh", "python"), f"expected a command or an absolute path like /opt/conda/bin/python3, got "
                                           f"{show_value(value)}")
         return DEFAULT_PYTHON

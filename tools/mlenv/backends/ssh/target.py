@@ -8,8 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from mlenv.backends.ssh.hosts import HostSpec
-from mlenv.backends.ssh.transport import Transport
+from mlenv.backends.sshlink.hosts import HostSpec
+from mlenv.backends.sshlink.transport import Transport
 from mlenv.core.capabilities import Handle
 from mlenv.errors import OperationError
 

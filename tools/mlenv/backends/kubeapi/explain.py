@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from mlenv.backends.kubernetes import pods as podview
-from mlenv.backends.kubernetes.naming import Target
+from mlenv.backends.kubeapi import pods as podview
+from mlenv.backends.kubeapi.naming import Target
 from mlenv.core.capabilities import NodeStatus
 
 GRACE_SECONDS = {

@@ -20,8 +20,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from mlenv.backends.ssh.hosts import HostSpec
+from mlenv.backends.sshlink.hosts import HostSpec
 from mlenv.errors import OperationError, shown
+
+SSH_FAILED = 255
+"""ssh's exit code for its own failure (connection, authentication), not the remote command's."""
 
 CONTROL_ROOT = "/tmp"  # noqa: S108 - a private directory per user is made there and checked (owner, mode, no link)
 CONTROL_PERSIST = 300
@@ -113,10 +116,6 @@ class Transport:
         """Run ``remote`` (an argv) on ``host``. The remote side gets one string for its login shell, so every
         argument is quoted here."""
         return [*self.ssh_base(host), "-t" if tty else "-T", "--", host.destination(self.user), shlex.join(remote)]
-
-    def control_argv(self, host: HostSpec, operation: str) -> list[str]:
-        """``ssh -O check|exit``: ask the host's master connection."""
-        return [*self.ssh_base(host), "-O", operation, "--", host.destination(self.user)]
 
     def destination(self, host: HostSpec, path: str) -> str:
         """``user@host:path/`` for rsync."""

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from mlenv.backends.kubernetes import pods as podview
-from mlenv.backends.kubernetes.client import Client
-from mlenv.backends.kubernetes.explain import Trouble, pod_trouble, statefulset_trouble
-from mlenv.backends.kubernetes.naming import Target, instance
+from mlenv.backends.kubeapi import pods as podview
+from mlenv.backends.kubeapi.client import Client
+from mlenv.backends.kubeapi.explain import Trouble, pod_trouble, statefulset_trouble
+from mlenv.backends.kubeapi.naming import Target, instance
 from mlenv.errors import OperationError
 from mlenv.ui import live_view
 

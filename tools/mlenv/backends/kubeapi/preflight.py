@@ -11,8 +11,8 @@ from decimal import Decimal
 from typing import Any
 from urllib.parse import urlsplit
 
-from mlenv.backends.kubernetes.client import Client, KubeError
-from mlenv.backends.kubernetes.naming import Target
+from mlenv.backends.kubeapi.client import Client, KubeError
+from mlenv.backends.kubeapi.naming import Target
 from mlenv.config.quantity import QuantityError, parse_quantity
 from mlenv.core.capabilities import Check
 from mlenv.errors import OperationError
@@ -76,7 +76,7 @@ def check_server(client: Client, target: Target) -> Check:
     """The CLI's current context must point at the file's ``api`` (PASS when the file names none)."""
     if not target.api:
         return Check("server", "PASS", "the cluster file names no api: the current context is used")
-    from mlenv.backends.kubernetes.kubeconfig import KubeconfigError, merged
+    from mlenv.backends.kubeapi.kubeconfig import KubeconfigError, merged
 
     try:
         config = merged()
