@@ -35,7 +35,7 @@ RESTARTS_OPT = $(if $(MAX_RESTARTS),--max-restarts "$$MAX_RESTARTS")
 SPARES_OPT = $(if $(SPARES),--spares "$$SPARES")
 
 .DEFAULT_GOAL := help
-.PHONY: help install install-train install-system test lint bench demo list-clusters validate-cluster \
+.PHONY: help install install-train install-system test test-fast lint bench demo list-clusters validate-cluster \
         render-cluster deploy-cluster-dry-run deploy-cluster use status-cluster sync-multi-node shell-multi-node \
         exec logs clean-cluster launch launch-dry-run stop top stacks nccl-test doctor discover
 
@@ -51,9 +51,14 @@ install-train: ## install + torch (CPU) and deepspeed
 install-system: ## install + Debian packages (rsync, iproute2, slurm, munge, openssh) and kubectl when missing
 	@scripts/install.sh system
 
-test: lint ## make lint, install everything the tests need, then run the tests
+test: lint ## make lint, install everything the tests need, then run every test (what CI runs)
 	@scripts/install.sh train system scan
 	@scripts/test.sh
+
+# The tiers a test may need (pyproject.toml's markers, applied by tests/conftest.py); test-fast runs none of them.
+SLOW_TIERS := slurm or sshd or fakekube or torch or netns or release
+test-fast: install ## The tests that need no Slurm, sshd, fakekube pods, torch, netns or release (a few minutes; no lint)
+	@scripts/test.sh -m "not ($(SLOW_TIERS))"
 
 lint: install ## ruff (with bandit S rules), mypy --strict and import-linter (the layers of docs/architecture.md)
 	"$$VENV/bin/ruff" check .

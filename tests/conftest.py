@@ -1,17 +1,33 @@
-"""Shared fixtures: the project root and a runner for the real `mlenv` command."""
+"""Shared fixtures (the project root, a project home, a runner for the real `mlenv` command) and the test tiers:
+each test is marked by what it needs (tests/tiers.py)."""
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-MLENV = Path(sys.executable).parent / "mlenv"
+from tests import tiers
+from tests.helpers import ROOT
+from tests.helpers import run_mlenv as run
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark each test by what it and its fixtures need (tests/tiers.py), so that ``-m`` picks a tier."""
+    for item in items:
+        if not isinstance(item, pytest.Function):
+            continue
+        definitions = item._fixtureinfo.name2fixturedefs
+        fixtures = [definition.func for name in item.fixturenames for definition in definitions.get(name, ())]
+
+        def fixture(name: str, item: pytest.Function = item) -> list[Callable[..., object]]:
+            return [definition.func for definition in item.session._fixturemanager.getfixturedefs(name, item) or ()]
+
+        params = item.callspec.params.values() if hasattr(item, "callspec") else ()
+        for name in sorted(tiers.markers(item.function, fixtures, fixture, params)):
+            item.add_marker(name)
 
 
 @pytest.fixture
@@ -33,10 +49,4 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 @pytest.fixture
 def run_mlenv(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
     """Run the installed `mlenv` console script as a user would, from the project root."""
-
-    def run(*args: str, env: dict[str, str] | None = None, cwd: Path = ROOT,
-            timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([str(MLENV), *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                              env={**os.environ, **(env or {})}, check=False)
-
     return run

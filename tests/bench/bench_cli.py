@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tests.bench.timing import ROOT, command, row, wall_time
+from tests.helpers import MLENV
 
 REPEAT = 15
 
@@ -33,7 +34,7 @@ def _changing_render(directory: Path, mlenv: str) -> Callable[[], object]:
 
 def run() -> list[dict[str, object]]:
     """Aim: render <= 10x a bare interpreter start; help <= 1.15x importing click."""
-    mlenv = str(Path(sys.executable).parent / "mlenv")
+    mlenv = str(MLENV)
     with tempfile.TemporaryDirectory(prefix="mlenv-bench-") as directory:
         actions = [command([sys.executable, "-c", "pass"]), _changing_render(Path(directory), mlenv),
                    command([sys.executable, "-c", "import click"]), command([mlenv, "--help"])]

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from tests._prereq import clean_environ
 from tests.bench.timing import row, wall_time
+from tests.helpers import MLENV
 from tests.integration.slurm_cluster import CLIENTS, DAEMONS, SlurmCluster, _tool, running_cluster
 
 REPEAT = 3
@@ -74,7 +75,7 @@ def _by_hand(cluster: SlurmCluster, script: Path) -> Callable[[], object]:
 
 
 def _mlenv(env: dict[str, str], home: Path) -> Callable[[], object]:
-    mlenv = str(Path(sys.executable).parent / "mlenv")
+    mlenv = str(MLENV)
 
     def run() -> object:
         return subprocess.run([mlenv, "launch", "-c", "bench", "--launcher", "torchrun", "tiny.py"], env=env, cwd=home,

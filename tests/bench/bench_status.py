@@ -7,7 +7,6 @@ shows the cost without the table)."""
 from __future__ import annotations
 
 import statistics
-import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -16,6 +15,7 @@ import yaml
 
 from tests.bench.timing import ROOT, command, row, wall_time
 from tests.fakekube.fixtures import fake_cluster, find_kubectl
+from tests.helpers import MLENV
 
 PODS = 256
 REPEAT = 7
@@ -49,7 +49,7 @@ def run() -> list[dict[str, object]]:
     kubectl = find_kubectl()
     if kubectl is None:
         raise SystemExit("bench_status needs kubectl: make install-system")
-    mlenv = str(Path(sys.executable).parent / "mlenv")
+    mlenv = str(MLENV)
     with tempfile.TemporaryDirectory() as tmp, \
             fake_cluster(Path(tmp), nodes=[f"gpu-{i}" for i in range(PODS)], namespaces=[NAMESPACE]) as cluster:
         home = Path(tmp) / "home"  # MLENV_HOME: the real manifests, the benchmark's own .mlenv/state.json

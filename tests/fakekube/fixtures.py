@@ -74,6 +74,11 @@ class FakeCluster:
             timeout=timeout, check=False,
         )
 
+    def use_in(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Point this process (the CLI run in-process, and the kubectl it runs) at this cluster, for one test."""
+        for name in ("KUBECONFIG", "KUBECACHEDIR", "OPENSHIFT_CLIENT_PYTHON_DEFAULT_OC_PATH"):
+            monkeypatch.setenv(name, self.env[name])
+
     def forget_discovery(self) -> None:
         """Drop kubectl's discovery cache (KUBECACHEDIR), e.g. after changing ``server.hidden_groups``: kubectl
         otherwise keeps using the API groups it found first."""

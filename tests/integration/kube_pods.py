@@ -9,7 +9,6 @@ pods ran is gone when the fixture ends (the fake's SIGTERM stops every pod), whi
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -22,9 +21,8 @@ import pytest
 
 from tests._prereq import require
 from tests.fakekube.fixtures import require_kubectl
+from tests.helpers import ROOT, free_port, run_mlenv, succeeded
 
-ROOT = Path(__file__).resolve().parents[2]
-MLENV = Path(sys.executable).parent / "mlenv"
 NAMESPACE = "ml"
 APP = "ml-dev-env"
 START_SECONDS = 60.0
@@ -42,14 +40,11 @@ class KubeProject:
 
     def mlenv(self, *args: str, timeout: float = 180, input: str | None = None) -> subprocess.CompletedProcess[str]:
         """Run the real `mlenv` against this project."""
-        return subprocess.run([str(MLENV), *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                              env=self.env, input=input, check=False)
+        return run_mlenv(*args, env=self.env, input=input, timeout=timeout)
 
     def ok(self, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
         """Run `mlenv` and insist that it succeeded."""
-        result = self.mlenv(*args, timeout=timeout)
-        assert result.returncode == 0, f"mlenv {' '.join(args)}: {result.returncode}\n{result.stdout}\n{result.stderr}"
-        return result
+        return succeeded(self.mlenv(*args, timeout=timeout))
 
     def kubectl(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         """The real kubectl against the fake."""
@@ -105,12 +100,6 @@ network:
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def pod_processes(pods_root: Path) -> list[int]:
     """Processes whose root directory is one of the fake's pods (anything a pod ran)."""
     found = []
@@ -147,7 +136,7 @@ def kube_cluster(tmp_path: Path, backend: str, security: str = "") -> Iterator[K
     (home / "manifests").symlink_to(ROOT / "manifests")
     pods_root = tmp_path / "pods"
     pods_root.mkdir()
-    port = _free_port()
+    port = free_port()
     kubeconfig = tmp_path / "kubeconfig"
     namespace = NAMESPACES[backend]
     plain = ["--no-openshift"] if backend == "kubernetes" else []

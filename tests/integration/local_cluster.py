@@ -7,16 +7,13 @@ import json
 import os
 import re
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from tests._prereq import require
-
-MLENV = Path(sys.executable).parent / "mlenv"
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers import run_mlenv, succeeded
 
 TINY_JOB = """\
 import os, sys
@@ -73,14 +70,11 @@ class LocalProject:
 
     def mlenv(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         """Run the real `mlenv` command against this project."""
-        return subprocess.run([str(MLENV), *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                              env={**os.environ, "MLENV_HOME": str(self.home)}, check=False)
+        return run_mlenv(*args, home=self.home, timeout=timeout)
 
     def ok(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         """Run `mlenv` and insist that it succeeded."""
-        result = self.mlenv(*args, timeout=timeout)
-        assert result.returncode == 0, f"mlenv {' '.join(args)}: {result.returncode}\n{result.stdout}\n{result.stderr}"
-        return result
+        return succeeded(self.mlenv(*args, timeout=timeout))
 
     def status(self) -> list[dict[str, object]]:
         """The pods of `mlenv status --json`."""

@@ -28,7 +28,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -40,6 +39,7 @@ from pathlib import Path
 import pytest
 
 from tests._prereq import clean_environ, require
+from tests.helpers import free_ports, succeeded
 
 DEFAULT_NODES = 2
 PARTITIONS = ("debug", "down")
@@ -142,9 +142,7 @@ class SlurmCluster:
 
     def ok(self, *argv: str, timeout: float = COMMAND_TIMEOUT) -> str:
         """Run a client command that must succeed; its stdout."""
-        result = self.run(*argv, timeout=timeout)
-        assert result.returncode == 0, f"{' '.join(argv)}: exit {result.returncode}\n{result.stdout}{result.stderr}"
-        return result.stdout
+        return succeeded(self.run(*argv, timeout=timeout)).stdout
 
     def state(self, job_id: str) -> str:
         """The job's state as squeue shows it (PENDING, RUNNING, COMPLETING...); "" once it has ended (until
@@ -261,7 +259,7 @@ def create_cluster(count: int = DEFAULT_NODES) -> SlurmCluster:
     for index in range(GPUS_PER_NODE):
         (tmp / "dev" / f"gpu{index}").symlink_to("/dev/null")  # gres needs character devices
     (tmp / "gres.conf").write_text(f"Name=gpu File={tmp}/dev/gpu[0-{GPUS_PER_NODE - 1}]\n")
-    ctld_port, *node_ports = _free_ports(1 + len(nodes))
+    ctld_port, *node_ports = free_ports(1 + len(nodes))
     ports = {"slurmctld": ctld_port, **dict(zip(nodes, node_ports, strict=True))}
     lines = "\n".join(NODE_LINE.format(name=node, port=ports[node], cpus=CPUS_PER_NODE, gpus=GPUS_PER_NODE)
                       for node in nodes)
@@ -358,18 +356,6 @@ def _apt_install(*packages: str) -> None:
     for argv in (["apt-get", "update", "-qq"],
                  ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *packages]):
         subprocess.run(argv, env=env, capture_output=True, timeout=600, check=False)
-
-
-def _free_ports(count: int) -> list[int]:
-    """``count`` distinct loopback ports that were free a moment ago (held together, so never the same)."""
-    probes = [socket.socket() for _ in range(count)]
-    try:
-        for probe in probes:
-            probe.bind(("127.0.0.1", 0))
-        return [int(probe.getsockname()[1]) for probe in probes]
-    finally:
-        for probe in probes:
-            probe.close()
 
 
 def _listening(port: int) -> bool:

@@ -43,6 +43,7 @@ from typing import Protocol
 import pytest
 
 from tests._prereq import require
+from tests.helpers import free_port
 
 FIRST_ADDRESS = ipaddress.IPv4Address("127.0.0.2")
 SPARE_ADDRESS = "127.0.1.1"  # never given to a machine: for addresses where nobody answers
@@ -278,7 +279,7 @@ def _host(root: Path, index: int, address: str, separate: bool, authorized_keys:
     home.mkdir(parents=True)
     files = home / "workdir" if separate else root / "workdir"
     files.mkdir(exist_ok=True)
-    host = SshHost(f"node{index}", address, _free_port(address), files, home)
+    host = SshHost(f"node{index}", address, free_port(address), files, home)
     _keygen(host.host_key, host.name)
     host.sshd_config.write_text(_sshd_config(host, authorized_keys, env))
     return host
@@ -356,12 +357,6 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 def _keygen(path: Path, comment: str) -> None:
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)],
                    check=True, capture_output=True, timeout=COMMAND_TIMEOUT)
-
-
-def _free_port(address: str) -> int:
-    with socket.socket() as probe:
-        probe.bind((address, 0))
-        return int(probe.getsockname()[1])
 
 
 def _sshd() -> str | None:

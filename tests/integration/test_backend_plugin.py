@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from click.testing import CliRunner, Result
+from click.testing import CliRunner
 from mlenv.cli import main
 from mlenv.config import schema
 from mlenv.core.capabilities import Check, CopyTarget, Handle, Node, NodeStatus, Recorder, Request
@@ -24,6 +24,7 @@ from mlenv.core.remote import script
 from mlenv.plan import JobPlan
 
 from tests._prereq import require
+from tests.helpers import invoke as mlenv
 from tests.integration.local_cluster import DONE, TINY_JOB
 
 
@@ -98,10 +99,6 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     yield tmp_path
     monkeypatch.undo()
     schema.cluster_schema.cache_clear()
-
-
-def mlenv(*args: str) -> Result:
-    return CliRunner().invoke(main, list(args), catch_exceptions=False)
 
 
 def test_a_backend_from_a_test_module_runs_every_verb(project: Path) -> None:

@@ -31,6 +31,7 @@ from mlenv.core.capabilities import CAPABILITIES, CHECKS, DEPLOY, JOBS, NODE_ACC
 from mlenv.core.registry import BACKENDS, get
 
 from tests._prereq import clean_environ, require
+from tests.helpers import MLENV, run_mlenv, succeeded
 from tests.integration.kube_pods import kube_cluster
 from tests.integration.local_cluster import make_project, require_local
 
@@ -40,7 +41,6 @@ if TYPE_CHECKING:  # imported at run time as plugins, so that pytest rewrites th
 
 pytest_plugins = ["tests.integration.slurm_cluster", "tests.integration.ssh_hosts"]
 
-MLENV = Path(sys.executable).parent / "mlenv"
 JOB = "conformance_job.py"
 JOB_TEXT = """\
 import os, time
@@ -64,12 +64,10 @@ class Subject:
     nodes: int = 2
 
     def mlenv(self, *args: str, timeout: float = CALL_TIMEOUT) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([str(MLENV), *args], cwd=self.home, env=self.env, capture_output=True, text=True,
-                              timeout=timeout, check=False, stdin=subprocess.DEVNULL)
+        return run_mlenv(*args, cwd=self.home, env=self.env, input="", timeout=timeout)
 
     def ok(self, *args: str, timeout: float = CALL_TIMEOUT) -> subprocess.CompletedProcess[str]:
-        result = self.mlenv(*args, timeout=timeout)
-        assert result.returncode == 0, f"mlenv {' '.join(args)}: {result.returncode}\n{result.stdout}{result.stderr}"
+        result = succeeded(self.mlenv(*args, timeout=timeout))
         assert "Traceback" not in result.stderr, result.stderr
         return result
 

@@ -16,7 +16,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from tests._prereq import require
-from tests.integration.local_cluster import ROOT, leftovers, make_project, require_local
+from tests.helpers import ROOT
+from tests.integration.local_cluster import leftovers, make_project, require_local
 
 DONE = re.compile(r"\bdone steps=(\d+) first_loss=([\d.]+) last_loss=([\d.]+) world_size=(\d+)")
 OTHER_HANDLE = {"backend": "openshift", "name": "barcelona", "nodes": 2, "mode": "rdma", "shared_workspace": False,

@@ -11,13 +11,12 @@ from typing import Any
 
 import pytest
 import yaml
-from _prereq import require
-from click.testing import CliRunner, Result
-from mlenv.cli import main
 
+from tests._prereq import require
 from tests.fakekube import NodeSpec
 from tests.fakekube.fixtures import FakeCluster, fake_kube_factory  # noqa: F401 - the fixture, re-exported
 from tests.fakekube.seeds import network_attachment_definition, storage_class
+from tests.helpers import invoke as mlenv
 
 ROOT = Path(__file__).resolve().parents[2]
 NAMESPACE = "ml"
@@ -28,15 +27,10 @@ def cluster(fake_kube_factory: Callable[..., FakeCluster],  # noqa: F811 - pytes
             monkeypatch: pytest.MonkeyPatch) -> Callable[..., FakeCluster]:
     def start(**options: Any) -> FakeCluster:
         fake = fake_kube_factory(namespaces=[NAMESPACE], **options)
-        for name in ("KUBECONFIG", "KUBECACHEDIR", "OPENSHIFT_CLIENT_PYTHON_DEFAULT_OC_PATH"):
-            monkeypatch.setenv(name, fake.env[name])
+        fake.use_in(monkeypatch)
         return fake
 
     return start
-
-
-def mlenv(*args: str) -> Result:
-    return CliRunner().invoke(main, list(args), catch_exceptions=False)
 
 
 def discovered(home: Path, name: str) -> tuple[str, dict[str, Any]]:

@@ -11,8 +11,6 @@ from typing import Any
 
 import pytest
 import yaml
-from click.testing import CliRunner, Result
-from mlenv.cli import main
 from mlenv.core.capabilities import Node
 from mlenv.ops.doctor import NodeReport, clock_check, compare_nodes, node_checks
 from mlenv.runtime.doctor import examine
@@ -20,6 +18,7 @@ from mlenv.runtime.doctor import examine
 from tests.fakekube import Deny, NodeSpec
 from tests.fakekube.fixtures import FakeCluster, fake_kube_factory  # noqa: F401 - the fixture, re-exported
 from tests.fakekube.seeds import image_stream, network_attachment_definition, security_context_constraints
+from tests.helpers import invoke as mlenv
 from tests.integration.local_cluster import make_project, require_local
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,8 +37,7 @@ def cluster(fake_kube_factory: Callable[..., FakeCluster],  # noqa: F811 - pytes
     def start(nodes: list[NodeSpec] = RDMA_NODES, openshift: bool = True) -> FakeCluster:
         fake = fake_kube_factory(nodes=nodes, namespaces=[NAMESPACE], openshift=openshift)
         fake.server.add(network_attachment_definition(NAMESPACE, "roce", resource_name="rdma/rdma"))
-        for name in ("KUBECONFIG", "KUBECACHEDIR", "OPENSHIFT_CLIENT_PYTHON_DEFAULT_OC_PATH"):
-            monkeypatch.setenv(name, fake.env[name])
+        fake.use_in(monkeypatch)
         return fake
 
     return start
@@ -67,10 +65,6 @@ def cluster_file(home: Path, fake: FakeCluster, **changes: Any) -> str:
     path = home / "clusters" / "fake.yaml"
     path.write_text(yaml.safe_dump(document, sort_keys=False))
     return str(path)
-
-
-def mlenv(*args: str) -> Result:
-    return CliRunner().invoke(main, list(args), catch_exceptions=False)
 
 
 def doctor(path: str) -> tuple[int, dict[str, dict[str, Any]]]:

@@ -5,13 +5,11 @@ holding every C0 control, DEL, ESC sequences, BEL and a bidi override can neithe
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.integration.local_cluster import MLENV, ROOT
+from tests.helpers import run_mlenv
 
 RAW = "".join(map(chr, range(0x20))) + "\x7f\x1b[31mRED\x1b[0m\x07 \u202e evil"
 """Every C0 control, DEL, an ANSI colour, BEL and U+202E (RIGHT-TO-LEFT OVERRIDE)."""
@@ -35,11 +33,6 @@ local:
 """
 
 
-def _mlenv(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(MLENV), *args], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
-                          env={**os.environ, "MLENV_HOME": str(home)})
-
-
 def _raw(text: str) -> set[str]:
     return {char for char in text if char in FORBIDDEN}
 
@@ -53,18 +46,18 @@ def home(tmp_path: Path) -> Path:
 
 
 def test_list_prints_no_raw_control_character(home: Path) -> None:
-    listed = _mlenv(home, "list")
+    listed = run_mlenv("list", home=home)
     assert listed.returncode == 0, listed.stderr
     assert _raw(listed.stdout + listed.stderr) == set()
     assert "\\x1b[31mRED" in listed.stdout.replace("\n", "").replace("│", "").replace(" ", "")
-    rows = {row["name"]: row for row in json.loads(_mlenv(home, "list", "--json").stdout)}
+    rows = {row["name"]: row for row in json.loads(run_mlenv("list", "--json", home=home).stdout)}
     assert rows["evil"]["description"] == RAW  # JSON carries the value itself, escaped by JSON
     assert rows["bad"]["valid"] is False
 
 
 def test_errors_quoting_a_value_escape_it(home: Path) -> None:
-    refused = _mlenv(home, "validate", "bad")
+    refused = run_mlenv("validate", "bad", home=home)
     assert refused.returncode == 2
     assert _raw(refused.stdout + refused.stderr) == set() and "bad\\u001b[2J" in refused.stderr
-    status = _mlenv(home, "status", "--cluster", "evil")
+    status = run_mlenv("status", "--cluster", "evil", home=home)
     assert _raw(status.stdout + status.stderr) == set()

@@ -14,7 +14,8 @@ from collections.abc import Iterator
 import pytest
 
 from tests._prereq import require
-from tests.integration.local_cluster import MLENV, ROOT, LocalProject, make_project, require_local
+from tests.helpers import MLENV, ROOT
+from tests.integration.local_cluster import LocalProject, make_project, require_local
 
 STANDIN = ROOT / "tests" / "fixtures" / "nvidia_smi"
 

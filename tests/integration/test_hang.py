@@ -19,7 +19,8 @@ import pytest
 from mlenv.runtime.stacks import find_py_spy
 
 from tests._prereq import require
-from tests.integration.local_cluster import MLENV, ROOT, LocalProject, make_project, require_local
+from tests.helpers import MLENV, ROOT
+from tests.integration.local_cluster import LocalProject, make_project, require_local
 from tests.integration.test_makefile import make
 
 HANG = """\

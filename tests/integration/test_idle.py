@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from tests.integration.local_cluster import ROOT, LocalProject, make_project, require_local
+from tests.helpers import ROOT
+from tests.integration.local_cluster import LocalProject, make_project, require_local
 from tests.integration.test_makefile import make
 
 STANDIN = ROOT / "tests" / "fixtures" / "nvidia_smi"

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.conftest import MLENV, ROOT
 from tests.fakekube.api import APPLY
 from tests.fakekube.fixtures import FakeCluster, fake_kube_factory  # noqa: F401 - the fixture, re-exported
+from tests.helpers import MLENV, ROOT
 from tests.integration.test_openshift_backend import (  # noqa: F401 - fixtures, re-exported
     APP,
     NAMESPACE,

@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import MLENV, ROOT
 from tests.integration.kube_pods import (  # noqa: F401 - kube_project is a fixture
     APP,
-    MLENV,
-    ROOT,
     KubeProject,
     kube_cluster,
     kube_project,

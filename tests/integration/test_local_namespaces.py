@@ -15,11 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import MLENV, ROOT
 from tests.integration.local_cluster import (
     DONE,
     FAILING_JOB,
-    MLENV,
-    ROOT,
     TINY_JOB,
     LocalProject,
     leftovers,

@@ -21,7 +21,8 @@ from mlenv.ops.sync import PACKAGE, sync
 from mlenv.ops.target import resolve
 
 from tests._prereq import require
-from tests.integration.local_cluster import MLENV, ROOT, LocalProject, make_project, require_local
+from tests.helpers import MLENV, ROOT
+from tests.integration.local_cluster import LocalProject, make_project, require_local
 
 FILES = {
     "train.py": "print('hi')\n",

@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,10 +18,11 @@ import tomllib
 import yaml
 
 from tests._prereq import require
+from tests.helpers import succeeded
 from tests.integration.local_cluster import DONE, FAILING_JOB, TINY_JOB, LocalProject, make_project, require_local
 
 ROOT = Path(__file__).resolve().parents[2]
-TARGETS = ("install", "install-train", "install-system", "test", "lint", "bench", "demo", "list-clusters",
+TARGETS = ("install", "install-train", "install-system", "test", "test-fast", "lint", "bench", "demo", "list-clusters",
            "validate-cluster", "render-cluster", "deploy-cluster-dry-run", "deploy-cluster", "use", "status-cluster",
            "sync-multi-node", "shell-multi-node", "exec", "logs", "launch", "launch-dry-run", "stop", "nccl-test",
            "doctor", "discover", "clean-cluster", "top", "stacks")
@@ -39,9 +41,7 @@ def make(*args: str, home: Path | None = None, stdin: str | None = None,
 
 def ok(*args: str, home: Path | None = None, stdin: str | None = None,
        extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    result = make(*args, home=home, stdin=stdin, extra_env=extra_env)
-    assert result.returncode == 0, f"make {' '.join(args)}: {result.returncode}\n{result.stdout}\n{result.stderr}"
-    return result
+    return succeeded(make(*args, home=home, stdin=stdin, extra_env=extra_env))
 
 
 @pytest.fixture(scope="module")
@@ -72,9 +72,15 @@ def test_install_targets_are_idempotent() -> None:
         assert ok(target).stderr == ""  # everything is there already: nothing to do, nothing said
 
 
-def test_lint_is_clean() -> None:
+def test_make_test_lints_once_and_test_fast_not_at_all() -> None:
+    """Lint runs once, as make test's first step (CI fails on it); no test runs it again, test-fast skips it."""
     require("make")
-    ok("lint")
+    planned = ok("-n", "test").stdout
+    assert [planned.count(tool) for tool in ("bin/ruff\" check", "bin/mypy", "bin/lint-imports")] == [1, 1, 1]
+    fast = ok("-n", "test-fast").stdout
+    assert "bin/ruff" not in fast and "bin/mypy" not in fast and 'scripts/test.sh -m "not (' in fast, fast
+    again = [f'{runner}("lint")' for runner in ("ok", "make")]
+    assert [path for path in (ROOT / "tests").rglob("test_*.py") if any(a in path.read_text() for a in again)] == []
 
 
 def test_make_test_runs_lint_first_ruff_strict_mypy_and_import_linter() -> None:
@@ -91,7 +97,7 @@ def test_the_test_script_runs_the_venv_it_is_given(tmp_path: Path) -> None:
     (venv / "bin").mkdir(parents=True)
     marker = tmp_path / "used"
     python = venv / "bin" / "python"
-    python.write_text(f"#!/bin/sh\ntouch {marker}\nexec {ROOT / '.venv' / 'bin' / 'python'} \"$@\"\n")
+    python.write_text(f"#!/bin/sh\ntouch {marker}\nexec {sys.executable} \"$@\"\n")
     python.chmod(0o755)
     ran = subprocess.run([str(ROOT / "scripts" / "test.sh"), "-q", "-p", "no:cacheprovider", "tests/unit/test_plot.py"],
                          cwd=ROOT, env={**os.environ, "VENV": str(venv)}, capture_output=True, text=True, timeout=300,

@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 
 from tests._prereq import require
-from tests.conftest import MLENV, ROOT
+from tests.helpers import MLENV, ROOT
 
 SCANNER = ROOT / ".cache" / "venv-scan" / "bin" / "checkov"
 """Where scripts/install.sh scan puts it; a checkov on PATH does too."""

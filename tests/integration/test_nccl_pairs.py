@@ -41,26 +41,24 @@ def pair(a: int, b: int, busbw: float, round_: int = 0) -> PairResult:
     return PairResult(round_, (a, b), 1 << 20, 1.0, busbw)
 
 
-def test_a_node_is_named_when_all_its_pairs_are_slow_and_another_pair_is_not() -> None:
-    pairs = [pair(0, 3, 1.0, 0), pair(1, 2, 10.0, 0), pair(0, 1, 9.0, 1), pair(2, 3, 0.9, 1),
-             pair(0, 2, 11.0, 2), pair(1, 3, 1.1, 2)]
-    below, why = threshold(pairs, None)
-    assert below == 5.5 and why == "50% of the best pair's 11 GB/s (no expected bandwidth)"
-    judged, named = judge(pairs, below)
-    assert [p.slow for p in judged] == [True, False, False, True, False, True]
-    assert named == [3]
-
-
-def test_a_healthy_node_is_not_named_when_a_loaded_machine_spreads_the_fast_pairs_apart() -> None:
+@pytest.mark.parametrize(("pairs", "below", "why", "named"), [
+    pytest.param([pair(0, 3, 1.0, 0), pair(1, 2, 10.0, 0), pair(0, 1, 9.0, 1), pair(2, 3, 0.9, 1),
+                  pair(0, 2, 11.0, 2), pair(1, 3, 1.1, 2)],
+                 5.5, "50% of the best pair's 11 GB/s (no expected bandwidth)", [3],
+                 id="all its pairs slow, another pair not"),
     # node 3's healthy pairs came out under half of the best pair's, but far above node 2's throttled ones
-    pairs = [pair(0, 2, 1.0, 0), pair(1, 3, 18.0, 0), pair(0, 1, 40.0, 1), pair(2, 3, 1.1, 1),
-             pair(0, 3, 15.0, 2), pair(1, 2, 0.9, 2)]
-    below, why = threshold(pairs, None)
-    assert below == 15.0 and why == ("15 GB/s, the pair above the widest gap between the pairs' figures (no expected "
-                                     "bandwidth; 50% of the best pair's 40 GB/s is higher)")
-    judged, named = judge(pairs, below)
+    pytest.param([pair(0, 2, 1.0, 0), pair(1, 3, 18.0, 0), pair(0, 1, 40.0, 1), pair(2, 3, 1.1, 1),
+                  pair(0, 3, 15.0, 2), pair(1, 2, 0.9, 2)],
+                 15.0, "15 GB/s, the pair above the widest gap between the pairs' figures (no expected bandwidth; "
+                 "50% of the best pair's 40 GB/s is higher)", [2],
+                 id="a loaded machine spreads the fast pairs apart"),
+])
+def test_a_node_is_named_when_all_its_pairs_are_slow(pairs: list[PairResult], below: float, why: str,
+                                                     named: list[int]) -> None:
+    assert threshold(pairs, None) == (below, why)
+    judged, slow_nodes = judge(pairs, below)
     assert [p.slow for p in judged] == [True, False, False, True, False, True]
-    assert named == [2]
+    assert slow_nodes == named
 
 
 def test_no_node_is_named_when_every_pair_is_slow_or_a_slow_node_had_a_fast_pair() -> None:

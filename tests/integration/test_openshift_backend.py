@@ -16,21 +16,20 @@ from pathlib import Path
 
 import pytest
 import yaml
-from click.testing import CliRunner, Result
 from mlenv.backends.kubeapi import explain, waiting
 from mlenv.backends.kubeapi.pods import rdma_devices
 from mlenv.backends.kubeapi.preflight import same_server
 from mlenv.backends.kubernetes.backend import KubernetesBackend
-from mlenv.cli import main
 from mlenv.core.capabilities import Handle, Node
 from mlenv.core.clusters import load_plan
 from mlenv.core.remote import script
 from mlenv.errors import OperationError
 
 from tests.fakekube.fixtures import FakeCluster, fake_kube_factory  # noqa: F401 - the fixture, re-exported
+from tests.helpers import MLENV
+from tests.helpers import invoke as mlenv
 
 ROOT = Path(__file__).resolve().parents[2]
-MLENV = Path(sys.executable).parent / "mlenv"
 NAMESPACE = "ml"
 APP = "ml-dev-env"
 SELECTOR = f"app.kubernetes.io/instance={APP}"
@@ -48,8 +47,7 @@ def fake(fake_kube_factory: Callable[..., FakeCluster], home: Path,  # noqa: F81
          monkeypatch: pytest.MonkeyPatch) -> FakeCluster:
     """A started fake cluster whose kubeconfig the CLI (and the kubectl it runs) uses."""
     cluster = fake_kube_factory(nodes=["gpu-0", "gpu-1"], namespaces=[NAMESPACE])
-    for name in ("KUBECONFIG", "KUBECACHEDIR", "OPENSHIFT_CLIENT_PYTHON_DEFAULT_OC_PATH"):
-        monkeypatch.setenv(name, cluster.env[name])
+    cluster.use_in(monkeypatch)
     return cluster
 
 
@@ -69,11 +67,6 @@ def cluster_file(home: Path, fake: FakeCluster, *, name: str = "fake", backend: 
     path = home / "clusters" / f"{name}.yaml"
     path.write_text(yaml.safe_dump(document, sort_keys=False))
     return str(path)
-
-
-def mlenv(*args: str) -> Result:
-    """Run the CLI in-process (stdout and stderr kept apart)."""
-    return CliRunner().invoke(main, list(args), catch_exceptions=False)
 
 
 def on_terminal(args: list[str], answer: str) -> tuple[int, str]:

@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from tests.integration.local_cluster import MLENV, ROOT, LocalProject, make_project, require_local
+from tests.helpers import MLENV, ROOT
+from tests.integration.local_cluster import LocalProject, make_project, require_local
 from tests.integration.test_makefile import make
 
 # No torch: until the attempt named by --until (exclusive), the first rank of one node fails: node --bad-node, or

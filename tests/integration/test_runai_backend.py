@@ -18,11 +18,9 @@ from typing import Any
 
 import pytest
 import yaml
-from click.testing import CliRunner, Result
 from mlenv.backends.kubeapi import explain, waiting
 from mlenv.backends.runai import tool
 from mlenv.backends.runai.backend import RunaiBackend
-from mlenv.cli import main
 from mlenv.core.capabilities import Handle, Node
 from mlenv.core.clusters import load_plan
 from mlenv.core.remote import script
@@ -31,6 +29,7 @@ from mlenv.runtime.topology import detect_topology
 from tests.fakekube import NodeSpec
 from tests.fakekube.fixtures import FakeCluster, fake_kube_factory  # noqa: F401 - the fixture, re-exported
 from tests.fakekube.seeds import network_attachment_definition
+from tests.helpers import invoke as mlenv
 
 ROOT = Path(__file__).resolve().parents[2]
 STANDIN = ROOT / "tests" / "fixtures" / "runai"
@@ -68,8 +67,7 @@ def fake(fake_kube_factory: Callable[..., FakeCluster], home: Path, argv_log: Pa
     cluster.server.set_namespace_labels(NAMESPACE, {"runai/queue": PROJECT})
     cluster.server.add_namespace("kube-system")
     cluster.server.add(network_attachment_definition("kube-system", "roce", resource_name="rdma/rdma"))
-    for name in ("KUBECONFIG", "KUBECACHEDIR", "OPENSHIFT_CLIENT_PYTHON_DEFAULT_OC_PATH"):
-        monkeypatch.setenv(name, cluster.env[name])
+    cluster.use_in(monkeypatch)
     return cluster
 
 
@@ -91,11 +89,6 @@ def cluster_file(home: Path, *, cli: str = "v2", name: str = "rcp", rdma: bool =
     path = home / "clusters" / f"{name}.yaml"
     path.write_text(yaml.safe_dump(document, sort_keys=False))
     return str(path)
-
-
-def mlenv(*args: str) -> Result:
-    """Run the CLI in-process (stdout and stderr kept apart)."""
-    return CliRunner().invoke(main, list(args), catch_exceptions=False)
 
 
 def calls(log: Path) -> list[list[str]]:

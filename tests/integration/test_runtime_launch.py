@@ -12,7 +12,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,9 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from _prereq import clean_environ, require
 from mlenv.runtime.runlayout import NodeDir
 from mlenv.runtime.supervisor import marked_processes
+
+from tests._prereq import clean_environ, require
+from tests.helpers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKSPACE = ROOT / "workspace"
@@ -38,12 +39,6 @@ class NodeResult:
     status: int
     out: str
     err: str
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def node_env(rank: int, nodes: int, nproc: int, port: int, run_dir: Path, **extra: str) -> dict[str, str]:

@@ -24,6 +24,7 @@ import pytest
 
 from tests._prereq import clean_environ, require
 from tests._waiting import wait_until_polling
+from tests.helpers import MLENV, run_mlenv, succeeded
 
 if TYPE_CHECKING:  # imported at run time as plugins, so that pytest rewrites their asserts
     from tests.integration.slurm_cluster import SlurmCluster
@@ -32,7 +33,6 @@ if TYPE_CHECKING:  # imported at run time as plugins, so that pytest rewrites th
 pytest_plugins = ["tests.integration.slurm_cluster", "tests.integration.ssh_hosts"]
 
 ROOT = Path(__file__).resolve().parents[2]
-MLENV = Path(sys.executable).parent / "mlenv"
 NO_STOP_GRACE = (sys.executable, "-c", "import mlenv.parallel; mlenv.parallel.STOP_GRACE = 0.0; "
                                        "from mlenv.cli import main; main()")
 """mlenv killing what it runs right after SIGTERM: srun dies before it can end its step, as on a slow machine."""
@@ -88,13 +88,10 @@ class Project:
 
     def mlenv(self, *args: str, timeout: float = 60, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
         """The real `mlenv` against this project and the private Slurm."""
-        return subprocess.run([str(MLENV), *args], input=stdin or "", capture_output=True, text=True,
-                              timeout=timeout, env=self.env, cwd=self.home, check=False)
+        return run_mlenv(*args, cwd=self.home, env=self.env, input=stdin or "", timeout=timeout)
 
     def ok(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        result = self.mlenv(*args, timeout=timeout)
-        assert result.returncode == 0, f"mlenv {' '.join(args)}: {result.returncode}\n{result.stdout}{result.stderr}"
-        return result
+        return succeeded(self.mlenv(*args, timeout=timeout))
 
     def status(self) -> list[dict[str, Any]]:
         return list(json.loads(self.ok("status", "-c", self.name, "--json").stdout)["pods"])

@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from tests.integration.test_slurm_backend import MLENV, Project, make_project
+from tests.helpers import MLENV
+from tests.integration.test_slurm_backend import Project, make_project
 
 if TYPE_CHECKING:
     from tests.integration.slurm_cluster import SlurmCluster

@@ -30,7 +30,8 @@ from mlenv.backends.sshlink.hosts import Resolved, resolve
 from mlenv.backends.sshlink.transport import Transport
 
 from tests._prereq import require
-from tests.integration.local_cluster import MLENV, ROOT, LocalProject
+from tests.helpers import MLENV, ROOT
+from tests.integration.local_cluster import LocalProject
 
 if TYPE_CHECKING:  # imported at run time as a plugin, so that pytest rewrites its asserts
     from tests.integration.ssh_hosts import SshCluster, SshHostsFactory

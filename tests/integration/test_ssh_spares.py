@@ -15,7 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tests.integration.local_cluster import MLENV, LocalProject
+from tests.helpers import MLENV
+from tests.integration.local_cluster import LocalProject
 
 if TYPE_CHECKING:  # imported at run time as a plugin, so that pytest rewrites its asserts
     from tests.integration.ssh_hosts import SshHostsFactory

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.local_cluster import MLENV, ROOT, LocalProject, make_project, require_local
+from tests.helpers import MLENV, ROOT
+from tests.integration.local_cluster import LocalProject, make_project, require_local
 
 SECOND = """\
 backend: local

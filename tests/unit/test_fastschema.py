@@ -31,8 +31,9 @@ from mlenv.fastschema.kubernetes import kubernetes_validator, schema_directory
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
+from tests.helpers import MLENV
+
 ROOT = Path(__file__).resolve().parents[2]
-MLENV = Path(sys.executable).parent / "mlenv"
 RENDERS = [("barcelona", "--mode", "rdma"), ("nerc-production", "--mode", "tcp"), ("template", "--mode", "rdma"),
            ("template", "--mode", "rdma", "--admin")]
 KINDS = [("v1", "ServiceAccount"), ("v1", "PersistentVolumeClaim"), ("v1", "Service"), ("apps/v1", "StatefulSet"),

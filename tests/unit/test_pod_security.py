@@ -8,9 +8,7 @@ with ``pod-security.kubernetes.io/enforce: restricted``). Each test renders thro
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,8 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
-MLENV = Path(sys.executable).parent / "mlenv"
+from tests.helpers import ROOT, run_mlenv
 
 # --- the Pod Security Standards, as the page lists them --------------------------------------------------------
 
@@ -190,8 +187,7 @@ def write_cluster(directory: Path, backend: str = "openshift", name: str = "psa"
 
 def _mlenv(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
     """The real ``mlenv`` in a project of its own."""
-    return subprocess.run([str(MLENV), *args], capture_output=True, text=True, timeout=120, check=False, cwd=home,
-                          env={**os.environ, "MLENV_HOME": str(home)})
+    return run_mlenv(*args, home=home, cwd=home)
 
 
 def _template(path: Path, home: Path, mode: str = "tcp") -> dict[str, Any]:

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests._prereq import require
-from tests.conftest import MLENV
+from tests.helpers import MLENV
 from tests.unit.config.files import position
 from tests.unit.test_pod_security import write_cluster
 

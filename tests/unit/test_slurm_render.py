@@ -15,7 +15,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner, Result
 from mlenv import state
 from mlenv.backends.slurm import jobs
 from mlenv.backends.slurm.backend import SlurmBackend
@@ -24,10 +23,11 @@ from mlenv.backends.slurm.jobs import JobInfo
 from mlenv.backends.slurm.login import Login
 from mlenv.backends.slurm.script import grace_seconds, task_wrapper
 from mlenv.backends.slurm.settings import SlurmSettings, owned_option
-from mlenv.cli import main
 from mlenv.config.model import Bind, Container
 from mlenv.core.capabilities import LaunchSpec
 from mlenv.core.clusters import load_plan
+
+from tests.helpers import invoke as mlenv
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "fixtures" / "slurm"
@@ -45,10 +45,6 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("MLENV_HOME", str(tmp_path))
     monkeypatch.chdir(tmp_path)
     return tmp_path
-
-
-def mlenv(*args: str) -> Result:
-    return CliRunner().invoke(main, list(args), catch_exceptions=False)
 
 
 def golden(name: str) -> str:

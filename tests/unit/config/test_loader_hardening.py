@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import resource
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import pytest
 from mlenv.config.load import MAX_BYTES, parse_yaml
 from mlenv.errors import ConfigError
 
+from tests.helpers import MLENV
 from tests.unit.config.files import BARCELONA, ROOT, edited, loaded, position, problems
 
 Run = Callable[..., subprocess.CompletedProcess[str]]
@@ -76,7 +76,7 @@ def test_alias_bomb_is_refused_within_a_small_memory_limit(tmp_path: Path) -> No
     def limit_memory() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (256 << 20, 256 << 20))
 
-    result = subprocess.run([str(Path(sys.executable).parent / "mlenv"), "validate", str(path)], cwd=ROOT,
+    result = subprocess.run([str(MLENV), "validate", str(path)], cwd=ROOT,
                             capture_output=True, text=True, preexec_fn=limit_memory, check=False, timeout=120)
     assert (result.returncode, result.stdout) == (2, "")
     assert result.stderr == (f"error: {path}:4:5: invalid YAML: aliases of this value expand to more than 10,000 "

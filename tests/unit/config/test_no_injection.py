@@ -6,7 +6,6 @@ import copy
 import os
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,8 @@ from mlenv.core.clusters import validate
 from mlenv.errors import ConfigError
 from mlenv.plan import plan
 from mlenv.render.yamlsafe import to_yaml
+
+from tests.helpers import MLENV
 
 ROOT = Path(__file__).resolve().parents[3]
 TEMPLATE = yaml.safe_load((ROOT / "clusters/template.yaml").read_text())
@@ -80,7 +81,7 @@ def test_render_is_byte_identical_across_runs(tmp_path: Path) -> None:
     def once(home: Path) -> bytes:  # each run in a project of its own: a real render, never a cache replay
         shutil.copytree(ROOT / "clusters", home / "clusters")
         shutil.copytree(ROOT / "manifests", home / "manifests")
-        return subprocess.run([str(Path(sys.executable).parent / "mlenv"), "render", "template", "--mode", "rdma"],
+        return subprocess.run([str(MLENV), "render", "template", "--mode", "rdma"],
                               cwd=home, capture_output=True, check=True, env={**os.environ, "MLENV_HOME": str(home)}
                               ).stdout
 
@@ -90,7 +91,7 @@ def test_render_is_byte_identical_across_runs(tmp_path: Path) -> None:
 
 def test_render_directory_writes_one_file_per_object_and_a_kustomization(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    subprocess.run([str(Path(sys.executable).parent / "mlenv"), "render", "clusters/template.yaml", "--mode",
+    subprocess.run([str(MLENV), "render", "clusters/template.yaml", "--mode",
                     "rdma", "-o", str(out)], cwd=ROOT, check=True, capture_output=True)
     kustomization = yaml.safe_load((out / "kustomization.yaml").read_text())
     assert kustomization["resources"] == sorted(p.name for p in out.glob("0*.yaml"))

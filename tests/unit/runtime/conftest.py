@@ -8,8 +8,9 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
-from _prereq import clean_environ
 from runtime_support import FIXTURES, Runner
+
+from tests._prereq import clean_environ
 
 
 @pytest.fixture

@@ -4,17 +4,12 @@ the ending attempt's node 0 is sent away to retry (no failure, no stop) and join
 from __future__ import annotations
 
 import selectors
-import socket
 import time
 from typing import Any
 
 from mlenv.runtime.control import ControlChannel
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from tests.helpers import free_port
 
 
 def channel(node: int, attempt: int, port: int, stops: list[Any]) -> ControlChannel:

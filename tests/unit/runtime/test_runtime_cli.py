@@ -9,8 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from _prereq import clean_environ
 from runtime_support import Runner
+
+from tests._prereq import clean_environ
 
 
 @pytest.mark.parametrize("command", [[], ["topology"], ["nccl-env"], ["launch"], ["nccl-log-check"], ["jobs"],

@@ -4,7 +4,6 @@ fix; the rendezvous port between two nodes over loopback; the one JSON line mlen
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 from pathlib import Path
@@ -14,6 +13,8 @@ import pytest
 from mlenv.backends.slurm.backend import SlurmBackend
 from mlenv.runtime.doctor import KIND, examine
 from runtime_support import Runner
+
+from tests.helpers import free_port
 
 VERSIONS = {"torch": "2.5.1", "cuda": "12.4", "nccl": "2.21.5", "gpus": 4}
 ONE_NODE = {"MLENV_NODE_RANK": "0", "MLENV_NUM_NODES": "1"}
@@ -104,12 +105,6 @@ def test_a_master_name_that_does_not_resolve_fails(fixtures: Path, python: str) 
     assert found["master address"] == ("FAIL", "no-such-master.invalid does not resolve here",
                                        "pod 0 must be running and published by the headless Service "
                                        "(publishNotReadyAddresses); check with: getent hosts no-such-master.invalid")
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def test_rendezvous_port_between_two_nodes(fixtures: Path, python: str) -> None:

@@ -9,9 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from _prereq import require
 from mlenv.runtime.forensics import DUMP_PREFIX, flight_dumps, flight_recorder_env, keep_ras_answer, torch_version
 from runtime_support import Runner
+
+from tests._prereq import require
 
 NODE0 = {"MLENV_NODE_RANK": "0", "MLENV_NUM_NODES": "1", "MLENV_PROCS_PER_NODE": "2", "MASTER_ADDR": "127.0.0.1",
          "OMP_NUM_THREADS": "1"}

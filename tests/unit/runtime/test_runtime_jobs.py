@@ -14,10 +14,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from _prereq import clean_environ
-from _waiting import wait_until_polling
 from mlenv.runtime.runlayout import NodeDir
 from runtime_support import Runner
+
+from tests._prereq import clean_environ
+from tests._waiting import wait_until_polling
 
 HOST = "ml-dev-env-0"
 NO_PID = (1 << 22) + 1  # above the kernel's largest pid_max: never a process
