@@ -12,8 +12,9 @@ Launches are prepared on the handle ``prepare`` gives (what ``launch --dry-run``
 Backends are made through the registry before the guard, as every command makes them: that is where a backend reads
 what it needs of this machine (local: ``$MLENV_HOME`` or the working directory, and whether it is root with
 ``ip``; ssh: the uid). The first call of each verb may also fill mlenv's on-disk caches (compiled validators and
-templates, kept like ``.pyc`` files) and import lazily; the two calls after it run under the guard and must give
-exactly what the first gave.
+templates, kept like ``.pyc`` files), import lazily and read the environment for those caches' place, but start no
+process and open no socket; the two calls after it run under the full guard and must give exactly what the first
+gave.
 """
 
 from __future__ import annotations
@@ -52,10 +53,12 @@ SPECS = (
 )
 """An attached launch, one forwarding a secret (refused by a Slurm batch job: the refusal must be pure too) and a
 detached one restarting, with its watches."""
-FORBIDDEN = ("subprocess.", "socket.", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.kill",
-             "os.putenv", "os.unsetenv", "os.mkdir", "os.rename", "os.remove", "os.rmdir", "os.symlink", "os.link",
-             "os.truncate", "os.chmod", "os.chown", "os.utime", "shutil.", "urllib.", "http.", "ctypes.")
-"""Audit events (sys.addaudithook) no pure verb may raise: processes, the network, changes to files."""
+OUTSIDE = ("subprocess.", "socket.", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.kill",
+           "os.putenv", "os.unsetenv", "urllib.", "http.", "ctypes.")
+"""Audit events (sys.addaudithook) no call of a pure verb may raise, not even the first: processes, the network."""
+CHANGES = ("os.mkdir", "os.rename", "os.remove", "os.rmdir", "os.symlink", "os.link", "os.truncate", "os.chmod",
+           "os.chown", "os.utime", "shutil.")
+"""Audit events changing files, which only a first call may raise (filling mlenv's on-disk caches)."""
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
 Prepared = TypeVar("Prepared", Request, LaunchRequest)
 
@@ -64,12 +67,18 @@ class Impure(AssertionError):
     """What a pure verb did that it must not."""
 
 
-_seen: list[str] | None = None
-"""What the guard saw while it is on (None: off)."""
+_guard: tuple[list[str], bool] | None = None
+"""While the guard is on: what it refused, and whether it is strict (None: off)."""
+_hooked: list[bool] = []
+"""Whether the audit hook is in (once in, it stays for the process: it does nothing while the guard is off)."""
 
 
 def _audit(event: str, args: tuple[Any, ...]) -> None:
-    if _seen is None:
+    if _guard is None:
+        return
+    if event.startswith(OUTSIDE):
+        _refuse(f"{event} {args!r:.200}")
+    if not _guard[1]:
         return
     if event in ("open", "os.listdir", "os.scandir"):
         path = os.fsdecode(args[0]) if isinstance(args[0], (str, bytes, os.PathLike)) else repr(args[0])
@@ -77,17 +86,14 @@ def _audit(event: str, args: tuple[Any, ...]) -> None:
         writes = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (mode is None and flags & WRITE_FLAGS)
         if writes or not os.path.abspath(path).startswith(READABLE):
             _refuse(f"{event} {path} {mode or oct(flags)}")
-    elif event.startswith(FORBIDDEN):
+    elif event.startswith(CHANGES):
         _refuse(f"{event} {args!r:.200}")
 
 
 def _refuse(what: str) -> None:
-    assert _seen is not None
-    _seen.append(what)
+    assert _guard is not None
+    _guard[0].append(what)
     raise Impure(what)
-
-
-sys.addaudithook(_audit)
 
 
 class _NoEnviron(Mapping[str, str]):
@@ -107,17 +113,22 @@ class _NoEnviron(Mapping[str, str]):
 
 
 @contextmanager
-def _guarded(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
-    """Every impure act refused and listed, for the block's duration."""
-    global _seen
+def _guarded(monkeypatch: pytest.MonkeyPatch, strict: bool = True) -> Iterator[list[str]]:
+    """Every impure act refused and listed, for the block's duration; not ``strict``: only processes and the
+    network (a first call may read the environment and fill mlenv's caches)."""
+    global _guard
+    if not _hooked:
+        sys.addaudithook(_audit)
+        _hooked.append(True)
     seen: list[str] = []
     with monkeypatch.context() as patched:
-        patched.setattr(os, "environ", _NoEnviron())
-        _seen = seen
+        if strict:
+            patched.setattr(os, "environ", _NoEnviron())
+        _guard = (seen, strict)
         try:
             yield seen
         finally:
-            _seen = None
+            _guard = None
 
 
 def _outcome(verb: Callable[..., Prepared], *args: object) -> Prepared | str:
@@ -129,9 +140,12 @@ def _outcome(verb: Callable[..., Prepared], *args: object) -> Prepared | str:
 
 
 def _same_twice(monkeypatch: pytest.MonkeyPatch, verb: Callable[..., Prepared], *args: object) -> Prepared | str:
-    """``verb(*args)`` once as a command would (caches filled), then twice under the guard: both times exactly the
-    first's answer (dataclasses equal field by field: text, files, payload, handle...), doing nothing impure."""
-    first = _outcome(verb, *args)
+    """``verb(*args)`` once as a command would (caches filled; no process, no network), then twice under the full
+    guard: both times exactly the first's answer (dataclasses equal field by field: text, files, payload,
+    handle...), doing nothing impure."""
+    with _guarded(monkeypatch, strict=False) as seen:
+        first = _outcome(verb, *args)
+    assert seen == [], f"impure: {seen}"
     for _ in range(2):
         with _guarded(monkeypatch) as seen:
             again = _outcome(verb, *args)
@@ -200,3 +214,14 @@ def test_the_guard_refuses_what_is_impure(impure: Callable[[], object], monkeypa
     with _guarded(monkeypatch) as seen:
         assert (ROOT / "pyproject.toml").read_text()  # reading the repository is allowed
     assert seen == []
+
+
+def test_a_first_call_may_fill_caches_but_never_reaches_outside(monkeypatch: pytest.MonkeyPatch,
+                                                                tmp_path: Path) -> None:
+    with _guarded(monkeypatch, strict=False) as seen:
+        assert os.environ.get("PATH")
+        (tmp_path / "cache").mkdir()
+        (tmp_path / "cache" / "compiled").write_text("")
+        with pytest.raises(Impure):
+            subprocess.run(["true"], check=False)
+    assert len(seen) == 1 and seen[0].startswith("subprocess.Popen")
