@@ -199,6 +199,8 @@ def test_prepare_and_prepare_launch_are_pure(source: str, monkeypatch: pytest.Mo
                 launch = _same_twice(monkeypatch, backend.jobs.prepare_launch, handle, spec)
                 if handle is recorded:  # what state.json gives back prepares the same launch as the dry run
                     assert launch == _outcome(backend.jobs.prepare_launch, request.handle, spec)
+                batch = backend.name == "slurm" and not handle.data.get("allocation")
+                assert isinstance(launch, str) == (batch and bool(spec.secrets)), launch  # only a batch job refuses
                 assert isinstance(launch, str) or (launch.text and launch.spec == spec), launch
 
 
