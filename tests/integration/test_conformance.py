@@ -1,7 +1,8 @@
 """One conformance suite for every registered backend: each capability it declares in the registry
 (``mlenv.core.registry``), run through the real ``mlenv`` command against the backend's real harness:
 
-    deploy -> status -> exec -> sync -> launch --detach -> status shows the run -> logs -f -> stop -> doctor -> clean
+    deploy -> status -> exec -> sync -> launch --detach -> status shows the run -> logs -f -> stop
+           -> attached launches: one that succeeds, one whose last rank fails, one restarted -> doctor -> clean
 
 against local (pods as processes), ssh (sshd machines), Slurm (slurmctld + slurmd), and Kubernetes, OpenShift and
 Run:ai (fakekube from its command line with ``--run-pods``: the pods really run, reached by the real kubectl's
@@ -48,6 +49,19 @@ os.write(1, f"conformance node={os.environ['MLENV_NODE_RANK']} rank={os.environ[
 time.sleep(600)
 """
 """Every rank says who it is (one write: the ranks of a node share its log), then waits to be stopped."""
+CASES = "conformance_cases.py"
+CASES_TEXT = """\
+import os, sys
+case, failing, attempt = sys.argv[1], sys.argv[2], int(os.environ["MLENV_RESTART_COUNT"])
+node, rank = os.environ["MLENV_NODE_RANK"], os.environ["RANK"]
+os.write(1, f"case {case} attempt={attempt} node={node} rank={rank}\\n".encode())
+if node == failing and os.environ["LOCAL_RANK"] == "1" and (case == "fails" or (case == "flaky" and attempt == 0)):
+    sys.exit(7)
+"""
+"""An attached launch's job ``CASE FAILING_NODE``: every rank says who it is; the second rank of node FAILING_NODE
+exits 7 in case ``fails``, and in case ``flaky`` on attempt 0 only (MLENV_RESTART_COUNT)."""
+CASE_LINE = re.compile(r"^\[node-(?P<tag>\d+)[^\]]*\] case (?P<case>\w+) attempt=(?P<attempt>\d+) node=(?P<node>\d+) "
+                       r"rank=(?P<rank>\d+)$", re.MULTILINE)
 LINE = re.compile(r"\[node-(?P<tag>\d+)[^\]]*\] conformance node=(?P<node>\d+) rank=(?P<rank>\d+)$")
 """A rank's line as logs shows it: ``[node-N rR] conformance node=N rank=R`` (the runtime tags it)."""
 WAIT = 120.0
@@ -83,8 +97,15 @@ def _project(tmp_path: Path) -> Path:
     home = tmp_path / "home"
     for directory in ("clusters", "manifests", "workspace"):
         (home / directory).mkdir(parents=True, exist_ok=True)
-    (home / "workspace" / JOB).write_text(JOB_TEXT)
+    _jobs_in(home / "workspace")
     return home
+
+
+def _jobs_in(workspace: Path) -> None:
+    """The suite's jobs, in the workspace that sync copies to the nodes."""
+    workspace.mkdir(parents=True, exist_ok=True)
+    (workspace / JOB).write_text(JOB_TEXT)
+    (workspace / CASES).write_text(CASES_TEXT)
 
 
 @contextmanager
@@ -131,9 +152,7 @@ def _kube(backend: str) -> Harness:
         """fakekube from its command line with ``--run-pods`` (pods really run), the real kubectl and, for
         Run:ai, the ``runai`` stand-in (:func:`tests.integration.kube_pods.kube_cluster`)."""
         with kube_cluster(tmp_path, backend) as project:
-            workspace = project.home / "workspace"
-            workspace.mkdir()
-            (workspace / JOB).write_text(JOB_TEXT)
+            _jobs_in(project.home / "workspace")
             yield Subject(project.cluster_file.stem, project.home, project.env)
 
     return harness
@@ -214,6 +233,7 @@ def _run(subject: Subject, declared: frozenset[str]) -> None:
 
     if JOBS.name in declared:
         _jobs(subject)
+        _attached(subject)
 
     if CHECKS.name in declared:
         doctor = subject.mlenv("doctor", name, "--json")
@@ -256,3 +276,45 @@ def _jobs(subject: Subject) -> None:
     finally:
         follower.close()
     wait_for(lambda: "running" not in states().values(), lambda: f"status to show the run ended ({states()})")
+
+
+def _attached(subject: Subject) -> None:
+    """Attached launches: one that succeeds (exit 0, every rank's line), one whose last rank exits 7 (the launch
+    exits 7 naming the node and the rank) and one under ``--max-restarts 1`` whose last rank fails on attempt 0
+    only (it ends 0 with every rank's line of attempt 1, and logs show attempt 1)."""
+    name, last = subject.name, str(subject.nodes - 1)
+
+    def launch(*args: str) -> subprocess.CompletedProcess[str]:
+        result = subject.mlenv("launch", "-c", name, "--launcher", "torchrun", *args)
+        assert "Traceback" not in result.stderr, result.stderr
+        return result
+
+    def lines(output: str, case: str, attempt: int) -> list[tuple[int, int]]:
+        """(node, global rank) of every line of ``case``'s ``attempt``, from a node tagged as it says."""
+        return sorted((int(m["node"]), int(m["rank"])) for m in CASE_LINE.finditer(output)
+                      if (m["case"], int(m["attempt"])) == (case, attempt) and m["node"] == m["tag"])
+
+    def whole(seen: list[tuple[int, int]]) -> bool:
+        """Two ranks a node, the global ranks 0..2N-1 once each (torchrun gives them out in its own order)."""
+        return ([node for node, _ in seen] == sorted(list(range(subject.nodes)) * 2)
+                and sorted(rank for _, rank in seen) == list(range(subject.nodes * 2)))
+
+    ok = launch(CASES, "ok", last)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert whole(lines(ok.stdout, "ok", 0)), ok.stdout
+
+    failed = launch(CASES, "fails", last)
+    assert failed.returncode == 7, failed.stdout + failed.stderr
+    assert f"error: node-{last} failed with exit code 7" in failed.stderr, failed.stderr
+    named = re.search(rf"rank (\d+) \(node-{last}, pid \d+\) exited with 7 first", failed.stdout)
+    assert named and (int(last), int(named[1])) in lines(failed.stdout, "fails", 0), failed.stdout
+
+    restarted = launch("--max-restarts", "1", CASES, "flaky", last)
+    assert restarted.returncode == 0, restarted.stdout + restarted.stderr
+    assert "restarting it, attempt 1 of at most 1 restarts (MLENV_RESTART_COUNT=1)" in restarted.stderr
+    assert whole(lines(restarted.stdout, "flaky", 1)), restarted.stdout
+    logs = subject.ok("logs", "-c", name).stdout
+    assert whole(lines(logs, "flaky", 1)), logs
+    headers = re.findall(r"mlenv: ==== attempt 1 \(MLENV_RESTART_COUNT=1\) of run \S+, node (\d+) ====$", logs,
+                         re.MULTILINE)
+    assert sorted(headers) == [str(node) for node in range(subject.nodes)], logs
