@@ -1,17 +1,21 @@
 """The node supervisors' control channel: fail fast across nodes without an mlenv client (detached runs too).
 
-Node 0's supervisor listens on ``MASTER_PORT + 1``; the others connect and stay connected while their job runs.
-Messages are JSON lines. A node reports a rank failure (``failure``), a stop it needs (``stop``) and its end
-(``done``). A node says hello with its attempt (``MLENV_RESTART_COUNT``); node 0 sends a node of another attempt
-away (``retry``: the previous attempt's node 0 is still waiting for its peers), and that node tries again. Node 0
-collects the failures of ``DECIDE_SECONDS`` (ranks that die of the first one's death come
+Node 0's supervisor listens on ``MASTER_PORT + 1`` of the master's address only; the others connect and stay
+connected while their job runs. Messages are JSON lines, each carrying the run's secret (``MLENV_CONTROL_SECRET``:
+random per run, handed to the nodes in their environment), run id and attempt; a message without the right secret
+is dropped with its connection and noted, never obeyed. A node reports a rank failure (``failure``), a stop it needs
+(``stop``) and its end (``done``). A node says hello first; node 0 turns a node of another run away (``refused``),
+and sends a node of another attempt away (``retry``: the previous attempt's node 0 is still waiting for its peers),
+and that node tries again. A connection that has not said hello within ``HELLO_SECONDS`` is dropped and counts for
+nothing. Node 0 collects the failures of ``DECIDE_SECONDS`` (ranks that die of the first one's death come
 later), names the earliest as the job's first failure and broadcasts one ``stop`` to every node. A connection lost
-before ``done`` counts as that node's failure, on both sides.
+before ``done`` counts as that node's failure, on both sides (once it said hello).
 """
 
 from __future__ import annotations
 
 import contextlib
+import hmac
 import json
 import selectors
 import socket
@@ -24,6 +28,15 @@ DECIDE_SECONDS = 1.0
 CONNECT_SECONDS = 300.0
 """How long a node tries to reach node 0 before it runs without the channel (and says so)."""
 CONNECT_TIMEOUT = 0.5
+SEND_TIMEOUT = 5.0
+HELLO_SECONDS = 10.0
+"""How long a connection may stay without saying hello (with the run's secret) before node 0 drops it."""
+HELLO_LIMIT = 4096
+"""The most bytes read from a connection before its hello: a longer first line is dropped."""
+MESSAGE_LIMIT = 64 << 20
+"""The longest message of a node that said hello (observers' messages carry stacks)."""
+SECRET_VARIABLE = "MLENV_CONTROL_SECRET"  # noqa: S105 (the name of a variable)
+"""The run's control secret, in every node's environment (never on a command line, in a file or a log)."""
 
 StopHandler = Callable[[str, int, "dict[str, Any] | None"], None]
 """Called with (reason, exit code, the job's first failure or None) when the job must stop."""
@@ -33,9 +46,12 @@ Note = Callable[[str], None]
 @dataclass
 class _Peer:
     sock: socket.socket
+    address: str = "?"
     node: int | None = None
+    """The node it said it is in its hello (None until then: it counts for nothing)."""
     buffer: bytes = b""
     done: bool = False
+    since: float = field(default_factory=time.monotonic)
 
 
 @dataclass
@@ -61,17 +77,19 @@ class ControlChannel:
     """Observers' messages (``relay``) that reach this node."""
     attempt: int = 0
     """The run's attempt this node runs: only nodes of the same attempt are connected."""
+    run_id: str = ""
+    """The run this node belongs to: a node of another run is turned away."""
+    secret: str = ""
+    """The run's control secret: a message without it is dropped."""
 
     def open(self) -> None:
-        """Listen (node 0) or start trying to connect (the others)."""
+        """Listen on the master's address (node 0) or start trying to connect (the others)."""
         if self.node == 0:
             try:
-                family = socket.AF_INET6 if socket.has_dualstack_ipv6() else socket.AF_INET
-                self.server = socket.create_server(("", self.port), family=family,
-                                                   dualstack_ipv6=family == socket.AF_INET6)
+                self.server = listen(self.address, self.port)
             except OSError as exc:
-                self.note(f"warning: no control channel on port {self.port} ({exc.strerror}): a failure on another "
-                          "node will not stop this one")
+                self.note(f"warning: no control channel on {self.address}:{self.port} ({exc.strerror}): a failure "
+                          "on another node will not stop this one")
                 return
             self.server.setblocking(False)
             self.selector.register(self.server, selectors.EVENT_READ, self._accept)
@@ -82,8 +100,9 @@ class ControlChannel:
         if self.server is None:
             return
         with contextlib.suppress(BlockingIOError):
-            sock, _ = self.server.accept()
-            peer = _Peer(sock)
+            sock, address = self.server.accept()
+            sock.settimeout(SEND_TIMEOUT)  # a peer that reads nothing holds no send for long
+            peer = _Peer(sock, str(address[0]) if isinstance(address, tuple) else "?")
             self.peers.append(peer)
             self.selector.register(sock, selectors.EVENT_READ, lambda: self._read(peer))
 
@@ -96,9 +115,9 @@ class ControlChannel:
                 self.note(f"warning: node 0's control channel {self.address}:{self.port} cannot be reached: a "
                           "failure on another node will not stop this one")
             return
-        sock.settimeout(5.0)
-        self.upstream = _Peer(sock, node=0)
-        self._send(self.upstream, {"hello": self.node, "attempt": self.attempt})
+        sock.settimeout(SEND_TIMEOUT)
+        self.upstream = _Peer(sock, self.address, node=0)
+        self._send(self.upstream, {"hello": self.node})
         self.selector.register(sock, selectors.EVENT_READ, lambda: self._read(self.upstream))
 
     def _read(self, peer: _Peer | None) -> None:
@@ -112,15 +131,61 @@ class ControlChannel:
             self._lost(peer)
             return
         peer.buffer += chunk
-        while b"\n" in peer.buffer and (peer is self.upstream or peer in self.peers):  # until it is dropped
+        while b"\n" in peer.buffer and self._ours(peer):  # until it is dropped
             line, peer.buffer = peer.buffer.split(b"\n", 1)
-            with contextlib.suppress(ValueError):
-                message = json.loads(line)
-                if isinstance(message, dict):
-                    self._handle(peer, message)
+            self._line(peer, line)
+        limit = MESSAGE_LIMIT if peer.node is not None else HELLO_LIMIT
+        if len(peer.buffer) > limit and self._ours(peer):
+            self._refuse(peer, f"dropped a control message from {peer.address}: longer than {limit} bytes")
+
+    def _ours(self, peer: _Peer) -> bool:
+        return peer is self.upstream or peer in self.peers
+
+    def _line(self, peer: _Peer, line: bytes) -> None:
+        """One message: obeyed only with the run's secret, from this run (and, but for a hello, from a node that
+        said hello)."""
+        try:
+            message = json.loads(line)
+        except ValueError:
+            message = None
+        if not isinstance(message, dict):
+            self._refuse(peer, f"dropped a control message from {peer.address}: not a JSON object")
+            return
+        if not hmac.compare_digest(str(message.get("secret", "")).encode(), self.secret.encode()):
+            self._refuse(peer, f"dropped a control message from {peer.address}: bad secret")
+            return
+        if message.get("run") != self.run_id and not (peer is self.upstream and "refused" in message):
+            self._send(peer, {"refused": f"this is run {self.run_id}"})
+            self._refuse(peer, f"turned away node {shown(message.get('hello', '?'))} of run "
+                               f"{shown(message.get('run'))} from {peer.address} (this is run {self.run_id})")
+            return
+        if peer.node is None and "hello" not in message:
+            self._refuse(peer, f"dropped a control message from {peer.address}: no hello first")
+            return
+        try:
+            self._handle(peer, message)
+        except (KeyError, TypeError, ValueError) as err:
+            self._refuse(peer, f"dropped a control message from {peer.address}: {type(err).__name__} {err}")
+
+    def _refuse(self, peer: _Peer, why: str) -> None:
+        """Drop ``peer``'s connection, noted; a node that said hello is then lost (as when its connection breaks),
+        any other counts for nothing."""
+        self.note(why)
+        if peer.node is not None:
+            self._lost(peer)
+        else:
+            self._drop(peer)
+            if peer in self.peers:
+                self.peers.remove(peer)
 
     def _handle(self, peer: _Peer, message: Mapping[str, Any]) -> None:
-        if "hello" in message:
+        if "refused" in message and peer is self.upstream:  # another run's node 0 holds the port: not ours
+            self.note(f"node 0 at {peer.address}:{self.port} refused this node: {shown(message['refused'])}")
+            self._drop(peer)
+            self.upstream = None
+            self.connect_until = float("inf")
+            self.note("warning: no control channel: a failure on another node will not stop this one")
+        elif "hello" in message:
             if int(message.get("attempt", 0)) != self.attempt:  # a node of the next attempt, early: not ours
                 self._send(peer, {"retry": f"node 0 of attempt {self.attempt} is ending"})
                 self._drop(peer)
@@ -155,8 +220,8 @@ class ControlChannel:
                 self._stop("lost the control channel to node 0", 1, None)
         elif peer in self.peers:
             self.peers.remove(peer)
-            if not peer.done:
-                self._broadcast(f"lost node {'?' if peer.node is None else peer.node}", 1, None)
+            if not peer.done and peer.node is not None:
+                self._broadcast(f"lost node {peer.node}", 1, None)
 
     def _failure(self, ended: float, failure: dict[str, Any]) -> None:
         """Node 0: one more failure to decide between."""
@@ -170,7 +235,7 @@ class ControlChannel:
         """Node 0: stop every node (once)."""
         if self.stopped:
             return
-        for peer in list(self.peers):
+        for peer in self._nodes():
             self._send(peer, {"stop": reason, "exit_code": exit_code, "first_failure": first})
         self._stop(reason, exit_code, first)
 
@@ -179,14 +244,22 @@ class ControlChannel:
             self.stopped = True
             self.on_stop(reason, exit_code, first)
 
+    def _nodes(self) -> list[_Peer]:
+        """The connected nodes: the peers that said hello."""
+        return [peer for peer in self.peers if peer.node is not None]
+
     def _send(self, peer: _Peer, message: Mapping[str, Any]) -> None:
+        signed = {**message, "run": self.run_id, "attempt": self.attempt, "secret": self.secret}
         with contextlib.suppress(OSError):
-            peer.sock.sendall(json.dumps(message).encode() + b"\n")
+            peer.sock.sendall(json.dumps(signed).encode() + b"\n")
 
     def tick(self) -> None:
-        """Connect when not yet connected; after the decision window, name the first failure."""
+        """Connect when not yet connected; drop connections silent past HELLO_SECONDS; after the decision window,
+        name the first failure."""
         if self.node != 0 and self.upstream is None and time.monotonic() < self.connect_until and not self.finished:
             self._try_connect()
+        for peer in [p for p in self.peers if p.node is None and time.monotonic() - p.since > HELLO_SECONDS]:
+            self._refuse(peer, f"dropped a control connection from {peer.address}: no hello in {HELLO_SECONDS:g} s")
         if self.decide_at is not None and time.monotonic() >= self.decide_at and not self.stopped:
             _, first = min(self.failures, key=lambda item: item[0])
             self._broadcast(f"stopped after rank {first['rank']} failed", int(first["exit_code"]), first)
@@ -207,7 +280,7 @@ class ControlChannel:
 
     def relay(self, message: Mapping[str, Any]) -> None:
         """An observer's message: from node 0 to every other node, from another node to node 0."""
-        for peer in ([self.upstream] if self.upstream is not None else []) if self.node != 0 else list(self.peers):
+        for peer in ([self.upstream] if self.upstream is not None else []) if self.node != 0 else self._nodes():
             self._send(peer, {"observer": message})
 
     def done(self) -> None:
@@ -223,7 +296,7 @@ class ControlChannel:
         detached run's restart starts on every node)."""
         if self.node != 0:
             return self.upstream is not None
-        return any(not peer.done for peer in self.peers) or (self.decide_at is not None and not self.stopped)
+        return any(not peer.done for peer in self._nodes()) or (self.decide_at is not None and not self.stopped)
 
     def close(self) -> None:
         for sock in [*(p.sock for p in self.peers), *([self.upstream.sock] if self.upstream else []),
@@ -231,3 +304,40 @@ class ControlChannel:
             with contextlib.suppress(KeyError, ValueError):
                 self.selector.unregister(sock)
             sock.close()
+
+
+def listen(address: str, port: int) -> socket.socket:
+    """Node 0's listening socket on the master's address (each address it resolves to, in order; where none is this
+    node's own, as behind a virtual service address, the address this node routes to it from); never every
+    interface. OSError when none can be bound."""
+    error: OSError = OSError(0, "the master's address does not resolve")
+    with contextlib.suppress(OSError):
+        for family, _, _, _, where in socket.getaddrinfo(address, port, type=socket.SOCK_STREAM):
+            try:
+                return socket.create_server(where[:2], family=family)
+            except OSError as exc:
+                error = exc
+    routed = _routed_from(address, port)
+    if routed is None:
+        raise error
+    return socket.create_server((routed, port), family=socket.AF_INET6 if ":" in routed else socket.AF_INET)
+
+
+def _routed_from(address: str, port: int) -> str | None:
+    """This node's address towards ``address``, as the kernel routes it (no packet is sent)."""
+    with contextlib.suppress(OSError):
+        for family, _, _, _, where in socket.getaddrinfo(address, port, type=socket.SOCK_DGRAM):
+            with socket.socket(family, socket.SOCK_DGRAM) as probe:
+                probe.connect(where)
+                return str(probe.getsockname()[0])
+    return None
+
+
+def shown(value: object) -> str:
+    """A value from a message, fit for one line of a log (at most 80 characters)."""
+    return json.dumps(value, ensure_ascii=True)[:80]
+
+
+def secret_of(environ: Mapping[str, str]) -> str | None:
+    """The run's control secret from the environment, or None where there is none."""
+    return environ.get(SECRET_VARIABLE) or None
