@@ -5,6 +5,7 @@ obeyed, and count for nothing."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import selectors
 import socket
@@ -52,7 +53,7 @@ def test_a_node_of_the_next_attempt_retries_until_its_own_node_0_listens() -> No
     assert stops == [] and not ending.waiting_for_peers()
     ending.close()
     following = channel(0, 1, port, stops)
-    pump([following, early], lambda: any(peer.node == 1 for peer in following.peers))
+    pump([following, early], lambda: any(peer.node == 1 for peer in following.peers) and early.connected)
     early.failure({"rank": 2, "node": 1, "exit_code": 3}, time.time())
     pump([following, early], lambda: len(stops) == 2)
     assert [stop[1] for stop in stops] == [3, 3]
@@ -62,7 +63,7 @@ def test_a_node_of_the_next_attempt_retries_until_its_own_node_0_listens() -> No
 
 def connected(port: int, stops: list[Any]) -> tuple[ControlChannel, ControlChannel]:
     hub, other = channel(0, 0, port, stops), channel(1, 0, port, stops)
-    pump([hub, other], lambda: any(peer.node == 1 for peer in hub.peers))
+    pump([hub, other], lambda: any(peer.node == 1 for peer in hub.peers) and other.connected)
     return hub, other
 
 
@@ -147,7 +148,8 @@ def test_a_silent_connection_is_dropped_after_the_hello_time(monkeypatch: pytest
     hub = channel(0, 0, port, stops, notes)
     with socket.create_connection(("127.0.0.1", port)):
         pump([hub], lambda: bool(notes))
-    assert notes == ["dropped a control connection from 127.0.0.1: no hello in 0 s"] and stops == [] and not hub.peers
+    assert notes == ["dropped a control connection from 127.0.0.1: no proof of the secret in 0 s"] and stops == []
+    assert not hub.peers
     hub.close()
 
 
@@ -164,3 +166,32 @@ def test_a_node_of_another_run_is_turned_away_and_runs_on_without_the_channel() 
     assert not hub.stopped
     hub.close()
     other.close()
+
+
+def test_a_stranger_holding_node_0_s_port_learns_no_secret_and_stops_no_node() -> None:
+    """A listener that is not node 0 sends a challenge, reads the hello and closes: the node never sends the secret,
+    tries a few times, then runs on without the channel."""
+    stops, notes, heard = list[Any](), list[str](), list[bytes]()
+    with socket.create_server(("127.0.0.1", 0)) as squatter:
+        port = squatter.getsockname()[1]
+        node = channel(1, 0, port, stops, notes)
+        squatter.settimeout(0.05)
+        for _ in range(control.UNPROVEN_TRIES):
+            pump([node], lambda: node.upstream is not None)
+            connection, _ = squatter.accept()
+            with connection:
+                connection.sendall(b'{"challenge": "c0ffee"}\n')
+                connection.settimeout(0.05)
+
+                def hello(connection: socket.socket = connection) -> bool:
+                    with contextlib.suppress(TimeoutError):
+                        heard.append(connection.recv(4096))
+                    return heard[-1:] != [] and heard[-1].endswith(b"\n")
+
+                pump([node], hello)
+            pump([node], lambda: node.upstream is None)
+    assert all(b'"hello": 1' in line and SECRET.encode() not in line for line in heard if line), heard
+    assert stops == [] and not node.waiting_for_peers()
+    assert notes == [f"warning: 127.0.0.1:{port} did not prove the run's secret in {control.UNPROVEN_TRIES} tries (not "
+                     "this run's node 0): no control channel, a failure on another node will not stop this one"]
+    node.close()

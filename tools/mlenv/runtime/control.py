@@ -1,13 +1,15 @@
 """The node supervisors' control channel: fail fast across nodes without an mlenv client (detached runs too).
 
 Node 0's supervisor listens on ``MASTER_PORT + 1`` of the master's address only; the others connect and stay
-connected while their job runs. Messages are JSON lines, each carrying the run's secret (``MLENV_CONTROL_SECRET``:
-random per run, handed to the nodes in their environment), run id and attempt; a message without the right secret
-is dropped with its connection and noted, never obeyed. A node reports a rank failure (``failure``), a stop it needs
-(``stop``) and its end (``done``). A node says hello first; node 0 turns a node of another run away (``refused``),
-and sends a node of another attempt away (``retry``: the previous attempt's node 0 is still waiting for its peers),
-and that node tries again. A connection that has not said hello within ``HELLO_SECONDS`` is dropped and counts for
-nothing. Node 0 collects the failures of ``DECIDE_SECONDS`` (ranks that die of the first one's death come
+connected while their job runs. Messages are JSON lines, each carrying the run id and attempt. The two ends of a
+connection prove to each other that they hold the run's secret (``MLENV_CONTROL_SECRET``: random per run, handed to
+the nodes in their environment), which never travels: node 0 sends a ``challenge``, the node answers with its
+``hello``, a nonce and the HMAC of the challenge, and node 0 with a ``welcome``, the HMAC of the nonce (compared in
+constant time). A connection without the right proof is dropped and noted, never obeyed; one that has not said hello
+within ``HELLO_SECONDS`` is dropped and counts for nothing. A node reports a rank failure (``failure``), a stop it
+needs (``stop``) and its end (``done``). Node 0 turns a node of another run away (``refused``), and sends a node of
+another attempt away (``retry``: the previous attempt's node 0 is still waiting for its peers), and that node tries
+again. Node 0 collects the failures of ``DECIDE_SECONDS`` (ranks that die of the first one's death come
 later), names the earliest as the job's first failure and broadcasts one ``stop`` to every node. A connection lost
 before ``done`` counts as that node's failure, on both sides (once it said hello).
 """
@@ -15,8 +17,10 @@ before ``done`` counts as that node's failure, on both sides (once it said hello
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import hmac
 import json
+import secrets
 import selectors
 import socket
 import time
@@ -28,6 +32,8 @@ DECIDE_SECONDS = 1.0
 CONNECT_SECONDS = 300.0
 """How long a node tries to reach node 0 before it runs without the channel (and says so)."""
 CONNECT_TIMEOUT = 0.5
+UNPROVEN_TRIES = 3
+"""How many times a node tries a node 0 that never proves the secret (another run's?) before it runs without it."""
 SEND_TIMEOUT = 5.0
 HELLO_SECONDS = 10.0
 """How long a connection may stay without saying hello (with the run's secret) before node 0 drops it."""
@@ -52,6 +58,10 @@ class _Peer:
     buffer: bytes = b""
     done: bool = False
     since: float = field(default_factory=time.monotonic)
+    nonce: str = field(default_factory=lambda: secrets.token_hex(16))
+    """Node 0: the challenge it sent; the others: the nonce node 0 must prove the secret with."""
+    proven: bool = False
+    """It proved that it holds the run's secret."""
 
 
 @dataclass
@@ -80,7 +90,9 @@ class ControlChannel:
     run_id: str = ""
     """The run this node belongs to: a node of another run is turned away."""
     secret: str = ""
-    """The run's control secret: a message without it is dropped."""
+    """The run's control secret: a connection that cannot prove it holds it is dropped."""
+    unproven: int = 0
+    """How many connections to node 0's address ended before it proved the secret."""
 
     def open(self) -> None:
         """Listen on the master's address (node 0) or start trying to connect (the others)."""
@@ -105,6 +117,7 @@ class ControlChannel:
             peer = _Peer(sock, str(address[0]) if isinstance(address, tuple) else "?")
             self.peers.append(peer)
             self.selector.register(sock, selectors.EVENT_READ, lambda: self._read(peer))
+            self._send(peer, {"challenge": peer.nonce})
 
     def _try_connect(self) -> None:
         try:
@@ -117,7 +130,6 @@ class ControlChannel:
             return
         sock.settimeout(SEND_TIMEOUT)
         self.upstream = _Peer(sock, self.address, node=0)
-        self._send(self.upstream, {"hello": self.node})
         self.selector.register(sock, selectors.EVENT_READ, lambda: self._read(self.upstream))
 
     def _read(self, peer: _Peer | None) -> None:
@@ -134,7 +146,7 @@ class ControlChannel:
         while b"\n" in peer.buffer and self._ours(peer):  # until it is dropped
             line, peer.buffer = peer.buffer.split(b"\n", 1)
             self._line(peer, line)
-        limit = MESSAGE_LIMIT if peer.node is not None else HELLO_LIMIT
+        limit = MESSAGE_LIMIT if peer.proven else HELLO_LIMIT
         if len(peer.buffer) > limit and self._ours(peer):
             self._refuse(peer, f"dropped a control message from {peer.address}: longer than {limit} bytes")
 
@@ -142,8 +154,7 @@ class ControlChannel:
         return peer is self.upstream or peer in self.peers
 
     def _line(self, peer: _Peer, line: bytes) -> None:
-        """One message: obeyed only with the run's secret, from this run (and, but for a hello, from a node that
-        said hello)."""
+        """One message: obeyed only from a peer that proved it holds the run's secret (the handshake first)."""
         try:
             message = json.loads(line)
         except ValueError:
@@ -151,47 +162,82 @@ class ControlChannel:
         if not isinstance(message, dict):
             self._refuse(peer, f"dropped a control message from {peer.address}: not a JSON object")
             return
-        if not hmac.compare_digest(str(message.get("secret", "")).encode(), self.secret.encode()):
-            self._refuse(peer, f"dropped a control message from {peer.address}: bad secret")
-            return
-        if message.get("run") != self.run_id and not (peer is self.upstream and "refused" in message):
-            self._send(peer, {"refused": f"this is run {self.run_id}"})
-            self._refuse(peer, f"turned away node {shown(message.get('hello', '?'))} of run "
-                               f"{shown(message.get('run'))} from {peer.address} (this is run {self.run_id})")
-            return
-        if peer.node is None and "hello" not in message:
-            self._refuse(peer, f"dropped a control message from {peer.address}: no hello first")
-            return
         try:
-            self._handle(peer, message)
+            if not peer.proven:
+                self._handshake(peer, message)
+            else:
+                self._handle(peer, message)
         except (KeyError, TypeError, ValueError) as err:
             self._refuse(peer, f"dropped a control message from {peer.address}: {type(err).__name__} {err}")
 
+    def _proof(self, *parts: object) -> str:
+        return hmac.new(self.secret.encode(), json.dumps(parts).encode(), hashlib.sha256).hexdigest()
+
+    def _proves(self, message: Mapping[str, Any], key: str, *parts: object) -> bool:
+        return hmac.compare_digest(str(message.get(key, "")).encode(), self._proof(*parts).encode())
+
+    def _handshake(self, peer: _Peer, message: Mapping[str, Any]) -> None:
+        """Node 0: a hello with the HMAC of its challenge (then a welcome with the HMAC of the node's nonce, and the
+        node is turned away when of another run or attempt); the others: node 0's challenge, then its welcome."""
+        bad = f"dropped a control message from {peer.address}: bad secret"
+        if peer is self.upstream:
+            if "challenge" in message:
+                self._send(peer, {"hello": self.node, "nonce": peer.nonce,
+                                  "proof": self._proof("hello", str(message["challenge"]), self.run_id, self.attempt,
+                                                       self.node)})
+            elif self._proves(message, "welcome", "welcome", peer.nonce):
+                peer.proven = True
+                if self.finished:
+                    self._send(peer, {"done": True})
+            else:
+                self._refuse(peer, bad)
+            return
+        if "hello" not in message or not self._proves(message, "proof", "hello", peer.nonce, message.get("run"),
+                                                      message.get("attempt"), message["hello"]):
+            self._refuse(peer, bad)
+            return
+        peer.proven = True
+        self._send(peer, {"welcome": self._proof("welcome", str(message.get("nonce")))})
+        if message.get("run") != self.run_id:
+            self._send(peer, {"refused": f"this is run {self.run_id}"})
+            self._refuse(peer, f"turned away node {shown(message['hello'])} of run {shown(message.get('run'))} from "
+                               f"{peer.address} (this is run {self.run_id})")
+        elif message.get("attempt") != self.attempt:  # a node of the next attempt, early: not ours
+            self._send(peer, {"retry": f"node 0 of attempt {self.attempt} is ending"})
+            self._drop(peer)
+            self.peers.remove(peer)
+        else:
+            peer.node = int(message["hello"])
+
     def _refuse(self, peer: _Peer, why: str) -> None:
-        """Drop ``peer``'s connection, noted; a node that said hello is then lost (as when its connection breaks),
-        any other counts for nothing."""
+        """Drop ``peer``'s connection, noted; a node that said hello (or node 0, once it proved the secret) is then
+        lost (as when its connection breaks); any other counts for nothing (node 0 is tried again)."""
         self.note(why)
-        if peer.node is not None:
+        if peer.node is not None and (peer.proven or peer is not self.upstream):
             self._lost(peer)
         else:
             self._drop(peer)
-            if peer in self.peers:
+            if peer is self.upstream:
+                self._unproven_upstream()
+            elif peer in self.peers:
                 self.peers.remove(peer)
+
+    def _unproven_upstream(self) -> None:
+        """The connection to node 0's address ended before node 0 proved the secret: try again, a few times."""
+        self.upstream = None
+        self.unproven += 1
+        if self.unproven >= UNPROVEN_TRIES:
+            self.connect_until = 0.0  # no more tries
+            self.note(f"warning: {self.address}:{self.port} did not prove the run's secret in {self.unproven} tries "
+                      "(not this run's node 0): no control channel, a failure on another node will not stop this one")
 
     def _handle(self, peer: _Peer, message: Mapping[str, Any]) -> None:
         if "refused" in message and peer is self.upstream:  # another run's node 0 holds the port: not ours
             self.note(f"node 0 at {peer.address}:{self.port} refused this node: {shown(message['refused'])}")
             self._drop(peer)
             self.upstream = None
-            self.connect_until = float("inf")
+            self.connect_until = 0.0  # no more tries
             self.note("warning: no control channel: a failure on another node will not stop this one")
-        elif "hello" in message:
-            if int(message.get("attempt", 0)) != self.attempt:  # a node of the next attempt, early: not ours
-                self._send(peer, {"retry": f"node 0 of attempt {self.attempt} is ending"})
-                self._drop(peer)
-                self.peers.remove(peer)
-                return
-            peer.node = int(message["hello"])
         elif "retry" in message and peer is self.upstream:  # the previous attempt's node 0: try again
             self._drop(peer)
             self.upstream = None
@@ -214,7 +260,9 @@ class ControlChannel:
 
     def _lost(self, peer: _Peer) -> None:
         self._drop(peer)
-        if peer is self.upstream:
+        if peer is self.upstream and not peer.proven:
+            self._unproven_upstream()
+        elif peer is self.upstream:
             self.upstream = None
             if not self.finished:
                 self._stop("lost the control channel to node 0", 1, None)
@@ -249,44 +297,51 @@ class ControlChannel:
         return [peer for peer in self.peers if peer.node is not None]
 
     def _send(self, peer: _Peer, message: Mapping[str, Any]) -> None:
-        signed = {**message, "run": self.run_id, "attempt": self.attempt, "secret": self.secret}
         with contextlib.suppress(OSError):
-            peer.sock.sendall(json.dumps(signed).encode() + b"\n")
+            peer.sock.sendall(json.dumps({**message, "run": self.run_id, "attempt": self.attempt}).encode() + b"\n")
+
+    @property
+    def connected(self) -> bool:
+        """A node other than 0: connected to node 0 of its run and attempt, each having proved the secret."""
+        return self.upstream is not None and self.upstream.proven
 
     def tick(self) -> None:
         """Connect when not yet connected; drop connections silent past HELLO_SECONDS; after the decision window,
         name the first failure."""
         if self.node != 0 and self.upstream is None and time.monotonic() < self.connect_until and not self.finished:
             self._try_connect()
-        for peer in [p for p in self.peers if p.node is None and time.monotonic() - p.since > HELLO_SECONDS]:
-            self._refuse(peer, f"dropped a control connection from {peer.address}: no hello in {HELLO_SECONDS:g} s")
+        for peer in [p for p in [*self.peers, *([self.upstream] if self.upstream else [])]
+                     if not p.proven and time.monotonic() - p.since > HELLO_SECONDS]:
+            self._refuse(peer, f"dropped a control connection from {peer.address}: no proof of the secret in "
+                               f"{HELLO_SECONDS:g} s")
         if self.decide_at is not None and time.monotonic() >= self.decide_at and not self.stopped:
             _, first = min(self.failures, key=lambda item: item[0])
             self._broadcast(f"stopped after rank {first['rank']} failed", int(first["exit_code"]), first)
 
     def failure(self, failure: dict[str, Any], ended: float) -> None:
         """A rank of this node failed (``ended``: wall clock)."""
-        if self.node == 0 or self.upstream is None:
+        if self.node == 0 or self.upstream is None or not self.connected:
             self._failure(ended, failure)
         else:
             self._send(self.upstream, {"failure": failure, "ended": ended})
 
     def stop(self, reason: str, exit_code: int) -> None:
         """This node needs the whole job stopped (an observer, a launcher that failed on its own)."""
-        if self.node == 0 or self.upstream is None:
+        if self.node == 0 or self.upstream is None or not self.connected:
             self._broadcast(reason, exit_code, None)
         else:
             self._send(self.upstream, {"stop": reason, "exit_code": exit_code})
 
     def relay(self, message: Mapping[str, Any]) -> None:
         """An observer's message: from node 0 to every other node, from another node to node 0."""
-        for peer in ([self.upstream] if self.upstream is not None else []) if self.node != 0 else self._nodes():
+        for peer in ([self.upstream] if self.upstream is not None and self.connected else []) if self.node != 0 \
+                else self._nodes():
             self._send(peer, {"observer": message})
 
     def done(self) -> None:
         """This node's job has ended: from now on a lost connection is no failure."""
         self.finished = True
-        if self.upstream is not None:
+        if self.upstream is not None and self.connected:
             self._send(self.upstream, {"done": True})
 
     def waiting_for_peers(self) -> bool:

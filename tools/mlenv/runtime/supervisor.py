@@ -154,7 +154,7 @@ class Supervisor:
 
     @property
     def hub(self) -> bool:
-        return self.node == 0 or self.channel is None or self.channel.upstream is None
+        return self.node == 0 or self.channel is None or not self.channel.connected
 
     def tell_hub(self, message: dict[str, Any]) -> None:
         if self.hub or self.channel is None:
