@@ -171,10 +171,10 @@ class ControlChannel:
             self._refuse(peer, f"dropped a control message from {peer.address}: {type(err).__name__} {err}")
 
     def _proof(self, *parts: object) -> str:
-        return hmac.new(self.secret.encode(), json.dumps(parts).encode(), hashlib.sha256).hexdigest()
+        return proof(self.secret, *parts)
 
     def _proves(self, message: Mapping[str, Any], key: str, *parts: object) -> bool:
-        return hmac.compare_digest(str(message.get(key, "")).encode(), self._proof(*parts).encode())
+        return proves(self.secret, message.get(key), *parts)
 
     def _handshake(self, peer: _Peer, message: Mapping[str, Any]) -> None:
         """Node 0: a hello with the HMAC of its challenge (then a welcome with the HMAC of the node's nonce, and the
@@ -386,6 +386,16 @@ def _routed_from(address: str, port: int) -> str | None:
                 probe.connect(where)
                 return str(probe.getsockname()[0])
     return None
+
+
+def proof(secret: str, *parts: object) -> str:
+    """The HMAC-SHA256 of ``parts`` (as JSON) under ``secret``: what proves the secret without sending it."""
+    return hmac.new(secret.encode(), json.dumps(parts).encode(), hashlib.sha256).hexdigest()
+
+
+def proves(secret: str, given: object, *parts: object) -> bool:
+    """Whether ``given`` is the proof of ``parts`` under ``secret`` (compared in constant time)."""
+    return hmac.compare_digest(str(given or "").encode(), proof(secret, *parts).encode())
 
 
 def shown(value: object) -> str:

@@ -7,13 +7,13 @@ control channel). The nodes know the standbys from ``MLENV_STANDBYS`` (their add
 the run has used from ``MLENV_STANDBYS_USED``; every node decides alike from the first failures it recorded, and only
 node 0 talks to the standby. A message is one JSON line: ``{"run_id", "node", "attempt", "used"}`` hands the node
 over, ``{"run_id", "end": true}`` ends the standby (the run needs it no more); the standby answers ``ok``. Every
-message carries the run's control secret (``MLENV_CONTROL_SECRET``, control.py): one without it is ignored.
+message carries its proof: the HMAC of its fields under the run's control secret (``MLENV_CONTROL_SECRET``,
+control.py), which itself never travels; one without the right proof is ignored.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hmac
 import json
 import os
 import signal
@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .control import SECRET_VARIABLE
+from .control import SECRET_VARIABLE, proof, proves
 from .supervisor import marked_processes
 
 STANDBYS = "MLENV_STANDBYS"
@@ -74,8 +74,7 @@ def wait(listener: socket.socket, run_id: str, secret: str) -> dict[str, Any] | 
                 message = json.loads(_line(connection))
             except (OSError, ValueError):
                 continue
-            if not isinstance(message, dict) or not hmac.compare_digest(str(message.get("secret", "")).encode(),
-                                                                        secret.encode()):
+            if not isinstance(message, dict) or not proves(secret, message.pop("proof", None), _fields(message)):
                 print(f"mlenv: dropped a message from {_peer(connection)}: bad secret", flush=True)
                 continue
             if message.get("run_id") != run_id:
@@ -94,7 +93,7 @@ def send(address: str, slot: int, environ: Mapping[str, str], message: Mapping[s
     """Send ``message`` to standby ``slot`` at ``address``; why it failed, or None."""
     try:
         with socket.create_connection((address, port(environ, slot)), timeout=TIMEOUT) as connection:
-            signed = {**message, "secret": environ.get(SECRET_VARIABLE, "")}
+            signed = {**message, "proof": proof(environ.get(SECRET_VARIABLE, ""), _fields(message))}
             connection.sendall(json.dumps(signed).encode() + b"\n")
             answer = _line(connection).strip()
     except OSError as err:
@@ -121,6 +120,11 @@ def stop(root: Path, run_id: str | None) -> int:
                 os.kill(pid, signal.SIGTERM)
                 count += 1
     return count
+
+
+def _fields(message: Mapping[str, Any]) -> list[list[Any]]:
+    """A message's fields in one order, for its proof."""
+    return [[key, message[key]] for key in sorted(message)]
 
 
 def _peer(connection: socket.socket) -> str:
