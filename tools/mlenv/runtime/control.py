@@ -213,7 +213,7 @@ class ControlChannel:
         """Drop ``peer``'s connection, noted; a node that said hello (or node 0, once it proved the secret) is then
         lost (as when its connection breaks); any other counts for nothing (node 0 is tried again)."""
         self.note(why)
-        if peer.node is not None and (peer.proven or peer is not self.upstream):
+        if peer.proven and peer.node is not None:
             self._lost(peer)
         else:
             self._drop(peer)
@@ -320,28 +320,28 @@ class ControlChannel:
 
     def failure(self, failure: dict[str, Any], ended: float) -> None:
         """A rank of this node failed (``ended``: wall clock)."""
-        if self.node == 0 or self.upstream is None or not self.connected:
+        if self.node == 0 or self.upstream is None or not self.upstream.proven:
             self._failure(ended, failure)
         else:
             self._send(self.upstream, {"failure": failure, "ended": ended})
 
     def stop(self, reason: str, exit_code: int) -> None:
         """This node needs the whole job stopped (an observer, a launcher that failed on its own)."""
-        if self.node == 0 or self.upstream is None or not self.connected:
+        if self.node == 0 or self.upstream is None or not self.upstream.proven:
             self._broadcast(reason, exit_code, None)
         else:
             self._send(self.upstream, {"stop": reason, "exit_code": exit_code})
 
     def relay(self, message: Mapping[str, Any]) -> None:
         """An observer's message: from node 0 to every other node, from another node to node 0."""
-        for peer in ([self.upstream] if self.upstream is not None and self.connected else []) if self.node != 0 \
+        for peer in ([self.upstream] if self.upstream is not None and self.upstream.proven else []) if self.node != 0 \
                 else self._nodes():
             self._send(peer, {"observer": message})
 
     def done(self) -> None:
         """This node's job has ended: from now on a lost connection is no failure."""
         self.finished = True
-        if self.upstream is not None and self.connected:
+        if self.upstream is not None and self.upstream.proven:
             self._send(self.upstream, {"done": True})
 
     def waiting_for_peers(self) -> bool:
