@@ -48,6 +48,7 @@ def node_env(rank: int, nodes: int, nproc: int, port: int, run_dir: Path, **extr
         **base,
         "MLENV_NODE_RANK": str(rank), "MLENV_NUM_NODES": str(nodes), "MLENV_PROCS_PER_NODE": str(nproc),
         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "MLENV_RUN_ID": f"test-{port}",
+        "MLENV_CONTROL_SECRET": f"secret-{port}",
         "MLENV_RUN_DIR": str(run_dir), "OMP_NUM_THREADS": "1",
         "PATH": os.pathsep.join([str(Path(sys.executable).parent), base.get("PATH", os.defpath)]),
         **extra,

@@ -450,7 +450,8 @@ def launch(cluster_ref: str | None, launcher: str, nproc: int | None, args_text:
 
     Everything after SCRIPT belongs to it: `mlenv launch train.py -c cfg.yaml` passes -c cfg.yaml to train.py.
     Exits with the job's exit code once it started; 124 when --on-hang stop stopped a hung job, 125 when --on-idle
-    stop stopped an idle one.
+    stop stopped an idle one; 2 while a run of the deployment is still running where runs share ports (every
+    backend but ssh and Slurm batch jobs: wait for it, or mlenv stop it).
     """
     import shlex
 

@@ -1,20 +1,31 @@
-"""The node supervisors' control channel across a restart, on real sockets: a node of the next attempt that reaches
-the ending attempt's node 0 is sent away to retry (no failure, no stop) and joins the next attempt's node 0."""
+"""The node supervisors' control channel, on real sockets: across a restart, a node of the next attempt that reaches
+the ending attempt's node 0 is sent away to retry (no failure, no stop) and joins the next attempt's node 0; a
+stranger without the run's secret, a node of another run and a silent connection are dropped, noted, never
+obeyed, and count for nothing."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import selectors
+import socket
 import time
 from typing import Any
 
+import pytest
+from mlenv.runtime import control
 from mlenv.runtime.control import ControlChannel
 
 from tests.helpers import free_port
 
+SECRET = "f" * 32
 
-def channel(node: int, attempt: int, port: int, stops: list[Any]) -> ControlChannel:
-    made = ControlChannel(node, 2, "127.0.0.1", port, lambda *stop: stops.append(stop), lambda _: None,
-                          selectors.DefaultSelector(), attempt=attempt)
+
+def channel(node: int, attempt: int, port: int, stops: list[Any], notes: list[str] | None = None,
+            run_id: str = "run-1", secret: str = SECRET) -> ControlChannel:
+    made = ControlChannel(node, 2, "127.0.0.1", port, lambda *stop: stops.append(stop),
+                          (notes if notes is not None else []).append, selectors.DefaultSelector(), attempt=attempt,
+                          run_id=run_id, secret=secret)
     made.open()
     return made
 
@@ -38,7 +49,7 @@ def test_a_node_of_the_next_attempt_retries_until_its_own_node_0_listens() -> No
     assert stops == [] and not ending.waiting_for_peers()
     ending.close()
     following = channel(0, 1, port, stops)
-    pump([following, early], lambda: any(peer.node == 1 for peer in following.peers))
+    pump([following, early], lambda: any(peer.node == 1 for peer in following.peers) and early.connected)
     early.failure({"rank": 2, "node": 1, "exit_code": 3}, time.time())
     pump([following, early], lambda: len(stops) == 2)
     assert [stop[1] for stop in stops] == [3, 3]
@@ -48,7 +59,7 @@ def test_a_node_of_the_next_attempt_retries_until_its_own_node_0_listens() -> No
 
 def connected(port: int, stops: list[Any]) -> tuple[ControlChannel, ControlChannel]:
     hub, other = channel(0, 0, port, stops), channel(1, 0, port, stops)
-    pump([hub, other], lambda: any(peer.node == 1 for peer in hub.peers))
+    pump([hub, other], lambda: any(peer.node == 1 for peer in hub.peers) and other.connected)
     return hub, other
 
 
@@ -83,3 +94,100 @@ def test_a_node_whose_ranks_succeeded_stays_until_node_0_ends_and_hears_of_a_lat
     pump([hub, other], lambda: not other.waiting_for_peers())
     assert len(stops) == 2  # node 0's leaving after it ended is no failure
     other.close()
+
+
+def test_node_0_listens_on_the_master_s_address_only() -> None:
+    port, stops = free_port(), list[Any]()
+    hub = channel(0, 0, port, stops)
+    assert hub.server is not None and hub.server.getsockname()[:2] == ("127.0.0.1", port)
+    hub.close()
+
+
+@pytest.mark.parametrize("lines", [
+    [{"hello": 1, "attempt": 0}, {"stop": "forged", "exit_code": 143}],
+    [{"hello": 1, "attempt": 0, "run": "run-1", "secret": "0" * 32},
+     {"failure": {"rank": 3, "node": 1, "exit_code": 9}, "ended": 0, "run": "run-1", "secret": "0" * 32}],
+    [{"stop": "forged", "exit_code": 143}],
+])
+def test_a_stranger_without_the_secret_is_dropped_noted_and_never_obeyed(lines: list[dict[str, Any]]) -> None:
+    port, stops, notes = free_port(), list[Any](), list[str]()
+    hub = channel(0, 0, port, stops, notes)
+    with socket.create_connection(("127.0.0.1", port)) as stranger:
+        stranger.sendall(b"".join(json.dumps(line).encode() + b"\n" for line in lines))
+        pump([hub], lambda: bool(notes))
+    assert notes == ["dropped a control message from 127.0.0.1: bad secret"]
+    pump([hub], lambda: not hub.peers)
+    assert stops == [] and not hub.waiting_for_peers()
+    hub.close()
+
+
+def test_a_connection_that_closes_or_stays_silent_is_no_lost_node() -> None:
+    port, stops, notes = free_port(), list[Any](), list[str]()
+    hub = channel(0, 0, port, stops, notes)
+    socket.create_connection(("127.0.0.1", port)).close()  # connect and close
+    with socket.create_connection(("127.0.0.1", port)) as silent:
+        pump([hub], lambda: len(hub.peers) == 1)
+        assert not hub.waiting_for_peers()  # a connection that said nothing keeps no run going
+        hub.done()
+        assert not hub.waiting_for_peers()
+        assert stops == []
+        silent.sendall(b"x" * (control.HELLO_LIMIT + 1))  # no line within the hello's limit: dropped
+        pump([hub], lambda: not hub.peers)
+    assert stops == [] and notes == [f"dropped a control message from 127.0.0.1: longer than {control.HELLO_LIMIT} "
+                                     "bytes"]
+    hub.close()
+
+
+def test_a_silent_connection_is_dropped_after_the_hello_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(control, "HELLO_SECONDS", 0.0)
+    port, stops, notes = free_port(), list[Any](), list[str]()
+    hub = channel(0, 0, port, stops, notes)
+    with socket.create_connection(("127.0.0.1", port)):
+        pump([hub], lambda: bool(notes))
+    assert notes == ["dropped a control connection from 127.0.0.1: no proof of the secret in 0 s"] and stops == []
+    assert not hub.peers
+    hub.close()
+
+
+def test_a_node_of_another_run_is_turned_away_and_runs_on_without_the_channel() -> None:
+    port, stops, notes, theirs = free_port(), list[Any](), list[str](), list[str]()
+    hub = channel(0, 0, port, stops, notes)
+    other = channel(1, 0, port, stops, theirs, run_id="run-2")
+    pump([hub, other], lambda: bool(notes) and other.upstream is None and bool(theirs))
+    assert notes == ["turned away node 1 of run \"run-2\" from 127.0.0.1 (this is run run-1)"]
+    assert theirs[0] == f'node 0 at 127.0.0.1:{port} refused this node: "this is run run-1"'
+    assert stops == [] and not hub.peers and not other.waiting_for_peers()
+    other.failure(FAILURE, time.time())  # its own failure stops only its own node
+    pump([hub, other], lambda: len(stops) == 1)
+    assert not hub.stopped
+    hub.close()
+    other.close()
+
+
+def test_a_stranger_holding_node_0_s_port_learns_no_secret_and_stops_no_node() -> None:
+    """A listener that is not node 0 sends a challenge, reads the hello and closes: the node never sends the secret,
+    tries a few times, then runs on without the channel."""
+    stops, notes, heard = list[Any](), list[str](), list[bytes]()
+    with socket.create_server(("127.0.0.1", 0)) as squatter:
+        port = squatter.getsockname()[1]
+        node = channel(1, 0, port, stops, notes)
+        squatter.settimeout(0.05)
+        for _ in range(control.UNPROVEN_TRIES):
+            pump([node], lambda: node.upstream is not None)
+            connection, _ = squatter.accept()
+            with connection:
+                connection.sendall(b'{"challenge": "c0ffee"}\n')
+                connection.settimeout(0.05)
+
+                def hello(connection: socket.socket = connection) -> bool:
+                    with contextlib.suppress(TimeoutError):
+                        heard.append(connection.recv(4096))
+                    return heard[-1:] != [] and heard[-1].endswith(b"\n")
+
+                pump([node], hello)
+            pump([node], lambda: node.upstream is None)
+    assert all(b'"hello": 1' in line and SECRET.encode() not in line for line in heard if line), heard
+    assert stops == [] and not node.waiting_for_peers()
+    assert notes == [f"warning: 127.0.0.1:{port} did not prove the run's secret in {control.UNPROVEN_TRIES} tries (not "
+                     "this run's node 0): no control channel, a failure on another node will not stop this one"]
+    node.close()

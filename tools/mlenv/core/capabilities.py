@@ -304,6 +304,10 @@ class Jobs(Protocol):
     def restarts_detached(self) -> bool:
         """The nodes' supervisors restart a detached run that fails (``--max-restarts``)."""
 
+    def runs_own_ports(self, handle: Handle) -> bool:
+        """Every run gets rendezvous and control ports of its own, so a run may start while another one of the
+        deployment is live; where not, launch refuses while one is (ops/live.py)."""
+
     def rank_nodes(self, handle: Handle) -> dict[int, int] | None:
         """Global rank -> the ordinal of the node it ran on, in each node's newest run; None where the backend
         cannot tell (``logs --rank`` then filters every node's log)."""

@@ -5,6 +5,7 @@ inheriting :class:`FanoutJobs` and providing ``nodes`` and ``exec_argv``."""
 from __future__ import annotations
 
 import json
+import secrets as random_secrets
 import shlex
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
@@ -16,6 +17,7 @@ from mlenv.core.remote import RUNTIME_DIR, secrets_input
 from mlenv.core.runrecords import latest_run, node_state
 from mlenv.core.spares import described, place
 from mlenv.errors import OperationError
+from mlenv.runtime.control import SECRET_VARIABLE
 from mlenv.runtime.standby import STANDBYS
 from mlenv.ui import info
 
@@ -58,6 +60,10 @@ class FanoutJobs(ABC):
 
     restarts_detached = True
     """The runtime's node supervisors restart a detached run (``--max-restarts``)."""
+
+    def runs_own_ports(self, handle: Handle) -> bool:
+        """The deployment's env contract fixes MASTER_PORT (pods, local pods): every run would get the same."""
+        return False
 
     torch_fix: str | None = None
     """Nothing to name beyond doctor's own hint: launches run in the software exec reaches."""
@@ -108,7 +114,9 @@ class FanoutJobs(ABC):
 
     def launch(self, handle: Handle, request: LaunchRequest, secrets: Mapping[str, str],
                log_dir: str) -> LaunchOutcome:
-        """Start the request on every node at once; fail-fast and Ctrl-C stop all of them (unless detached)."""
+        """Start the request on every node at once; fail-fast and Ctrl-C stop all of them (unless detached). The
+        nodes' supervisors get a control secret of this start's own (runtime/control.py), forwarded as the secrets
+        are: on stdin, never on a command line."""
         from mlenv.parallel import run_parallel
 
         nodes = self.nodes(handle)
@@ -117,31 +125,34 @@ class FanoutJobs(ABC):
                                  f"mlenv status shows why; deploy again to repair")
         nodes = self.placed(handle, nodes, request.spares)
         detach = request.spec.detach
-        names = request.spec.secrets
-        self._start_standbys(handle, request)
+        forwarded = {**secrets, SECRET_VARIABLE: random_secrets.token_hex(16)}
+        names = (*request.spec.secrets, SECRET_VARIABLE)
+        self._start_standbys(handle, request, forwarded)
         commands = {n.ordinal: self.exec_argv(handle, n, request.commands[n.ordinal], env=request.env,
                                               stop_on_stdin_eof=not detach, secrets=names) for n in nodes}
         from pathlib import Path
 
         logs = {n.ordinal: Path(log_dir) / f"node-{n.ordinal}.log" for n in nodes}
         result = run_parallel(commands, fail_fast=not detach, logs=logs, keep_stdin=not detach,
-                              stdin=secrets_input(names, dict(secrets)))
+                              stdin=secrets_input(names, forwarded))
         return LaunchOutcome(result.exit_code, dict(result.exit_codes), {n: str(p) for n, p in logs.items()},
                              result.first_failure, detached=detach, stopped=result.stopped,
                              interrupted=result.interrupted, hosts={n.ordinal: n.name for n in nodes})
 
-    def _start_standbys(self, handle: Handle, request: LaunchRequest) -> None:
-        """Start the request's standbys on their spare hosts (each returns once it listens); OperationError naming
-        the spare hosts that could not, after stopping the others."""
+    def _start_standbys(self, handle: Handle, request: LaunchRequest, secrets: Mapping[str, str]) -> None:
+        """Start the request's standbys on their spare hosts (each returns once it listens, ``secrets`` in its
+        environment); OperationError naming the spare hosts that could not, after stopping the others."""
         from mlenv.parallel import run_parallel
 
         standbys = [node for node in self.spares(handle) if node.ordinal in request.commands]
         if not standbys:
             return
         said: dict[int, list[str]] = {}
+        names = tuple(secrets)
         result = run_parallel({node.ordinal: self.exec_argv(handle, node, request.commands[node.ordinal],
-                                                            env=request.env) for node in standbys},
-                              echo=False, on_line=lambda ordinal, line: said.setdefault(ordinal, []).append(line))
+                                                            env=request.env, secrets=names) for node in standbys},
+                              echo=False, on_line=lambda ordinal, line: said.setdefault(ordinal, []).append(line),
+                              stdin=secrets_input(names, dict(secrets)))
         failed = [node for node in standbys if result.exit_codes.get(node.ordinal) != 0]
         if failed:
             stop = self.runtime(handle, "stop", "--run", request.spec.run_id)

@@ -17,6 +17,7 @@ from typing import Any
 from mlenv import state
 from mlenv.core.capabilities import LaunchOutcome, LaunchSpec
 from mlenv.errors import UsageError
+from mlenv.ops.live import refuse_while_live
 from mlenv.ops.target import Target
 from mlenv.runtime.idle import IDLE_EXIT_CODE
 from mlenv.runtime.nodefault import FAULTY_AFTER, UNREACHABLE, why_faulty
@@ -146,6 +147,7 @@ def launch(target: Target, spec: LaunchSpec) -> LaunchResult:
     if spec.detach and spec.max_restarts and not target.backend.jobs.restarts_detached:
         warn(f"--max-restarts {spec.max_restarts}: a detached run here is not restarted yet (the nodes restart it on "
              "local, ssh and Slurm clusters)")
+    refuse_while_live(target)
     spec = without_excluded(target, spec)
     run_dir = _run_dir(spec.run_id)
     result = _attempt(target, spec, run_dir)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import IO, Any, NoReturn, cast
 
 from . import standby
+from .control import secret_of
 from .doctor import examine, render
 from .forensics import flight_dumps
 from .gpus import read_node, render_node
@@ -403,7 +404,7 @@ def _standby(
               f"{standby.port(environ, args.standby)} for a node to take over (pid {process.pid})")
         return 0
     with socket.socket(fileno=int(environ[STANDBY_FD])) as listener:
-        message = standby.wait(listener, run_id)
+        message = standby.wait(listener, run_id, secret_of(environ) or "")
     if message is None:
         print(f"mlenv: run {run_id} needs this standby no more", flush=True)
         return 0

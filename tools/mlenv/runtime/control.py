@@ -1,18 +1,26 @@
 """The node supervisors' control channel: fail fast across nodes without an mlenv client (detached runs too).
 
-Node 0's supervisor listens on ``MASTER_PORT + 1``; the others connect and stay connected while their job runs.
-Messages are JSON lines. A node reports a rank failure (``failure``), a stop it needs (``stop``) and its end
-(``done``). A node says hello with its attempt (``MLENV_RESTART_COUNT``); node 0 sends a node of another attempt
-away (``retry``: the previous attempt's node 0 is still waiting for its peers), and that node tries again. Node 0
-collects the failures of ``DECIDE_SECONDS`` (ranks that die of the first one's death come
+Node 0's supervisor listens on ``MASTER_PORT + 1`` of the master's address only; the others connect and stay
+connected while their job runs. Messages are JSON lines, each carrying the run id and attempt. The two ends of a
+connection prove to each other that they hold the run's secret (``MLENV_CONTROL_SECRET``: random per run, handed to
+the nodes in their environment), which never travels: node 0 sends a ``challenge``, the node answers with its
+``hello``, a nonce and the HMAC of the challenge, and node 0 with a ``welcome``, the HMAC of the nonce (compared in
+constant time). A connection without the right proof is dropped and noted, never obeyed; one that has not said hello
+within ``HELLO_SECONDS`` is dropped and counts for nothing. A node reports a rank failure (``failure``), a stop it
+needs (``stop``) and its end (``done``). Node 0 turns a node of another run away (``refused``), and sends a node of
+another attempt away (``retry``: the previous attempt's node 0 is still waiting for its peers), and that node tries
+again. Node 0 collects the failures of ``DECIDE_SECONDS`` (ranks that die of the first one's death come
 later), names the earliest as the job's first failure and broadcasts one ``stop`` to every node. A connection lost
-before ``done`` counts as that node's failure, on both sides.
+before ``done`` counts as that node's failure, on both sides (once it said hello).
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
 import json
+import secrets
 import selectors
 import socket
 import time
@@ -24,6 +32,17 @@ DECIDE_SECONDS = 1.0
 CONNECT_SECONDS = 300.0
 """How long a node tries to reach node 0 before it runs without the channel (and says so)."""
 CONNECT_TIMEOUT = 0.5
+UNPROVEN_TRIES = 3
+"""How many times a node tries a node 0 that never proves the secret (another run's?) before it runs without it."""
+SEND_TIMEOUT = 5.0
+HELLO_SECONDS = 10.0
+"""How long a connection may stay without saying hello (with the run's secret) before node 0 drops it."""
+HELLO_LIMIT = 4096
+"""The most bytes read from a connection before its hello: a longer first line is dropped."""
+MESSAGE_LIMIT = 64 << 20
+"""The longest message of a node that said hello (observers' messages carry stacks)."""
+SECRET_VARIABLE = "MLENV_CONTROL_SECRET"  # noqa: S105 (the name of a variable)
+"""The run's control secret, in every node's environment (never on a command line, in a file or a log)."""
 
 StopHandler = Callable[[str, int, "dict[str, Any] | None"], None]
 """Called with (reason, exit code, the job's first failure or None) when the job must stop."""
@@ -33,9 +52,16 @@ Note = Callable[[str], None]
 @dataclass
 class _Peer:
     sock: socket.socket
+    address: str = "?"
     node: int | None = None
+    """The node it said it is in its hello (None until then: it counts for nothing)."""
     buffer: bytes = b""
     done: bool = False
+    since: float = field(default_factory=time.monotonic)
+    nonce: str = field(default_factory=lambda: secrets.token_hex(16))
+    """Node 0: the challenge it sent; the others: the nonce node 0 must prove the secret with."""
+    proven: bool = False
+    """It proved that it holds the run's secret."""
 
 
 @dataclass
@@ -61,17 +87,21 @@ class ControlChannel:
     """Observers' messages (``relay``) that reach this node."""
     attempt: int = 0
     """The run's attempt this node runs: only nodes of the same attempt are connected."""
+    run_id: str = ""
+    """The run this node belongs to: a node of another run is turned away."""
+    secret: str = ""
+    """The run's control secret: a connection that cannot prove it holds it is dropped."""
+    unproven: int = 0
+    """How many connections to node 0's address ended before it proved the secret."""
 
     def open(self) -> None:
-        """Listen (node 0) or start trying to connect (the others)."""
+        """Listen on the master's address (node 0) or start trying to connect (the others)."""
         if self.node == 0:
             try:
-                family = socket.AF_INET6 if socket.has_dualstack_ipv6() else socket.AF_INET
-                self.server = socket.create_server(("", self.port), family=family,
-                                                   dualstack_ipv6=family == socket.AF_INET6)
+                self.server = listen(self.address, self.port)
             except OSError as exc:
-                self.note(f"warning: no control channel on port {self.port} ({exc.strerror}): a failure on another "
-                          "node will not stop this one")
+                self.note(f"warning: no control channel on {self.address}:{self.port} ({exc.strerror}): a failure "
+                          "on another node will not stop this one")
                 return
             self.server.setblocking(False)
             self.selector.register(self.server, selectors.EVENT_READ, self._accept)
@@ -82,10 +112,12 @@ class ControlChannel:
         if self.server is None:
             return
         with contextlib.suppress(BlockingIOError):
-            sock, _ = self.server.accept()
-            peer = _Peer(sock)
+            sock, address = self.server.accept()
+            sock.settimeout(SEND_TIMEOUT)  # a peer that reads nothing holds no send for long
+            peer = _Peer(sock, str(address[0]) if isinstance(address, tuple) else "?")
             self.peers.append(peer)
             self.selector.register(sock, selectors.EVENT_READ, lambda: self._read(peer))
+            self._send(peer, {"challenge": peer.nonce})
 
     def _try_connect(self) -> None:
         try:
@@ -96,9 +128,8 @@ class ControlChannel:
                 self.note(f"warning: node 0's control channel {self.address}:{self.port} cannot be reached: a "
                           "failure on another node will not stop this one")
             return
-        sock.settimeout(5.0)
-        self.upstream = _Peer(sock, node=0)
-        self._send(self.upstream, {"hello": self.node, "attempt": self.attempt})
+        sock.settimeout(SEND_TIMEOUT)
+        self.upstream = _Peer(sock, self.address, node=0)
         self.selector.register(sock, selectors.EVENT_READ, lambda: self._read(self.upstream))
 
     def _read(self, peer: _Peer | None) -> None:
@@ -112,21 +143,101 @@ class ControlChannel:
             self._lost(peer)
             return
         peer.buffer += chunk
-        while b"\n" in peer.buffer and (peer is self.upstream or peer in self.peers):  # until it is dropped
+        while b"\n" in peer.buffer and self._ours(peer):  # until it is dropped
             line, peer.buffer = peer.buffer.split(b"\n", 1)
-            with contextlib.suppress(ValueError):
-                message = json.loads(line)
-                if isinstance(message, dict):
-                    self._handle(peer, message)
+            self._line(peer, line)
+        limit = MESSAGE_LIMIT if peer.proven else HELLO_LIMIT
+        if len(peer.buffer) > limit and self._ours(peer):
+            self._refuse(peer, f"dropped a control message from {peer.address}: longer than {limit} bytes")
+
+    def _ours(self, peer: _Peer) -> bool:
+        return peer is self.upstream or peer in self.peers
+
+    def _line(self, peer: _Peer, line: bytes) -> None:
+        """One message: obeyed only from a peer that proved it holds the run's secret (the handshake first)."""
+        try:
+            message = json.loads(line)
+        except ValueError:
+            message = None
+        if not isinstance(message, dict):
+            self._refuse(peer, f"dropped a control message from {peer.address}: not a JSON object")
+            return
+        try:
+            if not peer.proven:
+                self._handshake(peer, message)
+            else:
+                self._handle(peer, message)
+        except (KeyError, TypeError, ValueError) as err:
+            self._refuse(peer, f"dropped a control message from {peer.address}: {type(err).__name__} {err}")
+
+    def _proof(self, *parts: object) -> str:
+        return proof(self.secret, *parts)
+
+    def _proves(self, message: Mapping[str, Any], key: str, *parts: object) -> bool:
+        return proves(self.secret, message.get(key), *parts)
+
+    def _handshake(self, peer: _Peer, message: Mapping[str, Any]) -> None:
+        """Node 0: a hello with the HMAC of its challenge (then a welcome with the HMAC of the node's nonce, and the
+        node is turned away when of another run or attempt); the others: node 0's challenge, then its welcome."""
+        bad = f"dropped a control message from {peer.address}: bad secret"
+        if peer is self.upstream:
+            if "challenge" in message:
+                self._send(peer, {"hello": self.node, "nonce": peer.nonce,
+                                  "proof": self._proof("hello", str(message["challenge"]), self.run_id, self.attempt,
+                                                       self.node)})
+            elif self._proves(message, "welcome", "welcome", peer.nonce):
+                peer.proven = True
+                if self.finished:
+                    self._send(peer, {"done": True})
+            else:
+                self._refuse(peer, bad)
+            return
+        if "hello" not in message or not self._proves(message, "proof", "hello", peer.nonce, message.get("run"),
+                                                      message.get("attempt"), message["hello"]):
+            self._refuse(peer, bad)
+            return
+        peer.proven = True
+        self._send(peer, {"welcome": self._proof("welcome", str(message.get("nonce")))})
+        if message.get("run") != self.run_id:
+            self._send(peer, {"refused": f"this is run {self.run_id}"})
+            self._refuse(peer, f"turned away node {shown(message['hello'])} of run {shown(message.get('run'))} from "
+                               f"{peer.address} (this is run {self.run_id})")
+        elif message.get("attempt") != self.attempt:  # a node of the next attempt, early: not ours
+            self._send(peer, {"retry": f"node 0 of attempt {self.attempt} is ending"})
+            self._drop(peer)
+            self.peers.remove(peer)
+        else:
+            peer.node = int(message["hello"])
+
+    def _refuse(self, peer: _Peer, why: str) -> None:
+        """Drop ``peer``'s connection, noted; a node that said hello (or node 0, once it proved the secret) is then
+        lost (as when its connection breaks); any other counts for nothing (node 0 is tried again)."""
+        self.note(why)
+        if peer.proven and peer.node is not None:
+            self._lost(peer)
+        else:
+            self._drop(peer)
+            if peer is self.upstream:
+                self._unproven_upstream()
+            elif peer in self.peers:
+                self.peers.remove(peer)
+
+    def _unproven_upstream(self) -> None:
+        """The connection to node 0's address ended before node 0 proved the secret: try again, a few times."""
+        self.upstream = None
+        self.unproven += 1
+        if self.unproven >= UNPROVEN_TRIES:
+            self.connect_until = 0.0  # no more tries
+            self.note(f"warning: {self.address}:{self.port} did not prove the run's secret in {self.unproven} tries "
+                      "(not this run's node 0): no control channel, a failure on another node will not stop this one")
 
     def _handle(self, peer: _Peer, message: Mapping[str, Any]) -> None:
-        if "hello" in message:
-            if int(message.get("attempt", 0)) != self.attempt:  # a node of the next attempt, early: not ours
-                self._send(peer, {"retry": f"node 0 of attempt {self.attempt} is ending"})
-                self._drop(peer)
-                self.peers.remove(peer)
-                return
-            peer.node = int(message["hello"])
+        if "refused" in message and peer is self.upstream:  # another run's node 0 holds the port: not ours
+            self.note(f"node 0 at {peer.address}:{self.port} refused this node: {shown(message['refused'])}")
+            self._drop(peer)
+            self.upstream = None
+            self.connect_until = 0.0  # no more tries
+            self.note("warning: no control channel: a failure on another node will not stop this one")
         elif "retry" in message and peer is self.upstream:  # the previous attempt's node 0: try again
             self._drop(peer)
             self.upstream = None
@@ -149,14 +260,16 @@ class ControlChannel:
 
     def _lost(self, peer: _Peer) -> None:
         self._drop(peer)
-        if peer is self.upstream:
+        if peer is self.upstream and not peer.proven:
+            self._unproven_upstream()
+        elif peer is self.upstream:
             self.upstream = None
             if not self.finished:
                 self._stop("lost the control channel to node 0", 1, None)
         elif peer in self.peers:
             self.peers.remove(peer)
-            if not peer.done:
-                self._broadcast(f"lost node {'?' if peer.node is None else peer.node}", 1, None)
+            if not peer.done and peer.node is not None:
+                self._broadcast(f"lost node {peer.node}", 1, None)
 
     def _failure(self, ended: float, failure: dict[str, Any]) -> None:
         """Node 0: one more failure to decide between."""
@@ -170,7 +283,7 @@ class ControlChannel:
         """Node 0: stop every node (once)."""
         if self.stopped:
             return
-        for peer in list(self.peers):
+        for peer in self._nodes():
             self._send(peer, {"stop": reason, "exit_code": exit_code, "first_failure": first})
         self._stop(reason, exit_code, first)
 
@@ -179,41 +292,56 @@ class ControlChannel:
             self.stopped = True
             self.on_stop(reason, exit_code, first)
 
+    def _nodes(self) -> list[_Peer]:
+        """The connected nodes: the peers that said hello."""
+        return [peer for peer in self.peers if peer.node is not None]
+
     def _send(self, peer: _Peer, message: Mapping[str, Any]) -> None:
         with contextlib.suppress(OSError):
-            peer.sock.sendall(json.dumps(message).encode() + b"\n")
+            peer.sock.sendall(json.dumps({**message, "run": self.run_id, "attempt": self.attempt}).encode() + b"\n")
+
+    @property
+    def connected(self) -> bool:
+        """A node other than 0: connected to node 0 of its run and attempt, each having proved the secret."""
+        return self.upstream is not None and self.upstream.proven
 
     def tick(self) -> None:
-        """Connect when not yet connected; after the decision window, name the first failure."""
+        """Connect when not yet connected; drop connections silent past HELLO_SECONDS; after the decision window,
+        name the first failure."""
         if self.node != 0 and self.upstream is None and time.monotonic() < self.connect_until and not self.finished:
             self._try_connect()
+        for peer in [p for p in [*self.peers, *([self.upstream] if self.upstream else [])]
+                     if not p.proven and time.monotonic() - p.since > HELLO_SECONDS]:
+            self._refuse(peer, f"dropped a control connection from {peer.address}: no proof of the secret in "
+                               f"{HELLO_SECONDS:g} s")
         if self.decide_at is not None and time.monotonic() >= self.decide_at and not self.stopped:
             _, first = min(self.failures, key=lambda item: item[0])
             self._broadcast(f"stopped after rank {first['rank']} failed", int(first["exit_code"]), first)
 
     def failure(self, failure: dict[str, Any], ended: float) -> None:
         """A rank of this node failed (``ended``: wall clock)."""
-        if self.node == 0 or self.upstream is None:
+        if self.node == 0 or self.upstream is None or not self.upstream.proven:
             self._failure(ended, failure)
         else:
             self._send(self.upstream, {"failure": failure, "ended": ended})
 
     def stop(self, reason: str, exit_code: int) -> None:
         """This node needs the whole job stopped (an observer, a launcher that failed on its own)."""
-        if self.node == 0 or self.upstream is None:
+        if self.node == 0 or self.upstream is None or not self.upstream.proven:
             self._broadcast(reason, exit_code, None)
         else:
             self._send(self.upstream, {"stop": reason, "exit_code": exit_code})
 
     def relay(self, message: Mapping[str, Any]) -> None:
         """An observer's message: from node 0 to every other node, from another node to node 0."""
-        for peer in ([self.upstream] if self.upstream is not None else []) if self.node != 0 else list(self.peers):
+        for peer in ([self.upstream] if self.upstream is not None and self.upstream.proven else []) if self.node != 0 \
+                else self._nodes():
             self._send(peer, {"observer": message})
 
     def done(self) -> None:
         """This node's job has ended: from now on a lost connection is no failure."""
         self.finished = True
-        if self.upstream is not None:
+        if self.upstream is not None and self.upstream.proven:
             self._send(self.upstream, {"done": True})
 
     def waiting_for_peers(self) -> bool:
@@ -223,7 +351,7 @@ class ControlChannel:
         detached run's restart starts on every node)."""
         if self.node != 0:
             return self.upstream is not None
-        return any(not peer.done for peer in self.peers) or (self.decide_at is not None and not self.stopped)
+        return any(not peer.done for peer in self._nodes()) or (self.decide_at is not None and not self.stopped)
 
     def close(self) -> None:
         for sock in [*(p.sock for p in self.peers), *([self.upstream.sock] if self.upstream else []),
@@ -231,3 +359,50 @@ class ControlChannel:
             with contextlib.suppress(KeyError, ValueError):
                 self.selector.unregister(sock)
             sock.close()
+
+
+def listen(address: str, port: int) -> socket.socket:
+    """Node 0's listening socket on the master's address (each address it resolves to, in order; where none is this
+    node's own, as behind a virtual service address, the address this node routes to it from); never every
+    interface. OSError when none can be bound."""
+    error: OSError = OSError(0, "the master's address does not resolve")
+    with contextlib.suppress(OSError):
+        for family, _, _, _, where in socket.getaddrinfo(address, port, type=socket.SOCK_STREAM):
+            try:
+                return socket.create_server(where[:2], family=family)
+            except OSError as exc:
+                error = exc
+    routed = _routed_from(address, port)
+    if routed is None:
+        raise error
+    return socket.create_server((routed, port), family=socket.AF_INET6 if ":" in routed else socket.AF_INET)
+
+
+def _routed_from(address: str, port: int) -> str | None:
+    """This node's address towards ``address``, as the kernel routes it (no packet is sent)."""
+    with contextlib.suppress(OSError):
+        for family, _, _, _, where in socket.getaddrinfo(address, port, type=socket.SOCK_DGRAM):
+            with socket.socket(family, socket.SOCK_DGRAM) as probe:
+                probe.connect(where)
+                return str(probe.getsockname()[0])
+    return None
+
+
+def proof(secret: str, *parts: object) -> str:
+    """The HMAC-SHA256 of ``parts`` (as JSON) under ``secret``: what proves the secret without sending it."""
+    return hmac.new(secret.encode(), json.dumps(parts).encode(), hashlib.sha256).hexdigest()
+
+
+def proves(secret: str, given: object, *parts: object) -> bool:
+    """Whether ``given`` is the proof of ``parts`` under ``secret`` (compared in constant time)."""
+    return hmac.compare_digest(str(given or "").encode(), proof(secret, *parts).encode())
+
+
+def shown(value: object) -> str:
+    """A value from a message, fit for one line of a log (at most 80 characters)."""
+    return json.dumps(value, ensure_ascii=True)[:80]
+
+
+def secret_of(environ: Mapping[str, str]) -> str | None:
+    """The run's control secret from the environment, or None where there is none."""
+    return environ.get(SECRET_VARIABLE) or None

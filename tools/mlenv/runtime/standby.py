@@ -6,7 +6,9 @@ A standby listens on ``MASTER_PORT + 2 + SLOT`` of its host (MASTER_PORT is the 
 control channel). The nodes know the standbys from ``MLENV_STANDBYS`` (their addresses, in slot order) and how many
 the run has used from ``MLENV_STANDBYS_USED``; every node decides alike from the first failures it recorded, and only
 node 0 talks to the standby. A message is one JSON line: ``{"run_id", "node", "attempt", "used"}`` hands the node
-over, ``{"run_id", "end": true}`` ends the standby (the run needs it no more); the standby answers ``ok``.
+over, ``{"run_id", "end": true}`` ends the standby (the run needs it no more); the standby answers ``ok``. Every
+message carries its proof: the HMAC of its fields under the run's control secret (``MLENV_CONTROL_SECRET``,
+control.py), which itself never travels; one without the right proof is ignored.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import socket
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from .control import SECRET_VARIABLE, proof, proves
 
 STANDBYS = "MLENV_STANDBYS"
 """The run's standbys: their hosts' addresses, comma-separated, in slot order."""
@@ -58,9 +62,9 @@ def listen(environ: Mapping[str, str], slot: int) -> socket.socket:
     return listener
 
 
-def wait(listener: socket.socket, run_id: str) -> dict[str, Any] | None:
-    """Block until node 0 hands a node over (its message) or ends the standby (None); a message of another run,
-    or one that is not one, is answered and ignored."""
+def wait(listener: socket.socket, run_id: str, secret: str) -> dict[str, Any] | None:
+    """Block until node 0 hands a node over (its message) or ends the standby (None); a message without the run's
+    ``secret`` is ignored, one of another run, or one that is not one, is answered and ignored."""
     while True:
         connection, _ = listener.accept()
         with connection:
@@ -69,7 +73,10 @@ def wait(listener: socket.socket, run_id: str) -> dict[str, Any] | None:
                 message = json.loads(_line(connection))
             except (OSError, ValueError):
                 continue
-            if not isinstance(message, dict) or message.get("run_id") != run_id:
+            if not isinstance(message, dict) or not proves(secret, message.pop("proof", None), _fields(message)):
+                print(f"mlenv: dropped a message from {_peer(connection)}: bad secret", flush=True)
+                continue
+            if message.get("run_id") != run_id:
                 with contextlib.suppress(OSError):
                     connection.sendall(b"not this run\n")
                 continue
@@ -85,7 +92,8 @@ def send(address: str, slot: int, environ: Mapping[str, str], message: Mapping[s
     """Send ``message`` to standby ``slot`` at ``address``; why it failed, or None."""
     try:
         with socket.create_connection((address, port(environ, slot)), timeout=TIMEOUT) as connection:
-            connection.sendall(json.dumps(dict(message)).encode() + b"\n")
+            signed = {**message, "proof": proof(environ.get(SECRET_VARIABLE, ""), _fields(message))}
+            connection.sendall(json.dumps(signed).encode() + b"\n")
             answer = _line(connection).strip()
     except OSError as err:
         return f"cannot reach the standby at {address}:{port(environ, slot)}: {err}"
@@ -113,6 +121,18 @@ def stop(root: Path, run_id: str | None) -> int:
                 os.kill(pid, signal.SIGTERM)
                 count += 1
     return count
+
+
+def _fields(message: Mapping[str, Any]) -> list[list[Any]]:
+    """A message's fields in one order, for its proof."""
+    return [[key, message[key]] for key in sorted(message)]
+
+
+def _peer(connection: socket.socket) -> str:
+    """The address ``connection`` comes from."""
+    with contextlib.suppress(OSError):
+        return str(connection.getpeername()[0])
+    return "?"
 
 
 def _line(connection: socket.socket) -> str:

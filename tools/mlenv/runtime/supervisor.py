@@ -30,7 +30,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, Any
 
-from .control import ControlChannel
+from .control import SECRET_VARIABLE, ControlChannel, secret_of
 from .observers import Observer, RankInfo
 from .oom import kernel_killed, oom_kills
 from .rank import SOCKET_VARIABLE, signal_name
@@ -190,7 +190,7 @@ class Supervisor:
 
     @property
     def hub(self) -> bool:
-        return self.node == 0 or self.channel is None or self.channel.upstream is None
+        return self.node == 0 or self.channel is None or not self.channel.connected
 
     def tell_hub(self, message: dict[str, Any]) -> None:
         if self.hub or self.channel is None:
@@ -230,7 +230,8 @@ class Supervisor:
             self._write_state(RUNNING, "")
             for observer in self.observers:
                 observer.started(self)
-            env = {**self.env, SOCKET_VARIABLE: path}
+            env = {name: value for name, value in self.env.items() if name != SECRET_VARIABLE}  # not the ranks'
+            env[SOCKET_VARIABLE] = path
             env.setdefault(JOB_VARIABLE, f"supervisor-{os.getpid()}-{time.time_ns()}")
             self.marker = f"{JOB_VARIABLE}={env[JOB_VARIABLE]}".encode()
             ours, theirs = socket.socketpair()
@@ -293,10 +294,16 @@ class Supervisor:
     def _open_channel(self) -> None:
         if self.control_address is None or self.num_nodes < 2:
             return
+        secret = secret_of(self.env)
+        if secret is None:
+            self.note(f"warning: no {SECRET_VARIABLE} in the environment, so no control channel: a failure on "
+                      "another node will not stop this one")
+            return
         address, port = self.control_address
         self.channel = ControlChannel(self.node, self.num_nodes, address, port, self._stop_here, self.note,
                                       self.selector, on_message=self._observer_message,
-                                      attempt=self.node_dir.attempt)
+                                      attempt=self.node_dir.attempt, run_id=self.env.get("MLENV_RUN_ID", ""),
+                                      secret=secret)
         self.channel.open()
 
     @contextlib.contextmanager

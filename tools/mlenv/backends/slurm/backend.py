@@ -472,6 +472,10 @@ class SlurmBackend(Deploy, NodeAccess, Jobs, Checks):
     restarts_detached = True
     """A detached run's failed attempts are run again by its batch (or launch) script, inside the same job."""
 
+    def runs_own_ports(self, handle: Handle) -> bool:
+        """A batch job's ports follow from its own job id; the runs inside an allocation all get the allocation's."""
+        return allocation_id(handle) is None
+
     def latest_run(self, handle: Handle, run_id: str) -> dict[str, Any]:
         """Run ``run_id`` as its nodes' supervisors recorded it in the shared run directory, its newest attempt
         (``core.runrecords.latest_run``): read in one command on the login host; a node without an exit status is

@@ -210,6 +210,10 @@ class SshBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks):
         return replace(request, text=request.text + master + f"# {PORT_NOTE} (exec and shell see "
                                                              f"MASTER_PORT={handle.env.get('MASTER_PORT', '')})\n")
 
+    def runs_own_ports(self, handle: Handle) -> bool:
+        """Each launch picks a free MASTER_PORT (and the control port after it) on node 0's host."""
+        return True
+
     def launch(self, handle: Handle, request: LaunchRequest, secrets: Mapping[str, str],
                log_dir: str) -> LaunchOutcome:
         """Pick a free MASTER_PORT on node 0's host (a fixed one collides on shared machines; its address is
