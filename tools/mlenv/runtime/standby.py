@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .supervisor import marked_processes
+from .reaping import marked_processes
 
 STANDBYS = "MLENV_STANDBYS"
 """The run's standbys: their hosts' addresses, comma-separated, in slot order."""

@@ -30,6 +30,7 @@ from .control import ControlChannel
 from .observers import Observer, RankInfo
 from .oom import kernel_killed, oom_kills
 from .rank import SOCKET_VARIABLE, signal_name
+from .reaping import Reaper, marked_processes
 from .runlayout import (
     FAILED,
     RUNNING,
@@ -182,7 +183,9 @@ class Supervisor:
         """Start the launcher, serve the ranks until everything has ended, return the node's exit status."""
         self.node_dir.path.mkdir(parents=True, exist_ok=True)
         self.oom_before = oom_kills()
-        with tempfile.TemporaryDirectory(prefix="mlenv-") as sockets, self._signals():
+        with Reaper.start(self.env, self.note) as reaper, tempfile.TemporaryDirectory(prefix="mlenv-") as sockets, \
+                self._signals():
+            self.extra_state["cgroup"] = str(reaper.cgroup.path) if reaper.cgroup else None
             path = str(Path(sockets, "ranks"))
             server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             server.bind(path)
@@ -201,11 +204,14 @@ class Supervisor:
             # its own session: our signals reach it once, through us (torchrun puts each worker in its own)
             with theirs:
                 self.process = subprocess.Popen(list(self.argv), env=env, stdout=theirs.fileno(),
-                                                stderr=theirs.fileno(), start_new_session=True)
+                                                stderr=theirs.fileno(), start_new_session=True,
+                                                preexec_fn=reaper.preexec())  # into the cgroup: only os calls
+            reaper.started(self.process.pid, self.process.poll() is None, self.note)
             ours.setblocking(False)
             self.selector.register(ours, selectors.EVENT_READ, _Reader(self, _Connection(ours, kind="launcher")))
             status = self._serve(self.process)
             server.close()
+            reaper.end(self.marker, self.grace, self.note)
         return self._finish(status)
 
     def _serve(self, process: subprocess.Popen[bytes]) -> int:
@@ -536,18 +542,4 @@ def describe(failure: FirstFailure, pid: int) -> str:
     """``rank 3 (node-1, pid 4242) exited with 7 first; last lines: ...``: the job's first failure in one line."""
     tail = " | ".join(line.strip() for line in failure.log_tail[-3:] if line.strip()) or "(none)"
     return f"rank {failure.rank} (node-{failure.node}, pid {pid}) {failure.reason} first; last lines: {tail}"
-
-
-def marked_processes(marker: bytes, proc_root: str | Path = "/proc") -> list[int]:
-    """Live processes (not this one) whose environment carries ``marker`` (``NAME=value``)."""
-    found = []
-    for entry in Path(proc_root).iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            if marker in (entry / "environ").read_bytes().split(b"\0"):
-                found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
 
