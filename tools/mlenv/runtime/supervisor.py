@@ -4,6 +4,7 @@ and knows every rank of this node by its global rank, pid, exit code and signal.
 Each rank's output comes through a connection of its own (a unix socket), so lines are whole: they are tagged
 ``[node-R rN]`` and go to stdout, output.log and the container log, and to the observers. The first rank of the job
 to fail is named; the job stops on every node (control channel); the node exits with that rank's own code.
+What the ranks leave behind ends with the node's share (reaping.py: the share's cgroup).
 All work happens in one thread, around one selector.
 """
 
