@@ -105,13 +105,20 @@ def gone_within_15_s(out: Path) -> None:
         time.sleep(0.1)
 
 
-def detach(env: dict[str, str], *job: str) -> int:
-    """``launch --detach`` of ``job`` under torchrun; the pid of the detached supervisor."""
-    result = runtime(env, "launch", "--detach", "--launcher", "torchrun", "--", *job)
+def detach_leaving(tmp_path: Path, left: Path, run_id: str) -> tuple[dict[str, str], int]:
+    """A detached run of two ranks that have each left a process behind and wait: its environment and the pid of
+    its supervisor."""
+    require_cgroup()
+    env = detached_env(tmp_path, run_id, MLENV_PROCS_PER_NODE="2")
+    result = runtime(env, "launch", "--detach", "--launcher", "torchrun", "--", str(script(tmp_path)), str(left),
+                     "wait")
     assert result.returncode == 0, result.stderr
     match = re.match(r"mlenv: node 0 started in the background: pid (\d+),", result.stdout)
     assert match, result.stdout
-    return int(match.group(1))
+    log = NodeDir(Path(env["MLENV_RUN_DIR"]), 0, 0).log
+    wait_for_line(log, "r1] left one behind")
+    wait_for_line(log, "r0] left one behind")
+    return env, int(match.group(1))
 
 
 def script(tmp_path: Path) -> Path:
@@ -154,12 +161,8 @@ def test_a_run_that_ends_ends_what_its_ranks_left_and_says_how_many(
 
 
 def test_a_stopped_run_ends_what_its_ranks_left(tmp_path: Path, left: Path) -> None:
-    require_cgroup()
-    env = detached_env(tmp_path, "run-stop", MLENV_PROCS_PER_NODE="2")
-    pid = detach(env, str(script(tmp_path)), str(left), "wait")
+    env, pid = detach_leaving(tmp_path, left, "run-stop")
     log = NodeDir(Path(env["MLENV_RUN_DIR"]), 0, 0).log
-    wait_for_line(log, "r1] left one behind")
-    wait_for_line(log, "r0] left one behind")
     stopped = runtime(env, "stop")
     assert stopped.stdout == f"stopped node 0 of run run-stop (pid {pid}): ended after SIGTERM\n", stopped.stdout
     gone_within_15_s(left)
@@ -168,12 +171,7 @@ def test_a_stopped_run_ends_what_its_ranks_left(tmp_path: Path, left: Path) -> N
 
 
 def test_the_cgroup_of_a_supervisor_killed_outright_is_ended_by_the_next_start(tmp_path: Path, left: Path) -> None:
-    require_cgroup()
-    env = detached_env(tmp_path, "run-killed", MLENV_PROCS_PER_NODE="2")
-    pid = detach(env, str(script(tmp_path)), str(left), "wait")
-    log = NodeDir(Path(env["MLENV_RUN_DIR"]), 0, 0).log
-    wait_for_line(log, "r1] left one behind")
-    wait_for_line(log, "r0] left one behind")
+    env, pid = detach_leaving(tmp_path, left, "run-killed")
     stale = Path(cgroup_of(env))
     os.kill(pid, signal.SIGKILL)  # no supervisor to end anything: its ranks and what they left run on
     try:
@@ -191,12 +189,7 @@ def test_the_cgroup_of_a_supervisor_killed_outright_is_ended_by_the_next_start(t
 
 
 def test_stop_of_a_run_whose_supervisor_was_killed_ends_what_its_cgroup_holds(tmp_path: Path, left: Path) -> None:
-    require_cgroup()
-    env = detached_env(tmp_path, "run-lost", MLENV_PROCS_PER_NODE="2")
-    pid = detach(env, str(script(tmp_path)), str(left), "wait")
-    log = NodeDir(Path(env["MLENV_RUN_DIR"]), 0, 0).log
-    wait_for_line(log, "r1] left one behind")
-    wait_for_line(log, "r0] left one behind")
+    env, pid = detach_leaving(tmp_path, left, "run-lost")
     cgroup = Path(cgroup_of(env))
     os.kill(pid, signal.SIGKILL)
     try:

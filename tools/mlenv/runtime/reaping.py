@@ -258,28 +258,34 @@ def make_cgroup(name: str) -> tuple[Cgroup | None, str]:
     """A new cgroup ``name`` below this process's own, on the first writable hierarchy (v2, else v1's freezer);
     else None and why there is none, in words."""
     try:
-        mounts = _mounts(Path("/proc/self/mountinfo").read_text())
-        proc_cgroup = Path("/proc/self/cgroup").read_text()
+        found = hierarchies(Path("/proc/self/mountinfo").read_text(), Path("/proc/self/cgroup").read_text())
     except OSError as err:
         return None, f"cannot read this process's cgroups ({err.strerror})"
     why = "no cgroup v2 or v1 freezer hierarchy is mounted here"
-    for mount in mounts:
-        own = _own(mount.version, proc_cgroup)
-        where = _where(mount, own) if own is not None else None
-        if where is None:
-            continue
-        parent, relative = where
-        cgroup = Cgroup(parent / name, f"{relative}/{name}".replace("//", "/"), mount.version)
+    for own in found:
+        cgroup = Cgroup(own.path / name, f"{own.relative.rstrip('/')}/{name}", own.version)
         try:
             cgroup.path.mkdir()
         except OSError as err:
-            why = f"{parent} is not writable ({err.strerror})"
+            why = f"{own.path} is not writable ({err.strerror})"
             continue
-        if mount.version == 1 or any((cgroup.path / file).exists() for file in ("cgroup.kill", "cgroup.freeze")):
+        if own.version == 1 or any((cgroup.path / file).exists() for file in ("cgroup.kill", "cgroup.freeze")):
             return cgroup, ""
         cgroup.remove()
-        why = f"{parent} can neither kill nor freeze a cgroup (Linux before 5.2)"
+        why = f"{own.path} can neither kill nor freeze a cgroup (Linux before 5.2)"
     return None, why
+
+
+def hierarchies(mountinfo: str, proc_cgroup: str) -> list[Cgroup]:
+    """This process's own cgroup on each mounted hierarchy it can use, cgroup v2 first, then v1's freezer, from
+    ``/proc/self/mountinfo`` and ``/proc/self/cgroup``."""
+    found = []
+    for mount in _mounts(mountinfo):
+        own = _own(mount.version, proc_cgroup)
+        where = _where(mount, own) if own is not None else None
+        if where is not None:
+            found.append(Cgroup(*where, mount.version))
+    return found
 
 
 def clean_stale(cgroup: Cgroup, note: Callable[[str], None]) -> None:
