@@ -161,8 +161,7 @@ class Cgroup:
             seen |= _wait(self, KILL_WAIT_SECONDS, then=self.kill)
         left = self.procs()
         if left and note is not None:
-            note(f"{len(left)} process{'' if len(left) == 1 else 'es'} in cgroup {self.path} did not end after "
-                 "SIGKILL; the cgroup is kept")
+            note(f"{plural(len(left))} in cgroup {self.path} did not end after SIGKILL; the cgroup is kept")
         return len(seen)
 
     def remove(self) -> bool:
@@ -292,8 +291,9 @@ def clean_stale(cgroup: Cgroup, note: Callable[[str], None]) -> None:
     """End and remove the cgroups beside ``cgroup`` that supervisors now gone left behind."""
     for sibling in _siblings(cgroup):
         ended = sibling.end(0, note)
-        if sibling.remove() or ended:
-            note(f"removed cgroup {sibling.path} of a supervisor that is gone"
+        removed = sibling.remove()
+        if removed or ended:
+            note(f"{'removed' if removed else 'kept'} cgroup {sibling.path} of a supervisor that is gone"
                  + (f" (ended {plural(ended)} left in it)" if ended else ""))
 
 
