@@ -28,6 +28,8 @@ from pathlib import Path
 POLL_SECONDS = 0.1
 KILL_WAIT_SECONDS = 5.0
 """After SIGKILL, how long the processes get to be gone (one in uninterruptible sleep may take a while)."""
+FOREIGN_EMPTY_SECONDS = 300.0
+"""An empty cgroup of a supervisor in another pid namespace is removed once it is this old."""
 _NAME = re.compile(r"mlenv-(\d+)-(\d+)-(\d+)")
 
 
@@ -288,7 +290,15 @@ def hierarchies(mountinfo: str, proc_cgroup: str) -> list[Cgroup]:
 
 
 def clean_stale(cgroup: Cgroup, note: Callable[[str], None]) -> None:
-    """End and remove the cgroups beside ``cgroup`` that supervisors now gone left behind."""
+    """End and remove the cgroups beside ``cgroup`` that supervisors now gone left behind; remove the empty ones
+    of supervisors in other pid namespaces (whose liveness cannot be told from here) made long enough ago that
+    their launcher would be in them (rmdir fails on a cgroup that holds a process: nothing is killed)."""
+    with contextlib.suppress(OSError):
+        for entry in cgroup.path.parent.iterdir():
+            match = _NAME.fullmatch(entry.name)
+            if match and int(match.group(1)) != _pid_namespace() \
+                    and time.time() - entry.stat().st_mtime > FOREIGN_EMPTY_SECONDS:
+                remove_cgroup(entry)
     for sibling in _siblings(cgroup):
         ended = sibling.end(0, note)
         removed = sibling.remove()
