@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from mlenv.runtime.reaping import marked_processes
 from mlenv.runtime.runlayout import NodeDir
-from mlenv.runtime.supervisor import marked_processes
 
 from tests._prereq import clean_environ, require
 from tests.helpers import free_port
@@ -395,7 +395,7 @@ def test_stop_ends_a_detached_job_and_every_process_it_started(tmp_path: Path) -
     assert job_processes("run-b") == []
     [job] = jobs_of(env)
     assert job["state"] == "stopped" and job["exit_code"] != 0
-    assert runtime(env, "stop").stdout == "nothing to stop\n"
+    assert runtime(env, "stop").stdout == "run run-b already finished (stopped): nothing to stop\n"
 
 
 def test_stop_kills_what_ignores_sigterm_after_the_grace_time(tmp_path: Path) -> None:

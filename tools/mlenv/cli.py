@@ -382,7 +382,7 @@ def logs(cluster_ref: str | None, pod: int | None, follow: bool, rank: int | Non
 @cluster_option
 @reports_errors
 def stop(cluster_ref: str | None) -> None:
-    """Stop the running job on every node; the environment stays."""
+    """Stop the running job on every node; the environment stays (a finished run is left as it is)."""
     target = _target(cluster_ref)
     sys.exit(target.backend.jobs.stop(target.handle))
 

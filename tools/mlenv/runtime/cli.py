@@ -184,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     jobs.add_argument("--runs-root", type=Path, metavar="DIR", help=runs_help)
     jobs.add_argument("--json", action="store_true", help="print a JSON list")
 
-    stop = commands.add_parser("stop", help="stop this host's running detached jobs")
+    stop = commands.add_parser("stop", help="stop this host's running detached jobs (a finished run is left as it is)")
     stop.add_argument("--runs-root", type=Path, metavar="DIR", help=runs_help)
     stop.add_argument("--run", type=_run_id, metavar="ID", help="only this run (default: every run)")
     stop.add_argument("--grace", type=_seconds, default=10.0, metavar="SECONDS",
@@ -467,7 +467,7 @@ def _stop(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     if standbys:
         print(f"stopped {standbys} standby{'' if standbys == 1 else 's'} of detached runs")
     if not stopped and not standbys:
-        print("nothing to stop")
+        print(_nothing_to_stop(found))
     for result in stopped:
         if result.left:
             print(f"{result.job.describe()}: {result.left} processes still alive after SIGKILL")
@@ -476,6 +476,14 @@ def _stop(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         else:
             print(f"stopped {result.job.describe()}: ended after SIGTERM")
     return 1 if any(result.left for result in stopped) else 0
+
+
+def _nothing_to_stop(jobs: Sequence[NodeJob]) -> str:
+    """``nothing to stop``, naming the newest run here when it has finished (its supervisors ended what it left)."""
+    newest = [job for job in jobs if jobs and job.record.run_id == jobs[-1].record.run_id]
+    states = sorted({job.state for job in newest if job.exit_code is not None})
+    return f"run {newest[0].record.run_id} already finished ({', '.join(states)}): nothing to stop" if states \
+        else "nothing to stop"
 
 
 def _logs(args: argparse.Namespace, environ: Mapping[str, str]) -> int:

@@ -25,6 +25,7 @@ from typing import IO, NamedTuple
 
 from .nodefault import UNREACHABLE, NodeFault
 from .readfs import read_int
+from .reaping import procs_of, recorded_cgroup, remove_cgroup
 from .runlayout import (
     FAILED,
     HUNG,
@@ -214,9 +215,10 @@ def _node_files(runs: Iterable[Path]) -> Iterator[NodeDir]:
 def stop_jobs(jobs: Sequence[NodeJob], grace: float, proc_root: str | Path = "/proc") -> list[Stopped]:
     """SIGTERM each job's live supervisor, which stops its job in order and records it as stopped (every process
     of a job without one), SIGKILL what is left after ``grace`` seconds; record the exit status of the jobs whose
-    supervisor could not (killed before writing it)."""
+    supervisor could not (killed before writing it). A finished job (its exit status written) is not touched: its
+    supervisor ended what it left behind."""
     processes = _processes(proc_root)
-    targets = [job for job in jobs if _members(job, processes, proc_root)]
+    targets = [job for job in jobs if read_exit(job.files.exit) is None and _members(job, processes, proc_root)]
     supervised = [job for job in targets if is_running(job.record, job.files, proc_root)]
     for job in supervised:  # once: not also to its ranks, which it would then take for failed
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -230,6 +232,8 @@ def stop_jobs(jobs: Sequence[NodeJob], grace: float, proc_root: str | Path = "/p
     for job in targets:
         last = signal.SIGKILL if job in survivors else signal.SIGTERM
         remaining = len(_members(job, processes, proc_root)) if job in left else 0
+        if not remaining and (cgroup := _cgroup(job)) is not None and not is_running(job.record, job.files, proc_root):
+            remove_cgroup(cgroup)  # its supervisor is gone
         if not remaining and read_exit(job.files.exit) is None:
             write_atomic(job.files.exit, f"{128 + last}\n")
             write_atomic(job.files.state, json.dumps({**read_state(job.files), "state": STOPPED,
@@ -239,11 +243,18 @@ def stop_jobs(jobs: Sequence[NodeJob], grace: float, proc_root: str | Path = "/p
 
 
 def _members(job: NodeJob, processes: Iterable[_Process], proc_root: str | Path) -> list[int]:
-    """The job's live processes: those carrying its ``MLENV_JOB`` marker, and the supervisor's process group
-    while the supervisor is the recorded one."""
+    """The job's live processes: those carrying its ``MLENV_JOB`` marker, those in its supervisor's cgroup, and
+    the supervisor's process group while the supervisor is the recorded one."""
     group = job.record.pid if is_running(job.record, job.files, proc_root) else None
     marker = job_marker(job.files)
-    return [p.pid for p in processes if p.stat.group == group or marker in p.environ]
+    cgroup = _cgroup(job)
+    held = set(procs_of(cgroup)) if cgroup is not None else set()
+    return [p.pid for p in processes if p.stat.group == group or marker in p.environ or p.pid in held]
+
+
+def _cgroup(job: NodeJob) -> Path | None:
+    """The cgroup the job's supervisor made for it (runtime/reaping.py), if it recorded one."""
+    return recorded_cgroup(read_state(job.files).get("cgroup"), job.record.pid, job.record.start_ticks)
 
 
 def follow_log(job: NodeJob, out: IO[bytes], proc_root: str | Path = "/proc") -> int | None:

@@ -110,7 +110,7 @@ def end_unused(environ: Mapping[str, str], run_id: str) -> None:
 def stop(root: Path, run_id: str | None) -> int:
     """SIGTERM the standbys of this host under the runs root ``root`` (of run ``run_id`` only when given); how many
     there were."""
-    from .supervisor import marked_processes  # here: mlenv's render reads this module's names, not the supervisor
+    from .reaping import marked_processes  # here: mlenv's render reads this module's names, not the reaper
 
     root = root.absolute()  # as the standby's run directory was made absolute (its marker)
     runs = [root / run_id] if run_id else sorted(root.glob("*"))

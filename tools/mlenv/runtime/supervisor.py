@@ -7,7 +7,9 @@ place with ``\\r`` (a progress bar: tqdm writes no newline until its loop ends) 
 each state tagged again after its ``\\r``; in the logs and to the observers each finished state is a whole line of
 its own. Any bytes from a rank are output (its ``last_output_at``, ``Observer.output``), a whole line or not. The
 first rank of the job to fail is named; the job stops on every node (control channel); the node exits with that
-rank's own code. All work happens in one thread, around one selector.
+rank's own code.
+What the ranks leave behind ends with the node's share (reaping.py: the share's cgroup). All work happens in one
+thread, around one selector.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from .control import SECRET_VARIABLE, ControlChannel, secret_of
 from .observers import Observer, RankInfo
 from .oom import kernel_killed, oom_kills
 from .rank import SOCKET_VARIABLE, signal_name
+from .reaping import Reaper, marked_processes
 from .runlayout import (
     FAILED,
     RUNNING,
@@ -218,7 +221,9 @@ class Supervisor:
         """Start the launcher, serve the ranks until everything has ended, return the node's exit status."""
         self.node_dir.path.mkdir(parents=True, exist_ok=True)
         self.oom_before = oom_kills()
-        with tempfile.TemporaryDirectory(prefix="mlenv-") as sockets, self._signals():
+        with Reaper.start(self.env, self.note) as reaper, tempfile.TemporaryDirectory(prefix="mlenv-") as sockets, \
+                self._signals():
+            self.extra_state["cgroup"] = str(reaper.cgroup.path) if reaper.cgroup else None
             path = str(Path(sockets, "ranks"))
             server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             server.bind(path)
@@ -238,11 +243,14 @@ class Supervisor:
             # its own session: our signals reach it once, through us (torchrun puts each worker in its own)
             with theirs:
                 self.process = subprocess.Popen(list(self.argv), env=env, stdout=theirs.fileno(),
-                                                stderr=theirs.fileno(), start_new_session=True)
+                                                stderr=theirs.fileno(), start_new_session=True,
+                                                preexec_fn=reaper.preexec())  # into the cgroup: only os calls
+            reaper.started(self.process.pid, self.process.poll() is None, self.note)
             ours.setblocking(False)
             self.selector.register(ours, selectors.EVENT_READ, _Reader(self, _Connection(ours, kind="launcher")))
             status = self._serve(self.process)
             server.close()
+            reaper.end(self.marker, self.grace, self.note)
         return self._finish(status)
 
     def _serve(self, process: subprocess.Popen[bytes]) -> int:
@@ -638,18 +646,4 @@ def describe(failure: FirstFailure, pid: int) -> str:
     """``rank 3 (node-1, pid 4242) exited with 7 first; last lines: ...``: the job's first failure in one line."""
     tail = " | ".join(line.strip() for line in failure.log_tail[-3:] if line.strip()) or "(none)"
     return f"rank {failure.rank} (node-{failure.node}, pid {pid}) {failure.reason} first; last lines: {tail}"
-
-
-def marked_processes(marker: bytes, proc_root: str | Path = "/proc") -> list[int]:
-    """Live processes (not this one) whose environment carries ``marker`` (``NAME=value``)."""
-    found = []
-    for entry in Path(proc_root).iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            if marker in (entry / "environ").read_bytes().split(b"\0"):
-                found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
 
