@@ -23,8 +23,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, NamedTuple
 
-from .nodefault import UNREACHABLE, NodeFault
+from .nodefault import NodeFault
 from .readfs import read_int
+from .restartpolicy import UNREACHABLE
 from .runlayout import (
     FAILED,
     HUNG,

@@ -22,8 +22,6 @@ from mlenv.core.fanout import checkpoint_dir, run_dir
 from mlenv.core.remote import RUNTIME_DIR, read_secrets
 from mlenv.errors import OperationError, UsageError, shown
 from mlenv.render.templates import Templates
-from mlenv.runtime.idle import IDLE_EXIT_CODE
-from mlenv.runtime.runlayout import USER_STOPS
 
 TEMPLATES = Path(mlenv.__file__).parent / "manifests" / "slurm"
 PORT_BASE, PORT_SPAN = 20000, 10000
@@ -36,8 +34,6 @@ EXIT_FILE = "exit"
 """In an attempt's directory: the attempt's exit code, written by the script at its end."""
 ATTEMPT_FILE = "attempt"
 """In a run directory: the number K of its latest attempt, whose files are in ``attempt-K/``."""
-FINAL_CODES = sorted({0, IDLE_EXIT_CODE, *USER_STOPS})
-"""Exit codes of an attempt that the script never runs again: success, an idle stop, a stop by the user."""
 RESUBMITTED_FILE = "resubmitted"
 """In a run directory: ``<job id> <host> <node> <why>`` for each batch job that a detached run's script submitted to
 go on without a node that failed first twice (one line each, appended)."""
@@ -224,7 +220,7 @@ def _run_context(job: SlurmJob, title: str, run_id: str, task: Sequence[str], ba
             "runtime_path": job.runtime_path, "port_base": PORT_BASE, "port_span": PORT_SPAN,
             "srun": srun_line(job, run_id, task, secrets, nodelist), "attempt": attempt, "exclude": ",".join(exclude),
             "nodelist": list(nodelist), "restarts": restarts, "resubmitted_file": RESUBMITTED_FILE,
-            "final": Shell("|".join(map(str, FINAL_CODES))),
+            "python": PYTHON, "failed_file": FAILED_FILE,
             "unexported": Shell(" ".join(secrets))}  # names checked by read_secrets in srun_line
 
 

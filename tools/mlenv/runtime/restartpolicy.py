@@ -1,0 +1,192 @@
+"""The restart policy, in one place: after an attempt of a run failed, whether the run starts again, which nodes are
+left out of it (and whether that is recorded for later runs) and which standby takes a left-out node's place.
+
+Everyone who restarts a run asks this module: mlenv for an attached run (ops/launch.py), the nodes' supervisors for
+a detached one (runtime/cli.py), and the Slurm scripts through ``python3 -m mlenv.runtime policy`` (their bash only
+acts on its verdict). The rules (docs/runs.md, "Restarts"):
+
+1. A run is started again only while ``--max-restarts`` allows, and never after a success, a stop by the user
+   (:data:`USER_STOPS`: Ctrl-C, ``mlenv stop``, scancel) or an idle stop (``--on-idle stop``: it would idle again).
+2. A node whose failure carries a node-fault sign (:data:`SIGNS`: unreachable, lost to a node failure, an NCCL network
+   error, a GPU Xid or ECC event, a failed in-node check) is left out of the next attempts at once, and recorded on
+   the deployment (``mlenv nodes``), so that later runs leave it out too.
+3. A user's bug is not a node fault: a failure without a sign that repeats the previous attempt's (the same rank,
+   exit code and last lines) stops the restarts ("the same error in attempts 1 and 2: not restarting", counting
+   attempts from 1); no node is left out and no spare or standby is spent.
+4. A node that failed first, without a sign, in :data:`FAULTY_AFTER` attempts of the run is left out of the rest of
+   that run only: never recorded on the deployment (a script's failures land on whichever node its rank ran on).
+5. A left-out node's work goes to a spare: attached, the backend places it (core/spares.py); detached, the run's next
+   unused standby (:func:`standby_for`), never for node 0, which holds the rendezvous.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .idle import IDLE_EXIT_CODE
+from .runlayout import USER_STOPS
+
+UNREACHABLE, NODE_FAILURE, NCCL_NET, XID, ECC, NODE_CHECK = (
+    "unreachable", "node-failure", "nccl-net", "xid", "ecc", "node-check")
+SIGNS = {
+    UNREACHABLE: "unreachable",
+    NODE_FAILURE: "node failure",
+    NCCL_NET: "NCCL network error",
+    XID: "GPU Xid event",
+    ECC: "GPU ECC errors",
+    NODE_CHECK: "in-node check failed",
+}
+"""Every node-fault sign and how it reads: ``unreachable`` (ssh exit 255 where the node has no record of the run, or
+its supervisor gone without an exit status), ``node-failure`` (the scheduler lost the node: down, failed, drained),
+``nccl-net``, ``xid``, ``ecc`` and ``node-check`` (runtime/nodefault.py detects them on the node)."""
+FAULTY_AFTER = 2
+"""A node that failed first (without a sign) in this many attempts of a run is left out of the rest of the run."""
+FINAL_CODES = frozenset({0, IDLE_EXIT_CODE, *USER_STOPS})
+"""Exit codes of an attempt that is never run again: success, an idle stop, a stop by the user."""
+
+FAILED_FIRST = "MLENV_FAILED_FIRST"
+"""In a detached run's restarted attempts: who failed first in each earlier attempt (:func:`failed_first`),
+comma-joined in attempt order (empty where nothing did)."""
+LAST_ERROR = "MLENV_LAST_ERROR"
+"""In a detached run's restarted attempts: the previous attempt's error (:func:`error_of`; empty: none, or a sign)."""
+
+
+def final(exit_code: int) -> bool:
+    """Whether an attempt that ended with ``exit_code`` is never run again (rule 1)."""
+    return exit_code in FINAL_CODES
+
+
+def may_restart(exit_code: int, attempt: int, max_restarts: int) -> bool:
+    """Whether attempt ``attempt`` (0 for the first), ended with ``exit_code``, may be followed by another."""
+    return not final(exit_code) and attempt < max_restarts
+
+
+def why_faulty(fault: Mapping[str, Any]) -> str:
+    """How a recorded sign (``{"sign", "evidence"}``) reads: ``NCCL network error: <the line>``."""
+    sign = str(fault.get("sign"))
+    return f"{SIGNS.get(sign, sign)}: {fault.get('evidence')}"
+
+
+def failed_first(first: object) -> str:
+    """Who failed first, as an attempt's recorded first failure names it: its host, else ``node-N`` (an older
+    record); empty when nothing failed first."""
+    if not isinstance(first, Mapping) or not isinstance(first.get("node"), int):
+        return ""
+    return str(first.get("host") or f"node-{first['node']}")
+
+
+LAST_LINES = 2
+"""How many of a failing rank's last (non-empty) lines make its error: a traceback's failing source line and its
+exception line; not the frame's line above them, whose path differs where nodes hold the script at different
+paths, nor earlier lines (a step counter may differ in every attempt)."""
+
+
+def error_of(first: object) -> str:
+    """A short key of a recorded first failure's error (its rank, exit code, signal and :data:`LAST_LINES` last
+    lines), equal for the same error in two attempts; empty when nothing failed first or the failure carries a
+    node-fault sign."""
+    if not isinstance(first, Mapping) or not isinstance(first.get("node"), int) or first.get("node_fault"):
+        return ""
+    tail = first.get("log_tail")
+    lines = [str(line).strip() for line in tail if str(line).strip()] if isinstance(tail, list) else []
+    seen = [first.get("rank"), first.get("exit_code"), first.get("signal"), lines[-LAST_LINES:]]
+    return hashlib.sha256(json.dumps(seen, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class History:
+    """What a run's earlier attempts leave the policy: who failed first in each (:func:`failed_first`, empty where
+    nothing did) and the previous attempt's error (:func:`error_of`)."""
+
+    failed_first: tuple[str, ...] = ()
+    last_error: str = ""
+
+    @classmethod
+    def of(cls, environ: Mapping[str, str], attempt: int) -> History:
+        """The history that attempt ``attempt`` of a detached run carries in its environment."""
+        if not attempt:
+            return cls()
+        return cls(tuple(environ.get(FAILED_FIRST, "").split(",")[:attempt]), environ.get(LAST_ERROR, ""))
+
+    def after(self, who: str, error: str) -> History:
+        """This history with one more attempt, ``who`` failed first in it with ``error``."""
+        return History((*self.failed_first, who), error)
+
+    def environ(self) -> dict[str, str]:
+        """The variables that hand this history to the next attempt (:meth:`of` reads them)."""
+        return {FAILED_FIRST: ",".join(self.failed_first), LAST_ERROR: self.last_error}
+
+
+RUN_ONLY = "it failed first in"
+"""How the reason of a node left out of the rest of its run only begins (rule 4)."""
+
+
+def saved(reason: str) -> bool:
+    """Whether a node left out for ``reason`` is recorded on the deployment, so that later runs leave it out too: a
+    node-fault sign's reason (rule 2), not a failed-first count (rule 4)."""
+    return not reason.startswith(RUN_ONLY)
+
+
+@dataclass(frozen=True)
+class LeftOut:
+    """A node left out of the next attempts, and why."""
+
+    node: int
+    reason: str
+
+    @property
+    def saved(self) -> bool:
+        """Recorded on the deployment (a node-fault sign); else left out of this run only."""
+        return saved(self.reason)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What follows a failed attempt that may be restarted (``may_restart``)."""
+
+    history: History
+    """The run's history with this attempt, for the next one."""
+    left_out: tuple[LeftOut, ...] = ()
+    stop: str | None = None
+    """Why the run is not restarted although restarts are left (rule 3); None: it is, without ``left_out``."""
+
+
+def judge(attempt: int, history: History, first: Mapping[str, Any] | None, node: int | None = None,
+          host: str | None = None, signs: Mapping[int, Mapping[str, Any]] | None = None) -> Verdict:
+    """The verdict on failed attempt ``attempt`` (0 for the first) of a run with ``history``: ``first`` is its recorded
+    first failure (None where nothing failed first, or no record was kept); ``node`` the node that failed first
+    (default: ``first``'s; None: none did) and ``host`` the host it ran on (default: :func:`failed_first`);
+    ``signs`` the nodes' own node-fault signs (a lost supervisor, a failed in-node check, an unreachable node)."""
+    if node is None and isinstance(first, Mapping) and isinstance(first.get("node"), int):
+        node = int(first["node"])
+    who = "" if node is None else host or failed_first(first) or f"node-{node}"
+    found = dict(signs or {})
+    if node is not None and isinstance(first, Mapping) and isinstance(first.get("node_fault"), Mapping):
+        found.setdefault(node, first["node_fault"])
+    error = error_of(first) if node is not None and node not in found else ""
+    following = history.after(who, error)
+    left = [LeftOut(faulty, why_faulty(sign)) for faulty, sign in sorted(found.items())]
+    if node is not None and node not in found:
+        if not found and error and error == history.last_error:
+            said = f"rank {first['rank']} (node-{node}) {first['reason']}: " if isinstance(first, Mapping) else ""
+            return Verdict(following, stop=f"{said}the same error in attempts {attempt} and {attempt + 1}: not "
+                                           "restarting (a bug in the script is not a node fault: no node is left out)")
+        count = following.failed_first.count(who)
+        if count >= FAULTY_AFTER:
+            left.append(LeftOut(node, f"{RUN_ONLY} {count} attempts of the run"))
+    return Verdict(following, tuple(left))
+
+
+def standby_for(node: int, spares: Sequence[str], used: int) -> tuple[int | None, str]:
+    """The standby slot that takes node ``node``'s place in a detached run with standbys on ``spares`` (in slot
+    order), ``used`` of them taken so far, else None and why none can."""
+    if node != 0 and used < len(spares):
+        return used, ""
+    return None, ("node 0 holds the rendezvous, which a standby cannot take over" if node == 0 and spares
+                  else "no standby host is left" if spares
+                  else "the nodes of a detached run restart it where it ran; ssh.spares, or a launch attached, "
+                       "leave the node out")
