@@ -11,6 +11,7 @@ from typing import Any
 from mlenv.core.capabilities import LaunchOutcome
 from mlenv.ops.launch import judge_faulty
 from mlenv.runtime.restartpolicy import History
+from mlenv.runtime.runrecord import RunRecord
 
 HOSTS = {0: "gpu-a", 1: "gpu-b"}
 LINE = "n1:88:102 [0] NCCL WARN NET/IB : Got completion from peer 10.0.0.1<4242> with error 12, opcode 0, len 0"
@@ -21,14 +22,14 @@ def outcome(codes: dict[int, int], failed: int | None = 1) -> LaunchOutcome:
 
 
 def run(first_node: int | None = 1, node_fault: dict[str, str] | None = None, tail: str = "step 1",
-        **extra: Any) -> dict[str, Any]:
+        **extra: Any) -> RunRecord:
     first = None if first_node is None else {"rank": 2, "node": first_node, "exit_code": 3, "signal": None,
                                              "reason": "exited with 3", "log_tail": [tail], "node_fault": node_fault}
-    return {"id": "r", "state": "failed", "first_failure": first, "nodes": {0: "failed (3)", 1: "failed (3)"},
-            "node_faults": {}, **extra}
+    return RunRecord.from_dict({"id": "r", "state": "failed", "first_failure": first,
+                                "nodes": {0: "failed (3)", 1: "failed (3)"}, "node_faults": {}, **extra})
 
 
-def judged(outcome: LaunchOutcome, run: dict[str, Any] | None, history: History | None = None,
+def judged(outcome: LaunchOutcome, run: RunRecord | None, history: History | None = None,
            attempt: int = 0) -> tuple[dict[int, tuple[str, bool]], History]:
     """Node -> (why it is left out, whether that is recorded for later runs), and the history after the attempt."""
     verdict = judge_faulty(outcome, run, attempt, history or History())

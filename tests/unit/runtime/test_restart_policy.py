@@ -14,14 +14,14 @@ from pathlib import Path
 from mlenv.runtime.launcher import RUNTIME_PARENT, Job, run_job
 from mlenv.runtime.nodefault import NodeFaultWatch
 from mlenv.runtime.restartpolicy import FAULTY_AFTER, History, failed_first, judge, may_restart, standby_for
-from mlenv.runtime.runlayout import NodeDir, read_state
+from mlenv.runtime.runlayout import FirstFailure, NodeDir, NodeFault, read_state
 
 ROOT = Path(__file__).resolve().parents[3]
 NET_ERROR = ("node-2:5776:5902 [0] transport/net_ib.cc:1296 NCCL WARN NET/IB : Got completion from peer "
              "10.2.0.5<33092> with error 12, opcode 0, len 0, vendor err 129 (Recv)")
 
 
-def _record(run_dir: Path, attempt: int, code: str) -> dict[str, object]:
+def _record(run_dir: Path, attempt: int, code: str) -> FirstFailure:
     """Run ``code`` as rank 0 of node 0 in attempt ``attempt`` of a real supervisor run; its first failure."""
     script = run_dir.parent / "job.py"
     script.write_text(code)
@@ -33,15 +33,15 @@ def _record(run_dir: Path, attempt: int, code: str) -> dict[str, object]:
     node_dir = NodeDir(run_dir, attempt, 0)
     run_job(job, node_dir=node_dir, observers=[NodeFaultWatch(nvidia_smi="no-such-nvidia-smi",
                                                                kmsg=run_dir.parent / "no-kmsg")])
-    first = read_state(node_dir)["first_failure"]
-    assert isinstance(first, dict)
+    first = FirstFailure.parse(read_state(node_dir)["first_failure"])
+    assert first is not None
     return first
 
 
 def test_a_node_failing_first_twice_with_different_errors_is_left_out_of_this_run_only(tmp_path: Path) -> None:
     first = _record(tmp_path / "run", 0, "print('step 10'); raise SystemExit(3)")
     who = failed_first(first)
-    assert who == first["host"] and who  # the rank's host
+    assert who == first.host and who  # the rank's host
     once = judge(0, History(), first)
     assert once.left_out == () and once.stop is None and once.history.failed_first == (who,)  # not yet a fault
     second = _record(tmp_path / "run", 1, "print('step 20'); raise SystemExit(3)")
@@ -57,20 +57,23 @@ def test_the_same_error_twice_is_a_bug_in_the_script(tmp_path: Path) -> None:
     verdict = judge(1, judge(0, History(), first).history, second)
     assert verdict.left_out == ()
     assert verdict.stop is not None and "the same error in attempts 1 and 2: not restarting" in verdict.stop
-    assert "FileNotFoundError" in str(second["log_tail"])
+    assert "FileNotFoundError" in second.log_tail[-1]
 
 
 def test_a_node_fault_sign_leaves_the_node_out_at_once_for_good(tmp_path: Path) -> None:
     netfail = _record(tmp_path / "net", 0, f"print({NET_ERROR!r}); raise SystemExit(3)")
     (out,) = judge(0, History(), netfail).left_out
     assert (out.node, out.reason, out.saved) == (0, f"NCCL network error: {NET_ERROR}", True)
-    lost = judge(0, History(), None, signs={1: {"sign": "node-failure", "evidence": "n2 went DOWN"}}).left_out
+    lost = judge(0, History(), None, signs={1: NodeFault("node-failure", "n2 went DOWN")}).left_out
     assert [(out.node, out.reason, out.saved) for out in lost] == [(1, "node failure: n2 went DOWN", True)]
 
 
 def test_what_is_never_restarted() -> None:
     assert [may_restart(code, 0, 3) for code in (0, 125, 129, 130, 143, 1, 137)] == [False] * 5 + [True, True]
     assert not may_restart(1, 3, 3)
+    lost = NodeFault("node-failure", "n2: NODE_FAIL")  # Slurm's SIGTERM of a lost node is no user's stop
+    assert may_restart(143, 0, 3, [lost]) and not may_restart(143, 3, 3, [lost])
+    assert not may_restart(143, 0, 3, [NodeFault("nccl-net", "...")]) and not may_restart(0, 0, 3, [lost])
 
 
 def test_which_standby_takes_a_node_s_place() -> None:

@@ -13,12 +13,11 @@ import pytest
 from mlenv.runtime.gpus import Ecc, Gpu
 from mlenv.runtime.launcher import RUNTIME_PARENT, Job, launch, run_job
 from mlenv.runtime.nodefault import (
-    NodeFault,
     NodeFaultWatch,
     gpu_fault,
     nccl_net_error,
 )
-from mlenv.runtime.runlayout import NodeDir, read_state
+from mlenv.runtime.runlayout import NodeDir, NodeFault, read_state
 from runtime_support import FIXTURES
 
 STANDIN = FIXTURES / "nvidia_smi" / "nvidia-smi"

@@ -11,7 +11,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
 from mlenv import state
 from mlenv.core.capabilities import LaunchOutcome, LaunchSpec
@@ -20,6 +19,8 @@ from mlenv.ops.target import Target
 from mlenv.runtime import restartpolicy
 from mlenv.runtime.idle import IDLE_EXIT_CODE
 from mlenv.runtime.restartpolicy import UNREACHABLE
+from mlenv.runtime.runlayout import NodeFault
+from mlenv.runtime.runrecord import RunRecord
 
 STEP = re.compile(r"\bstep (\d+)/(\d+)\b")
 TAIL_LINES = 15
@@ -33,7 +34,7 @@ class LaunchResult:
     run_id: str
     run_dir: Path
     seconds: float
-    latest_run: Mapping[str, Any] | None = None
+    latest_run: RunRecord | None = None
     """The run as its nodes' supervisors recorded it, read once when an attached attempt failed (None otherwise, or
     where the backend keeps no such records)."""
 
@@ -128,11 +129,11 @@ SSH_UNREACHABLE = 255
 
 
 def restartable(outcome: LaunchOutcome) -> bool:
-    """Whether a finished attached run ended in a way the restart policy may restart (runtime/restartpolicy.py: not
-    a success, a user's stop or an idle stop), not interrupted here, not detached, and not a run that never started
-    (mlenv's own failure, with no node's exit code)."""
+    """Whether the restart policy may be asked about a finished attached run (runtime/restartpolicy.py
+    ``may_restart`` decides, with the run's records): not a success, not interrupted here, not detached, and not a
+    run that never started (mlenv's own failure, with no node's exit code)."""
     return (not outcome.interrupted and not outcome.detached and bool(outcome.node_exit_codes)
-            and not restartpolicy.final(outcome.exit_code))
+            and outcome.exit_code != 0)
 
 
 def launch(target: Target, spec: LaunchSpec) -> LaunchResult:
@@ -153,13 +154,18 @@ def launch(target: Target, spec: LaunchSpec) -> LaunchResult:
     history = restartpolicy.History()
     while restartable(result.outcome) and spec.attempt < spec.max_restarts:
         run = result.latest_run or target.backend.jobs.latest_run(target.handle, spec.run_id)  # None: no records
-        verdict = judge_faulty(result.outcome, run, spec.attempt, history)
+        # one attempt counter per run: the newest attempt its records hold (a Slurm requeue may have started one)
+        newest = max(spec.attempt, run.attempt if run is not None else 0)
+        if not restartpolicy.may_restart(result.exit_code, newest, spec.max_restarts,
+                                         run.node_faults.values() if run is not None else ()):
+            break
+        verdict = judge_faulty(result.outcome, run, newest, history)
         history = verdict.history
         if verdict.stop is not None:
             error(f"run {spec.run_id}: {verdict.stop}")
             break
         faulty = _exclude(target, result.outcome, verdict.left_out, run_only)
-        spec = replace(spec, attempt=spec.attempt + 1, exclude=tuple(sorted({*spec.exclude, *faulty})))
+        spec = replace(spec, attempt=newest + 1, exclude=tuple(sorted({*spec.exclude, *faulty})))
         warn(f"run {spec.run_id} failed with exit code {result.exit_code}: restarting it, attempt {spec.attempt} "
              f"of at most {spec.max_restarts} restarts (MLENV_RESTART_COUNT={spec.attempt})"
              + (f" without {', '.join(spec.exclude)}" if spec.exclude else ""))
@@ -167,24 +173,20 @@ def launch(target: Target, spec: LaunchSpec) -> LaunchResult:
     return result
 
 
-def judge_faulty(outcome: LaunchOutcome, run: Mapping[str, Any] | None, attempt: int,
+def judge_faulty(outcome: LaunchOutcome, run: RunRecord | None, attempt: int,
                  history: restartpolicy.History) -> restartpolicy.Verdict:
     """The restart policy's verdict (runtime/restartpolicy.py ``judge``) on failed attached attempt ``attempt`` of a
     run with ``history``, from what the nodes' supervisors recorded (``run``; None where the backend keeps no
     records): the first failure (where there are no records, the node whose launch ended first with a failure), and
     the nodes' own signs: a lost supervisor or failed in-node check, and ``unreachable`` for ssh's exit 255 where the
     node has no record of the run."""
-    known = (run or {}).get("node_faults", {})
-    signs: dict[int, Mapping[str, Any]] = {int(node): fault for node, fault in known.items()
-                                           if isinstance(fault, Mapping)}
-    recorded = (run or {}).get("nodes", {})
+    signs = dict(run.node_faults) if run is not None else {}
     for ordinal, code in outcome.node_exit_codes.items():
-        if run is not None and code == SSH_UNREACHABLE and recorded.get(ordinal, "-") == "-":
-            signs.setdefault(ordinal, {"sign": UNREACHABLE, "evidence": f"exit {code} and no record of the run there"})
-    failure = (run or {}).get("first_failure")
-    first = failure if isinstance(failure, Mapping) and isinstance(failure.get("node"), int) else None
+        if run is not None and code == SSH_UNREACHABLE and run.nodes.get(ordinal, "-") == "-":
+            signs.setdefault(ordinal, NodeFault(UNREACHABLE, f"exit {code} and no record of the run there"))
+    first = run.first_failure if run is not None else None
     # a run stopped without a rank's failure (an observer, a lost node) has no node that failed first
-    node: int | None = int(first["node"]) if first is not None else outcome.failed_node if run is None else None
+    node = first.node if first is not None else outcome.failed_node if run is None else None
     if node not in outcome.hosts:
         node = first = None
     return restartpolicy.judge(attempt, history, first, node, outcome.hosts.get(node) if node is not None else None,
@@ -249,15 +251,13 @@ def _attempt(target: Target, spec: LaunchSpec, run_dir: Path, run_only: Mapping[
     return result
 
 
-def _failed_first(run: Mapping[str, Any] | None, outcome: LaunchOutcome, ended_first: int) -> tuple[int, int]:
+def _failed_first(run: RunRecord | None, outcome: LaunchOutcome, ended_first: int) -> tuple[int, int]:
     """The node that failed first and its exit code: as the nodes' supervisors decided it (``run``'s first failure),
     where the backend keeps their records (the node's launch may have been stopped for a peer that ended first with
     the same failure); else ``ended_first``, the node whose launch ended first with a failure."""
-    failure = (run or {}).get("first_failure")
-    node = failure.get("node") if isinstance(failure, Mapping) else None
-    if isinstance(failure, Mapping) and isinstance(node, int) and node in outcome.node_exit_codes:
-        code = failure.get("exit_code")
-        return node, code if isinstance(code, int) else outcome.node_exit_codes[node]
+    failure = run.first_failure if run is not None else None
+    if failure is not None and failure.node in outcome.node_exit_codes:
+        return failure.node, failure.exit_code
     return ended_first, outcome.node_exit_codes[ended_first]
 
 

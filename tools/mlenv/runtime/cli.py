@@ -32,7 +32,7 @@ from .launchers import DEFAULT_LAUNCHER, LAUNCHERS
 from .nccl import detect_nccl_env
 from .ncclog import EXPECTATIONS, LogReport, NcclLogReader, iter_lines, judge
 from .observing import observers_for
-from .runlayout import NodeDir, attempt_of, read_ranks, read_state, runs_root, write_atomic
+from .runlayout import FirstFailure, NodeDir, NodeFault, attempt_of, read_ranks, read_state, runs_root, write_atomic
 from .stacks import METHODS, group, sample
 from .stacks import render as render_stacks
 from .topology import TopologyError, detect_topology, host_name
@@ -258,7 +258,7 @@ def _restart(args: argparse.Namespace, environ: Mapping[str, str], status: int) 
         if rank == 0:
             standby.end_unused(environ, run_id)
         return
-    first = read_state(NodeDir(args.run_dir, attempt, rank)).get("first_failure")
+    first = FirstFailure.parse(read_state(NodeDir(args.run_dir, attempt, rank)).get("first_failure"))
     verdict = restartpolicy.judge(attempt, restartpolicy.History.of(environ, attempt), first)
     following = {**environ, "MLENV_RESTART_COUNT": str(attempt + 1), **verdict.history.environ()}
     if verdict.stop is not None:
@@ -617,11 +617,11 @@ def _policy(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     ``leave-out`` (node ``left_node`` on ``host`` must be left out of the rest of the run, ``why``; ``saved``: 1 when it
     is recorded for later runs too); ``failed_first`` and ``last_error``: the history to hand the next call."""
     hosts = [host for host in args.hosts.split(",") if host]
-    first = read_state(NodeDir(args.run_dir, args.attempt, 0)).get("first_failure")
+    first = FirstFailure.parse(read_state(NodeDir(args.run_dir, args.attempt, 0)).get("first_failure"))
     node: int | None = None
     code = args.exit_code
-    if isinstance(first, Mapping) and isinstance(first.get("node"), int):
-        node, code = int(first["node"]), int(first.get("exit_code", code))
+    if first is not None:
+        node, code = first.node, first.exit_code
     elif args.failed_file is not None and args.failed_file.is_file():
         found = args.failed_file.read_text().split()
         if len(found) == 2 and all(word.isdigit() for word in found):
@@ -631,10 +631,9 @@ def _policy(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         history = restartpolicy.History(tuple(args.failed_first.split(",")[:args.attempt]) if args.attempt else (),
                                         args.last_error)
         signs = {rank: fault for rank in range(len(hosts))
-                 if isinstance(fault := read_state(NodeDir(args.run_dir, args.attempt, rank)).get("node_fault"),
-                               Mapping)}
+                 if (fault := NodeFault.parse(read_state(NodeDir(args.run_dir, args.attempt, rank)).get("node_fault")))}
         host = hosts[node] if node is not None and node < len(hosts) else None
-        verdict = restartpolicy.judge(args.attempt, history, first if node is not None else None, node, host, signs)
+        verdict = restartpolicy.judge(args.attempt, history, first, node, host, signs)
         answer.update(verdict="restart", failed_first=",".join(verdict.history.failed_first),
                       last_error=verdict.history.last_error)
         if verdict.stop is not None:

@@ -23,7 +23,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, NamedTuple
 
-from .nodefault import NodeFault
 from .readfs import read_int
 from .restartpolicy import UNREACHABLE
 from .runlayout import (
@@ -33,6 +32,7 @@ from .runlayout import (
     STOPPED,
     SUCCEEDED,
     NodeDir,
+    NodeFault,
     latest_node_dirs,
     read_ranks,
     read_state,

@@ -16,12 +16,12 @@ from __future__ import annotations
 import re
 import shutil
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .gpus import Gpu, Xid, boot_time, bus_key, parse_kmsg, read_gpus, read_kmsg
 from .observers import BaseObserver, JobControl, RankInfo
 from .restartpolicy import ECC, NCCL_NET, XID
+from .runlayout import NodeFault
 
 NCCL_NET_ERRORS = re.compile("|".join([
     # src/transport/net_ib.cc (net_ib/p2p.cc since 2.26): WARN("NET/IB : Got completion from peer %s with error %d,
@@ -44,17 +44,6 @@ NCCL_NET_ERRORS = re.compile("|".join([
 ]))
 """NCCL's own words for a failed network, one pattern per WARN format (the NCCL source file named above each)."""
 EVIDENCE_WIDTH = 300
-
-
-@dataclass(frozen=True)
-class NodeFault:
-    """A node-fault sign and the line or figures that show it."""
-
-    sign: str  # one of SIGNS
-    evidence: str
-
-    def to_dict(self) -> dict[str, str]:
-        return asdict(self)
 
 
 def nccl_net_error(text: str) -> NodeFault | None:

@@ -7,6 +7,8 @@ acts on its verdict). The rules (docs/runs.md, "Restarts"):
 
 1. A run is started again only while ``--max-restarts`` allows, and never after a success, a stop by the user
    (:data:`USER_STOPS`: Ctrl-C, ``mlenv stop``, scancel) or an idle stop (``--on-idle stop``: it would idle again).
+   A stop's exit code where a node was lost to the infrastructure (:data:`LOST`: the scheduler's node failure,
+   drain or reclaim delivers SIGTERM too) is no user's stop: such a run is restarted.
 2. A node whose failure carries a node-fault sign (:data:`SIGNS`: unreachable, lost to a node failure, an NCCL network
    error, a GPU Xid or ECC event, a failed in-node check) is left out of the next attempts at once, and recorded on
    the deployment (``mlenv nodes``), so that later runs leave it out too.
@@ -23,12 +25,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from .idle import IDLE_EXIT_CODE
-from .runlayout import USER_STOPS
+from .runlayout import USER_STOPS, FirstFailure, NodeFault
 
 UNREACHABLE, NODE_FAILURE, NCCL_NET, XID, ECC, NODE_CHECK = (
     "unreachable", "node-failure", "nccl-net", "xid", "ecc", "node-check")
@@ -45,6 +46,8 @@ its supervisor gone without an exit status), ``node-failure`` (the scheduler los
 ``nccl-net``, ``xid``, ``ecc`` and ``node-check`` (runtime/nodefault.py detects them on the node)."""
 FAULTY_AFTER = 2
 """A node that failed first (without a sign) in this many attempts of a run is left out of the rest of the run."""
+LOST = frozenset({UNREACHABLE, NODE_FAILURE})
+"""The signs of a node lost to the infrastructure: a stop of the job then is not the user's."""
 FINAL_CODES = frozenset({0, IDLE_EXIT_CODE, *USER_STOPS})
 """Exit codes of an attempt that is never run again: success, an idle stop, a stop by the user."""
 
@@ -60,23 +63,22 @@ def final(exit_code: int) -> bool:
     return exit_code in FINAL_CODES
 
 
-def may_restart(exit_code: int, attempt: int, max_restarts: int) -> bool:
-    """Whether attempt ``attempt`` (0 for the first), ended with ``exit_code``, may be followed by another."""
-    return not final(exit_code) and attempt < max_restarts
+def may_restart(exit_code: int, attempt: int, max_restarts: int, signs: Iterable[NodeFault] = ()) -> bool:
+    """Whether attempt ``attempt`` (0 for the first), ended with ``exit_code``, may be followed by another; ``signs``:
+    the nodes' own node-fault signs (a node :data:`LOST` makes a stop's exit code restartable)."""
+    lost = exit_code in USER_STOPS and any(sign.sign in LOST for sign in signs)
+    return (lost or not final(exit_code)) and attempt < max_restarts
 
 
-def why_faulty(fault: Mapping[str, Any]) -> str:
-    """How a recorded sign (``{"sign", "evidence"}``) reads: ``NCCL network error: <the line>``."""
-    sign = str(fault.get("sign"))
-    return f"{SIGNS.get(sign, sign)}: {fault.get('evidence')}"
+def why_faulty(fault: NodeFault) -> str:
+    """How a recorded sign reads: ``NCCL network error: <the line>``."""
+    return f"{SIGNS.get(fault.sign, fault.sign)}: {fault.evidence}"
 
 
-def failed_first(first: object) -> str:
+def failed_first(first: FirstFailure | None) -> str:
     """Who failed first, as an attempt's recorded first failure names it: its host, else ``node-N`` (an older
     record); empty when nothing failed first."""
-    if not isinstance(first, Mapping) or not isinstance(first.get("node"), int):
-        return ""
-    return str(first.get("host") or f"node-{first['node']}")
+    return "" if first is None else first.host or f"node-{first.node}"
 
 
 LAST_LINES = 2
@@ -85,15 +87,14 @@ exception line; not the frame's line above them, whose path differs where nodes 
 paths, nor earlier lines (a step counter may differ in every attempt)."""
 
 
-def error_of(first: object) -> str:
+def error_of(first: FirstFailure | None) -> str:
     """A short key of a recorded first failure's error (its rank, exit code, signal and :data:`LAST_LINES` last
     lines), equal for the same error in two attempts; empty when nothing failed first or the failure carries a
     node-fault sign."""
-    if not isinstance(first, Mapping) or not isinstance(first.get("node"), int) or first.get("node_fault"):
+    if first is None or first.node_fault is not None:
         return ""
-    tail = first.get("log_tail")
-    lines = [str(line).strip() for line in tail if str(line).strip()] if isinstance(tail, list) else []
-    seen = [first.get("rank"), first.get("exit_code"), first.get("signal"), lines[-LAST_LINES:]]
+    lines = [line.strip() for line in first.log_tail if line.strip()]
+    seen = [first.rank, first.exit_code, first.signal, lines[-LAST_LINES:]]
     return hashlib.sha256(json.dumps(seen, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -155,24 +156,24 @@ class Verdict:
     """Why the run is not restarted although restarts are left (rule 3); None: it is, without ``left_out``."""
 
 
-def judge(attempt: int, history: History, first: Mapping[str, Any] | None, node: int | None = None,
-          host: str | None = None, signs: Mapping[int, Mapping[str, Any]] | None = None) -> Verdict:
+def judge(attempt: int, history: History, first: FirstFailure | None, node: int | None = None,
+          host: str | None = None, signs: Mapping[int, NodeFault] | None = None) -> Verdict:
     """The verdict on failed attempt ``attempt`` (0 for the first) of a run with ``history``: ``first`` is its recorded
     first failure (None where nothing failed first, or no record was kept); ``node`` the node that failed first
     (default: ``first``'s; None: none did) and ``host`` the host it ran on (default: :func:`failed_first`);
     ``signs`` the nodes' own node-fault signs (a lost supervisor, a failed in-node check, an unreachable node)."""
-    if node is None and isinstance(first, Mapping) and isinstance(first.get("node"), int):
-        node = int(first["node"])
+    if node is None and first is not None:
+        node = first.node
     who = "" if node is None else host or failed_first(first) or f"node-{node}"
     found = dict(signs or {})
-    if node is not None and isinstance(first, Mapping) and isinstance(first.get("node_fault"), Mapping):
-        found.setdefault(node, first["node_fault"])
+    if node is not None and first is not None and first.node_fault is not None:
+        found.setdefault(node, first.node_fault)
     error = error_of(first) if node is not None and node not in found else ""
     following = history.after(who, error)
     left = [LeftOut(faulty, why_faulty(sign)) for faulty, sign in sorted(found.items())]
     if node is not None and node not in found:
         if not found and error and error == history.last_error:
-            said = f"rank {first['rank']} (node-{node}) {first['reason']}: " if isinstance(first, Mapping) else ""
+            said = f"rank {first.rank} (node-{node}) {first.reason}: " if first is not None else ""
             return Verdict(following, stop=f"{said}the same error in attempts {attempt} and {attempt + 1}: not "
                                            "restarting (a bug in the script is not a node fault: no node is left out)")
         count = following.failed_first.count(who)

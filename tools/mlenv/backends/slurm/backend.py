@@ -42,6 +42,7 @@ from mlenv.core.runrecords import latest_run
 from mlenv.core.spares import place
 from mlenv.errors import ConfigError, OperationError, Problem, UsageError
 from mlenv.plan import JobPlan
+from mlenv.runtime.runrecord import RunRecord
 from mlenv.ui import info
 
 _SECRETS_REFUSED = (
@@ -412,7 +413,7 @@ class SlurmBackend:
     restarts_detached = True
     """A detached run's failed attempts are run again by its batch (or launch) script, inside the same job."""
 
-    def latest_run(self, handle: Handle, run_id: str) -> dict[str, Any]:
+    def latest_run(self, handle: Handle, run_id: str) -> RunRecord:
         """Run ``run_id`` as its nodes' supervisors recorded it in the shared run directory, its newest attempt
         (``core.runrecords.latest_run``): read in one command on the login host; a node without an exit status is
         ``running`` (or ``hung``) while the run's step (in the allocation) or batch job is live, else ``failed`` when
@@ -433,7 +434,7 @@ class SlurmBackend:
     def run_states(self, handle: Handle, run_id: str) -> dict[int, str]:
         """Node ordinal -> its state of run ``run_id`` as ``latest_run`` reads it: ``<state> (N)`` once the node's
         supervisor wrote its exit status, else ``running``, ``hung``, ``failed`` (lost) or ``-``."""
-        return dict(self.latest_run(handle, run_id)["nodes"])
+        return dict(self.latest_run(handle, run_id).nodes)
 
     def _live(self, handle: Handle, run_id: str) -> tuple[Login, bool]:
         """Whether run ``run_id``'s batch job is queued or running, or its step runs in the allocation."""
