@@ -32,7 +32,7 @@ from .launchers import DEFAULT_LAUNCHER, LAUNCHERS
 from .nccl import detect_nccl_env
 from .ncclog import EXPECTATIONS, LogReport, NcclLogReader, iter_lines, judge
 from .observing import observers_for
-from .runlayout import FirstFailure, NodeDir, NodeFault, attempt_of, read_ranks, read_state, runs_root, write_atomic
+from .runlayout import FirstFailure, NodeDir, attempt_of, read_ranks, read_state, runs_root, write_atomic
 from .stacks import METHODS, group, sample
 from .stacks import render as render_stacks
 from .topology import TopologyError, detect_topology, host_name
@@ -610,38 +610,12 @@ def _stacks(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 
 
 def _policy(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    """The restart policy's verdict on attempt ``--attempt`` of a run whose script cannot judge it itself (Slurm's):
-    ``name=value`` shell assignments on one line. ``node`` and ``code``: the node that failed first and its exit code
-    (node 0's recorded first failure, else ``--failed-file``); ``verdict``: ``end`` (not restarted: success, a stop,
-    no restarts left, the warning), ``stop`` (not restarted although restarts are left: ``why``), ``restart``, or
-    ``leave-out`` (node ``left_node`` on ``host`` must be left out of the rest of the run, ``why``; ``saved``: 1 when it
-    is recorded for later runs too); ``failed_first`` and ``last_error``: the history to hand the next call."""
-    hosts = [host for host in args.hosts.split(",") if host]
-    first = FirstFailure.parse(read_state(NodeDir(args.run_dir, args.attempt, 0)).get("first_failure"))
-    node: int | None = None
-    code = args.exit_code
-    if first is not None:
-        node, code = first.node, first.exit_code
-    elif args.failed_file is not None and args.failed_file.is_file():
-        found = args.failed_file.read_text().split()
-        if len(found) == 2 and all(word.isdigit() for word in found):
-            node, code = int(found[0]), int(found[1])
-    answer: dict[str, object] = {"node": "" if node is None else node, "code": code, "verdict": "end"}
-    if restartpolicy.may_restart(code, args.attempt, args.max_restarts) and not args.warned:
-        history = restartpolicy.History(tuple(args.failed_first.split(",")[:args.attempt]) if args.attempt else (),
-                                        args.last_error)
-        signs = {rank: fault for rank in range(len(hosts))
-                 if (fault := NodeFault.parse(read_state(NodeDir(args.run_dir, args.attempt, rank)).get("node_fault")))}
-        host = hosts[node] if node is not None and node < len(hosts) else None
-        verdict = restartpolicy.judge(args.attempt, history, first, node, host, signs)
-        answer.update(verdict="restart", failed_first=",".join(verdict.history.failed_first),
-                      last_error=verdict.history.last_error)
-        if verdict.stop is not None:
-            answer.update(verdict="stop", why=verdict.stop)
-        elif verdict.left_out:
-            left = verdict.left_out[0]
-            answer.update(verdict="leave-out", left_node=left.node, why=left.reason, saved=int(left.saved),
-                          host=hosts[left.node] if left.node < len(hosts) else f"node-{left.node}")
+    """The restart policy's verdict for a run's script (restartpolicy.py ``for_script``), as shell assignments."""
+    history = restartpolicy.History(tuple(args.failed_first.split(",")[:args.attempt]) if args.attempt else (),
+                                    args.last_error)
+    answer = restartpolicy.for_script(args.run_dir, args.attempt, args.exit_code, args.max_restarts,
+                                      [host for host in args.hosts.split(",") if host], args.failed_file, history,
+                                      args.warned)
     print(" ".join(f"{name}={shlex.quote(str(value))}" for name, value in answer.items()))
     return 0
 

@@ -27,9 +27,10 @@ import hashlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from .idle import IDLE_EXIT_CODE
-from .runlayout import USER_STOPS, FirstFailure, NodeFault
+from .runlayout import USER_STOPS, FirstFailure, NodeDir, NodeFault, read_state
 
 UNREACHABLE, NODE_FAILURE, NCCL_NET, XID, ECC, NODE_CHECK = (
     "unreachable", "node-failure", "nccl-net", "xid", "ecc", "node-check")
@@ -180,6 +181,39 @@ def judge(attempt: int, history: History, first: FirstFailure | None, node: int 
         if count >= FAULTY_AFTER:
             left.append(LeftOut(node, f"{RUN_ONLY} {count} attempts of the run"))
     return Verdict(following, tuple(left))
+
+
+def for_script(run_dir: Path, attempt: int, exit_code: int, max_restarts: int, hosts: Sequence[str],
+               failed_file: Path | None, history: History, warned: bool = False) -> dict[str, object]:
+    """The verdict on attempt ``attempt`` of a run whose script cannot judge it itself (Slurm's; ``python3 -m
+    mlenv.runtime policy`` prints it as shell assignments), from the attempt's records in ``run_dir``, its
+    ``hosts`` in node order and the run's ``history``. ``node`` and ``code``: the node that failed first and its
+    exit code (node 0's recorded first failure, else ``failed_file``'s ``<node> <code>``; else none and
+    ``exit_code``); ``verdict``: ``end`` (not restarted: success, a stop, no restarts left, the scheduler's warning
+    came), ``stop`` (not restarted although restarts are left: ``why``), ``restart``, or ``leave-out`` (node
+    ``left_node`` on ``host`` must be left out of the rest of the run, ``why``; ``saved``: 1 when it is recorded for
+    later runs too); ``failed_first`` and ``last_error``: the history to hand the next attempt's question."""
+    first = FirstFailure.parse(read_state(NodeDir(run_dir, attempt, 0)).get("first_failure"))
+    node, code = (first.node, first.exit_code) if first is not None else (None, exit_code)
+    found = failed_file.read_text().split() if first is None and failed_file and failed_file.is_file() else []
+    if len(found) == 2 and all(word.isdigit() for word in found):
+        node, code = int(found[0]), int(found[1])
+    answer: dict[str, object] = {"node": "" if node is None else node, "code": code, "verdict": "end"}
+    signs = {rank: fault for rank in range(len(hosts))
+             if (fault := NodeFault.parse(read_state(NodeDir(run_dir, attempt, rank)).get("node_fault")))}
+    if warned or not may_restart(code, attempt, max_restarts, signs.values()):
+        return answer
+    host = hosts[node] if node is not None and node < len(hosts) else None
+    verdict = judge(attempt, history, first, node, host, signs)
+    answer.update(verdict="restart", failed_first=",".join(verdict.history.failed_first),
+                  last_error=verdict.history.last_error)
+    if verdict.stop is not None:
+        answer.update(verdict="stop", why=verdict.stop)
+    elif verdict.left_out:
+        left = verdict.left_out[0]  # the script leaves one node out at a time
+        answer.update(verdict="leave-out", left_node=left.node, why=left.reason, saved=int(left.saved),
+                      host=hosts[left.node] if left.node < len(hosts) else f"node-{left.node}")
+    return answer
 
 
 def standby_for(node: int, spares: Sequence[str], used: int) -> tuple[int | None, str]:
