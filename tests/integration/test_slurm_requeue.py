@@ -266,7 +266,7 @@ def test_a_detached_run_goes_on_in_a_batch_job_without_the_node_that_failed_firs
     assert project.recorded_jobs() == [ended["JobId"], following]
     rows = {row["name"]: (row["phase"], row["detail"]) for row in status["pods"]}
     assert rows == {f"job-{ended['JobId']}": ("COMPLETED", f"its run went on as job {following}, without a node "
-                                                            "that failed first twice"),
+                                                            "the restart policy left out"),
                     f"job-{following}": ("COMPLETED", "exit code 0")}, rows
     assert status["excluded"] == [], status["excluded"]  # left out of this run only (no node-fault sign)
     assert status["latest_run"]["attempt"] == 2, status["latest_run"]

@@ -12,9 +12,9 @@ acts on its verdict). The rules (docs/runs.md, "Restarts"):
 2. A node whose failure carries a node-fault sign (:data:`SIGNS`: unreachable, lost to a node failure, an NCCL network
    error, a GPU Xid or ECC event, a failed in-node check) is left out of the next attempts at once, and recorded on
    the deployment (``mlenv nodes``), so that later runs leave it out too.
-3. A user's bug is not a node fault: a failure without a sign that repeats the previous attempt's (the same rank,
-   exit code and last lines) stops the restarts ("the same error in attempts 1 and 2: not restarting", counting
-   attempts from 1); no node is left out and no spare or standby is spent.
+3. A user's bug is not a node fault: a failure without a sign that repeats the previous attempt's (the same global
+   rank, exit code or signal, and :data:`LAST_LINES` last lines) stops the restarts ("the same error in attempts 1
+   and 2: not restarting", counting attempts from 1); no node is left out and no spare or standby is spent.
 4. A node that failed first, without a sign, in :data:`FAULTY_AFTER` attempts of the run is left out of the rest of
    that run only: never recorded on the deployment (a script's failures land on whichever node its rank ran on).
 5. A left-out node's work goes to a spare: attached, the backend places it (core/spares.py); detached, the run's next

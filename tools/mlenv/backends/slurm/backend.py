@@ -478,7 +478,7 @@ def _job_detail(login: Login, job: SlurmJob, submitted: Mapping[str, Any], curre
     if current.live:
         return None
     if submitted.get("next"):
-        return f"its run went on as job {submitted['next']}, without a node that failed first twice"
+        return f"its run went on as job {submitted['next']}, without a node the restart policy left out"
     code = current.exit_code
     if current.state == jobs.GONE and run_id:
         code = run.exit_file(login, job.run_path(run_id))

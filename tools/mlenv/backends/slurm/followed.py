@@ -1,4 +1,4 @@
-"""The batch jobs that detached runs' scripts submitted to go on without a node that failed first twice (the
+"""The batch jobs that detached runs' scripts submitted to go on without a node the restart policy left out (the
 ``resubmitted`` file of the run's directory, docs/runs.md): recorded as the runs' jobs once the job that submitted
 one has ended, so that status, logs, stop and clean see them, with the nodes they left out for a node-fault sign
 recorded as excluded."""

@@ -36,7 +36,7 @@ ATTEMPT_FILE = "attempt"
 """In a run directory: the number K of its latest attempt, whose files are in ``attempt-K/``."""
 RESUBMITTED_FILE = "resubmitted"
 """In a run directory: ``<job id> <host> <node> <why>`` for each batch job that a detached run's script submitted to
-go on without a node that failed first twice (one line each, appended)."""
+go on without a node the restart policy left out (one line each, appended)."""
 OUTPUT_FILE = "output.log"
 """In a run directory: a batch job's output (srun's --label lines of every node, and the script's own)."""
 
@@ -240,7 +240,7 @@ def launch_script(job: SlurmJob, title: str, run_id: str, task: Sequence[str], j
     allocation's ``nodelist`` nodes when given, the first the master); the forwarded ``secrets`` arrive in its
     environment and leave it at once, for the run's step's stdin alone. It runs a failed attempt again while
     ``restarts`` (a detached run's --max-restarts) allows; with a ``nodelist``, on the first of the
-    ``allocation_nodes`` not excluded (``exclude``, and a node that failed first twice)."""
+    ``allocation_nodes`` not excluded (``exclude``, and the nodes the restart policy leaves out)."""
     return _render("launch.sh.j2", **_run_context(job, title, run_id, task, attempt=attempt, exclude=exclude,
                                                   secrets=secrets, nodelist=nodelist, restarts=restarts),
                    job_id=job_id, allocation_nodes=list(allocation_nodes))
