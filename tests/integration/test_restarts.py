@@ -202,18 +202,54 @@ def test_a_node_failing_first_twice_is_excluded_and_without_a_spare_the_run_stop
     assert result.returncode == 1, result.stdout + result.stderr
     assert sorted({attempt for attempt, _, _ in attempts(result.stdout)}) == [0, 1], result.stdout[-3000:]
     host = f"{project.app}-1"
-    assert (f"excluding {host} (node-1) from the next attempts: it failed first in 2 attempts of the run"
-            in result.stderr)
+    assert (f"excluding {host} (node-1) from the next attempts: it failed first in 2 attempts of the run (this run "
+            "only" in result.stderr)
     assert result.stderr.rstrip().splitlines()[-1] == (
         f"error: {host} must be left out of the run (mlenv nodes says why), and {project.name} has no spare node to "
         "take their place: stopping. mlenv nodes --forget-excluded lets the run use them again")
-    listed = json.loads(project.ok("nodes", "--json").stdout)["excluded"]
-    assert [(e["node"], e["host"]) for e in listed] == [(1, host)]
-    assert "failed first in 2 attempts" in project.ok("nodes").stdout
-    again = project.mlenv("launch", "--launcher", "torchrun", "flaky.py", "--until", "0")  # still left out
-    assert again.returncode == 1 and f"{host} must be left out" in again.stderr
-    project.ok("nodes", "--forget-excluded")
-    assert project.ok("launch", "--launcher", "torchrun", "flaky.py", "--until", "0", timeout=240).returncode == 0
+    # without a node-fault sign, the node is left out of that run only: later runs use it
+    assert json.loads(project.ok("nodes", "--json").stdout)["excluded"] == []
+    again = project.ok("launch", "--launcher", "torchrun", "flaky.py", "--until", "0", timeout=240)
+    assert {node for _, _, node in attempts_by_node(again.stdout)} == {0, 1}, again.stdout
+
+
+# No torch: global rank 0 opens a file that is not there (a user's bug), in every attempt; "fixed" runs.
+BUG_JOB = """\
+import os, sys
+if sys.argv[1:] != ["fixed"] and os.environ["RANK"] == "0":
+    open("no-such-data.bin")
+print(f"attempt {os.environ['MLENV_RESTART_COUNT']} of run {os.environ['MLENV_RUN_ID']} on node "
+      f"{os.environ['MLENV_NODE_RANK']} rank {os.environ['RANK']}: ok", flush=True)
+"""
+
+
+def test_a_user_s_bug_stops_the_restarts_and_excludes_nothing(project: LocalProject) -> None:
+    """The same error of the same rank in two attempts is the script's, not a node's: no third attempt, no node
+    left out (torchrun's rendezvous may put rank 0 on either node), and the fixed script runs on both nodes."""
+    project.ok("sync", "--source", str(project.source({"bug.py": BUG_JOB})))
+    result = project.mlenv("launch", "--launcher", "torchrun", "--max-restarts", "3", "bug.py", timeout=240)
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "the same error in attempts 1 and 2: not restarting" in result.stderr, result.stderr[-3000:]
+    assert result.stderr.count("restarting it, attempt") == 1 and "excluding" not in result.stderr
+    run = latest(project)
+    assert (run["attempt"], run["first_failure"]["rank"]) == (1, 0), run
+    assert "FileNotFoundError" in run["first_failure"]["log_tail"][-1]
+    assert json.loads(project.ok("nodes", "--json").stdout)["excluded"] == []
+    fixed = project.ok("launch", "--launcher", "torchrun", "bug.py", "fixed", timeout=240)
+    assert {node for _, _, node in attempts_by_node(fixed.stdout)} == {0, 1}, fixed.stdout
+
+
+def test_a_detached_user_s_bug_stops_the_restarts_on_every_node(project: LocalProject) -> None:
+    project.ok("sync", "--source", str(project.source({"bug.py": BUG_JOB})))
+    project.ok("launch", "--launcher", "torchrun", "--detach", "--max-restarts", "3", "bug.py", timeout=120)
+    wait_for(project, "failed", 1)
+    deadline = time.monotonic() + 120
+    while (logs := project.ok("logs", timeout=60).stdout).count("the same error in attempts 1 and 2: not "
+                                                                  "restarting") < 2:  # every node, once it ended
+        assert time.monotonic() < deadline, logs
+        time.sleep(0.5)
+    assert "restarting the run, attempt 2" not in logs, logs
+    assert json.loads(project.ok("nodes", "--json").stdout)["excluded"] == []
 
 
 def test_bad_restart_counts_are_bad_input(tmp_path: Path) -> None:

@@ -1,11 +1,14 @@
 """``core.runrecords.latest_run``: status's ``latest_run`` from each node's share of a run, as every backend gives it
-(the fan-out backends from the runtime's ``jobs --json``, Slurm from the shared run directory)."""
+(the fan-out backends from the runtime's ``jobs --json``, Slurm from the shared run directory), read once into a
+typed ``RunRecord`` whose JSON is what the nodes recorded."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from mlenv.core.runrecords import latest_run, node_state
+from mlenv.runtime.runlayout import FirstFailure, NodeFault
+from mlenv.runtime.runrecord import RunRecord
 
 
 def rank(number: int, node: int, state: str, exit_code: int | None = None) -> dict[str, Any]:
@@ -14,7 +17,8 @@ def rank(number: int, node: int, state: str, exit_code: int | None = None) -> di
             "ended_at": None, "last_output_at": None}
 
 
-FAILURE = {"rank": 3, "node": 1, "exit_code": 3, "signal": None, "reason": "exited with 3", "log_tail": ["boom"]}
+FAILURE = {"rank": 3, "node": 1, "exit_code": 3, "signal": None, "reason": "exited with 3", "log_tail": ["boom"],
+           "node_fault": None, "host": "h1"}
 
 
 def test_a_failed_run_names_its_first_failure_and_every_rank_in_order() -> None:
@@ -25,24 +29,35 @@ def test_a_failed_run_names_its_first_failure_and_every_rank_in_order() -> None:
         1: {"state": "failed", "exit_code": 3, "attempt": 1, "first_failure": FAILURE,
             "ranks": [rank(3, 1, "failed", 3), rank(2, 1, "stopped", 143)], "transport": None, "stacks": None},
     })
-    assert (run["id"], run["state"], run["attempt"], run["first_failure"]) == ("r1", "failed", 1, FAILURE)
-    assert [(r["rank"], r["pid"], r["state"]) for r in run["ranks"]] == [
+    assert (run.id, run.state, run.attempt, run.first_failure) == ("r1", "failed", 1, FirstFailure.from_dict(FAILURE))
+    assert [(r.rank, r.pid, r.state) for r in run.ranks] == [
         (0, 100, "stopped"), (1, 101, "stopped"), (2, 102, "stopped"), (3, 103, "failed")]
-    assert run["transport"] == {"node-0": {"verdict": "TCP", "plugin": None, "devices": [], "nccl_version": None}}
-    assert (run["stacks"], run["idle"]) == (None, None)
-    assert run["nodes"] == {0: "failed (143)", 1: "failed (3)"}
+    assert run.transport == {"node-0": {"verdict": "TCP", "plugin": None, "devices": [], "nccl_version": None}}
+    assert (run.stacks, run.idle) == (None, None)
+    assert run.nodes == {0: "failed (143)", 1: "failed (3)"}
+    shown = run.to_dict()  # status --json's latest_run: what the nodes recorded, as they recorded it
+    assert shown["first_failure"] == FAILURE and shown["ranks"][3] == rank(3, 1, "failed", 3) and "nodes" not in shown
+    assert RunRecord.from_dict({**shown, "nodes": run.nodes}) == run
+
+
+def test_a_node_s_own_sign_is_typed() -> None:
+    lost = {"sign": "unreachable", "evidence": "the node's supervisor (pid 7) is gone without an exit status"}
+    run = latest_run("r4", {0: {"state": "failed", "exit_code": 1, "node_fault": None},
+                            1: {"state": "failed", "exit_code": None, "node_fault": lost}})
+    assert run.node_faults == {1: NodeFault("unreachable", lost["evidence"])}
+    assert run.to_dict()["node_faults"] == {1: lost}
 
 
 def test_nodes_without_a_share_are_unknown_and_a_hung_node_makes_the_run_hung() -> None:
     run = latest_run("r2", {0: {"state": "hung", "exit_code": None, "stacks": "/runs/r2/stacks/t1",
                                 "idle": {"node": 0}, "ranks": [rank(0, 0, "running")]},
                             1: {"state": "running", "exit_code": None, "ranks": []}, 2: None})
-    assert (run["state"], run["attempt"], run["first_failure"]) == ("hung", 0, None)
-    assert (run["stacks"], run["idle"]) == ("/runs/r2/stacks/t1", {"node-0": {"node": 0}})
-    assert run["nodes"] == {0: "hung", 1: "running", 2: "-"}
+    assert (run.state, run.attempt, run.first_failure) == ("hung", 0, None)
+    assert (run.stacks, run.idle) == ("/runs/r2/stacks/t1", {"node-0": {"node": 0}})
+    assert run.nodes == {0: "hung", 1: "running", 2: "-"}
 
 
 def test_no_share_anywhere_is_no_state() -> None:
     run = latest_run("r3", {0: None, 1: None})
-    assert (run["state"], run["ranks"], run["transport"], run["nodes"]) == (None, [], {}, {0: "-", 1: "-"})
+    assert (run.state, run.ranks, run.transport, run.nodes) == (None, (), {}, {0: "-", 1: "-"})
     assert node_state(None) == "-"

@@ -424,10 +424,12 @@ def clean(cluster_ref: str | None, delete_data: bool, yes: bool) -> None:
                    "network.expect_transport, else rdma in rdma mode and any otherwise).")
 @click.option("--max-restarts", type=click.IntRange(0, 100), default=None, metavar="N",
               help="Start a failed run again, up to N times (same MLENV_RUN_ID, MLENV_RESTART_COUNT the attempt); "
-                   "a stop by the user is never restarted (default: launch.max_restarts, else 0). A node that failed "
-                   "first twice, or whose failure shows a node fault, is left out: a spare takes its place "
-                   "(ssh.spares, deploy --spares), a Slurm batch job goes on with --exclude, else the run stops "
-                   "naming it (exit 1). Also caps a Slurm batch job's requeues after the warning (10 without it).")
+                   "a stop by the user is never restarted (default: launch.max_restarts, else 0). The same error of "
+                   "the same rank in two attempts is the script's: the restarts stop, no node is left out. A node "
+                   "whose failure shows a node fault is left out, and recorded for later runs; one that failed "
+                   "first twice, for this run only. A spare takes its place (ssh.spares, deploy --spares), a Slurm "
+                   "batch job goes on with --exclude, else the run stops naming it (exit 1). Also caps a Slurm "
+                   "batch job's requeues after the warning (10 without it). docs/runs.md.")
 @click.option("--dry-run", is_flag=True, help="Print what launch would run on every node; run nothing.")
 @click.option("--hang-timeout", type=float, default=None, metavar="SECONDS",
               help="No output from any rank (any bytes: a progress bar's updates count) for this long: capture "

@@ -13,14 +13,11 @@ import pytest
 from mlenv.runtime.gpus import Ecc, Gpu
 from mlenv.runtime.launcher import RUNTIME_PARENT, Job, launch, run_job
 from mlenv.runtime.nodefault import (
-    NodeFault,
     NodeFaultWatch,
-    failed_first,
     gpu_fault,
-    judge_first_failure,
     nccl_net_error,
 )
-from mlenv.runtime.runlayout import NodeDir, read_state
+from mlenv.runtime.runlayout import NodeDir, NodeFault, read_state
 from runtime_support import FIXTURES
 
 STANDIN = FIXTURES / "nvidia_smi" / "nvidia-smi"
@@ -103,26 +100,6 @@ def test_a_plain_failure_carries_no_sign(tmp_path: Path) -> None:
     failure = _first_failure(tmp_path, "raise SystemExit(3)", NodeFaultWatch(nvidia_smi="no-such-nvidia-smi",
                                                                              kmsg=tmp_path / "no-kmsg"))
     assert failure["node_fault"] is None
-
-
-def test_a_detached_run_s_nodes_judge_the_first_failure_they_recorded(tmp_path: Path) -> None:
-    """What a node's supervisor judges before it restarts a detached run: the first failure its real run recorded,
-    and who failed first in the earlier attempts (its host: a spare host in a node's place starts afresh)."""
-    plain = NodeFaultWatch(nvidia_smi="no-such-nvidia-smi", kmsg=tmp_path / "no-kmsg")
-    assert run_job(_job(tmp_path, "raise SystemExit(3)"), node_dir=NodeDir(tmp_path / "run", 0, 0),
-                   observers=[plain]) == 3
-    first = read_state(NodeDir(tmp_path / "run", 0, 0))["first_failure"]
-    who = failed_first(first)
-    assert who == first["host"] and who  # the rank's host
-    assert judge_first_failure(first, []) is None  # once is not yet a fault
-    assert judge_first_failure(first, [who]) == (0, "it failed first in 2 attempts of the run")
-    assert judge_first_failure(first, ["another-host", ""]) is None  # another host ran node 0 before
-    assert judge_first_failure(None, [who, who]) is None and failed_first(None) == ""
-    line = NET_ERRORS[0]
-    assert run_job(_job(tmp_path, f"print({line!r}); raise SystemExit(3)"), node_dir=NodeDir(tmp_path / "net", 0, 0),
-                   observers=[NodeFaultWatch(nvidia_smi="no-such-nvidia-smi")]) == 3
-    netfail = read_state(NodeDir(tmp_path / "net", 0, 0))["first_failure"]
-    assert judge_first_failure(netfail, []) == (0, f"NCCL network error: {line}")  # at once
 
 
 def _standin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, uncorrectable: int) -> Path:

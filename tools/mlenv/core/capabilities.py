@@ -22,6 +22,7 @@ from mlenv.errors import UsageError
 
 if TYPE_CHECKING:
     from mlenv.plan import JobPlan
+    from mlenv.runtime.runrecord import RunRecord
 
 CheckStatus = Literal["PASS", "WARN", "FAIL"]
 T = TypeVar("T")
@@ -296,9 +297,10 @@ class Jobs(Protocol):
         """Node ordinal -> what became of run ``run_id`` there: its state (docs/runs.md) with the exit code once it
         ended (``failed (7)``), or - (unknown)."""
 
-    def latest_run(self, handle: Handle, run_id: str) -> dict[str, Any] | None:
-        """Run ``run_id`` as its nodes' supervisors recorded it: ``status --json``'s ``latest_run`` (docs/runs.md)
-        plus ``nodes`` (ordinal -> its ``run_states`` entry); None where the backend knows only ``run_states``."""
+    def latest_run(self, handle: Handle, run_id: str) -> RunRecord | None:
+        """Run ``run_id`` as its nodes' supervisors recorded it (its ``to_dict`` is ``status --json``'s
+        ``latest_run``, docs/runs.md; its ``nodes`` the ``run_states``); None where the backend knows only
+        ``run_states``."""
 
     @property
     def restarts_detached(self) -> bool:

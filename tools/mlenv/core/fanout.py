@@ -18,6 +18,7 @@ from mlenv.core.runrecords import latest_run, node_state
 from mlenv.core.spares import described, place
 from mlenv.errors import OperationError
 from mlenv.runtime.control import SECRET_VARIABLE
+from mlenv.runtime.runrecord import RunRecord
 from mlenv.runtime.standby import STANDBYS
 from mlenv.ui import info
 
@@ -186,7 +187,7 @@ class FanoutJobs(ABC):
         """Node ordinal -> its state of run ``run_id`` (``failed (7)`` once it ended), or ``-``."""
         return {ordinal: node_state(job) for ordinal, job in self._node_jobs(handle, run_id).items()}
 
-    def latest_run(self, handle: Handle, run_id: str) -> dict[str, Any] | None:
+    def latest_run(self, handle: Handle, run_id: str) -> RunRecord | None:
         """Run ``run_id`` as its nodes' supervisors recorded it (docs/runs.md; ``core.runrecords.latest_run``)."""
         return latest_run(run_id, self._node_jobs(handle, run_id))
 

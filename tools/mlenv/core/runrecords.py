@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from mlenv.runtime.runlayout import run_state
+from mlenv.runtime.runlayout import FirstFailure, NodeFault, parse_ranks, run_state
+from mlenv.runtime.runrecord import RunRecord
 
 NodeJob = Mapping[str, Any]
 """One node's share of a run in the shape of an entry of the runtime's ``jobs --json``: ``state``, ``exit_code``,
@@ -22,23 +23,23 @@ def node_state(job: NodeJob | None) -> str:
     return f"{job.get('state', '?')} ({code})" if code is not None else str(job.get("state", "?"))
 
 
-def latest_run(run_id: str, jobs: Mapping[int, NodeJob | None]) -> dict[str, Any]:
-    """Run ``run_id`` from its nodes' shares (node ordinal -> share, None where the node has none):
-    ``{"id", "state", "attempt", "ranks", "first_failure", "transport": {"node-N": {"verdict", "plugin", "devices",
-    "nccl_version"}}, "stacks", "idle": {"node-N": {...}}|null, "node_faults": {ordinal: {"sign", "evidence"}},
-    "nodes": {ordinal: state}}`` (``stacks``: the hang watchdog's capture of the whole job, on node 0; ``idle``: each
-    node's idle GPUs while the job is flagged idle; ``node_faults``: a node's own fault sign, runtime/nodefault.py)."""
+def latest_run(run_id: str, jobs: Mapping[int, NodeJob | None]) -> RunRecord:
+    """Run ``run_id`` from its nodes' shares (node ordinal -> share, None where the node has none), read once into a
+    typed record (its ``to_dict`` is ``status --json``'s ``latest_run``): the ranks of every node, the first failure
+    (the same on every node), each node's transport verdict, the hang watchdog's stacks (node 0's), each node's idle
+    GPUs while the job is flagged idle, each node's own fault sign (runtime/nodefault.py) and each node's state."""
     known = [job for job in jobs.values() if job is not None]
-    failures = [job["first_failure"] for job in known if job.get("first_failure")]  # the same on every node
-    return {"id": run_id, "state": run_state([str(job.get("state")) for job in known]),
-            "attempt": max((int(job.get("attempt", 0)) for job in known), default=0),
-            "ranks": sorted((rank for job in known for rank in job.get("ranks", [])), key=lambda rank: rank["rank"]),
-            "first_failure": failures[0] if failures else None,
-            "transport": {f"node-{ordinal}": job["transport"] for ordinal, job in sorted(jobs.items())
-                          if job is not None and job.get("transport")},
-            "stacks": next((job["stacks"] for job in known if job.get("stacks")), None),
-            "idle": {f"node-{ordinal}": job["idle"] for ordinal, job in sorted(jobs.items())
-                     if job is not None and job.get("idle")} or None,
-            "node_faults": {ordinal: job["node_fault"] for ordinal, job in sorted(jobs.items())
-                            if job is not None and job.get("node_fault")},
-            "nodes": {ordinal: node_state(job) for ordinal, job in jobs.items()}}
+    failures = [job["first_failure"] for job in known if job.get("first_failure")]
+    return RunRecord(
+        run_id, run_state([str(job.get("state")) for job in known]),
+        max((int(job.get("attempt", 0)) for job in known), default=0),
+        tuple(sorted((rank for job in known for rank in parse_ranks(job.get("ranks"))), key=lambda rank: rank.rank)),
+        FirstFailure.parse(failures[0]) if failures else None,
+        {f"node-{ordinal}": job["transport"] for ordinal, job in sorted(jobs.items())
+         if job is not None and job.get("transport")},
+        next((job["stacks"] for job in known if job.get("stacks")), None),
+        {f"node-{ordinal}": job["idle"] for ordinal, job in sorted(jobs.items())
+         if job is not None and job.get("idle")} or None,
+        {ordinal: fault for ordinal, job in sorted(jobs.items())
+         if job is not None and (fault := NodeFault.parse(job.get("node_fault"))) is not None},
+        {ordinal: node_state(job) for ordinal, job in jobs.items()})

@@ -7,21 +7,21 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
 from mlenv import state
 from mlenv.core.capabilities import LaunchOutcome, LaunchSpec
 from mlenv.errors import UsageError
 from mlenv.ops.live import refuse_while_live
 from mlenv.ops.target import Target
+from mlenv.runtime import restartpolicy
 from mlenv.runtime.idle import IDLE_EXIT_CODE
-from mlenv.runtime.nodefault import FAULTY_AFTER, UNREACHABLE, why_faulty
-from mlenv.runtime.runlayout import USER_STOPS
+from mlenv.runtime.restartpolicy import UNREACHABLE
+from mlenv.runtime.runlayout import NodeFault
+from mlenv.runtime.runrecord import RunRecord
 
 STEP = re.compile(r"\bstep (\d+)/(\d+)\b")
 TAIL_LINES = 15
@@ -35,7 +35,7 @@ class LaunchResult:
     run_id: str
     run_dir: Path
     seconds: float
-    latest_run: Mapping[str, Any] | None = None
+    latest_run: RunRecord | None = None
     """The run as its nodes' supervisors recorded it, read once when an attached attempt failed (None otherwise, or
     where the backend keeps no such records)."""
 
@@ -130,19 +130,20 @@ SSH_UNREACHABLE = 255
 
 
 def restartable(outcome: LaunchOutcome) -> bool:
-    """Whether a finished attached run failed in a way a restart may mend: not a success, not a user's stop, not an
-    idle stop (``--on-idle stop``: it would idle again), not a run that never started (mlenv's own failure, with no
-    node's exit code)."""
-    return (outcome.exit_code not in (0, IDLE_EXIT_CODE) and not outcome.interrupted and not outcome.detached
-            and outcome.exit_code not in USER_STOPS and bool(outcome.node_exit_codes))
+    """Whether the restart policy may be asked about a finished attached run (runtime/restartpolicy.py
+    ``may_restart`` decides, with the run's records): not a success, not interrupted here, not detached, and not a
+    run that never started (mlenv's own failure, with no node's exit code)."""
+    return (not outcome.interrupted and not outcome.detached and bool(outcome.node_exit_codes)
+            and outcome.exit_code != 0)
 
 
 def launch(target: Target, spec: LaunchSpec) -> LaunchResult:
-    """Run ``spec``, and again up to ``spec.max_restarts`` times while it fails (same run id, MLENV_RESTART_COUNT
-    the attempt), away from the excluded nodes (the deployment's, or the cluster's when it is not deployed) and from
-    the nodes judged faulty (``judge_faulty``); the last attempt's result. A detached run is restarted from the nodes
-    (local and ssh: their supervisors; Slurm: the run's script), where the backend can."""
-    from mlenv.ui import warn
+    """Run ``spec``, and again up to ``spec.max_restarts`` times while it fails and the restart policy allows
+    (runtime/restartpolicy.py; same run id, MLENV_RESTART_COUNT the attempt), away from the excluded nodes (the
+    deployment's, or the cluster's when it is not deployed) and from the nodes the policy leaves out
+    (``judge_faulty``); the last attempt's result. A detached run is restarted from the nodes (local and ssh: their
+    supervisors; Slurm: the run's script), where the backend can."""
+    from mlenv.ui import error, warn
 
     if spec.detach and spec.max_restarts and not target.backend.jobs.restarts_detached:
         warn(f"--max-restarts {spec.max_restarts}: a detached run here is not restarted yet (the nodes restart it on "
@@ -150,66 +151,71 @@ def launch(target: Target, spec: LaunchSpec) -> LaunchResult:
     refuse_while_live(target)
     spec = without_excluded(target, spec)
     run_dir = _run_dir(spec.run_id)
-    result = _attempt(target, spec, run_dir)
-    first_failures: Counter[str] = Counter()
-    while spec.attempt < spec.max_restarts and restartable(result.outcome):
+    run_only: dict[str, str] = {}  # host -> why, for the nodes left out of this run only
+    result = _attempt(target, spec, run_dir, run_only)
+    history = restartpolicy.History()
+    while restartable(result.outcome) and spec.attempt < spec.max_restarts:
         run = result.latest_run or target.backend.jobs.latest_run(target.handle, spec.run_id)  # None: no records
-        faulty = _exclude(target, result.outcome, judge_faulty(result.outcome, run, first_failures))
-        spec = replace(spec, attempt=spec.attempt + 1, exclude=tuple(sorted({*spec.exclude, *faulty})))
+        # one attempt counter per run: the newest attempt its records hold (a Slurm requeue may have started one)
+        newest = max(spec.attempt, run.attempt if run is not None else 0)
+        if not restartpolicy.may_restart(result.exit_code, newest, spec.max_restarts,
+                                         run.node_faults.values() if run is not None else ()):
+            break
+        verdict = judge_faulty(result.outcome, run, newest, history)
+        history = verdict.history
+        if verdict.stop is not None:
+            error(f"run {spec.run_id}: {verdict.stop}")
+            break
+        faulty = _exclude(target, result.outcome, verdict.left_out, run_only)
+        spec = replace(spec, attempt=newest + 1, exclude=tuple(sorted({*spec.exclude, *faulty})))
         warn(f"run {spec.run_id} failed with exit code {result.exit_code}: restarting it, attempt {spec.attempt} "
              f"of at most {spec.max_restarts} restarts (MLENV_RESTART_COUNT={spec.attempt})"
              + (f" without {', '.join(spec.exclude)}" if spec.exclude else ""))
-        result = _attempt(target, spec, run_dir / f"attempt-{spec.attempt}")
+        result = _attempt(target, spec, run_dir / f"attempt-{spec.attempt}", run_only)
     return result
 
 
-def judge_faulty(outcome: LaunchOutcome, run: Mapping[str, Any] | None,
-                 first_failures: Counter[str]) -> dict[int, str]:
-    """The nodes of a failed attached attempt judged faulty, each with why (the nodes of a detached run judge its
-    first failure by the same rules: runtime/nodefault.py judge_first_failure; the Slurm scripts by the second rule
-    only). At once: a node whose failure carries a node-fault sign (runtime/nodefault.py): unreachable (ssh's exit
-    255 where the node has no record of the run, or its supervisor gone without an exit status), its in-node check
-    refused, or the first failure's NCCL network error, Xid or ECC event. And the node that failed first (as the
-    nodes' supervisors decided it; where the backend keeps no records, the node whose launch ended first with a
-    failure) once it did so in FAULTY_AFTER attempts; ``first_failures`` (host -> attempts) counts them."""
-    known = (run or {}).get("node_faults", {})
-    signs: dict[int, Mapping[str, Any]] = {int(node): fault for node, fault in known.items()
-                                           if isinstance(fault, Mapping)}
-    recorded = (run or {}).get("nodes", {})
-    for node, code in outcome.node_exit_codes.items():
-        if run is not None and code == SSH_UNREACHABLE and recorded.get(node, "-") == "-":
-            signs.setdefault(node, {"sign": UNREACHABLE, "evidence": f"exit {code} and no record of the run there"})
-    failure = (run or {}).get("first_failure")
-    if isinstance(failure, Mapping) and isinstance(failure.get("node"), int):
-        first: int | None = int(failure["node"])
-    else:  # a run stopped without a rank's failure (an observer, a lost node) has no node that failed first
-        first = outcome.failed_node if run is None else None
-    if isinstance(failure, Mapping) and isinstance(failure.get("node_fault"), Mapping) and first is not None:
-        signs.setdefault(first, failure["node_fault"])
-    faulty = {node: why_faulty(sign) for node, sign in sorted(signs.items()) if node in outcome.hosts}
-    if first is not None and first in outcome.hosts:
-        host = outcome.hosts[first]
-        first_failures[host] += 1
-        if first_failures[host] >= FAULTY_AFTER:
-            faulty.setdefault(first, f"it failed first in {first_failures[host]} attempts of the run")
-    return faulty
+def judge_faulty(outcome: LaunchOutcome, run: RunRecord | None, attempt: int,
+                 history: restartpolicy.History) -> restartpolicy.Verdict:
+    """The restart policy's verdict (runtime/restartpolicy.py ``judge``) on failed attached attempt ``attempt`` of a
+    run with ``history``, from what the nodes' supervisors recorded (``run``; None where the backend keeps no
+    records): the first failure (where there are no records, the node whose launch ended first with a failure), and
+    the nodes' own signs: a lost supervisor or failed in-node check, and ``unreachable`` for ssh's exit 255 where the
+    node has no record of the run."""
+    signs = dict(run.node_faults) if run is not None else {}
+    for ordinal, code in outcome.node_exit_codes.items():
+        if run is not None and code == SSH_UNREACHABLE and run.nodes.get(ordinal, "-") == "-":
+            signs.setdefault(ordinal, NodeFault(UNREACHABLE, f"exit {code} and no record of the run there"))
+    first = run.first_failure if run is not None else None
+    # a run stopped without a rank's failure (an observer, a lost node) has no node that failed first
+    node = first.node if first is not None else outcome.failed_node if run is None else None
+    if node not in outcome.hosts:
+        node = first = None
+    return restartpolicy.judge(attempt, history, first, node, outcome.hosts.get(node) if node is not None else None,
+                               {faulty: sign for faulty, sign in signs.items() if faulty in outcome.hosts})
 
 
-def _exclude(target: Target, outcome: LaunchOutcome, faulty: Mapping[int, str]) -> list[str]:
-    """The hosts of the ``faulty`` nodes: named with why, and recorded as excluded on the deployment, or on the
-    cluster when it is not deployed (mlenv nodes shows them)."""
+def _exclude(target: Target, outcome: LaunchOutcome, left_out: tuple[restartpolicy.LeftOut, ...],
+             run_only: dict[str, str]) -> list[str]:
+    """The hosts of the nodes the policy leaves out: named with why; recorded as excluded on the deployment, or on
+    the cluster when it is not deployed (mlenv nodes shows them), where a node-fault sign says so, else kept in
+    ``run_only`` (host -> why) for the rest of this run."""
     from mlenv.ui import warn
 
-    for node, reason in faulty.items():
-        warn(f"excluding {outcome.hosts[node]} (node-{node}) from the next attempts: {reason}")
-    if faulty:
-        state.exclude(target.handle.name, {node: (outcome.hosts[node], reason) for node, reason in faulty.items()})
-    return [outcome.hosts[node] for node in faulty]
+    for out in left_out:
+        warn(f"excluding {outcome.hosts[out.node]} (node-{out.node}) from the next attempts: {out.reason}"
+             + ("" if out.saved else " (this run only: without a node-fault sign it is not recorded for later runs)"))
+    saved = {out.node: (outcome.hosts[out.node], out.reason) for out in left_out if out.saved}
+    if saved:
+        state.exclude(target.handle.name, saved)
+    run_only.update({outcome.hosts[out.node]: out.reason for out in left_out if not out.saved})
+    return [outcome.hosts[out.node] for out in left_out]
 
 
-def _attempt(target: Target, spec: LaunchSpec, run_dir: Path) -> LaunchResult:
+def _attempt(target: Target, spec: LaunchSpec, run_dir: Path, run_only: Mapping[str, str]) -> LaunchResult:
     """One start of ``spec`` through the backend, its local logs in ``run_dir`` (the run's, or attempt-K/ in it); a
-    summary and, on failure, the failing node's last log lines."""
+    summary and, on failure, the failing node's last log lines. ``run_only``: why the hosts left out of this run
+    only are (the spares that take their place say it)."""
     from mlenv.ops.spares import announce
     from mlenv.ui import error, info
 
@@ -220,7 +226,7 @@ def _attempt(target: Target, spec: LaunchSpec, run_dir: Path) -> LaunchResult:
          f"{' (detached)' if spec.detach else ''}; logs in {run_dir}")
     started = time.monotonic()
     _remember(target, spec)  # before it starts: status, stacks and the hang watchdog's state see it while it runs
-    announce(target, request)  # the nodes on spare hosts, and why
+    announce(target, request, run_only)  # the nodes on spare hosts, and why
     outcome = target.backend.jobs.launch(target.handle, request, secrets, str(run_dir))
     result = LaunchResult(outcome, spec.run_id, run_dir, round(time.monotonic() - started, 1))
     if spec.detach:
@@ -247,15 +253,13 @@ def _attempt(target: Target, spec: LaunchSpec, run_dir: Path) -> LaunchResult:
     return result
 
 
-def _failed_first(run: Mapping[str, Any] | None, outcome: LaunchOutcome, ended_first: int) -> tuple[int, int]:
+def _failed_first(run: RunRecord | None, outcome: LaunchOutcome, ended_first: int) -> tuple[int, int]:
     """The node that failed first and its exit code: as the nodes' supervisors decided it (``run``'s first failure),
     where the backend keeps their records (the node's launch may have been stopped for a peer that ended first with
     the same failure); else ``ended_first``, the node whose launch ended first with a failure."""
-    failure = (run or {}).get("first_failure")
-    node = failure.get("node") if isinstance(failure, Mapping) else None
-    if isinstance(failure, Mapping) and isinstance(node, int) and node in outcome.node_exit_codes:
-        code = failure.get("exit_code")
-        return node, code if isinstance(code, int) else outcome.node_exit_codes[node]
+    failure = run.first_failure if run is not None else None
+    if failure is not None and failure.node in outcome.node_exit_codes:
+        return failure.node, failure.exit_code
     return ended_first, outcome.node_exit_codes[ended_first]
 
 

@@ -40,9 +40,9 @@ def _report(handle: Handle, recorded: state.Deployment | None, current: str | No
             latest = report["runs"][-1]["id"]
             jobs = made.jobs
             run = jobs.latest_run(handle, latest)  # the nodes' supervisors' records, where the backend reads them
-            states = run.pop("nodes") if run is not None else jobs.run_states(handle, latest)
+            states = run.nodes if run is not None else jobs.run_states(handle, latest)
             report["run_states"] = {str(n): s for n, s in states.items()}
-            report["latest_run"] = run
+            report["latest_run"] = run.to_dict() if run is not None else None
         if gpus and report["pods"]:
             from mlenv.ops.gpus import gather
 

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, NoReturn, cast
 
-from . import standby
+from . import restartpolicy, standby
 from .control import secret_of
 from .doctor import examine, render
 from .forensics import flight_dumps
@@ -32,10 +32,9 @@ from .launcher import forwarding_signals, launch
 from .launchers import DEFAULT_LAUNCHER, LAUNCHERS
 from .nccl import detect_nccl_env
 from .ncclog import EXPECTATIONS, LogReport, NcclLogReader, iter_lines, judge
-from .nodefault import FAILED_FIRST, failed_first, judge_first_failure
 from .observing import observers_for
 from .runlayout import (
-    USER_STOPS,
+    FirstFailure,
     NodeDir,
     absolute_checkpoint_dir,
     attempt_of,
@@ -221,6 +220,22 @@ def build_parser() -> argparse.ArgumentParser:
                              "else faulthandler (default)")
     stacks.add_argument("--json", action="store_true", help="print one JSON object")
 
+    policy = commands.add_parser(
+        "policy", help="the restart policy's verdict on an ended attempt of a run, as shell assignments (the Slurm "
+                       "scripts eval it): node, code, verdict (end, stop, restart, leave-out), left_node, host, why, "
+                       "saved, and the run's history for the next attempt")
+    policy.add_argument("--run-dir", type=Path, required=True, metavar="DIR", help="the run's directory")
+    policy.add_argument("--attempt", type=_count, required=True, metavar="K", help="the attempt that ended")
+    policy.add_argument("--exit-code", type=_count, required=True, metavar="CODE", help="how it ended")
+    policy.add_argument("--max-restarts", type=_count, default=0, metavar="N", help="the run's --max-restarts")
+    policy.add_argument("--hosts", default="", metavar="H0,H1,...", help="the attempt's hosts, in node order")
+    policy.add_argument("--failed-file", type=Path, metavar="FILE",
+                        help="'<node> <code>' of the first node that failed, where node 0 recorded no first failure")
+    policy.add_argument("--failed-first", default="", metavar="H,...",
+                        help="the host that failed first, for each earlier attempt (the history this command printed)")
+    policy.add_argument("--last-error", default="", metavar="KEY", help="the previous attempt's error (likewise)")
+    policy.add_argument("--warned", action="store_true", help="the scheduler's warning came: never restart")
+
     check = commands.add_parser("nccl-log-check", help="tell from NCCL_DEBUG=INFO output what NCCL used")
     check.add_argument("files", nargs="+", metavar="FILE", help="log files ('-' for stdin)")
     check.add_argument("--json", action="store_true", help='print {"verdict", "reason", "nodes", "ranks", ...}')
@@ -242,24 +257,27 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
 
 
 def _restart(args: argparse.Namespace, environ: Mapping[str, str], status: int) -> None:
-    """A detached attempt failed (not stopped by the user, nor for idle GPUs: an idle job would idle again): start
-    the next one on this node, in the background, when --max-restarts allows (every node of the run sees the same
-    failure, which the control channel spreads, and restarts alike). A node judged faulty is left out: a standby
-    takes its place (node 0 hands it over), else no node restarts."""
+    """A detached attempt ended: start the next one on this node, in the background, where the restart policy
+    (restartpolicy.py) allows (every node of the run sees the same first failure, which the control channel spreads,
+    and decides alike). A node left out has a standby take its place (node 0 hands it over), else no node
+    restarts."""
     attempt = attempt_of(environ)
     rank = detect_topology(environ).node_rank
     run_id = environ.get("MLENV_RUN_ID") or args.run_dir.name
-    if status in (0, IDLE_EXIT_CODE) or status in USER_STOPS or attempt >= args.max_restarts:
+    if not restartpolicy.may_restart(status, attempt, args.max_restarts):
         if rank == 0:
             standby.end_unused(environ, run_id)
         return
-    first = read_state(NodeDir(args.run_dir, attempt, rank)).get("first_failure")
-    earlier = environ.get(FAILED_FIRST, "").split(",")[:attempt] if attempt else []
-    following = {**environ, "MLENV_RESTART_COUNT": str(attempt + 1), FAILED_FIRST: ",".join([*earlier,
-                                                                                             failed_first(first)])}
-    faulty = judge_first_failure(first, earlier)
-    if faulty is not None:
-        taken = _leave_out(faulty, rank, following, run_id)
+    first = FirstFailure.parse(read_state(NodeDir(args.run_dir, attempt, rank)).get("first_failure"))
+    verdict = restartpolicy.judge(attempt, restartpolicy.History.of(environ, attempt), first)
+    following = {**environ, "MLENV_RESTART_COUNT": str(attempt + 1), **verdict.history.environ()}
+    if verdict.stop is not None:
+        print(f"mlenv: {verdict.stop}", flush=True)
+        if rank == 0:
+            standby.end_unused(environ, run_id)
+        return
+    for left in verdict.left_out:
+        taken = _leave_out(left, rank, following, run_id)
         if taken is None:
             return
         following[standby.USED] = str(taken)
@@ -270,31 +288,31 @@ def _restart(args: argparse.Namespace, environ: Mapping[str, str], status: int) 
     _recorded(args, following, args.launcher, job, args.run_dir)
 
 
-def _leave_out(faulty: tuple[int, str], rank: int, following: Mapping[str, str], run_id: str) -> int | None:
-    """Node ``faulty`` must be left out of the next attempt: the run's next unused standby takes its place (node 0
+def _leave_out(left: restartpolicy.LeftOut, rank: int, following: Mapping[str, str], run_id: str) -> int | None:
+    """Node ``left.node`` must be left out of the next attempt: the standby the policy names takes its place (node 0
     hands it over; the node itself does not restart) and how many standbys are used then, or None where this node
-    does not restart: it is the faulty one, or no standby can take the place (then no node restarts)."""
-    node, why = faulty
-    spares, taken = standby.addresses(following), standby.used(following)
-    left_out = f"mlenv: node-{node} must be left out of the run ({why})"
-    if node == 0 or taken >= len(spares):
-        instead = ("node 0 holds the rendezvous, which a standby cannot take over" if node == 0 and spares
-                   else "no standby host is left" if spares
-                   else "the nodes of a detached run restart it where it ran; ssh.spares, or a launch attached, "
-                        "leave the node out")
+    does not restart: it is the one left out, or no standby can take the place (then no node restarts)."""
+    spares = standby.addresses(following)
+    slot, instead = restartpolicy.standby_for(left.node, spares, standby.used(following))
+    left_out = f"mlenv: node-{left.node} must be left out of the run ({left.reason})"
+    if slot is None:
         print(f"{left_out}: not restarting it ({instead})", flush=True)
         if rank == 0:
             standby.end_unused(following, run_id)
         return None
-    message = {"run_id": run_id, "node": node, "attempt": int(following["MLENV_RESTART_COUNT"]), "used": taken + 1,
-               "failed_first": following.get(FAILED_FIRST, "")}
-    error = standby.send(spares[taken], taken, following, message) if rank == 0 else None
+    message = {"run_id": run_id, "node": left.node, "attempt": int(following["MLENV_RESTART_COUNT"]),
+               "used": slot + 1, **{key: following.get(name, "") for key, name in HANDED.items()}}
+    error = standby.send(spares[slot], slot, following, message) if rank == 0 else None
     if error is not None:
         print(f"{left_out}: not restarting it: {error}", flush=True)
         return None
-    if rank in (0, node):
-        print(f"{left_out}: the standby on {spares[taken]} takes its place", flush=True)
-    return None if rank == node else taken + 1
+    if rank in (0, left.node):
+        print(f"{left_out}: the standby on {spares[slot]} takes its place", flush=True)
+    return None if rank == left.node else slot + 1
+
+
+HANDED = {"failed_first": restartpolicy.FAILED_FIRST, "last_error": restartpolicy.LAST_ERROR}
+"""What a standby is handed of the run's history (its message's key -> the variable it sets)."""
 
 
 def _run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
@@ -412,7 +430,8 @@ def _standby(
     print(f"mlenv: taking node-{node}'s place in run {run_id} from attempt {attempt} on", flush=True)
     env = {name: value for name, value in environ.items() if name not in (STANDBY_FD, standby.MARKER)}
     env.update({"MLENV_NODE_RANK": str(node), "MLENV_RESTART_COUNT": str(attempt),
-                standby.USED: str(message["used"]), FAILED_FIRST: str(message.get("failed_first", ""))})
+                standby.USED: str(message["used"]),
+                **{name: str(message.get(key, "")) for key, name in HANDED.items()}})
     args.standby = None
     return _recorded(args, env, launcher, job, run_dir)
 
@@ -609,6 +628,17 @@ def _stacks(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     return 0
 
 
+def _policy(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    """The restart policy's verdict for a run's script (restartpolicy.py ``for_script``), as shell assignments."""
+    history = restartpolicy.History(tuple(args.failed_first.split(",")[:args.attempt]) if args.attempt else (),
+                                    args.last_error)
+    answer = restartpolicy.for_script(args.run_dir, args.attempt, args.exit_code, args.max_restarts,
+                                      [host for host in args.hosts.split(",") if host], args.failed_file, history,
+                                      args.warned)
+    print(" ".join(f"{name}={shlex.quote(str(value))}" for name, value in answer.items()))
+    return 0
+
+
 def _nccl_log_check(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     report = _read_logs(args.files)
     if args.json:
@@ -647,6 +677,7 @@ _COMMANDS = {
     "nccl-env": _nccl_env,
     "launch": _launch,
     "nccl-log-check": _nccl_log_check,
+    "policy": _policy,
     "gpus": _gpus,
     "stacks": _stacks,
     "doctor": _doctor,

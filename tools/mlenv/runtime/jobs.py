@@ -23,9 +23,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, NamedTuple
 
-from .nodefault import UNREACHABLE, NodeFault
 from .readfs import read_int
 from .reaping import procs_of, recorded_cgroup, remove_cgroup
+from .restartpolicy import UNREACHABLE
 from .runlayout import (
     FAILED,
     HUNG,
@@ -33,6 +33,7 @@ from .runlayout import (
     STOPPED,
     SUCCEEDED,
     NodeDir,
+    NodeFault,
     latest_node_dirs,
     read_ranks,
     read_state,

@@ -25,10 +25,10 @@ from typing import IO
 from .forensics import flight_recorder_env, torch_version
 from .host import visible_gpu_count
 from .nccl import NcclEnv, detect_nccl_env
-from .nodefault import NODE_CHECK, NodeFault
 from .observers import Observer
 from .preflight import library_dirs, rdma_preflight
-from .runlayout import FAILED, NodeDir, attempt_of, write_json
+from .restartpolicy import NODE_CHECK
+from .runlayout import FAILED, NodeDir, NodeFault, attempt_of, write_json
 from .stacks import FAULTHANDLER_DIR
 from .supervisor import Sinks, Supervisor, handling_user_signals
 from .topology import DEFAULT_APP_NAME, Topology, detect_topology, host_name

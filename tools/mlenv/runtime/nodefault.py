@@ -1,14 +1,11 @@
-"""Node-fault signs: what, in a failure, says that the node itself is at fault rather than the script, so that the
-next attempt of the run leaves it out at once (``mlenv launch --max-restarts``: the CLI judges an attached run,
-ops/launch.py; the nodes' supervisors a detached one, ``judge_first_failure``).
+"""Node-fault signs, detected on the node: what, in a failure, says that the node itself is at fault rather than the
+script. What follows from a sign (the node is left out, and recorded) is the restart policy's (restartpolicy.py).
 
-The signs and how they read (``sign``, then the words the CLI prints before the evidence):
-
-- ``unreachable``: the node cannot be reached (ssh exit 255) or its supervisor is gone without an exit status;
 - ``nccl-net``: a rank of the node printed one of NCCL's own network failures (:data:`NCCL_NET_ERRORS`);
 - ``xid``: the kernel logged a GPU Xid event since the node's share started (``/dev/kmsg``);
 - ``ecc``: a GPU's uncorrectable ECC count or retired pages grew since then (``nvidia-smi -q -d ECC``);
-- ``node-check``: an in-node check refused to start the job (the rdma preflight, preflight.py).
+- ``node-check``: an in-node check refused to start the job (the rdma preflight, preflight.py);
+- ``unreachable``: the node's supervisor is gone without an exit status (jobs.py), or ssh cannot reach it (ops).
 
 A sign is recorded as ``{"sign", "evidence"}``: in the first failure (``state.json``'s ``first_failure.node_fault``)
 when a rank's failure carries it, in ``state.json``'s ``node_fault`` when the node failed without a rank.
@@ -19,25 +16,12 @@ from __future__ import annotations
 import re
 import shutil
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from .gpus import Gpu, Xid, boot_time, bus_key, parse_kmsg, read_gpus, read_kmsg
 from .observers import BaseObserver, JobControl, RankInfo
-
-UNREACHABLE, NCCL_NET, XID, ECC, NODE_CHECK = "unreachable", "nccl-net", "xid", "ecc", "node-check"
-SIGNS = {
-    UNREACHABLE: "unreachable",
-    NCCL_NET: "NCCL network error",
-    XID: "GPU Xid event",
-    ECC: "GPU ECC errors",
-    NODE_CHECK: "in-node check failed",
-}
-"""Every sign and how the CLI names it."""
-FAULTY_AFTER = 2
-"""A node that failed first in this many attempts of a run is judged faulty and left out of the next ones."""
+from .restartpolicy import ECC, NCCL_NET, XID
+from .runlayout import NodeFault
 
 NCCL_NET_ERRORS = re.compile("|".join([
     # src/transport/net_ib.cc (net_ib/p2p.cc since 2.26): WARN("NET/IB : Got completion from peer %s with error %d,
@@ -60,51 +44,6 @@ NCCL_NET_ERRORS = re.compile("|".join([
 ]))
 """NCCL's own words for a failed network, one pattern per WARN format (the NCCL source file named above each)."""
 EVIDENCE_WIDTH = 300
-
-
-@dataclass(frozen=True)
-class NodeFault:
-    """A node-fault sign and the line or figures that show it."""
-
-    sign: str  # one of SIGNS
-    evidence: str
-
-    def to_dict(self) -> dict[str, str]:
-        return asdict(self)
-
-
-def why_faulty(fault: Mapping[str, Any]) -> str:
-    """How a recorded sign (``{"sign", "evidence"}``) reads: ``NCCL network error: <the line>``."""
-    sign = str(fault.get("sign"))
-    return f"{SIGNS.get(sign, sign)}: {fault.get('evidence')}"
-
-
-FAILED_FIRST = "MLENV_FAILED_FIRST"
-"""In a detached run's restarted attempts: who failed first in each earlier attempt (``failed_first``), comma-joined
-in attempt order (empty where nothing did)."""
-
-
-def failed_first(first: object) -> str:
-    """Who failed first, as an attempt's recorded first failure names it: its host, else ``node-N`` (an older
-    record); empty when nothing failed first."""
-    if not isinstance(first, Mapping) or not isinstance(first.get("node"), int):
-        return ""
-    return str(first.get("host") or f"node-{first['node']}")
-
-
-def judge_first_failure(first: object, earlier: Sequence[str]) -> tuple[int, str] | None:
-    """The node that failed first (``first``: an attempt's recorded first failure) and why it is faulty: its failure
-    carries a node-fault sign, or its host failed first in FAULTY_AFTER attempts, counting ``earlier`` (who failed
-    first in the earlier attempts, ``failed_first``); None when it is not, or nothing failed first. Every node of a
-    detached run judges so from the same first failure, which the supervisors' control channel spreads."""
-    who = failed_first(first)
-    if not who or not isinstance(first, Mapping):
-        return None
-    node = int(first["node"])
-    if isinstance(first.get("node_fault"), Mapping):
-        return node, why_faulty(first["node_fault"])
-    count = [*earlier, who].count(who)
-    return (node, f"it failed first in {count} attempts of the run") if count >= FAULTY_AFTER else None
 
 
 def nccl_net_error(text: str) -> NodeFault | None:

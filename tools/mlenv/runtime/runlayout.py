@@ -150,6 +150,24 @@ class RankRecord:
 
 
 @dataclass(frozen=True)
+class NodeFault:
+    """A node-fault sign (restartpolicy.py's SIGNS) and the line or figures that show it."""
+
+    sign: str
+    evidence: str
+
+    def to_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+    @classmethod
+    def parse(cls, data: object) -> NodeFault | None:
+        """The sign recorded as ``{"sign", "evidence"}``; None for anything else."""
+        if not isinstance(data, Mapping) or "sign" not in data:
+            return None
+        return cls(str(data["sign"]), str(data.get("evidence")))
+
+
+@dataclass(frozen=True)
 class FirstFailure:
     """The first rank of the job to fail, and why, in the words of ``describe``."""
 
@@ -159,8 +177,8 @@ class FirstFailure:
     signal: str | None
     reason: str  # "exited with 7", "killed by SIGSEGV", "killed by the kernel's OOM killer"
     log_tail: list[str]
-    node_fault: dict[str, str] | None = None
-    """The failing rank's node's fault sign, ``{"sign", "evidence"}`` (nodefault.py), when its failure carries one."""
+    node_fault: NodeFault | None = None
+    """The failing rank's node's fault sign (nodefault.py), when its failure carries one."""
     host: str | None = None
     """The failing rank's host (a spare host may run a node in a later attempt)."""
 
@@ -169,13 +187,19 @@ class FirstFailure:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> FirstFailure:
+        """ValueError/KeyError/TypeError on another shape."""
         return cls(int(data["rank"]), int(data["node"]), int(data["exit_code"]), _str_or_none(data["signal"]),
                    str(data["reason"]), [str(line) for line in data["log_tail"]],
-                   _fault(data.get("node_fault")), _str_or_none(data.get("host")))
+                   NodeFault.parse(data.get("node_fault")), _str_or_none(data.get("host")))
 
-
-def _fault(value: object) -> dict[str, str] | None:
-    return {str(key): str(text) for key, text in value.items()} if isinstance(value, dict) else None
+    @classmethod
+    def parse(cls, data: object) -> FirstFailure | None:
+        """The first failure recorded as ``data`` (state.json's ``first_failure``); None when nothing failed first,
+        or the record is not one."""
+        try:
+            return cls.from_dict(data) if isinstance(data, Mapping) else None
+        except (KeyError, TypeError, ValueError):
+            return None
 
 
 def _int_or_none(value: object) -> int | None:

@@ -45,6 +45,7 @@ from .runlayout import (
     USER_STOPS,
     FirstFailure,
     NodeDir,
+    NodeFault,
     RankRecord,
     write_json,
 )
@@ -444,9 +445,10 @@ class Supervisor:
                 return "killed by the kernel's OOM killer"
         return f"killed by {signame}" if signame else f"exited with {exit_code}"
 
-    def _node_fault(self) -> dict[str, str] | None:
+    def _node_fault(self) -> NodeFault | None:
         """The first node-fault sign an observer found on this node (nodefault.py)."""
-        return next((fault for observer in self.observers if (fault := observer.node_fault()) is not None), None)
+        found = (fault for observer in self.observers if (fault := observer.node_fault()) is not None)
+        return NodeFault.parse(next(found, None))
 
     def _launcher_failed(self, status: int) -> None:
         name = Path(self.argv[2] if len(self.argv) > 2 and self.argv[1] == "-m" else self.argv[0]).name

@@ -46,6 +46,7 @@ from mlenv.core.runrecords import latest_run
 from mlenv.core.spares import place
 from mlenv.errors import ConfigError, OperationError, Problem, UsageError
 from mlenv.plan import JobPlan
+from mlenv.runtime.runrecord import RunRecord
 from mlenv.ui import info
 
 _SECRETS_REFUSED = (
@@ -476,7 +477,7 @@ class SlurmBackend(Deploy, NodeAccess, Jobs, Checks):
         """A batch job's ports follow from its own job id; the runs inside an allocation all get the allocation's."""
         return allocation_id(handle) is None
 
-    def latest_run(self, handle: Handle, run_id: str) -> dict[str, Any]:
+    def latest_run(self, handle: Handle, run_id: str) -> RunRecord:
         """Run ``run_id`` as its nodes' supervisors recorded it in the shared run directory, its newest attempt
         (``core.runrecords.latest_run``): read in one command on the login host; a node without an exit status is
         ``running`` (or ``hung``) while the run's step (in the allocation) or batch job runs, else ``failed`` when
@@ -487,7 +488,7 @@ class SlurmBackend(Deploy, NodeAccess, Jobs, Checks):
         found = noderecords.read(login, f"{job.workdir}/{RUNS_DIR}", run_id)
         run = latest_run(run_id, {node: noderecords.node_job(found.files.get(node, {}), found.attempt, live,
                                                              found.stopped) for node in range(job.nodes)})
-        return {**run, "state": runstate.reconcile(run["state"], batch_job, found.stopped)}
+        return replace(run, state=runstate.reconcile(run.state, batch_job, found.stopped))
 
     def rank_nodes(self, handle: Handle) -> dict[int, int] | None:
         """Global rank -> the node it ran on, in the newest attempt of the deployment's newest run in the shared run
@@ -499,7 +500,7 @@ class SlurmBackend(Deploy, NodeAccess, Jobs, Checks):
     def run_states(self, handle: Handle, run_id: str) -> dict[int, str]:
         """Node ordinal -> its state of run ``run_id`` as ``latest_run`` reads it: ``<state> (N)`` once the node's
         supervisor wrote its exit status, else ``running``, ``hung``, ``failed`` (lost) or ``-``."""
-        return dict(self.latest_run(handle, run_id)["nodes"])
+        return dict(self.latest_run(handle, run_id).nodes)
 
     def _live(self, handle: Handle, run_id: str) -> tuple[Login, bool, JobInfo | None]:
         """Whether run ``run_id``'s batch job runs (not waiting to start, nor again), or its step runs in the
@@ -548,7 +549,7 @@ def _job_detail(login: Login, job: SlurmJob, submitted: Mapping[str, Any], curre
     if current.live:
         return None
     if submitted.get("next"):
-        return f"its run went on as job {submitted['next']}, without a node that failed first twice"
+        return f"its run went on as job {submitted['next']}, without a node the restart policy left out"
     code = current.exit_code
     if current.state == jobs.GONE and run_id:
         code = run.exit_file(login, job.run_path(run_id))

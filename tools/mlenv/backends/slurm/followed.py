@@ -1,6 +1,7 @@
-"""The batch jobs that detached runs' scripts submitted to go on without a node that failed first twice (the
+"""The batch jobs that detached runs' scripts submitted to go on without a node the restart policy left out (the
 ``resubmitted`` file of the run's directory, docs/runs.md): recorded as the runs' jobs once the job that submitted
-one has ended, so that status, logs, stop and clean see them, with the nodes they left out recorded as excluded."""
+one has ended, so that status, logs, stop and clean see them, with the nodes they left out for a node-fault sign
+recorded as excluded."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from mlenv.backends.slurm.login import Login
 from mlenv.backends.slurm.script import RESUBMITTED_FILE, SlurmJob
 from mlenv.core.capabilities import Handle
 from mlenv.core.registry import Records
+from mlenv.runtime.restartpolicy import saved
 
 SEPARATOR = "\036"
 READ = f'for path; do printf "{SEPARATOR}%s\\n" "$path"; cat -- "$path" 2>/dev/null || :; done'
@@ -46,7 +48,8 @@ def follow(login: Login, records: Records, handle: Handle, job: SlurmJob, found:
             if job_id not in known:
                 record.remember(records, handle, job_id, run_id, str(origin.get("script", "")), True,
                                 int(origin["restarts"]))
-                records.exclude(handle.name, {node: (host, why)})
+                if saved(why):  # a node-fault sign; a node that failed first twice is left out of this run only
+                    records.exclude(handle.name, {node: (host, why)})
                 known.add(job_id)
     since = datetime.now(timezone.utc).isoformat(timespec="seconds")
     for submitted in ended:

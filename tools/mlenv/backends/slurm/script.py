@@ -22,8 +22,6 @@ from mlenv.core.fanout import checkpoint_dir, run_dir
 from mlenv.core.remote import RUNTIME_DIR, read_secrets
 from mlenv.errors import OperationError, UsageError, shown
 from mlenv.render.templates import Templates
-from mlenv.runtime.idle import IDLE_EXIT_CODE
-from mlenv.runtime.runlayout import USER_STOPS
 
 TEMPLATES = Path(mlenv.__file__).parent / "manifests" / "slurm"
 PORT_BASE, PORT_SPAN = 20000, 10000
@@ -36,11 +34,9 @@ EXIT_FILE = "exit"
 """In an attempt's directory: the attempt's exit code, written by the script at its end."""
 ATTEMPT_FILE = "attempt"
 """In a run directory: the number K of its latest attempt, whose files are in ``attempt-K/``."""
-FINAL_CODES = sorted({0, IDLE_EXIT_CODE, *USER_STOPS})
-"""Exit codes of an attempt that the script never runs again: success, an idle stop, a stop by the user."""
 RESUBMITTED_FILE = "resubmitted"
 """In a run directory: ``<job id> <host> <node> <why>`` for each batch job that a detached run's script submitted to
-go on without a node that failed first twice (one line each, appended)."""
+go on without a node the restart policy left out (one line each, appended)."""
 DEPLOYMENT_FILE = "deployment"
 """In a run directory: the name of the deployment (cluster file) that ran it, so that logs and status find its own
 runs where another file's share the workdir."""
@@ -235,7 +231,7 @@ def _run_context(job: SlurmJob, title: str, run_id: str, task: Sequence[str], ba
             "nodelist": list(nodelist), "restarts": restarts, "resubmitted_file": RESUBMITTED_FILE,
             "stop_file": STOP_FILE, "deployment_file": DEPLOYMENT_FILE,
             "resubmit_export": ",".join([*job.settings.export, "MLENV_RESUBMITTED=1"]),
-            "final": Shell("|".join(map(str, FINAL_CODES))),
+            "python": PYTHON, "failed_file": FAILED_FILE,
             "unexported": Shell(" ".join(secrets))}  # names checked by read_secrets in srun_line
 
 
@@ -258,7 +254,7 @@ def launch_script(job: SlurmJob, title: str, run_id: str, task: Sequence[str], j
     allocation's ``nodelist`` nodes when given, the first the master); the forwarded ``secrets`` arrive in its
     environment and leave it at once, for the run's step's stdin alone. It runs a failed attempt again while
     ``restarts`` (a detached run's --max-restarts) allows; with a ``nodelist``, on the first of the
-    ``allocation_nodes`` not excluded (``exclude``, and a node that failed first twice)."""
+    ``allocation_nodes`` not excluded (``exclude``, and the nodes the restart policy leaves out)."""
     return _render("launch.sh.j2", **_run_context(job, title, run_id, task, attempt=attempt, exclude=exclude,
                                                   secrets=secrets, nodelist=nodelist, restarts=restarts),
                    job_id=job_id, allocation_nodes=list(allocation_nodes))

@@ -1,0 +1,126 @@
+"""The restart policy (runtime/restartpolicy.py), judged from the first failures that real supervisor runs recorded:
+as the nodes of a detached run judge before they restart it, and as the Slurm scripts ask it (``python3 -m
+mlenv.runtime policy``, whose answer they eval). The rule "failed first in N attempts" is written in the policy
+alone."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from mlenv.runtime.launcher import RUNTIME_PARENT, Job, run_job
+from mlenv.runtime.nodefault import NodeFaultWatch
+from mlenv.runtime.restartpolicy import FAULTY_AFTER, History, failed_first, judge, may_restart, standby_for
+from mlenv.runtime.runlayout import FirstFailure, NodeDir, NodeFault, read_state
+
+ROOT = Path(__file__).resolve().parents[3]
+NET_ERROR = ("node-2:5776:5902 [0] transport/net_ib.cc:1296 NCCL WARN NET/IB : Got completion from peer "
+             "10.2.0.5<33092> with error 12, opcode 0, len 0, vendor err 129 (Recv)")
+
+
+def _record(run_dir: Path, attempt: int, code: str) -> FirstFailure:
+    """Run ``code`` as rank 0 of node 0 in attempt ``attempt`` of a real supervisor run; its first failure."""
+    script = run_dir.parent / "job.py"
+    script.write_text(code)
+    launcher = ("import os, subprocess, sys\n"
+                "sys.exit(subprocess.call([sys.executable, '-m', 'mlenv.runtime.rank', sys.argv[1]],"
+                " env={**os.environ, 'RANK': '0', 'LOCAL_RANK': '0'}))\n")
+    job = Job([sys.executable, "-c", launcher, str(script)],
+              {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": RUNTIME_PARENT}, {}, {})
+    node_dir = NodeDir(run_dir, attempt, 0)
+    run_job(job, node_dir=node_dir, observers=[NodeFaultWatch(nvidia_smi="no-such-nvidia-smi",
+                                                               kmsg=run_dir.parent / "no-kmsg")])
+    first = FirstFailure.parse(read_state(node_dir)["first_failure"])
+    assert first is not None
+    return first
+
+
+def test_a_node_failing_first_twice_with_different_errors_is_left_out_of_this_run_only(tmp_path: Path) -> None:
+    first = _record(tmp_path / "run", 0, "print('step 10'); raise SystemExit(3)")
+    who = failed_first(first)
+    assert who == first.host and who  # the rank's host
+    once = judge(0, History(), first)
+    assert once.left_out == () and once.stop is None and once.history.failed_first == (who,)  # not yet a fault
+    second = _record(tmp_path / "run", 1, "print('step 20'); raise SystemExit(3)")
+    twice = judge(1, once.history, second)
+    assert [(out.node, out.reason, out.saved) for out in twice.left_out] == [
+        (0, f"it failed first in {FAULTY_AFTER} attempts of the run", False)]
+    assert judge(1, History(("another-host",), once.history.last_error), second).left_out == ()  # another host
+
+
+def test_the_same_error_twice_is_a_bug_in_the_script(tmp_path: Path) -> None:
+    bug = "open('missing.bin')"
+    first, second = (_record(tmp_path / "run", attempt, bug) for attempt in (0, 1))
+    verdict = judge(1, judge(0, History(), first).history, second)
+    assert verdict.left_out == ()
+    assert verdict.stop is not None and "the same error in attempts 1 and 2: not restarting" in verdict.stop
+    assert "FileNotFoundError" in second.log_tail[-1]
+
+
+def test_a_node_fault_sign_leaves_the_node_out_at_once_for_good(tmp_path: Path) -> None:
+    netfail = _record(tmp_path / "net", 0, f"print({NET_ERROR!r}); raise SystemExit(3)")
+    (out,) = judge(0, History(), netfail).left_out
+    assert (out.node, out.reason, out.saved) == (0, f"NCCL network error: {NET_ERROR}", True)
+    lost = judge(0, History(), None, signs={1: NodeFault("node-failure", "n2 went DOWN")}).left_out
+    assert [(out.node, out.reason, out.saved) for out in lost] == [(1, "node failure: n2 went DOWN", True)]
+
+
+def test_what_is_never_restarted() -> None:
+    assert [may_restart(code, 0, 3) for code in (0, 125, 129, 130, 143, 1, 137)] == [False] * 5 + [True, True]
+    assert not may_restart(1, 3, 3)
+    lost = NodeFault("node-failure", "n2: NODE_FAIL")  # Slurm's SIGTERM of a lost node is no user's stop
+    assert may_restart(143, 0, 3, [lost]) and not may_restart(143, 3, 3, [lost])
+    assert not may_restart(143, 0, 3, [NodeFault("nccl-net", "...")]) and not may_restart(0, 0, 3, [lost])
+
+
+def test_which_standby_takes_a_node_s_place() -> None:
+    assert standby_for(1, ["10.0.0.9"], 0) == (0, "")
+    assert standby_for(1, ["10.0.0.9"], 1) == (None, "no standby host is left")
+    assert standby_for(0, ["10.0.0.9"], 0)[0] is None  # node 0 holds the rendezvous
+    assert standby_for(1, [], 0)[0] is None
+
+
+def _ask(run_dir: Path, attempt: int, code: int, history: dict[str, str] | None = None,
+         *extra: str) -> dict[str, str]:
+    """The policy command's answer, parsed as the Slurm scripts' bash evals it."""
+    argv = [sys.executable, "-m", "mlenv.runtime", "policy", "--run-dir", str(run_dir), "--attempt", str(attempt),
+            "--exit-code", str(code), "--max-restarts", "3", "--hosts", "n1,n2",
+            "--failed-first", (history or {}).get("failed_first", ""),
+            "--last-error", (history or {}).get("last_error", ""), *extra]
+    said = subprocess.run(argv, capture_output=True, text=True, check=True,
+                          env={**os.environ, "PYTHONPATH": RUNTIME_PARENT}).stdout
+    script = f"eval {shlex.quote(said)}; for name in node code verdict left_node host why saved failed_first " \
+             "last_error; do printf '%s=%s\\n' \"$name\" \"${!name}\"; done"
+    lines = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout
+    return dict(line.split("=", 1) for line in lines.splitlines())
+
+
+def test_the_slurm_scripts_ask_the_policy(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    for attempt in (0, 1):  # node 1 fails first in both attempts, with a different last line
+        (run_dir / f"attempt-{attempt}").mkdir(parents=True)
+        (run_dir / f"attempt-{attempt}" / "failed").write_text("1 5\n")
+    first = _ask(run_dir, 0, 5, None, "--failed-file", str(run_dir / "attempt-0" / "failed"))
+    assert (first["node"], first["code"], first["verdict"], first["failed_first"]) == ("1", "5", "restart", "n2")
+    second = _ask(run_dir, 1, 5, first, "--failed-file", str(run_dir / "attempt-1" / "failed"))
+    assert (second["verdict"], second["left_node"], second["host"], second["saved"]) == ("leave-out", "1", "n2", "0")
+    assert second["why"] == "it failed first in 2 attempts of the run"
+    assert _ask(run_dir, 1, 143, first)["verdict"] == "end"  # a user's stop
+    assert _ask(run_dir, 0, 5, None, "--warned")["verdict"] == "end"
+
+    bug = tmp_path / "bug"
+    for attempt in (0, 1):  # node 0 records the same error twice
+        _record(bug, attempt, "open('missing.bin')")
+    once = _ask(bug, 0, 1)
+    again = _ask(bug, 1, 1, once)
+    assert again["verdict"] == "stop" and "the same error in attempts 1 and 2: not restarting" in again["why"]
+
+
+def test_the_rule_is_written_in_the_policy_alone() -> None:
+    """No template, nor any other module, restates "failed first in N attempts" (or its count)."""
+    written = [path for path in [*ROOT.joinpath("tools").rglob("*.py"), *ROOT.joinpath("manifests").rglob("*.j2")]
+               if "failed first in" in path.read_text() and path.name != "restartpolicy.py"]
+    assert written == []

@@ -1,0 +1,227 @@
+"""The restart policy, in one place: after an attempt of a run failed, whether the run starts again, which nodes are
+left out of it (and whether that is recorded for later runs) and which standby takes a left-out node's place.
+
+Everyone who restarts a run asks this module: mlenv for an attached run (ops/launch.py), the nodes' supervisors for
+a detached one (runtime/cli.py), and the Slurm scripts through ``python3 -m mlenv.runtime policy`` (their bash only
+acts on its verdict). The rules (docs/runs.md, "Restarts"):
+
+1. A run is started again only while ``--max-restarts`` allows, and never after a success, a stop by the user
+   (:data:`USER_STOPS`: Ctrl-C, ``mlenv stop``, scancel) or an idle stop (``--on-idle stop``: it would idle again).
+   A stop's exit code where a node was lost to the infrastructure (:data:`LOST`: the scheduler's node failure,
+   drain or reclaim delivers SIGTERM too) is no user's stop: such a run is restarted.
+2. A node whose failure carries a node-fault sign (:data:`SIGNS`: unreachable, lost to a node failure, an NCCL network
+   error, a GPU Xid or ECC event, a failed in-node check) is left out of the next attempts at once, and recorded on
+   the deployment (``mlenv nodes``), so that later runs leave it out too.
+3. A user's bug is not a node fault: a failure without a sign that repeats the previous attempt's (the same global
+   rank, exit code or signal, and :data:`LAST_LINES` last lines) stops the restarts ("the same error in attempts 1
+   and 2: not restarting", counting attempts from 1); no node is left out and no spare or standby is spent.
+4. A node that failed first, without a sign, in :data:`FAULTY_AFTER` attempts of the run is left out of the rest of
+   that run only: never recorded on the deployment (a script's failures land on whichever node its rank ran on).
+5. A left-out node's work goes to a spare: attached, the backend places it (core/spares.py); detached, the run's next
+   unused standby (:func:`standby_for`), never for node 0, which holds the rendezvous.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from .idle import IDLE_EXIT_CODE
+from .runlayout import USER_STOPS, FirstFailure, NodeDir, NodeFault, read_state
+
+UNREACHABLE, NODE_FAILURE, NCCL_NET, XID, ECC, NODE_CHECK = (
+    "unreachable", "node-failure", "nccl-net", "xid", "ecc", "node-check")
+SIGNS = {
+    UNREACHABLE: "unreachable",
+    NODE_FAILURE: "node failure",
+    NCCL_NET: "NCCL network error",
+    XID: "GPU Xid event",
+    ECC: "GPU ECC errors",
+    NODE_CHECK: "in-node check failed",
+}
+"""Every node-fault sign and how it reads: ``unreachable`` (ssh exit 255 where the node has no record of the run, or
+its supervisor gone without an exit status), ``node-failure`` (the scheduler lost the node: down, failed, drained),
+``nccl-net``, ``xid``, ``ecc`` and ``node-check`` (runtime/nodefault.py detects them on the node)."""
+FAULTY_AFTER = 2
+"""A node that failed first (without a sign) in this many attempts of a run is left out of the rest of the run."""
+LOST = frozenset({UNREACHABLE, NODE_FAILURE})
+"""The signs of a node lost to the infrastructure: a stop of the job then is not the user's."""
+FINAL_CODES = frozenset({0, IDLE_EXIT_CODE, *USER_STOPS})
+"""Exit codes of an attempt that is never run again: success, an idle stop, a stop by the user."""
+
+FAILED_FIRST = "MLENV_FAILED_FIRST"
+"""In a detached run's restarted attempts: who failed first in each earlier attempt (:func:`failed_first`),
+comma-joined in attempt order (empty where nothing did)."""
+LAST_ERROR = "MLENV_LAST_ERROR"
+"""In a detached run's restarted attempts: the previous attempt's error (:func:`error_of`; empty: none, or a sign)."""
+
+
+def final(exit_code: int) -> bool:
+    """Whether an attempt that ended with ``exit_code`` is never run again (rule 1)."""
+    return exit_code in FINAL_CODES
+
+
+def may_restart(exit_code: int, attempt: int, max_restarts: int, signs: Iterable[NodeFault] = ()) -> bool:
+    """Whether attempt ``attempt`` (0 for the first), ended with ``exit_code``, may be followed by another; ``signs``:
+    the nodes' own node-fault signs (a node :data:`LOST` makes a stop's exit code restartable)."""
+    lost = exit_code in USER_STOPS and any(sign.sign in LOST for sign in signs)
+    return (lost or not final(exit_code)) and attempt < max_restarts
+
+
+def why_faulty(fault: NodeFault) -> str:
+    """How a recorded sign reads: ``NCCL network error: <the line>``."""
+    return f"{SIGNS.get(fault.sign, fault.sign)}: {fault.evidence}"
+
+
+def failed_first(first: FirstFailure | None) -> str:
+    """Who failed first, as an attempt's recorded first failure names it: its host, else ``node-N`` (an older
+    record); empty when nothing failed first."""
+    return "" if first is None else first.host or f"node-{first.node}"
+
+
+LAST_LINES = 2
+"""How many of a failing rank's last (non-empty) lines make its error: a traceback's failing source line and its
+exception line; not the frame's line above them, whose path differs where nodes hold the script at different
+paths, nor earlier lines (a step counter may differ in every attempt)."""
+
+
+def error_of(first: FirstFailure | None) -> str:
+    """A short key of a recorded first failure's error (its rank, exit code, signal and :data:`LAST_LINES` last
+    lines), equal for the same error in two attempts; empty when nothing failed first or the failure carries a
+    node-fault sign."""
+    if first is None or first.node_fault is not None:
+        return ""
+    lines = [line.strip() for line in first.log_tail if line.strip()]
+    seen = [first.rank, first.exit_code, first.signal, lines[-LAST_LINES:]]
+    return hashlib.sha256(json.dumps(seen, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class History:
+    """What a run's earlier attempts leave the policy: who failed first in each (:func:`failed_first`, empty where
+    nothing did) and the previous attempt's error (:func:`error_of`)."""
+
+    failed_first: tuple[str, ...] = ()
+    last_error: str = ""
+
+    @classmethod
+    def of(cls, environ: Mapping[str, str], attempt: int) -> History:
+        """The history that attempt ``attempt`` of a detached run carries in its environment."""
+        if not attempt:
+            return cls()
+        return cls(tuple(environ.get(FAILED_FIRST, "").split(",")[:attempt]), environ.get(LAST_ERROR, ""))
+
+    def after(self, who: str, error: str) -> History:
+        """This history with one more attempt, ``who`` failed first in it with ``error``."""
+        return History((*self.failed_first, who), error)
+
+    def environ(self) -> dict[str, str]:
+        """The variables that hand this history to the next attempt (:meth:`of` reads them)."""
+        return {FAILED_FIRST: ",".join(self.failed_first), LAST_ERROR: self.last_error}
+
+
+RUN_ONLY = "it failed first in"
+"""How the reason of a node left out of the rest of its run only begins (rule 4)."""
+
+
+def saved(reason: str) -> bool:
+    """Whether a node left out for ``reason`` is recorded on the deployment, so that later runs leave it out too: a
+    node-fault sign's reason (rule 2), not a failed-first count (rule 4)."""
+    return not reason.startswith(RUN_ONLY)
+
+
+@dataclass(frozen=True)
+class LeftOut:
+    """A node left out of the next attempts, and why."""
+
+    node: int
+    reason: str
+
+    @property
+    def saved(self) -> bool:
+        """Recorded on the deployment (a node-fault sign); else left out of this run only."""
+        return saved(self.reason)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What follows a failed attempt that may be restarted (``may_restart``)."""
+
+    history: History
+    """The run's history with this attempt, for the next one."""
+    left_out: tuple[LeftOut, ...] = ()
+    stop: str | None = None
+    """Why the run is not restarted although restarts are left (rule 3); None: it is, without ``left_out``."""
+
+
+def judge(attempt: int, history: History, first: FirstFailure | None, node: int | None = None,
+          host: str | None = None, signs: Mapping[int, NodeFault] | None = None) -> Verdict:
+    """The verdict on failed attempt ``attempt`` (0 for the first) of a run with ``history``: ``first`` is its recorded
+    first failure (None where nothing failed first, or no record was kept); ``node`` the node that failed first
+    (default: ``first``'s; None: none did) and ``host`` the host it ran on (default: :func:`failed_first`);
+    ``signs`` the nodes' own node-fault signs (a lost supervisor, a failed in-node check, an unreachable node)."""
+    if node is None and first is not None:
+        node = first.node
+    who = "" if node is None else host or failed_first(first) or f"node-{node}"
+    found = dict(signs or {})
+    if node is not None and first is not None and first.node_fault is not None:
+        found.setdefault(node, first.node_fault)
+    error = error_of(first) if node is not None and node not in found else ""
+    following = history.after(who, error)
+    left = [LeftOut(faulty, why_faulty(sign)) for faulty, sign in sorted(found.items())]
+    if node is not None and node not in found:
+        if not found and error and error == history.last_error:
+            said = f"rank {first.rank} (node-{node}) {first.reason}: " if first is not None else ""
+            return Verdict(following, stop=f"{said}the same error in attempts {attempt} and {attempt + 1}: not "
+                                           "restarting (a bug in the script is not a node fault: no node is left out)")
+        count = following.failed_first.count(who)
+        if count >= FAULTY_AFTER:
+            left.append(LeftOut(node, f"{RUN_ONLY} {count} attempts of the run"))
+    return Verdict(following, tuple(left))
+
+
+def for_script(run_dir: Path, attempt: int, exit_code: int, max_restarts: int, hosts: Sequence[str],
+               failed_file: Path | None, history: History, warned: bool = False) -> dict[str, object]:
+    """The verdict on attempt ``attempt`` of a run whose script cannot judge it itself (Slurm's; ``python3 -m
+    mlenv.runtime policy`` prints it as shell assignments), from the attempt's records in ``run_dir``, its
+    ``hosts`` in node order and the run's ``history``. ``node`` and ``code``: the node that failed first and its
+    exit code (node 0's recorded first failure, else ``failed_file``'s ``<node> <code>``; else none and
+    ``exit_code``); ``verdict``: ``end`` (not restarted: success, a stop, no restarts left, the scheduler's warning
+    came), ``stop`` (not restarted although restarts are left: ``why``), ``restart``, or ``leave-out`` (node
+    ``left_node`` on ``host`` must be left out of the rest of the run, ``why``; ``saved``: 1 when it is recorded for
+    later runs too); ``failed_first`` and ``last_error``: the history to hand the next attempt's question."""
+    first = FirstFailure.parse(read_state(NodeDir(run_dir, attempt, 0)).get("first_failure"))
+    node, code = (first.node, first.exit_code) if first is not None else (None, exit_code)
+    found = failed_file.read_text().split() if first is None and failed_file and failed_file.is_file() else []
+    if len(found) == 2 and all(word.isdigit() for word in found):
+        node, code = int(found[0]), int(found[1])
+    answer: dict[str, object] = {"node": "" if node is None else node, "code": code, "verdict": "end"}
+    signs = {rank: fault for rank in range(len(hosts))
+             if (fault := NodeFault.parse(read_state(NodeDir(run_dir, attempt, rank)).get("node_fault")))}
+    if warned or not may_restart(code, attempt, max_restarts, signs.values()):
+        return answer
+    host = hosts[node] if node is not None and node < len(hosts) else None
+    verdict = judge(attempt, history, first, node, host, signs)
+    answer.update(verdict="restart", failed_first=",".join(verdict.history.failed_first),
+                  last_error=verdict.history.last_error)
+    if verdict.stop is not None:
+        answer.update(verdict="stop", why=verdict.stop)
+    elif verdict.left_out:
+        left = verdict.left_out[0]  # the script leaves one node out at a time
+        answer.update(verdict="leave-out", left_node=left.node, why=left.reason, saved=int(left.saved),
+                      host=hosts[left.node] if left.node < len(hosts) else f"node-{left.node}")
+    return answer
+
+
+def standby_for(node: int, spares: Sequence[str], used: int) -> tuple[int | None, str]:
+    """The standby slot that takes node ``node``'s place in a detached run with standbys on ``spares`` (in slot
+    order), ``used`` of them taken so far, else None and why none can."""
+    if node != 0 and used < len(spares):
+        return used, ""
+    return None, ("node 0 holds the rendezvous, which a standby cannot take over" if node == 0 and spares
+                  else "no standby host is left" if spares
+                  else "the nodes of a detached run restart it where it ran; ssh.spares, or a launch attached, "
+                       "leave the node out")

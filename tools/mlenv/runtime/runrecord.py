@@ -1,0 +1,60 @@
+"""A run as its nodes' supervisors recorded it, typed: read once from their records (runlayout.py's
+:class:`RankRecord`, :class:`FirstFailure` and :class:`NodeFault`), and written as ``status --json``'s ``latest_run``
+(docs/runs.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .runlayout import FirstFailure, NodeFault, RankRecord, parse_ranks
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One run (its newest attempt) across its nodes."""
+
+    id: str
+    state: str | None
+    """The run's state (runlayout.py's RUN_STATES), from its nodes' states; None when none is known."""
+    attempt: int
+    ranks: tuple[RankRecord, ...] = ()
+    """Every rank of every node, by global rank."""
+    first_failure: FirstFailure | None = None
+    transport: Mapping[str, Any] = field(default_factory=dict)
+    """``node-N`` -> the node's transport verdict (``{"verdict", "plugin", "devices", "nccl_version"}``)."""
+    stacks: Any = None
+    """The hang watchdog's capture of the whole job (node 0's), if any."""
+    idle: Mapping[str, Any] | None = None
+    """``node-N`` -> the node's idle GPUs while the job is flagged idle; None when it is not."""
+    node_faults: Mapping[int, NodeFault] = field(default_factory=dict)
+    """Node ordinal -> the node's own fault sign (a failed in-node check, a lost supervisor)."""
+    nodes: Mapping[int, str] = field(default_factory=dict)
+    """Node ordinal -> its state (``failed (7)`` once it ended, ``-`` unknown): ``status``'s ``run_states``."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """``status --json``'s ``latest_run`` (without ``nodes``, which status prints as ``run_states``)."""
+        return {"id": self.id, "state": self.state, "attempt": self.attempt,
+                "ranks": [rank.to_dict() for rank in self.ranks],
+                "first_failure": self.first_failure.to_dict() if self.first_failure else None,
+                "transport": dict(self.transport), "stacks": self.stacks,
+                "idle": dict(self.idle) if self.idle is not None else None,
+                "node_faults": {node: fault.to_dict() for node, fault in self.node_faults.items()}}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RunRecord:
+        """The record :meth:`to_dict` wrote (``nodes`` too, when given); a part that is not one is left out."""
+        faults = data.get("node_faults")
+        nodes = data.get("nodes")
+        return cls(str(data.get("id", "")), _str_or_none(data.get("state")), int(data.get("attempt") or 0),
+                   tuple(parse_ranks(data.get("ranks"))), FirstFailure.parse(data.get("first_failure")),
+                   dict(data.get("transport") or {}), data.get("stacks"),
+                   dict(data["idle"]) if isinstance(data.get("idle"), Mapping) else None,
+                   {int(node): fault for node, value in (faults.items() if isinstance(faults, Mapping) else ())
+                    if (fault := NodeFault.parse(value)) is not None},
+                   {int(node): str(state) for node, state in (nodes.items() if isinstance(nodes, Mapping) else ())})
+
+
+def _str_or_none(value: object) -> str | None:
+    return None if value is None else str(value)
