@@ -1,7 +1,7 @@
 """A run's end ends every process its ranks started, however they detached: a double-forked ``setsid`` daemon, a
 child started with ``env -i`` (which the job's MLENV_JOB marker cannot find). The runtime runs for real (torchrun,
-one node of two ranks), its supervisor in a cgroup of its own (runtime/reaping.py); the fallback without a writable
-cgroup runs in a network namespace, whose own /sys shows none, as the local backend's pods do."""
+one node of two ranks), its supervisor in a cgroup of its own (runtime/reaping.py), also in a network namespace,
+whose own /sys shows no cgroup until the supervisor mounts one, as the local backend's pods run."""
 
 from __future__ import annotations
 
@@ -121,6 +121,11 @@ def detach_leaving(tmp_path: Path, left: Path, run_id: str) -> tuple[dict[str, s
     return env, int(match.group(1))
 
 
+def cgroup_mounts() -> list[str]:
+    """This (the host's) mount namespace's cgroup mounts, as /proc/self/mountinfo lists them."""
+    return [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if " - cgroup" in line]
+
+
 def script(tmp_path: Path) -> Path:
     path = tmp_path / "leaves.py"
     path.write_text(LEAVES)
@@ -232,30 +237,27 @@ def test_a_v1_freezer_cgroup_ends_a_daemon(tmp_path: Path, left: Path) -> None:
         assert cgroup.remove()
 
 
-def test_without_a_writable_cgroup_it_says_so_once_and_ends_what_carries_the_marker(
-    tmp_path: Path, left: Path
-) -> None:
-    """In a network namespace (``ip netns exec`` mounts a /sys of its own, without cgroups) the supervisor says so
-    once and ends the daemon, which kept the job's marker; the ``env -i`` child escapes it (documented)."""
-    require("torch")
+def test_in_a_network_namespace_its_own_cgroup2_mount_ends_both(tmp_path: Path, left: Path) -> None:
+    """In a network namespace (``ip netns exec`` mounts a /sys of its own, without cgroups: the local backend's
+    pods) the supervisor mounts cgroup v2 in that mount namespace and ends both processes, the ``env -i`` child
+    too; the host's mounts are unchanged."""
+    require_cgroup()
     if os.geteuid() != 0 or shutil.which("ip") is None:
         pytest.skip("needs root and ip to make a network namespace")
     namespace = f"mlenv-reap-{os.getpid()}"
     subprocess.run(["ip", "netns", "add", namespace], check=True)
     try:
         subprocess.run(["ip", "-n", namespace, "link", "set", "lo", "up"], check=True)
-        env = detached_env(tmp_path, "run-marker", MLENV_PROCS_PER_NODE="2")
+        host_cgroups = cgroup_mounts()
+        env = detached_env(tmp_path, "run-netns", MLENV_PROCS_PER_NODE="2")
         result = subprocess.run(
             ["ip", "netns", "exec", namespace, sys.executable, "-m", "mlenv.runtime", "launch", "--launcher",
              "torchrun", "--", str(script(tmp_path)), str(left), "ok"],
             env=env, cwd=WORKSPACE, capture_output=True, text=True, timeout=180, check=False)
         assert result.returncode == 0, result.stderr[-3000:]
-        notes = re.findall(r"^mlenv: no writable cgroup here \((.+)\): what the ranks leave behind is found by its "
-                           r"MLENV_JOB variable only \(a process started with env -i is missed\)$",
-                           result.stderr, re.MULTILINE)
-        assert notes == ["no cgroup v2 or v1 freezer hierarchy is mounted here"], result.stderr[-3000:]
-        assert "mlenv: ended 1 process the ranks left behind" in result.stderr
-        daemon = int((left / "0").read_text().split()[0])
-        assert not alive(daemon, int((left / "0").read_text().split()[1]))
+        assert "no writable cgroup" not in result.stderr, result.stderr[-3000:]
+        assert "mlenv: ended 2 processes the ranks left behind" in result.stderr, result.stderr[-3000:]
+        gone_within_15_s(left)
+        assert cgroup_mounts() == host_cgroups
     finally:
         subprocess.run(["ip", "netns", "delete", namespace], check=False)

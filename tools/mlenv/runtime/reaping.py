@@ -9,9 +9,10 @@ freezer. Its name, ``mlenv-<pid namespace>-<supervisor pid>-<start ticks>``, tel
 the cgroup of a supervisor that is gone is ended and removed by the next supervisor started beside it, or by
 ``stop``. Only what a cgroup holds is ever signalled, each process checked to be in it through a pidfd.
 
-Without a writable cgroup (an unprivileged pod, a network namespace's own /sys) the job's ``MLENV_JOB`` marker
-finds what is left (a process started with ``env -i`` escapes it). Under Slurm the step's own process tracking
-(proctrack) ends what a step leaves behind, and no cgroup is made.
+A root supervisor in a mount namespace of its own whose fresh /sys shows no cgroup (``ip netns exec``: the local
+backend's nodes) mounts cgroup v2 there first. Without a writable cgroup (an unprivileged pod) the job's
+``MLENV_JOB`` marker finds what is left (a process started with ``env -i`` escapes it). Under Slurm the step's own
+process tracking (proctrack) ends what a step leaves behind, and no cgroup is made.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import contextlib
 import os
 import re
 import signal
+import subprocess
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -260,6 +262,8 @@ def make_cgroup(name: str) -> tuple[Cgroup | None, str]:
     else None and why there is none, in words."""
     try:
         found = hierarchies(Path("/proc/self/mountinfo").read_text(), Path("/proc/self/cgroup").read_text())
+        if not found and _mount_private_cgroup2():
+            found = hierarchies(Path("/proc/self/mountinfo").read_text(), Path("/proc/self/cgroup").read_text())
     except OSError as err:
         return None, f"cannot read this process's cgroups ({err.strerror})"
     why = "no cgroup v2 or v1 freezer hierarchy is mounted here"
@@ -275,6 +279,23 @@ def make_cgroup(name: str) -> tuple[Cgroup | None, str]:
         cgroup.remove()
         why = f"{own.path} can neither kill nor freeze a cgroup (Linux before 5.2)"
     return None, why
+
+
+def _mount_private_cgroup2(point: Path = Path("/sys/fs/cgroup"), netns: Path = Path("/run/netns")) -> bool:
+    """Mount cgroup v2 at ``point`` where a root process sees no cgroup because ``ip netns exec`` started it (its
+    network namespace is one of ``netns``'s): that gave it a mount namespace of its own, with a fresh /sys, whose
+    mounts never reach the host's (``/`` made a slave). So its share gets a cgroup too (the local backend's nodes).
+    Nothing is mounted as another user, outside such a namespace, or over anything."""
+    try:
+        own = os.stat("/proc/self/ns/net")
+        named = any((entry.stat().st_dev, entry.stat().st_ino) == (own.st_dev, own.st_ino)
+                    for entry in netns.iterdir())
+        if os.geteuid() != 0 or not named or not point.is_dir() or point.is_mount() or any(point.iterdir()):
+            return False
+    except OSError:
+        return False
+    mounted = subprocess.run(["mount", "-t", "cgroup2", "cgroup2", str(point)], capture_output=True, check=False)
+    return mounted.returncode == 0
 
 
 def hierarchies(mountinfo: str, proc_cgroup: str) -> list[Cgroup]:
