@@ -394,21 +394,11 @@ def stop(cluster_ref: str | None) -> None:
 @reports_errors
 def clean(cluster_ref: str | None, delete_data: bool, yes: bool) -> None:
     """Delete everything the deployment created; data volumes are kept unless --delete-data."""
-    from mlenv import state
+    from mlenv.ops.clean import clean as cleaning
 
-    target = _target(cluster_ref)
-    if delete_data and not yes:
-        from mlenv.ops.confirm import confirm_data_deletion
-
-        if not confirm_data_deletion(target.backend.deploy, target.recorded.handles if target.recorded else
-                                     (target.handle,)):
-            click.echo("nothing deleted", err=True)
-            sys.exit(1)
-    handles = target.recorded.handles if target.recorded else (target.handle,)
-    with state.deploying(target.handle.name):
-        for handle in handles:  # a failed re-deploy's too
-            target.backend.deploy.clean(handle, delete_data=delete_data)
-    state.forget(target.handle.name)
+    if not cleaning(_target(cluster_ref), delete_data=delete_data, yes=yes):
+        click.echo("nothing deleted", err=True)
+        sys.exit(1)
 
 
 @main.command(context_settings=STOP_AT_SCRIPT)
@@ -457,7 +447,6 @@ def launch(cluster_ref: str | None, launcher: str, nproc: int | None, args_text:
     """
     import shlex
 
-    from mlenv.core.capabilities import LaunchSpec
     from mlenv.core.remote import secret_names
     from mlenv.errors import UsageError
     from mlenv.ops import launch as launching
@@ -467,23 +456,13 @@ def launch(cluster_ref: str | None, launcher: str, nproc: int | None, args_text:
     except ValueError as exc:
         raise UsageError(f"--args: cannot split {args_text!r} like a shell ({exc}); quote it as in sh") from None
     names = secret_names(secrets)
-    if hang_timeout is not None and not 0 < hang_timeout < float("inf"):
-        raise UsageError(f"--hang-timeout: expected a positive number of seconds, got {hang_timeout:g}")
-    target = _target(cluster_ref)
-    hang_timeout = hang_timeout or launching.hang_timeout(target)
-    if on_hang and not hang_timeout:
-        raise UsageError("--on-hang stop needs a hang timeout: --hang-timeout SECONDS (or launch.hang_timeout)")
-    idle_seconds, idle_util = launching.idle_watch(target)
-    if on_idle and not idle_seconds:
-        raise UsageError(f"--on-idle {on_idle} needs launch.idle_minutes in the cluster file (e.g. idle_minutes: 30m)")
-    spec = LaunchSpec(launcher, script, (*script_args, *extra), nproc, launching.run_id(target.handle.name),
-                      detach, names, expect_transport or launching.file_expect_transport(target), hang_timeout,
-                      on_hang, launching.max_restarts(target, max_restarts), idle_seconds=idle_seconds,
-                      idle_util=idle_util, on_idle=on_idle)
+    settings = launching.settings(cluster_ref, hang_timeout=hang_timeout, on_hang=on_hang, on_idle=on_idle,
+                                  expect_transport=expect_transport, max_restarts=max_restarts)
+    spec = settings.spec(launcher, script, (*script_args, *extra), nproc, detach, names)
     if dry_run:
-        click.echo(launching.dry_run(target, spec), nl=False)
+        click.echo(launching.dry_run(settings.target, spec), nl=False)
         return
-    sys.exit(launching.launch(target, spec).exit_code)
+    sys.exit(launching.launch(settings.target, spec).exit_code)
 
 
 @main.command("nccl-test")

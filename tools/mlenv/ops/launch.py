@@ -62,23 +62,6 @@ def run_id(app: str) -> str:
     raise UsageError(f"too many runs named {stamp}-{app}-N under {runs}")
 
 
-def hang_timeout(target: Target) -> float | None:
-    """``launch.hang_timeout`` of the deployment's cluster file, if it sets one and still loads."""
-    from mlenv.ops.target import file_cluster
-
-    cluster = file_cluster(target, "launch.hang_timeout")
-    return cluster.hang_timeout if cluster else None
-
-
-def idle_watch(target: Target) -> tuple[int | None, float | None]:
-    """``launch.idle_minutes`` (in seconds) and ``launch.idle_util`` of the deployment's cluster file, if it sets
-    them and still loads."""
-    from mlenv.ops.target import file_cluster
-
-    cluster = file_cluster(target, "launch.idle_minutes")
-    return (cluster.idle_seconds, cluster.idle_util) if cluster else (None, None)
-
-
 def _run_dir(run: str) -> Path:
     from mlenv.config.discover import project_root
 
@@ -94,22 +77,54 @@ def _secrets(names: tuple[str, ...]) -> dict[str, str]:
     return {name: os.environ[name] for name in names}
 
 
-def file_expect_transport(target: Target) -> str | None:
-    """``network.expect_transport`` of the deployment's cluster file, if it sets one and still loads."""
-    from mlenv.ops.target import file_cluster
+@dataclass(frozen=True)
+class LaunchSettings:
+    """A launch's settings, resolved once (``settings``): what the user typed, over the cluster file's ``launch:``
+    section and ``network.expect_transport``, over the defaults; checked together."""
 
-    cluster = file_cluster(target, "network.expect_transport")
-    return cluster.expect_transport if cluster else None
+    target: Target
+    run_id: str
+    hang_timeout: float | None
+    on_hang: str | None
+    idle_seconds: int | None
+    idle_util: float | None
+    on_idle: str | None
+    expect_transport: str | None
+    max_restarts: int
+
+    def spec(self, launcher: str, script: str, args: tuple[str, ...], nproc: int | None, detach: bool,
+             secrets: tuple[str, ...]) -> LaunchSpec:
+        """The launch request of ``script`` with these settings."""
+        return LaunchSpec(launcher, script, args, nproc, self.run_id, detach, secrets, self.expect_transport,
+                          self.hang_timeout, self.on_hang, self.max_restarts, idle_seconds=self.idle_seconds,
+                          idle_util=self.idle_util, on_idle=self.on_idle)
 
 
-def max_restarts(target: Target, asked: int | None) -> int:
-    """--max-restarts, else the cluster file's launch.max_restarts (if it still loads), else 0."""
-    from mlenv.ops.target import file_cluster
+def settings(cluster_ref: str | None, *, hang_timeout: float | None, on_hang: str | None, on_idle: str | None,
+             expect_transport: str | None, max_restarts: int | None) -> LaunchSettings:
+    """The settings of a launch on ``cluster_ref`` (ops.target.resolve), the options typed (None: not typed) over
+    the deployment's cluster file, read once (a file that no longer loads is warned about once, its settings
+    left at their defaults), over the defaults (no hang or idle watch, restarts 0). UsageError where they do not go
+    together: a hang timeout that is not a positive number, --on-hang without a hang timeout, --on-idle without
+    launch.idle_minutes."""
+    from mlenv.ops.target import file_cluster, resolve
 
-    if asked is not None:
-        return asked
-    cluster = file_cluster(target, "launch.max_restarts")
-    return cluster.max_restarts if cluster else 0
+    if hang_timeout is not None and not 0 < hang_timeout < float("inf"):
+        raise UsageError(f"--hang-timeout: expected a positive number of seconds, got {hang_timeout:g}")
+    target = resolve(cluster_ref)
+    wanted = [name for name, typed in (("launch.hang_timeout", hang_timeout), ("launch.idle_minutes", None),
+                                       ("network.expect_transport", expect_transport),
+                                       ("launch.max_restarts", max_restarts)) if typed is None]
+    cluster = file_cluster(target, ", ".join(wanted))
+    hang_timeout = hang_timeout or (cluster.hang_timeout if cluster else None)
+    if on_hang and not hang_timeout:
+        raise UsageError("--on-hang stop needs a hang timeout: --hang-timeout SECONDS (or launch.hang_timeout)")
+    idle_seconds, idle_util = (cluster.idle_seconds, cluster.idle_util) if cluster else (None, None)
+    if on_idle and not idle_seconds:
+        raise UsageError(f"--on-idle {on_idle} needs launch.idle_minutes in the cluster file (e.g. idle_minutes: 30m)")
+    return LaunchSettings(target, run_id(target.handle.name), hang_timeout, on_hang, idle_seconds, idle_util, on_idle,
+                          expect_transport or (cluster.expect_transport if cluster else None),
+                          max_restarts if max_restarts is not None else cluster.max_restarts if cluster else 0)
 
 
 def dry_run(target: Target, spec: LaunchSpec) -> str:

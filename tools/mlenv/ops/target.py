@@ -35,7 +35,7 @@ class Target:
 
 def file_cluster(target: Target, reading: str) -> Cluster | None:
     """The deployment's cluster file as validated, if it still loads; else a warning that ``reading`` (the
-    setting wanted from it) was not read, and None."""
+    settings wanted from it) were not read, and None."""
     from mlenv.errors import MlenvError
     from mlenv.ui import warn
 
