@@ -37,7 +37,7 @@ def test_a_failed_redeploy_keeps_the_deployment_before_it_and_the_attempt() -> N
     before = _deployment(workspaces=["/w", "/w"])
     state.record(before)
     state.succeeded("lab")
-    state.update("lab", runs=({"id": "r1"},))
+    state.update("lab", runs=lambda runs: (*runs, {"id": "r1"}))
     attempt = _deployment(workspaces=[])
     state.record(attempt)
     state.update("lab", handle=replace(attempt.handle, env={"MASTER_ADDR": "10.0.0.1"}))  # learned meanwhile

@@ -77,12 +77,15 @@ def times_opened(events: list[tuple[str, Any]], path: Path) -> int:
     return count
 
 
-def test_a_dry_run_on_a_deployed_cluster_opens_its_file_once(deployed: Path,
-                                                             opens: list[tuple[str, Any]]) -> None:
+def test_a_dry_run_on_a_deployed_cluster_opens_its_file_and_the_state_once(deployed: Path,
+                                                                           opens: list[tuple[str, Any]]) -> None:
+    state.exclude("olivia", {1: ("gpu-7", "a node fault")})
+    opens.clear()
     result = invoke("launch", "-c", "olivia", "--dry-run", "train.py")
     assert result.exit_code == 0, result.output
-    assert "#SBATCH" in result.stdout
+    assert "#SBATCH" in result.stdout and "--exclude=gpu-7" in result.stdout  # the excluded node, as read with it
     assert times_opened(opens, deployed) == 1, opens
+    assert times_opened(opens, state.state_file()) == 1, opens
 
 
 def test_a_cluster_file_that_no_longer_loads_is_warned_about_once(deployed: Path) -> None:

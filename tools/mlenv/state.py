@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,8 @@ MAX_BYTES = 4 * 1024 * 1024
 READY, FAILED, PARTIAL = "ready", "failed", "partial"
 DEPLOY_STATES = (READY, FAILED, PARTIAL)
 UNFINISHED = "the deploy did not finish (interrupted?)"
+Runs = tuple[dict[str, Any], ...]
+"""A deployment's recorded runs, oldest first."""
 
 
 @dataclass(frozen=True)
@@ -248,9 +250,10 @@ def failed(name: str, why: str) -> None:
         save(state)
 
 
-def update(name: str, *, runs: tuple[dict[str, Any], ...] | None = None, handle: Handle | None = None) -> None:
-    """Change the runs or handle of a recorded deployment; the handle of a re-deploy in progress goes to its
-    attempt (the deployment before it stays operated until it succeeds)."""
+def update(name: str, *, runs: Callable[[Runs], Runs] | None = None, handle: Handle | None = None) -> None:
+    """Change the runs (``runs`` of the recorded ones: read and written under one lock) or the handle of a recorded
+    deployment; the handle of a re-deploy in progress goes to its attempt (the deployment before it stays operated
+    until it succeeds)."""
     with locked():
         state = load()
         known = state.deployments.get(name)
@@ -260,7 +263,7 @@ def update(name: str, *, runs: tuple[dict[str, Any], ...] | None = None, handle:
             known = replace(known, attempt=replace(known.attempt, handle=handle))
         elif handle is not None:
             known = replace(known, handle=handle)
-        state.deployments[name] = replace(known, runs=known.runs if runs is None else runs)
+        state.deployments[name] = replace(known, runs=known.runs if runs is None else runs(known.runs))
         save(state)
 
 

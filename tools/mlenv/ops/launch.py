@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -25,6 +25,8 @@ from mlenv.runtime.runrecord import RunRecord
 
 STEP = re.compile(r"\bstep (\d+)/(\d+)\b")
 TAIL_LINES = 15
+KEPT_RUNS = 20
+"""The newest runs a deployment's record keeps."""
 
 
 @dataclass(frozen=True)
@@ -133,9 +135,9 @@ def dry_run(target: Target, spec: LaunchSpec) -> str:
 
 
 def without_excluded(target: Target, spec: LaunchSpec) -> LaunchSpec:
-    """``spec`` away from the hosts recorded as excluded on the deployment, or on the cluster when it is not
-    deployed (mlenv nodes lists them)."""
-    recorded = state.load().excluded_of(target.handle.name)
+    """``spec`` away from the hosts recorded as excluded on the deployment (as read with it), or on the cluster
+    when it is not deployed (mlenv nodes lists them)."""
+    recorded = target.recorded.excluded if target.recorded else state.load().excluded_of(target.handle.name)
     excluded = {str(entry["host"]) for entry in recorded if "host" in entry}
     return replace(spec, exclude=tuple(sorted({*spec.exclude, *excluded})))
 
@@ -167,7 +169,8 @@ def launch(target: Target, spec: LaunchSpec) -> LaunchResult:
     spec = without_excluded(target, spec)
     run_dir = _run_dir(spec.run_id)
     run_only: dict[str, str] = {}  # host -> why, for the nodes left out of this run only
-    result = _attempt(target, spec, run_dir, run_only)
+    saved = _reasons(target.recorded.excluded if target.recorded else ())  # host -> why, as the deployment records
+    result = _attempt(target, spec, run_dir, {**run_only, **saved})
     history = restartpolicy.History()
     while restartable(result.outcome) and spec.attempt < spec.max_restarts:
         run = result.latest_run or target.backend.jobs.latest_run(target.handle, spec.run_id)  # None: no records
@@ -181,12 +184,12 @@ def launch(target: Target, spec: LaunchSpec) -> LaunchResult:
         if verdict.stop is not None:
             error(f"run {spec.run_id}: {verdict.stop}")
             break
-        faulty = _exclude(target, result.outcome, verdict.left_out, run_only)
+        faulty = _exclude(target, result.outcome, verdict.left_out, run_only, saved)
         spec = replace(spec, attempt=newest + 1, exclude=tuple(sorted({*spec.exclude, *faulty})))
         warn(f"run {spec.run_id} failed with exit code {result.exit_code}: restarting it, attempt {spec.attempt} "
              f"of at most {spec.max_restarts} restarts (MLENV_RESTART_COUNT={spec.attempt})"
              + (f" without {', '.join(spec.exclude)}" if spec.exclude else ""))
-        result = _attempt(target, spec, run_dir / f"attempt-{spec.attempt}", run_only)
+        result = _attempt(target, spec, run_dir / f"attempt-{spec.attempt}", {**run_only, **saved})
     return result
 
 
@@ -210,27 +213,35 @@ def judge_faulty(outcome: LaunchOutcome, run: RunRecord | None, attempt: int,
                                {faulty: sign for faulty, sign in signs.items() if faulty in outcome.hosts})
 
 
+def _reasons(excluded: Iterable[Mapping[str, object]]) -> dict[str, str]:
+    """host -> why, of the excluded nodes ``excluded`` as state.json records them."""
+    return {str(entry.get("host")): str(entry.get("reason")) for entry in excluded}
+
+
 def _exclude(target: Target, outcome: LaunchOutcome, left_out: tuple[restartpolicy.LeftOut, ...],
-             run_only: dict[str, str]) -> list[str]:
+             run_only: dict[str, str], saved: dict[str, str]) -> list[str]:
     """The hosts of the nodes the policy leaves out: named with why; recorded as excluded on the deployment, or on
-    the cluster when it is not deployed (mlenv nodes shows them), where a node-fault sign says so, else kept in
-    ``run_only`` (host -> why) for the rest of this run."""
+    the cluster when it is not deployed (mlenv nodes shows them), where a node-fault sign says so (the deployment's
+    excluded nodes afterwards go to ``saved``, host -> why), else kept in ``run_only`` (host -> why) for the rest
+    of this run."""
     from mlenv.ui import warn
 
     for out in left_out:
         warn(f"excluding {outcome.hosts[out.node]} (node-{out.node}) from the next attempts: {out.reason}"
              + ("" if out.saved else " (this run only: without a node-fault sign it is not recorded for later runs)"))
-    saved = {out.node: (outcome.hosts[out.node], out.reason) for out in left_out if out.saved}
-    if saved:
-        state.exclude(target.handle.name, saved)
+    recording = {out.node: (outcome.hosts[out.node], out.reason) for out in left_out if out.saved}
+    if recording:
+        excluded = state.exclude(target.handle.name, recording)
+        if target.recorded is not None:
+            saved.update(_reasons(excluded))
     run_only.update({outcome.hosts[out.node]: out.reason for out in left_out if not out.saved})
     return [outcome.hosts[out.node] for out in left_out]
 
 
-def _attempt(target: Target, spec: LaunchSpec, run_dir: Path, run_only: Mapping[str, str]) -> LaunchResult:
+def _attempt(target: Target, spec: LaunchSpec, run_dir: Path, reasons: Mapping[str, str]) -> LaunchResult:
     """One start of ``spec`` through the backend, its local logs in ``run_dir`` (the run's, or attempt-K/ in it); a
-    summary and, on failure, the failing node's last log lines. ``run_only``: why the hosts left out of this run
-    only are (the spares that take their place say it)."""
+    summary and, on failure, the failing node's last log lines. ``reasons``: why the hosts left out are (the
+    spares that take their place say it)."""
     from mlenv.ops.spares import announce
     from mlenv.ui import error, info
 
@@ -241,7 +252,7 @@ def _attempt(target: Target, spec: LaunchSpec, run_dir: Path, run_only: Mapping[
          f"{' (detached)' if spec.detach else ''}; logs in {run_dir}")
     started = time.monotonic()
     _remember(target, spec)  # before it starts: status, stacks and the hang watchdog's state see it while it runs
-    announce(target, request, run_only)  # the nodes on spare hosts, and why
+    announce(target, request, reasons)  # the nodes on spare hosts, and why
     outcome = target.backend.jobs.launch(target.handle, request, secrets, str(run_dir))
     result = LaunchResult(outcome, spec.run_id, run_dir, round(time.monotonic() - started, 1))
     if spec.detach:
@@ -285,9 +296,7 @@ def _remember(target: Target, spec: LaunchSpec) -> None:
         return
     run = {"id": spec.run_id, "script": spec.script, "launcher": spec.launcher, "detached": spec.detach,
            "started": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-    known = state.load().deployments.get(target.recorded.name)
-    runs = (*(known.runs if known else ()), run)[-20:]
-    state.update(target.recorded.name, runs=runs)
+    state.update(target.recorded.name, runs=lambda runs: (*runs, run)[-KEPT_RUNS:])
 
 
 def _tail(path: Path, lines: int = TAIL_LINES) -> str:
