@@ -68,10 +68,10 @@ def opens() -> Iterator[list[tuple[str, Any]]]:
 
 def times_opened(events: list[tuple[str, Any]], path: Path) -> int:
     """How often ``path`` was opened: an open() with an opener that calls os.open is one open (two events)."""
-    count, previous = 0, ("", None)
+    count, previous, wanted = 0, ("", None), os.path.realpath(path)
     for name, mode in events:
         opener_of_previous = mode is None and previous[0] == name and previous[1] is not None
-        if name and os.path.realpath(name) == str(path) and not opener_of_previous:
+        if name and os.path.realpath(name) == wanted and not opener_of_previous:
             count += 1
         previous = (name, mode)
     return count
