@@ -130,7 +130,7 @@ def test_deleting_a_pod_under_a_running_job_gives_its_ranks_sigterm(kube_project
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         assert follow.stdout is not None
-        seen = next((line for line in follow.stdout if "started" in line), "")
+        seen = next((line for line in follow.stdout if line.startswith("[node-1 r") and " started" in line), "")
         assert seen.startswith("[node-1 r") and "rank 1-" in seen, seen  # the run's log, tagged by rank
     finally:
         follow.terminate()
