@@ -5,22 +5,20 @@ inheriting :class:`FanoutJobs` and providing ``nodes`` and ``exec_argv``."""
 from __future__ import annotations
 
 import json
-import secrets as random_secrets
 import shlex
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mlenv.core.capabilities import Handle, LaunchOutcome, LaunchRequest, LaunchSpec, Node
 from mlenv.core.remote import RUNTIME_DIR, secrets_input
-from mlenv.core.runrecords import latest_run, node_state
 from mlenv.core.spares import described, place
 from mlenv.errors import OperationError
-from mlenv.runtime.control import SECRET_VARIABLE
-from mlenv.runtime.runrecord import RunRecord
-from mlenv.runtime.standby import STANDBYS
 from mlenv.ui import info
+
+if TYPE_CHECKING:
+    from mlenv.runtime.runrecord import RunRecord
 
 RUNS_DIR = f"{RUNTIME_DIR}/runs"
 """Where each node keeps its runs, relative to its workspace: ``.mlenv/runs/<run id>/attempt-<K>/node<R>/``."""
@@ -97,6 +95,8 @@ class FanoutJobs(ABC):
         commands = {ordinal: command for ordinal in range(handle.nodes)}
         standbys = self.standbys(handle, spec, placed)
         if standbys:  # the spare hosts wait to take a node's place in a later attempt (runtime/standby.py)
+            from mlenv.runtime.standby import STANDBYS  # here: render (prepare only) never pays for the runtime
+
             env[STANDBYS] = ",".join(node.ip or node.name for node in standbys)
             commands.update({node.ordinal: self.runtime(handle, "launch", *options, "--standby", str(slot), "--",
                                                          spec.script, *spec.args)
@@ -118,7 +118,10 @@ class FanoutJobs(ABC):
         """Start the request on every node at once; fail-fast and Ctrl-C stop all of them (unless detached). The
         nodes' supervisors get a control secret of this start's own (runtime/control.py), forwarded as the secrets
         are: on stdin, never on a command line."""
+        import secrets as random_secrets
+
         from mlenv.parallel import run_parallel
+        from mlenv.runtime.control import SECRET_VARIABLE
 
         nodes = self.nodes(handle)
         if len(nodes) < handle.nodes:
@@ -185,10 +188,14 @@ class FanoutJobs(ABC):
 
     def run_states(self, handle: Handle, run_id: str) -> dict[int, str]:
         """Node ordinal -> its state of run ``run_id`` (``failed (7)`` once it ended), or ``-``."""
+        from mlenv.core.runrecords import node_state
+
         return {ordinal: node_state(job) for ordinal, job in self._node_jobs(handle, run_id).items()}
 
     def latest_run(self, handle: Handle, run_id: str) -> RunRecord | None:
         """Run ``run_id`` as its nodes' supervisors recorded it (docs/runs.md; ``core.runrecords.latest_run``)."""
+        from mlenv.core.runrecords import latest_run
+
         return latest_run(run_id, self._node_jobs(handle, run_id))
 
     def rank_nodes(self, handle: Handle) -> dict[int, int] | None:
