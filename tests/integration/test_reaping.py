@@ -53,7 +53,10 @@ else:
 while not os.path.exists(f"{out}/{1 - local}"):  # both have left theirs
     time.sleep(0.05)
 print("left one behind", flush=True)
+open(f"{out}.said{local}", "w").close()
 if how == "fail" and local == 1:
+    while not os.path.exists(f"{out}.said0"):  # LOCAL_RANK 0 has said it too
+        time.sleep(0.05)
     sys.exit(3)
 if how != "ok":
     time.sleep(300)

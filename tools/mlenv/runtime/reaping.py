@@ -18,6 +18,7 @@ process tracking (proctrack) ends what a step leaves behind, and no cgroup is ma
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import signal
@@ -182,16 +183,22 @@ def procs_of(path: Path) -> list[int]:
     return found
 
 
-def remove_cgroup(path: Path) -> bool:
-    """Remove the cgroup directory ``path`` and those below it; False while one still holds processes."""
-    try:
-        for directory, _, _ in os.walk(path, topdown=False):
-            os.rmdir(directory)
-    except FileNotFoundError:
-        return True
-    except OSError:
-        return False
-    return True
+def remove_cgroup(path: Path, settle: float = KILL_WAIT_SECONDS) -> bool:
+    """Remove the cgroup directory ``path`` and those below it; False while one still holds processes. A cgroup
+    whose processes were just killed lists none but stays busy until the kernel has released them (their parent's
+    wait): that is retried for up to ``settle`` seconds."""
+    deadline = time.monotonic() + settle
+    while True:
+        try:
+            for directory, _, _ in os.walk(path, topdown=False):
+                os.rmdir(directory)
+            return True
+        except FileNotFoundError:
+            return True
+        except OSError as error:
+            if error.errno != errno.EBUSY or procs_of(path) or time.monotonic() >= deadline:
+                return False
+        time.sleep(POLL_SECONDS)
 
 
 def recorded_cgroup(recorded: object, pid: int, ticks: int) -> Path | None:
@@ -319,7 +326,7 @@ def clean_stale(cgroup: Cgroup, note: Callable[[str], None]) -> None:
             match = _NAME.fullmatch(entry.name)
             if match and int(match.group(1)) != _pid_namespace() \
                     and time.time() - entry.stat().st_mtime > FOREIGN_EMPTY_SECONDS:
-                remove_cgroup(entry)
+                remove_cgroup(entry, settle=0)
     for sibling in _siblings(cgroup):
         ended = sibling.end(0, note)
         removed = sibling.remove()
