@@ -17,7 +17,7 @@ import yaml
 from click.testing import CliRunner
 from mlenv.cli import main
 from mlenv.config import schema
-from mlenv.core.capabilities import Check, CopyTarget, Handle, Node, NodeStatus, Recorder, Request
+from mlenv.core.capabilities import Check, CopyTarget, Feature, Handle, Node, NodeStatus, Recorder, Request
 from mlenv.core.fanout import FanoutJobs
 from mlenv.core.registry import BACKENDS, BackendInfo
 from mlenv.core.remote import script
@@ -140,7 +140,8 @@ def test_a_capability_the_backend_lacks_is_one_line_exit_2(project: Path, monkey
     status --all shows no traceback."""
     monkeypatch.setitem(BACKENDS, "directories", BackendInfo("directories", f"{__name__}:DirectoryBackend",
                                                              cpu_nodes=True,
-                                                             capabilities=frozenset({"deploy", "nodes", "checks"})))
+                                                             unsupported={Feature.JOBS: "run the job with mlenv "
+                                                                          "exec on every node"}))
     assert mlenv("deploy", "dirs").exit_code == 0
     for verb in (["launch", "tiny.py"], ["stop"]):
         refused = CliRunner().invoke(main, verb)

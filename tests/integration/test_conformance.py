@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import yaml
 from mlenv import state
-from mlenv.core.capabilities import CAPABILITIES, CHECKS, DEPLOY, JOBS, NODE_ACCESS
+from mlenv.core.capabilities import CAPABILITIES, CHECKS, DEPLOY, JOBS, NODE_ACCESS, Feature
 from mlenv.core.registry import BACKENDS, get
 
 from tests._prereq import clean_environ, require
@@ -197,45 +197,44 @@ def test_every_declared_capability_is_implemented(name: str) -> None:
     if name in {"kubernetes", "openshift", "runai"}:
         require("kubectl")
     backend = get(name, state.RECORDS)
-    declared = {capability.name for capability in CAPABILITIES} & BACKENDS[name].capabilities
-    assert declared == BACKENDS[name].capabilities, "the registry names a capability mlenv does not know"
-    assert [c.name for c in CAPABILITIES if c.name in declared and not backend.has(c)] == []
+    declared = {c.feature for c in CAPABILITIES if backend.info.supports(c.feature)}
+    assert [c.feature for c in CAPABILITIES if c.feature in declared and backend.need(c) is not backend.impl] == []
     # the class declares each Protocol it implements, so mypy checks every signature against it (make lint)
-    assert {c.name for c in CAPABILITIES if c.protocol in type(backend.impl).__mro__} == declared
+    assert {c.feature for c in CAPABILITIES if c.protocol in type(backend.impl).__mro__} == declared
 
 
 @pytest.mark.parametrize("name", list(BACKENDS))
 def test_conformance(name: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
     harness = HARNESSES.get(name)
     assert harness is not None, f"backend {name} is registered but has no harness in {__file__}: add one"
-    declared = BACKENDS[name].capabilities
+    declared = frozenset(c.feature for c in CAPABILITIES if BACKENDS[name].supports(c.feature))
     with harness(request, tmp_path) as subject:
         try:
             _run(subject, declared)
         finally:
-            if DEPLOY.name in declared:
+            if DEPLOY.feature in declared:
                 subject.mlenv("clean", "-c", subject.name, "--yes", "--delete-data")
 
 
-def _run(subject: Subject, declared: frozenset[str]) -> None:
+def _run(subject: Subject, declared: frozenset[Feature]) -> None:
     name = subject.name
-    assert DEPLOY.name in declared, "every backend deploys"
+    assert DEPLOY.feature in declared, "every backend deploys"
     subject.ok("deploy", name, "--timeout", "180")
     report = subject.status()
     assert [(pod["ordinal"], pod["ready"]) for pod in report["pods"]][:subject.nodes] == [
         (n, True) for n in range(subject.nodes)], report
 
-    if NODE_ACCESS.name in declared:
+    if NODE_ACCESS.feature in declared:
         executed = subject.ok("exec", "-c", name, "--", "sh", "-c", 'echo "rank=$MLENV_NODE_RANK"')
         assert sorted(executed.stdout.splitlines()) == [f"[node-{n}] rank={n}" for n in range(subject.nodes)]
         synced = subject.ok("sync", "-c", name, "--json")
         assert json.loads(synced.stdout)["ok"] is True
 
-    if JOBS.name in declared:
+    if JOBS.feature in declared:
         _jobs(subject)
         _attached(subject)
 
-    if CHECKS.name in declared:
+    if CHECKS.feature in declared:
         doctor = subject.mlenv("doctor", name, "--json")
         assert doctor.returncode in (0, 1) and "Traceback" not in doctor.stderr, doctor.stderr
         checks = json.loads(doctor.stdout)["checks"]

@@ -370,11 +370,11 @@ def shell(cluster_ref: str | None, pod: int | None) -> None:
 @reports_errors
 def logs(cluster_ref: str | None, pod: int | None, follow: bool, rank: int | None) -> None:
     """The latest run's output on every node (or --pod N): every rank's lines whole, tagged [node-N rR]."""
-    from mlenv.core.capabilities import JOBS
+    from mlenv.core.capabilities import Feature
     from mlenv.ops.fanout import logs_all
 
     target = _target(cluster_ref)
-    jobs = target.backend.jobs if target.backend.has(JOBS) else None  # where the ranks ran, when it can tell
+    jobs = target.backend.jobs if target.backend.info.supports(Feature.JOBS) else None  # where the ranks ran
     sys.exit(logs_all(target.backend.access, target.handle, only=pod, follow=follow, rank=rank, jobs=jobs))
 
 

@@ -7,15 +7,19 @@ what ``render`` and ``deploy --dry-run`` print, and ``apply`` sends exactly it. 
 inspected, re-deployed or cleaned even when its cluster file has changed since, or no longer validates.
 Launching is split the same way: ``prepare_launch`` (pure) and ``launch``.
 
-A backend implements the capabilities it supports (``Deploy``, ``NodeAccess``, ``Jobs``, ``Checks``); its registry
-entry names them, and ``Backend.need`` (core/registry.py) gives ops the one they need, or a one-line error (exit 2)
-naming the backend and what to use instead.
+What a backend cannot do is said one way, in the spirit of SkyPilot's ``CloudImplementationFeatures``: the
+``Feature`` enum below, and each backend's registry entry declaring the features it lacks with the reason
+(``BackendInfo.unsupported``); an operation checks what it needs once, before acting (``BackendInfo.require``,
+``Backend.need`` for a capability), and a lacking backend is one line, exit 2, naming the backend, the feature and
+what to do instead. A backend implements the capabilities it supports (``Deploy``, ``NodeAccess``, ``Jobs``,
+``Checks``); its class declares their Protocols, so mypy checks each signature.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from enum import Enum
 from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar, runtime_checkable
 
 from mlenv.errors import UsageError
@@ -297,22 +301,16 @@ class Jobs(Protocol):
         """Node ordinal -> what became of run ``run_id`` there: its state (docs/runs.md) with the exit code once it
         ended (``failed (7)``), or - (unknown)."""
 
-    def latest_run(self, handle: Handle, run_id: str) -> RunRecord | None:
+    def latest_run(self, handle: Handle, run_id: str) -> RunRecord:
         """Run ``run_id`` as its nodes' supervisors recorded it (its ``to_dict`` is ``status --json``'s
-        ``latest_run``, docs/runs.md; its ``nodes`` the ``run_states``); None where the backend knows only
-        ``run_states``."""
-
-    @property
-    def restarts_detached(self) -> bool:
-        """The nodes' supervisors restart a detached run that fails (``--max-restarts``)."""
+        ``latest_run``, docs/runs.md; its ``nodes`` the ``run_states``)."""
 
     def runs_own_ports(self, handle: Handle) -> bool:
         """Every run gets rendezvous and control ports of its own, so a run may start while another one of the
         deployment is live; where not, launch refuses while one is (ops/live.py)."""
 
-    def rank_nodes(self, handle: Handle) -> dict[int, int] | None:
-        """Global rank -> the ordinal of the node it ran on, in each node's newest run; None where the backend
-        cannot tell (``logs --rank`` then filters every node's log)."""
+    def rank_nodes(self, handle: Handle) -> dict[int, int]:
+        """Global rank -> the ordinal of the node it ran on, in each node's newest run."""
 
 
 @runtime_checkable
@@ -325,29 +323,32 @@ class Checks(Protocol):
         """Preflight facts for ``doctor``; never stops at the first failure."""
 
 
+class Feature(Enum):
+    """What an operation may need of a backend (the value: what it lets mlenv do, for ``the X backend cannot
+    <value>``). A backend supports every feature but those its registry entry declares unsupported."""
+
+    DEPLOY = "deploy, show or clean nodes"
+    NODE_ACCESS = "reach its nodes (exec, shell, sync, logs)"
+    JOBS = "launch, follow or stop jobs"
+    CHECKS = "run preflight checks"
+    SPARE_NODES = "hold spare nodes in its deployment (deploy --spares)"
+    DISCOVER = "discover a cluster (mlenv discover)"
+
+
 C = TypeVar("C")
 
 
 @dataclass(frozen=True)
 class Capability(Generic[C]):
-    """One capability: its Protocol, what it lets mlenv do and what to use instead (the error when a backend
-    lacks it)."""
+    """One capability: the feature it is and its Protocol (what ``Backend.need`` hands out)."""
 
-    name: str
+    feature: Feature
     protocol: type[C]
-    does: str
-    """``the X backend cannot <does>``."""
-    instead: str
-    """What to use instead."""
 
 
 # A Protocol class is what isinstance checks (runtime_checkable), though mypy wants a concrete class for type[C].
-DEPLOY = Capability("deploy", Deploy, "deploy, show or clean nodes",  # type: ignore[type-abstract]
-                    "use the cluster's own tools")
-NODE_ACCESS = Capability("nodes", NodeAccess, "reach its nodes (exec, shell, sync, logs)",  # type: ignore[type-abstract]
-                         "use the cluster's own tools to reach them")
-JOBS = Capability("jobs", Jobs, "launch, follow or stop jobs",  # type: ignore[type-abstract]
-                  "run the job with mlenv exec on every node")
-CHECKS = Capability("checks", Checks, "run preflight checks",  # type: ignore[type-abstract]
-                    "deploy, and read mlenv status")
+DEPLOY = Capability(Feature.DEPLOY, Deploy)  # type: ignore[type-abstract]
+NODE_ACCESS = Capability(Feature.NODE_ACCESS, NodeAccess)  # type: ignore[type-abstract]
+JOBS = Capability(Feature.JOBS, Jobs)  # type: ignore[type-abstract]
+CHECKS = Capability(Feature.CHECKS, Checks)  # type: ignore[type-abstract]
 CAPABILITIES: tuple[Capability[Any], ...] = (DEPLOY, NODE_ACCESS, JOBS, CHECKS)

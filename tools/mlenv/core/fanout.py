@@ -57,9 +57,6 @@ class FanoutJobs(ABC):
         """The runtime through exec: a launch here sets up nothing more than exec does."""
         return self.exec_argv(handle, node, self.runtime(handle, *args), env=env)
 
-    restarts_detached = True
-    """The runtime's node supervisors restart a detached run (``--max-restarts``)."""
-
     def runs_own_ports(self, handle: Handle) -> bool:
         """The deployment's env contract fixes MASTER_PORT (pods, local pods): every run would get the same."""
         return False
@@ -192,13 +189,13 @@ class FanoutJobs(ABC):
 
         return {ordinal: node_state(job) for ordinal, job in self._node_jobs(handle, run_id).items()}
 
-    def latest_run(self, handle: Handle, run_id: str) -> RunRecord | None:
+    def latest_run(self, handle: Handle, run_id: str) -> RunRecord:
         """Run ``run_id`` as its nodes' supervisors recorded it (docs/runs.md; ``core.runrecords.latest_run``)."""
         from mlenv.core.runrecords import latest_run
 
         return latest_run(run_id, self._node_jobs(handle, run_id))
 
-    def rank_nodes(self, handle: Handle) -> dict[int, int] | None:
+    def rank_nodes(self, handle: Handle) -> dict[int, int]:
         """Global rank -> the ordinal of the node it ran on, in each node's newest run."""
         return {rank["rank"]: ordinal for ordinal, job in self._node_jobs(handle, None).items() if job
                 for rank in job.get("ranks", [])}

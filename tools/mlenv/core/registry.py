@@ -3,21 +3,23 @@ implements and what of a cluster file it reads. Adding a backend is its module, 
 section of its own, its schema fragment (``mlenv/backends/<name>.schema.json``, validating that section) and its
 settings parser.
 
-``get`` makes a backend; ops ask the result for the capability they need (``backend.jobs``), and a capability the
-backend lacks is a one-line UsageError (exit 2) naming the backend and what to use instead, never an AttributeError.
+What a backend cannot do is declared here and only here: its entry's ``unsupported`` (``core.capabilities.Feature``
+-> why, and what to do instead). An operation checks what it needs once, before acting: ``require`` (a feature),
+or the capability it asks the made backend for (``backend.jobs``); a lacking backend is one UsageError line (exit 2)
+naming the backend, the feature and why, never an AttributeError.
 The cluster-file rules (section, settings parser, ...) are handed down to ``mlenv.config`` from here
 (``CONFIG_RULES``, through ``core.clusters``): config imports nothing above it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib import import_module
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
 
 from mlenv.config.reader import BackendTable
 from mlenv.core.capabilities import (
-    CAPABILITIES,
     CHECKS,
     DEPLOY,
     JOBS,
@@ -25,6 +27,7 @@ from mlenv.core.capabilities import (
     Capability,
     Checks,
     Deploy,
+    Feature,
     Handle,
     Jobs,
     NodeAccess,
@@ -37,7 +40,6 @@ if TYPE_CHECKING:
     from mlenv.config.reader import ClusterReader
 
 C = TypeVar("C")
-ALL = frozenset(capability.name for capability in CAPABILITIES)
 
 KUBERNETES_FIELDS = frozenset({"kubernetes_version", "app", "image", "nodes", "storage", "security", "resources",
                                "scheduling"})
@@ -77,13 +79,12 @@ class BackendInfo(NamedTuple):
     rules: str | None = None
     """``module:function`` checking the common sections by its own rules: ``function(reader)`` reports with
     ``reader.problem`` / ``reader.warn`` (OpenShift's SCC); imported only for files of this backend."""
-    capabilities: frozenset[str] = ALL
-    """Which of ``core.capabilities.CAPABILITIES`` it implements (by name); the conformance suite runs each."""
+    unsupported: Mapping[Feature, str] = MappingProxyType({})
+    """The features it lacks -> why, and what to do instead (``the X backend cannot <feature>; <this>``); it
+    supports every other one (the conformance suite runs each capability it supports)."""
     keeps_records: bool = False
     """Reads and records what it submitted (batch jobs) itself: its factory takes the ``Records`` it is handed
     (``mlenv.state.RECORDS``), as backends never import state."""
-    spare_nodes: bool = False
-    """Its deployment can hold spare nodes beyond the job's (``deploy --spares K``: a Slurm allocation)."""
     discover: str | None = None
     """``module:function`` writing ``clusters/NAME.yaml`` from the logged-in cluster (``mlenv discover``):
     ``function(name, namespace, force) -> Path``; imported only by that command."""
@@ -97,29 +98,51 @@ class BackendInfo(NamedTuple):
         if self.rules is not None:
             _function(self.rules)(reader)
 
+    def supports(self, feature: Feature) -> bool:
+        """Whether it has ``feature`` (it is not declared unsupported)."""
+        return feature not in self.unsupported
+
+    def require(self, *features: Feature) -> None:
+        """Nothing when it has every one of ``features``; else UsageError (one line, exit 2) naming the backend and
+        each lacking feature with why."""
+        lacking = [f"cannot {feature.value}; {self.unsupported[feature]}" for feature in features
+                   if feature in self.unsupported]
+        if lacking:
+            raise UsageError(f"the {self.name} backend {'; it also '.join(lacking)}")
+
+
+NO_SPARES = "a Slurm allocation holds spare nodes (an ssh cluster lists its spare hosts in ssh.spares)"
+NO_DISCOVER = "write clusters/NAME.yaml yourself (mlenv discover reads a Kubernetes cluster)"
 
 BACKENDS: dict[str, BackendInfo] = {
     info.name: info for info in (
         BackendInfo("openshift", "mlenv.backends.kubernetes.backend:openshift", kube_family=True,
                     creates_volumes=True, uses=KUBERNETES_FIELDS, settings="mlenv.backends.kubernetes.rules:parse",
-                    rules="mlenv.backends.kubernetes.rules:check_openshift"),
+                    rules="mlenv.backends.kubernetes.rules:check_openshift",
+                    unsupported={Feature.SPARE_NODES: NO_SPARES, Feature.DISCOVER: NO_DISCOVER}),
         BackendInfo("kubernetes", "mlenv.backends.kubernetes.backend:kubernetes", kube_family=True,
                     creates_volumes=True, uses=KUBERNETES_FIELDS, settings="mlenv.backends.kubernetes.rules:parse",
                     rules="mlenv.backends.kubernetes.rules:check",
-                    discover="mlenv.backends.kubernetes.discover:run_discover"),
+                    discover="mlenv.backends.kubernetes.discover:run_discover",
+                    unsupported={Feature.SPARE_NODES: NO_SPARES}),
         BackendInfo("local", "mlenv.backends.local.backend:LocalBackend", section="local",
                     settings="mlenv.backends.local.settings:parse", cpu_nodes=True,
-                    uses=frozenset({"app", "storage"})),
+                    uses=frozenset({"app", "storage"}),
+                    unsupported={Feature.SPARE_NODES: NO_SPARES, Feature.DISCOVER: NO_DISCOVER}),
         BackendInfo("slurm", "mlenv.backends.slurm.backend:SlurmBackend", section="slurm",
                     settings="mlenv.backends.slurm.settings:parse", cpu_nodes=True, uses=CONTAINER_FIELDS,
-                    machines=("slurm", "nodelist"), keeps_records=True, spare_nodes=True),
+                    machines=("slurm", "nodelist"), keeps_records=True,
+                    unsupported={Feature.DISCOVER: NO_DISCOVER}),
         BackendInfo("runai", "mlenv.backends.runai.backend:RunaiBackend", section="runai",
                     settings="mlenv.backends.runai.settings:parse",
                     rules="mlenv.backends.kubernetes.rules:check_resources",
-                    uses=frozenset({"app", "image", "storage", "security"})),
+                    uses=frozenset({"app", "image", "storage", "security"}),
+                    unsupported={Feature.SPARE_NODES: NO_SPARES, Feature.DISCOVER: NO_DISCOVER}),
         BackendInfo("ssh", "mlenv.backends.ssh.backend:SshBackend", section="ssh",
                     settings="mlenv.backends.ssh.settings:parse", cpu_nodes=True, uses=frozenset({"app"}),
-                    machines=("ssh", "hosts")),
+                    machines=("ssh", "hosts"),
+                    unsupported={Feature.SPARE_NODES: "list spare hosts in the cluster file's ssh.spares instead",
+                                 Feature.DISCOVER: NO_DISCOVER}),
     )
 }
 DEFAULT_BACKEND = "openshift"
@@ -133,12 +156,10 @@ def _function(path: str) -> Callable[[ClusterReader], Any]:
 
 
 def discoverer(name: str) -> Callable[[str, str | None, bool], Path]:
-    """The ``discover`` function of backend ``name``; UsageError naming the backends that have one."""
-    info = BACKENDS.get(name)
-    if info is None or info.discover is None:
-        able = ", ".join(sorted(known.name for known in BACKENDS.values() if known.discover))
-        raise UsageError(f"the {name} backend cannot discover a cluster; backends that can: {able}")
-    module, _, function = info.discover.partition(":")
+    """The ``discover`` function of backend ``name``; UsageError where it lacks the feature."""
+    info = BACKENDS[name]
+    info.require(Feature.DISCOVER)
+    module, _, function = str(info.discover).partition(":")
     found: Callable[[str, str | None, bool], Path] = getattr(import_module(module), function)
     return found
 
@@ -179,17 +200,14 @@ class Backend:
     def name(self) -> str:
         return self.info.name
 
-    def has(self, capability: Capability[Any]) -> bool:
-        """Whether the backend declares and implements ``capability``."""
-        return capability.name in self.info.capabilities and isinstance(self.impl, capability.protocol)
-
     def need(self, capability: Capability[C]) -> C:
-        """The backend as ``capability``; UsageError (one line, exit 2) naming the backend and what to use
-        instead when it lacks it."""
+        """The backend as ``capability``; UsageError (``BackendInfo.require``) when it lacks the feature."""
+        self.info.require(capability.feature)
         impl = self.impl
-        if capability.name in self.info.capabilities and isinstance(impl, capability.protocol):
-            return impl
-        raise UsageError(f"the {self.name} backend cannot {capability.does}; {capability.instead}")
+        if not isinstance(impl, capability.protocol):  # the entry claims what its class does not declare
+            raise TypeError(f"{type(impl).__name__} does not implement {capability.protocol.__name__}: declare "
+                            f"{capability.feature} unsupported in core/registry.py")
+        return impl
 
     @property
     def deploy(self) -> Deploy:

@@ -27,14 +27,13 @@ def prepared(job: JobPlan) -> Request:
 
 
 def with_spares(job: JobPlan, spares: int) -> JobPlan:
-    """``job`` holding ``spares`` nodes more than it uses (``deploy --spares``); UsageError where the backend's
-    deployment holds no spare nodes."""
+    """``job`` holding ``spares`` nodes more than it uses (``deploy --spares``); UsageError where the backend lacks
+    the feature."""
+    from mlenv.core.capabilities import Feature
     from mlenv.core.registry import BACKENDS
 
-    if spares and not BACKENDS[job.cluster.backend].spare_nodes:
-        raise UsageError(f"--spares {spares}: a deployment of the {job.cluster.backend} backend holds no spare nodes "
-                         "(a Slurm "
-                         "allocation does; an ssh cluster lists its spare hosts in ssh.spares)")
+    if spares:
+        BACKENDS[job.cluster.backend].require(Feature.SPARE_NODES)
     return job._replace(spares=spares)
 
 

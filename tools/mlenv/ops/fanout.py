@@ -95,7 +95,8 @@ def logs_all(backend: NodeAccess, handle: Handle, only: int | None = None, follo
     if rank is None:
         nodes = select_nodes(backend, handle, only)
         argvs = {n.ordinal: backend.logs_argv(handle, n, follow) for n in nodes}
-    elif jobs is not None and (where := jobs.rank_nodes(handle)) is not None:  # the records say where it ran
+    elif jobs is not None:  # the records say where it ran
+        where = jobs.rank_nodes(handle)
         if rank not in where:
             known = ", ".join(map(str, sorted(where))) or "none"
             raise UsageError(f"rank {rank} is not in the latest run of {handle.name} (its ranks: {known})")

@@ -162,9 +162,6 @@ def launch(target: Target, spec: LaunchSpec) -> LaunchResult:
     supervisors; Slurm: the run's script), where the backend can."""
     from mlenv.ui import error, warn
 
-    if spec.detach and spec.max_restarts and not target.backend.jobs.restarts_detached:
-        warn(f"--max-restarts {spec.max_restarts}: a detached run here is not restarted yet (the nodes restart it on "
-             "local, ssh and Slurm clusters)")
     refuse_while_live(target)
     spec = without_excluded(target, spec)
     run_dir = _run_dir(spec.run_id)
@@ -173,7 +170,7 @@ def launch(target: Target, spec: LaunchSpec) -> LaunchResult:
     result = _attempt(target, spec, run_dir, {**run_only, **saved})
     history = restartpolicy.History()
     while restartable(result.outcome) and spec.attempt < spec.max_restarts:
-        run = result.latest_run or target.backend.jobs.latest_run(target.handle, spec.run_id)  # None: no records
+        run = result.latest_run or target.backend.jobs.latest_run(target.handle, spec.run_id)
         # one attempt counter per run: the newest attempt its records hold (a Slurm requeue may have started one)
         newest = max(spec.attempt, run.attempt if run is not None else 0)
         if not restartpolicy.may_restart(result.exit_code, newest, spec.max_restarts,

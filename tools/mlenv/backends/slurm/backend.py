@@ -470,9 +470,6 @@ class SlurmBackend(Deploy, NodeAccess, Jobs, Checks):
         info(f"cancelled {', '.join(targets)}")
         return 0
 
-    restarts_detached = True
-    """A detached run's failed attempts are run again by its batch (or launch) script, inside the same job."""
-
     def runs_own_ports(self, handle: Handle) -> bool:
         """A batch job's ports follow from its own job id; the runs inside an allocation all get the allocation's."""
         return allocation_id(handle) is None
@@ -490,7 +487,7 @@ class SlurmBackend(Deploy, NodeAccess, Jobs, Checks):
                                                              found.stopped) for node in range(job.nodes)})
         return replace(run, state=runstate.reconcile(run.state, batch_job, found.stopped))
 
-    def rank_nodes(self, handle: Handle) -> dict[int, int] | None:
+    def rank_nodes(self, handle: Handle) -> dict[int, int]:
         """Global rank -> the node it ran on, in the newest attempt of the deployment's newest run in the shared run
         directory."""
         job = job_from(handle)
