@@ -34,7 +34,7 @@ import mlenv
 import pytest
 from mlenv import state
 from mlenv.config.load import parse_yaml
-from mlenv.core.capabilities import Handle, LaunchRequest, LaunchSpec, Request
+from mlenv.core.capabilities import Handle, LaunchRequest, LaunchSpec, Node, Request
 from mlenv.core.clusters import load_plan, validate
 from mlenv.core.registry import BACKENDS, get
 from mlenv.errors import UsageError
@@ -231,3 +231,26 @@ def test_a_first_call_may_fill_caches_but_never_reaches_outside(monkeypatch: pyt
         with pytest.raises(Impure):
             subprocess.run(["true"], check=False)
     assert len(seen) == 1 and seen[0].startswith("subprocess.Popen")
+
+
+def test_ssh_exec_argv_and_copy_target_only_build_command_lines(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ssh's ``exec_argv`` and ``copy_target`` are pure too: the ssh_config their command lines name is written by
+    deploy and by ``nodes``, where every verb that reaches the hosts starts, never by them."""
+    job = load_plan(str(ROOT / "clusters" / "lab.yaml"))
+    with _guarded(monkeypatch, strict=False):
+        backend = get("ssh", state.RECORDS)
+    request = backend.deploy.prepare(job)
+    machines = len(request.handle.data["hosts"]) + len(request.handle.data.get("spares", ()))
+    handle = replace(request.handle, data={**request.handle.data,  # deployed: each machine's workspace learned
+                                           "workspaces": [f"/srv/w{i}" for i in range(machines)]})
+    node = Node(1, "node-1", "/srv/w1")
+    calls: list[Callable[[], object]] = [
+        lambda: backend.access.exec_argv(handle, node, ["python3", "-c", "print(1)"], env={"A": "b"},
+                                         stop_on_stdin_eof=True, secrets=("HF_TOKEN",)),
+        lambda: backend.access.exec_argv(handle, node, ["bash"], interactive=True),
+        lambda: backend.access.copy_target(handle, node)]
+    for call in calls:
+        with _guarded(monkeypatch) as seen:
+            first = call()
+            assert call() == first
+        assert seen == [], f"impure: {seen}"

@@ -60,14 +60,20 @@ class Handle:
             raise TypeError("handle fields have the wrong types")
         return handle
 
-    def decoded(self, decode: Callable[[Mapping[str, Any]], T]) -> T:
-        """``decode(self.data)``: the backend's view of what it recorded; UsageError (naming the deployment and the
-        fix) when the record has another shape (KeyError, TypeError, ValueError while decoding)."""
-        try:
-            return decode(self.data)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise UsageError(f"the recorded deployment {self.name} is not a {self.backend} deployment of this mlenv "
-                             f"({exc!r}); remove it from .mlenv/state.json") from None
+    def decoded(self, decode: Callable[..., T], *args: Any) -> T:
+        """``decode(self.data, *args)``: the backend's typed view of what it recorded, made once per handle (every
+        verb and helper handed this handle gets the same object); UsageError (naming the deployment and the fix)
+        when the record has another shape (KeyError, TypeError, ValueError while decoding)."""
+        views: dict[tuple[Any, ...], Any] = self.__dict__.setdefault("_views", {})  # beside the frozen fields
+        key = (decode, *args)
+        if key not in views:
+            try:
+                views[key] = decode(self.data, *args)
+            except (KeyError, TypeError, ValueError) as exc:
+                raise UsageError(f"the recorded deployment {self.name} is not a {self.backend} deployment of this "
+                                 f"mlenv ({exc!r}); remove it from .mlenv/state.json") from None
+        view: T = views[key]
+        return view
 
 
 @dataclass(frozen=True)

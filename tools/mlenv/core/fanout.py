@@ -65,8 +65,13 @@ class FanoutJobs(ABC):
     """Nothing to name beyond doctor's own hint: launches run in the software exec reaches."""
 
     def spares(self, handle: Handle) -> list[Node]:
-        """PURE: none by default; a backend that keeps spare hosts lists them (and its ``nodes`` is pure too)."""
+        """PURE: none by default; a backend that keeps spare hosts lists them (and its ``node_names`` is pure too)."""
         return []
+
+    def node_names(self, handle: Handle) -> list[str]:
+        """The nodes' names in ordinal order (what a spare takes the place of): PURE where the backend keeps
+        spares."""
+        return [node.name for node in self.nodes(handle)]
 
     def placement(self, handle: Handle, exclude: Sequence[str]) -> dict[int, tuple[str, str]]:
         """PURE: node ordinal -> (its excluded host, the spare that runs it instead); OperationError when the spares
@@ -74,7 +79,7 @@ class FanoutJobs(ABC):
         if not exclude:
             return {}
         spares = [node.name for node in self.spares(handle)]
-        nodes = [node.name for node in self.nodes(handle)] if spares else list(exclude)
+        nodes = self.node_names(handle) if spares else list(exclude)
         return place(handle.name, nodes, spares, exclude)
 
     def prepare_launch(self, handle: Handle, spec: LaunchSpec) -> LaunchRequest:

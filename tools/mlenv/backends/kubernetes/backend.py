@@ -88,7 +88,7 @@ class KubernetesBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks):
     @staticmethod
     def target(handle: Handle) -> Target:
         """The cluster-side names recorded in ``handle``."""
-        return handle.decoded(lambda data: Target.from_data(data, handle.nodes))
+        return handle.decoded(Target.from_data, handle.nodes)
 
     def _connected(self, handle: Handle) -> tuple[Target, Client]:
         target = self.target(handle)

@@ -19,6 +19,7 @@ import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from mlenv.backends.kubeapi.naming import pod_dns
 from mlenv.backends.local import net as localnet
@@ -118,6 +119,12 @@ def _marked(directory: Path, marker: str, layout: Layout) -> bool:
         return False
 
 
+def _layout(data: Mapping[str, Any], shared: bool) -> Layout:
+    """A handle's recorded directories and pods."""
+    return Layout(Path(str(data["base"])), str(data["app"]), str(data["owner"]), shared,
+                  tuple(LocalPod(**pod) for pod in data["pods"]))
+
+
 def _read_pod(directory: Path) -> LocalPod | None:
     try:
         return LocalPod(**json.loads((directory / POD_FILE).read_text()))
@@ -190,9 +197,7 @@ class LocalBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks):
     @staticmethod
     def layout(handle: Handle) -> Layout:
         """The recorded directories and pods of ``handle``."""
-        return handle.decoded(lambda data: Layout(Path(str(data["base"])), str(data["app"]), str(data["owner"]),
-                                                  handle.shared_workspace,
-                                                  tuple(LocalPod(**pod) for pod in data["pods"])))
+        return handle.decoded(_layout, handle.shared_workspace)
 
     def _check_ours(self, layout: Layout) -> None:
         """Refuse to adopt directories someone else made where the pods go."""

@@ -82,7 +82,7 @@ class RunaiBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks):
     @staticmethod
     def workload(handle: Handle) -> Workload:
         """The workload recorded in ``handle``."""
-        return handle.decoded(lambda data: Workload.from_data(data, handle.nodes))
+        return handle.decoded(Workload.from_data, handle.nodes)
 
     def _client(self, workload: Workload) -> Client:
         return Client(self.kubectl, workload.namespace)

@@ -1,12 +1,14 @@
 """The ssh backend: a few plain machines (GPU boxes on-prem or rented) reached over ssh, no scheduler.
 
 Node rank = position in ``ssh.hosts``; host 0 is the master. ``prepare`` is pure: the hosts, the ssh_config
-(written at use time under a private control directory, see ``transport``) and what deploy checks. ``apply``
-checks every host, makes the workspaces and finds out whether they are one shared directory. Every later verb
-runs through ``exec_argv``: ``ssh -F CONFIG ... -- user@host 'env K=V... sh -c WRAPPER sh WORKSPACE ARGV...'``,
-one multiplexed connection per host, with the env contract passed explicitly (sshd takes no client env) and the
-stdin-EOF watcher of ``backends.remote``, so a remote job stops when the local side goes away. Launch, stop and
-logs come from :class:`FanoutJobs` (the runtime on every host); ``MASTER_PORT`` is picked free on host 0 at launch.
+(under a private control directory, see ``transport``) and what deploy checks. ``apply`` writes the ssh_config,
+checks every host, makes the workspaces and finds out whether they are one shared directory; ``nodes`` (where every
+verb that reaches the hosts starts) writes the ssh_config again when it is gone (a reboot clears /tmp). Every later
+verb runs through ``exec_argv``, which only builds the command line
+``ssh -F CONFIG ... -- user@host 'env K=V... sh -c WRAPPER sh WORKSPACE ARGV...'``: one multiplexed connection per
+host, with the env contract passed explicitly (sshd takes no client env) and the stdin-EOF watcher of
+``core.remote``, so a remote job stops when the local side goes away. Launch, stop and logs come from
+:class:`FanoutJobs` (the runtime on every host); ``MASTER_PORT`` is picked free on host 0 at launch.
 """
 
 from __future__ import annotations
@@ -107,7 +109,7 @@ class SshBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks):
 
     def wait_ready(self, handle: Handle, timeout: float, record: Recorder) -> None:
         """Hosts are ready once deploy checked them; each must still answer (through its open connection)."""
-        target = SshTarget.of(handle)
+        target = _reached(handle)
         target.deployed(handle.name)
 
         def reach(ordinal: int) -> str | None:
@@ -124,17 +126,22 @@ class SshBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks):
     def status(self, handle: Handle) -> list[NodeStatus]:
         """Every host, then every spare host (``spare: yes``): reachable, its GPUs, the mlenv jobs running there
         (the runtime's ``jobs --json``)."""
-        target = SshTarget.of(handle)
+        target = _reached(handle)
         requests = {i: (host, {"workdir": target.workspace(i), "gpus": target.gpus_per_node > 0, "jobs": True})
                     for i, host in enumerate(target.machines)}
         replies = probe_all(target.transport, target.python, requests)
         return [_status_row(target, i, replies[i]) for i in range(len(target.machines))]
 
     def nodes(self, handle: Handle) -> list[Node]:
-        """The deployed hosts, in rank order."""
-        target = SshTarget.of(handle)
+        """The deployed hosts, in rank order (``_reached``)."""
+        target = _reached(handle)
         workspaces = target.deployed(handle.name)
         return [Node(i, target.label(i), workspaces[i], host.host, ready=True) for i, host in enumerate(target.hosts)]
+
+    def node_names(self, handle: Handle) -> list[str]:
+        """PURE: the hosts' labels, in rank order."""
+        target = SshTarget.of(handle)
+        return [target.label(i) for i in range(len(target.hosts))]
 
     def spares(self, handle: Handle) -> list[Node]:
         """PURE: the spare hosts (ssh.spares), their ordinals after the hosts'."""
@@ -145,9 +152,9 @@ class SshBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks):
     def exec_argv(self, handle: Handle, node: Node, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
                   interactive: bool = False, stop_on_stdin_eof: bool = False,
                   secrets: Sequence[str] = ()) -> list[str]:
-        """``ssh ... -- user@host 'env K=V... sh -c WRAPPER sh WORKSPACE ARGV...'`` (``-t`` when interactive)."""
+        """PURE: ``ssh ... -- user@host 'env K=V... sh -c WRAPPER sh WORKSPACE ARGV...'`` (``-t`` when
+        interactive); the ssh_config it names is written by deploy and ``nodes``."""
         target = SshTarget.of(handle)
-        target.transport.write_config()
         variables = {**handle.env, "MLENV_NODE_RANK": str(node.ordinal), **(env or {})}
         script = remote.script(stop_on_stdin_eof=stop_on_stdin_eof and not interactive, secrets=secrets)
         command = ["env", *(f"{key}={value}" for key, value in variables.items()), "sh", "-c", script, "sh",
@@ -155,9 +162,8 @@ class SshBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks):
         return target.transport.ssh_argv(target.machine(node.name, node.ordinal), command, tty=interactive)
 
     def copy_target(self, handle: Handle, node: Node) -> CopyTarget:
-        """rsync over the host's ssh connection (``-e 'ssh -F CONFIG -p PORT'``) to ``user@host:WORKSPACE/``."""
+        """PURE: rsync over the host's ssh connection (``-e 'ssh -F CONFIG -p PORT'``) to ``user@host:WORKSPACE/``."""
         target = SshTarget.of(handle)
-        target.transport.write_config()
         host = target.machine(node.name, node.ordinal)
         return CopyTarget(target.transport.destination(host, node.workspace), target.transport.ssh_base(host))
 
@@ -170,7 +176,7 @@ class SshBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks):
     def clean(self, handle: Handle, delete_data: bool) -> None:
         """Stop every job mlenv started on the hosts (the runtime's ``stop``, by recorded PID); delete the
         workspaces only with ``delete_data`` and only where deploy made them. Twice is fine."""
-        target = SshTarget.of(handle)
+        target = _reached(handle)
         every = range(len(target.machines))
         stopped = self._on_hosts(target, every, {"stop": True})
         errors = [r.error for r in stopped.values() if r.error]
@@ -199,7 +205,8 @@ class SshBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks):
     def checks(self, plan: JobPlan) -> list[Check]:
         """Local ssh/rsync; per host: reachable, host key, Python, rsync, workdir, disk, GPUs; the master
         reachable from every host."""
-        return doctor.checks(SshTarget.of(self.prepare(plan).handle))
+        target: SshTarget = self.prepare(plan).payload
+        return doctor.checks(target)
 
     def prepare_launch(self, handle: Handle, spec: LaunchSpec) -> LaunchRequest:
         """PURE: the runtime's launch on every host (a spare in an excluded host's place); MASTER_PORT is only
@@ -246,6 +253,14 @@ class SshBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks):
         for ordinal, line in sorted(lines):
             if line.startswith("stopped"):
                 info(f"node-{ordinal}: {line}")
+
+
+def _reached(handle: Handle) -> SshTarget:
+    """The hosts recorded in ``handle``, with the ssh_config every command to them uses written again when it is
+    gone (a reboot clears /tmp): where the verbs that reach the hosts start."""
+    target = SshTarget.of(handle)
+    target.transport.write_config()
+    return target
 
 
 def _status_row(target: SshTarget, ordinal: int, answer: Reply) -> NodeStatus:
