@@ -1,14 +1,18 @@
 """A launch's settings resolved once (ops.launch.settings): the options typed over the deployment's cluster file
-(its ``launch:`` section, ``network.expect_transport``) over the defaults, the rules that tie them together, and
-the cluster file read once per ``mlenv launch``: opened once, a file that no longer loads warned about once."""
+(its ``launch:`` section, ``network.expect_transport``) over the defaults, the rules that tie them together, the
+cluster file read once per ``mlenv launch`` (opened once, a file that no longer loads warned about once), and a
+launch that runs straight (few returns to a module it has left)."""
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import os
 import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType, FunctionType, MethodType, ModuleType
 from typing import Any
 
 import pytest
@@ -132,3 +136,95 @@ def test_options_that_do_not_go_together_are_refused(deployed: Path, options: li
     deployed.write_text(deployed.read_text().replace(LAUNCH, ""))
     result = invoke("launch", "-c", "olivia", *options, "--dry-run", "train.py")
     assert (result.exit_code, result.stderr.strip()) == (2, message)
+
+
+RETURNS_AT_MOST = 6
+"""Issue 27: following ``mlenv launch``'s cluster argument through the calls, at most 6 returns to a module
+already left (29 before ops.launch.LaunchSettings)."""
+UNFOLLOWED = (type(None), bool, int, float, type, ModuleType, FunctionType, MethodType)
+
+
+class Followed:
+    """A profile function (sys.setprofile) following one cluster reference through mlenv's calls: the calls of
+    hand-written mlenv functions that receive it, or an object made from it (what such a call returned, and that
+    object's members two levels down), up to the backend: what a backend's verb does inside is its own."""
+
+    def __init__(self, cluster_ref: str) -> None:
+        self.cluster_ref = cluster_ref
+        self.made: dict[int, Any] = {}
+        """id -> object made from the reference (kept, so that no id is reused)."""
+        self.following: set[int] = set()
+        """The frames of followed calls whose return value is made from the reference."""
+        self.backend: FrameType | None = None
+        """The frame of the backend verb being run, if any: nothing under it is followed."""
+        self.modules: list[str] = []
+        """The module of each followed call, in order."""
+
+    def make(self, value: Any, depth: int = 2) -> None:
+        if isinstance(value, UNFOLLOWED) or id(value) in self.made:
+            return
+        self.made[id(value)] = value
+        if depth == 0 or isinstance(value, (str, bytes)):
+            return
+        if isinstance(value, (list, tuple, set, frozenset)):
+            members = list(value)
+        elif isinstance(value, dict):
+            members = list(value.values())
+        elif dataclasses.is_dataclass(value):
+            members = [getattr(value, field.name) for field in dataclasses.fields(value)]
+        else:
+            members = list(getattr(value, "__dict__", {}).values())
+        for member in members:
+            self.make(member, depth - 1)
+
+    def receives(self, frame: FrameType) -> bool:
+        code = frame.f_code
+        named = code.co_argcount + code.co_kwonlyargcount
+        values = [frame.f_locals.get(name) for name in code.co_varnames[:named]]
+        if code.co_flags & inspect.CO_VARARGS:
+            values += frame.f_locals.get(code.co_varnames[named], ())
+        if code.co_flags & inspect.CO_VARKEYWORDS:
+            values += frame.f_locals.get(code.co_varnames[named + bool(code.co_flags & inspect.CO_VARARGS)],
+                                         {}).values()
+        return any(value == self.cluster_ref if isinstance(value, str) else id(value) in self.made
+                   for value in values)
+
+    def __call__(self, frame: FrameType, event: str, arg: Any) -> None:
+        module = str(frame.f_globals.get("__name__", ""))
+        if event == "return" and frame is self.backend:
+            self.backend = None
+        if self.backend is not None or not module.startswith("mlenv."):
+            return
+        code = frame.f_code
+        written = not (code.co_name.startswith("<") or "__create_fn__" in code.co_qualname)  # no dataclass code
+        if event == "call" and written and self.receives(frame):
+            self.following.add(id(frame))
+            self.modules.append(module)
+            if module.startswith("mlenv.backends."):
+                self.backend = frame
+        elif event == "return" and id(frame) in self.following:
+            self.following.discard(id(frame))
+            self.make(arg)
+
+    def visits(self) -> list[str]:
+        """The modules the followed path went through, in order (consecutive calls in one module: one visit)."""
+        return [module for i, module in enumerate(self.modules) if i == 0 or self.modules[i - 1] != module]
+
+    def returns(self) -> list[str]:
+        """Each time the followed path comes back to a module it had left."""
+        visits = self.visits()
+        return [f"{i}: {module}" for i, module in enumerate(visits) if module in visits[:i]]
+
+
+def test_a_launch_runs_straight(deployed: Path) -> None:
+    assert invoke("launch", "-c", "olivia", "--dry-run", "train.py").exit_code == 0  # imports and caches warm
+    followed = Followed("olivia")
+    sys.setprofile(followed)
+    try:
+        result = invoke("launch", "-c", "olivia", "--dry-run", "train.py")
+    finally:
+        sys.setprofile(None)
+    assert result.exit_code == 0 and "#SBATCH" in result.stdout, result.output
+    visits = followed.visits()  # from the command to the backend
+    assert visits[:2] == ["mlenv.cli", "mlenv.ops.launch"] and visits[-1] == "mlenv.backends.slurm.backend", visits
+    assert len(followed.returns()) <= RETURNS_AT_MOST, (followed.returns(), visits)

@@ -131,7 +131,8 @@ def settings(cluster_ref: str | None, *, hang_timeout: float | None, on_hang: st
 
 def dry_run(target: Target, spec: LaunchSpec) -> str:
     """What ``launch`` would run, as the backend prints it (secret values masked): away from the excluded nodes."""
-    return target.backend.jobs.prepare_launch(target.handle, without_excluded(target, spec)).text
+    spec = without_excluded(target, spec)
+    return target.backend.jobs.prepare_launch(target.handle, spec).text
 
 
 def without_excluded(target: Target, spec: LaunchSpec) -> LaunchSpec:
