@@ -170,6 +170,7 @@ def test_a_left_out_host_is_replaced_by_a_spare_in_the_launch_and_its_dry_run(tm
 
     text = edited(LAB, (HOSTS_LINE, HOSTS_LINE + "\n  spares: [gpu3, gpu4]"))
     backend = SshBackend(uid=1234)
+    backend.control_dir = str(tmp_path / "ssh")  # nodes writes the ssh_config there, not in /tmp/mlenv-ssh-1234
     prepared = backend.prepare(plan(loaded(tmp_path / "lab.yaml", text))).handle
     target = SshTarget.of(prepared)
     assert [target.label(i) for i in range(4)] == ["me@gpu1.lab.example", "me@gpu2.lab.example:2222", "me@gpu3",
