@@ -233,16 +233,18 @@ def test_a_first_call_may_fill_caches_but_never_reaches_outside(monkeypatch: pyt
     assert len(seen) == 1 and seen[0].startswith("subprocess.Popen")
 
 
-def test_ssh_exec_argv_and_copy_target_only_build_command_lines(monkeypatch: pytest.MonkeyPatch) -> None:
-    """ssh's ``exec_argv`` and ``copy_target`` are pure too: the ssh_config their command lines name is written by
-    deploy and by ``nodes``, where every verb that reaches the hosts starts, never by them."""
-    job = load_plan(str(ROOT / "clusters" / "lab.yaml"))
+@pytest.mark.parametrize("source", ["clusters/lab.yaml", "clusters/local.yaml"])
+def test_exec_argv_and_copy_target_only_build_command_lines(source: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ssh's and the local backend's ``exec_argv`` and ``copy_target`` are pure too: ssh's ssh_config is written by
+    deploy and by ``nodes``, where every verb that reaches the hosts starts; what the local pods' commands get of
+    this machine's environment is read when the backend is made."""
+    job = load_plan(str(ROOT / source))
     with _guarded(monkeypatch, strict=False):
-        backend = get("ssh", state.RECORDS)
-    request = backend.deploy.prepare(job)
-    machines = len(request.handle.data["hosts"]) + len(request.handle.data.get("spares", ()))
-    handle = replace(request.handle, data={**request.handle.data,  # deployed: each machine's workspace learned
-                                           "workspaces": [f"/srv/w{i}" for i in range(machines)]})
+        backend = get(job.cluster.backend, state.RECORDS)
+    handle = backend.deploy.prepare(job).handle
+    if backend.name == "ssh":  # deployed: each machine's workspace learned
+        machines = len(handle.data["hosts"]) + len(handle.data.get("spares", ()))
+        handle = replace(handle, data={**handle.data, "workspaces": [f"/srv/w{i}" for i in range(machines)]})
     node = Node(1, "node-1", "/srv/w1")
     calls: list[Callable[[], object]] = [
         lambda: backend.access.exec_argv(handle, node, ["python3", "-c", "print(1)"], env={"A": "b"},

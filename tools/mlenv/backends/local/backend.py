@@ -146,6 +146,10 @@ class LocalBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks):
 
         self.project = project or project_root()
         self.namespaces_available = localnet.available() if namespaces_available is None else namespaces_available
+        # what the pods' commands get of this machine's environment, read once: exec_argv only builds
+        self.path = os.pathsep.join([_venv_bin(), os.environ.get("PATH", os.defpath)])
+        self.torch_extensions = os.environ.get("TORCH_EXTENSIONS_DIR",
+                                               str(self.project / ".cache" / "torch_extensions"))
 
     def _isolation(self, settings: LocalSettings) -> str:
         if settings.isolation == PROCESSES or (settings.isolation == "auto" and not self.namespaces_available):
@@ -301,7 +305,7 @@ class LocalBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks):
     def exec_argv(self, handle: Handle, node: Node, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
                   interactive: bool = False, stop_on_stdin_eof: bool = False,
                   secrets: Sequence[str] = ()) -> list[str]:
-        """``env -C <workspace> K=V... sh -c <record PID> argv``, inside the pod's namespace when it has one.
+        """PURE: ``env -C <workspace> K=V... sh -c <record PID> argv``, inside the pod's namespace when it has one.
 
         Local processes are stopped through their recorded process groups, so ``stop_on_stdin_eof`` needs nothing.
         """
@@ -313,9 +317,8 @@ class LocalBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks):
             "MLENV_NODE_RANK": str(node.ordinal),
             "HOSTNAME": node.name,  # local pods share the host's name; the runtime names its records by this
             "PYTHONPATH": f"{node.workspace}/{RUNTIME_DIR}",
-            "PATH": os.pathsep.join([_venv_bin(), os.environ.get("PATH", os.defpath)]),
-            "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR",
-                                                   str(self.project / ".cache" / "torch_extensions")),
+            "PATH": self.path,
+            "TORCH_EXTENSIONS_DIR": self.torch_extensions,
             localproc.MARKER: str(directory),
             **(env or {}),
         }
