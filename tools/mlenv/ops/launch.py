@@ -173,9 +173,8 @@ def launch(target: Target, spec: LaunchSpec) -> LaunchResult:
     while restartable(result.outcome) and spec.attempt < spec.max_restarts:
         run = result.latest_run or target.backend.jobs.latest_run(target.handle, spec.run_id)
         # one attempt counter per run: the newest attempt its records hold (a Slurm requeue may have started one)
-        newest = max(spec.attempt, run.attempt if run is not None else 0)
-        if not restartpolicy.may_restart(result.exit_code, newest, spec.max_restarts,
-                                         run.node_faults.values() if run is not None else ()):
+        newest = max(spec.attempt, run.attempt)
+        if not restartpolicy.may_restart(result.exit_code, newest, spec.max_restarts, run.node_faults.values()):
             break
         verdict = judge_faulty(result.outcome, run, newest, history)
         history = verdict.history
