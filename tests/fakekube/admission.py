@@ -12,7 +12,7 @@ from .faults import Faults
 from .resources import ResourceType, by_kind
 from .store import Store
 
-NAMESPACES, SCCS = by_kind("Namespace"), by_kind("SecurityContextConstraints")
+NAMESPACES, SCCS, PODS = by_kind("Namespace"), by_kind("SecurityContextConstraints"), by_kind("Pod")
 
 _INITIAL_STATUS: dict[str, dict[str, Any]] = {
     "Namespace": {"phase": "Active"},
@@ -47,6 +47,15 @@ def scc_rejection(pod_spec: dict[str, Any]) -> str | None:
     return f"unable to validate against any security context constraint: [{', '.join(providers)}]"
 
 
+def _check_gates(pod: dict[str, Any], old: dict[str, Any]) -> None:
+    """A pod's scheduling gates may only be removed after creation, as the API server validates them."""
+    before = {gate.get("name") for gate in (old.get("spec") or {}).get("schedulingGates") or []}
+    for gate in (pod.get("spec") or {}).get("schedulingGates") or []:
+        if gate.get("name") not in before:
+            raise errors.invalid(PODS, pod["metadata"]["name"], "Forbidden: only deletion is allowed, but found "
+                                 f"new scheduling gate '{gate.get('name')}'", field="spec.schedulingGates")
+
+
 class Admission:
     """Defaulting and validation applied to every create and update that comes through the API."""
 
@@ -57,6 +66,8 @@ class Admission:
         """Whether the cluster is OpenShift now (its SCC API is served): namespaces get UID ranges, pods SCCs."""
         self._cluster_ips = itertools.count(10)
         self._ranges = scc.Ranges()
+        self.pod_webhooks: list[Callable[[dict[str, Any]], None]] = []
+        """Mutating webhooks run on every new pod before it is stored (an add-on's, such as Kueue's)."""
 
     def admit(self, rt: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None) -> dict[str, Any]:
         """The object to store for a create (``old`` None) or an update; raises ApiError to reject it."""
@@ -66,6 +77,11 @@ class Admission:
         defaults = getattr(self, f"_default_{rt.kind.lower()}", None)
         if defaults:
             defaults(obj, old)
+        if rt.kind == "Pod" and old is None:
+            for webhook in self.pod_webhooks:
+                webhook(obj)
+        if rt.kind == "Pod" and old is not None:
+            _check_gates(obj, old)
         if rt.kind == "Pod" and old is None and self.faults.forbid_capabilities:
             reason = scc_rejection(obj.get("spec") or {})
             if reason:

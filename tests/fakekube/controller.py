@@ -42,6 +42,9 @@ SERVICES = by_kind("Service")
 POD_NAME_LABEL = "statefulset.kubernetes.io/pod-name"
 POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"
 REVISION_LABEL = "controller-revision-hash"
+DEFAULT_SCHEDULER = "default-scheduler"
+GATED_MESSAGE = "Scheduling is blocked due to non-empty scheduling gates"
+"""The real scheduler's PodScheduled message for a gated pod (pkg/scheduler)."""
 
 
 def _natural_key(obj: dict[str, Any]) -> tuple[str, str]:
@@ -83,6 +86,8 @@ class Controller:
         self.failures = failures
         self.ready_delay = ready_delay
         self.resync_seconds = resync_seconds
+        self.schedulers = {DEFAULT_SCHEDULER}
+        """The schedulerNames whose pods this cluster places (a test playing Volcano adds ``volcano``)."""
         self._scheduled_at: dict[str, float] = {}
         self._pod_ips = itertools.count()
         self._events: dict[tuple[str, str, str, str], tuple[str, str]] = {}
@@ -360,6 +365,8 @@ class Controller:
                 continue
             node_name = (pod.get("spec") or {}).get("nodeName")
             if not node_name:
+                if not self._ours_to_schedule(pod):
+                    continue
                 node = self._schedule(pod, list(nodes.values()), placed)
                 if node is None:
                     continue
@@ -372,6 +379,23 @@ class Controller:
         alive = {p["metadata"]["uid"] for p in pods}
         for uid in set(self._scheduled_at) - alive:
             del self._scheduled_at[uid]
+
+    def _ours_to_schedule(self, pod: dict[str, Any]) -> bool:
+        """Whether the scheduler places this pod now: its schedulerName is one this cluster runs, and it has no
+        scheduling gates (a gated pod gets the PodScheduled=False/SchedulingGated condition the real scheduler
+        writes, and waits until every gate is lifted)."""
+        spec = pod.get("spec") or {}
+        if (spec.get("schedulerName") or DEFAULT_SCHEDULER) not in self.schedulers:
+            return False  # another scheduler's (Volcano's): nobody here places it
+        if not spec.get("schedulingGates"):
+            return True
+        conditions = [_condition("PodScheduled", False, "SchedulingGated", GATED_MESSAGE)]
+        status = (pod.get("status") or {})
+        if not _same_state(status.get("conditions") or [], conditions):
+            updated = copy.deepcopy(pod)
+            updated.setdefault("status", {}).update(phase="Pending", conditions=conditions)
+            self.store.update(PODS, updated)
+        return False
 
     def _schedule(self, pod: dict[str, Any], nodes: list[dict[str, Any]],
                   placed: list[tuple[dict[str, Any], dict[str, Any]]]) -> dict[str, Any] | None:

@@ -77,10 +77,15 @@ def bad_request(message: str) -> ApiError:
     return ApiError(400, "BadRequest", message)
 
 
-def invalid(rt: ResourceType, name: str, why: str) -> ApiError:
-    """``StatefulSet.apps "x" is invalid: <why>``."""
+def invalid(rt: ResourceType, name: str, why: str, field: str | None = None) -> ApiError:
+    """``StatefulSet.apps "x" is invalid: <why>``; with ``field`` (``why`` then says what is wrong with it) also
+    the cause kubectl prints: ``The Pod "x" is invalid: <field>: <why>``."""
     kind = f"{rt.kind}.{rt.group}" if rt.group else rt.kind
-    return ApiError(422, "Invalid", f'{kind} "{name}" is invalid: {why}', _details(rt, name))
+    if field is None:
+        return ApiError(422, "Invalid", f'{kind} "{name}" is invalid: {why}', _details(rt, name))
+    details = {**_details(rt, name), "kind": rt.kind,
+               "causes": [{"reason": f"FieldValue{why.split(':', 1)[0]}", "message": why, "field": field}]}
+    return ApiError(422, "Invalid", f'{kind} "{name}" is invalid: {field}: {why}', details)
 
 
 def method_not_allowed() -> ApiError:

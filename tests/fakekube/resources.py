@@ -100,7 +100,19 @@ RESOURCES: tuple[ResourceType, ...] = (
     ResourceType("image.openshift.io", "v1", "ImageStream", "imagestreams", True, ("is",), has_status=True),
     ResourceType("image.openshift.io", "v1", "ImageStreamTag", "imagestreamtags", True, ("istag",),
                  verbs=("create", "delete", "get", "list", "patch", "update")),
+    # Add-ons a cluster admin installs (Kueue, Volcano): served only by a FakeKube made with them (``addons``).
+    ResourceType("kueue.x-k8s.io", "v1beta1", "LocalQueue", "localqueues", True, ("queue", "queues", "lq"),
+                 has_status=True),
+    ResourceType("kueue.x-k8s.io", "v1beta1", "ClusterQueue", "clusterqueues", False, ("cq",), has_status=True),
+    ResourceType("kueue.x-k8s.io", "v1beta1", "Workload", "workloads", True, ("wl",), has_status=True),
+    ResourceType("scheduling.volcano.sh", "v1beta1", "PodGroup", "podgroups", True, ("pg", "podgroup-v1beta1"),
+                 has_status=True),
+    ResourceType("scheduling.volcano.sh", "v1beta1", "Queue", "queues", False, ("q", "queue-v1beta1"),
+                 has_status=True),
 )
+
+ADDONS = {"kueue": "kueue.x-k8s.io", "volcano": "scheduling.volcano.sh"}
+"""The add-ons a FakeKube can be made with, and the API group each serves."""
 
 # The API groups only OpenShift serves (``FakeKube(openshift=False)`` hides them, as plain Kubernetes has none).
 OPENSHIFT_GROUPS = frozenset(r.group for r in RESOURCES if r.group.endswith(".openshift.io"))

@@ -28,7 +28,7 @@ from .faults import Faults
 from .handler import Handler
 from .kubelet import Kubelet
 from .requestlog import RequestLog
-from .resources import OPENSHIFT_GROUPS, RESOURCES, ResourceType, by_kind
+from .resources import ADDONS, OPENSHIFT_GROUPS, RESOURCES, ResourceType, by_kind
 from .seeds import NodeSpec
 from .store import Store
 
@@ -81,7 +81,9 @@ class FakeKube:
 
     Tests steer it through ``faults`` (see :class:`Faults`), ``forbidden_namespaces`` (requests in them get
     403 Forbidden), ``denied`` (:class:`Deny` rules: 403 and "no" from access reviews), ``held`` (hung
-    requests), ``hidden_groups`` (API groups not served), ``pod_logs[(namespace, pod)]`` (what ``kubectl logs``
+    requests), ``hidden_groups`` (API groups not served; ``addons``: ``kueue``, ``volcano`` served from the start),
+    ``schedulers`` (the schedulerNames it schedules for), ``pod_webhooks`` (mutating admission of new pods, as an
+    add-on's webhook), ``pod_logs[(namespace, pod)]`` (what ``kubectl logs``
     returns), ``token``, and the methods below; they read ``requests`` (the :class:`RequestLog`) and
     ``failures`` (exceptions inside the fake; should stay empty).
     """
@@ -103,13 +105,15 @@ class FakeKube:
         run_pods: bool = False,
         restart_backoff: float = 10.0,
         pod_network: bool | None = None,
+        addons: Iterable[str] = (),
     ) -> None:
         self.token = token
         self.user = user
         self.faults = Faults()
         self.forbidden_namespaces: set[str] = set()
         self.denied: set[Deny | tuple[str, ...]] = set()
-        self.hidden_groups: set[str] = set() if openshift else set(OPENSHIFT_GROUPS)
+        self.hidden_groups: set[str] = ({group for addon, group in ADDONS.items() if addon not in set(addons)}
+                                        | (set() if openshift else set(OPENSHIFT_GROUPS)))
         self.pod_logs: dict[tuple[str, str], str] = {}
         self.held: dict[tuple[str, str], threading.Event] = {}
         """``(verb, plural)`` -> an Event: a matching request hangs until the Event is set, then is served as if
@@ -131,6 +135,8 @@ class FakeKube:
                                      self.kubelet)
         if self.kubelet is not None:
             self.api.pod_deleter = self.controller.delete_pod
+        self.schedulers = self.controller.schedulers
+        self.pod_webhooks = self.api.admission.pod_webhooks
         self.stopping = False
         self._address = (host, port)
         self._httpd: _HTTPSServer | None = None

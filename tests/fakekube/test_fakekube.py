@@ -251,6 +251,42 @@ def test_unschedulable(fake_kube: FakeCluster) -> None:
     assert get_json(fake_kube, "pod", "ml-dev-env-0")["status"]["phase"] == "Running"
 
 
+def test_scheduling_gates_hold_a_pod_until_lifted_and_cannot_be_added(fake_kube: FakeCluster) -> None:
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "gated", "namespace": "ml"},
+           "spec": {"schedulingGates": [{"name": "example.com/wait"}],
+                    "containers": [{"name": "c", "image": "busybox"}]}}
+    ok(fake_kube.kubectl("create", "-f", "-", input=json.dumps(pod)))
+    fake_kube.server.reconcile()
+    gated = get_json(fake_kube, "pod", "gated")
+    scheduled = condition(gated, "PodScheduled")
+    assert (scheduled["status"], scheduled["reason"], scheduled["message"]) == (
+        "False", "SchedulingGated", "Scheduling is blocked due to non-empty scheduling gates")
+    assert "nodeName" not in gated["spec"]
+    added = fake_kube.kubectl("patch", "pod", "gated", "--type=json", "-p",
+                              '[{"op": "add", "path": "/spec/schedulingGates/-", "value": {"name": "more"}}]')
+    assert added.returncode == 1
+    assert ("spec.schedulingGates: Forbidden: only deletion is allowed, but found new scheduling gate 'more'"
+            in added.stderr)
+    ok(fake_kube.kubectl("patch", "pod", "gated", "--type=json", "-p",
+                         '[{"op": "remove", "path": "/spec/schedulingGates"}]'))
+    fake_kube.server.reconcile()
+    assert get_json(fake_kube, "pod", "gated")["spec"]["nodeName"] in ("node-0", "node-1")
+
+
+def test_pods_of_another_scheduler_wait_for_it(fake_kube_factory: Callable[..., FakeCluster]) -> None:
+    cluster = fake_kube_factory(addons=("volcano",))
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "gang", "namespace": "ml"},
+           "spec": {"schedulerName": "volcano", "containers": [{"name": "c", "image": "busybox"}]}}
+    ok(cluster.kubectl("create", "-f", "-", input=json.dumps(pod)))
+    cluster.server.reconcile()
+    assert "nodeName" not in get_json(cluster, "pod", "gang")["spec"]
+    assert get_json(cluster, "podgroups")["items"] == []  # served: Volcano is installed
+    cluster.server.schedulers.add("volcano")
+    cluster.server.reconcile()
+    assert get_json(cluster, "pod", "gang")["spec"]["nodeName"]
+    assert fake_kube_factory().kubectl("get", "podgroups").returncode == 1  # not installed by default
+
+
 def test_too_few_matching_nodes(fake_kube_factory: Callable[..., FakeCluster]) -> None:
     cluster = fake_kube_factory(nodes=["gpu-a", "gpu-b", "gpu-c"])
     apply(cluster, manifests(replicas=3, node_names=["gpu-a", "gpu-b"]))

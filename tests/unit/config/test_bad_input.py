@@ -40,6 +40,15 @@ CASES = [
      "or pin more nodes"),
     ("wrong-type", "enabled: true", "enabled: yes please", "enabled",
      'network.rdma.enabled: expected true or false, got "yes please"'),
+    ("admission-kind", "nccl:\n", "scheduling:\n  admission: yunikorn\nnccl:\n", "admission: yunikorn",
+     'scheduling.admission: expected none, kueue or volcano, got "yunikorn"'),
+    ("queue-not-dns-label", "nccl:\n", "scheduling:\n  admission: kueue\n  queue: Team_A\nnccl:\n", "queue: Team_A",
+     "scheduling.queue: expected a queue name: lower-case letters, digits and '-', at most 63 characters, "
+     'got "Team_A"'),
+    ("topology-two-levels", "nccl:\n",
+     "scheduling:\n  admission: kueue\n  queue: q\n  topology: {required: a, preferred: b}\nnccl:\n", "topology:",
+     "scheduling.topology: expected a mapping with one of required or preferred, naming a node label, got "
+     '{"required": "a", "preferred": "b"}'),
     ("nccl-env-key", 'debug: "INFO"', 'debug: "INFO"\n  env:\n    nccl_bad: 1', "nccl_bad",
      "nccl.env.nccl_bad: expected an NCCL_* variable name in capitals, e.g. NCCL_IB_QPS_PER_CONNECTION, "
      'got key "nccl_bad"'),

@@ -24,6 +24,10 @@ def _toleration(body: str) -> tuple[str, str]:
     return TOLERATIONS, f"scheduling:\n  tolerations:\n    - {body}\n{TOLERATIONS}"
 
 
+def _scheduling(*fields: str) -> tuple[str, str]:
+    return TOLERATIONS, "scheduling:\n" + "".join(f"  {field}\n" for field in fields) + TOLERATIONS
+
+
 # (id, replacements in the seed file, [(where the problem points, expected text after "file:line:col: ")])
 ROWS: list[tuple[str, list[tuple[str, str]], list[tuple[str, str]]]] = [
     ("rdma-resource-gpu", [_resource("nvidia.com/gpu")], [
@@ -80,6 +84,17 @@ ROWS: list[tuple[str, list[tuple[str, str]], list[tuple[str, str]]]] = [
      [_toleration("{key: k, effect: NoSchedule, tolerationSeconds: 60}")], [
         ("effect: NoSchedule", "scheduling.tolerations[0].effect: tolerationSeconds applies only to effect: NoExecute; "
                        "set effect: NoExecute or remove tolerationSeconds")]),
+    ("kueue-without-queue", [_scheduling("admission: kueue")], [
+        ("admission: kueue", "scheduling.admission: kueue needs scheduling.queue: the LocalQueue in nccl-test that "
+                             "admits the job (kubectl get localqueues -n nccl-test lists them; a cluster admin "
+                             "creates one)")]),
+    ("queue-without-admission", [_scheduling("queue: team-a")], [
+        ("queue: team-a", "scheduling.queue: is used only with scheduling.admission: kueue or volcano; set "
+                          "admission or remove queue")]),
+    ("topology-without-kueue",
+     [_scheduling("admission: volcano", "topology: {required: topology.kubernetes.io/zone}")], [
+        ("topology:", "scheduling.topology: topology-aware placement is Kueue's: set scheduling.admission: kueue "
+                      "(with scheduling.queue) or remove scheduling.topology")]),
     ("kubernetes-version-too-old", [("cluster:\n", 'kubernetes_version: "1.20"\ncluster:\n')], [
         ("kubernetes_version", f"kubernetes_version: Kubernetes 1.20 is not supported: {RANGE}; pick the one "
                                f"closest to your cluster's version")]),

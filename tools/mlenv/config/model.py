@@ -89,13 +89,30 @@ DEFAULT_GRACE_SECONDS = 30
 """Kubernetes' own default terminationGracePeriodSeconds."""
 
 
+class Topology(NamedTuple):
+    """Kueue's topology-aware placement: every pod in one domain of a node label (``required``), or as few as fit
+    (``preferred``)."""
+
+    mode: str
+    """``required`` or ``preferred``."""
+    level: str
+    """The node label whose values are the domains (``topology.kubernetes.io/zone``)."""
+
+
 class Scheduling(NamedTuple):
-    """Extra tolerations and node selector for the pods, and their termination grace."""
+    """Extra tolerations and node selector for the pods, their termination grace, and who admits them."""
 
     tolerations: tuple[Mapping[str, object], ...]
     node_selector: Mapping[str, str]
     grace_period: int = DEFAULT_GRACE_SECONDS
     """Seconds between SIGTERM and SIGKILL when a pod is deleted (terminationGracePeriodSeconds)."""
+    admission: str = "none"
+    """Gang admission of all the pods at once: ``none``, ``kueue`` or ``volcano``."""
+    queue: str | None = None
+    """Kueue's LocalQueue or Volcano's queue."""
+    priority_class: str | None = None
+    """The pods' PriorityClass."""
+    topology: Topology | None = None
 
 
 @dataclass(frozen=True)

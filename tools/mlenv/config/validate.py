@@ -25,6 +25,7 @@ from mlenv.config.model import (
     Security,
     Storage,
     Tcp,
+    Topology,
 )
 from mlenv.config.quantity import QuantityError, half_of, parse_bandwidth, parse_quantity, parse_seconds
 from mlenv.config.reader import BackendTable, ClusterReader, env_text
@@ -170,10 +171,15 @@ def _gpus(reader: ClusterReader, gpu_nodes: tuple[str, ...]) -> Gpus:
 
 
 def _scheduling(reader: ClusterReader) -> Scheduling:
+    topology = reader.get("scheduling", "topology")
     return Scheduling(tolerations=tuple(reader.get("scheduling", "tolerations", default=[])),
                       node_selector=dict(reader.get("scheduling", "nodeSelector", default={})),
                       grace_period=parse_seconds(reader.get("scheduling", "grace_period",
-                                                            default=DEFAULT_GRACE_SECONDS)))
+                                                            default=DEFAULT_GRACE_SECONDS)),
+                      admission=reader.get("scheduling", "admission", default="none"),
+                      queue=reader.get("scheduling", "queue"),
+                      priority_class=reader.get("scheduling", "priority_class"),
+                      topology=None if topology is None else Topology(*next(iter(topology.items()))))
 
 
 def _seconds_or_none(written: int | str | None) -> int | None:

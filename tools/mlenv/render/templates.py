@@ -24,7 +24,7 @@ FORMAT = 1
 FILTERS = {"join": "eval_context", "list": "eval_context"}
 """jinja2's built-in filters the runtime implements, with what jinja2 passes them first (checked when compiling);
 a directory's own filters are passed in."""
-TESTS = ("none",)
+TESTS = ("none", "defined")
 ENVIRONMENT_CALLS = frozenset({"getattr", "getitem", "finalize", "undefined", "concat", "filters", "tests",
                                "get_template"})
 CONTEXT_CALLS = frozenset({"resolve_or_missing", "get_all", "call", "eval_ctx"})
@@ -134,7 +134,8 @@ class _Environment:
                  filters: Mapping[str, Callable[..., Any]]) -> None:
         self.finalize = finalize
         self.filters: dict[str, Callable[..., Any]] = {"join": _join, "list": _list, **filters}
-        self.tests: dict[str, Callable[..., bool]] = {"none": lambda value: value is None}
+        self.tests: dict[str, Callable[..., bool]] = {"none": lambda value: value is None,
+                                                      "defined": lambda value: not isinstance(value, Undefined)}
         self._templates = {name: _Template(self, name, code) for name, code in codes.items()}
 
     def get_template(self, name: str, parent: str | None = None) -> _Template:

@@ -39,9 +39,11 @@ class KubeError(OperationError):
 
 
 def classify(stderr: str) -> str:
-    """Unauthorized, Forbidden, NotFound, Unreachable or Failed, from a CLI's error output."""
+    """Unauthorized, Forbidden, NotFound, NotServed (no such resource type), Unreachable or Failed, from a CLI's
+    error output."""
     for marker, reason in (("(Unauthorized)", "Unauthorized"), ("must be logged in", "Unauthorized"),
                            ("(Forbidden)", "Forbidden"), ("(NotFound)", "NotFound"),
+                           ("doesn't have a resource type", "NotServed"),
                            ("was refused", "Unreachable"), ("no such host", "Unreachable"),
                            ("i/o timeout", "Unreachable"), ("connection refused", "Unreachable")):
         if marker in stderr:

@@ -9,6 +9,7 @@ from typing import Any
 
 from mlenv.backends.kubeapi import pods as podview
 from mlenv.backends.kubeapi.naming import Target
+from mlenv.backends.kubeapi.queued import Queues
 from mlenv.core.capabilities import NodeStatus
 
 GRACE_SECONDS = {
@@ -22,6 +23,7 @@ GRACE_SECONDS = {
 }
 """How long a reason may last before deploy gives up (reasons not listed are waited for until --timeout)."""
 PULL_FAILURES = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName")
+NO_QUEUES = Queues()
 
 
 @dataclass(frozen=True)
@@ -88,14 +90,17 @@ def _crash_words(container: dict[str, Any]) -> str:
             f"kubectl logs --previous")
 
 
-def pod_trouble(pod: dict[str, Any], events: list[dict[str, Any]]) -> Trouble | None:
-    """Why a pod is not Ready (``events`` are all events of the namespace; those of this pod are used)."""
+def pod_trouble(pod: dict[str, Any], events: list[dict[str, Any]], queues: Queues = NO_QUEUES) -> Trouble | None:
+    """Why a pod is not Ready (``events`` are all events of the namespace; those of this pod are used; ``queues``
+    what Kueue or Volcano say about the pod's group)."""
     if podview.is_ready(pod):
         return None
     meta, status = pod["metadata"], pod.get("status") or {}
     own = [e for e in events if (e.get("involvedObject") or {}).get("uid") == meta.get("uid")]
     if meta.get("deletionTimestamp"):
         return Trouble(meta["name"], "Terminating", "terminating")
+    if (held := queues.words(pod)) is not None:
+        return Trouble(meta["name"], *held)
     for condition in status.get("conditions") or []:
         if condition.get("type") == "PodScheduled" and condition.get("reason") == "Unschedulable":
             return Trouble(meta["name"], "Unschedulable",
@@ -157,10 +162,10 @@ def owner_trouble(events: list[dict[str, Any]], name: str, since: datetime) -> T
     return Trouble(f"{kind.lower()} {name}", reason, f"{reason}: {latest.get('message', '')}".rstrip(": "))
 
 
-def statuses(pods: dict[int, dict[str, Any]]) -> list[NodeStatus]:
+def statuses(pods: dict[int, dict[str, Any]], queues: Queues = NO_QUEUES) -> list[NodeStatus]:
     """The ``status`` rows of pods keyed by ordinal, in ordinal order, each with why it is not Ready."""
     rows = []
     for index, pod in sorted(pods.items()):
-        trouble = pod_trouble(pod, [])
+        trouble = pod_trouble(pod, [], queues)
         rows.append(podview.pod_status(pod, index, trouble.words if trouble else None))
     return rows

@@ -15,6 +15,7 @@ from mlenv.backends.kubeapi import pods as podview
 from mlenv.backends.kubeapi.client import Client
 from mlenv.backends.kubeapi.explain import Trouble, pod_trouble, statefulset_trouble
 from mlenv.backends.kubeapi.naming import Target, instance
+from mlenv.backends.kubeapi.queued import queues
 from mlenv.errors import OperationError
 from mlenv.ui import live_view
 
@@ -114,7 +115,9 @@ def _observe(client: Client, pods: PodSet, since: datetime
     if len(ready) == d.nodes:
         return found, ready, {}
     events = client.select("events", fields={"type": "Warning"})  # every reason explain reads is a warning
-    troubles = [pod_trouble(p, events) for i, p in found.items() if i not in ready]
+    waiting = [p for i, p in found.items() if i not in ready]
+    held = queues(client, waiting)
+    troubles = [pod_trouble(p, events, held) for p in waiting]
     if len(found) < d.nodes:
         troubles.append(pods.missing(events, since))
     return found, ready, {t.subject: t for t in troubles if t is not None}

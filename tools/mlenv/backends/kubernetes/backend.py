@@ -156,10 +156,17 @@ class KubernetesBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks):
             return target, podview.by_ordinal(client.select("pods", instance(target.app)), target.app)
 
     def status(self, handle: Handle) -> list[NodeStatus]:
-        """Every pod of the deployment from one list call, in ordinal order."""
+        """Every pod of the deployment from one list call, in ordinal order; what Kueue or Volcano says about pods
+        they hold back from one more (their Workloads or PodGroups)."""
         from mlenv.backends.kubeapi import explain
+        from mlenv.backends.kubeapi import pods as podview
+        from mlenv.backends.kubeapi.preflight import explained
+        from mlenv.backends.kubeapi.queued import queues
 
-        return explain.statuses(self._pods(handle)[1])
+        target, client = self._connected(handle)
+        with explained(target, client.flavour):
+            pods = podview.by_ordinal(client.select("pods", instance(target.app)), target.app)
+            return explain.statuses(pods, queues(client, pods.values()))
 
     def nodes(self, handle: Handle) -> list[Node]:
         """The running pods, in ordinal order."""

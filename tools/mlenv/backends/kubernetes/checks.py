@@ -1,8 +1,9 @@
 """Before deploying to Kubernetes/OpenShift, for ``mlenv doctor``: login, namespace and permissions (preflight),
 then the pinned GPU nodes (exist, Ready, schedulable, enough allocatable GPUs and RDMA resources) and enough of
-them for one pod per node, the storage class (and ReadWriteMany for ``rwx``), every Multus network, IPC_LOCK (an
-SCC the ServiceAccount may use, or the namespace's Pod Security level) and the image reference (with its
-ImageStream tag when it names one). Every check runs; each has its evidence and its fix."""
+them for one pod per node, the storage class (and ReadWriteMany for ``rwx``), every Multus network, the gang
+scheduler's queue (admission.py), IPC_LOCK (an SCC the ServiceAccount may use, or the namespace's Pod Security
+level) and the image reference (with its ImageStream tag when it names one). Every check runs; each has its
+evidence and its fix."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import Any
 from mlenv.backends.kubeapi.client import Client, KubeError
 from mlenv.backends.kubeapi.naming import DATA_KIND, Target
 from mlenv.backends.kubeapi.preflight import check_networks, preflight
+from mlenv.backends.kubernetes.admission import admission_checks
 from mlenv.config.quantity import QuantityError, parse_quantity
 from mlenv.core.capabilities import Check
 from mlenv.plan import JobPlan
@@ -67,6 +69,7 @@ def before_deploy(client: Client, target: Target, plan: JobPlan) -> list[Check]:
     checks += node_checks(client, plan)
     checks += storage_checks(client, plan)
     checks += check_networks(client, target.namespace, plan.rdma_networks)
+    checks += admission_checks(client, target.namespace, plan.cluster.scheduling)
     if plan.ipc_lock:
         checks.append(scc_check(client, target) if target.openshift else pod_security_check(client, target))
     if target.openshift:

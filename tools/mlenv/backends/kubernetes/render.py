@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 import mlenv
 from mlenv.backends.kubeapi.naming import DATA_KIND, KubeDeployment
 from mlenv.backends.kubernetes import podinit
+from mlenv.backends.kubernetes.admission import admission
 from mlenv.backends.kubernetes.rules import version_of
 from mlenv.errors import OperationError
 from mlenv.render.templates import Templates
@@ -63,7 +64,8 @@ def _container_resources(d: KubeDeployment) -> dict[str, dict[str, Any]]:
 
 
 def render_objects(d: KubeDeployment) -> Rendered:
-    """Unvalidated objects: ServiceAccount, PVCs, Service, NetworkPolicy, StatefulSet; SCC+RBAC for admins."""
+    """Unvalidated objects: ServiceAccount, PVCs, Service, NetworkPolicy, Volcano's PodGroup, StatefulSet; SCC+RBAC
+    for admins."""
     objects = [_render("serviceaccount.yaml.j2", d=d)]
     if d.storage.shared:
         claims = ((d.storage.workspace_claim, d.storage.workspace_size),
@@ -73,7 +75,10 @@ def render_objects(d: KubeDeployment) -> Rendered:
     objects.append(_render("service.yaml.j2", d=d))
     if d.network_policy:
         objects.append(_render("networkpolicy.yaml.j2", d=d))
-    objects.append(_render("statefulset.yaml.j2", d=d, resources=_container_resources(d),
+    gang = admission(d.cluster.scheduling, d.app)
+    if gang.pod_group_queue is not None:
+        objects.append(_render("podgroup.yaml.j2", d=d, admission=gang))
+    objects.append(_render("statefulset.yaml.j2", d=d, resources=_container_resources(d), admission=gang,
                            command=podinit.command(d.cluster.scheduling.grace_period)))
     admin = []
     if d.ipc_lock_scc:

@@ -165,6 +165,26 @@ def check(reader: ClusterReader) -> None:
     for index, toleration in enumerate(reader.get("scheduling", "tolerations", default=[])):
         for name, message in toleration_problems(toleration):
             reader.problem(("scheduling", "tolerations", index, name), message)
+    check_admission(reader)
+
+
+def check_admission(reader: ClusterReader) -> None:
+    """Gang admission that can work: Kueue needs its LocalQueue, a queue needs an admission, a topology needs
+    Kueue."""
+    admission = reader.get("scheduling", "admission", default="none")
+    queue = reader.get("scheduling", "queue")
+    if admission == "kueue" and queue is None:
+        namespace = reader.get("cluster", "namespace", default="the cluster's namespace")
+        reader.problem(("scheduling", "admission"),
+                       f"kueue needs scheduling.queue: the LocalQueue in {namespace} that admits the job (kubectl "
+                       f"get localqueues -n {namespace} lists them; a cluster admin creates one)")
+    if admission == "none" and queue is not None:
+        reader.problem(("scheduling", "queue"),
+                       "is used only with scheduling.admission: kueue or volcano; set admission or remove queue")
+    if reader.get("scheduling", "topology") is not None and admission != "kueue":
+        reader.problem(("scheduling", "topology"),
+                       "topology-aware placement is Kueue's: set scheduling.admission: kueue (with "
+                       "scheduling.queue) or remove scheduling.topology")
 
 
 def check_openshift(reader: ClusterReader) -> None:

@@ -20,6 +20,7 @@ CRD_FILES = {
     ("security.openshift.io/v1", "SecurityContextConstraints"): "securitycontextconstraints.security.openshift.io.yaml",
     ("route.openshift.io/v1", "Route"): "routes.route.openshift.io.yaml",
     ("k8s.cni.cncf.io/v1", "NetworkAttachmentDefinition"): "network-attachment-definitions.k8s.cni.cncf.io.yaml",
+    ("scheduling.volcano.sh/v1beta1", "PodGroup"): "podgroups.scheduling.volcano.sh.yaml",
 }
 
 
