@@ -183,7 +183,7 @@ def list_clusters(as_json: bool) -> None:
         [r["name"], r.get("backend", "-"),
          f"{r['nodes']} x {r['gpus_per_node']}" if r["valid"] else "-",
          ("on" if r["rdma"] else "off") if r["valid"] else "-",
-         r.get("storage_mode", "-"),
+         r.get("storage_mode") or "-",
          r.get("description") or "" if r["valid"] else
          f"INVALID: {r['error']}{_more(len(r['errors']) - 1)} (mlenv validate {r['name']})"]
         for r in rows])
@@ -201,7 +201,7 @@ def _summary(cluster: Cluster) -> dict[str, Any]:
         "name": cluster.info.name, "valid": True, "file": cluster.source, "backend": cluster.backend,
         "namespace": cluster.info.namespace, "nodes": cluster.gpus.default_nodes,
         "gpus_per_node": cluster.gpus.per_node, "rdma": cluster.rdma.enabled,
-        "storage_mode": cluster.storage.mode if "storage" in BACKENDS[cluster.backend].uses else "-",
+        "storage_mode": cluster.storage.mode if "storage" in BACKENDS[cluster.backend].uses else None,
         "description": cluster.info.description,
     }
 

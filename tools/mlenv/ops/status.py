@@ -27,6 +27,7 @@ def _report(handle: Handle, recorded: state.Deployment | None, current: str | No
         "runs": list(recorded.runs) if recorded else _submitted_runs(handle.name),
         "deploy": dict(recorded.deploy) if recorded else None,
         "latest_run": None,  # the latest detached run, as its nodes' supervisors recorded it (docs/runs.md)
+        "run_states": {},  # its state on each node, by ordinal
         # an undeployed cluster's once the backend has answered: it may record some (Slurm batch runs' scripts)
         "excluded": list(recorded.excluded) if recorded else [],
     }
