@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
-from contextlib import suppress
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from functools import wraps
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
@@ -56,9 +56,13 @@ class _Commands(click.Group):
     with ``--json`` is JSON too, and a reader that closed stdout (``mlenv logs | head -1``) ends it quietly with
     exit 0, as ``head`` expects of a writer."""
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        with _quiet_when_stdout_goes():  # mlenv --help | head -1
+            return super().parse_args(ctx, args)
+
     def invoke(self, ctx: click.Context) -> Any:
         words = list(ctx.args)  # the command's arguments, as typed (its name apart)
-        try:
+        with _quiet_when_stdout_goes():
             try:
                 return super().invoke(ctx)
             except click.UsageError as exc:
@@ -68,14 +72,23 @@ class _Commands(click.Group):
 
                 exc.show()
                 _exit_failed(UsageError(exc.format_message()).errors(), exc.exit_code, True)
-            finally:
-                sys.stdout.flush()  # what is still buffered meets a closed pipe here, not at exit
-        except BrokenPipeError:
-            import os
 
-            with suppress(OSError, ValueError):  # stdout may be no file (click's test runner)
-                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more to write at exit
-            sys.exit(0)
+
+@contextmanager
+def _quiet_when_stdout_goes() -> Iterator[None]:
+    """Exit 0 at once, saying nothing, when stdout's reader has gone (BrokenPipeError); what is still buffered is
+    written here, not at exit."""
+    try:
+        try:
+            yield
+        finally:
+            sys.stdout.flush()
+    except BrokenPipeError:
+        import os
+
+        with suppress(OSError, ValueError):  # stdout may be no file (click's test runner)
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more to write at exit
+        sys.exit(0)
 
 
 def _wants_json(command: click.Command, words: list[str]) -> bool:
