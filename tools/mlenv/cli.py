@@ -456,9 +456,16 @@ def stop(cluster_ref: str | None) -> None:
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @reports_errors
 def clean(cluster_ref: str | None, delete_data: bool, yes: bool) -> None:
-    """Delete everything the deployment created; data volumes are kept unless --delete-data."""
+    """Delete everything the deployment created; data volumes are kept unless --delete-data. Twice is fine: with
+    nothing (left) to delete it says so and exits 0."""
+    from mlenv import state
     from mlenv.ops.clean import clean as cleaning
 
+    if cluster_ref is None and state.load().current is None:  # the current one was cleaned already
+        from mlenv.ui import info
+
+        info("nothing to clean: no deployment is current (name one with --cluster)")
+        return
     if not cleaning(_target(cluster_ref), delete_data=delete_data, yes=yes):
         click.echo("nothing deleted", err=True)
         sys.exit(1)
