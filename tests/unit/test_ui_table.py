@@ -8,7 +8,7 @@ import re
 import string
 
 import pytest
-from mlenv.ui import ELLIPSIS, layout, styled, table, table_width
+from mlenv.ui import ELLIPSIS, judged, layout, styled, table, table_width
 from rich.cells import cell_len
 from rich.console import Console
 from rich.table import Table
@@ -116,3 +116,15 @@ def test_piped_tables_stay_wide_unless_columns_is_set(monkeypatch: pytest.Monkey
 def test_cells_are_data(capsys: pytest.CaptureFixture[str]) -> None:
     table("t", ["A"], [["tab\there \x1b[31m[red]"]])
     assert capsys.readouterr().out.splitlines()[-1] == "tab\\there \\x1b[31m[red]"  # no value moves or colours text
+
+
+def test_a_verdict_in_its_colour_on_a_terminal_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    terminal = io.StringIO()
+    terminal.isatty = lambda: True  # type: ignore[method-assign]
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.setattr("sys.stdout", terminal)
+    judged("FAIL", "busbw 3.1 GB/s is 2 % of the expected 180 GB/s")
+    monkeypatch.setenv("NO_COLOR", "1")
+    judged("PASS", "ok")
+    assert terminal.getvalue().splitlines() == ["\x1b[31mFAIL\x1b[0m: busbw 3.1 GB/s is 2 % of the expected 180 GB/s",
+                                                "PASS: ok"]

@@ -54,6 +54,13 @@ def say(message: str) -> None:
     print(safe_lines(message))
 
 
+def judged(verdict: str, reasons: str) -> None:
+    """``VERDICT: reasons`` on stdout, the verdict (PASS, WARN, FAIL) in its colour where ``styled``."""
+    colour = COLOURS.get(verdict) if styled(sys.stdout) else None
+    word = f"\033[{colour}m{shown(verdict)}\033[0m" if colour else shown(verdict)
+    print(f"{word}: {safe_lines(reasons)}")
+
+
 def print_json(data: Any) -> None:
     """Machine-readable output on stdout."""
     print(json.dumps(data, indent=2, sort_keys=False))
