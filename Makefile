@@ -28,6 +28,9 @@ FLAG_VALUE = $(strip $(eval FLAG_TEXT := $$(strip $$(value $(1))))$(foreach pair
 FLAG_WORD = $(if $(filter 0 no false,$(1)),,$(if $(filter 1 yes true,$(1)),$(2),$(call FLAG_ERROR,$(3))))
 flag = $(if $(filter 1,$(words $(FLAG_VALUE))),$(call FLAG_WORD,$(FLAG_VALUE),$(2),$(1)),$(if $(FLAG_VALUE),$(FLAG_ERROR)))
 FLAG_ERROR = $(error $(1)=$(value $(1)): expected 1, yes or true (or 0, no, false or nothing))
+# A variable a target cannot do without: $(call required,VAR,example) stops make with a usage error (exit 2) naming
+# it, before the CLI runs, when it is empty or unset.
+required = $(if $(strip $(value $(1))),,$(error $(1) is required: make $@ $(1)=$(2)))
 EXPECT_OPT = $(if $(EXPECT_TRANSPORT),--expect-transport "$$EXPECT_TRANSPORT")
 HANG_OPTS = $(if $(HANG_TIMEOUT),--hang-timeout "$$HANG_TIMEOUT") $(if $(ON_HANG),--on-hang "$$ON_HANG")
 IDLE_OPT = $(if $(ON_IDLE),--on-idle "$$ON_IDLE")
@@ -39,8 +42,10 @@ SPARES_OPT = $(if $(SPARES),--spares "$$SPARES")
         render-cluster deploy-cluster-dry-run deploy-cluster use status-cluster sync-multi-node shell-multi-node \
         exec logs clean-cluster launch launch-dry-run stop top stacks nccl-test doctor discover
 
-help: ## List the targets
-	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  \033[1m%-24s\033[0m %s\n", $$1, $$2}'
+help: ## List the targets (names in bold on a terminal, unless NO_COLOR is set)
+	@if [ -t 1 ] && [ -z "$${NO_COLOR:-}" ]; then bold=$$'\033[1m' plain=$$'\033[0m'; else bold= plain=; fi; \
+	grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | \
+	    awk -v bold="$$bold" -v plain="$$plain" -F':.*## ' '{printf "  %s%-24s%s %s\n", bold, $$1, plain, $$2}'
 
 install: ## Create .venv and install mlenv with dev tools (idempotent)
 	@scripts/install.sh
@@ -89,7 +94,7 @@ deploy-cluster: install ## Deploy CLUSTER= [MODE=] [NODES=] [IMAGE=] [SPARES=K] 
 	@$(MLENV) deploy $(CLUSTER_OPT) $(PLAN_OPTS) $(IMAGE_OPT) $(SPARES_OPT)
 
 use: install ## Make NAME= (a deployment, cluster name or file) the current deployment
-	@$(MLENV) use "$$NAME"
+	@$(call required,NAME,my-cluster)$(MLENV) use "$$NAME"
 
 status-cluster: install ## Nodes, phase, readiness, GPUs, IPs, jobs of the current deployment (or CLUSTER=)
 	@$(MLENV) status $(CLUSTER_OPT)
@@ -101,16 +106,16 @@ shell-multi-node: install ## Interactive shell on node 0 (or POD=N)
 	@$(MLENV) shell $(CLUSTER_OPT) $(POD_OPT)
 
 exec: install ## Run CMD="..." on every node (or POD=N) in parallel
-	@$(MLENV) exec $(CLUSTER_OPT) $(POD_OPT) -- sh -c "$$CMD"
+	@$(call required,CMD,'nvidia-smi -L')$(MLENV) exec $(CLUSTER_OPT) $(POD_OPT) -- sh -c "$$CMD"
 
 logs: install ## The latest run's output of every node (or POD=N, or one rank: LOG_RANK=N); FOLLOW=1 follows it
 	@$(MLENV) logs $(CLUSTER_OPT) $(POD_OPT) $(call flag,FOLLOW,--follow) $(if $(LOG_RANK),--rank "$$LOG_RANK")
 
-launch: install ## Run SCRIPT= [ARGS=] [LAUNCHER=] [ENV=] [DETACH=1] [EXPECT_TRANSPORT=] [HANG_TIMEOUT=s [ON_HANG=stop]] [ON_IDLE=stop|warn] [MAX_RESTARTS=N] on every node
+launch: install ## Run [SCRIPT=train_multi_node.py] [ARGS=] [LAUNCHER=] [ENV=] [DETACH=1] [EXPECT_TRANSPORT=] [HANG_TIMEOUT=s [ON_HANG=stop]] [ON_IDLE=stop|warn] [MAX_RESTARTS=N] on every node
 	@$(MLENV) launch $(CLUSTER_OPT) $(if $(LAUNCHER),--launcher "$$LAUNCHER") $(if $(ARGS),--args "$$ARGS") \
 	    $(ENV_OPTS) $(call flag,DETACH,--detach) $(EXPECT_OPT) $(HANG_OPTS) $(IDLE_OPT) $(RESTARTS_OPT) -- "$${SCRIPT:-train_multi_node.py}"
 
-launch-dry-run: install ## Print what launch would run on every node (same variables as launch)
+launch-dry-run: install ## Print what launch would run on every node (same variables and defaults as launch)
 	@$(MLENV) launch $(CLUSTER_OPT) $(if $(LAUNCHER),--launcher "$$LAUNCHER") $(if $(ARGS),--args "$$ARGS") \
 	    $(ENV_OPTS) $(call flag,DETACH,--detach) $(EXPECT_OPT) $(HANG_OPTS) $(IDLE_OPT) $(RESTARTS_OPT) --dry-run -- "$${SCRIPT:-train_multi_node.py}"
 
@@ -130,7 +135,7 @@ doctor: install ## Preflight checklist for CLUSTER= [MODE=]: PASS/WARN/FAIL, evi
 	@$(MLENV) doctor $(CLUSTER_OPT) $(if $(MODE),--mode "$$MODE")
 
 discover: install ## Write clusters/NAME.yaml from the logged-in cluster (TODOs mark what to decide) [FORCE=1]
-	@$(MLENV) discover "$$NAME" $(if $(FORCE),--force)
+	@$(call required,NAME,my-cluster)$(MLENV) discover "$$NAME" $(if $(FORCE),--force)
 
 clean-cluster: install ## Delete the deployment (keeps data unless DELETE_DATA=1; YES=1 skips the question)
 	@$(MLENV) clean $(CLUSTER_OPT) $(call flag,DELETE_DATA,--delete-data) $(call flag,YES,--yes)

@@ -4,6 +4,7 @@ Imported one way, ``from tests.helpers import ...`` (pytest puts the checkout on
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import socket
@@ -11,6 +12,7 @@ import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from click.testing import CliRunner, Result
 
@@ -56,3 +58,38 @@ def free_ports(count: int, address: str = "127.0.0.1") -> list[int]:
 def free_port(address: str = "127.0.0.1") -> int:
     """A port on ``address`` that was free a moment ago."""
     return free_ports(1, address)[0]
+
+
+def documented_shape(name: str) -> Any:
+    """The example of JSON shape ``name`` in docs/json.md (the JSON block after ``<!-- shape: NAME -->``)."""
+    text = (ROOT / "docs" / "json.md").read_text()
+    start = text.index("```json\n", text.index(f"<!-- shape: {name} -->")) + len("```json\n")
+    return json.loads(text[start:text.index("```", start)])
+
+
+def assert_shaped(value: Any, example: Any, where: str = "$", optional: frozenset[str] = frozenset()) -> None:
+    """``value`` has ``example``'s shape: the same keys in every object (those named ``optional`` may be there too;
+    an empty one is a map, any keys), values of the same JSON type or null, each item of a list shaped as the
+    example's item that has the same ``valid`` (else its first)."""
+    if value is None or example is None:
+        return
+    if isinstance(example, dict):
+        assert isinstance(value, dict), f"{where}: {value!r} is no object"
+        if not example:  # a map (by ordinal, by name): any keys
+            return
+        keys = sorted(set(value) - (optional - set(example)))
+        assert keys == sorted(example), f"{where}: keys {sorted(value)}, documented {sorted(example)}"
+        for key in keys:
+            assert_shaped(value[key], example[key], f"{where}.{key}")
+    elif isinstance(example, list):
+        assert isinstance(value, list), f"{where}: {value!r} is no list"
+        for index, item in enumerate(value):
+            like = [e for e in example if isinstance(e, dict) and isinstance(item, dict)
+                    and e.get("valid") == item.get("valid")] or example
+            if like:
+                assert_shaped(item, like[0], f"{where}[{index}]")
+    else:
+        kinds = (bool,) if isinstance(example, bool) else (int, float) if isinstance(example, int | float) else \
+            (type(example),)
+        assert isinstance(value, kinds) and (isinstance(value, bool) == isinstance(example, bool)), \
+            f"{where}: {value!r} is not a {type(example).__name__} as documented"

@@ -84,3 +84,14 @@ def test_top_refreshes_until_count_and_make_top_until_ctrl_c(project: LocalProje
     assert any(line.startswith("node-0 lgp-app-0 (host lgp-app-0)") for line in seen), seen
     assert shutil.which("nvidia-smi") == str(STANDIN / "nvidia-smi")
     assert MLENV.exists()
+
+
+def test_a_node_without_nvidia_smi_is_named(project: LocalProject, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = os.pathsep.join(part for part in os.environ["PATH"].split(os.pathsep) if part != str(STANDIN))
+    if shutil.which("nvidia-smi", path=path):
+        pytest.skip("this machine has nvidia-smi")
+    monkeypatch.setenv("PATH", path)
+    states = json.loads(project.ok("status", "--gpus", "--json").stdout)["gpu_state"]
+    assert [state["errors"][0] for state in states] == [f"nvidia-smi not found on node-{n}" for n in (0, 1)]
+    text = project.ok("status", "--gpus").stdout
+    assert "nvidia-smi not found on node-1" in text and "No such file" not in text

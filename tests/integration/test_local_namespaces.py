@@ -124,7 +124,7 @@ def test_fail_fast_stops_every_node(cluster: LocalProject) -> None:
     assert re.search(r"mlenv: rank [23] \(node-1, pid \d+\) exited with 3 first; last lines: failing on purpose", text)
     assert "error: node-1 failed with exit code" in text and "Last lines of" in text and "node-1.log" in text
     assert _processes(cluster) == []
-    assert [p["extra"]["jobs"] for p in cluster.status()] == ["0", "0"]
+    assert [p["extra"]["jobs"] for p in cluster.status()] == [0, 0]
 
 
 def test_interrupt_stops_every_node(cluster: LocalProject) -> None:
@@ -186,7 +186,7 @@ def test_clean_leaves_nothing_and_twice_is_fine(cluster: LocalProject) -> None:
     sleeper = cluster.mlenv("exec", "--cluster", cluster.name, "--pod", "0", "--", "sh", "-c",
                             "sleep 300 >/dev/null 2>&1 &")
     assert sleeper.returncode == 0
-    assert [p["extra"]["jobs"] for p in cluster.status()] == ["0", "0"]  # the exec itself ended
+    assert [p["extra"]["jobs"] for p in cluster.status()] == [0, 0]  # the exec itself ended
     assert any(item.startswith("process") for item in leftovers(cluster))  # but the sleep runs in the pod
     cluster.ok("clean", "--cluster", cluster.name)
     assert (cluster.pod_dir(0) / "workspace" / "tiny.py").is_file()  # data kept without --delete-data

@@ -19,7 +19,15 @@ import yaml
 
 from tests._prereq import require
 from tests.helpers import succeeded
-from tests.integration.local_cluster import DONE, FAILING_JOB, TINY_JOB, LocalProject, make_project, require_local
+from tests.integration.local_cluster import (
+    DONE,
+    FAILING_JOB,
+    TINY_JOB,
+    LocalProject,
+    leftovers,
+    make_project,
+    require_local,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 TARGETS = ("install", "install-train", "install-system", "test", "test-fast", "lint", "bench", "demo", "list-clusters",
@@ -103,6 +111,27 @@ def test_the_test_script_runs_the_venv_it_is_given(tmp_path: Path) -> None:
                          cwd=ROOT, env={**os.environ, "VENV": str(venv)}, capture_output=True, text=True, timeout=300,
                          check=False)
     assert ran.returncode == 0 and marker.exists(), ran.stdout + ran.stderr
+
+
+@pytest.mark.parametrize(("target", "variable"), [("exec", "CMD"), ("use", "NAME"), ("discover", "NAME")])
+def test_a_required_variable_left_out_stops_make(target: str, variable: str) -> None:
+    """Exit 2 naming the variable, before the CLI runs (make exec without CMD ran sh -c "" on every node)."""
+    require("make")
+    for given in ((), (f"{variable}=",), (f"{variable}= ",)):
+        stopped = make("-n", target, *given)  # -n: print the command lines, run nothing
+        assert stopped.returncode == 2, stopped.stdout
+        assert f"{variable} is required: make {target} {variable}=" in stopped.stderr
+        assert "bin/mlenv" not in stopped.stdout
+    assert "bin/mlenv" in ok("-n", target, f"{variable}=x").stdout
+
+
+def test_help_shows_defaults_and_styles_only_a_terminal() -> None:
+    require("make")
+    listed = ok("help").stdout
+    assert "\x1b" not in listed  # piped: no escapes
+    launch = next(line for line in listed.splitlines() if line.split()[0] == "launch")
+    assert "[SCRIPT=train_multi_node.py]" in launch
+    assert '"${SCRIPT:-train_multi_node.py}"' in ok("-n", "launch").stdout  # the default it names is the one used
 
 
 def test_validate_list_render_and_dry_run(tmp_path: Path) -> None:
@@ -235,3 +264,16 @@ def test_every_boolean_variable_reads_the_same(value: str) -> None:
         assert shown.returncode == 0, shown.stderr
         line = shown.stdout.splitlines()[-1]
         assert (option in line.split()) == (value.lower() in ("1", "yes", "true")), line
+
+
+def test_clean_cluster_twice_is_fine(tmp_path: Path) -> None:
+    """As `mlenv clean` twice: the second finds nothing current to delete, says so and exits 0."""
+    require("make")
+    require_local("processes")
+    project = make_project(tmp_path, "twice", "10.77.59.0/24", "processes")
+    project.ok("deploy", project.name)  # the current deployment
+    ok("clean-cluster", "DELETE_DATA=1", "YES=1", home=tmp_path)
+    again = ok("clean-cluster", home=tmp_path)
+    assert "nothing to clean" in again.stderr
+    assert "nothing to clean" in project.ok("clean").stderr
+    assert leftovers(project) == []

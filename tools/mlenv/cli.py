@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from functools import wraps
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 
@@ -21,7 +22,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def reports_errors(func: F) -> F:
-    """Turn mlenv errors into one-line messages and exit codes (2 bad input, 1 failed); never a traceback."""
+    """Turn mlenv errors into one-line messages and exit codes (2 bad input, 1 failed); never a traceback. A
+    command run with ``--json`` also prints them on stdout as ``{"ok": false, "errors": [...]}`` (docs/json.md)."""
 
     @wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -32,12 +34,67 @@ def reports_errors(func: F) -> F:
             return func(*args, **kwargs)
         except MlenvError as exc:
             error(str(exc))
-            sys.exit(exc.exit_code)
+            _exit_failed(exc.errors(), exc.exit_code, bool(kwargs.get("as_json")))
         except KeyboardInterrupt:
             error("interrupted")
             sys.exit(130)
 
     return wrapper  # type: ignore[return-value]
+
+
+def _exit_failed(errors: list[dict[str, Any]], exit_code: int, as_json: bool) -> NoReturn:
+    """Exit with ``exit_code``; with ``as_json`` the ``errors`` (said on stderr already) go to stdout as JSON."""
+    if as_json:
+        from mlenv.ui import print_json
+
+        print_json({"ok": False, "errors": errors})
+    sys.exit(exit_code)
+
+
+class _Commands(click.Group):
+    """The group of mlenv's commands, with what every command shares at its end: a usage error of a command run
+    with ``--json`` is JSON too, and a reader that closed stdout (``mlenv logs | head -1``) ends it quietly with
+    exit 0, as ``head`` expects of a writer."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        with _quiet_when_stdout_goes():  # mlenv --help | head -1
+            return super().parse_args(ctx, args)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        words = list(ctx.args)  # the command's arguments, as typed (its name apart)
+        with _quiet_when_stdout_goes():
+            try:
+                return super().invoke(ctx)
+            except click.UsageError as exc:
+                if exc.ctx is None or not _wants_json(exc.ctx.command, words):
+                    raise
+                from mlenv.errors import UsageError
+
+                exc.show()
+                _exit_failed(UsageError(exc.format_message()).errors(), exc.exit_code, True)
+
+
+@contextmanager
+def _quiet_when_stdout_goes() -> Iterator[None]:
+    """Exit 0 at once, saying nothing, when stdout's reader has gone (BrokenPipeError); what is still buffered is
+    written here, not at exit."""
+    try:
+        try:
+            yield
+        finally:
+            sys.stdout.flush()
+    except BrokenPipeError:
+        import os
+
+        with suppress(OSError, ValueError):  # stdout may be no file (click's test runner)
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more to write at exit
+        sys.exit(0)
+
+
+def _wants_json(command: click.Command, words: list[str]) -> bool:
+    """Whether ``command`` has --json and ``words`` give it (before any ``--``)."""
+    given = words[:words.index("--")] if "--" in words else words
+    return "--json" in given and any(param.name == "as_json" for param in command.params)
 
 
 mode_option = click.option("--mode", metavar="rdma|tcp", default=None,  # the plan checks it (plan.MODES)
@@ -103,7 +160,7 @@ def _terminal_width() -> int:
         return 80
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100,
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100,
                                "terminal_width": _terminal_width()})
 @click.version_option(package_name="mlenv")
 def main() -> None:
@@ -128,8 +185,8 @@ def list_clusters(as_json: bool) -> None:
         try:
             cluster = load_cluster(name)
         except MlenvError as exc:
-            first = str(exc).splitlines()[0]
-            rows.append({"name": name, "valid": False, "error": first})
+            errors = exc.errors()
+            rows.append({"name": name, "valid": False, "error": str(exc).splitlines()[0], "errors": errors})
             continue
         rows.append(_summary(cluster))
     if as_json:
@@ -139,9 +196,15 @@ def list_clusters(as_json: bool) -> None:
         [r["name"], r.get("backend", "-"),
          f"{r['nodes']} x {r['gpus_per_node']}" if r["valid"] else "-",
          ("on" if r["rdma"] else "off") if r["valid"] else "-",
-         r.get("storage_mode", "-"),
-         r.get("description") or "" if r["valid"] else f"INVALID: {r['error']} (mlenv validate {r['name']})"]
+         r.get("storage_mode") or "-",
+         r.get("description") or "" if r["valid"] else
+         f"INVALID: {r['error']}{_more(len(r['errors']) - 1)} (mlenv validate {r['name']})"]
         for r in rows])
+
+
+def _more(count: int) -> str:
+    """`` and N more problems`` (nothing for none)."""
+    return f" and {count} more problem{'s' if count > 1 else ''}" if count else ""
 
 
 def _summary(cluster: Cluster) -> dict[str, Any]:
@@ -151,7 +214,7 @@ def _summary(cluster: Cluster) -> dict[str, Any]:
         "name": cluster.info.name, "valid": True, "file": cluster.source, "backend": cluster.backend,
         "namespace": cluster.info.namespace, "nodes": cluster.gpus.default_nodes,
         "gpus_per_node": cluster.gpus.per_node, "rdma": cluster.rdma.enabled,
-        "storage_mode": cluster.storage.mode if "storage" in BACKENDS[cluster.backend].uses else "-",
+        "storage_mode": cluster.storage.mode if "storage" in BACKENDS[cluster.backend].uses else None,
         "description": cluster.info.description,
     }
 
@@ -170,7 +233,7 @@ def validate(cluster: str | None, cluster_ref: str | None, mode: str | None, nod
 
     job = _plan(_one_cluster(cluster, cluster_ref), mode, nodes, None)
     request = prepared(job)
-    summary = {**_summary(job.cluster), "mode": job.mode, "nodes": job.nodes,
+    summary = {"ok": True, **_summary(job.cluster), "mode": job.mode, "nodes": job.nodes,
                "warnings": [*job.warnings, *request.warnings]}
     if as_json:
         from mlenv.ui import print_json
@@ -393,9 +456,16 @@ def stop(cluster_ref: str | None) -> None:
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @reports_errors
 def clean(cluster_ref: str | None, delete_data: bool, yes: bool) -> None:
-    """Delete everything the deployment created; data volumes are kept unless --delete-data."""
+    """Delete everything the deployment created; data volumes are kept unless --delete-data. Twice is fine: with
+    nothing (left) to delete it says so and exits 0."""
+    from mlenv import state
     from mlenv.ops.clean import clean as cleaning
 
+    if cluster_ref is None and state.load().current is None:  # the current one was cleaned already
+        from mlenv.ui import info
+
+        info("nothing to clean: no deployment is current (name one with --cluster)")
+        return
     if not cleaning(_target(cluster_ref), delete_data=delete_data, yes=yes):
         click.echo("nothing deleted", err=True)
         sys.exit(1)

@@ -7,7 +7,7 @@ name, a key or a value from the user should pass it through one of them.
 from __future__ import annotations
 
 import json
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 _SHORT_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
@@ -38,6 +38,10 @@ def show_value(value: object) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+NO_FILE = "mlenv"
+"""The file of a problem that is in no file (a command-line argument): messages start ``mlenv: ...``."""
+
+
 class Problem(NamedTuple):
     """One actionable problem in a user's input, rendered as ``file:line:col: path: message`` on one line."""
 
@@ -56,11 +60,20 @@ class Problem(NamedTuple):
         message = shown(self.message)
         return f"{where}: {shown(self.path, ascii_only=True)}: {message}" if self.path else f"{where}: {message}"
 
+    def to_dict(self) -> dict[str, Any]:
+        """The problem as ``--json`` reports it (docs/json.md): file, line, column, field (null where none)."""
+        return {"file": None if self.file == NO_FILE else self.file, "line": self.line, "column": self.column,
+                "field": self.path or None, "message": self.message}
+
 
 class MlenvError(Exception):
     """Base class for errors the CLI reports without a traceback."""
 
     exit_code = 1
+
+    def errors(self) -> list[dict[str, Any]]:
+        """The error as ``--json`` reports it: one entry, its message whole, in no file."""
+        return [Problem(NO_FILE, None, None, "", str(self)).to_dict()]
 
 
 class ConfigError(MlenvError):
@@ -70,9 +83,13 @@ class ConfigError(MlenvError):
 
     def __init__(self, problems: list[Problem] | str) -> None:
         if isinstance(problems, str):
-            problems = [Problem("mlenv", None, None, "", problems)]
+            problems = [Problem(NO_FILE, None, None, "", problems)]
         self.problems = problems
         super().__init__("\n".join(str(p) for p in problems))
+
+    def errors(self) -> list[dict[str, Any]]:
+        """Every problem, in the order they are said."""
+        return [problem.to_dict() for problem in self.problems]
 
 
 class UsageError(MlenvError):

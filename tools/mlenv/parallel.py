@@ -6,6 +6,7 @@ and only its last state once it has. Knows nothing of backends."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import subprocess
@@ -137,10 +138,21 @@ def run_parallel(commands: Mapping[int, Sequence[str]], *, fail_fast: bool = Fal
     ``echo`` is off) and appending it to ``logs[N]``. ``stdin`` is written first to every command; with
     ``keep_stdin`` their stdin then stays open until they end (remote commands that watch it stop when it
     closes). With ``fail_fast`` the first non-zero exit stops the rest. Ctrl-C (or SIGTERM) stops everything
-    and is reported as ``interrupted``."""
+    and is reported as ``interrupted``; a closed stdout stops everything too, and raises BrokenPipeError."""
     lock = threading.Lock()
     files = {n: path.open("a", encoding="utf-8") for n, path in (logs or {}).items()}
     shown: int | None = None  # the node whose unfinished line stdout shows
+    closed = threading.Event()  # stdout's reader has gone (``mlenv logs | head -1``): everything stops
+
+    def write(text: str) -> None:
+        """``text`` on stdout at once, unless its reader has gone."""
+        if closed.is_set():
+            return
+        try:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        except BrokenPipeError:
+            closed.set()
 
     def emit(ordinal: int, line: str) -> None:
         nonlocal shown
@@ -148,11 +160,10 @@ def run_parallel(commands: Mapping[int, Sequence[str]], *, fail_fast: bool = Fal
             if echo:
                 last = line[line.rfind("\r") + 1:]  # a line updated in place: its last state, tagged
                 if last != line and last.startswith(f"[node-{ordinal} r"):
-                    sys.stdout.write(("\r" if shown == ordinal else "\n" if shown is not None else "") + last + "\n")
+                    write(("\r" if shown == ordinal else "\n" if shown is not None else "") + last + "\n")
                 else:
-                    sys.stdout.write(("\n" if shown is not None else "") + node_line(ordinal, line) + "\n")
+                    write(("\n" if shown is not None else "") + node_line(ordinal, line) + "\n")
                 shown = None
-                sys.stdout.flush()
             if ordinal in files:
                 files[ordinal].write(line + "\n")
                 files[ordinal].flush()
@@ -164,8 +175,7 @@ def run_parallel(commands: Mapping[int, Sequence[str]], *, fail_fast: bool = Fal
         nonlocal shown
         if echo and state.startswith(f"[node-{ordinal} r"):
             with lock:
-                sys.stdout.write(("\r" if shown == ordinal else "\n" if shown is not None else "") + state)
-                sys.stdout.flush()
+                write(("\r" if shown == ordinal else "\n" if shown is not None else "") + state)
                 shown = ordinal
 
     nodes: list[_Node] = []
@@ -180,7 +190,7 @@ def run_parallel(commands: Mapping[int, Sequence[str]], *, fail_fast: bool = Fal
                 except OSError as exc:
                     _stop(nodes)
                     raise OperationError(f"cannot run {argv[0]} for node-{ordinal}: {exc.strerror}") from None
-            while len(codes) < len(nodes):
+            while len(codes) < len(nodes) and not closed.is_set():
                 for node in nodes:
                     code = node.process.poll()
                     if code is None or node.ordinal in codes:
@@ -191,6 +201,8 @@ def run_parallel(commands: Mapping[int, Sequence[str]], *, fail_fast: bool = Fal
                         if fail_fast:
                             stopped = _stop(nodes)
                 time.sleep(0.05)
+        if closed.is_set():
+            stopped = _stop(nodes)
         interrupted = False
     except KeyboardInterrupt:
         stopped = _stop(nodes)
@@ -201,5 +213,7 @@ def run_parallel(commands: Mapping[int, Sequence[str]], *, fail_fast: bool = Fal
             node.reader.join(timeout=max(0.0, deadline - time.monotonic()))
         for handle in files.values():
             handle.close()
+    if closed.is_set():
+        raise BrokenPipeError(errno.EPIPE, "stdout's reader has gone")  # the CLI ends quietly (cli._Commands)
     codes.update({n.ordinal: n.process.returncode for n in nodes if n.ordinal not in codes})
     return FanoutResult(codes, first_failure, frozenset(stopped), interrupted)

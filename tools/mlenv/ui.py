@@ -12,11 +12,20 @@ import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TextIO
 
 from mlenv.errors import shown
 
-PIPE_WIDTH = 200
+ELLIPSIS = "…"
+"""Ends a cell cut to fit the terminal."""
+COLOURS = {**dict.fromkeys(("PASS", "ok", "Ready", "Running", "running", "Reachable", "succeeded", "Succeeded"), "32"),
+           **dict.fromkeys(("WARN", "Pending", "ContainerCreating", "NoWorkspace", "stopped", "hung", "idle",
+                            "Unknown", "Terminating", "not created"), "33"),
+           **dict.fromkeys(("FAIL", "Failed", "failed", "Missing", "Broken", "Unreachable", "Error",
+                            "CrashLoopBackOff"), "31")}
+"""The colour (an SGR code) of a table cell that is exactly one of these states or verdicts."""
+View = Callable[[int | None, bool], str]
+"""Something ``live_view`` draws: (width or None for no limit, styled) -> its text."""
 
 
 def safe_lines(message: str) -> str:
@@ -45,63 +54,127 @@ def say(message: str) -> None:
     print(safe_lines(message))
 
 
+def judged(verdict: str, reasons: str) -> None:
+    """``VERDICT: reasons`` on stdout, the verdict (PASS, WARN, FAIL) in its colour where ``styled``."""
+    colour = COLOURS.get(verdict) if styled(sys.stdout) else None
+    word = f"\033[{colour}m{shown(verdict)}\033[0m" if colour else shown(verdict)
+    print(f"{word}: {safe_lines(reasons)}")
+
+
 def print_json(data: Any) -> None:
     """Machine-readable output on stdout."""
     print(json.dumps(data, indent=2, sort_keys=False))
 
 
+def styled(stream: TextIO) -> bool:
+    """Whether to style (colour, bold) what goes to ``stream``: a terminal, and NO_COLOR unset or empty
+    (https://no-color.org)."""
+    return not os.environ.get("NO_COLOR") and stream.isatty()
+
+
+def table_width() -> int | None:
+    """How wide a table on stdout may be: $COLUMNS when set, else the terminal's width; None (no limit: piped output
+    stays wide and the same everywhere) when stdout is not a terminal."""
+    try:
+        return max(1, int(os.environ["COLUMNS"]))
+    except (KeyError, ValueError):
+        pass
+    try:
+        return os.get_terminal_size(sys.stdout.fileno()).columns if sys.stdout.isatty() else None
+    except (OSError, ValueError):
+        return None
+
+
 def table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
-    """A table on stdout in rich's layout (heavy head, no outer edge); piped output gets a wide fixed width so
-    cells are not folded. Plain ASCII tables that fit are laid out here (rich takes ~3 ms a row: most of
-    ``status``'s time on 256 pods), anything else by rich."""
+    """A table on stdout, one line per row, cut to the terminal's width (``layout``)."""
+    sys.stdout.write(layout(title, columns, rows, table_width(), styled(sys.stdout)))
+
+
+def layout(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]], width: int | None,
+           style: bool) -> str:
+    """rich's table layout (heavy head, no outer edge; bold header, italic title, states in colour when ``style``),
+    drawn here (rich takes ~3 ms a row: most of ``status``'s time on 256 pods). Each row is one line; when the
+    table is wider than ``width``, the padding goes first, then cells are cut with … from the last column leftwards
+    (the details first), never below their header's width, which stays whole."""
     cells = [[shown(str(cell)) for cell in row] for row in rows]  # values from files and hosts: escaped
+    heads = [shown(str(column)) for column in columns]
     title = None if title is None else shown(title)
-    terminal = sys.stdout.isatty()
-    width = os.get_terminal_size(sys.stdout.fileno()).columns if terminal else PIPE_WIDTH
-    text = _plain_table(title, [str(c) for c in columns], cells, width, terminal)
-    if text is not None:
-        sys.stdout.write(text)
-        return
-    from rich.console import Console
-    from rich.table import Table
-    from rich.text import Text
+    measure = _measure([title or "", *heads, *(cell for row in cells for cell in row)])
+    natural = [max(measure(cells[i]) for cells in [heads, *cells]) for i in range(len(heads))]
+    least = [measure(head) for head in heads]
+    pad, widths = 1, _fitted(natural, natural, width, 1)
+    if widths is None:
+        pad, widths = 0, _fitted(natural, least, width, 0) or least
+    last = len(heads) - 1
+    total = sum(widths) + last * (2 * pad + 1)
 
-    console = Console() if terminal else Console(width=PIPE_WIDTH)
-    grid = Table(title=None if title is None else Text(title), header_style="bold", show_edge=False, pad_edge=False)
-    for index, column in enumerate(columns):
-        grid.add_column(column, no_wrap=index == 0, overflow="fold")
-    for row in cells:
-        grid.add_row(*(Text(cell) for cell in row))  # cells are data, never rich markup ([host]:22 stays)
-    console.print(grid)
-
-
-def _plain_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[str]], width: int,
-                 styled: bool) -> str | None:
-    """What rich prints for this table (bold header, italic title when ``styled``), or None when rich must lay
-    it out: a cell or title that is not plain printable ASCII, or a table wider than ``width``."""
-    texts = [title or "", *columns, *(cell for row in rows for cell in row)]
-    if not all(text.isascii() and text.isprintable() for text in texts):
-        return None
-    widths = [max(len(cells[i]) for cells in [columns, *rows]) for i in range(len(columns))]
-    last = len(columns) - 1
-    padded = [(1 if i else 0) + w + (1 if i < last else 0) for i, w in enumerate(widths)]
-    total = sum(padded) + last
-    if total > width or len(title or "") > total:
-        return None
-
-    def line(cells: Sequence[str], bar: str, style: str = "") -> str:
-        parts = [(" " if i else "") + cell.ljust(w) + (" " if i < last else "")
-                 for i, (cell, w) in enumerate(zip(cells, widths, strict=True))]
-        return bar.join(f"\033[{style}m{part}\033[0m" if style else part for part in parts)
+    def line(row: Sequence[str], bar: str, head: bool = False) -> str:
+        parts = []
+        for i, (cell, w) in enumerate(zip(row, widths, strict=True)):
+            text = _cut(cell, w, measure)
+            text += " " * (w - measure(text))
+            colour = ("1" if head else COLOURS.get(cell)) if style else None
+            if colour:
+                text = f"\033[{colour}m{text}\033[0m"
+            parts.append((" " * pad if i else "") + text + (" " * pad if i < last else ""))
+        return bar.join(parts)
 
     lines = []
     if title:
-        left = (total - len(title)) // 2
-        centred = " " * left + title + " " * (total - len(title) - left)
-        lines.append(f"\033[3m{centred}\033[0m" if styled else centred)
-    lines += [line(columns, "┃", "1" if styled else ""), "╇".join("━" * w for w in padded)]
-    lines += [line(row, "│") for row in rows]
+        size = measure(title)
+        shown_title = (" " * ((total - size) // 2) + title + " " * (total - size - (total - size) // 2)
+                       if size <= total else _cut(title, width, measure) if width is not None else title)
+        lines.append(f"\033[3m{shown_title}\033[0m" if style else shown_title)
+    lines += [line(heads, "┃", head=True), "╇".join("━" * (w + pad * ((i > 0) + (i < last)))
+                                                       for i, w in enumerate(widths))]
+    lines += [line(row, "│") for row in cells]
     return "\n".join(lines) + "\n"
+
+
+def cut(line: str, width: int | None) -> str:
+    """``line`` escaped (``errors.shown``) and, with a ``width``, cut to it with …."""
+    text = shown(line)
+    return text if width is None else _cut(text, width, _measure([text]))
+
+
+def _measure(texts: Sequence[str]) -> Callable[[str], int]:
+    """How many terminal cells a text of ``texts`` takes: its length when all are ASCII, else rich's count (wide
+    and combining characters)."""
+    if all(text.isascii() for text in texts):
+        return len
+    from rich.cells import cell_len
+
+    return cell_len
+
+
+def _fitted(natural: Sequence[int], least: Sequence[int], width: int | None, pad: int) -> list[int] | None:
+    """Column widths that fit ``width`` with ``pad`` spaces either side of each bar: ``natural`` cut from the last
+    column leftwards, none below ``least``; None when even that is too wide."""
+    widths = list(natural)
+    if width is None:
+        return widths
+    excess = sum(widths) + (len(widths) - 1) * (2 * pad + 1) - width
+    for i in reversed(range(len(widths))):
+        if excess <= 0:
+            break
+        taken = min(excess, widths[i] - least[i])
+        widths[i] -= taken
+        excess -= taken
+    return widths if excess <= 0 else None
+
+
+def _cut(text: str, width: int, measure: Callable[[str], int]) -> str:
+    """``text``, or as much of it as fits ``width`` with … at its end."""
+    if measure(text) <= width:
+        return text
+    if width < 1:
+        return ""
+    if measure is len:
+        return text[:width - 1] + ELLIPSIS
+    kept = text
+    while kept and measure(kept) + 1 > width:
+        kept = kept[:-1]
+    return kept + ELLIPSIS
 
 
 @contextmanager
@@ -119,20 +192,40 @@ def spinner(message: str) -> Iterator[None]:
 
 
 @contextmanager
-def live_view() -> Iterator[Callable[[Any], None]]:
-    """Yields ``update(renderable)``: a rich Live display on a terminal's stderr; elsewhere (CI logs, pipes)
-    only the last state is printed, once."""
+def live_view() -> Iterator[Callable[[str | View], None]]:
+    """Yields ``update(view)``: a line of text, or a ``View`` drawn at the terminal's width (every line whole or cut,
+    never folded), live on a terminal's stderr; elsewhere (CI logs, pipes) only the last state is printed, once,
+    at full width."""
     from rich.console import Console
     from rich.live import Live
 
     console = Console(stderr=True)
     if console.is_terminal:
         with Live(console=console, refresh_per_second=4) as live:
-            yield live.update
+            yield lambda view: live.update(_Drawn(view, styled(sys.stderr)))
         return
-    last: list[Any] = []
+    last: list[str | View] = []
     try:
         yield last.append
     finally:
         if last:
-            console.print(last[-1])
+            sys.stderr.write(_drawn(last[-1], None, False))
+
+
+def _drawn(view: str | View, width: int | None, style: bool) -> str:
+    """``view``'s text (a line of text is escaped), ending with a line break."""
+    text = safe_lines(view) if isinstance(view, str) else view(width, style)
+    return text if text.endswith("\n") else text + "\n"
+
+
+class _Drawn:
+    """A view as rich's Live shows it: drawn at the console's width each time it refreshes."""
+
+    def __init__(self, view: str | View, style: bool) -> None:
+        self.view, self.style = view, style
+
+    def __rich_console__(self, console: Any, options: Any) -> Iterator[Any]:
+        from rich.text import Text
+
+        text = _drawn(self.view, options.max_width, self.style).rstrip("\n")
+        yield Text.from_ansi(text, no_wrap=True, overflow="ellipsis")

@@ -118,7 +118,8 @@ class NodeStatus:
     ip: str | None
     rdma_devices: str | None = None
     detail: str | None = None
-    extra: Mapping[str, str] = field(default_factory=dict)
+    extra: Mapping[str, str | int] = field(default_factory=dict)
+    """The backend's own columns (a count as a number: ``{"jobs": 0}``)."""
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,8 @@ at once through the backend's exec; a node that cannot be reached is named while
 
 from __future__ import annotations
 
+import errno
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -11,6 +13,9 @@ from typing import Any
 from mlenv.core.capabilities import Handle, NodeAccess
 from mlenv.ops.fanout import runtime_json, select_nodes
 from mlenv.runtime.gpus import render_node
+
+NO_NVIDIA_SMI = f"GPUs: {os.strerror(errno.ENOENT)}"
+"""What the runtime's ``gpus`` reports of a node without nvidia-smi (the OSError of running it, runtime/gpus.py)."""
 
 
 def gather(backend: NodeAccess, handle: Handle, only: int | None = None) -> list[dict[str, Any]]:
@@ -21,7 +26,13 @@ def gather(backend: NodeAccess, handle: Handle, only: int | None = None) -> list
     reports = []
     for ordinal, answer in sorted(answers.items()):
         head = {"node": ordinal, "name": answer.node.name}
-        reports.append({**head, **answer.data} if answer.data is not None else {**head, "error": answer.error})
+        if answer.data is None:
+            reports.append({**head, "error": answer.error})
+            continue
+        said = answer.data.get("errors")
+        errors = {"errors": [f"nvidia-smi not found on node-{ordinal}" if error == NO_NVIDIA_SMI else error
+                             for error in said]} if isinstance(said, list) else {}
+        reports.append({**head, **answer.data, **errors})
     if only is None:
         seen = {node.ordinal for node in nodes}
         reports += [{"node": n, "name": f"node-{n}", "error": "not running"} for n in range(handle.nodes)

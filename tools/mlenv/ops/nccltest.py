@@ -204,7 +204,7 @@ def _summary(target: Target, result: LaunchResult, results: Sequence[SizeResult]
 
 
 def _print(summary: Mapping[str, Any], plot: str) -> None:
-    from mlenv.ui import error, say, table
+    from mlenv.ui import error, judged, say, table
 
     table(f"all-reduce bus bandwidth: {summary['cluster']} ({summary['nodes']} nodes)",
           ["SIZE (bytes)", "TIME (us)", "ALGBW (GB/s)", "BUSBW (GB/s)"],
@@ -219,7 +219,7 @@ def _print(summary: Mapping[str, Any], plot: str) -> None:
     else:
         say(f"transport: {summary['transport']['verdict']}")
     print(plot, end="")
-    say(f"{summary['verdict']}: " + "; ".join(summary["reasons"]))
+    judged(summary["verdict"], "; ".join(summary["reasons"]))
     say(f"results: {summary['files']['json']}, plot: {summary['files']['png']}")
     if summary["verdict"] == "FAIL":
         error(f"nccl-test FAILED; the node logs are in {summary['files']['logs']}")

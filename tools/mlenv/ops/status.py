@@ -27,6 +27,7 @@ def _report(handle: Handle, recorded: state.Deployment | None, current: str | No
         "runs": list(recorded.runs) if recorded else _submitted_runs(handle.name),
         "deploy": dict(recorded.deploy) if recorded else None,
         "latest_run": None,  # the latest detached run, as its nodes' supervisors recorded it (docs/runs.md)
+        "run_states": {},  # its state on each node, by ordinal
         # an undeployed cluster's once the backend has answered: it may record some (Slurm batch runs' scripts)
         "excluded": list(recorded.excluded) if recorded else [],
     }
@@ -82,11 +83,12 @@ def _print(report: dict[str, Any]) -> None:
         say(f"{title}: no nodes" + ("" if report["deployed"] else " (not deployed)"))
         return
     extra = sorted({key for row in rows for key in row["extra"]})
+    detail = any(row["detail"] for row in rows)  # a column of nothing would only take room from the others
     table(title, ["POD", "NODE", "PHASE", "READY", "RESTARTS", "GPUS", "IP", "RDMA", *[c.upper() for c in extra],
-                  "DETAIL"],
+                  *["DETAIL"][:detail]],
           [[row["name"], row["node"] or "-", row["phase"], "yes" if row["ready"] else "no", row["restarts"],
             row["gpus"], row["ip"] or "-", row["rdma_devices"] or "-", *[row["extra"].get(c, "") for c in extra],
-            row["detail"] or ""] for row in rows])
+            *[row["detail"] or ""][:detail]] for row in rows])
     for entry in report["excluded"]:
         print(f"excluded: node-{entry['node']} ({entry.get('host', '-')}) since {entry.get('since', '-')}: "
               f"{entry.get('reason', '-')}; mlenv nodes --forget-excluded clears")

@@ -58,17 +58,20 @@ def _first_error(stderr: str) -> str:
     return (errors or lines or ["the CLI failed without saying why"])[0]
 
 
-def resolve_binary(cli: str) -> str:
+def resolve_binary(cli: str, *, say_stand_in: bool = False) -> str:
     """The CLI to run: $OPENSHIFT_CLIENT_PYTHON_DEFAULT_OC_PATH if set, else ``cli``; for ``oc`` on a machine
-    that has only kubectl, kubectl (with a one-line note). UsageError saying how to install it when missing."""
+    that has only kubectl, kubectl (with a one-line note where ``say_stand_in``: once per deployment, when it is
+    deployed, not on every command). UsageError saying how to install it when missing."""
     wanted = os.environ.get(PATH_VARIABLE) or cli
     found = shutil.which(wanted)
     if found is not None:
         return found
     if cli == "oc" and not os.environ.get(PATH_VARIABLE) and (kubectl := shutil.which("kubectl")):
-        from mlenv.ui import info
+        if say_stand_in:
+            from mlenv.ui import info
 
-        info("note: oc is not installed: using kubectl (OpenShift's own commands such as oc login are not needed)")
+            info("note: oc is not installed: using kubectl (OpenShift's own commands such as oc login are not "
+                 "needed)")
         return kubectl
     flavour = "kubectl" if "kubectl" in os.path.basename(wanted) else cli
     source = f" (from ${PATH_VARIABLE})" if os.environ.get(PATH_VARIABLE) else ""

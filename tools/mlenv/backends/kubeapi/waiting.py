@@ -17,7 +17,7 @@ from mlenv.backends.kubeapi.explain import Trouble, pod_trouble, statefulset_tro
 from mlenv.backends.kubeapi.naming import Target, instance
 from mlenv.backends.kubeapi.queued import queues
 from mlenv.errors import OperationError
-from mlenv.ui import live_view
+from mlenv.ui import View, cut, layout, live_view
 
 POLL_SECONDS = 1.0
 CLOCK_SLACK = timedelta(seconds=30)
@@ -58,38 +58,34 @@ def statefulset_pods(d: Target) -> PodSet:
 
 
 def _view(pods: PodSet, found: dict[int, dict[str, Any]], ready: set[int], troubles: dict[str, Trouble],
-          elapsed: float) -> Any:
+          elapsed: float) -> View:
     """Ready x/N, then one line per pod, those not ready first (at most MAX_ROWS), then the troubles that are not a
-    pod's (a StatefulSet's, a workload's)."""
-    from rich.table import Table
-
+    pod's (a StatefulSet's, a workload's); drawn at the terminal's width (the details cut first)."""
     d = pods.target
-    table = Table(title=f"{d.app} in {d.namespace}: {len(ready)}/{d.nodes} pods ready ({elapsed:.0f}s)",
-                  title_justify="left", show_edge=False, pad_edge=False, header_style="bold")
-    for column in ("POD", "NODE", "PHASE"):
-        table.add_column(column, no_wrap=True)
-    table.add_column("DETAIL", no_wrap=True, overflow="ellipsis")
+    rows: list[list[str]] = []
     order = sorted(range(d.nodes), key=lambda i: (i in ready, i))
     for index in order[:MAX_ROWS]:
         pod = found.get(index)
         if pod is None:
-            table.add_row(pods.pod_name(index), "-", "not created", "")
+            rows.append([pods.pod_name(index), "-", "not created", ""])
             continue
         name = pod["metadata"]["name"]
         trouble = troubles.get(name)
-        table.add_row(name, (pod.get("spec") or {}).get("nodeName") or "-",
-                      "Ready" if index in ready else (pod.get("status") or {}).get("phase", "Unknown"),
-                      trouble.words if trouble else "")
+        rows.append([name, (pod.get("spec") or {}).get("nodeName") or "-",
+                     "Ready" if index in ready else (pod.get("status") or {}).get("phase", "Unknown"),
+                     trouble.words if trouble else ""])
     if len(order) > MAX_ROWS:
-        table.add_row(f"... {len(order) - MAX_ROWS} more", "", "", "")
+        rows.append([f"... {len(order) - MAX_ROWS} more", "", "", ""])
     names = {pod["metadata"]["name"] for pod in found.values()}
-    others = [trouble for subject, trouble in troubles.items() if subject not in names]
-    if not others:
-        return table
-    from rich.console import Group
-    from rich.text import Text
+    others = [str(trouble) for subject, trouble in troubles.items() if subject not in names]
+    title = f"{d.app} in {d.namespace}: {len(ready)}/{d.nodes} pods ready ({elapsed:.0f}s)"
 
-    return Group(table, *(Text(str(trouble), no_wrap=True, overflow="ellipsis") for trouble in others))
+    def draw(width: int | None, style: bool) -> str:
+        notes = [cut(line, width) for line in (title, *others)]
+        return (notes[0] + "\n" + layout(None, ("POD", "NODE", "PHASE", "DETAIL"), rows, width, style)
+                + "".join(f"{note}\n" for note in notes[1:]))
+
+    return draw
 
 
 def _current(pod: dict[str, Any], sts: dict[str, Any] | None) -> bool:

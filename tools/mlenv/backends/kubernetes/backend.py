@@ -118,8 +118,10 @@ class KubernetesBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks):
 
     def apply(self, request: Request, record: Recorder) -> Handle:
         """Check server, login and namespace; record; server-side apply exactly the request's YAML stream."""
+        from mlenv.backends.kubeapi.client import resolve_binary
         from mlenv.backends.kubeapi.preflight import explained, preflight, require
 
+        resolve_binary(self.flavour, say_stand_in=True)  # the note, once per deployment: here, not on every command
         target = self.target(request.handle)
         client = self._client(target)
         user, checks = preflight(client, target)

@@ -235,7 +235,7 @@ def run_discover(name: str, namespace: str | None, force: bool) -> Path:
     path = clusters_dir() / f"{name}.yaml"
     if path.exists() and not force:
         raise UsageError(f"{path} exists: mlenv discover {name} --force replaces it")
-    binary = resolve_binary("oc")
+    binary = resolve_binary("oc", say_stand_in=True)
     found = discover(Client(binary, namespace or "default"), namespace)
     text = cluster_text(name, found)
     validate(parse_yaml(text, str(path)))  # a ConfigError here is mlenv's bug: nothing is written

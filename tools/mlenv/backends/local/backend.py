@@ -284,7 +284,7 @@ class LocalBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks):
                 continue
             ready = pod.netns is None or localnet.configured(pod.netns, pod.nic, f"{pod.ip}/{pod.prefixlen}")
             jobs = len(localproc.running(layout.pod_dir(ordinal)))
-            extra = {"mode": pod.mode, "nic": pod.nic, "jobs": str(jobs)}
+            extra: dict[str, str | int] = {"mode": pod.mode, "nic": pod.nic, "jobs": jobs}
             rows.append(NodeStatus(name, ordinal, pod.netns or "localhost", "Running" if ready else "Broken", ready,
                                    0, 0, pod.ip, detail=None if ready else "network broken: mlenv deploy repairs it",
                                    extra=extra))
