@@ -10,10 +10,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from mlenv.runtime.hang import HangWatchdog
-from mlenv.runtime.observers import BaseObserver, RankInfo
-from mlenv.runtime.runlayout import NodeDir
-from mlenv.runtime.supervisor import Sinks, Supervisor, _Connection, _Reader
+from mlenv.runtime.records.runlayout import NodeDir
+from mlenv.runtime.supervise.supervisor import Sinks, Supervisor, _Connection, _Reader
+from mlenv.runtime.watch.hang import HangWatchdog
+from mlenv.runtime.watch.protocol import BaseObserver, RankInfo
 
 
 class Seen(BaseObserver):

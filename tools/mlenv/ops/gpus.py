@@ -10,7 +10,7 @@ from typing import Any
 
 from mlenv.core.capabilities import Handle, NodeAccess
 from mlenv.ops.fanout import runtime_json, select_nodes
-from mlenv.runtime.gpus import render_node
+from mlenv.runtime.node.gpus import render_node
 
 
 def gather(backend: NodeAccess, handle: Handle, only: int | None = None) -> list[dict[str, Any]]:

@@ -20,20 +20,18 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, NoReturn, cast
 
-from . import restartpolicy, standby
-from .control import secret_of
 from .doctor import examine, render
-from .forensics import flight_dumps
-from .gpus import read_node, render_node
-from .hang import HANG_EXIT_CODE
-from .idle import DEFAULT_IDLE_UTIL, IDLE_EXIT_CODE
-from .jobs import POLL_SECONDS, JobError, NodeJob, follow_log, host_jobs, start_recorded, stop_jobs
-from .launcher import forwarding_signals, launch
+from .fabric.nccl import detect_nccl_env
+from .fabric.ncclog import EXPECTATIONS, LogReport, NcclLogReader, iter_lines, judge
+from .forensics.flightrecorder import flight_dumps
+from .forensics.stacks import METHODS, group, sample
+from .forensics.stacks import render as render_stacks
 from .launchers import DEFAULT_LAUNCHER, LAUNCHERS
-from .nccl import detect_nccl_env
-from .ncclog import EXPECTATIONS, LogReport, NcclLogReader, iter_lines, judge
-from .observing import observers_for
-from .runlayout import (
+from .node.gpus import read_node, render_node
+from .node.topology import TopologyError, detect_topology, host_name
+from .records import restartpolicy
+from .records.restartpolicy import IDLE_EXIT_CODE
+from .records.runlayout import (
     FirstFailure,
     NodeDir,
     absolute_checkpoint_dir,
@@ -43,9 +41,13 @@ from .runlayout import (
     runs_root,
     write_atomic,
 )
-from .stacks import METHODS, group, sample
-from .stacks import render as render_stacks
-from .topology import TopologyError, detect_topology, host_name
+from .supervise import standby
+from .supervise.control import secret_of
+from .supervise.jobs import POLL_SECONDS, JobError, NodeJob, follow_log, host_jobs, start_recorded, stop_jobs
+from .supervise.launcher import forwarding_signals, launch
+from .watch.assemble import observers_for
+from .watch.hang import HANG_EXIT_CODE
+from .watch.idle import DEFAULT_IDLE_UTIL
 
 LOG_WAIT_SECONDS = 60.0
 
@@ -400,8 +402,8 @@ STANDBY_FD = "MLENV_STANDBY_FD"
 def _standby(
     args: argparse.Namespace, environ: Mapping[str, str], launcher: str, job: list[str], run_dir: Path | None
 ) -> int:
-    """A spare host's standby of a detached run (runtime/standby.py): started in the background, listening, until
-    node 0 hands it a node (it then runs that node's share, detached, from the next attempt on) or ends it."""
+    """A spare host's standby of a detached run (runtime/supervise/standby.py): started in the background, listening,
+    until node 0 hands it a node (it then runs that node's share, detached, from the next attempt on) or ends it."""
     if run_dir is None or not args.detach:
         raise BadInput("launch --standby needs --detach and a run directory (--run-dir DIR or MLENV_RUN_DIR)")
     run_dir = run_dir.absolute()

@@ -32,12 +32,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, Any
 
-from .control import SECRET_VARIABLE, ControlChannel, secret_of
-from .observers import Observer, RankInfo
-from .oom import kernel_killed, oom_kills
-from .rank import SOCKET_VARIABLE, signal_name
-from .reaping import Reaper, marked_processes
-from .runlayout import (
+from ..node.oom import kernel_killed, oom_kills
+from ..rank import SOCKET_VARIABLE, signal_name
+from ..records.runlayout import (
     FAILED,
     RUNNING,
     STOPPED,
@@ -49,6 +46,9 @@ from .runlayout import (
     RankRecord,
     write_json,
 )
+from ..watch.protocol import Observer, RankInfo
+from .control import SECRET_VARIABLE, ControlChannel, secret_of
+from .reaping import Reaper, marked_processes
 
 STOP_GRACE = 3.0
 """Seconds between the launcher's SIGTERM and SIGKILL for everything of the job, when it must stop (less than
@@ -446,7 +446,7 @@ class Supervisor:
         return f"killed by {signame}" if signame else f"exited with {exit_code}"
 
     def _node_fault(self) -> NodeFault | None:
-        """The first node-fault sign an observer found on this node (nodefault.py)."""
+        """The first node-fault sign an observer found on this node (faultsigns.py)."""
         found = (fault for observer in self.observers if (fault := observer.node_fault()) is not None)
         return NodeFault.parse(next(found, None))
 
