@@ -51,6 +51,10 @@ class JobError(Exception):
     """A job operation that cannot be done (exit status 1)."""
 
 
+class BadInput(Exception):
+    """Input the user can fix; reported in one line with exit status 2."""
+
+
 def job_marker(files: NodeDir) -> bytes:
     """``MLENV_JOB=<record>``, as it appears in the environment of the job's processes."""
     return f"{JOB_VARIABLE}={files.record.resolve()}".encode()
