@@ -32,7 +32,8 @@ from ..records.restartpolicy import NODE_CHECK
 from ..records.runlayout import FAILED, NodeDir, NodeFault, attempt_of, write_json
 from ..watch.protocol import Observer
 from ..watch.transportproof import Expectation, debug_env, expectation
-from .supervisor import Sinks, Supervisor, handling_user_signals
+from .rankoutput import Sinks
+from .supervisor import Supervisor, handling_user_signals
 
 RANK_MODULE = "mlenv.runtime.rank"
 """What torchrun and DeepSpeed start for each rank (``-m``/``--module``): the wrapper that runs the script."""
