@@ -355,7 +355,8 @@ def _stacks(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 
 
 def _policy(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    """The restart policy's verdict for a run's script (records/restartpolicy.py ``for_script``), as shell assignments."""
+    """The restart policy's verdict for a run's script (records/restartpolicy.py ``for_script``), as shell
+    assignments."""
     history = restartpolicy.History(tuple(args.failed_first.split(",")[:args.attempt]) if args.attempt else (),
                                     args.last_error)
     answer = restartpolicy.for_script(args.run_dir, args.attempt, args.exit_code, args.max_restarts,

@@ -2,8 +2,8 @@
 left out of it (and whether that is recorded for later runs) and which standby takes a left-out node's place.
 
 Everyone who restarts a run asks this module: mlenv for an attached run (ops/launch.py), the nodes' supervisors for
-a detached one (runtime/cli.py), and the Slurm scripts through ``python3 -m mlenv.runtime policy`` (their bash only
-acts on its verdict). The rules (docs/runs.md, "Restarts"):
+a detached one (runtime/supervise/detached.py), and the Slurm scripts through ``python3 -m mlenv.runtime policy``
+(their bash only acts on its verdict). The rules (docs/runs.md, "Restarts"):
 
 1. A run is started again only while ``--max-restarts`` allows, and never after a success, a stop by the user
    (:data:`USER_STOPS`: Ctrl-C, ``mlenv stop``, scancel) or an idle stop (``--on-idle stop``: it would idle again).
