@@ -19,24 +19,19 @@ from typing import NoReturn
 from .doctor import examine, render
 from .fabric.nccl import detect_nccl_env
 from .fabric.ncclog import EXPECTATIONS, LogReport, NcclLogReader, iter_lines, judge
-from .forensics.flightrecorder import flight_dumps
-from .forensics.stacks import METHODS, group, sample
-from .forensics.stacks import render as render_stacks
+from .forensics.stacks import METHODS
 from .launchers import DEFAULT_LAUNCHER, LAUNCHERS
-from .node.gpus import read_node, render_node
-from .node.topology import TopologyError, detect_topology, host_name
+from .node.topology import TopologyError, detect_topology
 from .records import restartpolicy
 from .records.restartpolicy import IDLE_EXIT_CODE
 from .records.runlayout import (
     absolute_checkpoint_dir,
-    read_ranks,
-    runs_root,
     write_atomic,
 )
 from .supervise.detached import restart, start_node, wait_as_standby
-from .supervise.jobs import BadInput, JobError, host_jobs
+from .supervise.jobs import BadInput, JobError
 from .supervise.launcher import launch
-from .supervise.nodejobs import node_job, show_jobs, show_logs, stop
+from .supervise.nodejobs import show_gpus, show_jobs, show_logs, show_stacks, stop
 from .watch.assemble import observers_for
 from .watch.hang import HANG_EXIT_CODE
 from .watch.idle import DEFAULT_IDLE_UTIL
@@ -324,36 +319,6 @@ def _doctor(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     return 1 if any(check["status"] == "FAIL" for check in report["checks"]) else 0
 
 
-def _gpus(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    host = host_name(environ)
-    job = node_job(host_jobs(args.runs_root or runs_root(environ), host), environ)
-    found = read_node(host, run=job.files if job else None, kmsg=args.kmsg, proc_root=args.proc_root)
-    print(json.dumps(found.to_dict()) if args.json else render_node(found), flush=True)
-    return 0
-
-
-def _stacks(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    host = host_name(environ)
-    job = node_job(host_jobs(args.runs_root or runs_root(environ), host), environ)
-    if job is None:
-        found: dict[str, object] = {"run": None, "host": host}
-    else:
-        ranks = [r.to_dict() for r in read_ranks(job.files) if r.state == "running"]
-        taken = sample(ranks, native=args.native, method=args.method, dumps=job.files.stacks / "faulthandler",
-                       workspace=Path.cwd())
-        found = {"run": job.record.run_id, "started_at": job.record.started_at, "node": job.record.node_rank,
-                 "host": host, "state": job.state,
-                 "ranks": [stack.to_dict() for stack in taken],
-                 "flight_dumps": [str(path) for path in flight_dumps(job.files.path)]}
-    if args.json:
-        print(json.dumps(found), flush=True)
-    elif job is None:
-        print(f"no run of {host}")
-    else:
-        print(render_stacks(group(found["ranks"])))  # type: ignore[arg-type]
-    return 0
-
-
 def _policy(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     """The restart policy's verdict for a run's script (records/restartpolicy.py ``for_script``), as shell
     assignments."""
@@ -405,8 +370,8 @@ _COMMANDS = {
     "launch": _launch,
     "nccl-log-check": _nccl_log_check,
     "policy": _policy,
-    "gpus": _gpus,
-    "stacks": _stacks,
+    "gpus": show_gpus,
+    "stacks": show_stacks,
     "doctor": _doctor,
     "jobs": show_jobs,
     "stop": stop,

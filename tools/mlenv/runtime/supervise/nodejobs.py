@@ -1,5 +1,6 @@
-"""This node's detached jobs, as ``python3 -m mlenv.runtime jobs``, ``stop`` and ``logs`` show them: the jobs of the
-host, stopping them (and the standbys), and a job's log (every attempt's, one rank's lines, or followed to its end)."""
+"""This node's detached jobs, as ``python3 -m mlenv.runtime jobs``, ``stop``, ``logs``, ``gpus`` and ``stacks`` show
+them: the jobs of the host, stopping them (and the standbys), a job's log (every attempt's, one rank's lines, or
+followed to its end), the GPUs its ranks run on, and the ranks' stacks."""
 
 from __future__ import annotations
 
@@ -10,8 +11,13 @@ import shutil
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import IO, Any, cast
 
+from ..forensics.flightrecorder import flight_dumps
+from ..forensics.stacks import group, sample
+from ..forensics.stacks import render as render_stacks
+from ..node.gpus import read_node, render_node
 from ..node.topology import TopologyError, detect_topology, host_name
 from ..records.runlayout import NodeDir, read_ranks, runs_root
 from . import standby
@@ -23,7 +29,7 @@ def show_logs(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     with ``--follow`` until the job ends, then its exit status."""
     root, host = args.runs_root or runs_root(environ), host_name(environ)
     deadline = time.monotonic() + (args.wait if args.follow else 0)
-    while (job := node_job(host_jobs(root, host, args.run), environ)) is None:
+    while (job := _node_job(host_jobs(root, host, args.run), environ)) is None:
         if time.monotonic() < deadline:
             time.sleep(POLL_SECONDS)
         elif args.run:
@@ -87,7 +93,7 @@ class RankLines(io.RawIOBase):
         self.out.flush()
 
 
-def node_job(jobs: list[NodeJob], environ: Mapping[str, str]) -> NodeJob | None:
+def _node_job(jobs: list[NodeJob], environ: Mapping[str, str]) -> NodeJob | None:
     """This node's job in the newest run of ``jobs``: the one of this node's rank when the host has several
     (nodes sharing a machine), else the first."""
     if not jobs:
@@ -148,3 +154,35 @@ def _nothing_to_stop(jobs: Sequence[NodeJob]) -> str:
     states = sorted({job.state for job in newest if job.exit_code is not None})
     return f"run {newest[0].record.run_id} already finished ({', '.join(states)}): nothing to stop" if states \
         else "nothing to stop"
+
+
+def show_gpus(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    """``gpus``: this node's GPUs, and which rank of its newest job runs on each."""
+    host = host_name(environ)
+    job = _node_job(host_jobs(args.runs_root or runs_root(environ), host), environ)
+    found = read_node(host, run=job.files if job else None, kmsg=args.kmsg, proc_root=args.proc_root)
+    print(json.dumps(found.to_dict()) if args.json else render_node(found), flush=True)
+    return 0
+
+
+def show_stacks(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    """``stacks``: the stacks of the running ranks of this node's newest job, and its flight recorder dumps."""
+    host = host_name(environ)
+    job = _node_job(host_jobs(args.runs_root or runs_root(environ), host), environ)
+    if job is None:
+        found: dict[str, object] = {"run": None, "host": host}
+    else:
+        ranks = [r.to_dict() for r in read_ranks(job.files) if r.state == "running"]
+        taken = sample(ranks, native=args.native, method=args.method, dumps=job.files.stacks / "faulthandler",
+                       workspace=Path.cwd())
+        found = {"run": job.record.run_id, "started_at": job.record.started_at, "node": job.record.node_rank,
+                 "host": host, "state": job.state,
+                 "ranks": [stack.to_dict() for stack in taken],
+                 "flight_dumps": [str(path) for path in flight_dumps(job.files.path)]}
+    if args.json:
+        print(json.dumps(found), flush=True)
+    elif job is None:
+        print(f"no run of {host}")
+    else:
+        print(render_stacks(group(found["ranks"])))  # type: ignore[arg-type]
+    return 0
