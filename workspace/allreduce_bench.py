@@ -11,8 +11,8 @@ Sizes are ``--sizes MIN:MAX[:FACTOR]`` (doubling by default) or a list ``1M,64M,
 size: size_bytes time_us algbw_GBps busbw_GBps) and a final ``peak_busbw_gbps=... size_bytes=... world_size=...
 backend=...`` line.
 
-With ``--pairs`` it bisects the fabric instead: in rounds (mlenv.runtime.pairs) the nodes form disjoint pairs that
-all-reduce the largest size at once, each within its pair (timed by its fastest iteration), and the lowest rank of
+With ``--pairs`` it bisects the fabric instead: in rounds (mlenv.runtime.fabric.pairs) the nodes form disjoint pairs
+that all-reduce the largest size at once, each within its pair (timed by its fastest iteration), and the lowest rank of
 every pair prints ``pair round=R nodes=A,B size_bytes=S time_us=T busbw_GBps=B`` (``mlenv nccl-test --pairs``
 judges them).
 """
@@ -27,8 +27,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from mlenv.runtime.pairs import rounds
-from mlenv.runtime.sizes import parse_sizes
+from mlenv.runtime.fabric.pairs import rounds
+from mlenv.runtime.fabric.sizes import parse_sizes
 
 DEFAULT_SIZES = {True: ("1M", "1G", 4), False: ("4K", "4M", 4)}
 """MIN, MAX, FACTOR by device: on GPUs up to 1G, where NCCL's bus bandwidth levels off; on CPU (gloo) small."""

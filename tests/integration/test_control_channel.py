@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mlenv.runtime.control import SECRET_VARIABLE
+from mlenv.runtime.supervise.control import SECRET_VARIABLE
 
 from tests.integration.local_cluster import LocalProject, leftovers, make_project, require_local
 

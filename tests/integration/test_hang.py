@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mlenv.runtime.stacks import find_py_spy
+from mlenv.runtime.forensics.stacks import find_py_spy
 
 from tests._prereq import require
 from tests.helpers import MLENV, ROOT

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from mlenv.ops.nccltest import Expectation
 from mlenv.ops.pairs import PairResult, judge, threshold
-from mlenv.runtime.pairs import rounds
+from mlenv.runtime.fabric.pairs import rounds
 
 from tests.integration.local_cluster import LocalProject, make_project, require_local
 from tests.integration.test_nccl_test import png_size

@@ -1,7 +1,7 @@
 """A run's end ends every process its ranks started, however they detached: a double-forked ``setsid`` daemon, a
 child started with ``env -i`` (which the job's MLENV_JOB marker cannot find). The runtime runs for real (torchrun,
-one node of two ranks), its supervisor in a cgroup of its own (runtime/reaping.py), also in a network namespace,
-whose own /sys shows no cgroup until the supervisor mounts one, as the local backend's pods run."""
+one node of two ranks), its supervisor in a cgroup of its own (runtime/supervise/reaping.py), also in a network
+namespace, whose own /sys shows no cgroup until the supervisor mounts one, as the local backend's pods run."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from mlenv.runtime import reaping
-from mlenv.runtime.runlayout import NodeDir, read_state
+from mlenv.runtime.records.runlayout import NodeDir, read_state
+from mlenv.runtime.supervise import reaping
 
 from tests._prereq import require
 from tests.integration.test_runtime_launch import (

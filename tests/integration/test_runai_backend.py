@@ -24,7 +24,7 @@ from mlenv.backends.runai.backend import RunaiBackend
 from mlenv.core.capabilities import Handle, Node
 from mlenv.core.clusters import load_plan
 from mlenv.core.remote import script
-from mlenv.runtime.topology import detect_topology
+from mlenv.runtime.node.topology import detect_topology
 
 from tests.fakekube import NodeSpec
 from tests.fakekube.fixtures import FakeCluster, fake_kube_factory  # noqa: F401 - the fixture, re-exported

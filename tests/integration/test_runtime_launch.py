@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from mlenv.runtime.reaping import marked_processes
-from mlenv.runtime.runlayout import NodeDir
+from mlenv.runtime.records.runlayout import NodeDir
+from mlenv.runtime.supervise.reaping import marked_processes
 
 from tests._prereq import clean_environ, require
 from tests.helpers import free_port

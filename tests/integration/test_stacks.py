@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mlenv.runtime.stacks import find_py_spy
+from mlenv.runtime.forensics.stacks import find_py_spy
 
 from tests._prereq import require
 from tests.integration.local_cluster import LocalProject, make_project, require_local

@@ -1,5 +1,5 @@
-"""``judge_faulty``: the restart policy's verdict (runtime/restartpolicy.py) on an attached attempt, from the records
-the nodes' supervisors kept: a node-fault sign excludes its node at once, recorded for later runs (the first
+"""``judge_faulty``: the restart policy's verdict (runtime/records/restartpolicy.py) on an attached attempt, from the
+records the nodes' supervisors kept: a node-fault sign excludes its node at once, recorded for later runs (the first
 failure's NCCL network error, Xid or ECC event; a node's own in-node check or lost supervisor; ssh's 255 where the
 node has no record of the run); else the node that failed first in two attempts, for the rest of the run only; the
 same error in two attempts stops the restarts and excludes nothing."""
@@ -10,8 +10,8 @@ from typing import Any
 
 from mlenv.core.capabilities import LaunchOutcome
 from mlenv.ops.launch import judge_faulty
-from mlenv.runtime.restartpolicy import History
-from mlenv.runtime.runrecord import RunRecord
+from mlenv.runtime.records.restartpolicy import History
+from mlenv.runtime.records.runrecord import RunRecord
 
 HOSTS = {0: "gpu-a", 1: "gpu-b"}
 LINE = "n1:88:102 [0] NCCL WARN NET/IB : Got completion from peer 10.0.0.1<4242> with error 12, opcode 0, len 0"

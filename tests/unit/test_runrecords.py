@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from mlenv.core.runrecords import latest_run, node_state
-from mlenv.runtime.runlayout import FirstFailure, NodeFault
-from mlenv.runtime.runrecord import RunRecord
+from mlenv.runtime.records.runlayout import FirstFailure, NodeFault
+from mlenv.runtime.records.runrecord import RunRecord
 
 
 def rank(number: int, node: int, state: str, exit_code: int | None = None) -> dict[str, Any]:

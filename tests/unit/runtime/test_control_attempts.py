@@ -13,8 +13,8 @@ import time
 from typing import Any
 
 import pytest
-from mlenv.runtime import control
-from mlenv.runtime.control import ControlChannel
+from mlenv.runtime.supervise import control
+from mlenv.runtime.supervise.control import ControlChannel
 
 from tests.helpers import free_port
 

@@ -1,5 +1,5 @@
-"""The restart policy (runtime/restartpolicy.py), judged from the first failures that real supervisor runs recorded:
-as the nodes of a detached run judge before they restart it, and as the Slurm scripts ask it (``python3 -m
+"""The restart policy (runtime/records/restartpolicy.py), judged from the first failures that real supervisor runs
+recorded: as the nodes of a detached run judge before they restart it, and as the Slurm scripts ask it (``python3 -m
 mlenv.runtime policy``, whose answer they eval). The rule "failed first in N attempts" is written in the policy
 alone."""
 
@@ -11,10 +11,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from mlenv.runtime.launcher import RUNTIME_PARENT, Job, run_job
-from mlenv.runtime.nodefault import NodeFaultWatch
-from mlenv.runtime.restartpolicy import FAULTY_AFTER, History, failed_first, judge, may_restart, standby_for
-from mlenv.runtime.runlayout import FirstFailure, NodeDir, NodeFault, read_state
+from mlenv.runtime.records.restartpolicy import FAULTY_AFTER, History, failed_first, judge, may_restart, standby_for
+from mlenv.runtime.records.runlayout import FirstFailure, NodeDir, NodeFault, read_state
+from mlenv.runtime.supervise.launcher import RUNTIME_PARENT, Job, run_job
+from mlenv.runtime.watch.faultsigns import NodeFaultWatch
 
 ROOT = Path(__file__).resolve().parents[3]
 NET_ERROR = ("node-2:5776:5902 [0] transport/net_ib.cc:1296 NCCL WARN NET/IB : Got completion from peer "

@@ -9,7 +9,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from mlenv.runtime.forensics import DUMP_PREFIX, flight_dumps, flight_recorder_env, keep_ras_answer, torch_version
+from mlenv.runtime.forensics.flightrecorder import (
+    DUMP_PREFIX,
+    flight_dumps,
+    flight_recorder_env,
+    keep_ras_answer,
+    torch_version,
+)
 from runtime_support import Runner
 
 from tests._prereq import require

@@ -7,8 +7,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from mlenv.runtime.nccl import NcclEnv, detect_nccl_env
-from mlenv.runtime.pcitopo import distance, pci_device
+from mlenv.runtime.fabric.nccl import NcclEnv, detect_nccl_env
+from mlenv.runtime.node.pcitopo import distance, pci_device
 
 MASTER = "10.128.2.15"
 

@@ -13,8 +13,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
-from mlenv.runtime.gpus import Ecc, bus_key, parse_ecc, parse_query, read_node, render_node
-from mlenv.runtime.runlayout import NodeDir
+from mlenv.runtime.node.gpus import Ecc, bus_key, parse_ecc, parse_query, read_node, render_node
+from mlenv.runtime.records.runlayout import NodeDir
 from runtime_support import FIXTURES, Runner
 
 STANDIN = FIXTURES / "nvidia_smi"

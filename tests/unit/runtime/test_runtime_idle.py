@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mlenv.runtime.gpus import Gpu, read_gpus
-from mlenv.runtime.idle import IDLE_EXIT_CODE, Idleness, IdleWatch, Sample, Sampler, sample_interval, visible
-from mlenv.runtime.observers import RankInfo
+from mlenv.runtime.node.gpus import Gpu, read_gpus
+from mlenv.runtime.watch.idle import IDLE_EXIT_CODE, Idleness, IdleWatch, Sample, Sampler, sample_interval, visible
+from mlenv.runtime.watch.protocol import RankInfo
 from runtime_support import FIXTURES, Runner
 
 STANDIN = FIXTURES / "nvidia_smi"

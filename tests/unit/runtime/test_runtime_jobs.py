@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from mlenv.runtime.runlayout import NodeDir
+from mlenv.runtime.records.runlayout import NodeDir
 from runtime_support import Runner
 
 from tests._prereq import clean_environ

@@ -10,7 +10,9 @@ import time
 from pathlib import Path
 
 import pytest
-from mlenv.runtime.launcher import (
+from mlenv.runtime.node.topology import Topology
+from mlenv.runtime.records.runlayout import NodeDir, read_ranks, read_state
+from mlenv.runtime.supervise.launcher import (
     RUNTIME_PARENT,
     Job,
     deepspeed_argv,
@@ -22,9 +24,7 @@ from mlenv.runtime.launcher import (
     run_job,
     torchrun_argv,
 )
-from mlenv.runtime.runlayout import NodeDir, read_ranks, read_state
-from mlenv.runtime.topology import Topology
-from mlenv.runtime.transport import Expectation, TransportProof
+from mlenv.runtime.watch.transportproof import Expectation, TransportProof
 
 NODE0 = Topology(0, 2, 4, "ml-dev-env-0.ml-dev-env-headless", 29500, "mlenv")
 NODE1 = Topology(1, 2, 4, "ml-dev-env-0.ml-dev-env-headless", 29500, "mlenv")

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from mlenv.runtime.nccl import detect_nccl_env
+from mlenv.runtime.fabric.nccl import detect_nccl_env
 
 VF_INFO = json.dumps({
     f"0000:{bus}:00.2": {"generic": {"deviceID": f"0000:{bus}:00.2"},

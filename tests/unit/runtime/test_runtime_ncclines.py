@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-from mlenv.runtime.ncclines import Record, nccl_record, records
-from mlenv.runtime.ncclog import NcclLogReader, parse_nccl_log
+from mlenv.runtime.fabric.ncclines import Record, nccl_record, records
+from mlenv.runtime.fabric.ncclog import NcclLogReader, parse_nccl_log
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "nccl_logs"
 CORPUS = json.loads((FIXTURES / "corpus.json").read_text())

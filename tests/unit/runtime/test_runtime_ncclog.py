@@ -9,7 +9,7 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
-from mlenv.runtime.ncclog import (
+from mlenv.runtime.fabric.ncclog import (
     INTRA_NODE,
     MNNVL,
     RDMA,

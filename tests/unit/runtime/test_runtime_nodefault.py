@@ -10,14 +10,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from mlenv.runtime.gpus import Ecc, Gpu
-from mlenv.runtime.launcher import RUNTIME_PARENT, Job, launch, run_job
-from mlenv.runtime.nodefault import (
+from mlenv.runtime.node.gpus import Ecc, Gpu
+from mlenv.runtime.records.runlayout import NodeDir, NodeFault, read_state
+from mlenv.runtime.supervise.launcher import RUNTIME_PARENT, Job, launch, run_job
+from mlenv.runtime.watch.faultsigns import (
     NodeFaultWatch,
     gpu_fault,
     nccl_net_error,
 )
-from mlenv.runtime.runlayout import NodeDir, NodeFault, read_state
 from runtime_support import FIXTURES
 
 STANDIN = FIXTURES / "nvidia_smi" / "nvidia-smi"

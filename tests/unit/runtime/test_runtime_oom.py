@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mlenv.runtime.oom import kernel_killed, oom_kills
+from mlenv.runtime.node.oom import kernel_killed, oom_kills
 
 
 def cgroup(tmp_path: Path, membership: str, counter: Path, text: str) -> tuple[Path, Path]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from mlenv.runtime.preflight import library_dirs, rdma_preflight
+from mlenv.runtime.fabric.preflight import library_dirs, rdma_preflight
 
 
 def test_an_active_port_lets_the_job_start(fixtures: Path) -> None:

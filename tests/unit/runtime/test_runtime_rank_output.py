@@ -10,10 +10,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from mlenv.runtime.hang import HangWatchdog
-from mlenv.runtime.observers import BaseObserver, RankInfo
-from mlenv.runtime.runlayout import NodeDir
-from mlenv.runtime.supervisor import Sinks, Supervisor, _Connection, _Reader
+from mlenv.runtime.records.runlayout import NodeDir
+from mlenv.runtime.supervise.rankoutput import Connection, Reader, Sinks
+from mlenv.runtime.supervise.supervisor import Supervisor
+from mlenv.runtime.watch.hang import HangWatchdog
+from mlenv.runtime.watch.protocol import BaseObserver, RankInfo
 
 
 class Seen(BaseObserver):
@@ -36,7 +37,7 @@ class Rank:
     def __init__(self, supervisor: Supervisor, number: int) -> None:
         ours, self.sock = socket.socketpair()
         ours.setblocking(False)
-        self.reader = _Reader(supervisor, _Connection(ours))
+        self.reader = Reader(supervisor, Connection(ours))
         self.write(f'{{"kind": "output", "rank": {number}, "local_rank": 0}}\n'.encode())
 
     def write(self, data: bytes) -> None:

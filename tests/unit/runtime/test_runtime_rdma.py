@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from mlenv.runtime.rdma import allocated_pci_addresses, match_nccl_hca_filter, scan_hcas
+from mlenv.runtime.node.rdma import allocated_pci_addresses, match_nccl_hca_filter, scan_hcas
 
 
 def test_scan_reads_devices_ports_and_sparse_gid_tables(fixtures: Path) -> None:

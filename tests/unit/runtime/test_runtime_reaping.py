@@ -1,11 +1,11 @@
-"""Where a supervisor finds its own cgroup (runtime/reaping.py), from mountinfo and /proc/self/cgroup as the
+"""Where a supervisor finds its own cgroup (runtime/supervise/reaping.py), from mountinfo and /proc/self/cgroup as the
 kernel writes them: hybrid (v1 controllers, v2 unified beside them), pure v2, v1 only, a container's bind mount."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from mlenv.runtime.reaping import Cgroup, hierarchies
+from mlenv.runtime.supervise.reaping import Cgroup, hierarchies
 
 HYBRID_MOUNTS = """\
 30 23 0:26 / /sys/fs/cgroup ro,nosuid,nodev,noexec shared:9 - tmpfs tmpfs ro,mode=755

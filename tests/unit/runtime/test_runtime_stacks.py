@@ -13,8 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from mlenv.runtime.launcher import SITE_DIR
-from mlenv.runtime.stacks import (
+from mlenv.runtime.forensics.stacks import (
     FAULTHANDLER_FILE,
     STACK_SIGNAL,
     Frame,
@@ -28,6 +27,7 @@ from mlenv.runtime.stacks import (
     sample_rank,
     summary,
 )
+from mlenv.runtime.supervise.launcher import SITE_DIR
 
 PROC = Path("/proc")
 WAITER = """\

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import mlenv.runtime
+from mlenv.core.remote import runtime_files
 
 PACKAGE = Path(mlenv.runtime.__file__).parent
 
@@ -25,10 +26,10 @@ def imported_modules(path: Path) -> set[str]:
 
 
 def test_imports_are_standard_library_or_the_runtime_itself() -> None:
-    files = sorted(PACKAGE.glob("*.py"))
+    files = sorted(PACKAGE.rglob("*.py"))
     assert len(files) > 5
     foreign = {
-        f"{path.name}: {name}"
+        f"{path.relative_to(PACKAGE)}: {name}"
         for path in files
         for name in imported_modules(path)
         if name.split(".")[0] not in sys.stdlib_module_names and not name.startswith("mlenv.runtime")
@@ -37,8 +38,10 @@ def test_imports_are_standard_library_or_the_runtime_itself() -> None:
 
 
 def test_runs_as_shipped_to_pods_without_site_packages(tmp_path: Path) -> None:
-    """Only the package, copied like sync does, and no site-packages (python -S)."""
-    shutil.copytree(PACKAGE, tmp_path / "mlenv" / "runtime", ignore=shutil.ignore_patterns("__pycache__"))
+    """Only the runtime's files, copied as shipping does (``runtime_files``), and no site-packages (python -S)."""
+    for source, shipped in runtime_files():
+        (tmp_path / shipped).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(source, tmp_path / shipped)
     env = {"PYTHONPATH": str(tmp_path), "MLENV_NODE_RANK": "0", "MLENV_NUM_NODES": "1"}
     for args in (["topology", "--json"], ["nccl-env", "--json"], ["launch", "--dry-run", "--", __file__]):
         result = subprocess.run([sys.executable, "-S", "-m", "mlenv.runtime", *args], env=env, cwd=tmp_path,

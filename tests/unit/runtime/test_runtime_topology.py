@@ -7,8 +7,8 @@ import re
 import socket
 
 import pytest
-from mlenv.runtime.nodelist import expand_nodelist
-from mlenv.runtime.topology import Topology, TopologyError, detect_topology, host_name
+from mlenv.runtime.node.nodelist import expand_nodelist
+from mlenv.runtime.node.topology import Topology, TopologyError, detect_topology, host_name
 from runtime_support import Runner
 
 WORLDS = {

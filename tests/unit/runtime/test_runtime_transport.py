@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mlenv.runtime.ncclog import parse_nccl_log
-from mlenv.runtime.observers import RankInfo
-from mlenv.runtime.transport import Expectation, TransportProof, debug_env, expectation, why_unproven
+from mlenv.runtime.fabric.ncclog import parse_nccl_log
+from mlenv.runtime.watch.protocol import RankInfo
+from mlenv.runtime.watch.transportproof import Expectation, TransportProof, debug_env, expectation, why_unproven
 
 
 @dataclass

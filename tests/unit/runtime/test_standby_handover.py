@@ -7,8 +7,8 @@ import socket
 import threading
 from typing import Any
 
-from mlenv.runtime import standby
-from mlenv.runtime.control import SECRET_VARIABLE
+from mlenv.runtime.supervise import standby
+from mlenv.runtime.supervise.control import SECRET_VARIABLE
 
 
 def test_only_a_message_proven_with_the_run_s_secret_hands_a_node_over() -> None:

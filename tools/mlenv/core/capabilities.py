@@ -26,7 +26,7 @@ from mlenv.errors import UsageError
 
 if TYPE_CHECKING:
     from mlenv.plan import JobPlan
-    from mlenv.runtime.runrecord import RunRecord
+    from mlenv.runtime.records.runrecord import RunRecord
 
 CheckStatus = Literal["PASS", "WARN", "FAIL"]
 T = TypeVar("T")

@@ -18,7 +18,7 @@ from mlenv.errors import OperationError
 from mlenv.ui import info
 
 if TYPE_CHECKING:
-    from mlenv.runtime.runrecord import RunRecord
+    from mlenv.runtime.records.runrecord import RunRecord
 
 RUNS_DIR = f"{RUNTIME_DIR}/runs"
 """Where each node keeps its runs, relative to its workspace: ``.mlenv/runs/<run id>/attempt-<K>/node<R>/``."""
@@ -96,8 +96,10 @@ class FanoutJobs(ABC):
                "MLENV_CHECKPOINT_DIR": checkpoint_dir(spec.run_id), "PYTHONUNBUFFERED": "1"}
         commands = {ordinal: command for ordinal in range(handle.nodes)}
         standbys = self.standbys(handle, spec, placed)
-        if standbys:  # the spare hosts wait to take a node's place in a later attempt (runtime/standby.py)
-            from mlenv.runtime.standby import STANDBYS  # here: render (prepare only) never pays for the runtime
+        if standbys:  # the spare hosts wait to take a node's place in a later attempt (runtime/supervise/standby.py)
+            from mlenv.runtime.supervise.standby import (
+                STANDBYS,  # here: render (prepare only) never pays for the runtime
+            )
 
             env[STANDBYS] = ",".join(node.ip or node.name for node in standbys)
             commands.update({node.ordinal: self.runtime(handle, "launch", *options, "--standby", str(slot), "--",
@@ -118,12 +120,12 @@ class FanoutJobs(ABC):
     def launch(self, handle: Handle, request: LaunchRequest, secrets: Mapping[str, str],
                log_dir: str) -> LaunchOutcome:
         """Start the request on every node at once; fail-fast and Ctrl-C stop all of them (unless detached). The
-        nodes' supervisors get a control secret of this start's own (runtime/control.py), forwarded as the secrets
-        are: on stdin, never on a command line."""
+        nodes' supervisors get a control secret of this start's own (runtime/supervise/control.py), forwarded as the
+        secrets are: on stdin, never on a command line."""
         import secrets as random_secrets
 
         from mlenv.parallel import run_parallel
-        from mlenv.runtime.control import SECRET_VARIABLE
+        from mlenv.runtime.supervise.control import SECRET_VARIABLE
 
         nodes = self.nodes(handle)
         if len(nodes) < handle.nodes:

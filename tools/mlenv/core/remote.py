@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 from mlenv.errors import UsageError
 
 RUNTIME_DIR = ".mlenv"
 """Where sync ships the runtime inside the workspace (``<workspace>/.mlenv/mlenv/runtime``) and where runs live."""
+PACKAGE = Path(__file__).resolve().parents[1]
+"""The local mlenv package, whose ``__init__.py`` and ``runtime/`` the nodes get."""
 RUNTIME_PATH = f'export PYTHONPATH="$1/{RUNTIME_DIR}${{PYTHONPATH:+:$PYTHONPATH}}"'
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -26,6 +29,16 @@ _RUN_UNTIL_STDIN_EOF = (
 )
 """The job is stopped (SIGTERM) when the session's stdin closes: the local side went away. The watcher reads the
 session's stdin through fd 3, because background jobs of ``sh`` get /dev/null otherwise."""
+
+
+def runtime_files() -> list[tuple[Path, str]]:
+    """Every file of the runtime that the nodes get, with its path there (under the shipped root, ``mlenv/...``):
+    ``mlenv/__init__.py`` and each ``.py`` under ``mlenv/runtime/`` (its sub-packages and ``site/`` too), in a stable
+    order. The one list of what shipping copies: ``mlenv sync`` stages it, Slurm's submit tars it."""
+    runtime = PACKAGE / "runtime"
+    files = [PACKAGE / "__init__.py",
+             *sorted(path for path in runtime.rglob("*.py") if "__pycache__" not in path.relative_to(runtime).parts)]
+    return [(path, path.relative_to(PACKAGE.parent).as_posix()) for path in files]
 
 
 def secret_names(texts: Iterable[str]) -> tuple[str, ...]:

@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from mlenv.runtime.runlayout import FirstFailure, NodeFault, parse_ranks, run_state
-from mlenv.runtime.runrecord import RunRecord
+from mlenv.runtime.records.runlayout import FirstFailure, NodeFault, parse_ranks, run_state
+from mlenv.runtime.records.runrecord import RunRecord
 
 NodeJob = Mapping[str, Any]
 """One node's share of a run in the shape of an entry of the runtime's ``jobs --json``: ``state``, ``exit_code``,
@@ -27,7 +27,8 @@ def latest_run(run_id: str, jobs: Mapping[int, NodeJob | None]) -> RunRecord:
     """Run ``run_id`` from its nodes' shares (node ordinal -> share, None where the node has none), read once into a
     typed record (its ``to_dict`` is ``status --json``'s ``latest_run``): the ranks of every node, the first failure
     (the same on every node), each node's transport verdict, the hang watchdog's stacks (node 0's), each node's idle
-    GPUs while the job is flagged idle, each node's own fault sign (runtime/nodefault.py) and each node's state."""
+    GPUs while the job is flagged idle, each node's own fault sign (runtime/watch/faultsigns.py) and each node's
+    state."""
     known = [job for job in jobs.values() if job is not None]
     failures = [job["first_failure"] for job in known if job.get("first_failure")]
     return RunRecord(

@@ -12,7 +12,7 @@ from typing import Any
 
 from mlenv.core.capabilities import Handle, NodeAccess
 from mlenv.ops.fanout import runtime_json, select_nodes
-from mlenv.runtime.gpus import render_node
+from mlenv.runtime.node.gpus import render_node
 
 NO_NVIDIA_SMI = f"GPUs: {os.strerror(errno.ENOENT)}"
 """What the runtime's ``gpus`` reports of a node without nvidia-smi (the OSError of running it, runtime/gpus.py)."""

@@ -17,11 +17,10 @@ from mlenv.core.capabilities import LaunchOutcome, LaunchSpec
 from mlenv.errors import UsageError
 from mlenv.ops.live import refuse_while_live
 from mlenv.ops.target import Target
-from mlenv.runtime import restartpolicy
-from mlenv.runtime.idle import IDLE_EXIT_CODE
-from mlenv.runtime.restartpolicy import UNREACHABLE
-from mlenv.runtime.runlayout import NodeFault
-from mlenv.runtime.runrecord import RunRecord
+from mlenv.runtime.records import restartpolicy
+from mlenv.runtime.records.restartpolicy import IDLE_EXIT_CODE, UNREACHABLE
+from mlenv.runtime.records.runlayout import NodeFault
+from mlenv.runtime.records.runrecord import RunRecord
 
 STEP = re.compile(r"\bstep (\d+)/(\d+)\b")
 TAIL_LINES = 15
@@ -148,7 +147,7 @@ SSH_UNREACHABLE = 255
 
 
 def restartable(outcome: LaunchOutcome) -> bool:
-    """Whether the restart policy may be asked about a finished attached run (runtime/restartpolicy.py
+    """Whether the restart policy may be asked about a finished attached run (runtime/records/restartpolicy.py
     ``may_restart`` decides, with the run's records): not a success, not interrupted here, not detached, and not a
     run that never started (mlenv's own failure, with no node's exit code)."""
     return (not outcome.interrupted and not outcome.detached and bool(outcome.node_exit_codes)
@@ -157,7 +156,7 @@ def restartable(outcome: LaunchOutcome) -> bool:
 
 def launch(target: Target, spec: LaunchSpec) -> LaunchResult:
     """Run ``spec``, and again up to ``spec.max_restarts`` times while it fails and the restart policy allows
-    (runtime/restartpolicy.py; same run id, MLENV_RESTART_COUNT the attempt), away from the excluded nodes (the
+    (runtime/records/restartpolicy.py; same run id, MLENV_RESTART_COUNT the attempt), away from the excluded nodes (the
     deployment's, or the cluster's when it is not deployed) and from the nodes the policy leaves out
     (``judge_faulty``); the last attempt's result. A detached run is restarted from the nodes (local and ssh: their
     supervisors; Slurm: the run's script), where the backend can."""
@@ -192,7 +191,8 @@ def launch(target: Target, spec: LaunchSpec) -> LaunchResult:
 
 def judge_faulty(outcome: LaunchOutcome, run: RunRecord | None, attempt: int,
                  history: restartpolicy.History) -> restartpolicy.Verdict:
-    """The restart policy's verdict (runtime/restartpolicy.py ``judge``) on failed attached attempt ``attempt`` of a
+    """The restart policy's verdict (runtime/records/restartpolicy.py ``judge``) on failed attached attempt
+    ``attempt`` of a
     run with ``history``, from what the nodes' supervisors recorded (``run``; None where the backend keeps no
     records): the first failure (where there are no records, the node whose launch ended first with a failure), and
     the nodes' own signs: a lost supervisor or failed in-node check, and ``unreachable`` for ssh's exit 255 where the

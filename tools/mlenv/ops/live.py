@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from mlenv.errors import UsageError
 from mlenv.ops.target import Target
-from mlenv.runtime.runlayout import HUNG, REQUEUED, RESTARTING, RUNNING
+from mlenv.runtime.records.runlayout import HUNG, REQUEUED, RESTARTING, RUNNING
 
 
 def refuse_while_live(target: Target) -> None:

@@ -21,7 +21,7 @@ from mlenv.core.capabilities import LaunchSpec
 from mlenv.errors import OperationError, UsageError
 from mlenv.ops.launch import LaunchResult, launch, run_id
 from mlenv.ops.target import Target
-from mlenv.runtime.ncclog import INTRA_NODE, SOCKETS, UNKNOWN, LogReport, contradicts, parse_nccl_log
+from mlenv.runtime.fabric.ncclog import INTRA_NODE, SOCKETS, UNKNOWN, LogReport, contradicts, parse_nccl_log
 
 PEAK = re.compile(r"peak_busbw_gbps=([\d.]+) size_bytes=(\d+)")
 RESULT = re.compile(r"^(?:\[node-\d+ r0\] )?allreduce +(\d+) +([\d.]+) +([\d.]+) +([\d.]+) *$", re.MULTILINE)
@@ -229,7 +229,7 @@ def prepare(target: Target, sizes: str | None, expect: str | None) -> Expectatio
     """Check ``--sizes``, ship the benchmark, and find the bandwidth to expect (None: none known). Prints to
     stdout: call it with stdout redirected for --json."""
     from mlenv.ops.doctor import ship_runtime
-    from mlenv.runtime.sizes import parse_sizes
+    from mlenv.runtime.fabric.sizes import parse_sizes
 
     if sizes is not None:
         try:

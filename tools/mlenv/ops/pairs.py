@@ -1,6 +1,6 @@
 """``mlenv nccl-test --pairs``: pairwise fabric bisection. The benchmark all-reduces within disjoint node pairs at once,
-in rounds that rotate the pairs (mlenv.runtime.pairs); a pair is slow under 80 % of the expected bus bandwidth, or,
-with no expectation, under half of the best pair's and below the widest gap between the pairs' figures; a node is
+in rounds that rotate the pairs (mlenv.runtime.fabric.pairs); a pair is slow under 80 % of the expected bus bandwidth,
+or, with no expectation, under half of the best pair's and below the widest gap between the pairs' figures; a node is
 named when every pair it was in is slow and some pair without it is not. Results go to runs/<run id>/ as
 nccl-pairs.json and pairs.png; ``--exclude-bad`` records the named nodes as excluded from the deployment's next runs."""
 
@@ -19,7 +19,7 @@ from typing import Any
 from mlenv.errors import UsageError
 from mlenv.ops.nccltest import PASS_RATIO, Expectation, node_logs, prepare, run_bench
 from mlenv.ops.target import Target
-from mlenv.runtime.pairs import MIN_NODES
+from mlenv.runtime.fabric.pairs import MIN_NODES
 
 PAIR = re.compile(r"^(?:\[node-\d+ r\d+\] )?pair round=(\d+) nodes=(\d+),(\d+) size_bytes=(\d+) "
                   r"time_us=([\d.]+) busbw_GBps=([\d.]+) *$", re.MULTILINE)

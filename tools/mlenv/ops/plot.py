@@ -11,7 +11,7 @@ import zlib
 from collections.abc import Sequence
 from pathlib import Path
 
-from mlenv.runtime.sizes import format_size
+from mlenv.runtime.fabric.sizes import format_size
 
 Point = tuple[int, float]
 """(message size in bytes, bus bandwidth in GB/s)."""

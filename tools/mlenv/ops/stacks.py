@@ -8,8 +8,8 @@ from typing import Any
 from mlenv.core.capabilities import Handle, NodeAccess
 from mlenv.errors import OperationError
 from mlenv.ops.fanout import runtime_json, select_nodes
-from mlenv.runtime.runlayout import FAILED, STOPPED, SUCCEEDED
-from mlenv.runtime.stacks import group, render
+from mlenv.runtime.forensics.stacks import group, render
+from mlenv.runtime.records.runlayout import FAILED, STOPPED, SUCCEEDED
 
 OVER = (SUCCEEDED, FAILED, STOPPED)
 

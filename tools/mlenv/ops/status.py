@@ -11,7 +11,7 @@ from mlenv.core.capabilities import Feature, Handle
 from mlenv.core.registry import Backend
 from mlenv.errors import MlenvError
 from mlenv.ops.target import backend_of, resolve
-from mlenv.runtime.runlayout import FAILED, STOPPED, SUCCEEDED
+from mlenv.runtime.records.runlayout import FAILED, STOPPED, SUCCEEDED
 from mlenv.ui import error, print_json, say, table
 
 
@@ -113,7 +113,7 @@ def _print(report: dict[str, Any]) -> None:
             say("transport: " + ", ".join(f"{node} {found['verdict']} ({found.get('plugin') or 'no network'})"
                                           for node, found in transport.items()))
         if run.get("idle"):
-            from mlenv.runtime.idle import describe
+            from mlenv.runtime.watch.idle import describe
 
             say("GPUs idle: " + "; ".join(describe(report) for report in run["idle"].values()))
         if run.get("first_failure"):

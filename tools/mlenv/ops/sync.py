@@ -30,16 +30,14 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import IO, Any
 
-import mlenv
 from mlenv.core.capabilities import CopyTarget, Handle, Node, NodeAccess
-from mlenv.core.remote import RUNTIME_DIR
+from mlenv.core.remote import PACKAGE, RUNTIME_DIR, runtime_files
 from mlenv.errors import ConfigError, OperationError, Problem, UsageError, shown
 from mlenv.ui import error, info, print_json, table
 
 MAX_PARALLEL = 8
 EXCLUDES = (".git", "__pycache__", "*.pyc", ".DS_Store")
 IGNORE_FILE = ".mlenvignore"
-PACKAGE = Path(mlenv.__file__).resolve().parent
 RUNTIME = f"{RUNTIME_DIR}/{PACKAGE.name}"
 """Where the runtime goes, relative to the workspace: ``.mlenv/mlenv``."""
 RAN = (0, 23, 24)
@@ -157,10 +155,10 @@ def _names(paths: Sequence[str]) -> str:
 def _stage_runtime(stage: Path) -> None:
     """Copy the in-pod runtime (mlenv/__init__.py and mlenv/runtime/, stdlib only) to ``stage``/.mlenv/mlenv,
     keeping file times so that rsync leaves unchanged files alone in the pods."""
-    target = stage / RUNTIME
-    target.mkdir(parents=True)
-    shutil.copy2(PACKAGE / "__init__.py", target / "__init__.py")
-    shutil.copytree(PACKAGE / "runtime", target / "runtime", ignore=shutil.ignore_patterns(*EXCLUDES))
+    for source, shipped in runtime_files():
+        destination = stage / RUNTIME_DIR / shipped
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(source, destination)
 
 
 def _ignore_patterns(source: Path) -> list[str]:

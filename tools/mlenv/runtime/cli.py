@@ -7,51 +7,36 @@ Exit status: 0 ok, 1 the check or the job failed, 2 bad input (one line on stder
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import shlex
-import shutil
-import socket
-import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any, NoReturn, cast
+from typing import NoReturn
 
-from . import restartpolicy, standby
-from .control import secret_of
 from .doctor import examine, render
-from .forensics import flight_dumps
-from .gpus import read_node, render_node
-from .hang import HANG_EXIT_CODE
-from .idle import DEFAULT_IDLE_UTIL, IDLE_EXIT_CODE
-from .jobs import POLL_SECONDS, JobError, NodeJob, follow_log, host_jobs, start_recorded, stop_jobs
-from .launcher import forwarding_signals, launch
+from .fabric.nccl import detect_nccl_env
+from .fabric.ncclog import EXPECTATIONS, LogReport, NcclLogReader, iter_lines, judge
+from .forensics.stacks import METHODS
 from .launchers import DEFAULT_LAUNCHER, LAUNCHERS
-from .nccl import detect_nccl_env
-from .ncclog import EXPECTATIONS, LogReport, NcclLogReader, iter_lines, judge
-from .observing import observers_for
-from .runlayout import (
-    FirstFailure,
-    NodeDir,
+from .node.topology import TopologyError, detect_topology
+from .records import restartpolicy
+from .records.restartpolicy import IDLE_EXIT_CODE
+from .records.runlayout import (
     absolute_checkpoint_dir,
-    attempt_of,
-    read_ranks,
-    read_state,
-    runs_root,
     write_atomic,
 )
-from .stacks import METHODS, group, sample
-from .stacks import render as render_stacks
-from .topology import TopologyError, detect_topology, host_name
+from .supervise.detached import restart, start_node, wait_as_standby
+from .supervise.jobs import BadInput, JobError
+from .supervise.launcher import launch
+from .supervise.nodejobs import show_gpus, show_jobs, show_logs, show_stacks, stop
+from .watch.assemble import observers_for
+from .watch.hang import HANG_EXIT_CODE
+from .watch.idle import DEFAULT_IDLE_UTIL
 
 LOG_WAIT_SECONDS = 60.0
-
-
-class BadInput(Exception):
-    """Input the user can fix; reported in one line with exit status 2."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -252,67 +237,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     if args.command == "launch" and args.exit_file:  # the recorded supervisor: how the job ended
         write_atomic(args.exit_file, f"{status}\n")
         if args.detached_supervisor:
-            _restart(args, env, status)
+            restart(args, env, status)
     return status
-
-
-def _restart(args: argparse.Namespace, environ: Mapping[str, str], status: int) -> None:
-    """A detached attempt ended: start the next one on this node, in the background, where the restart policy
-    (restartpolicy.py) allows (every node of the run sees the same first failure, which the control channel spreads,
-    and decides alike). A node left out has a standby take its place (node 0 hands it over), else no node
-    restarts."""
-    attempt = attempt_of(environ)
-    rank = detect_topology(environ).node_rank
-    run_id = environ.get("MLENV_RUN_ID") or args.run_dir.name
-    if not restartpolicy.may_restart(status, attempt, args.max_restarts):
-        if rank == 0:
-            standby.end_unused(environ, run_id)
-        return
-    first = FirstFailure.parse(read_state(NodeDir(args.run_dir, attempt, rank)).get("first_failure"))
-    verdict = restartpolicy.judge(attempt, restartpolicy.History.of(environ, attempt), first)
-    following = {**environ, "MLENV_RESTART_COUNT": str(attempt + 1), **verdict.history.environ()}
-    if verdict.stop is not None:
-        print(f"mlenv: {verdict.stop}", flush=True)
-        if rank == 0:
-            standby.end_unused(environ, run_id)
-        return
-    for left in verdict.left_out:
-        taken = _leave_out(left, rank, following, run_id)
-        if taken is None:
-            return
-        following[standby.USED] = str(taken)
-    print(f"mlenv: attempt {attempt} failed with exit code {status}: restarting the run, attempt {attempt + 1} of "
-          f"at most {args.max_restarts} restarts (MLENV_RESTART_COUNT={attempt + 1})", flush=True)
-    args.detach = True
-    job = args.job[1:] if args.job[:1] == ["--"] else args.job
-    _recorded(args, following, args.launcher, job, args.run_dir)
-
-
-def _leave_out(left: restartpolicy.LeftOut, rank: int, following: Mapping[str, str], run_id: str) -> int | None:
-    """Node ``left.node`` must be left out of the next attempt: the standby the policy names takes its place (node 0
-    hands it over; the node itself does not restart) and how many standbys are used then, or None where this node
-    does not restart: it is the one left out, or no standby can take the place (then no node restarts)."""
-    spares = standby.addresses(following)
-    slot, instead = restartpolicy.standby_for(left.node, spares, standby.used(following))
-    left_out = f"mlenv: node-{left.node} must be left out of the run ({left.reason})"
-    if slot is None:
-        print(f"{left_out}: not restarting it ({instead})", flush=True)
-        if rank == 0:
-            standby.end_unused(following, run_id)
-        return None
-    message = {"run_id": run_id, "node": left.node, "attempt": int(following["MLENV_RESTART_COUNT"]),
-               "used": slot + 1, **{key: following.get(name, "") for key, name in HANDED.items()}}
-    error = standby.send(spares[slot], slot, following, message) if rank == 0 else None
-    if error is not None:
-        print(f"{left_out}: not restarting it: {error}", flush=True)
-        return None
-    if rank in (0, left.node):
-        print(f"{left_out}: the standby on {spares[slot]} takes its place", flush=True)
-    return None if rank == left.node else slot + 1
-
-
-HANDED = {"failed_first": restartpolicy.FAILED_FIRST, "last_error": restartpolicy.LAST_ERROR}
-"""What a standby is handed of the run's history (its message's key -> the variable it sets)."""
 
 
 def _run(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
@@ -372,217 +298,12 @@ def _launch(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     environ = absolute_checkpoint_dir(environ, Path.cwd())  # the same directory for a script that changes its own
     run_dir = args.run_dir or (Path(environ["MLENV_RUN_DIR"]) if environ.get("MLENV_RUN_DIR") else None)
     if args.standby is not None:
-        return _standby(args, environ, launcher, job, run_dir)
+        return wait_as_standby(args, environ, launcher, job, run_dir)
     if args.detach or (run_dir is not None and args.exit_file is None and not args.dry_run):
-        return _recorded(args, environ, launcher, job, run_dir)
+        return start_node(args, environ, launcher, job, run_dir)
     return launch(job, launcher=launcher, environ=environ, nproc=args.nproc, run_dir=run_dir,
                   dry_run=args.dry_run, node_log=args.exit_file is None or not args.detached_supervisor,
                   expect_transport=args.expect_transport, observers=observers_for(args, environ))
-
-
-def _launch_argv(args: argparse.Namespace, launcher: str, run_dir: Path) -> list[str]:
-    """``python -m mlenv.runtime launch`` with this launch's options (not its mode, nor the job)."""
-    return [sys.executable, "-m", "mlenv.runtime", "launch", "--launcher", launcher,
-            *(["--nproc", str(args.nproc)] if args.nproc else []), "--run-dir", str(run_dir),
-            *(["--expect-transport", args.expect_transport] if args.expect_transport else []),
-            *(["--hang-timeout", str(args.hang_timeout)] if args.hang_timeout else []),
-            *(["--on-hang", args.on_hang] if args.on_hang else []),
-            *(["--idle-seconds", str(args.idle_seconds)] if args.idle_seconds else []),
-            *(["--idle-util", str(args.idle_util)] if args.idle_util is not None else []),
-            *(["--on-idle", args.on_idle] if args.on_idle else []),
-            *(["--max-restarts", str(args.max_restarts)] if args.max_restarts else [])]
-
-
-STANDBY_FD = "MLENV_STANDBY_FD"
-"""In the standby's background process: its listening socket, opened (and checked) by the command that started it."""
-
-
-def _standby(
-    args: argparse.Namespace, environ: Mapping[str, str], launcher: str, job: list[str], run_dir: Path | None
-) -> int:
-    """A spare host's standby of a detached run (runtime/standby.py): started in the background, listening, until
-    node 0 hands it a node (it then runs that node's share, detached, from the next attempt on) or ends it."""
-    if run_dir is None or not args.detach:
-        raise BadInput("launch --standby needs --detach and a run directory (--run-dir DIR or MLENV_RUN_DIR)")
-    run_dir = run_dir.absolute()
-    run_id = environ.get("MLENV_RUN_ID") or run_dir.name
-    marker = standby.pid_file(run_dir, args.standby)
-    if STANDBY_FD not in environ:  # the command run on the spare host: listen, then wait in the background
-        listener = standby.listen(environ, args.standby)
-        marker.parent.mkdir(parents=True, exist_ok=True)
-        argv = [*_launch_argv(args, launcher, run_dir), "--detach", "--standby", str(args.standby), "--", *job]
-        env = {**environ, STANDBY_FD: str(listener.fileno()), standby.MARKER: str(marker)}
-        with marker.with_suffix(".log").open("ab") as log:
-            process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                       env=env, start_new_session=True, pass_fds=(listener.fileno(),))
-        listener.close()
-        write_atomic(marker, json.dumps({"run_id": run_id, "slot": args.standby, "pid": process.pid,
-                                         "port": standby.port(environ, args.standby)}) + "\n")
-        print(f"mlenv: standby {args.standby} of run {run_id} on {host_name(environ)}: waiting on port "
-              f"{standby.port(environ, args.standby)} for a node to take over (pid {process.pid})")
-        return 0
-    with socket.socket(fileno=int(environ[STANDBY_FD])) as listener:
-        message = standby.wait(listener, run_id, secret_of(environ) or "")
-    if message is None:
-        print(f"mlenv: run {run_id} needs this standby no more", flush=True)
-        return 0
-    node, attempt = int(message["node"]), int(message["attempt"])
-    print(f"mlenv: taking node-{node}'s place in run {run_id} from attempt {attempt} on", flush=True)
-    env = {name: value for name, value in environ.items() if name not in (STANDBY_FD, standby.MARKER)}
-    env.update({"MLENV_NODE_RANK": str(node), "MLENV_RESTART_COUNT": str(attempt),
-                standby.USED: str(message["used"]),
-                **{name: str(message.get(key, "")) for key, name in HANDED.items()}})
-    args.standby = None
-    return _recorded(args, env, launcher, job, run_dir)
-
-
-def _recorded(
-    args: argparse.Namespace, environ: Mapping[str, str], launcher: str, job: list[str], run_dir: Path | None
-) -> int:
-    """Start this node's share through a supervisor (this same command, which writes the exit file) recorded in
-    the run directory, so jobs, logs and stop know it: detached, or followed to its end."""
-    if run_dir is None:
-        raise BadInput("launch --detach needs a run directory: --run-dir DIR or MLENV_RUN_DIR")
-    rank = detect_topology(environ).node_rank
-    files = NodeDir(run_dir.absolute(), attempt_of(environ), rank)
-    supervisor = [*_launch_argv(args, launcher, files.run_dir), "--exit-file", str(files.exit),
-                  *(["--detached-supervisor"] if args.detach else []), "--", *job]
-    process, record = start_recorded(supervisor, files, run_id=environ.get("MLENV_RUN_ID") or files.run_dir.name,
-                                     host=host_name(environ), environ=environ, detached=args.detach)
-    if args.detach:
-        print(f"mlenv: node {rank} started in the background: pid {record.pid}, log {files.log}")
-        return 0
-    with forwarding_signals(process):
-        status = process.wait()
-    return 128 - status if status < 0 else status
-
-
-def _jobs(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    root, host = args.runs_root or runs_root(environ), host_name(environ)
-    found = host_jobs(root, host)
-    if args.json:
-        print(json.dumps([job.to_dict() for job in found], indent=2))
-    elif not found:
-        print(f"no jobs of {host} under {root}")
-    else:
-        rows = [("RUN", "NODE", "STATE", "PID", "STARTED", "LOG")]
-        rows += [(j.record.run_id, str(j.record.node_rank), _state(j), str(j.record.pid), j.record.started_at,
-                  str(j.files.log)) for j in found]
-        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
-        print("".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)) + f"  {row[-1]}\n"
-                      for row in rows), end="")
-    return 0
-
-
-def _state(job: NodeJob) -> str:
-    return f"{job.state} ({job.exit_code})" if job.exit_code is not None else job.state
-
-
-def _stop(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    root = args.runs_root or runs_root(environ)
-    found = host_jobs(root, host_name(environ), args.run)
-    stopped = stop_jobs(found, args.grace)
-    standbys = standby.stop(root, args.run)
-    if standbys:
-        print(f"stopped {standbys} standby{'' if standbys == 1 else 's'} of detached runs")
-    if not stopped and not standbys:
-        print(_nothing_to_stop(found))
-    for result in stopped:
-        if result.left:
-            print(f"{result.job.describe()}: {result.left} processes still alive after SIGKILL")
-        elif result.signal.name == "SIGKILL":
-            print(f"stopped {result.job.describe()}: killed with SIGKILL after {args.grace:g} s")
-        else:
-            print(f"stopped {result.job.describe()}: ended after SIGTERM")
-    return 1 if any(result.left for result in stopped) else 0
-
-
-def _nothing_to_stop(jobs: Sequence[NodeJob]) -> str:
-    """``nothing to stop``, naming the newest run here when it has finished (its supervisors ended what it left)."""
-    newest = [job for job in jobs if jobs and job.record.run_id == jobs[-1].record.run_id]
-    states = sorted({job.state for job in newest if job.exit_code is not None})
-    return f"run {newest[0].record.run_id} already finished ({', '.join(states)}): nothing to stop" if states \
-        else "nothing to stop"
-
-
-def _logs(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    root, host = args.runs_root or runs_root(environ), host_name(environ)
-    deadline = time.monotonic() + (args.wait if args.follow else 0)
-    while (job := _node_job(host_jobs(root, host, args.run), environ)) is None:
-        if time.monotonic() < deadline:
-            time.sleep(POLL_SECONDS)
-        elif args.run:
-            raise BadInput(f"no job of {host} in run {args.run} under {root}")
-        else:
-            raise JobError(f"no job of {host} under {root}")
-    out: IO[bytes] = sys.stdout.buffer
-    if args.rank is not None:
-        known = sorted(rank.rank for rank in read_ranks(job.files))
-        if args.rank not in known:
-            raise BadInput(f"rank {args.rank} is not on node {job.record.node_rank} of run {job.record.run_id} "
-                           f"(its ranks: {', '.join(map(str, known)) or 'none yet'})")
-        out = cast(IO[bytes], RankLines(out, job.record.node_rank, args.rank))
-    _earlier_attempts(job.files, out)
-    if not args.follow:
-        with job.files.log.open("rb") as log:
-            shutil.copyfileobj(log, out)
-        out.flush()
-        return 0
-    try:
-        code = follow_log(job, out)
-    except KeyboardInterrupt:
-        return 130  # stopped following; the job goes on
-    if code is None:
-        print(f"mlenv: {job.describe()} is gone without an exit status", file=sys.stderr)
-        return 1
-    return code
-
-
-def _earlier_attempts(newest: NodeDir, out: IO[bytes]) -> None:
-    """After a restart (attempt > 0): this node's log of every earlier attempt, each under a header naming it, then
-    the newest attempt's header (its lines follow)."""
-    for attempt in range(newest.attempt + 1) if newest.attempt else ():
-        files = NodeDir(newest.run_dir, attempt, newest.node)
-        if not files.log.is_file():
-            continue
-        sys.stdout.buffer.write(f"mlenv: ==== attempt {attempt} (MLENV_RESTART_COUNT={attempt}) of run "
-                                f"{newest.run_dir.name}, node {newest.node} ====\n".encode())
-        sys.stdout.buffer.flush()
-        if attempt < newest.attempt:
-            with files.log.open("rb") as log:
-                shutil.copyfileobj(log, out)
-            out.flush()
-
-
-class RankLines(io.RawIOBase):
-    """A writer that passes on only the whole lines of one rank (``[node-R rN] ...``)."""
-
-    def __init__(self, out: IO[bytes], node: int, rank: int) -> None:
-        self.out, self.prefix, self.pending = out, f"[node-{node} r{rank}] ".encode(), b""
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, data: Any) -> int:
-        *lines, self.pending = (self.pending + bytes(data)).split(b"\n")
-        self.out.write(b"".join(line + b"\n" for line in lines if line.startswith(self.prefix)))
-        return len(data)
-
-    def flush(self) -> None:
-        self.out.flush()
-
-
-def _node_job(jobs: list[NodeJob], environ: Mapping[str, str]) -> NodeJob | None:
-    """This node's job in the newest run of ``jobs``: the one of this node's rank when the host has several
-    (nodes sharing a machine), else the first."""
-    if not jobs:
-        return None
-    newest = [job for job in jobs if job.files.run_dir == jobs[-1].files.run_dir]
-    try:
-        rank = detect_topology(environ).node_rank
-    except TopologyError:
-        return newest[0]
-    return next((job for job in newest if job.record.node_rank == rank), newest[0])
 
 
 def _doctor(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
@@ -598,38 +319,9 @@ def _doctor(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     return 1 if any(check["status"] == "FAIL" for check in report["checks"]) else 0
 
 
-def _gpus(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    host = host_name(environ)
-    job = _node_job(host_jobs(args.runs_root or runs_root(environ), host), environ)
-    found = read_node(host, run=job.files if job else None, kmsg=args.kmsg, proc_root=args.proc_root)
-    print(json.dumps(found.to_dict()) if args.json else render_node(found), flush=True)
-    return 0
-
-
-def _stacks(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    host = host_name(environ)
-    job = _node_job(host_jobs(args.runs_root or runs_root(environ), host), environ)
-    if job is None:
-        found: dict[str, object] = {"run": None, "host": host}
-    else:
-        ranks = [r.to_dict() for r in read_ranks(job.files) if r.state == "running"]
-        taken = sample(ranks, native=args.native, method=args.method, dumps=job.files.stacks / "faulthandler",
-                       workspace=Path.cwd())
-        found = {"run": job.record.run_id, "started_at": job.record.started_at, "node": job.record.node_rank,
-                 "host": host, "state": job.state,
-                 "ranks": [stack.to_dict() for stack in taken],
-                 "flight_dumps": [str(path) for path in flight_dumps(job.files.path)]}
-    if args.json:
-        print(json.dumps(found), flush=True)
-    elif job is None:
-        print(f"no run of {host}")
-    else:
-        print(render_stacks(group(found["ranks"])))  # type: ignore[arg-type]
-    return 0
-
-
 def _policy(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    """The restart policy's verdict for a run's script (restartpolicy.py ``for_script``), as shell assignments."""
+    """The restart policy's verdict for a run's script (records/restartpolicy.py ``for_script``), as shell
+    assignments."""
     history = restartpolicy.History(tuple(args.failed_first.split(",")[:args.attempt]) if args.attempt else (),
                                     args.last_error)
     answer = restartpolicy.for_script(args.run_dir, args.attempt, args.exit_code, args.max_restarts,
@@ -678,10 +370,10 @@ _COMMANDS = {
     "launch": _launch,
     "nccl-log-check": _nccl_log_check,
     "policy": _policy,
-    "gpus": _gpus,
-    "stacks": _stacks,
+    "gpus": show_gpus,
+    "stacks": show_stacks,
     "doctor": _doctor,
-    "jobs": _jobs,
-    "stop": _stop,
-    "logs": _logs,
+    "jobs": show_jobs,
+    "stop": stop,
+    "logs": show_logs,
 }

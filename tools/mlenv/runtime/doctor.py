@@ -18,13 +18,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .host import SHM_MOUNT, dmabuf_support, memlock_limit, peer_memory, shm_size, visible_gpu_count
-from .nccl import AUTO, MIN_SHM_BYTES, NcclEnv, detect_nccl_env
-from .netroute import LOOPBACK_INTERFACE, read_routes, resolve_ipv4, route_to
-from .rdma import IPV4_MAPPED_PREFIX, Port, match_nccl_hca_filter, natural_key, scan_hcas
-from .readfs import read_text
-from .rendezvous import PortProbe, connect, serve
-from .topology import Topology, TopologyError, detect_topology, host_name
+from .fabric.nccl import AUTO, MIN_SHM_BYTES, NcclEnv, detect_nccl_env
+from .fabric.rendezvous import PortProbe, connect, serve
+from .node.host import SHM_MOUNT, dmabuf_support, memlock_limit, peer_memory, shm_size, visible_gpu_count
+from .node.netroute import LOOPBACK_INTERFACE, read_routes, resolve_ipv4, route_to
+from .node.rdma import IPV4_MAPPED_PREFIX, Port, match_nccl_hca_filter, natural_key, scan_hcas
+from .node.readfs import read_text
+from .node.topology import Topology, TopologyError, detect_topology, host_name
 
 KIND = "mlenv-node-doctor"
 """Marks the JSON line among whatever else a remote shell prints."""

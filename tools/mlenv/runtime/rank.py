@@ -88,7 +88,7 @@ def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
 def child_environ(environ: Mapping[str, str]) -> dict[str, str]:
     """The user's process's environment: ours, plus its own faulthandler file when the launcher armed the job
     (the runtime's sitecustomize arms it there, in that process only)."""
-    from .stacks import FAULTHANDLER_DIR, FAULTHANDLER_FILE, faulthandler_file
+    from .forensics.stacks import FAULTHANDLER_DIR, FAULTHANDLER_FILE, faulthandler_file
 
     child = dict(environ)
     if environ.get(FAULTHANDLER_DIR):

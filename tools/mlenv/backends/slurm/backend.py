@@ -46,7 +46,7 @@ from mlenv.core.runrecords import latest_run
 from mlenv.core.spares import place
 from mlenv.errors import ConfigError, OperationError, Problem, UsageError
 from mlenv.plan import JobPlan
-from mlenv.runtime.runrecord import RunRecord
+from mlenv.runtime.records.runrecord import RunRecord
 from mlenv.ui import info
 
 _SECRETS_REFUSED = (

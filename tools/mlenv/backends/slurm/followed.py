@@ -15,7 +15,7 @@ from mlenv.backends.slurm.login import Login
 from mlenv.backends.slurm.script import RESUBMITTED_FILE, SlurmJob
 from mlenv.core.capabilities import Handle
 from mlenv.core.registry import Records
-from mlenv.runtime.restartpolicy import saved
+from mlenv.runtime.records.restartpolicy import saved
 
 SEPARATOR = "\036"
 READ = f'for path; do printf "{SEPARATOR}%s\\n" "$path"; cat -- "$path" 2>/dev/null || :; done'

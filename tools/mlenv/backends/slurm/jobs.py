@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from mlenv.backends.slurm.login import Login
 from mlenv.errors import OperationError
-from mlenv.runtime.nodelist import expand_nodelist
+from mlenv.runtime.node.nodelist import expand_nodelist
 
 LIVE_STATES = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_HOLD",
                          "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED"})

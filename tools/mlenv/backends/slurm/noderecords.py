@@ -10,8 +10,8 @@ from typing import Any, NamedTuple
 
 from mlenv.backends.slurm.login import Login
 from mlenv.backends.slurm.script import DEPLOYMENT_FILE, STOP_FILE
-from mlenv.runtime.jobs import LOST, ended_state
-from mlenv.runtime.runlayout import FAILED, HUNG, RUNNING, STOPPED, parse_ranks
+from mlenv.runtime.records.runlayout import FAILED, HUNG, RUNNING, STOPPED, parse_ranks
+from mlenv.runtime.supervise.jobs import LOST, ended_state
 
 FILES = ("exit", "state.json", "ranks.json", "record.json")
 """A node's records, read in this order: the exit file first, so that a node that has ended is read with its final

@@ -5,7 +5,7 @@ a refused requeue), so ``latest_run.state`` agrees with squeue's view of the run
 from __future__ import annotations
 
 from mlenv.backends.slurm.jobs import JobInfo
-from mlenv.runtime.runlayout import FAILED, PREEMPTED, REQUEUED, STOPPED, SUCCEEDED
+from mlenv.runtime.records.runlayout import FAILED, PREEMPTED, REQUEUED, STOPPED, SUCCEEDED
 
 WAITING = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SUSPENDED"})
 """States of a job that has run an attempt and waits to start again."""

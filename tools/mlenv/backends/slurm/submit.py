@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import io
 import tarfile
-from pathlib import Path
 
-import mlenv
 from mlenv.backends.slurm.login import Login
+from mlenv.core.remote import runtime_files
 from mlenv.errors import OperationError
 
 HINTS = (
@@ -50,13 +49,11 @@ def submit(login: Login, output_dir: str, script: str) -> str:
 
 
 def runtime_archive() -> bytes:
-    """mlenv/__init__.py and mlenv/runtime/ (stdlib only) as a tar archive."""
-    package = Path(mlenv.__file__).resolve().parent
+    """The runtime's files (``runtime_files``: mlenv/__init__.py and mlenv/runtime/, stdlib only) as a tar archive."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as archive:
-        archive.add(package / "__init__.py", "mlenv/__init__.py")
-        for path in sorted((package / "runtime").glob("*.py")):
-            archive.add(path, f"mlenv/runtime/{path.name}")
+        for path, shipped in runtime_files():
+            archive.add(path, shipped)
     return buffer.getvalue()
 
 

@@ -30,7 +30,10 @@ def _arm() -> None:
     if not path:
         return
     try:
-        from mlenv.runtime.stacks import MAIN_STACK_SIGNAL, STACK_SIGNAL  # the one place the signals are chosen
+        from mlenv.runtime.forensics.stacks import (  # the one place the signals are chosen
+            MAIN_STACK_SIGNAL,
+            STACK_SIGNAL,
+        )
 
         os.makedirs(os.path.dirname(path), exist_ok=True)
         dump = open(path, "a", buffering=1)  # noqa: SIM115 - open for the life of the process

@@ -21,10 +21,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .forensics import flight_dumps, keep_ras_answer
-from .observers import BaseObserver, JobControl, RankInfo
-from .runlayout import HUNG, RUNNING, write_atomic
-from .stacks import group, render, sample
+from ..forensics.flightrecorder import flight_dumps, keep_ras_answer
+from ..forensics.stacks import group, render, sample
+from ..records.runlayout import HUNG, RUNNING, write_atomic
+from .protocol import BaseObserver, JobControl, RankInfo
 
 HANG_EXIT_CODE = 124
 """What ``--on-hang stop`` exits with: the code ``timeout`` uses."""

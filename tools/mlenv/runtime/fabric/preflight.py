@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .rdma import Hca, allocated_pci_addresses, match_nccl_hca_filter, scan_hcas
+from ..node.rdma import Hca, allocated_pci_addresses, match_nccl_hca_filter, scan_hcas
 
 SYSTEM_LIBRARY_DIRS = ("/usr/local/lib", "/usr/lib64", "/usr/lib", "/usr/lib/x86_64-linux-gnu",
                        "/usr/lib/aarch64-linux-gnu", "/opt/amazon/ofi-nccl/lib", "/opt/amazon/ofi-nccl/lib64")

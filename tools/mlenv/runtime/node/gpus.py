@@ -19,8 +19,8 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 
+from ..records.runlayout import NodeDir, RankRecord, read_ranks
 from .readfs import read_text
-from .runlayout import NodeDir, RankRecord, read_ranks
 
 QUERY_FIELDS = ("index", "uuid", "name", "pci.bus_id", "utilization.gpu", "memory.used", "memory.total",
                 "temperature.gpu", "power.draw")

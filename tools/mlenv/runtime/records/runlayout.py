@@ -178,7 +178,7 @@ class FirstFailure:
     reason: str  # "exited with 7", "killed by SIGSEGV", "killed by the kernel's OOM killer"
     log_tail: list[str]
     node_fault: NodeFault | None = None
-    """The failing rank's node's fault sign (nodefault.py), when its failure carries one."""
+    """The failing rank's node's fault sign (faultsigns.py), when its failure carries one."""
     host: str | None = None
     """The failing rank's host (a spare host may run a node in a later attempt)."""
 

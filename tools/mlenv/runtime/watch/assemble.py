@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 from collections.abc import Mapping
 
+from ..node.topology import host_name
+from .faultsigns import NodeFaultWatch
 from .hang import HangWatchdog
 from .idle import DEFAULT_IDLE_UTIL, IdleWatch, Sampler, sample_interval
-from .nodefault import NodeFaultWatch
-from .observers import Observer
-from .topology import host_name
-from .transport import TransportProof, expectation
+from .protocol import Observer
+from .transportproof import TransportProof, expectation
 
 
 def observers_for(options: argparse.Namespace, environ: Mapping[str, str]) -> list[Observer]:

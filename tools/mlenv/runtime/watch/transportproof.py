@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .ncclines import nccl_record
-from .ncclog import UNKNOWN, LogReport, NcclLogReader, NodeReport, combine, contradicts, judge_verdict
-from .observers import BaseObserver, RankInfo
-from .readfs import read_text
-from .runlayout import RUNNING
+from ..fabric.ncclines import nccl_record
+from ..fabric.ncclog import UNKNOWN, LogReport, NcclLogReader, NodeReport, combine, contradicts, judge_verdict
+from ..node.readfs import read_text
+from ..records.runlayout import RUNNING
+from .protocol import BaseObserver, RankInfo
 
 KIND = "transport"
 """The ``kind`` of the proof's messages between nodes: ``node`` (a node's verdict, to the hub), ``run`` (the run's,

@@ -14,30 +14,22 @@ thread, around one selector.
 
 from __future__ import annotations
 
-import collections
 import contextlib
-import json
 import os
-import re
 import selectors
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-from .control import SECRET_VARIABLE, ControlChannel, secret_of
-from .observers import Observer, RankInfo
-from .oom import kernel_killed, oom_kills
-from .rank import SOCKET_VARIABLE, signal_name
-from .reaping import Reaper, marked_processes
-from .runlayout import (
+from ..node.oom import kernel_killed, oom_kills
+from ..rank import SOCKET_VARIABLE, signal_name
+from ..records.runlayout import (
     FAILED,
     RUNNING,
     STOPPED,
@@ -49,24 +41,19 @@ from .runlayout import (
     RankRecord,
     write_json,
 )
+from ..watch.protocol import Observer, RankInfo
+from .control import SECRET_VARIABLE, ControlChannel, secret_of
+from .rankoutput import Connection, RankOutput, RankState, Reader, Sinks, utc_now
+from .reaping import Reaper, marked_processes
 
 STOP_GRACE = 3.0
 """Seconds between the launcher's SIGTERM and SIGKILL for everything of the job, when it must stop (less than
 mlenv's own grace for the node's command, so that the supervisor ends its job before it is killed itself)."""
 DRAIN_SECONDS = 2.0
 """After the launcher ended, how long output still held open by a rank's leftover children is read."""
-MAX_LINE = 16 << 20
-"""A longer line (or state of a line updated with ``\\r``) is cut there (and goes on as a new line)."""
-_ENDS = re.compile(rb"[\r\n]")
-TAIL_LINES = 10
-TAIL_WIDTH = 300
 TICK = 0.2
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 JOB_VARIABLE = "MLENV_JOB"
-
-
-def utc_now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
 
 @contextlib.contextmanager
@@ -78,67 +65,6 @@ def handling_user_signals(handler: Callable[[int, object], None]) -> Iterator[No
     finally:
         for sig, handler_before in previous.items():
             signal.signal(sig, handler_before)
-
-
-@dataclass
-class Sinks:
-    """Where lines go besides the observers: stdout, the node log and the container log. On stdout one line updated
-    in place (``\\r``) may be left open, showing its latest state; anything else written there ends it first."""
-
-    files: list[IO[bytes]]
-    open_line: str | None = None  # the tag of the line left open on stdout
-    shown: str = ""  # what it shows
-
-    def write(self, line: str, note: bool = False) -> None:
-        """One line to stdout (a note: stderr) and every file."""
-        self.end()
-        data = (line + "\n").encode(errors="replace")
-        for sink in [sys.stderr.buffer if note else sys.stdout.buffer, *self.files]:
-            _put(sink, data)
-
-    def log(self, line: str) -> None:
-        """One line to every file, not to stdout."""
-        data = (line + "\n").encode(errors="replace")
-        for sink in self.files:
-            _put(sink, data)
-
-    def show(self, tag: str, line: str) -> None:
-        """``line``, the latest state of ``tag``'s line, on stdout, in place of the state shown before (``\\r``)."""
-        if self.open_line == tag and self.shown == line:
-            return
-        again = self.open_line == tag
-        if not again:
-            self.end()
-        _put(sys.stdout.buffer, ("\r" if again else "").encode() + line.encode(errors="replace"))
-        self.open_line, self.shown = tag, line
-
-    def end(self, tag: str | None = None) -> None:
-        """End the line left open on stdout (only ``tag``'s, when given): it keeps its last state."""
-        if self.open_line is not None and tag in (None, self.open_line):
-            _put(sys.stdout.buffer, b"\n")
-            self.open_line, self.shown = None, ""
-
-
-def _put(sink: IO[bytes], data: bytes) -> None:
-    with contextlib.suppress(OSError, ValueError):
-        sink.write(data)
-        sink.flush()
-
-
-@dataclass
-class _Rank:
-    info: RankInfo
-    record: RankRecord
-    tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
-    updating: bool = False  # the tail's last line is a state of the line the rank updates in place
-
-
-@dataclass
-class _Connection:
-    sock: socket.socket
-    buffer: bytearray = field(default_factory=bytearray)
-    kind: str | None = None
-    rank: int | None = None
 
 
 @dataclass
@@ -156,7 +82,7 @@ class Supervisor:
     control_address: tuple[str, int] | None = None
     grace: float = STOP_GRACE
 
-    ranks_by_number: dict[int, _Rank] = field(default_factory=dict)
+    ranks_by_number: dict[int, RankState] = field(default_factory=dict)
     selector: selectors.BaseSelector = field(default_factory=selectors.DefaultSelector)
     process: subprocess.Popen[bytes] | None = None
     stop_reason: str | None = None
@@ -173,10 +99,11 @@ class Supervisor:
     marker: bytes = b""  # MLENV_JOB=...: in the environment of every process of the job
     written_ranks: list[dict[str, Any]] | None = None
     run_dir: Path = field(init=False)  # JobControl: this node's attempt directory
+    output: RankOutput = field(init=False)
 
     def __post_init__(self) -> None:
         self.run_dir = self.node_dir.path
-
+        self.output = RankOutput(self.node, self.sinks, self.observers)
 
     # JobControl -------------------------------------------------------------------------------------------------
     def ranks(self) -> list[RankInfo]:
@@ -248,7 +175,7 @@ class Supervisor:
                                                 preexec_fn=reaper.preexec())  # into the cgroup: only os calls
             reaper.started(self.process.pid, self.process.poll() is None, self.note)
             ours.setblocking(False)
-            self.selector.register(ours, selectors.EVENT_READ, _Reader(self, _Connection(ours, kind="launcher")))
+            self.selector.register(ours, selectors.EVENT_READ, Reader(self, Connection(ours, kind="launcher")))
             status = self._serve(self.process)
             server.close()
             reaper.end(self.marker, self.grace, self.note)
@@ -282,7 +209,7 @@ class Supervisor:
                     self._launcher_failed(status)
             if ended_at is None:
                 continue
-            reading = any(isinstance(key.data, _Reader) and key.data.connection.kind in ("output", "launcher")
+            reading = any(isinstance(key.data, Reader) and key.data.connection.kind in ("output", "launcher")
                           for key in self.selector.get_map().values())
             waiting = self.channel is not None and self.channel.waiting_for_peers()
             if self.channel is not None and not self.channel.finished:
@@ -332,10 +259,10 @@ class Supervisor:
         with contextlib.suppress(BlockingIOError):
             sock, _ = server.accept()
             sock.setblocking(False)
-            connection = _Connection(sock)
-            self.selector.register(sock, selectors.EVENT_READ, _Reader(self, connection))
+            connection = Connection(sock)
+            self.selector.register(sock, selectors.EVENT_READ, Reader(self, connection))
 
-    def _closed(self, connection: _Connection) -> None:
+    def on_closed(self, connection: Connection) -> None:
         with contextlib.suppress(KeyError, ValueError):
             self.selector.unregister(connection.sock)
         connection.sock.close()
@@ -343,7 +270,7 @@ class Supervisor:
         if connection.kind == "control" and rank is not None and rank.record.state == RUNNING:
             self._rank_exited(rank, 128 + signal.SIGKILL, "SIGKILL")  # the wrapper died without a word
 
-    def _header(self, connection: _Connection, header: dict[str, Any]) -> None:
+    def on_header(self, connection: Connection, header: dict[str, Any]) -> None:
         connection.kind = str(header.get("kind"))
         number = int(header.get("rank", 0))
         connection.rank = number
@@ -351,9 +278,9 @@ class Supervisor:
             info = RankInfo(number, int(header.get("local_rank", 0)), self.node, self.host, 0)
             record = RankRecord(number, info.local_rank, self.node, self.host, 0, RUNNING, None, None, utc_now(),
                                 None, None)
-            self.ranks_by_number[number] = _Rank(info, record)
+            self.ranks_by_number[number] = RankState(info, record)
 
-    def _message(self, connection: _Connection, message: dict[str, Any]) -> None:
+    def on_message(self, connection: Connection, message: dict[str, Any]) -> None:
         rank = self.ranks_by_number[connection.rank or 0]
         if message.get("event") == "started":
             rank.info = replace(rank.info, pid=int(message["pid"]))
@@ -370,54 +297,12 @@ class Supervisor:
         """Read what the rank's output connections already hold, before its end is handled."""
         for key in list(self.selector.get_map().values()):
             reader = key.data
-            if isinstance(reader, _Reader) and reader.connection.kind == "output" \
+            if isinstance(reader, Reader) and reader.connection.kind == "output" \
                     and reader.connection.rank == number:
                 reader.drain()
 
-    def _output(self, rank: _Rank) -> None:
-        """The rank wrote: any bytes, a whole line or not (the hang watchdog's and ``status --gpus``' output)."""
-        rank.record = replace(rank.record, last_output_at=utc_now())
-        for observer in self.observers:
-            observer.output(rank.info)
-
-    def _tag(self, rank: _Rank | None) -> str:
-        return f"[node-{self.node}]" if rank is None else f"[node-{self.node} r{rank.info.rank}]"
-
-    def _line(self, rank: _Rank | None, raw: bytes, state: bool = False) -> None:
-        """A whole line of the rank (None: the launcher's) to stdout, the logs and the observers; with ``state``
-        a finished state of a line it updates in place: on stdout in place of the one before, in the logs and the
-        rank's last lines a line of its own."""
-        text = raw.decode(errors="replace")
-        tag = self._tag(rank)
-        if rank is not None:
-            if state and rank.updating:
-                rank.tail[-1] = text[:TAIL_WIDTH]  # the last lines as a terminal shows them
-            else:
-                rank.tail.append(text[:TAIL_WIDTH])
-            rank.updating = state
-        if state:
-            self.sinks.log(f"{tag} {text}")
-            self.sinks.show(tag, f"{tag} {text}")
-        else:
-            self.sinks.write(f"{tag} {text}")
-        for observer in self.observers:
-            observer.line(None if rank is None else rank.info, text)
-
-    def _show(self, rank: _Rank | None, raw: bytes) -> None:
-        """The state of a line updated in place that the rank is still writing: on stdout only, until it is done."""
-        tag = self._tag(rank)
-        self.sinks.show(tag, f"{tag} {raw.decode(errors='replace')}")
-
-    def _updated_line_ended(self, rank: _Rank | None, raw: bytes) -> None:
-        """The newline after a line updated in place: ``raw`` its last state (nothing new when empty)."""
-        if raw:
-            self._line(rank, raw, state=True)
-        self.sinks.end(self._tag(rank))
-        if rank is not None:
-            rank.updating = False
-
     # rank events ------------------------------------------------------------------------------------------------
-    def _rank_exited(self, rank: _Rank, exit_code: int, signame: str | None) -> None:
+    def _rank_exited(self, rank: RankState, exit_code: int, signame: str | None) -> None:
         if rank.record.state != RUNNING:
             return
         failed = exit_code != 0 and self.stop_reason is None and self.first_failure is None \
@@ -437,7 +322,7 @@ class Supervisor:
             self.channel.failure(failure.to_dict(), time.time())
         self._stop_here(f"stopped after rank {failure.rank} failed", exit_code, failure.to_dict())
 
-    def _reason(self, rank: _Rank, exit_code: int, signame: str | None) -> str:
+    def _reason(self, rank: RankState, exit_code: int, signame: str | None) -> str:
         if signame == "SIGKILL":
             after = oom_kills()
             if (after is not None and self.oom_before is not None and after > self.oom_before) \
@@ -446,7 +331,7 @@ class Supervisor:
         return f"killed by {signame}" if signame else f"exited with {exit_code}"
 
     def _node_fault(self) -> NodeFault | None:
-        """The first node-fault sign an observer found on this node (nodefault.py)."""
+        """The first node-fault sign an observer found on this node (faultsigns.py)."""
         found = (fault for observer in self.observers if (fault := observer.node_fault()) is not None)
         return NodeFault.parse(next(found, None))
 
@@ -532,116 +417,6 @@ class Supervisor:
                 "first_failure": self.first_failure.to_dict() if self.first_failure else None}
         with contextlib.suppress(OSError):
             write_json(self.node_dir.state, data)
-
-
-class _Reader:
-    """Reads one connection: its header line, then output (split into whole lines, and the states of a line updated
-    in place with ``\\r``) or control messages."""
-
-    def __init__(self, supervisor: Supervisor, connection: _Connection) -> None:
-        self.supervisor = supervisor
-        self.connection = connection
-        self.scanned = 0  # the buffer holds no line end before this
-        self.updated = False  # the output line being read was updated in place (a carriage return since it began)
-
-    def __call__(self) -> None:
-        try:
-            chunk = self.connection.sock.recv(1 << 16)
-        except BlockingIOError:
-            return
-        except OSError:
-            chunk = b""
-        if not chunk:
-            self._lines(final=True)
-            self.supervisor._closed(self.connection)
-            return
-        self.connection.buffer += chunk
-        self._lines(final=False)
-
-    def drain(self) -> None:
-        """Everything the connection holds now, without waiting."""
-        self.connection.sock.setblocking(False)
-        while True:
-            try:
-                chunk = self.connection.sock.recv(1 << 16)
-            except (BlockingIOError, InterruptedError):
-                break
-            except OSError:
-                chunk = b""
-            if not chunk:
-                break
-            self.connection.buffer += chunk
-            self._lines(final=False)
-        if self.connection.kind == "output":
-            self._output(final=True)  # the rank's partial last line
-
-    def _lines(self, final: bool) -> None:
-        """Hand on every whole line (a line longer than MAX_LINE in pieces); with ``final`` the rest too."""
-        buffer = self.connection.buffer
-        while self.connection.kind in (None, "control"):  # the header, control messages: JSON lines
-            end = buffer.find(b"\n", self.scanned)
-            if end >= 0:
-                raw, cut = bytes(buffer[:end]), end + 1
-            elif len(buffer) >= MAX_LINE:
-                raw, cut = bytes(buffer[:MAX_LINE]), MAX_LINE
-            else:
-                self.scanned = len(buffer)
-                if final and buffer:
-                    self._one(bytes(buffer))
-                    buffer.clear()
-                    self.scanned = 0
-                return
-            del buffer[:cut]
-            self.scanned = 0
-            self._one(raw)
-        self._output(final)
-
-    def _output(self, final: bool) -> None:
-        """Hand on the output's whole lines and the finished states of a line updated in place (``\\r``), show the
-        state still being written; with ``final`` the rest as the line's end."""
-        buffer, supervisor = self.connection.buffer, self.supervisor
-        rank = supervisor.ranks_by_number.get(self.connection.rank or 0) if self.connection.kind == "output" else None
-        if rank is not None and buffer and not final:  # bytes just read
-            supervisor._output(rank)
-        while (found := _ENDS.search(buffer, self.scanned)) is not None or len(buffer) >= MAX_LINE:
-            end = found.start() if found is not None else MAX_LINE
-            raw, updates = bytes(buffer[:end]), found is not None and buffer[end] == ord("\r")
-            del buffer[:end + 1 if found is not None else end]
-            self.scanned = 0
-            self._piece(rank, raw, updates)
-        self.scanned = len(buffer)
-        if final and (buffer or self.updated):
-            self._piece(rank, bytes(buffer), False)
-            buffer.clear()
-            self.scanned = 0
-        elif self.updated and buffer:
-            supervisor._show(rank, bytes(buffer))
-
-    def _piece(self, rank: _Rank | None, raw: bytes, updates: bool) -> None:
-        """``raw`` up to a ``\\r`` (``updates``: a state of a line updated in place) or the line's end."""
-        if updates:
-            self.updated = True
-            if raw:
-                self.supervisor._line(rank, raw, state=True)
-        elif self.updated:
-            self.updated = False
-            self.supervisor._updated_line_ended(rank, raw)
-        else:
-            self.supervisor._line(rank, raw)
-
-    def _one(self, raw: bytes) -> None:
-        connection, supervisor = self.connection, self.supervisor
-        if connection.kind is None:
-            try:
-                header = json.loads(raw)
-            except ValueError:
-                header = {}
-            supervisor._header(connection, header if isinstance(header, dict) else {})
-        elif connection.kind == "control":
-            with contextlib.suppress(ValueError, KeyError, TypeError):
-                message = json.loads(raw)
-                if isinstance(message, dict):
-                    supervisor._message(connection, message)
 
 
 def describe(failure: FirstFailure, pid: int) -> str:

@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from .readfs import read_text
+from ..node.readfs import read_text
 
 STACK_SIGNAL = signal.SIGRTMIN + 6
 """The real-time signal faulthandler dumps every thread on (not USR1/USR2: training code and Slurm use those)."""

@@ -4,7 +4,7 @@ Run the same command on every node. Each rank runs through ``mlenv.runtime.rank`
 (supervisor.py): its lines go, whole and tagged, to stdout and, with a run directory, to
 ``<run_dir>/attempt-<K>/node<R>/output.log``; the first failing rank's exit status becomes ours. In rdma mode a
 node without a usable RDMA network is refused before the job starts (preflight.py); the transport observer
-(transport.py) proves from NCCL's lines, while the job runs, that it uses the expected transport.
+(transportproof.py) proves from NCCL's lines, while the job runs, that it uses the expected transport.
 """
 
 from __future__ import annotations
@@ -22,23 +22,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from .forensics import flight_recorder_env, torch_version
-from .host import visible_gpu_count
-from .nccl import NcclEnv, detect_nccl_env
-from .observers import Observer
-from .preflight import library_dirs, rdma_preflight
-from .restartpolicy import NODE_CHECK
-from .runlayout import FAILED, NodeDir, NodeFault, attempt_of, write_json
-from .stacks import FAULTHANDLER_DIR
-from .supervisor import Sinks, Supervisor, handling_user_signals
-from .topology import DEFAULT_APP_NAME, Topology, detect_topology, host_name
-from .transport import Expectation, debug_env, expectation
+from ..fabric.nccl import NcclEnv, detect_nccl_env
+from ..fabric.preflight import library_dirs, rdma_preflight
+from ..forensics.flightrecorder import flight_recorder_env, torch_version
+from ..forensics.stacks import FAULTHANDLER_DIR
+from ..node.host import visible_gpu_count
+from ..node.topology import DEFAULT_APP_NAME, Topology, detect_topology, host_name
+from ..records.restartpolicy import NODE_CHECK
+from ..records.runlayout import FAILED, NodeDir, NodeFault, attempt_of, write_json
+from ..watch.protocol import Observer
+from ..watch.transportproof import Expectation, debug_env, expectation
+from .rankoutput import Sinks
+from .supervisor import Supervisor, handling_user_signals
 
 RANK_MODULE = "mlenv.runtime.rank"
 """What torchrun and DeepSpeed start for each rank (``-m``/``--module``): the wrapper that runs the script."""
-RUNTIME_PARENT = str(Path(__file__).resolve().parents[2])
+RUNTIME_PARENT = str(Path(__file__).resolve().parents[3])
 """The directory holding the ``mlenv`` package, on the workers' PYTHONPATH so that they find the wrapper."""
-SITE_DIR = str(Path(__file__).resolve().parent / "site")
+SITE_DIR = str(Path(__file__).resolve().parents[1] / "site")
 """First on the workers' PYTHONPATH: its sitecustomize arms faulthandler, then runs the image's own."""
 CONTROL_PORT_OFFSET = 1
 """Node 0's supervisor listens for the others on MASTER_PORT + 1."""
@@ -184,7 +185,7 @@ def launch(
 
 
 def _refused(node_dir: NodeDir, refusal: str) -> None:
-    """Record that an in-node check refused to start this node's share: a node-fault sign (nodefault.py)."""
+    """Record that an in-node check refused to start this node's share: a node-fault sign (faultsigns.py)."""
     node_dir.path.mkdir(parents=True, exist_ok=True)
     write_json(node_dir.state, {"state": FAILED, "reason": refusal, "first_failure": None,
                                 "node_fault": NodeFault(NODE_CHECK, refusal).to_dict()})

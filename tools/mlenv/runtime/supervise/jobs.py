@@ -23,10 +23,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, NamedTuple
 
-from .readfs import read_int
-from .reaping import procs_of, recorded_cgroup, remove_cgroup
-from .restartpolicy import UNREACHABLE
-from .runlayout import (
+from ..node.readfs import read_int
+from ..records.restartpolicy import UNREACHABLE
+from ..records.runlayout import (
     FAILED,
     HUNG,
     RUNNING,
@@ -39,6 +38,7 @@ from .runlayout import (
     read_state,
     write_atomic,
 )
+from .reaping import procs_of, recorded_cgroup, remove_cgroup
 from .supervisor import JOB_VARIABLE
 
 POLL_SECONDS = 0.2
@@ -49,6 +49,10 @@ LOST = "gone without an exit status"
 
 class JobError(Exception):
     """A job operation that cannot be done (exit status 1)."""
+
+
+class BadInput(Exception):
+    """Input the user can fix; reported in one line with exit status 2."""
 
 
 def job_marker(files: NodeDir) -> bytes:
@@ -105,7 +109,7 @@ class NodeJob:
                 "run_dir": str(self.files.run_dir), "node_dir": str(self.files.path), "log": str(self.files.log)}
 
     def node_fault(self, recorded: Mapping[str, object]) -> object:
-        """This node's own fault sign (nodefault.py): an in-node check's refusal, or ``unreachable`` when its
+        """This node's own fault sign (faultsigns.py): an in-node check's refusal, or ``unreachable`` when its
         supervisor is gone without an exit status; None without one."""
         if self.lost:
             return NodeFault(UNREACHABLE, f"the node's supervisor (pid {self.record.pid}) is gone without an exit "
@@ -254,7 +258,7 @@ def _members(job: NodeJob, processes: Iterable[_Process], proc_root: str | Path)
 
 
 def _cgroup(job: NodeJob) -> Path | None:
-    """The cgroup the job's supervisor made for it (runtime/reaping.py), if it recorded one."""
+    """The cgroup the job's supervisor made for it (runtime/supervise/reaping.py), if it recorded one."""
     return recorded_cgroup(read_state(job.files).get("cgroup"), job.record.pid, job.record.start_ticks)
 
 

@@ -18,10 +18,10 @@ import shutil
 import time
 from pathlib import Path
 
-from .gpus import Gpu, Xid, boot_time, bus_key, parse_kmsg, read_gpus, read_kmsg
-from .observers import BaseObserver, JobControl, RankInfo
-from .restartpolicy import ECC, NCCL_NET, XID
-from .runlayout import NodeFault
+from ..node.gpus import Gpu, Xid, boot_time, bus_key, parse_kmsg, read_gpus, read_kmsg
+from ..records.restartpolicy import ECC, NCCL_NET, XID
+from ..records.runlayout import NodeFault
+from .protocol import BaseObserver, JobControl, RankInfo
 
 NCCL_NET_ERRORS = re.compile("|".join([
     # src/transport/net_ib.cc (net_ib/p2p.cc since 2.26): WARN("NET/IB : Got completion from peer %s with error %d,

@@ -2,8 +2,8 @@
 left out of it (and whether that is recorded for later runs) and which standby takes a left-out node's place.
 
 Everyone who restarts a run asks this module: mlenv for an attached run (ops/launch.py), the nodes' supervisors for
-a detached one (runtime/cli.py), and the Slurm scripts through ``python3 -m mlenv.runtime policy`` (their bash only
-acts on its verdict). The rules (docs/runs.md, "Restarts"):
+a detached one (runtime/supervise/detached.py), and the Slurm scripts through ``python3 -m mlenv.runtime policy``
+(their bash only acts on its verdict). The rules (docs/runs.md, "Restarts"):
 
 1. A run is started again only while ``--max-restarts`` allows, and never after a success, a stop by the user
    (:data:`USER_STOPS`: Ctrl-C, ``mlenv stop``, scancel) or an idle stop (``--on-idle stop``: it would idle again).
@@ -29,7 +29,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .idle import IDLE_EXIT_CODE
 from .runlayout import USER_STOPS, FirstFailure, NodeDir, NodeFault, read_state
 
 UNREACHABLE, NODE_FAILURE, NCCL_NET, XID, ECC, NODE_CHECK = (
@@ -44,7 +43,10 @@ SIGNS = {
 }
 """Every node-fault sign and how it reads: ``unreachable`` (ssh exit 255 where the node has no record of the run, or
 its supervisor gone without an exit status), ``node-failure`` (the scheduler lost the node: down, failed, drained),
-``nccl-net``, ``xid``, ``ecc`` and ``node-check`` (runtime/nodefault.py detects them on the node)."""
+``nccl-net``, ``xid``, ``ecc`` and ``node-check`` (runtime/watch/faultsigns.py detects them on the node)."""
+IDLE_EXIT_CODE = 125
+"""What ``--on-idle stop`` exits with (watch/idle.py): the code after the hang stop's 124, used by nothing else of
+mlenv; never restarted (an idle job would idle again)."""
 FAULTY_AFTER = 2
 """A node that failed first (without a sign) in this many attempts of a run is left out of the rest of the run."""
 LOST = frozenset({UNREACHABLE, NODE_FAILURE})

@@ -13,7 +13,7 @@ without them it is "not shown", never "no". Bootstrap and sideband sockets (``Bo
 
 :meth:`NcclLogReader.feed` reads a log after the run (``nccl-log-check``, ``mlenv nccl-test``), whose processes
 are gone: it cannot know their pids, so it reads records as logs are written and pasted. The live proof
-(transport.py) hands :meth:`NcclLogReader.add` only records in NCCL's own shape from the job's own processes.
+(transportproof.py) hands :meth:`NcclLogReader.add` only records in NCCL's own shape from the job's own processes.
 """
 
 from __future__ import annotations

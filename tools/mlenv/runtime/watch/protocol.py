@@ -3,7 +3,7 @@ is one), that a rank wrote at all, and every rank event, to observers.
 
 Observers (the transport proof, the hang watchdog, the restart policy) never read the output another way. They
 act through :class:`JobControl`: notes to the user, the node's state, and one way to stop the whole job. All of
-them are built in :func:`mlenv.runtime.observing.observers_for`, from the options of
+them are built in :func:`mlenv.runtime.watch.assemble.observers_for`, from the options of
 ``python3 -m mlenv.runtime launch``.
 """
 
@@ -87,7 +87,7 @@ class Observer(Protocol):
         """A message an observer sent with ``tell_hub``/``tell_all`` (observers tell their kind apart)."""
 
     def node_fault(self) -> dict[str, str] | None:
-        """When a rank of this node fails first: a sign that the node is at fault (nodefault.py), else None."""
+        """When a rank of this node fails first: a sign that the node is at fault (faultsigns.py), else None."""
 
 
 class BaseObserver:

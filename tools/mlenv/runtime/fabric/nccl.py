@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from ipaddress import IPv4Address
 from pathlib import Path
 
-from .host import (
+from ..node.host import (
     PEER_MEMORY_PATHS,
     SHM_MOUNT,
     dmabuf_support,
@@ -21,9 +21,9 @@ from .host import (
     peer_memory,
     shm_size,
 )
-from .netroute import LOOPBACK_INTERFACE, read_routes, resolve_ipv4, route_to
-from .pcitopo import PciDevice, nearest, pci_device
-from .rdma import Hca, Port, allocated_pci_addresses, match_nccl_hca_filter, scan_hcas
+from ..node.netroute import LOOPBACK_INTERFACE, read_routes, resolve_ipv4, route_to
+from ..node.pcitopo import PciDevice, nearest, pci_device
+from ..node.rdma import Hca, Port, allocated_pci_addresses, match_nccl_hca_filter, scan_hcas
 
 MIN_SHM_BYTES = 1 << 30
 AUTO = "auto"

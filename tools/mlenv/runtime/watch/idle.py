@@ -2,7 +2,7 @@
 supervisor.
 
 From its first rank's start on (a launcher starting is not idle), every node samples its own GPUs with the forensics
-GPU reader (:func:`mlenv.runtime.gpus.read_gpus`, in a thread of its own so that a slow ``nvidia-smi`` never holds
+GPU reader (:func:`mlenv.runtime.node.gpus.read_gpus`, in a thread of its own so that a slow ``nvidia-smi`` never holds
 up the job's output), only those of ``CUDA_VISIBLE_DEVICES`` when it is set. A node is idle once every one of its
 GPUs has stayed under P percent for S seconds; it tells node 0 (the hub), and again when one of them is busy again.
 When every node is idle, node 0 flags the job: every node says so in its output (``mlenv: node-N (HOST) idle: ...``)
@@ -21,11 +21,10 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from .gpus import Gpu, read_gpus
-from .observers import BaseObserver, RankInfo
+from ..node.gpus import Gpu, read_gpus
+from ..records.restartpolicy import IDLE_EXIT_CODE
+from .protocol import BaseObserver, RankInfo
 
-IDLE_EXIT_CODE = 125
-"""What ``--on-idle stop`` exits with: the code after the hang stop's 124, used by nothing else of mlenv."""
 DEFAULT_IDLE_UTIL = 5.0
 """Percent: a GPU under this is idle (``launch.idle_util``)."""
 MAX_SAMPLE_SECONDS = 10.0

@@ -1,0 +1,1 @@
+"""What a job leaves for a post-mortem: stack samples and NCCL's flight recorder."""

@@ -1,0 +1,1 @@
+"""What runs record on the nodes and the restart policy over those records."""

@@ -1,0 +1,157 @@
+"""Detached runs on this node (``python3 -m mlenv.runtime launch --detach``): starting the node's share through a
+recorded supervisor, the next attempt where the restart policy (records/restartpolicy.py) allows it, and a spare
+host's standby (standby.py) that takes a left-out node's place."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from ..node.topology import detect_topology, host_name
+from ..records import restartpolicy
+from ..records.runlayout import FirstFailure, NodeDir, attempt_of, read_state, write_atomic
+from . import standby
+from .control import secret_of
+from .jobs import BadInput, start_recorded
+from .launcher import forwarding_signals
+
+
+def restart(args: argparse.Namespace, environ: Mapping[str, str], status: int) -> None:
+    """A detached attempt ended: start the next one on this node, in the background, where the restart policy
+    (restartpolicy.py) allows (every node of the run sees the same first failure, which the control channel spreads,
+    and decides alike). A node left out has a standby take its place (node 0 hands it over), else no node
+    restarts."""
+    attempt = attempt_of(environ)
+    rank = detect_topology(environ).node_rank
+    run_id = environ.get("MLENV_RUN_ID") or args.run_dir.name
+    if not restartpolicy.may_restart(status, attempt, args.max_restarts):
+        if rank == 0:
+            standby.end_unused(environ, run_id)
+        return
+    first = FirstFailure.parse(read_state(NodeDir(args.run_dir, attempt, rank)).get("first_failure"))
+    verdict = restartpolicy.judge(attempt, restartpolicy.History.of(environ, attempt), first)
+    following = {**environ, "MLENV_RESTART_COUNT": str(attempt + 1), **verdict.history.environ()}
+    if verdict.stop is not None:
+        print(f"mlenv: {verdict.stop}", flush=True)
+        if rank == 0:
+            standby.end_unused(environ, run_id)
+        return
+    for left in verdict.left_out:
+        taken = _leave_out(left, rank, following, run_id)
+        if taken is None:
+            return
+        following[standby.USED] = str(taken)
+    print(f"mlenv: attempt {attempt} failed with exit code {status}: restarting the run, attempt {attempt + 1} of "
+          f"at most {args.max_restarts} restarts (MLENV_RESTART_COUNT={attempt + 1})", flush=True)
+    args.detach = True
+    job = args.job[1:] if args.job[:1] == ["--"] else args.job
+    start_node(args, following, args.launcher, job, args.run_dir)
+
+
+def _leave_out(left: restartpolicy.LeftOut, rank: int, following: Mapping[str, str], run_id: str) -> int | None:
+    """Node ``left.node`` must be left out of the next attempt: the standby the policy names takes its place (node 0
+    hands it over; the node itself does not restart) and how many standbys are used then, or None where this node
+    does not restart: it is the one left out, or no standby can take the place (then no node restarts)."""
+    spares = standby.addresses(following)
+    slot, instead = restartpolicy.standby_for(left.node, spares, standby.used(following))
+    left_out = f"mlenv: node-{left.node} must be left out of the run ({left.reason})"
+    if slot is None:
+        print(f"{left_out}: not restarting it ({instead})", flush=True)
+        if rank == 0:
+            standby.end_unused(following, run_id)
+        return None
+    message = {"run_id": run_id, "node": left.node, "attempt": int(following["MLENV_RESTART_COUNT"]),
+               "used": slot + 1, **{key: following.get(name, "") for key, name in HANDED.items()}}
+    error = standby.send(spares[slot], slot, following, message) if rank == 0 else None
+    if error is not None:
+        print(f"{left_out}: not restarting it: {error}", flush=True)
+        return None
+    if rank in (0, left.node):
+        print(f"{left_out}: the standby on {spares[slot]} takes its place", flush=True)
+    return None if rank == left.node else slot + 1
+
+
+HANDED = {"failed_first": restartpolicy.FAILED_FIRST, "last_error": restartpolicy.LAST_ERROR}
+"""What a standby is handed of the run's history (its message's key -> the variable it sets)."""
+
+
+def _launch_argv(args: argparse.Namespace, launcher: str, run_dir: Path) -> list[str]:
+    """``python -m mlenv.runtime launch`` with this launch's options (not its mode, nor the job)."""
+    return [sys.executable, "-m", "mlenv.runtime", "launch", "--launcher", launcher,
+            *(["--nproc", str(args.nproc)] if args.nproc else []), "--run-dir", str(run_dir),
+            *(["--expect-transport", args.expect_transport] if args.expect_transport else []),
+            *(["--hang-timeout", str(args.hang_timeout)] if args.hang_timeout else []),
+            *(["--on-hang", args.on_hang] if args.on_hang else []),
+            *(["--idle-seconds", str(args.idle_seconds)] if args.idle_seconds else []),
+            *(["--idle-util", str(args.idle_util)] if args.idle_util is not None else []),
+            *(["--on-idle", args.on_idle] if args.on_idle else []),
+            *(["--max-restarts", str(args.max_restarts)] if args.max_restarts else [])]
+
+
+STANDBY_FD = "MLENV_STANDBY_FD"
+"""In the standby's background process: its listening socket, opened (and checked) by the command that started it."""
+
+
+def wait_as_standby(
+    args: argparse.Namespace, environ: Mapping[str, str], launcher: str, job: list[str], run_dir: Path | None
+) -> int:
+    """A spare host's standby of a detached run (runtime/supervise/standby.py): started in the background, listening,
+    until node 0 hands it a node (it then runs that node's share, detached, from the next attempt on) or ends it."""
+    if run_dir is None or not args.detach:
+        raise BadInput("launch --standby needs --detach and a run directory (--run-dir DIR or MLENV_RUN_DIR)")
+    run_dir = run_dir.absolute()
+    run_id = environ.get("MLENV_RUN_ID") or run_dir.name
+    marker = standby.pid_file(run_dir, args.standby)
+    if STANDBY_FD not in environ:  # the command run on the spare host: listen, then wait in the background
+        listener = standby.listen(environ, args.standby)
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        argv = [*_launch_argv(args, launcher, run_dir), "--detach", "--standby", str(args.standby), "--", *job]
+        env = {**environ, STANDBY_FD: str(listener.fileno()), standby.MARKER: str(marker)}
+        with marker.with_suffix(".log").open("ab") as log:
+            process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                       env=env, start_new_session=True, pass_fds=(listener.fileno(),))
+        listener.close()
+        write_atomic(marker, json.dumps({"run_id": run_id, "slot": args.standby, "pid": process.pid,
+                                         "port": standby.port(environ, args.standby)}) + "\n")
+        print(f"mlenv: standby {args.standby} of run {run_id} on {host_name(environ)}: waiting on port "
+              f"{standby.port(environ, args.standby)} for a node to take over (pid {process.pid})")
+        return 0
+    with socket.socket(fileno=int(environ[STANDBY_FD])) as listener:
+        message = standby.wait(listener, run_id, secret_of(environ) or "")
+    if message is None:
+        print(f"mlenv: run {run_id} needs this standby no more", flush=True)
+        return 0
+    node, attempt = int(message["node"]), int(message["attempt"])
+    print(f"mlenv: taking node-{node}'s place in run {run_id} from attempt {attempt} on", flush=True)
+    env = {name: value for name, value in environ.items() if name not in (STANDBY_FD, standby.MARKER)}
+    env.update({"MLENV_NODE_RANK": str(node), "MLENV_RESTART_COUNT": str(attempt),
+                standby.USED: str(message["used"]),
+                **{name: str(message.get(key, "")) for key, name in HANDED.items()}})
+    args.standby = None
+    return start_node(args, env, launcher, job, run_dir)
+
+
+def start_node(
+    args: argparse.Namespace, environ: Mapping[str, str], launcher: str, job: list[str], run_dir: Path | None
+) -> int:
+    """Start this node's share through a supervisor (this same command, which writes the exit file) recorded in
+    the run directory, so jobs, logs and stop know it: detached, or followed to its end."""
+    if run_dir is None:
+        raise BadInput("launch --detach needs a run directory: --run-dir DIR or MLENV_RUN_DIR")
+    rank = detect_topology(environ).node_rank
+    files = NodeDir(run_dir.absolute(), attempt_of(environ), rank)
+    supervisor = [*_launch_argv(args, launcher, files.run_dir), "--exit-file", str(files.exit),
+                  *(["--detached-supervisor"] if args.detach else []), "--", *job]
+    process, record = start_recorded(supervisor, files, run_id=environ.get("MLENV_RUN_ID") or files.run_dir.name,
+                                     host=host_name(environ), environ=environ, detached=args.detach)
+    if args.detach:
+        print(f"mlenv: node {rank} started in the background: pid {record.pid}, log {files.log}")
+        return 0
+    with forwarding_signals(process):
+        status = process.wait()
+    return 128 - status if status < 0 else status

@@ -1,0 +1,1 @@
+"""What watches a running job: the observer protocol, hang, idle, node-fault signs, transport proof."""
