@@ -5,6 +5,7 @@ alone."""
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import subprocess
@@ -14,7 +15,7 @@ from pathlib import Path
 from mlenv.runtime.launcher import RUNTIME_PARENT, Job, run_job
 from mlenv.runtime.nodefault import NodeFaultWatch
 from mlenv.runtime.restartpolicy import FAULTY_AFTER, History, failed_first, judge, may_restart, standby_for
-from mlenv.runtime.runlayout import FirstFailure, NodeDir, NodeFault, read_state
+from mlenv.runtime.runlayout import LOST_FILE, FirstFailure, NodeDir, NodeFault, read_state
 
 ROOT = Path(__file__).resolve().parents[3]
 NET_ERROR = ("node-2:5776:5902 [0] transport/net_ib.cc:1296 NCCL WARN NET/IB : Got completion from peer "
@@ -93,7 +94,7 @@ def _ask(run_dir: Path, attempt: int, code: int, history: dict[str, str] | None 
     said = subprocess.run(argv, capture_output=True, text=True, check=True,
                           env={**os.environ, "PYTHONPATH": RUNTIME_PARENT}).stdout
     script = f"eval {shlex.quote(said)}; for name in node code verdict left_node host why saved failed_first " \
-             "last_error; do printf '%s=%s\\n' \"$name\" \"${!name}\"; done"
+             "last_error lost; do printf '%s=%s\\n' \"$name\" \"${!name}\"; done"
     lines = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout
     return dict(line.split("=", 1) for line in lines.splitlines())
 
@@ -117,6 +118,27 @@ def test_the_slurm_scripts_ask_the_policy(tmp_path: Path) -> None:
     once = _ask(bug, 0, 1)
     again = _ask(bug, 1, 1, once)
     assert again["verdict"] == "stop" and "the same error in attempts 1 and 2: not restarting" in again["why"]
+
+
+def test_a_node_slurm_lost_is_a_node_fault_never_a_user_s_stop(tmp_path: Path) -> None:
+    """Slurm took n2 out of the job (--no-kill: the job goes on with n1), or says it is down: the node-failure sign,
+    in the attempt's lost.json; the run goes on without n2, also after a stop's exit code, and n2 is recorded for
+    later runs. A job that kept its nodes, all up, was stopped by the user."""
+    runs = [tmp_path / f"run{index}" for index in range(3)]
+    for run_dir in runs:
+        (run_dir / "attempt-0").mkdir(parents=True)
+    taken = _ask(runs[0], 0, 143, None, "--job-nodes", "n1", "--node-states", "n1|mixed|none\nn2|idle|none")
+    assert (taken["verdict"], taken["left_node"], taken["host"], taken["saved"]) == ("leave-out", "1", "n2", "1")
+    assert taken["why"] == "node failure: Slurm took n2 out of the job"
+    assert taken["lost"] == "n2 (node-1): node failure: Slurm took n2 out of the job"
+    assert json.loads((runs[0] / "attempt-0" / LOST_FILE).read_text()) == {
+        "1": {"sign": "node-failure", "evidence": "Slurm took n2 out of the job"}}
+    down = _ask(runs[1], 0, 137, None, "--node-states", "n1|allocated|none\nn2|down*|Not responding\nn2|down*|x")
+    assert (down["verdict"], down["host"]) == ("leave-out", "n2")
+    assert down["why"] == "node failure: Slurm says it is down* (Not responding)"
+    kept = _ask(runs[2], 0, 143, None, "--job-nodes", "n[1-2]", "--node-states", "n1|mixed|none\nn2|mixed|none")
+    assert (kept["verdict"], kept["lost"]) == ("end", "")
+    assert not (runs[2] / "attempt-0" / LOST_FILE).exists()
 
 
 def test_the_rule_is_written_in_the_policy_alone() -> None:

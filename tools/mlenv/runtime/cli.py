@@ -32,8 +32,10 @@ from .launcher import forwarding_signals, launch
 from .launchers import DEFAULT_LAUNCHER, LAUNCHERS
 from .nccl import detect_nccl_env
 from .ncclog import EXPECTATIONS, LogReport, NcclLogReader, iter_lines, judge
+from .nodefault import scheduler_lost
 from .observing import observers_for
 from .runlayout import (
+    LOST_FILE,
     FirstFailure,
     NodeDir,
     absolute_checkpoint_dir,
@@ -42,6 +44,7 @@ from .runlayout import (
     read_state,
     runs_root,
     write_atomic,
+    write_json,
 )
 from .stacks import METHODS, group, sample
 from .stacks import render as render_stacks
@@ -235,6 +238,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the host that failed first, for each earlier attempt (the history this command printed)")
     policy.add_argument("--last-error", default="", metavar="KEY", help="the previous attempt's error (likewise)")
     policy.add_argument("--warned", action="store_true", help="the scheduler's warning came: never restart")
+    policy.add_argument("--job-nodes", default="", metavar="NODELIST",
+                        help="the job's nodes now (squeue %%N; empty: not running): a host of the attempt no longer "
+                             "among them was lost to a node failure")
+    policy.add_argument("--node-states", default="", metavar="LINES",
+                        help="sinfo -h -N -o '%%N|%%T|%%E' of the attempt's hosts: a host down, failed or drained was "
+                             "lost (its node-failure sign is written to the attempt's lost.json)")
 
     check = commands.add_parser("nccl-log-check", help="tell from NCCL_DEBUG=INFO output what NCCL used")
     check.add_argument("files", nargs="+", metavar="FILE", help="log files ('-' for stdin)")
@@ -632,9 +641,13 @@ def _policy(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     """The restart policy's verdict for a run's script (restartpolicy.py ``for_script``), as shell assignments."""
     history = restartpolicy.History(tuple(args.failed_first.split(",")[:args.attempt]) if args.attempt else (),
                                     args.last_error)
-    answer = restartpolicy.for_script(args.run_dir, args.attempt, args.exit_code, args.max_restarts,
-                                      [host for host in args.hosts.split(",") if host], args.failed_file, history,
-                                      args.warned)
+    hosts = [host for host in args.hosts.split(",") if host]
+    lost = scheduler_lost(hosts, args.job_nodes, args.node_states)
+    if lost:
+        write_json(args.run_dir / f"attempt-{args.attempt}" / LOST_FILE,
+                   {str(node): fault.to_dict() for node, fault in sorted(lost.items())})
+    answer = restartpolicy.for_script(args.run_dir, args.attempt, args.exit_code, args.max_restarts, hosts,
+                                      args.failed_file, history, args.warned, lost)
     print(" ".join(f"{name}={shlex.quote(str(value))}" for name, value in answer.items()))
     return 0
 
