@@ -89,6 +89,8 @@ def _lost_recorded(project: Project) -> None:
     lost = json.loads((run / "attempt-0" / "lost.json").read_text())
     assert list(lost) == ["1"] and lost["1"]["sign"] == "node-failure", lost
     assert (run / "attempt").read_text() == "1\n" and (run / "attempt-1" / "exit").read_text() == "0\n"
+    # each attempt's own record of how it ended
+    assert [(run / f"attempt-{k}" / "ended").read_text() for k in (0, 1)] == ["node-failure\n", "succeeded\n"]
 
 
 def test_a_node_set_down_mid_run_is_restarted_without_it_on_the_allocation_s_spare(
@@ -124,3 +126,26 @@ def test_a_node_set_down_mid_run_is_restarted_without_it_as_a_batch_job(losing: 
     assert "#SBATCH --exclude=n2\n" in slurm_cluster.ok("scontrol", "write", "batch_script", second, "-")
     assert slurm_cluster.job(second)["NodeList"] == "n[1,3]"
     _lost_recorded(project)
+
+
+def test_a_detached_run_in_an_allocation_that_lost_a_node_reads_failed_with_its_sign(
+        losing: Project, slurm_cluster: SlurmCluster) -> None:
+    """Without a spare and without restarts, the run's script ends the run; once its step is gone, status says what
+    the scheduler did (the attempt's record: a node failure), not what the killed supervisors last wrote (running),
+    nor a user's stop."""
+    project = losing
+    project.ok("deploy", project.name, "--timeout", "60", timeout=120)
+    project.ok("sync", "-c", project.name)
+    project.ok("launch", "-c", project.name, "--launcher", "torchrun", "--nproc", "1", "--detach", "losing.py",
+               timeout=120)
+    (run,) = (project.workdir / ".mlenv" / "runs").glob("2*")
+    slurm_cluster.wait(lambda: (run / "output.log").exists()
+                       and (run / "output.log").read_text().count("attempt 0 training on") == 2, "both to train", 120)
+    slurm_cluster.ok("scontrol", "update", f"nodename={LOST}", "state=down", "reason=mlenv-test")
+    slurm_cluster.wait(lambda: (run / "attempt-0" / "exit").exists(), "the run's script to end the attempt", 120)
+    assert (run / "attempt-0" / "ended").read_text() == "node-failure\n"
+    latest = project.latest_run()
+    assert latest["state"] == "failed", latest
+    assert latest["node_faults"]["1"]["sign"] == "node-failure", latest["node_faults"]
+    assert str(latest["node_faults"]["1"]["evidence"]).startswith(f"Slurm took {LOST} out of the job"), latest
+    project.ok("clean", "-c", project.name, timeout=120)

@@ -14,7 +14,15 @@ from pathlib import Path
 
 from mlenv.runtime.launcher import RUNTIME_PARENT, Job, run_job
 from mlenv.runtime.nodefault import NodeFaultWatch
-from mlenv.runtime.restartpolicy import FAULTY_AFTER, History, failed_first, judge, may_restart, standby_for
+from mlenv.runtime.restartpolicy import (
+    FAULTY_AFTER,
+    History,
+    attempt_state,
+    failed_first,
+    judge,
+    may_restart,
+    standby_for,
+)
 from mlenv.runtime.runlayout import LOST_FILE, FirstFailure, NodeDir, NodeFault, read_state
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -94,7 +102,7 @@ def _ask(run_dir: Path, attempt: int, code: int, history: dict[str, str] | None 
     said = subprocess.run(argv, capture_output=True, text=True, check=True,
                           env={**os.environ, "PYTHONPATH": RUNTIME_PARENT}).stdout
     script = f"eval {shlex.quote(said)}; for name in node code verdict left_node host why saved failed_first " \
-             "last_error lost; do printf '%s=%s\\n' \"$name\" \"${!name}\"; done"
+             "last_error lost ended; do printf '%s=%s\\n' \"$name\" \"${!name}\"; done"
     lines = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout
     return dict(line.split("=", 1) for line in lines.splitlines())
 
@@ -137,8 +145,15 @@ def test_a_node_slurm_lost_is_a_node_fault_never_a_user_s_stop(tmp_path: Path) -
     assert (down["verdict"], down["host"]) == ("leave-out", "n2")
     assert down["why"] == "node failure: Slurm says it is down* (Not responding)"
     kept = _ask(runs[2], 0, 143, None, "--job-nodes", "n[1-2]", "--node-states", "n1|mixed|none\nn2|mixed|none")
-    assert (kept["verdict"], kept["lost"]) == ("end", "")
+    assert (kept["verdict"], kept["lost"], kept["ended"]) == ("end", "", "stopped")
     assert not (runs[2] / "attempt-0" / LOST_FILE).exists()
+    assert (taken["ended"], down["ended"]) == ("node-failure", "node-failure")  # how each attempt ended
+
+
+def test_how_an_attempt_ended() -> None:
+    assert [attempt_state(code, lost=False) for code in (0, 1, 137, 143, 130)] == [
+        "succeeded", "failed", "failed", "stopped", "stopped"]
+    assert attempt_state(143, lost=True) == attempt_state(0, lost=True) == "node-failure"
 
 
 def test_the_rule_is_written_in_the_policy_alone() -> None:

@@ -26,6 +26,10 @@ HUNG, RESTARTING, REQUEUED, PREEMPTED = "hung", "restarting", "requeued", "preem
 RUN_STATES = (RUNNING, SUCCEEDED, FAILED, STOPPED, HUNG, RESTARTING, REQUEUED, PREEMPTED)
 """The states of a run (and of a node's share of it), one set everywhere; docs/runs.md says what each means."""
 RANK_STATES = (RUNNING, SUCCEEDED, FAILED, STOPPED)
+NODE_FAILED = "node-failure"
+ATTEMPT_STATES = (SUCCEEDED, FAILED, STOPPED, REQUEUED, PREEMPTED, NODE_FAILED)
+"""How an attempt ended, as its directory records it (on Slurm its ``ended`` file): ``node-failure`` where the
+scheduler lost a node of it (the run reads ``failed`` then, and goes on without the node), else a run state."""
 LOST_FILE = "lost.json"
 """In an attempt's directory (Slurm): ``{"<node>": {"sign", "evidence"}}``, the nodes the scheduler lost while the
 attempt ran (written by the run's script, through the runtime's ``policy``)."""

@@ -489,7 +489,8 @@ class SlurmBackend(Deploy, NodeAccess, Jobs, Checks):
         run = latest_run(run_id, {node: noderecords.node_job(found.files.get(node, {}), found.attempt, live,
                                                              found.stopped, found.lost.get(node))
                                   for node in range(job.nodes)})
-        return replace(run, state=runstate.reconcile(run.state, batch_job, found.stopped))
+        return replace(run, state=runstate.reconcile(run.state, batch_job, found.stopped,
+                                                     None if live else found.ended))
 
     def rank_nodes(self, handle: Handle) -> dict[int, int] | None:
         """Global rank -> the node it ran on, in the newest attempt of the deployment's newest run in the shared run

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from mlenv.backends.slurm.login import Login
-from mlenv.backends.slurm.script import DEPLOYMENT_FILE, STOP_FILE
+from mlenv.backends.slurm.script import DEPLOYMENT_FILE, ENDED_FILE, STOP_FILE
 from mlenv.runtime.jobs import LOST, ended_state
 from mlenv.runtime.restartpolicy import why_faulty
 from mlenv.runtime.runlayout import FAILED, HUNG, LOST_FILE, RUNNING, STOPPED, NodeFault, parse_faults, parse_ranks
@@ -37,6 +37,8 @@ done
 [ -n "$newest" ] || exit 0
 printf '{SEPARATOR}attempt %s\\n' "$newest"
 [ ! -e "$root/$run/{STOP_FILE}" ] || printf '{SEPARATOR}stopped\\n'
+[ ! -s "$root/$run/attempt-$newest/{ENDED_FILE}" ] ||
+  printf '{SEPARATOR}ended %s\\n' "$(head -c 32 "$root/$run/attempt-$newest/{ENDED_FILE}")"
 if [ -f "$root/$run/attempt-$newest/{LOST_FILE}" ]; then
   printf '{SEPARATOR}lost\\n'
   cat -- "$root/$run/attempt-$newest/{LOST_FILE}" 2>/dev/null
@@ -53,7 +55,8 @@ done
 """
 """``sh -c READ sh RUNS_ROOT RUN_ID NAME``: the newest attempt of run RUN_ID (of deployment NAME's newest run when
 RUN_ID is empty, never another cluster file's sharing the workdir; run ids sort by time) as ``<SEP>attempt K``,
-``<SEP>stopped`` when ``mlenv stop`` stopped it, ``<SEP>lost`` and the attempt's lost.json where Slurm lost nodes
+``<SEP>stopped`` when ``mlenv stop`` stopped it, ``<SEP>ended WORD`` once the script recorded how the attempt
+ended, ``<SEP>lost`` and the attempt's lost.json where Slurm lost nodes
 meanwhile, then each node's records, each after a line ``<SEP>R NAME``."""
 
 
@@ -68,12 +71,14 @@ class RunFiles(NamedTuple):
     """Whether ``mlenv stop`` stopped it (its stop file)."""
     lost: Mapping[int, NodeFault] = {}
     """Node -> its ``node-failure`` sign, where Slurm lost the node while the attempt ran (its lost.json)."""
+    ended: str | None = None
+    """How the attempt ended (runlayout's ATTEMPT_STATES), once the run's script recorded it."""
 
 
 def read(login: Login, runs_root: str, run_id: str | None, name: str = "") -> RunFiles:
     """The newest attempt of run ``run_id`` (deployment ``name``'s newest run when None) and its nodes' records (0
     and nothing while no node has written)."""
-    attempt, stopped = 0, False
+    attempt, stopped, ended = 0, False, None
     lost: dict[int, NodeFault] = {}
     files: dict[int, dict[str, str]] = {}
     for chunk in login.ok(["sh", "-c", READ, "sh", runs_root, run_id or "", name]).split(SEPARATOR)[1:]:
@@ -83,11 +88,13 @@ def read(login: Login, runs_root: str, run_id: str | None, name: str = "") -> Ru
             attempt = int(name)
         elif what == "stopped":
             stopped = True
+        elif what == "ended":
+            ended = name.strip() or None
         elif what == "lost":
             lost = parse_faults(_json(text))
         elif what.isdigit() and name in FILES:
             files.setdefault(int(what), {})[name] = text
-    return RunFiles(attempt, files, stopped, lost)
+    return RunFiles(attempt, files, stopped, lost, ended)
 
 
 def ranks(files: Mapping[str, str]) -> list[dict[str, Any]]:
