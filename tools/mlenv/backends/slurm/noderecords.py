@@ -56,8 +56,8 @@ done
 """``sh -c READ sh RUNS_ROOT RUN_ID NAME``: the newest attempt of run RUN_ID (of deployment NAME's newest run when
 RUN_ID is empty, never another cluster file's sharing the workdir; run ids sort by time) as ``<SEP>attempt K``,
 ``<SEP>stopped`` when ``mlenv stop`` stopped it, ``<SEP>ended WORD`` once the script recorded how the attempt
-ended, ``<SEP>lost`` and the attempt's lost.json where Slurm lost nodes
-meanwhile, then each node's records, each after a line ``<SEP>R NAME``."""
+ended, ``<SEP>lost`` and the attempt's lost.json where Slurm lost nodes meanwhile, then each node's records, each
+after a line ``<SEP>R NAME``."""
 
 
 class RunFiles(NamedTuple):
