@@ -4,7 +4,8 @@ n2. Slurm takes n2 out of the job (mlenv's jobs are ``--no-kill``: the job goes 
 run's step; the run's script asks the restart policy with the job's nodes and n2's state, which gives n2 the
 ``node-failure`` sign (the attempt's ``lost.json``, ``latest_run.node_faults``); the run is restarted without n2
 (exit 0), never taken for a user's stop, and ``mlenv nodes`` names n2: inside an allocation deployed with a spare
-on the spare (n3), as a batch job on the third node (``--exclude=n2``)."""
+on the spare (n3), as a batch job on the third node (``--exclude=n2``); detached, the run's script does the same.
+Each attempt's directory records how it ended (``node-failure``, then ``succeeded``)."""
 
 from __future__ import annotations
 
@@ -149,3 +150,29 @@ def test_a_detached_run_in_an_allocation_that_lost_a_node_reads_failed_with_its_
     assert latest["node_faults"]["1"]["sign"] == "node-failure", latest["node_faults"]
     assert str(latest["node_faults"]["1"]["evidence"]).startswith(f"Slurm took {LOST} out of the job"), latest
     project.ok("clean", "-c", project.name, timeout=120)
+
+
+def test_a_detached_batch_run_that_lost_a_node_goes_on_in_a_batch_job_without_it(
+        losing: Project, slurm_cluster: SlurmCluster) -> None:
+    """Detached, no terminal waits: the run's script submits the next attempt as a batch job with --exclude=n2, and
+    mlenv, when it next looks (status), records the new job as the run's and n2 as excluded."""
+    project = losing
+    project.ok("sync", "-c", project.name)
+    started = project.ok("launch", "-c", project.name, "--launcher", "torchrun", "--nproc", "1", "--detach",
+                         "--max-restarts", "1", "losing.py", timeout=120)
+    first = project.submitted(started.stderr)
+    (run,) = (project.workdir / ".mlenv" / "runs").glob("2*")
+    slurm_cluster.wait(lambda: (run / "output.log").exists()
+                       and (run / "output.log").read_text().count("attempt 0 training on") == 2, "both to train", 120)
+    slurm_cluster.ok("scontrol", "update", f"nodename={LOST}", "state=down", "reason=mlenv-test")
+    slurm_cluster.wait(lambda: (run / "resubmitted").exists(), "the next attempt to be submitted", 120)
+    second = (run / "resubmitted").read_text().split()[0]
+    assert slurm_cluster.wait_finished(second, 120)["NodeList"] == "n[1,3]"
+    output = (run / "output.log").read_text()
+    assert f"mlenv: excluding {LOST} (node-1) from the next attempts: {SIGN}" in output, output
+    assert "attempt 1: ok on n3 as node 1" in output, output
+    assert slurm_cluster.job(first)["JobState"] == "COMPLETED"  # it handed the run on
+    status = json.loads(project.ok("status", "-c", project.name, "--json").stdout)
+    assert project.recorded_jobs() == [first, second]
+    assert status["latest_run"]["state"] == "succeeded", status["latest_run"]
+    _lost_recorded(project)
