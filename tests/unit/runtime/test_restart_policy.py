@@ -146,6 +146,8 @@ def test_a_node_slurm_lost_is_a_node_fault_never_a_user_s_stop(tmp_path: Path) -
     assert down["why"] == "node failure: Slurm says it is down* (Not responding)"
     kept = _ask(runs[2], 0, 143, None, "--job-nodes", "n[1-2]", "--node-states", "n1|mixed|none\nn2|mixed|none")
     assert (kept["verdict"], kept["lost"], kept["ended"]) == ("end", "", "stopped")
+    unknown = _ask(runs[2], 0, 143, None, "--job-nodes", "(null)", "--node-states", "n1|idle|none\nn2|idle|none")
+    assert (unknown["verdict"], unknown["lost"]) == ("end", "")  # a job no longer running: its nodes say nothing
     assert not (runs[2] / "attempt-0" / LOST_FILE).exists()
     assert (taken["ended"], down["ended"]) == ("node-failure", "node-failure")  # how each attempt ended
 

@@ -89,10 +89,10 @@ STATE_FLAGS = "*~#%!$@^-+"
 def scheduler_lost(hosts: Sequence[str], job_nodes: str, node_states: str) -> dict[int, NodeFault]:
     """The ``node-failure`` sign of each node of an attempt on ``hosts`` (in node order) that Slurm lost while the
     attempt ran: taken out of the job, which goes on without it (``job_nodes``: the job's nodes now, squeue's %N of the
-    running job; empty, where the job is not running, says nothing), or down, failed, drained or not responding
-    (``node_states``: ``sinfo -h -N -o '%N|%T|%E'`` lines of the hosts)."""
+    running job; empty or ``(null)``, where the job is not running, says nothing), or down, failed, drained or not
+    responding (``node_states``: ``sinfo -h -N -o '%N|%T|%E'`` lines of the hosts)."""
     try:
-        held = set(expand_nodelist(job_nodes)) if job_nodes.strip() else None
+        held = set(expand_nodelist(job_nodes)) if job_nodes.strip() not in ("", "(null)") else None
     except ValueError:
         held = None
     states: dict[str, tuple[str, str]] = {}
