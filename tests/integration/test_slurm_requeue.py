@@ -86,6 +86,7 @@ def test_the_warning_signal_checkpoints_requeues_and_resumes(tmp_path: Path, slu
     assert set(re.findall(r"rank (\d) got SIGUSR1: checkpointed step 7", attempt0)) == {"0", "1", "2", "3"}, attempt0
     assert f"mlenv: attempt 0 ended after the warning (exit 0): requeueing job {job_id}" in attempt0
     assert (run / "attempt-0" / "exit").read_text() == "0\n"  # torchrun's agent and the runtime lived on
+    assert (run / "attempt-0" / "ended").read_text() == "requeued\n"  # the attempt's own record: not succeeded
     # Slurm holds a requeued job back (Reason=BeginTime) until the first attempt's job credential has expired on
     # the nodes (about 2 minutes): starting it earlier (scontrol update StartTime=now) only gets it killed with
     # "Job credential revoked"
@@ -99,6 +100,7 @@ def test_the_warning_signal_checkpoints_requeues_and_resumes(tmp_path: Path, slu
             in text()), text()
     assert (slurm_cluster.job(job_id)["JobState"], project.latest_run()["state"]) == ("FAILED", "failed")
     assert (run / "attempt-1" / "exit").read_text() == "0\n" and (run / "attempt").read_text() == "1\n"
+    assert [(run / f"attempt-{k}" / "ended").read_text() for k in (0, 1)] == ["requeued\n", "failed\n"]
     assert sorted(path.name for path in (project.workdir / "checkpoints" / run.name).iterdir()) == [
         "rank0", "rank1", "rank2", "rank3"]
     resumed = re.findall(rf"rank (\d) attempt 1 resumed from step 7 of run {run.name}", text())
@@ -257,6 +259,7 @@ def test_the_batch_script_restarts_a_detached_run(tmp_path: Path, slurm_cluster:
     assert ("mlenv: attempt 0 failed with exit code 3: restarting the run, attempt 1 of at most 3 restarts "
             "(MLENV_RESTART_COUNT=1)\n") in output, output
     assert [(run / f"attempt-{k}" / "exit").read_text() for k in (0, 1)] == ["3\n", "0\n"]
+    assert [(run / f"attempt-{k}" / "ended").read_text() for k in (0, 1)] == ["failed\n", "succeeded\n"]
     assert (run / "attempt").read_text() == "1\n" and not (run / "attempt-2").exists()
     logs = project.ok("logs", "-c", project.name, timeout=30).stdout
     for node in (0, 1):  # each attempt of each node under its header, the same run

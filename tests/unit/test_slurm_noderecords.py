@@ -9,6 +9,7 @@ from typing import Any
 
 from mlenv.backends.slurm.login import Login
 from mlenv.backends.slurm.noderecords import node_job, read
+from mlenv.runtime.records.runlayout import NodeFault
 
 FAILURE = {"rank": 3, "node": 1, "exit_code": 3, "signal": None, "reason": "exited with 3",
            "log_tail": ["a line with \x1e, \"quotes\"", "[node-1 r3] failing"]}
@@ -37,7 +38,7 @@ def test_the_newest_attempt_of_the_run_node_by_node(tmp_path: Path) -> None:
           ranks_json=[rank(0, 0, "running", None)])
     (tmp_path / "r1" / "attempt-x").mkdir()
     (tmp_path / "allocation-7.log").write_text("not a run\n")
-    attempt, files, stopped = read(Login(None), str(tmp_path), "r1")
+    attempt, files, stopped, *_ = read(Login(None), str(tmp_path), "r1")
     assert (attempt, sorted(files), sorted(files[1])) == (10, [0, 1], ["exit", "ranks.json", "record.json",
                                                                         "state.json"])
     failed = node_job(files[1], attempt, live=False)
@@ -51,16 +52,34 @@ def test_the_newest_attempt_of_the_run_node_by_node(tmp_path: Path) -> None:
     assert lost is not None and (lost["state"], lost["reason"]) == ("failed", "gone without an exit status")
     assert not stopped
     (tmp_path / "r1" / "stop").write_text("2026-11-25T20:01:00Z\n")  # mlenv stop's, before it cancelled the step
-    attempt, files, stopped = read(Login(None), str(tmp_path), "r1")
+    attempt, files, stopped, *_ = read(Login(None), str(tmp_path), "r1")
     by_user = [node_job(files[node], attempt, live=False, stopped=stopped) for node in (0, 1)]
     assert [(job or {}).get("state") for job in by_user] == ["stopped", "stopped"], by_user
     assert [(job or {}).get("first_failure") for job in by_user] == [None, None]  # no rank failed of its own
 
 
+def test_a_node_slurm_lost_failed_with_its_sign_never_stopped(tmp_path: Path) -> None:
+    """The run's script wrote the attempt's lost.json (Slurm took node 1 out of the job): node 1 failed with the
+    node-failure sign, whether its supervisor recorded anything (it was killed) or not, stop file or not."""
+    write(tmp_path, "r1", 0, 0, record_json={"pid": 1}, state_json={"state": "running"})
+    sign = {"sign": "node-failure", "evidence": "Slurm took n2 out of the job"}
+    (tmp_path / "r1" / "attempt-0" / "lost.json").write_text(json.dumps({"1": sign}))
+    found = read(Login(None), str(tmp_path), "r1")
+    assert found.lost == {1: NodeFault("node-failure", "Slurm took n2 out of the job")}
+    lost = node_job(found.files.get(1, {}), found.attempt, live=False, stopped=True, lost=found.lost[1])
+    assert lost is not None
+    assert (lost["state"], lost["reason"], lost["node_fault"]) == (
+        "failed", "node failure: Slurm took n2 out of the job", sign)
+    assert (node_job(found.files[0], found.attempt, live=False) or {}).get("node_fault") is None
+    assert found.ended is None
+    (tmp_path / "r1" / "attempt-0" / "ended").write_text("node-failure\n")  # the script's record of the attempt
+    assert read(Login(None), str(tmp_path), "r1").ended == "node-failure"
+
+
 def test_nodes_that_have_not_written(tmp_path: Path) -> None:
-    assert read(Login(None), str(tmp_path / "none"), "r1") == (0, {}, False)
+    assert read(Login(None), str(tmp_path / "none"), "r1") == (0, {}, False, {}, None)
     (tmp_path / "r2" / "attempt-0").mkdir(parents=True)
-    assert read(Login(None), str(tmp_path), "r2") == (0, {}, False)
+    assert read(Login(None), str(tmp_path), "r2") == (0, {}, False, {}, None)
     assert node_job({}, 0, live=True) == {"attempt": 0, "state": "running", "exit_code": None, "reason": None,
                                           "first_failure": None, "transport": None, "stacks": None, "idle": None,
                                           "ranks": [], "node_fault": None}
@@ -78,7 +97,7 @@ def test_an_ended_node_without_a_state_of_its_own_and_a_hung_one() -> None:
 def test_without_a_run_id_the_newest_run(tmp_path: Path) -> None:
     write(tmp_path, "20261125-200000-a", 0, 0, ranks_json=[rank(0, 0, "succeeded", 0)])
     write(tmp_path, "20261125-200100-b", 0, 1, ranks_json=[rank(1, 1, "running", None)])
-    attempt, files, _ = read(Login(None), str(tmp_path), None)
+    attempt, files, *_ = read(Login(None), str(tmp_path), None)
     assert (attempt, list(files)) == (0, [1]) and '"rank": 1' in files[1]["ranks.json"]
     (tmp_path / "20261125-200000-a" / "deployment").write_text("a\n")
     (tmp_path / "20261125-200100-b" / "deployment").write_text("b\n")  # another cluster file's, sharing the workdir
@@ -98,3 +117,9 @@ def test_a_batch_run_s_state_follows_its_job() -> None:
     assert reconcile(None, JobInfo("7", "PENDING")) is None  # never started: nothing to say
     assert reconcile("succeeded", None) == "succeeded"  # a run inside the allocation
     assert reconcile("succeeded", JobInfo("7", "CANCELLED", exit_code=143), stopped=True) == "stopped"  # mlenv stop
+    # once the step or job is gone, how the script recorded the attempt's end: a node lost is a failure, never a stop
+    assert reconcile("running", None, ended="node-failure") == "failed"
+    assert reconcile("failed", None, ended="stopped") == "stopped"
+    assert reconcile("succeeded", JobInfo("7", "PENDING", "BeginTime"), ended="requeued") == "requeued"
+    assert reconcile("succeeded", JobInfo("7", "FAILED", exit_code=1), ended="failed") == "failed"
+    assert reconcile("running", None, ended="not a state") == "running"

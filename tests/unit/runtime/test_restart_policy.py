@@ -5,14 +5,23 @@ alone."""
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import subprocess
 import sys
 from pathlib import Path
 
-from mlenv.runtime.records.restartpolicy import FAULTY_AFTER, History, failed_first, judge, may_restart, standby_for
-from mlenv.runtime.records.runlayout import FirstFailure, NodeDir, NodeFault, read_state
+from mlenv.runtime.records.restartpolicy import (
+    FAULTY_AFTER,
+    History,
+    attempt_state,
+    failed_first,
+    judge,
+    may_restart,
+    standby_for,
+)
+from mlenv.runtime.records.runlayout import LOST_FILE, FirstFailure, NodeDir, NodeFault, read_state
 from mlenv.runtime.supervise.launcher import RUNTIME_PARENT, Job, run_job
 from mlenv.runtime.watch.faultsigns import NodeFaultWatch
 
@@ -93,7 +102,7 @@ def _ask(run_dir: Path, attempt: int, code: int, history: dict[str, str] | None 
     said = subprocess.run(argv, capture_output=True, text=True, check=True,
                           env={**os.environ, "PYTHONPATH": RUNTIME_PARENT}).stdout
     script = f"eval {shlex.quote(said)}; for name in node code verdict left_node host why saved failed_first " \
-             "last_error; do printf '%s=%s\\n' \"$name\" \"${!name}\"; done"
+             "last_error lost ended; do printf '%s=%s\\n' \"$name\" \"${!name}\"; done"
     lines = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout
     return dict(line.split("=", 1) for line in lines.splitlines())
 
@@ -117,6 +126,36 @@ def test_the_slurm_scripts_ask_the_policy(tmp_path: Path) -> None:
     once = _ask(bug, 0, 1)
     again = _ask(bug, 1, 1, once)
     assert again["verdict"] == "stop" and "the same error in attempts 1 and 2: not restarting" in again["why"]
+
+
+def test_a_node_slurm_lost_is_a_node_fault_never_a_user_s_stop(tmp_path: Path) -> None:
+    """Slurm took n2 out of the job (--no-kill: the job goes on with n1), or says it is down: the node-failure sign,
+    in the attempt's lost.json; the run goes on without n2, also after a stop's exit code, and n2 is recorded for
+    later runs. A job that kept its nodes, all up, was stopped by the user."""
+    runs = [tmp_path / f"run{index}" for index in range(3)]
+    for run_dir in runs:
+        (run_dir / "attempt-0").mkdir(parents=True)
+    taken = _ask(runs[0], 0, 143, None, "--job-nodes", "n1", "--node-states", "n1|mixed|none\nn2|idle|none")
+    assert (taken["verdict"], taken["left_node"], taken["host"], taken["saved"]) == ("leave-out", "1", "n2", "1")
+    assert taken["why"] == "node failure: Slurm took n2 out of the job"
+    assert taken["lost"] == "n2 (node-1): node failure: Slurm took n2 out of the job"
+    assert json.loads((runs[0] / "attempt-0" / LOST_FILE).read_text()) == {
+        "1": {"sign": "node-failure", "evidence": "Slurm took n2 out of the job"}}
+    down = _ask(runs[1], 0, 137, None, "--node-states", "n1|allocated|none\nn2|down*|Not responding\nn2|down*|x")
+    assert (down["verdict"], down["host"]) == ("leave-out", "n2")
+    assert down["why"] == "node failure: Slurm says it is down* (Not responding)"
+    kept = _ask(runs[2], 0, 143, None, "--job-nodes", "n[1-2]", "--node-states", "n1|mixed|none\nn2|mixed|none")
+    assert (kept["verdict"], kept["lost"], kept["ended"]) == ("end", "", "stopped")
+    unknown = _ask(runs[2], 0, 143, None, "--job-nodes", "(null)", "--node-states", "n1|idle|none\nn2|idle|none")
+    assert (unknown["verdict"], unknown["lost"]) == ("end", "")  # a job no longer running: its nodes say nothing
+    assert not (runs[2] / "attempt-0" / LOST_FILE).exists()
+    assert (taken["ended"], down["ended"]) == ("node-failure", "node-failure")  # how each attempt ended
+
+
+def test_how_an_attempt_ended() -> None:
+    assert [attempt_state(code, lost=False) for code in (0, 1, 137, 143, 130)] == [
+        "succeeded", "failed", "failed", "stopped", "stopped"]
+    assert attempt_state(143, lost=True) == attempt_state(0, lost=True) == "node-failure"
 
 
 def test_the_rule_is_written_in_the_policy_alone() -> None:

@@ -25,14 +25,17 @@ from .node.topology import TopologyError, detect_topology
 from .records import restartpolicy
 from .records.restartpolicy import IDLE_EXIT_CODE
 from .records.runlayout import (
+    LOST_FILE,
     absolute_checkpoint_dir,
     write_atomic,
+    write_json,
 )
 from .supervise.detached import restart, start_node, wait_as_standby
 from .supervise.jobs import BadInput, JobError
 from .supervise.launcher import launch
 from .supervise.nodejobs import show_gpus, show_jobs, show_logs, show_stacks, stop
 from .watch.assemble import observers_for
+from .watch.faultsigns import scheduler_lost
 from .watch.hang import HANG_EXIT_CODE
 from .watch.idle import DEFAULT_IDLE_UTIL
 
@@ -220,6 +223,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the host that failed first, for each earlier attempt (the history this command printed)")
     policy.add_argument("--last-error", default="", metavar="KEY", help="the previous attempt's error (likewise)")
     policy.add_argument("--warned", action="store_true", help="the scheduler's warning came: never restart")
+    policy.add_argument("--job-nodes", default="", metavar="NODELIST",
+                        help="the job's nodes now (squeue %%N; empty: not running): a host of the attempt no longer "
+                             "among them was lost to a node failure")
+    policy.add_argument("--node-states", default="", metavar="LINES",
+                        help="sinfo -h -N -o '%%N|%%T|%%E' of the attempt's hosts: a host down, failed or drained was "
+                             "lost (its node-failure sign is written to the attempt's lost.json)")
 
     check = commands.add_parser("nccl-log-check", help="tell from NCCL_DEBUG=INFO output what NCCL used")
     check.add_argument("files", nargs="+", metavar="FILE", help="log files ('-' for stdin)")
@@ -324,9 +333,13 @@ def _policy(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     assignments."""
     history = restartpolicy.History(tuple(args.failed_first.split(",")[:args.attempt]) if args.attempt else (),
                                     args.last_error)
-    answer = restartpolicy.for_script(args.run_dir, args.attempt, args.exit_code, args.max_restarts,
-                                      [host for host in args.hosts.split(",") if host], args.failed_file, history,
-                                      args.warned)
+    hosts = [host for host in args.hosts.split(",") if host]
+    lost = scheduler_lost(hosts, args.job_nodes, args.node_states)
+    if lost:
+        write_json(args.run_dir / f"attempt-{args.attempt}" / LOST_FILE,
+                   {str(node): fault.to_dict() for node, fault in sorted(lost.items())})
+    answer = restartpolicy.for_script(args.run_dir, args.attempt, args.exit_code, args.max_restarts, hosts,
+                                      args.failed_file, history, args.warned, lost)
     print(" ".join(f"{name}={shlex.quote(str(value))}" for name, value in answer.items()))
     return 0
 

@@ -484,8 +484,10 @@ class SlurmBackend(Deploy, NodeAccess, Jobs, Checks):
         login, live, batch_job = self._live(handle, run_id)
         found = noderecords.read(login, f"{job.workdir}/{RUNS_DIR}", run_id)
         run = latest_run(run_id, {node: noderecords.node_job(found.files.get(node, {}), found.attempt, live,
-                                                             found.stopped) for node in range(job.nodes)})
-        return replace(run, state=runstate.reconcile(run.state, batch_job, found.stopped))
+                                                             found.stopped, found.lost.get(node))
+                                  for node in range(job.nodes)})
+        return replace(run, state=runstate.reconcile(run.state, batch_job, found.stopped,
+                                                     None if live else found.ended))
 
     def rank_nodes(self, handle: Handle) -> dict[int, int]:
         """Global rank -> the node it ran on, in the newest attempt of the deployment's newest run in the shared run

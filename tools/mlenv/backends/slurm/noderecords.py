@@ -9,8 +9,18 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from mlenv.backends.slurm.login import Login
-from mlenv.backends.slurm.script import DEPLOYMENT_FILE, STOP_FILE
-from mlenv.runtime.records.runlayout import FAILED, HUNG, RUNNING, STOPPED, parse_ranks
+from mlenv.backends.slurm.script import DEPLOYMENT_FILE, ENDED_FILE, STOP_FILE
+from mlenv.runtime.records.restartpolicy import why_faulty
+from mlenv.runtime.records.runlayout import (
+    FAILED,
+    HUNG,
+    LOST_FILE,
+    RUNNING,
+    STOPPED,
+    NodeFault,
+    parse_faults,
+    parse_ranks,
+)
 from mlenv.runtime.supervise.jobs import LOST, ended_state
 
 FILES = ("exit", "state.json", "ranks.json", "record.json")
@@ -36,6 +46,12 @@ done
 [ -n "$newest" ] || exit 0
 printf '{SEPARATOR}attempt %s\\n' "$newest"
 [ ! -e "$root/$run/{STOP_FILE}" ] || printf '{SEPARATOR}stopped\\n'
+[ ! -s "$root/$run/attempt-$newest/{ENDED_FILE}" ] ||
+  printf '{SEPARATOR}ended %s\\n' "$(head -c 32 "$root/$run/attempt-$newest/{ENDED_FILE}")"
+if [ -f "$root/$run/attempt-$newest/{LOST_FILE}" ]; then
+  printf '{SEPARATOR}lost\\n'
+  cat -- "$root/$run/attempt-$newest/{LOST_FILE}" 2>/dev/null
+fi
 for dir in "$root/$run/attempt-$newest"/node*; do
   node=${{dir##*/node}}
   case $node in ''|*[!0-9]*) continue ;; esac
@@ -48,7 +64,9 @@ done
 """
 """``sh -c READ sh RUNS_ROOT RUN_ID NAME``: the newest attempt of run RUN_ID (of deployment NAME's newest run when
 RUN_ID is empty, never another cluster file's sharing the workdir; run ids sort by time) as ``<SEP>attempt K``,
-``<SEP>stopped`` when ``mlenv stop`` stopped it, then each node's records, each after a line ``<SEP>R NAME``."""
+``<SEP>stopped`` when ``mlenv stop`` stopped it, ``<SEP>ended WORD`` once the script recorded how the attempt
+ended, ``<SEP>lost`` and the attempt's lost.json where Slurm lost nodes meanwhile, then each node's records, each
+after a line ``<SEP>R NAME``."""
 
 
 class RunFiles(NamedTuple):
@@ -60,12 +78,17 @@ class RunFiles(NamedTuple):
     """Node -> file name -> text, of that attempt."""
     stopped: bool = False
     """Whether ``mlenv stop`` stopped it (its stop file)."""
+    lost: Mapping[int, NodeFault] = {}
+    """Node -> its ``node-failure`` sign, where Slurm lost the node while the attempt ran (its lost.json)."""
+    ended: str | None = None
+    """How the attempt ended (runlayout's ATTEMPT_STATES), once the run's script recorded it."""
 
 
 def read(login: Login, runs_root: str, run_id: str | None, name: str = "") -> RunFiles:
     """The newest attempt of run ``run_id`` (deployment ``name``'s newest run when None) and its nodes' records (0
     and nothing while no node has written)."""
-    attempt, stopped = 0, False
+    attempt, stopped, ended = 0, False, None
+    lost: dict[int, NodeFault] = {}
     files: dict[int, dict[str, str]] = {}
     for chunk in login.ok(["sh", "-c", READ, "sh", runs_root, run_id or "", name]).split(SEPARATOR)[1:]:
         header, _, text = chunk.partition("\n")
@@ -74,9 +97,13 @@ def read(login: Login, runs_root: str, run_id: str | None, name: str = "") -> Ru
             attempt = int(name)
         elif what == "stopped":
             stopped = True
+        elif what == "ended":
+            ended = name.strip() or None
+        elif what == "lost":
+            lost = parse_faults(_json(text))
         elif what.isdigit() and name in FILES:
             files.setdefault(int(what), {})[name] = text
-    return RunFiles(attempt, files, stopped)
+    return RunFiles(attempt, files, stopped, lost, ended)
 
 
 def ranks(files: Mapping[str, str]) -> list[dict[str, Any]]:
@@ -84,13 +111,15 @@ def ranks(files: Mapping[str, str]) -> list[dict[str, Any]]:
     return [rank.to_dict() for rank in parse_ranks(_json(files.get("ranks.json")))]
 
 
-def node_job(files: Mapping[str, str], attempt: int, live: bool, stopped: bool = False) -> dict[str, Any] | None:
+def node_job(files: Mapping[str, str], attempt: int, live: bool, stopped: bool = False,
+             lost: NodeFault | None = None) -> dict[str, Any] | None:
     """One node's share of the run from its ``files``, in the shape of the runtime's ``jobs --json`` entries: ended
     once its exit file is there (the state its state.json says, else the exit code's); else, while the run's step or
     batch job is ``live``, running (or hung, as a watchdog recorded); else failed when its supervisor started and is
     gone without an exit status; else None (nothing known). A run that ``mlenv stop`` ``stopped`` failed of
     nothing: a node that ended failed (Slurm's SIGTERM, or SIGKILL after KillWait) is stopped, without a first
-    failure."""
+    failure. A node Slurm ``lost`` meanwhile (its ``node-failure`` sign) failed, with that sign, whatever else it
+    recorded: never stopped by the user."""
     text = files.get("exit", "").strip()
     code = int(text) if text.isdigit() else None
     recorded = _json(files.get("state.json"))
@@ -99,12 +128,14 @@ def node_job(files: Mapping[str, str], attempt: int, live: bool, stopped: bool =
         state = ended_state(str(recorded.get("state") or ""), code)
     elif live:
         state = HUNG if recorded.get("state") == HUNG else RUNNING
-    elif "record.json" in files:
+    elif "record.json" in files or lost is not None:
         state = FAILED
     else:
         return None
     reason = recorded.get("reason") or (None if code is not None or live else LOST)
-    if stopped and state == FAILED:
+    if lost is not None:
+        state, reason = FAILED, why_faulty(lost)
+    elif stopped and state == FAILED:
         state, reason = STOPPED, "stopped by mlenv stop"
     return {"attempt": attempt, "state": state, "exit_code": code, "reason": reason,
             "first_failure": None if stopped and state == STOPPED else recorded.get("first_failure"),
@@ -112,7 +143,7 @@ def node_job(files: Mapping[str, str], attempt: int, live: bool, stopped: bool =
             "stacks": recorded.get("stacks"), "idle": recorded.get("idle"), "ranks": ranks(files),
             # the node's own sign only: a supervisor gone without an exit status is not "unreachable" here, since
             # srun kills the other nodes' steps (KillWait) once one failed
-            "node_fault": recorded.get("node_fault")}
+            "node_fault": recorded.get("node_fault") or (lost.to_dict() if lost is not None else None)}
 
 
 def _json(text: str | None) -> Any:

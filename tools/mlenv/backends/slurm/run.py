@@ -87,7 +87,7 @@ def batch(run: Run) -> LaunchOutcome:
     output = NodeOutput(run.log_dir, run.handle.nodes)
     try:
         with interrupted_by_sigterm():
-            final = _follow(run, job_id, output, start)
+            final, hosts = _follow(run, job_id, output, start)
     except CannotStart as exc:
         run.login.run(["scancel", job_id])
         return run.outcome(1, None, output.paths, f"{exc}; job {job_id} cancelled")
@@ -101,13 +101,14 @@ def batch(run: Run) -> LaunchOutcome:
     explained = output.failed is not None or (code == 0 and final.state == "COMPLETED")
     message = None if explained else (f"job {job_id} ended {final.words()}; its output: "
                                       f"{run.run_path}/{OUTPUT_FILE}")
-    return run.outcome(code, output.failed, output.paths, message, hosts=tuple(final.hosts))
+    return run.outcome(code, output.failed, output.paths, message, hosts=hosts)
 
 
-def _follow(run: Run, job_id: str, output: NodeOutput, offset: int) -> JobInfo:
-    """Pending (live reason), then the output as it grows from ``offset``, until the job has ended; how it
-    ended."""
+def _follow(run: Run, job_id: str, output: NodeOutput, offset: int) -> tuple[JobInfo, tuple[str, ...]]:
+    """Pending (live reason), then the output as it grows from ``offset``, until the job has ended; how it ended,
+    and the nodes it started on (a node Slurm lost meanwhile is no longer the job's at its end)."""
     current = wait_started(run.login, job_id, f"batch job {job_id}")
+    hosts = tuple(current.hosts)
     while True:
         data = run.login.read(f"{run.run_path}/{OUTPUT_FILE}", offset)
         offset += len(data)
@@ -117,7 +118,7 @@ def _follow(run: Run, job_id: str, output: NodeOutput, offset: int) -> JobInfo:
         time.sleep(POLL_SECONDS)
         current = jobs.state(run.login, job_id)
     output.feed(run.login.read(f"{run.run_path}/{OUTPUT_FILE}", offset))
-    return current
+    return current, hosts or tuple(current.hosts)
 
 
 def exit_file(login: Login, run_path: str) -> int | None:

@@ -32,6 +32,9 @@ FAILED_FILE = "failed"
 """In an attempt's directory: ``<node> <exit code>`` of the first node that failed (created once, with noclobber)."""
 EXIT_FILE = "exit"
 """In an attempt's directory: the attempt's exit code, written by the script at its end."""
+ENDED_FILE = "ended"
+"""In an attempt's directory: how the attempt ended (runtime/runlayout.py's ATTEMPT_STATES: the policy's word, or
+``stopped``, ``requeued``, ``failed`` where the script stopped, requeued or could not requeue), by the script."""
 ATTEMPT_FILE = "attempt"
 """In a run directory: the number K of its latest attempt, whose files are in ``attempt-K/``."""
 RESUBMITTED_FILE = "resubmitted"
@@ -231,7 +234,7 @@ def _run_context(job: SlurmJob, title: str, run_id: str, task: Sequence[str], ba
             "nodelist": list(nodelist), "restarts": restarts, "resubmitted_file": RESUBMITTED_FILE,
             "stop_file": STOP_FILE, "deployment_file": DEPLOYMENT_FILE,
             "resubmit_export": ",".join([*job.settings.export, "MLENV_RESUBMITTED=1"]),
-            "python": PYTHON, "failed_file": FAILED_FILE,
+            "python": PYTHON, "failed_file": FAILED_FILE, "ended_file": ENDED_FILE,
             "unexported": Shell(" ".join(secrets))}  # names checked by read_secrets in srun_line
 
 

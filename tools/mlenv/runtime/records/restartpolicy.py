@@ -29,7 +29,17 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .runlayout import USER_STOPS, FirstFailure, NodeDir, NodeFault, read_state
+from .runlayout import (
+    FAILED,
+    NODE_FAILED,
+    STOPPED,
+    SUCCEEDED,
+    USER_STOPS,
+    FirstFailure,
+    NodeDir,
+    NodeFault,
+    read_state,
+)
 
 UNREACHABLE, NODE_FAILURE, NCCL_NET, XID, ECC, NODE_CHECK = (
     "unreachable", "node-failure", "nccl-net", "xid", "ecc", "node-check")
@@ -71,6 +81,14 @@ def may_restart(exit_code: int, attempt: int, max_restarts: int, signs: Iterable
     the nodes' own node-fault signs (a node :data:`LOST` makes a stop's exit code restartable)."""
     lost = exit_code in USER_STOPS and any(sign.sign in LOST for sign in signs)
     return (lost or not final(exit_code)) and attempt < max_restarts
+
+
+def attempt_state(exit_code: int, lost: bool) -> str:
+    """How an attempt ended (runlayout's ATTEMPT_STATES) with ``exit_code``: ``node-failure`` where the scheduler
+    ``lost`` a node of it (never a user's stop), else succeeded, stopped (a user's stop) or failed."""
+    if lost:
+        return NODE_FAILED
+    return SUCCEEDED if exit_code == 0 else STOPPED if exit_code in USER_STOPS else FAILED
 
 
 def why_faulty(fault: NodeFault) -> str:
@@ -186,7 +204,8 @@ def judge(attempt: int, history: History, first: FirstFailure | None, node: int 
 
 
 def for_script(run_dir: Path, attempt: int, exit_code: int, max_restarts: int, hosts: Sequence[str],
-               failed_file: Path | None, history: History, warned: bool = False) -> dict[str, object]:
+               failed_file: Path | None, history: History, warned: bool = False,
+               lost: Mapping[int, NodeFault] | None = None) -> dict[str, object]:
     """The verdict on attempt ``attempt`` of a run whose script cannot judge it itself (Slurm's; ``python3 -m
     mlenv.runtime policy`` prints it as shell assignments), from the attempt's records in ``run_dir``, its
     ``hosts`` in node order and the run's ``history``. ``node`` and ``code``: the node that failed first and its
@@ -194,15 +213,23 @@ def for_script(run_dir: Path, attempt: int, exit_code: int, max_restarts: int, h
     ``exit_code``); ``verdict``: ``end`` (not restarted: success, a stop, no restarts left, the scheduler's warning
     came), ``stop`` (not restarted although restarts are left: ``why``), ``restart``, or ``leave-out`` (node
     ``left_node`` on ``host`` must be left out of the rest of the run, ``why``; ``saved``: 1 when it is recorded for
-    later runs too); ``failed_first`` and ``last_error``: the history to hand the next attempt's question."""
+    later runs too); ``failed_first`` and ``last_error``: the history to hand the next attempt's question; ``lost``
+    (when the scheduler ``lost`` nodes: their ``node-failure`` signs, which count as the nodes' own): who, and why;
+    ``ended``: how the attempt ended (:func:`attempt_state`), for its directory's record."""
     first = FirstFailure.parse(read_state(NodeDir(run_dir, attempt, 0)).get("first_failure"))
     node, code = (first.node, first.exit_code) if first is not None else (None, exit_code)
     found = failed_file.read_text().split() if first is None and failed_file and failed_file.is_file() else []
     if len(found) == 2 and all(word.isdigit() for word in found):
         node, code = int(found[0]), int(found[1])
-    answer: dict[str, object] = {"node": "" if node is None else node, "code": code, "verdict": "end"}
+    answer: dict[str, object] = {"node": "" if node is None else node, "code": code, "verdict": "end",
+                                 "ended": attempt_state(code, bool(lost))}
     signs = {rank: fault for rank in range(len(hosts))
              if (fault := NodeFault.parse(read_state(NodeDir(run_dir, attempt, rank)).get("node_fault")))}
+    for rank, fault in sorted((lost or {}).items()):
+        signs.setdefault(rank, fault)
+    if lost:
+        answer["lost"] = "; ".join(f"{hosts[rank] if rank < len(hosts) else f'node-{rank}'} (node-{rank}): "
+                                   f"{why_faulty(fault)}" for rank, fault in sorted(lost.items()))
     if warned or not may_restart(code, attempt, max_restarts, signs.values()):
         return answer
     host = hosts[node] if node is not None and node < len(hosts) else None

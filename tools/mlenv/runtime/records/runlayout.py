@@ -26,6 +26,13 @@ HUNG, RESTARTING, REQUEUED, PREEMPTED = "hung", "restarting", "requeued", "preem
 RUN_STATES = (RUNNING, SUCCEEDED, FAILED, STOPPED, HUNG, RESTARTING, REQUEUED, PREEMPTED)
 """The states of a run (and of a node's share of it), one set everywhere; docs/runs.md says what each means."""
 RANK_STATES = (RUNNING, SUCCEEDED, FAILED, STOPPED)
+NODE_FAILED = "node-failure"
+ATTEMPT_STATES = (SUCCEEDED, FAILED, STOPPED, REQUEUED, PREEMPTED, NODE_FAILED)
+"""How an attempt ended, as its directory records it (on Slurm its ``ended`` file): ``node-failure`` where the
+scheduler lost a node of it (the run reads ``failed`` then, and goes on without the node), else a run state."""
+LOST_FILE = "lost.json"
+"""In an attempt's directory (Slurm): ``{"<node>": {"sign", "evidence"}}``, the nodes the scheduler lost while the
+attempt ran (written by the run's script, through the runtime's ``policy``)."""
 USER_STOPS = frozenset({129, 130, 143})
 """Exit statuses of a job the user stopped (SIGHUP, SIGINT, SIGTERM: Ctrl-C, mlenv stop, scancel): never restarted."""
 
@@ -165,6 +172,15 @@ class NodeFault:
         if not isinstance(data, Mapping) or "sign" not in data:
             return None
         return cls(str(data["sign"]), str(data.get("evidence")))
+
+
+def parse_faults(data: object) -> dict[int, NodeFault]:
+    """Node ordinal -> its sign, from ``{"<node>": {"sign", "evidence"}}`` (``latest_run.node_faults``,
+    :data:`LOST_FILE`); a part that is not one is left out."""
+    if not isinstance(data, Mapping):
+        return {}
+    return {int(node): fault for node, value in data.items()
+            if str(node).isdigit() and (fault := NodeFault.parse(value)) is not None}
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .runlayout import FirstFailure, NodeFault, RankRecord, parse_ranks
+from .runlayout import FirstFailure, NodeFault, RankRecord, parse_faults, parse_ranks
 
 
 @dataclass(frozen=True)
@@ -45,14 +45,12 @@ class RunRecord:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RunRecord:
         """The record :meth:`to_dict` wrote (``nodes`` too, when given); a part that is not one is left out."""
-        faults = data.get("node_faults")
         nodes = data.get("nodes")
         return cls(str(data.get("id", "")), _str_or_none(data.get("state")), int(data.get("attempt") or 0),
                    tuple(parse_ranks(data.get("ranks"))), FirstFailure.parse(data.get("first_failure")),
                    dict(data.get("transport") or {}), data.get("stacks"),
                    dict(data["idle"]) if isinstance(data.get("idle"), Mapping) else None,
-                   {int(node): fault for node, value in (faults.items() if isinstance(faults, Mapping) else ())
-                    if (fault := NodeFault.parse(value)) is not None},
+                   parse_faults(data.get("node_faults")),
                    {int(node): str(state) for node, state in (nodes.items() if isinstance(nodes, Mapping) else ())})
 
 

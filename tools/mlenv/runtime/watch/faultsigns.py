@@ -5,7 +5,8 @@ script. What follows from a sign (the node is left out, and recorded) is the res
 - ``xid``: the kernel logged a GPU Xid event since the node's share started (``/dev/kmsg``);
 - ``ecc``: a GPU's uncorrectable ECC count or retired pages grew since then (``nvidia-smi -q -d ECC``);
 - ``node-check``: an in-node check refused to start the job (the rdma preflight, preflight.py);
-- ``unreachable``: the node's supervisor is gone without an exit status (jobs.py), or ssh cannot reach it (ops).
+- ``unreachable``: the node's supervisor is gone without an exit status (jobs.py), or ssh cannot reach it (ops);
+- ``node-failure``: Slurm lost the node while an attempt ran (:func:`scheduler_lost`, asked by the run's script).
 
 A sign is recorded as ``{"sign", "evidence"}``: in the first failure (``state.json``'s ``first_failure.node_fault``)
 when a rank's failure carries it, in ``state.json``'s ``node_fault`` when the node failed without a rank.
@@ -16,10 +17,12 @@ from __future__ import annotations
 import re
 import shutil
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from ..node.gpus import Gpu, Xid, boot_time, bus_key, parse_kmsg, read_gpus, read_kmsg
-from ..records.restartpolicy import ECC, NCCL_NET, XID
+from ..node.nodelist import expand_nodelist
+from ..records.restartpolicy import ECC, NCCL_NET, NODE_FAILURE, XID
 from ..records.runlayout import NodeFault
 from .protocol import BaseObserver, JobControl, RankInfo
 
@@ -74,6 +77,40 @@ def gpu_fault(before: list[Gpu], after: list[Gpu], xids: list[Xid]) -> NodeFault
         if grew:
             return NodeFault(ECC, f"GPU {gpu.index} ({gpu.bus_id}): {', '.join(grew)}")
     return None
+
+
+LOST_STATES = frozenset({"down", "drain", "drained", "draining", "fail", "failing"})
+"""Slurm node states (sinfo's %T, its flag characters stripped) of a node lost to the job: down (a node failure, an
+administrator's ``state=down``), failed or drained; a node not responding (``*``) counts too."""
+STATE_FLAGS = "*~#%!$@^-+"
+"""The characters sinfo appends to a node's state (``*`` not responding, ``~`` powered off, ...)."""
+
+
+def scheduler_lost(hosts: Sequence[str], job_nodes: str, node_states: str) -> dict[int, NodeFault]:
+    """The ``node-failure`` sign of each node of an attempt on ``hosts`` (in node order) that Slurm lost while the
+    attempt ran: taken out of the job, which goes on without it (``job_nodes``: the job's nodes now, squeue's %N of the
+    running job; empty or ``(null)``, where the job is not running, says nothing), or down, failed, drained or not
+    responding (``node_states``: ``sinfo -h -N -o '%N|%T|%E'`` lines of the hosts)."""
+    try:
+        held = set(expand_nodelist(job_nodes)) if job_nodes.strip() not in ("", "(null)") else None
+    except ValueError:
+        held = None
+    states: dict[str, tuple[str, str]] = {}
+    for line in node_states.splitlines():
+        name, _, rest = line.partition("|")
+        state, _, reason = rest.partition("|")
+        states.setdefault(name.strip(), (state.strip().lower(), reason.strip()))
+    found: dict[int, NodeFault] = {}
+    for node, host in enumerate(hosts):
+        state, reason = states.get(host, ("", ""))
+        said = []
+        if held is not None and host not in held:
+            said.append(f"Slurm took {host} out of the job")
+        if state.rstrip(STATE_FLAGS) in LOST_STATES or state.endswith("*"):
+            said.append(f"Slurm says it is {state}" + (f" ({reason})" if reason and reason != "none" else ""))
+        if said:
+            found[node] = NodeFault(NODE_FAILURE, "; ".join(said)[:EVIDENCE_WIDTH])
+    return found
 
 
 class NodeFaultWatch(BaseObserver):
