@@ -305,9 +305,9 @@ def deploy(cluster: str | None, cluster_ref: str | None, mode: str | None, nodes
     Without CLUSTER, deploys the current deployment again.
     """
     from mlenv.ops.deploy import deploy as run_deploy
-    from mlenv.ops.deploy import prepared, with_spares
+    from mlenv.ops.deploy import prepared, with_excluded, with_spares
 
-    job = with_spares(_plan(_one_cluster(cluster, cluster_ref), mode, nodes, image), spares)
+    job = with_excluded(with_spares(_plan(_one_cluster(cluster, cluster_ref), mode, nodes, image), spares))
     if dry_run:
         click.echo(prepared(job).text, nl=False)
         return

@@ -53,6 +53,9 @@ class JobPlan(NamedTuple):
     warnings: tuple[str, ...]
     spares: int = 0
     """Nodes held beyond ``nodes`` to take an excluded node's place (``deploy --spares``; a Slurm allocation)."""
+    excluded: tuple[str, ...] = ()
+    """Machines the deployment keeps off (the excluded nodes ``mlenv nodes`` lists): Kubernetes pods get a node
+    affinity against them."""
 
 
 def nccl_env(cluster: Cluster, mode: str) -> dict[str, str]:

@@ -102,6 +102,13 @@ class Node:
     """Absolute path of the workspace on the node (``/workspace`` in pods, a directory locally)."""
     ip: str | None = None
     ready: bool = False
+    machine: str | None = None
+    """The machine it runs on where that is not its name (a pod's Kubernetes node): what exclusions name."""
+
+    @property
+    def host(self) -> str:
+        """The machine a run on this node ran on, as its records and exclusions name it."""
+        return self.machine or self.name
 
 
 @dataclass(frozen=True)

@@ -145,7 +145,7 @@ class FanoutJobs(ABC):
                               stdin=secrets_input(names, forwarded))
         return LaunchOutcome(result.exit_code, dict(result.exit_codes), {n: str(p) for n, p in logs.items()},
                              result.first_failure, detached=detach, stopped=result.stopped,
-                             interrupted=result.interrupted, hosts={n.ordinal: n.name for n in nodes})
+                             interrupted=result.interrupted, hosts={n.ordinal: n.host for n in nodes})
 
     def _start_standbys(self, handle: Handle, request: LaunchRequest, secrets: Mapping[str, str]) -> None:
         """Start the request's standbys on their spare hosts (each returns once it listens, ``secrets`` in its

@@ -37,6 +37,15 @@ def with_spares(job: JobPlan, spares: int) -> JobPlan:
     return job._replace(spares=spares)
 
 
+def with_excluded(job: JobPlan) -> JobPlan:
+    """``job`` kept off the machines excluded from its deployment's runs (``mlenv nodes`` lists them; a Kubernetes
+    deployment's pods get a node affinity against them, so deploying again keeps them off)."""
+    from mlenv import state
+
+    excluded = {str(entry["host"]) for entry in state.load().excluded_of(job.name) if "host" in entry}
+    return job._replace(excluded=tuple(sorted(excluded)))
+
+
 def _check_name(job: JobPlan, cluster_file: str) -> None:
     """A deployment name belongs to one cluster file; another live file of the same name must be cleaned first."""
     from pathlib import Path

@@ -58,6 +58,8 @@ class KubeDeployment(NamedTuple):
     network_policy: bool
     run_as_user: int | None
     run_as_non_root: bool
+    excluded: tuple[str, ...] = ()
+    """Kubernetes nodes the pods are kept off (exclusion.py)."""
 
 
 def match_labels(app: str) -> dict[str, str]:
@@ -118,6 +120,7 @@ def kube_deployment(plan: JobPlan, openshift: bool) -> KubeDeployment:
         network_policy=cluster.security.network_policy,
         run_as_user=cluster.security.run_as_user,
         run_as_non_root=openshift or bool(cluster.security.run_as_user),
+        excluded=plan.excluded,
     )
 
 

@@ -95,6 +95,7 @@ def pod_status(pod: dict[str, Any], index: int, detail: str | None) -> NodeStatu
 def running_nodes(pods: dict[int, dict[str, Any]], workspace: str) -> list[Node]:
     """The Running pods that are not being deleted, as nodes in ordinal order."""
     return [Node(ordinal=index, name=pod["metadata"]["name"], workspace=workspace,
-                 ip=(pod.get("status") or {}).get("podIP"), ready=is_ready(pod))
+                 ip=(pod.get("status") or {}).get("podIP"), ready=is_ready(pod),
+                 machine=(pod.get("spec") or {}).get("nodeName"))
             for index, pod in sorted(pods.items())
             if (pod.get("status") or {}).get("phase") == "Running" and not pod["metadata"].get("deletionTimestamp")]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +28,9 @@ from mlenv.core.capabilities import (
     Deploy,
     Handle,
     Jobs,
+    LaunchOutcome,
+    LaunchRequest,
+    LaunchSpec,
     Node,
     NodeAccess,
     NodeStatus,
@@ -180,6 +184,32 @@ class KubernetesBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks):
             raise OperationError(f"no running pods of {target.app} in {target.namespace}: deploy first "
                                  f"(make deploy-cluster CLUSTER={target.cluster_name})")
         return running
+
+    def placement(self, handle: Handle, exclude: Sequence[str]) -> dict[int, tuple[str, str]]:
+        """PURE: no spare hosts here: the scheduler places the pods of an excluded node elsewhere (launch keeps them
+        off it, exclusion.py)."""
+        return {}
+
+    def prepare_launch(self, handle: Handle, spec: LaunchSpec) -> LaunchRequest:
+        """PURE: as on every fan-out backend, after the pods are kept off the excluded nodes (said first)."""
+        request = super().prepare_launch(handle, spec)
+        if not spec.exclude:
+            return request
+        first = (f"# first: the pods of {self.target(handle).app} are kept off {', '.join(spec.exclude)} (required "
+                 "node affinity kubernetes.io/hostname NotIn; the StatefulSet replaces its pods)\n")
+        return replace(request, text=first + request.text)
+
+    def launch(self, handle: Handle, request: LaunchRequest, secrets: Mapping[str, str],
+               log_dir: str) -> LaunchOutcome:
+        """Keep the pods off the run's excluded nodes (exclusion.py; nothing when they are already), then start the
+        run on every pod."""
+        from mlenv.backends.kubeapi.preflight import explained
+        from mlenv.backends.kubernetes.exclusion import keep_off
+
+        target, client = self._connected(handle)
+        with explained(target, client.flavour):
+            keep_off(client, target, request.spec.exclude)
+        return super().launch(handle, request, secrets, log_dir)
 
     def exec_argv(self, handle: Handle, node: Node, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
                   interactive: bool = False, stop_on_stdin_eof: bool = False,

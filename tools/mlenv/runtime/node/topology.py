@@ -49,8 +49,19 @@ class _World:
     master_addr: str | None = None
 
 
+MACHINE_VARIABLE = "MLENV_MACHINE"
+"""The machine a pod runs on, as its scheduler names it: mlenv's Kubernetes pods get their node's name
+(``spec.nodeName``, through the downward API)."""
+
+
 def host_name(environ: Mapping[str, str]) -> str:
-    """This node's name: the scheduler's in a Slurm step (``SLURMD_NODENAME``); else ``HOSTNAME`` as a container
+    """The machine this node runs on, as the scheduler names it (what records and exclusions say): a pod's
+    Kubernetes node (``MLENV_MACHINE``); else :func:`own_name`."""
+    return environ.get(MACHINE_VARIABLE, "").strip() or own_name(environ)
+
+
+def own_name(environ: Mapping[str, str]) -> str:
+    """This node's own name: the scheduler's in a Slurm step (``SLURMD_NODENAME``); else ``HOSTNAME`` as a container
     runtime or mlenv's local backend sets it for the pod or node, never inside a Slurm job (srun copies the batch
     shell's to every node); else the kernel's."""
     slurm = environ.get("SLURMD_NODENAME", "").strip()
@@ -60,9 +71,9 @@ def host_name(environ: Mapping[str, str]) -> str:
 
 def detect_topology(environ: Mapping[str, str], hostname: str | None = None) -> Topology:
     """Work out this node's place in the job from ``environ`` and the pod name (``hostname``, else
-    :func:`host_name`)."""
+    :func:`own_name`)."""
     env = _Env(environ)
-    host = hostname if hostname is not None else host_name(environ)
+    host = hostname if hostname is not None else own_name(environ)
     partial_contract = "MLENV_NODE_RANK" in environ or "MLENV_NUM_NODES" in environ
     fallback = _World("mlenv") if partial_contract else _World("single", node_rank=0, num_nodes=1)
     world = next((w for w in (detect(env, host) for detect in _WORLDS) if w is not None), fallback)

@@ -1,0 +1,66 @@
+"""A node judged faulty is left out on Kubernetes, end to end against pods that really run (fakekube
+``--run-pods`` on nodes node-0..node-3, the real kubectl and ``mlenv``): a rank on one Kubernetes node prints one of
+NCCL's network failures (a node-fault sign) and fails; the restart policy excludes that node, ``launch`` keeps the
+StatefulSet's pods off it (a required node affinity: the pods move), and the run completes on its next attempt.
+``mlenv nodes`` names the Kubernetes node; ``--forget-excluded`` lets the pods back on the next launch."""
+
+from __future__ import annotations
+
+import json
+
+from tests.integration.kube_pods import APP, KubeProject, kube_project  # noqa: F401 - kube_project is a fixture
+
+NET_ERROR = ("n1:88:102 [0] transport/net_ib.cc:1296 NCCL WARN NET/IB : Got completion from peer 10.0.0.1<33092> "
+             "with error 12, opcode 0, len 0, vendor err 129 (Recv)")
+"""NCCL's own words for a failed InfiniBand completion (src/transport/net_ib.cc): the ``nccl-net`` sign."""
+FAILS_ON_BAD = f"""\
+import os, sys
+machine = os.environ["MLENV_MACHINE"]
+if machine == open("bad").read().strip() and os.environ["LOCAL_RANK"] == "0":
+    print({NET_ERROR!r}, flush=True)
+    sys.exit(1)
+print(f"rank {{os.environ['RANK']}} ok on {{machine}} in attempt {{os.environ['MLENV_RESTART_COUNT']}}", flush=True)
+"""
+
+
+def kept_off(project: KubeProject) -> list[str]:
+    """The nodes the StatefulSet keeps its pods off now."""
+    sts = json.loads(project.kubectl("get", "statefulset", APP, "-o", "json").stdout)
+    terms = (sts["spec"]["template"]["spec"]["affinity"].get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution", {}).get("nodeSelectorTerms", [{}])
+    return [value for e in terms[0].get("matchExpressions", []) if e["operator"] == "NotIn" for value in e["values"]]
+
+
+def machines(project: KubeProject) -> list[str]:
+    return [pod["node"] for pod in json.loads(project.ok("status", "--json").stdout)["pods"]]
+
+
+def test_a_faulty_kubernetes_node_is_left_out_and_forgotten(kube_project: KubeProject) -> None:  # noqa: F811
+    project = kube_project
+    project.ok("deploy", str(project.cluster_file))
+    bad = machines(project)[1]
+    source = project.home / "workspace"
+    source.mkdir()
+    (source / "job.py").write_text(FAILS_ON_BAD)
+    (source / "bad").write_text(bad)
+    project.ok("sync", "--source", str(source))
+
+    launched = project.mlenv("launch", "--launcher", "torchrun", "--max-restarts", "1", "job.py", timeout=300)
+    assert launched.returncode == 0, launched.stdout + launched.stderr
+    assert f"excluding {bad} (node-1) from the next attempts: NCCL network error" in launched.stderr, launched.stderr
+    assert f"keeping the pods off {bad}" in launched.stderr
+    finished = [line for line in launched.stdout.splitlines() if "in attempt 1" in line]
+    assert len(finished) == 4 and not any(f"ok on {bad} " in line for line in finished), launched.stdout
+    assert bad not in machines(project) and kept_off(project) == [bad]
+    nodes = project.ok("nodes")
+    assert bad in nodes.stdout and "NCCL network error" in nodes.stdout, nodes.stdout
+
+    dry = project.ok("launch", "--launcher", "torchrun", "--dry-run", "job.py")  # what launch would do first
+    assert f"# first: the pods of {APP} are kept off {bad} (required node affinity" in dry.stdout, dry.stdout
+
+    project.ok("nodes", "--forget-excluded")
+    (source / "bad").write_text("none")  # the node was mended
+    project.ok("sync", "--source", str(source))
+    again = project.ok("launch", "--launcher", "torchrun", "job.py", timeout=300)
+    assert f"letting the pods back on {bad}" in again.stderr, again.stderr
+    assert kept_off(project) == []
