@@ -490,6 +490,10 @@ def clean(cluster_ref: str | None, delete_data: bool, yes: bool) -> None:
                    "first twice, for this run only. A spare takes its place (ssh.spares, deploy --spares), a Slurm "
                    "batch job goes on with --exclude, else the run stops naming it (exit 1). Also caps a Slurm "
                    "batch job's requeues after the warning (10 without it). docs/runs.md.")
+@click.option("--max-preemptions", type=click.IntRange(0, 1000), default=None, metavar="N",
+              help="Kubernetes: an attached run whose pods are deleted or evicted under it (preemption, a node "
+                   "drain) resumes as its next attempt once they are back (same MLENV_CHECKPOINT_DIR, "
+                   "MLENV_RESTART_COUNT + 1), up to N times (default: every time); not counted as --max-restarts.")
 @click.option("--dry-run", is_flag=True, help="Print what launch would run on every node; run nothing.")
 @click.option("--hang-timeout", type=float, default=None, metavar="SECONDS",
               help="No output from any rank (any bytes: a progress bar's updates count) for this long: capture "
@@ -506,8 +510,8 @@ def clean(cluster_ref: str | None, delete_data: bool, yes: bool) -> None:
 @reports_errors
 def launch(cluster_ref: str | None, launcher: str, nproc: int | None, args_text: str | None, secrets: tuple[str, ...],
            detach: bool, expect_transport: str | None, dry_run: bool, hang_timeout: float | None,
-           on_hang: str | None, on_idle: str | None, max_restarts: int | None, script: str,
-           script_args: tuple[str, ...]) -> None:
+           on_hang: str | None, on_idle: str | None, max_restarts: int | None, max_preemptions: int | None,
+           script: str, script_args: tuple[str, ...]) -> None:
     """Start SCRIPT on every node at once through the runtime; fail-fast, logs in runs/.
 
     Everything after SCRIPT belongs to it: `mlenv launch train.py -c cfg.yaml` passes -c cfg.yaml to train.py.
@@ -527,7 +531,8 @@ def launch(cluster_ref: str | None, launcher: str, nproc: int | None, args_text:
         raise UsageError(f"--args: cannot split {args_text!r} like a shell ({exc}); quote it as in sh") from None
     names = secret_names(secrets)
     settings = launching.settings(cluster_ref, hang_timeout=hang_timeout, on_hang=on_hang, on_idle=on_idle,
-                                  expect_transport=expect_transport, max_restarts=max_restarts)
+                                  expect_transport=expect_transport, max_restarts=max_restarts,
+                                  max_preemptions=max_preemptions)
     spec = settings.spec(launcher, script, (*script_args, *extra), nproc, detach, names)
     if dry_run:
         click.echo(launching.dry_run(settings.target, spec), nl=False)

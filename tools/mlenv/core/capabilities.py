@@ -168,6 +168,8 @@ class LaunchSpec:
     """``stop``: the watchdog also stops the job (exit code 124)."""
     max_restarts: int = 0
     """How many times a failed run is started again (--max-restarts, launch.max_restarts)."""
+    max_preemptions: int | None = None
+    """How many times a preempted attached run resumes (--max-preemptions; None: every time)."""
     attempt: int = 0
     """Which start of the run this is: MLENV_RESTART_COUNT on every node (0 the first)."""
     exclude: tuple[str, ...] = ()
@@ -221,6 +223,9 @@ class LaunchOutcome:
     """Why the launch failed before or around the job (a rejected submission, say), in one line."""
     hosts: Mapping[int, str] = field(default_factory=dict)
     """Node ordinal -> the host it ran on, where the backend knows it."""
+    preempted: frozenset[int] = frozenset()
+    """Nodes taken away under the run (a pod deleted or evicted: preemption, a node drain, ``kubectl delete pod``):
+    their ranks got the checkpoint signal; the run resumes as its next attempt once they are back."""
 
 
 Recorder = Callable[[Handle], None]

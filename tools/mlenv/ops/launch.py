@@ -92,17 +92,19 @@ class LaunchSettings:
     on_idle: str | None
     expect_transport: str | None
     max_restarts: int
+    max_preemptions: int | None = None
 
     def spec(self, launcher: str, script: str, args: tuple[str, ...], nproc: int | None, detach: bool,
              secrets: tuple[str, ...]) -> LaunchSpec:
         """The launch request of ``script`` with these settings."""
         return LaunchSpec(launcher, script, args, nproc, self.run_id, detach, secrets, self.expect_transport,
-                          self.hang_timeout, self.on_hang, self.max_restarts, idle_seconds=self.idle_seconds,
-                          idle_util=self.idle_util, on_idle=self.on_idle)
+                          self.hang_timeout, self.on_hang, self.max_restarts, self.max_preemptions,
+                          idle_seconds=self.idle_seconds, idle_util=self.idle_util, on_idle=self.on_idle)
 
 
 def settings(cluster_ref: str | None, *, hang_timeout: float | None, on_hang: str | None, on_idle: str | None,
-             expect_transport: str | None, max_restarts: int | None) -> LaunchSettings:
+             expect_transport: str | None, max_restarts: int | None,
+             max_preemptions: int | None = None) -> LaunchSettings:
     """The settings of a launch on ``cluster_ref`` (ops.target.resolve), the options typed (None: not typed) over
     the deployment's cluster file, read once (a file that no longer loads is warned about once, its settings
     left at their defaults), over the defaults (no hang or idle watch, restarts 0). UsageError where they do not go
@@ -125,7 +127,8 @@ def settings(cluster_ref: str | None, *, hang_timeout: float | None, on_hang: st
         raise UsageError(f"--on-idle {on_idle} needs launch.idle_minutes in the cluster file (e.g. idle_minutes: 30m)")
     return LaunchSettings(target, run_id(target.handle.name), hang_timeout, on_hang, idle_seconds, idle_util, on_idle,
                           expect_transport or (cluster.expect_transport if cluster else None),
-                          max_restarts if max_restarts is not None else cluster.max_restarts if cluster else 0)
+                          max_restarts if max_restarts is not None else cluster.max_restarts if cluster else 0,
+                          max_preemptions)
 
 
 def dry_run(target: Target, spec: LaunchSpec) -> str:
@@ -143,6 +146,8 @@ def without_excluded(target: Target, spec: LaunchSpec) -> LaunchSpec:
 
 
 SSH_UNREACHABLE = 255
+RESUME_TIMEOUT = 900.0
+"""Seconds a preempted run's nodes get to be back (a reason the backend gives that lasts ends it sooner)."""
 """ssh's exit status when it cannot reach the host (or the connection broke)."""
 
 
@@ -169,11 +174,24 @@ def launch(target: Target, spec: LaunchSpec) -> LaunchResult:
     saved = _reasons(target.recorded.excluded if target.recorded else ())  # host -> why, as the deployment records
     result = _attempt(target, spec, run_dir, {**run_only, **saved})
     history = restartpolicy.History()
-    while restartable(result.outcome) and spec.attempt < spec.max_restarts:
+    preemptions = 0
+    while True:
+        if preempted(result.outcome):
+            if spec.max_preemptions is not None and preemptions >= spec.max_preemptions:
+                error(f"run {spec.run_id}: preempted again after {preemptions} resumptions "
+                      f"(--max-preemptions {spec.max_preemptions}): not resuming it")
+                break
+            preemptions += 1
+            spec = _resume(target, spec, result.outcome, preemptions)
+            result = _attempt(target, spec, run_dir / f"attempt-{spec.attempt}", {**run_only, **saved})
+            continue
+        if not restartable(result.outcome) or spec.attempt - preemptions >= spec.max_restarts:
+            break
         run = result.latest_run or target.backend.jobs.latest_run(target.handle, spec.run_id)
         # one attempt counter per run: the newest attempt its records hold (a Slurm requeue may have started one)
         newest = max(spec.attempt, run.attempt)
-        if not restartpolicy.may_restart(result.exit_code, newest, spec.max_restarts, run.node_faults.values()):
+        if not restartpolicy.may_restart(result.exit_code, newest - preemptions, spec.max_restarts,
+                                         run.node_faults.values()):
             break
         verdict = judge_faulty(result.outcome, run, newest, history)
         history = verdict.history
@@ -183,10 +201,34 @@ def launch(target: Target, spec: LaunchSpec) -> LaunchResult:
         faulty = _exclude(target, result.outcome, verdict.left_out, run_only, saved)
         spec = replace(spec, attempt=newest + 1, exclude=tuple(sorted({*spec.exclude, *faulty})))
         warn(f"run {spec.run_id} failed with exit code {result.exit_code}: restarting it, attempt {spec.attempt} "
-             f"of at most {spec.max_restarts} restarts (MLENV_RESTART_COUNT={spec.attempt})"
+             f"(restart {spec.attempt - preemptions} of at most {spec.max_restarts}; "
+             f"MLENV_RESTART_COUNT={spec.attempt})"
              + (f" without {', '.join(spec.exclude)}" if spec.exclude else ""))
         result = _attempt(target, spec, run_dir / f"attempt-{spec.attempt}", {**run_only, **saved})
     return result
+
+
+def preempted(outcome: LaunchOutcome) -> bool:
+    """Whether an attached attempt ended because nodes were taken away under it (not a failure, not a user's stop:
+    it resumes)."""
+    return bool(outcome.preempted) and not outcome.interrupted and not outcome.detached and outcome.exit_code != 0
+
+
+def _resume(target: Target, spec: LaunchSpec, outcome: LaunchOutcome, preemptions: int) -> LaunchSpec:
+    """Say the run was preempted, wait until its nodes are back (the backend's readiness wait), and give the next
+    attempt: same run id and checkpoint directory, MLENV_RESTART_COUNT + 1."""
+    from mlenv.ui import warn
+
+    nodes = ", ".join(f"node-{node} ({outcome.hosts.get(node, '?')})" for node in sorted(outcome.preempted))
+    limit = "" if spec.max_preemptions is None else f" of at most {spec.max_preemptions}"
+    warn(f"run {spec.run_id} preempted: {nodes} taken away under it (deleted or evicted); resuming it as attempt "
+         f"{spec.attempt + 1} once they are back (resumption {preemptions}{limit}; MLENV_RESTART_COUNT="
+         f"{spec.attempt + 1}, the same MLENV_CHECKPOINT_DIR)")
+    if target.recorded is not None:  # status counts the resumptions apart from the restarts
+        state.update(target.recorded.name, runs=lambda runs: tuple(
+            {**run, "preemptions": preemptions} if run.get("id") == spec.run_id else run for run in runs))
+    target.backend.deploy.wait_ready(target.handle, RESUME_TIMEOUT, lambda handle: None)
+    return replace(spec, attempt=spec.attempt + 1)
 
 
 def judge_faulty(outcome: LaunchOutcome, run: RunRecord | None, attempt: int,
@@ -257,6 +299,10 @@ def _attempt(target: Target, spec: LaunchSpec, run_dir: Path, reasons: Mapping[s
             info(f"run {spec.run_id} started in the background: mlenv logs -f follows it, mlenv stop stops it")
         return result
     first = None
+    if preempted(outcome):  # not a failure: the loop says so and resumes it
+        if outcome.node_exit_codes:
+            _summary(result, None)
+        return result
     if outcome.failed_node is not None and not outcome.interrupted and outcome.exit_code != IDLE_EXIT_CODE:
         run = target.backend.jobs.latest_run(target.handle, spec.run_id)
         result = replace(result, latest_run=run)
@@ -293,7 +339,12 @@ def _remember(target: Target, spec: LaunchSpec) -> None:
         return
     run = {"id": spec.run_id, "script": spec.script, "launcher": spec.launcher, "detached": spec.detach,
            "started": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-    state.update(target.recorded.name, runs=lambda runs: (*runs, run)[-KEPT_RUNS:])
+
+    def added(runs: state.Runs) -> state.Runs:
+        counted = [r["preemptions"] for r in runs if r.get("id") == spec.run_id and "preemptions" in r]
+        return (*runs, {**run, **({"preemptions": counted[-1]} if counted else {})})[-KEPT_RUNS:]
+
+    state.update(target.recorded.name, runs=added)
 
 
 def _tail(path: Path, lines: int = TAIL_LINES) -> str:

@@ -98,8 +98,10 @@ def _print(report: dict[str, Any]) -> None:
         running = sum(state == "running" for state in states.values())
         run = report.get("latest_run") or {}
         kind = "detached run" if latest.get("detached", True) else "run"
-        restarted = f", attempt {run['attempt']} (restarted {run['attempt']}x; mlenv logs shows every attempt)" \
-            if run.get("attempt") else ""
+        preemptions = int(latest.get("preemptions", 0))
+        restarted = (f", attempt {run['attempt']} (restarted {run['attempt'] - preemptions}x"
+                     + (f", preempted {preemptions}x" if preemptions else "")
+                     + "; mlenv logs shows every attempt)") if run.get("attempt") else ""
         ended = run.get("state") in (SUCCEEDED, FAILED, STOPPED)  # nothing of it runs any more
         say(f"latest {kind}: {latest['id']} ({latest['script']}, started {latest['started']}): "
             f"{run.get('state') or 'state unknown'}{restarted}, running on {running}/{len(states)} nodes "

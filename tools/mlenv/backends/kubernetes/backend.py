@@ -202,14 +202,31 @@ class KubernetesBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks):
     def launch(self, handle: Handle, request: LaunchRequest, secrets: Mapping[str, str],
                log_dir: str) -> LaunchOutcome:
         """Keep the pods off the run's excluded nodes (exclusion.py; nothing when they are already), then start the
-        run on every pod."""
+        run on every pod; an attached run that fails names the pods taken away under it (deleted or evicted: a
+        pod of another uid now, or one being deleted) as preempted."""
         from mlenv.backends.kubeapi.preflight import explained
         from mlenv.backends.kubernetes.exclusion import keep_off
 
         target, client = self._connected(handle)
         with explained(target, client.flavour):
             keep_off(client, target, request.spec.exclude)
-        return super().launch(handle, request, secrets, log_dir)
+            before = self._pod_uids(client, target)
+        outcome = super().launch(handle, request, secrets, log_dir)
+        if outcome.exit_code == 0 or outcome.interrupted or request.spec.detach:
+            return outcome
+        with explained(target, client.flavour):
+            after = self._pod_uids(client, target)
+        gone = frozenset(ordinal for ordinal, uid in before.items() if after.get(ordinal) != uid)
+        return replace(outcome, preempted=gone) if gone else outcome
+
+    @staticmethod
+    def _pod_uids(client: Client, target: Target) -> dict[int, str]:
+        """Ordinal -> uid of each pod that is not being deleted."""
+        from mlenv.backends.kubeapi import pods as podview
+
+        pods = podview.by_ordinal(client.select("pods", instance(target.app)), target.app)
+        return {ordinal: str(pod["metadata"].get("uid")) for ordinal, pod in pods.items()
+                if not pod["metadata"].get("deletionTimestamp")}
 
     def exec_argv(self, handle: Handle, node: Node, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
                   interactive: bool = False, stop_on_stdin_eof: bool = False,

@@ -1,0 +1,76 @@
+"""A pod deleted under an attached run (as a preemption, a node drain or ``kubectl delete pod`` does) is not a
+failure: its ranks get the checkpoint signal (the pod's PID 1 passes SIGTERM on), mlenv says the run was preempted,
+waits until the pod is back and resumes the run as its next attempt, with MLENV_RESTART_COUNT=1 and the same
+MLENV_CHECKPOINT_DIR, without --max-restarts. End to end against pods that really run (fakekube ``--run-pods``)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+
+from tests.helpers import MLENV, ROOT
+from tests.integration.kube_pods import APP, KubeProject, kube_project  # noqa: F401 - kube_project is a fixture
+
+CHECKPOINTS = """\
+import os, pathlib, signal, sys, time
+rank, attempt = os.environ["RANK"], os.environ["MLENV_RESTART_COUNT"]
+checkpoints = pathlib.Path(os.environ["MLENV_CHECKPOINT_DIR"])
+checkpoints.mkdir(parents=True, exist_ok=True)
+if attempt != "0":
+    saved = sorted(path.name for path in checkpoints.iterdir())
+    print(f"rank {rank} resumed in attempt {attempt} from {checkpoints}: {' '.join(saved)}", flush=True)
+    sys.exit(0)
+
+def checkpoint(signum, frame):
+    (checkpoints / f"rank-{rank}").write_text(signal.Signals(signum).name)
+    sys.exit(143)
+
+signal.signal(signal.SIGTERM, checkpoint)
+pathlib.Path(f"started-{rank}").write_text(str(checkpoints))
+print(f"rank {rank} training in attempt {attempt}", flush=True)
+while True:
+    time.sleep(0.1)
+"""
+
+
+def _started(project: KubeProject) -> list[str]:
+    """The ranks' start files in pod 1's workspace (its own volume)."""
+    found = project.kubectl("exec", f"{APP}-1", "--", "sh", "-c", "cd /workspace && ls started-* 2>/dev/null; true")
+    return found.stdout.split()
+
+
+def test_a_deleted_pod_preempts_the_run_which_resumes_from_its_checkpoint(kube_project: KubeProject) -> None:  # noqa: F811
+    project = kube_project
+    project.ok("deploy", str(project.cluster_file))
+    source = project.home / "workspace"
+    source.mkdir()
+    (source / "job.py").write_text(CHECKPOINTS)
+    project.ok("sync", "--source", str(source))
+
+    run = subprocess.Popen([str(MLENV), "launch", "--launcher", "torchrun", "job.py"], cwd=ROOT, env=project.env,
+                           text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while _started(project) != ["started-2", "started-3"]:  # both ranks of pod 1 train
+            assert time.monotonic() < deadline and run.poll() is None, "the ranks of pod 1 did not start"
+            time.sleep(0.3)
+        checkpoints = project.kubectl("exec", f"{APP}-1", "--", "cat", "/workspace/started-2").stdout
+        deleted = project.kubectl("delete", "pod", f"{APP}-1", "--wait=false")
+        assert deleted.returncode == 0, deleted.stderr
+        out, err = run.communicate(timeout=300)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 0, out + err
+    assert re.search(r"run \S+ preempted: node-1 \(\S+\) taken away under it \(deleted or evicted\); resuming it as "
+                     r"attempt 1 once they are back", err), err
+    resumed = re.findall(r"rank (\d) resumed in attempt 1 from (\S+): (.*)$", out, re.MULTILINE)
+    assert sorted(rank for rank, _, _ in resumed) == ["0", "1", "2", "3"], out
+    assert {where for _, where, _ in resumed} == {checkpoints}  # the same checkpoint directory
+    saved = {rank: set(names.split()) for rank, _, names in resumed}  # each pod's volume: its own ranks' checkpoints
+    assert saved["2"] == saved["3"] == {"rank-2", "rank-3"}, out  # the preempted pod's ranks got the signal
+    assert "restarting it" not in err and "failed with exit code" not in err  # a resumption, not a failure
+    [latest] = json.loads(project.ok("status", "--json").stdout)["runs"][-1:]
+    assert latest["preemptions"] == 1, latest
