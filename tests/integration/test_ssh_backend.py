@@ -258,7 +258,7 @@ def test_status_and_doctor_per_host(lab: Lab, deployed: subprocess.CompletedProc
     project, machines = lab.project, lab.shared
     pods = project.status()
     assert [(p["name"], p["node"], p["phase"], p["ready"], p["ip"], p["gpus"], p["extra"]) for p in pods] == [
-        (host.spec, host.name, "Reachable", True, host.address, 0, {"jobs": "0"}) for host in machines.hosts]
+        (host.spec, host.name, "Reachable", True, host.address, 0, {"jobs": 0}) for host in machines.hosts]
     report = json.loads(project.ok("doctor", PAIR, "--json").stdout)
     assert {check["status"] for check in report["checks"]} == {"PASS"}, report
     names = [check["name"] for check in report["checks"]]
@@ -482,7 +482,7 @@ def test_a_failed_redeploy_keeps_the_running_job_in_reach(ssh_hosts: SshHostsFac
     assert kept["attempt"]["handle"]["data"]["hosts"] == handle["data"]["hosts"]  # for clean
     report = json.loads(project.mlenv("status", "--json").stdout)
     assert report["deploy"]["state"] == "partial" and report["runs"][0]["id"] == kept["runs"][0]["id"]
-    assert report["pods"][0]["extra"] == {"jobs": "1"}
+    assert report["pods"][0]["extra"] == {"jobs": 1}
     shown = project.mlenv("status").stdout
     assert "keep: the last deploy failed: deploy failed on 1 of 2 hosts" in shown
     assert "[node-0] mlenv: node 0/2" in project.ok("logs", "--pod", "0").stdout  # followed as before

@@ -270,13 +270,13 @@ def _status_row(target: SshTarget, ordinal: int, answer: Reply) -> NodeStatus:
     facts = answer.facts
     if facts is None:
         return NodeStatus(label, ordinal, None, "Unreachable", False, 0, 0, None, detail=answer.error, extra=spare)
-    jobs = facts.get("jobs")
-    running = "-" if jobs is None else str(sum(1 for job in jobs if job.get("state") == "running"))
+    jobs = facts.get("jobs")  # unknown (the host could not tell): no JOBS count rather than a made-up one
+    running = {} if jobs is None else {"jobs": sum(1 for job in jobs if job.get("state") == "running")}
     detail = None if facts["exists"] else "workspace missing: mlenv deploy makes it again"
     detail = detail or facts.get("gpu_error") or facts.get("jobs_error")
     return NodeStatus(label, ordinal, str(facts["hostname"]), "Reachable" if facts["exists"] else "NoWorkspace",
                       bool(facts["exists"]), 0, int(facts.get("gpus", 0)), facts.get("address"),
-                      detail=None if detail is None else shown(str(detail)), extra={"jobs": running, **spare})
+                      detail=None if detail is None else shown(str(detail)), extra={**running, **spare})
 
 
 def _say_deleted(target: SshTarget, ordinal: int, answer: Reply) -> None:
