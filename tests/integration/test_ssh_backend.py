@@ -301,7 +301,7 @@ def test_clean_stops_jobs_and_deletes_the_workspace_only_when_asked(lab: Lab,
     project, workspace = lab.project, lab.shared.workdir / PAIR
     started = project.ok("launch", "--cluster", PAIR, "--launcher", "torchrun", "--detach", SLEEPER)
     assert started.stdout.count("started in the background: pid") == 2
-    assert [p["extra"]["jobs"] for p in project.status()] == ["1", "1"]
+    assert [p["extra"]["jobs"] for p in project.status()] == [1, 1]
     cleaned = project.ok("clean", "--cluster", PAIR)
     # each node's supervisor passes a user's stop to the other over the control channel: a node may have ended of
     # its peer's stop before clean reached it ("nothing to stop" there)
