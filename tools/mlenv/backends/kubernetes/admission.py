@@ -5,11 +5,13 @@ renders them; ``doctor`` says when one is missing."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-from mlenv.backends.kubeapi.client import Client, KubeError
 from mlenv.config.model import Scheduling
-from mlenv.core.capabilities import Check
+
+if TYPE_CHECKING:  # render imports this module: it pays for neither the client nor the checks
+    from mlenv.backends.kubeapi.client import Client
+    from mlenv.core.capabilities import Check
 
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 """On the StatefulSet: the LocalQueue that admits it (Kueue's statefulset integration)."""
@@ -70,6 +72,9 @@ def admission_checks(client: Client, namespace: str, scheduling: Scheduling) -> 
 
 def _queue_check(client: Client, name: str, resource: str, queue: str, where: str, absent: str, install: str,
                  create: str) -> Check:
+    from mlenv.backends.kubeapi.client import KubeError
+    from mlenv.core.capabilities import Check
+
     try:
         found = {str(obj["metadata"]["name"]): obj for obj in client.select(resource)}
     except KubeError as exc:
