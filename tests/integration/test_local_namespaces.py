@@ -122,7 +122,10 @@ def test_fail_fast_stops_every_node(cluster: LocalProject) -> None:
     code, text = _finish(process, output, within=10)
     assert code == 3, text  # the failing rank's own code
     assert re.search(r"mlenv: rank [23] \(node-1, pid \d+\) exited with 3 first; last lines: failing on purpose", text)
-    assert "error: node-1 failed with exit code" in text and "Last lines of" in text and "node-1.log" in text
+    closing = text[text.index("error: node-1 failed with exit code 3; the other nodes were stopped."):]
+    assert re.match(r"error: node-1 failed with exit code 3; the other nodes were stopped\. Rank [23] \(\S+\) exited "
+                    r"with 3 first; its last lines \(the node's whole log: \S+/node-1\.log\):\n", closing), closing
+    assert "failing on purpose" in closing and "Traceback" not in closing  # the rank's words, not torchrun's teardown
     assert _processes(cluster) == []
     assert [p["extra"]["jobs"] for p in cluster.status()] == [0, 0]
 

@@ -19,7 +19,7 @@ from mlenv.ops.live import refuse_while_live
 from mlenv.ops.target import Target
 from mlenv.runtime.records import restartpolicy
 from mlenv.runtime.records.restartpolicy import IDLE_EXIT_CODE, UNREACHABLE
-from mlenv.runtime.records.runlayout import NodeFault
+from mlenv.runtime.records.runlayout import FirstFailure, NodeFault
 from mlenv.runtime.records.runrecord import RunRecord
 
 STEP = re.compile(r"\bstep (\d+)/(\d+)\b")
@@ -200,9 +200,9 @@ def launch(target: Target, spec: LaunchSpec) -> LaunchResult:
             break
         faulty = _exclude(target, result.outcome, verdict.left_out, run_only, saved)
         spec = replace(spec, attempt=newest + 1, exclude=tuple(sorted({*spec.exclude, *faulty})))
-        warn(f"run {spec.run_id} failed with exit code {result.exit_code}: restarting it, attempt {spec.attempt} "
-             f"(restart {spec.attempt - preemptions} of at most {spec.max_restarts}; "
-             f"MLENV_RESTART_COUNT={spec.attempt})"
+        warn(f"run {spec.run_id} failed with exit code {result.exit_code}: restarting it, attempt {spec.attempt}"
+             + (f" (restart {spec.attempt - preemptions})" if preemptions else "")
+             + f" of at most {spec.max_restarts} restarts (MLENV_RESTART_COUNT={spec.attempt})"
              + (f" without {', '.join(spec.exclude)}" if spec.exclude else ""))
         result = _attempt(target, spec, run_dir / f"attempt-{spec.attempt}", {**run_only, **saved})
     return result
@@ -316,20 +316,27 @@ def _attempt(target: Target, spec: LaunchSpec, run_dir: Path, reasons: Mapping[s
     elif outcome.exit_code == IDLE_EXIT_CODE:
         error(f"stopped on every node: every GPU of the job was idle (--on-idle stop); logs in {run_dir}")
     elif first is not None:
-        node, code = first
-        error(f"node-{node} failed with exit code {code}; the other nodes were stopped. "
-              f"Last lines of {result.log(node)}:\n{_tail(result.log(node))}")
+        node, code, failure = first
+        if failure is not None and failure.log_tail:  # the rank's own words, not its launcher's teardown
+            error(f"node-{node} failed with exit code {code}; the other nodes were stopped. Rank {failure.rank}"
+                  f"{f' ({failure.host})' if failure.host else ''} {failure.reason} first; its last lines "
+                  f"(the node's whole log: {result.log(node)}):\n" + "\n".join(failure.log_tail[-TAIL_LINES:]))
+        else:
+            error(f"node-{node} failed with exit code {code}; the other nodes were stopped. "
+                  f"Last lines of {result.log(node)}:\n{_tail(result.log(node))}")
     return result
 
 
-def _failed_first(run: RunRecord | None, outcome: LaunchOutcome, ended_first: int) -> tuple[int, int]:
-    """The node that failed first and its exit code: as the nodes' supervisors decided it (``run``'s first failure),
-    where the backend keeps their records (the node's launch may have been stopped for a peer that ended first with
-    the same failure); else ``ended_first``, the node whose launch ended first with a failure."""
+def _failed_first(run: RunRecord | None, outcome: LaunchOutcome,
+                  ended_first: int) -> tuple[int, int, FirstFailure | None]:
+    """The node that failed first, its exit code and the rank's first failure: as the nodes' supervisors decided it
+    (``run``'s first failure), where the backend keeps their records (the node's launch may have been stopped for a
+    peer that ended first with the same failure); else ``ended_first``, the node whose launch ended first with a
+    failure (no rank known)."""
     failure = run.first_failure if run is not None else None
     if failure is not None and failure.node in outcome.node_exit_codes:
-        return failure.node, failure.exit_code
-    return ended_first, outcome.node_exit_codes[ended_first]
+        return failure.node, failure.exit_code, failure
+    return ended_first, outcome.node_exit_codes[ended_first], None
 
 
 def _remember(target: Target, spec: LaunchSpec) -> None:
@@ -362,7 +369,7 @@ def _last_step(path: Path) -> str:
     return f"{found[-1][0]}/{found[-1][1]}" if found else "-"
 
 
-def _summary(result: LaunchResult, failed_first: tuple[int, int] | None) -> None:
+def _summary(result: LaunchResult, failed_first: tuple[int, int, FirstFailure | None] | None) -> None:
     """The table of nodes: a node that did not fail first but ended with an error was stopped for that failure."""
     from mlenv.ui import table
 
