@@ -85,13 +85,18 @@ def test_hung_with_a_capture_that_names_the_function_then_output_again(project: 
     run = _latest_run(project, "hung")
     capture = Path(run["stacks"])
     text = (capture / "stacks.txt").read_text()
-    assert text.splitlines()[0].startswith(f"rank {stuck} (node-") and f"hang.py:7 {function}" in text
+    others = {0: "1-3", 1: "0,2-3", 2: "0-1,3", 3: "0-2"}[stuck]
+    assert text.splitlines()[0] == f"collectives: ranks {others} wait in all_reduce #1; rank {stuck} never " \
+                                   f"entered a collective and is in hang.py:7 {function}", text
+    assert text.splitlines()[1].startswith(f"rank {stuck} (node-") and f"hang.py:7 {function}" in text
     report = json.loads((capture / "stacks.json").read_text())
     assert sorted(r["rank"] for r in report["ranks"]) == [0, 1, 2, 3] and report["missing_nodes"] == []
     odd, rest = report["groups"]
     assert odd["ranks"] == [stuck] and odd["frames"][-1]["function"] == function
     assert rest["frames"][-1]["function"] == "all_reduce"
-    assert [p for p in capture.parent.iterdir() if p.name != "faulthandler"] == [capture]  # captured once
+    assert report["collectives"]["verdict"] == "behind"
+    captures = [p for p in capture.parent.iterdir() if p.name not in ("faulthandler", "collectives")]
+    assert captures == [capture]  # captured once
     logs = project.ok("logs").stdout
     assert "no rank wrote output for 10 s: the job looks hung" in logs and function in logs
     release.touch()

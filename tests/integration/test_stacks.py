@@ -21,11 +21,16 @@ from tests.integration.local_cluster import LocalProject, make_project, require_
 from tests.integration.test_hang import HANG
 from tests.integration.test_makefile import ok
 
+WARM_UP = 3
+"""All-reduces every rank completes before rank ``stuck`` stops calling collectives."""
+
 
 def hanging_job(function: str, stuck: int) -> str:
-    """test_hang's job with rank ``stuck`` in ``function`` for good (it is never released), the others in
-    all_reduce."""
-    return HANG.format(function=function, stuck=stuck, release="/nonexistent/never-released")
+    """test_hang's job with rank ``stuck`` in ``function`` for good (it is never released) after WARM_UP
+    all-reduces, the others in the next all_reduce (the same line numbers as test_hang's)."""
+    job = HANG.format(function=function, stuck=stuck, release="/nonexistent/never-released")
+    return job.replace('print(f"rank {rank} up", flush=True)',
+                       f'print(f"rank {{rank}} up", flush=True); [dist.all_reduce(t) for _ in range({WARM_UP})]')
 
 
 def until_grouped(stacks: Callable[[], subprocess.CompletedProcess[str]], stuck: int, function: str,
@@ -91,9 +96,16 @@ def test_every_rank_grouped_odd_one_first(hung: tuple[LocalProject, str, int], m
     assert rest["frames"][0]["function"] == "<module>" and rest["frames"][-1]["function"] == "all_reduce"
     assert all(ranks[r]["frames"] == rest["frames"] for r in rest["ranks"])  # frames outermost first
     assert all(isinstance(f["line"], int) and f["file"].endswith(".py") for f in odd["frames"])
+    named = report["collectives"]
+    assert named["verdict"] == "behind" and named["unknown"] == [], named
+    default = named["groups"][0]
+    assert default["front"] == WARM_UP + 1 and default["waiting"] == sorted(set(range(4)) - {stuck})
+    assert [(b["rank"], b["last_seq"], b["last_done"]) for b in default["behind"]] == [(stuck, WARM_UP, True)]
     text = project.ok("stacks", "--method", method).stdout.splitlines()
     others = {0: "1-3", 1: "0,2-3", 2: "0-1,3", 3: "0-2"}[stuck]
-    assert text[1] == f"rank {stuck} (node-{ranks[stuck]['node']}): hang.py:7 {function}"
+    assert text[1] == f"collectives: ranks {others} wait in all_reduce #{WARM_UP + 1}; rank {stuck} last completed " \
+                      f"#{WARM_UP} and is in hang.py:7 {function}"
+    assert text[2] == f"rank {stuck} (node-{ranks[stuck]['node']}): hang.py:7 {function}"
     assert f"ranks {others} (node-0, node-1): hang.py:15 <module> → all_reduce" in text
 
 

@@ -8,6 +8,7 @@ from typing import Any
 from mlenv.core.capabilities import Handle, NodeAccess
 from mlenv.errors import OperationError
 from mlenv.ops.fanout import runtime_json, select_nodes
+from mlenv.runtime.forensics.culprit import culprit_of
 from mlenv.runtime.forensics.stacks import group, render
 from mlenv.runtime.records.runlayout import FAILED, STOPPED, SUCCEEDED
 
@@ -16,7 +17,8 @@ OVER = (SUCCEEDED, FAILED, STOPPED)
 
 def take(backend: NodeAccess, handle: Handle, only: int | None = None, *, native: bool = False,
          method: str = "auto") -> dict[str, Any]:
-    """``{"run", "ranks", "groups", "flight_dumps", "unreachable"}`` of the latest run; OperationError when there
+    """``{"run", "ranks", "groups", "collectives", "flight_dumps", "unreachable"}`` of the latest run (``collectives``:
+    who is behind in collective sequence, :func:`~mlenv.runtime.forensics.culprit.culprit`); OperationError when there
     is no run or it is over."""
     nodes = select_nodes(backend, handle, only)
     args = ["stacks", "--json", "--method", method, *(["--native"] if native else [])]
@@ -35,7 +37,8 @@ def take(backend: NodeAccess, handle: Handle, only: int | None = None, *, native
         states = ", ".join(sorted({str(data.get("state")) for data in mine}))
         raise OperationError(f"run {run} is over ({states}): stacks samples a running job")
     ranks = sorted((rank for data in mine for rank in data.get("ranks") or []), key=lambda r: int(r["rank"]))
-    return {"run": run, "ranks": ranks, "groups": group(ranks),
+    records = {rank: record for data in mine for rank, record in (data.get("collectives") or {}).items()}
+    return {"run": run, "ranks": ranks, "groups": group(ranks), "collectives": culprit_of(ranks, records),
             "flight_dumps": [path for data in mine for path in data.get("flight_dumps") or []],
             "unreachable": unreachable}
 
@@ -45,6 +48,8 @@ def text(report: dict[str, Any]) -> str:
     methods = sorted({str(rank["method"]) for rank in report["ranks"] if rank.get("method")})
     lines = [f"run {report['run']}: {len(report['ranks'])} ranks" + (f", sampled by {' and '.join(methods)}"
                                                                       if methods else "")]
+    if report["ranks"]:
+        lines.append(f"collectives: {report['collectives']['text']}")
     lines.append(render(report["groups"]) if report["ranks"] else "no running rank")
     if report["flight_dumps"]:
         lines.append("NCCL flight recorder dumps:")

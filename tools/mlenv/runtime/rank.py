@@ -86,13 +86,17 @@ def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
 
 
 def child_environ(environ: Mapping[str, str]) -> dict[str, str]:
-    """The user's process's environment: ours, plus its own faulthandler file when the launcher armed the job
-    (the runtime's sitecustomize arms it there, in that process only)."""
+    """The user's process's environment: ours, plus its own faulthandler file and collective record when the
+    launcher armed the job (the runtime's sitecustomize arms them there, in that process only)."""
+    from .forensics import collectives
     from .forensics.stacks import FAULTHANDLER_DIR, FAULTHANDLER_FILE, faulthandler_file
 
     child = dict(environ)
+    rank = identity(environ)["rank"]
     if environ.get(FAULTHANDLER_DIR):
-        child[FAULTHANDLER_FILE] = str(faulthandler_file(Path(environ[FAULTHANDLER_DIR]), identity(environ)["rank"]))
+        child[FAULTHANDLER_FILE] = str(faulthandler_file(Path(environ[FAULTHANDLER_DIR]), rank))
+    if environ.get(collectives.DIRECTORY_ENV):
+        child[collectives.FILE_ENV] = str(collectives.record_file(Path(environ[collectives.DIRECTORY_ENV]), rank))
     return child
 
 

@@ -1,6 +1,7 @@
 """Put first on the ranks' PYTHONPATH by mlenv's runtime: arms ``faulthandler`` in the user's training process on
-SIGRTMIN+6 (``mlenv stacks`` without ptrace rights), then runs the ``sitecustomize`` this one hides (Debian and
-many images ship one). Standard library only; never stops the interpreter from starting."""
+SIGRTMIN+6 (``mlenv stacks`` without ptrace rights) and starts its collective record (which rank is behind in
+sequence), then runs the ``sitecustomize`` this one hides (Debian and many images ship one). Standard library only;
+never stops the interpreter from starting."""
 
 import faulthandler
 import importlib.machinery
@@ -45,5 +46,19 @@ def _arm() -> None:
         print(f"mlenv: faulthandler not armed: {exc}", file=sys.stderr)
 
 
+def _record_collectives() -> None:
+    """Start the thread that writes this rank's collective progress to $MLENV_COLLECTIVES_FILE (set by the rank
+    wrapper for the user's process only)."""
+    if "MLENV_COLLECTIVES_FILE" not in os.environ:
+        return
+    try:
+        from mlenv.runtime.forensics.collectives import start_recorder
+
+        start_recorder(os.environ)
+    except (OSError, ImportError, RuntimeError) as exc:
+        print(f"mlenv: collective record not started: {exc}", file=sys.stderr)
+
+
 _arm()
+_record_collectives()
 _chain()

@@ -24,6 +24,7 @@ from typing import IO
 
 from ..fabric.nccl import NcclEnv, detect_nccl_env
 from ..fabric.preflight import library_dirs, rdma_preflight
+from ..forensics import collectives
 from ..forensics.flightrecorder import flight_recorder_env, torch_version
 from ..forensics.stacks import FAULTHANDLER_DIR
 from ..node.host import visible_gpu_count
@@ -223,6 +224,8 @@ def _prepare(
     env = {**inherited, **added}
     if dump_dir is not None:  # faulthandler armed in every rank: mlenv stacks without ptrace rights
         env[FAULTHANDLER_DIR] = str(dump_dir / "stacks" / "faulthandler")
+        if collectives.enabled(environ):  # each rank's collective progress: mlenv stacks names who is behind
+            env[collectives.DIRECTORY_ENV] = str(dump_dir / "stacks" / "collectives")
     env["PYTHONPATH"] = os.pathsep.join([SITE_DIR, RUNTIME_PARENT, *filter(None, [environ.get("PYTHONPATH")])])
     return Job(argv, env, added, files)
 

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, cast
 
+from ..forensics import collectives
 from ..forensics.flightrecorder import flight_dumps
 from ..forensics.stacks import group, sample
 from ..forensics.stacks import render as render_stacks
@@ -173,11 +174,15 @@ def show_stacks(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         found: dict[str, object] = {"run": None, "host": host}
     else:
         ranks = [r.to_dict() for r in read_ranks(job.files) if r.state == "running"]
+        records = job.files.stacks / "collectives"
+        token = collectives.ask(records) if ranks else None  # answered while the stacks are taken
         taken = sample(ranks, native=args.native, method=args.method, dumps=job.files.stacks / "faulthandler",
                        workspace=Path.cwd())
         found = {"run": job.record.run_id, "started_at": job.record.started_at, "node": job.record.node_rank,
                  "host": host, "state": job.state,
                  "ranks": [stack.to_dict() for stack in taken],
+                 "collectives": {str(rank): record for rank, record in collectives.read(
+                     records, [int(str(r["rank"])) for r in ranks], token).items()},
                  "flight_dumps": [str(path) for path in flight_dumps(job.files.path)]}
     if args.json:
         print(json.dumps(found), flush=True)

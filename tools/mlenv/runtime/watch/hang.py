@@ -21,6 +21,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from ..forensics import collectives
+from ..forensics.culprit import culprit_of
 from ..forensics.flightrecorder import flight_dumps, keep_ras_answer
 from ..forensics.stacks import group, render, sample
 from ..records.runlayout import HUNG, RUNNING, write_atomic
@@ -73,10 +75,14 @@ class HangWatchdog(BaseObserver):
                 self.control.tell_all({"kind": KIND, "event": "resumed"})
         elif event == "sample":
             ranks = [asdict(rank) for rank in self.control.ranks()]
+            records = self.control.run_dir / "stacks" / "collectives"
+            token = collectives.ask(records)  # answered while the stacks are taken
             taken = sample(ranks, dumps=self.control.run_dir / "stacks" / "faulthandler",
                            workspace=Path.cwd())
+            progress = collectives.read(records, [int(rank["rank"]) for rank in ranks], token)
             self.control.tell_hub({"kind": KIND, "event": "stacks", "name": message.get("name"),
                                    "node": self.control.node, "ranks": [stack.to_dict() for stack in taken],
+                                   "collectives": {str(rank): record for rank, record in progress.items()},
                                    "flight_dumps": [str(p) for p in flight_dumps(self.control.run_dir)]})
         elif event == "stacks" and self.control.hub:
             self._collected(message)
@@ -102,7 +108,7 @@ class HangWatchdog(BaseObserver):
                 and (self.confirm_at is None or now >= self.confirm_at):
             name = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
             self.capture = {"name": name, "deadline": now + ANSWER_SECONDS, "ranks": [], "nodes": set(),
-                            "flight_dumps": []}
+                            "collectives": {}, "flight_dumps": []}
             self.control.tell_all({"kind": KIND, "event": "sample", "name": name})
 
     def _collected(self, message: Mapping[str, Any]) -> None:
@@ -110,6 +116,7 @@ class HangWatchdog(BaseObserver):
             return
         self.capture["nodes"].add(int(message["node"]))
         self.capture["ranks"] += list(message.get("ranks") or [])
+        self.capture["collectives"].update(message.get("collectives") or {})
         self.capture["flight_dumps"] += list(message.get("flight_dumps") or [])
         if len(self.capture["nodes"]) >= self.control.num_nodes:
             self._sampled()
@@ -136,13 +143,15 @@ class HangWatchdog(BaseObserver):
         directory.mkdir(parents=True, exist_ok=True)
         ranks = sorted(capture["ranks"], key=lambda r: int(r["rank"]))
         groups = group(ranks)
-        text = render(groups)
+        behind = culprit_of(ranks, capture["collectives"])
+        text = f"collectives: {behind['text']}\n{render(groups)}"
         missing = sorted(set(range(self.control.num_nodes)) - capture["nodes"])
         if missing:
             text += "\n" + "\n".join(f"node-{n}: no stacks (no answer within {ANSWER_SECONDS:g} s)" for n in missing)
         write_atomic(directory / "stacks.txt", text + "\n")
         report = {"captured_at": capture["name"], "reason": f"no rank output for {self.timeout:g} s",
-                  "ranks": ranks, "groups": groups, "flight_dumps": capture["flight_dumps"], "missing_nodes": missing}
+                  "ranks": ranks, "groups": groups, "collectives": behind, "flight_dumps": capture["flight_dumps"],
+                  "missing_nodes": missing}
         write_atomic(directory / "stacks.json", json.dumps(report, indent=2) + "\n")
         keep_ras_answer(directory)
         self.control.tell_all({"kind": KIND, "event": "hung", "stacks": str(directory.absolute()), "text": text})
