@@ -1,6 +1,7 @@
 """The collective record's cost: a 2-rank gloo training loop (a matmul and an all_reduce per step) with the record's
 thread running in each rank (as the runtime's sitecustomize starts it, writing every PERIOD_SECONDS) against the
-same loop without it (medians of 5 runs each, the two alternating so that a change of load hits both). Both runs keep PyTorch's flight recorder on, as the launcher sets it."""
+same loop without it: medians of 5 runs each, the two alternating so that a change of load hits both. Both keep
+PyTorch's flight recorder on, as the launcher sets it."""
 
 from __future__ import annotations
 
