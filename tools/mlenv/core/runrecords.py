@@ -27,8 +27,8 @@ def latest_run(run_id: str, jobs: Mapping[int, NodeJob | None]) -> RunRecord:
     """Run ``run_id`` from its nodes' shares (node ordinal -> share, None where the node has none), read once into a
     typed record (its ``to_dict`` is ``status --json``'s ``latest_run``): the ranks of every node, the first failure
     (the same on every node), each node's transport verdict, the hang watchdog's stacks (node 0's), each node's idle
-    GPUs while the job is flagged idle, each node's own fault sign (runtime/watch/faultsigns.py) and each node's
-    state."""
+    GPUs while the job is flagged idle, the stragglers (node 0's), each node's own fault sign
+    (runtime/watch/faultsigns.py) and each node's state."""
     known = [job for job in jobs.values() if job is not None]
     failures = [job["first_failure"] for job in known if job.get("first_failure")]
     return RunRecord(
@@ -41,6 +41,7 @@ def latest_run(run_id: str, jobs: Mapping[int, NodeJob | None]) -> RunRecord:
         next((job["stacks"] for job in known if job.get("stacks")), None),
         {f"node-{ordinal}": job["idle"] for ordinal, job in sorted(jobs.items())
          if job is not None and job.get("idle")} or None,
+        next((list(job["stragglers"]) for job in known if isinstance(job.get("stragglers"), list)), None),
         {ordinal: fault for ordinal, job in sorted(jobs.items())
          if job is not None and (fault := NodeFault.parse(job.get("node_fault"))) is not None},
         {ordinal: node_state(job) for ordinal, job in jobs.items()})

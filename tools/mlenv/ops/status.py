@@ -118,6 +118,8 @@ def _print(report: dict[str, Any]) -> None:
             from mlenv.runtime.watch.idle import describe
 
             say("GPUs idle: " + "; ".join(describe(report) for report in run["idle"].values()))
+        for straggler in run.get("stragglers") or []:
+            say(straggler["text"])
         if run.get("first_failure"):
             failure = run["first_failure"]
             say(f"first failure: rank {failure['rank']} (node-{failure['node']}) {failure['reason']}")

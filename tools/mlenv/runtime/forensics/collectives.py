@@ -32,10 +32,11 @@ SWITCH_ENV = "MLENV_COLLECTIVES"
 """``off`` (or ``0``) turns the record off."""
 REQUEST = "request"
 """Touched by ``stacks``: every rank writes its record at once, carrying the request's mtime as its token."""
-POLL_SECONDS = 0.5
+POLL_SECONDS = 0.2
 PERIOD_SECONDS = 10.0
-KEEP = 64
-"""Collectives kept per process group in a record: enough to see who is behind, small enough to write often."""
+KEEP = 500
+"""Collectives kept per process group in a record: the ranks answer a request within POLL_SECONDS of each other, so
+their records overlap (for the straggler judgement) up to 1000 collectives a second; small enough to write often."""
 ANSWER_SECONDS = 3.0
 """How long ``stacks`` waits for every rank's fresh record."""
 SCHEMA = 1
@@ -88,7 +89,10 @@ def _token(directory: Path) -> int:
 def _torch_dump() -> Callable[[], bytes | str] | None:
     """The flight recorder's dump function once the script has initialised ``torch.distributed``; None before."""
     distributed = sys.modules.get("torch.distributed")
-    if distributed is None or not distributed.is_available() or not distributed.is_initialized():
+    if distributed is None or getattr(distributed.__spec__, "_initializing", False):
+        return None  # not imported, or still being imported by the main thread
+    initialized = getattr(distributed, "is_initialized", None)
+    if initialized is None or not initialized():
         return None
     c10d = sys.modules["torch"]._C._distributed_c10d
     dump = getattr(c10d, "_dump_fr_trace_json", None)

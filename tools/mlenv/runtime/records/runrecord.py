@@ -28,6 +28,8 @@ class RunRecord:
     """The hang watchdog's capture of the whole job (node 0's), if any."""
     idle: Mapping[str, Any] | None = None
     """``node-N`` -> the node's idle GPUs while the job is flagged idle; None when it is not."""
+    stragglers: list[Any] | None = None
+    """The straggler watch's verdict (node 0's): the ranks or nodes that enter collectives last; None without."""
     node_faults: Mapping[int, NodeFault] = field(default_factory=dict)
     """Node ordinal -> the node's own fault sign (a failed in-node check, a lost supervisor)."""
     nodes: Mapping[int, str] = field(default_factory=dict)
@@ -40,6 +42,7 @@ class RunRecord:
                 "first_failure": self.first_failure.to_dict() if self.first_failure else None,
                 "transport": dict(self.transport), "stacks": self.stacks,
                 "idle": dict(self.idle) if self.idle is not None else None,
+                "stragglers": list(self.stragglers) if self.stragglers is not None else None,
                 "node_faults": {node: fault.to_dict() for node, fault in self.node_faults.items()}}
 
     @classmethod
@@ -50,6 +53,7 @@ class RunRecord:
                    tuple(parse_ranks(data.get("ranks"))), FirstFailure.parse(data.get("first_failure")),
                    dict(data.get("transport") or {}), data.get("stacks"),
                    dict(data["idle"]) if isinstance(data.get("idle"), Mapping) else None,
+                   list(data["stragglers"]) if isinstance(data.get("stragglers"), list) else None,
                    parse_faults(data.get("node_faults")),
                    {int(node): str(state) for node, state in (nodes.items() if isinstance(nodes, Mapping) else ())})
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 from collections.abc import Mapping
 
+from ..forensics import collectives
 from ..node.topology import host_name
 from .faultsigns import NodeFaultWatch
 from .hang import HangWatchdog
 from .idle import DEFAULT_IDLE_UTIL, IdleWatch, Sampler, sample_interval
 from .protocol import Observer
+from .stragglers import StragglerWatch
 from .transportproof import TransportProof, expectation
 
 
@@ -24,4 +26,6 @@ def observers_for(options: argparse.Namespace, environ: Mapping[str, str]) -> li
         threshold = DEFAULT_IDLE_UTIL if options.idle_util is None else float(options.idle_util)
         found.append(IdleWatch(threshold, window, getattr(options, "on_idle", None),
                                Sampler(sample_interval(window), environ), host_name(environ)))
+    if collectives.enabled(environ):
+        found.append(StragglerWatch())
     return found
