@@ -31,7 +31,7 @@ def checkpoint(signum, frame):
     (checkpoints / f"rank-{rank}").write_text(signal.Signals(signum).name)
     sys.exit(143)
 
-signal.signal(signal.SIGTERM, checkpoint)
+signal.signal(getattr(signal, os.environ["MLENV_CHECKPOINT_SIGNAL"]), checkpoint)  # SIGTERM here
 pathlib.Path(f"started-{rank}").write_text(str(checkpoints))
 print(f"rank {rank} training in attempt {attempt}", flush=True)
 while True:
@@ -90,6 +90,8 @@ def test_a_pod_taken_away_preempts_the_run_which_resumes_from_its_checkpoint(
     assert {where for _, where, _ in resumed} == {checkpoints}  # the same checkpoint directory
     saved = {rank: set(names.split()) for rank, _, names in resumed}  # each pod's volume: its own ranks' checkpoints
     assert saved["2"] == saved["3"] == {"rank-2", "rank-3"}, out  # the preempted pod's ranks got the signal
+    signals = project.kubectl("exec", f"{APP}-1", "--", "sh", "-c", f"cat {checkpoints}/rank-2 {checkpoints}/rank-3")
+    assert signals.stdout == "SIGTERMSIGTERM", signals.stdout + signals.stderr
     assert "restarting it" not in err and "failed with exit code" not in err  # a resumption, not a failure
     [latest] = json.loads(project.ok("status", "--json").stdout)["runs"][-1:]
     assert latest["preemptions"] == 1, latest

@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 
 STOP = {signal.SIGTERM, signal.SIGINT}
+SIGNAL = "SIGTERM"
+"""What every other process of the pod gets when it is deleted: the ranks' checkpoint signal."""
 WAKE = STOP | {signal.SIGCHLD}
 POLL_SECONDS = 0.2
 MARK = "/dev/shm/mlenv-pod-taken-away"  # noqa: S108 - the pod's own emptyDir, no one else's
@@ -55,7 +57,7 @@ def main(grace: float, mark: str) -> int:
     with contextlib.suppress(OSError):
         Path(mark).write_text(f"{time.time()}\n")
     with contextlib.suppress(ProcessLookupError):
-        os.kill(-1, signal.SIGTERM)
+        os.kill(-1, getattr(signal, SIGNAL))
     deadline = time.monotonic() + grace
     while _others() and time.monotonic() < deadline:
         signal.sigtimedwait({signal.SIGCHLD}, POLL_SECONDS)

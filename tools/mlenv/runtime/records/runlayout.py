@@ -20,6 +20,9 @@ from typing import Any
 DEFAULT_RUNS_ROOT = Path(".mlenv", "runs")
 ATTEMPT_VARIABLE = "MLENV_RESTART_COUNT"
 CHECKPOINT_VARIABLE = "MLENV_CHECKPOINT_DIR"
+CHECKPOINT_SIGNAL_VARIABLE = "MLENV_CHECKPOINT_SIGNAL"
+"""Names the signal the ranks get before the run is taken away (``SIGTERM`` from a pod's PID 1 on Kubernetes;
+slurm.signal's on a Slurm batch job), so that one handler in the training script saves the checkpoint everywhere."""
 
 RUNNING, SUCCEEDED, FAILED, STOPPED = "running", "succeeded", "failed", "stopped"
 HUNG, RESTARTING, REQUEUED, PREEMPTED = "hung", "restarting", "requeued", "preempted"
