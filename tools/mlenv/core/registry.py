@@ -150,8 +150,8 @@ BACKENDS: dict[str, BackendInfo] = {
                                      "label (--node-type) only, never away from one node: cordon the node "
                                      "(kubectl cordon NODE) or have it taken out of the project's node pools, then "
                                      "mlenv nodes --forget-excluded"),
-                                 Feature.PREEMPTION: "a workload's pods taken away under a run are not told apart "
-                                                     "from a failure yet: --max-restarts restarts the run"}),
+                                 Feature.PREEMPTION: "its pods are not told when they are taken away under a run "
+                                                     "(no PID 1 of mlenv's there): the run ends; launch it again"}),
         BackendInfo("ssh", "mlenv.backends.ssh.backend:SshBackend", section="ssh",
                     settings="mlenv.backends.ssh.settings:parse", cpu_nodes=True, uses=frozenset({"app"}),
                     machines=("ssh", "hosts"),

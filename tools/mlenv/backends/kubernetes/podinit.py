@@ -5,8 +5,8 @@ warning: the kernel SIGKILLed it after the grace period. This init passes SIGTER
 pod (the runtime's node supervisors, which stop their ranks, and the ranks) and waits until they are gone, at most
 GRACE seconds. Before, it writes the file MARK (on the pod's own /dev/shm): the pod's supervisors, which the pod
 template tells where it is (``MLENV_PREEMPTED_MARK``), record the stop as a preemption, not a user's stop. It also
-reaps the orphans a PID 1 inherits. Standard library only: it runs before sync shipped
-anything, so the pod template carries its source (:func:`command`).
+reaps the orphans a PID 1 inherits. Standard library only: it runs before sync shipped anything, so the pod template
+carries its source (:func:`command`).
 """
 
 from __future__ import annotations
@@ -71,4 +71,4 @@ def command(grace: int) -> list[str]:
 
 
 if __name__ == "__main__":
-    sys.exit(main(float(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else MARK))
+    sys.exit(main(float(sys.argv[1]), sys.argv[2]))
