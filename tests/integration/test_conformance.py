@@ -2,7 +2,9 @@
 (``mlenv.core.registry``), run through the real ``mlenv`` command against the backend's real harness:
 
     deploy -> status -> exec -> sync -> launch --detach -> status shows the run -> logs -f -> stop
-           -> attached launches: one that succeeds, one whose last rank fails, one restarted -> doctor -> clean
+           -> attached launches: one that succeeds, one whose last rank fails, one restarted
+           -> (PREEMPTION) one whose last node is taken away, resumed -> (Kubernetes family) one whose last node
+              shows a node fault, left out (Run:ai: says it cannot) -> doctor -> clean
 
 against local (pods as processes), ssh (sshd machines), Slurm (slurmctld + slurmd), and Kubernetes, OpenShift and
 Run:ai (fakekube from its command line with ``--run-pods``: the pods really run, reached by the real kubectl's
