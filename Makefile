@@ -1,7 +1,7 @@
 # mlenv: thin front end over the `mlenv` CLI. `make help` lists the targets.
 # Variables: CLUSTER (deployment, cluster name or file), MODE (rdma|tcp), NODES, IMAGE, OUT, POD, CMD, FOLLOW,
 #            DELETE_DATA, YES, SCRIPT, ARGS, LAUNCHER, DETACH, ENV, NAME, STEPS, SIZES, EXPECT, FORCE, VENV, LOG_RANK,
-#            EXPECT_TRANSPORT, HANG_TIMEOUT, ON_HANG, ON_IDLE, MAX_RESTARTS, SPARES.
+#            EXPECT_TRANSPORT, HANG_TIMEOUT, ON_HANG, ON_IDLE, MAX_RESTARTS, MAX_PREEMPTIONS, SPARES.
 
 SHELL := /bin/bash
 VENV ?= .venv
@@ -9,7 +9,7 @@ VENV ?= .venv
 # verbatim: make does not expand a `$` inside it (make exec CMD='echo $HOSTNAME' echoes each pod's name).
 USER_VARS := CLUSTER MODE NODES IMAGE OUT POD CMD FOLLOW DELETE_DATA YES SCRIPT ARGS LAUNCHER DETACH ENV NAME STEPS \
              SIZES EXPECT FORCE VENV LOG_RANK EXPECT_TRANSPORT HANG_TIMEOUT ON_HANG ON_IDLE MAX_RESTARTS \
-             SPARES
+             MAX_PREEMPTIONS SPARES
 $(foreach v,$(USER_VARS),$(if $(filter command line environment,$(origin $(v))),$(eval override $(v) := $$(value $(v)))))
 export $(USER_VARS)
 MLENV = "$$VENV/bin/mlenv"
@@ -34,7 +34,8 @@ required = $(if $(strip $(value $(1))),,$(error $(1) is required: make $@ $(1)=$
 EXPECT_OPT = $(if $(EXPECT_TRANSPORT),--expect-transport "$$EXPECT_TRANSPORT")
 HANG_OPTS = $(if $(HANG_TIMEOUT),--hang-timeout "$$HANG_TIMEOUT") $(if $(ON_HANG),--on-hang "$$ON_HANG")
 IDLE_OPT = $(if $(ON_IDLE),--on-idle "$$ON_IDLE")
-RESTARTS_OPT = $(if $(MAX_RESTARTS),--max-restarts "$$MAX_RESTARTS")
+RESTARTS_OPT = $(if $(MAX_RESTARTS),--max-restarts "$$MAX_RESTARTS") \
+               $(if $(MAX_PREEMPTIONS),--max-preemptions "$$MAX_PREEMPTIONS")
 SPARES_OPT = $(if $(SPARES),--spares "$$SPARES")
 
 .DEFAULT_GOAL := help
@@ -111,7 +112,7 @@ exec: install ## Run CMD="..." on every node (or POD=N) in parallel
 logs: install ## The latest run's output of every node (or POD=N, or one rank: LOG_RANK=N); FOLLOW=1 follows it
 	@$(MLENV) logs $(CLUSTER_OPT) $(POD_OPT) $(call flag,FOLLOW,--follow) $(if $(LOG_RANK),--rank "$$LOG_RANK")
 
-launch: install ## Run [SCRIPT=train_multi_node.py] [ARGS=] [LAUNCHER=] [ENV=] [DETACH=1] [EXPECT_TRANSPORT=] [HANG_TIMEOUT=s [ON_HANG=stop]] [ON_IDLE=stop|warn] [MAX_RESTARTS=N] on every node
+launch: install ## Run [SCRIPT=train_multi_node.py] [ARGS=] [LAUNCHER=] [ENV=] [DETACH=1] [EXPECT_TRANSPORT=] [HANG_TIMEOUT=s [ON_HANG=stop]] [ON_IDLE=stop|warn] [MAX_RESTARTS=N] [MAX_PREEMPTIONS=N] on every node
 	@$(MLENV) launch $(CLUSTER_OPT) $(if $(LAUNCHER),--launcher "$$LAUNCHER") $(if $(ARGS),--args "$$ARGS") \
 	    $(ENV_OPTS) $(call flag,DETACH,--detach) $(EXPECT_OPT) $(HANG_OPTS) $(IDLE_OPT) $(RESTARTS_OPT) -- "$${SCRIPT:-train_multi_node.py}"
 

@@ -352,6 +352,8 @@ class Handler(BaseHTTPRequestHandler):
                 self.fake.controller.reconcile()
             self._send_json(200, document)
             return 200
+        if (route.rt.plural, route.subresource, route.verb) == ("pods", "eviction", "create"):
+            return self._evict(route, raw)
         if (route.rt.plural, route.subresource) == ("pods", "exec") and self.fake.kubelet is not None:
             return self._exec(self.fake.store.require(route.rt, ns, name), route)
         if (route.rt.plural, route.subresource, route.verb) == ("pods", "log", "get"):
@@ -368,6 +370,21 @@ class Handler(BaseHTTPRequestHandler):
             self._send(200, self.fake.pod_logs.get((ns, name), "").encode(), "text/plain")
             return 200
         raise errors.path_not_found()
+
+    def _evict(self, route: Route, raw: bytes) -> int:
+        """POST pods/NAME/eviction (``kubectl drain``): a graceful deletion of the pod (its grace period, or the
+        Eviction's deleteOptions'); no PodDisruptionBudget here refuses one. 201 and a Success Status, as the real
+        server answers."""
+        eviction = self._body(raw) or {}
+        options = eviction.get("deleteOptions") or {}
+        grace = options.get("gracePeriodSeconds")
+        self.fake.api.delete(route.rt, route.namespace, route.name, options.get("propagationPolicy") or "Background",
+                             options.get("dryRun") == ["All"] or route.query.get("dryRun") == "All",
+                             None if grace is None else float(grace))
+        self.fake.controller.reconcile()
+        self._send_json(201, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                              "code": 201})
+        return 201
 
     # --- pods the kubelet runs: exec and logs -----------------------------------------------------------------
 

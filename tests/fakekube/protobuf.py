@@ -29,6 +29,8 @@ SCHEMAS: dict[str, Schema] = {
                4: ("stringData", ("map", "string")), 5: ("immutable", "bool")},
     "ServiceAccount": {1: ("metadata", OBJECT_META), 2: ("secrets", ("list", OBJECT_REFERENCE)),
                        4: ("automountServiceAccountToken", "bool")},
+    "Eviction": {1: ("metadata", OBJECT_META), 2: ("deleteOptions", {
+        1: ("gracePeriodSeconds", "int"), 4: ("propagationPolicy", "string"), 5: ("dryRun", ("list", "string"))})},
     "SelfSubjectAccessReview": {1: ("metadata", OBJECT_META), 2: ("spec", {
         1: ("resourceAttributes", {1: ("namespace", "string"), 2: ("verb", "string"), 3: ("group", "string"),
                                    4: ("version", "string"), 5: ("resource", "string"),

@@ -120,6 +120,7 @@ OPENSHIFT_GROUPS = frozenset(r.group for r in RESOURCES if r.group.endswith(".op
 # Subresources listed in discovery: (parent plural, subresource, kind, group/version of that kind, verbs).
 SUBRESOURCES: tuple[tuple[str, str, str, str, tuple[str, ...]], ...] = (
     ("pods", "log", "Pod", "v1", ("get",)),
+    ("pods", "eviction", "Eviction", "policy/v1", ("create",)),
     ("statefulsets", "scale", "Scale", "autoscaling/v1", ("get", "patch", "update")),
 )
 

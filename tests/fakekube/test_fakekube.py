@@ -415,6 +415,26 @@ def test_nodes_labels_resources_readiness_and_cordon(fake_kube_factory: Callable
         {"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}]
 
 
+def test_drain_cordons_and_evicts_through_the_eviction_subresource(
+        fake_kube_factory: Callable[..., FakeCluster]) -> None:
+    cluster = fake_kube_factory(nodes=["gpu-0", "gpu-1", "gpu-2"])
+    apply(cluster, manifests(replicas=2, node_names=["gpu-0", "gpu-1", "gpu-2"]))
+    placed = {pod["metadata"]["name"]: pod["spec"]["nodeName"] for pod in get_json(cluster, "pods")["items"]}
+    drained = placed["ml-dev-env-1"]
+    before = get_json(cluster, "pod", "ml-dev-env-1")["metadata"]["uid"]
+
+    out = ok(cluster.kubectl("drain", drained, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=60s"))
+    assert f"node/{drained} cordoned" in out and "pod/ml-dev-env-1 evicted" in out, out
+    assert f"node/{drained} drained" in out, out
+    evictions = [r.status for r in cluster.server.requests.records(method="POST") if r.path.endswith("/eviction")]
+    assert evictions == [201]
+    assert get_json(cluster, "node", drained)["spec"]["unschedulable"] is True
+    again = get_json(cluster, "pod", "ml-dev-env-1")  # the StatefulSet's new pod, kept off the cordoned node
+    assert again["metadata"]["uid"] != before and again["spec"]["nodeName"] not in (drained, placed["ml-dev-env-0"])
+    refused = cluster.kubectl("drain", "gpu-9", "--ignore-daemonsets")
+    assert refused.returncode == 1 and 'nodes "gpu-9" not found' in refused.stderr, refused.stderr
+
+
 def test_namespace_labels(fake_kube: FakeCluster) -> None:
     fake_kube.server.add_namespace("locked", {"pod-security.kubernetes.io/enforce": "restricted"})
     fake_kube.server.set_namespace_labels("ml", {"pod-security.kubernetes.io/enforce": "baseline"})

@@ -2,7 +2,9 @@
 (``mlenv.core.registry``), run through the real ``mlenv`` command against the backend's real harness:
 
     deploy -> status -> exec -> sync -> launch --detach -> status shows the run -> logs -f -> stop
-           -> attached launches: one that succeeds, one whose last rank fails, one restarted -> doctor -> clean
+           -> attached launches: one that succeeds, one whose last rank fails, one restarted
+           -> (PREEMPTION) one whose last node is taken away, resumed -> (Kubernetes family) one whose last node
+              shows a node fault, left out (Run:ai: says it cannot) -> doctor -> clean
 
 against local (pods as processes), ssh (sshd machines), Slurm (slurmctld + slurmd), and Kubernetes, OpenShift and
 Run:ai (fakekube from its command line with ``--run-pods``: the pods really run, reached by the real kubectl's
@@ -29,7 +31,7 @@ import pytest
 import yaml
 from mlenv import state
 from mlenv.core.capabilities import CAPABILITIES, CHECKS, DEPLOY, JOBS, NODE_ACCESS, Feature
-from mlenv.core.registry import BACKENDS, get
+from mlenv.core.registry import BACKENDS, BackendInfo, get
 
 from tests._prereq import clean_environ, require
 from tests.helpers import MLENV, run_mlenv, succeeded
@@ -51,17 +53,24 @@ time.sleep(600)
 """Every rank says who it is (one write: the ranks of a node share its log), then waits to be stopped."""
 CASES = "conformance_cases.py"
 CASES_TEXT = """\
-import os, sys
+import os, sys, time
 case, failing, attempt = sys.argv[1], sys.argv[2], int(os.environ["MLENV_RESTART_COUNT"])
 node, rank = os.environ["MLENV_NODE_RANK"], os.environ["RANK"]
-os.write(1, f"case {case} attempt={attempt} node={node} rank={rank}\\n".encode())
+os.write(1, f"case {case} attempt={attempt} node={node} rank={rank} on {os.environ.get('MLENV_MACHINE')}\\n".encode())
 if node == failing and os.environ["LOCAL_RANK"] == "1" and (case == "fails" or (case == "flaky" and attempt == 0)):
     sys.exit(7)
+if node == failing and os.environ["LOCAL_RANK"] == "1" and case == "netfail" and attempt == 0:
+    print("NCCL WARN NET/IB : Got completion from peer 10.0.0.1<33092> with error 12, opcode 0, len 0", flush=True)
+    sys.exit(1)
+while case == "preempted" and attempt == 0:
+    time.sleep(0.1)
 """
-"""An attached launch's job ``CASE FAILING_NODE``: every rank says who it is; the second rank of node FAILING_NODE
-exits 7 in case ``fails``, and in case ``flaky`` on attempt 0 only (MLENV_RESTART_COUNT)."""
+"""An attached launch's job ``CASE FAILING_NODE``: every rank says who it is (and the machine it runs on); the second
+rank of node FAILING_NODE exits 7 in case ``fails``, and in case ``flaky`` on attempt 0 only (MLENV_RESTART_COUNT);
+in case ``netfail`` it prints one of NCCL's network failures (a node-fault sign) and exits 1 on attempt 0; in case
+``preempted`` every rank of attempt 0 waits until it is taken away."""
 CASE_LINE = re.compile(r"^\[node-(?P<tag>\d+)[^\]]*\] case (?P<case>\w+) attempt=(?P<attempt>\d+) node=(?P<node>\d+) "
-                       r"rank=(?P<rank>\d+)$", re.MULTILINE)
+                       r"rank=(?P<rank>\d+) on (?P<machine>\S+)$", re.MULTILINE)
 LINE = re.compile(r"\[node-(?P<tag>\d+)[^\]]*\] conformance node=(?P<node>\d+) rank=(?P<rank>\d+)$")
 """A rank's line as logs shows it: ``[node-N rR] conformance node=N rank=R`` (the runtime tags it)."""
 WAIT = 120.0
@@ -76,6 +85,8 @@ class Subject:
     home: Path
     env: dict[str, str]
     nodes: int = 2
+    take_away: Callable[[int], None] | None = None
+    """Take node N away under a run, as a scheduler does (a pod deleted), where the backend's nodes can be."""
 
     def mlenv(self, *args: str, timeout: float = CALL_TIMEOUT) -> subprocess.CompletedProcess[str]:
         return run_mlenv(*args, cwd=self.home, env=self.env, input="", timeout=timeout)
@@ -153,7 +164,12 @@ def _kube(backend: str) -> Harness:
         Run:ai, the ``runai`` stand-in (:func:`tests.integration.kube_pods.kube_cluster`)."""
         with kube_cluster(tmp_path, backend) as project:
             _jobs_in(project.home / "workspace")
-            yield Subject(project.cluster_file.stem, project.home, project.env)
+
+            def delete_pod(node: int) -> None:
+                deleted = project.kubectl("delete", "pod", f"ml-dev-env-{node}", "--wait=false")
+                assert deleted.returncode == 0, deleted.stderr
+
+            yield Subject(project.cluster_file.stem, project.home, project.env, take_away=delete_pod)
 
     return harness
 
@@ -210,13 +226,13 @@ def test_conformance(name: str, request: pytest.FixtureRequest, tmp_path: Path) 
     declared = frozenset(c.feature for c in CAPABILITIES if BACKENDS[name].supports(c.feature))
     with harness(request, tmp_path) as subject:
         try:
-            _run(subject, declared)
+            _run(subject, declared, BACKENDS[name])
         finally:
             if DEPLOY.feature in declared:
                 subject.mlenv("clean", "-c", subject.name, "--yes", "--delete-data")
 
 
-def _run(subject: Subject, declared: frozenset[Feature]) -> None:
+def _run(subject: Subject, declared: frozenset[Feature], info: BackendInfo) -> None:
     name = subject.name
     assert DEPLOY.feature in declared, "every backend deploys"
     subject.ok("deploy", name, "--timeout", "180")
@@ -233,6 +249,10 @@ def _run(subject: Subject, declared: frozenset[Feature]) -> None:
     if JOBS.feature in declared:
         _jobs(subject)
         _attached(subject)
+        if info.supports(Feature.PREEMPTION):
+            _resumed(subject)
+        if info.kube_family:  # a node judged faulty is left out where the cluster's scheduler places pods elsewhere
+            _left_out(subject, info)
 
     if CHECKS.feature in declared:
         doctor = subject.mlenv("doctor", name, "--json")
@@ -317,3 +337,60 @@ def _attached(subject: Subject) -> None:
     headers = re.findall(r"mlenv: ==== attempt 1 \(MLENV_RESTART_COUNT=1\) of run \S+, node (\d+) ====$", logs,
                          re.MULTILINE)
     assert sorted(headers) == [str(node) for node in range(subject.nodes)], logs
+
+
+def _cases(subject: Subject, output: str, case: str, attempt: int) -> list[tuple[int, int, str]]:
+    """(node, global rank, machine) of every line of ``case``'s ``attempt`` in ``output``, from a node tagged as it
+    says."""
+    return sorted((int(m["node"]), int(m["rank"]), m["machine"]) for m in CASE_LINE.finditer(output)
+                  if (m["case"], int(m["attempt"])) == (case, attempt) and m["node"] == m["tag"])
+
+
+def _left_out(subject: Subject, info: BackendInfo) -> None:
+    """Under ``--max-restarts 1``, the last node's second rank prints an NCCL network failure (a node-fault sign)
+    and fails: its machine is left out and recorded, the pods are kept off it, and attempt 1 completes on other
+    machines; where the backend cannot leave a node out, the run stops saying so (core/registry.py)."""
+    name, last = subject.name, subject.nodes - 1
+    result = subject.mlenv("launch", "-c", name, "--launcher", "torchrun", "--max-restarts", "1", CASES, "netfail",
+                           str(last))
+    assert "Traceback" not in result.stderr, result.stderr
+    [bad] = {machine for node, _, machine in _cases(subject, result.stdout, "netfail", 0) if node == last}
+    if not info.supports(Feature.NODE_EXCLUSION):
+        assert result.returncode == 1, result.stdout + result.stderr
+        assert f"the {info.name} backend cannot {Feature.NODE_EXCLUSION.value}" in result.stderr, result.stderr
+        subject.ok("nodes", "-c", name, "--forget-excluded")
+        return
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"excluding {bad} (node-{last}) from the next attempts: NCCL network error" in result.stderr
+    resumed = _cases(subject, result.stdout, "netfail", 1)
+    assert len(resumed) == 2 * subject.nodes and bad not in {machine for _, _, machine in resumed}, result.stdout
+    listed = json.loads(subject.ok("nodes", "-c", name, "--json").stdout)
+    assert [entry["host"] for entry in listed["excluded"]] == [bad], listed
+    assert bad not in [node["host"] for node in listed["nodes"]], listed
+    subject.ok("nodes", "-c", name, "--forget-excluded")
+
+
+def _resumed(subject: Subject) -> None:
+    """An attached run whose last node is taken away under it (a pod deleted) is preempted, not failed: it resumes
+    as attempt 1 once the node is back, and completes."""
+    assert subject.take_away is not None, "a backend that resumes preempted runs needs a harness that takes nodes away"
+    name, last = subject.name, subject.nodes - 1
+    out, err = subject.home / "preempted.out", subject.home / "preempted.err"
+    with out.open("w") as stdout, err.open("w") as stderr:
+        run = subprocess.Popen([str(MLENV), "launch", "-c", name, "--launcher", "torchrun", CASES, "preempted",
+                                str(last)], cwd=subject.home, env=subject.env, stdout=stdout, stderr=stderr,
+                               stdin=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: len(_cases(subject, out.read_text(), "preempted", 0)) == 2 * subject.nodes,
+                 lambda: f"every rank of attempt 0 running ({out.read_text()[-400:]})")
+        subject.take_away(last)
+        run.wait(timeout=CALL_TIMEOUT)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    said = err.read_text()
+    assert run.returncode == 0, out.read_text() + said
+    assert f"preempted: node-{last} (" in said and "resuming it as attempt 1" in said, said
+    assert len(_cases(subject, out.read_text(), "preempted", 1)) == 2 * subject.nodes, out.read_text()
+    assert subject.status()["runs"][-1]["preemptions"] == 1

@@ -7,7 +7,12 @@ StatefulSet's pods off it (a required node affinity: the pods move), and the run
 from __future__ import annotations
 
 import json
+import time
 
+import pytest
+from mlenv import state
+
+from tests.helpers import assert_shaped, documented_shape
 from tests.integration.kube_pods import APP, KubeProject, kube_project  # noqa: F401 - kube_project is a fixture
 
 NET_ERROR = ("n1:88:102 [0] transport/net_ib.cc:1296 NCCL WARN NET/IB : Got completion from peer 10.0.0.1<33092> "
@@ -29,6 +34,12 @@ def kept_off(project: KubeProject) -> list[str]:
     terms = (sts["spec"]["template"]["spec"]["affinity"].get("nodeAffinity") or {}).get(
         "requiredDuringSchedulingIgnoredDuringExecution", {}).get("nodeSelectorTerms", [{}])
     return [value for e in terms[0].get("matchExpressions", []) if e["operator"] == "NotIn" for value in e["values"]]
+
+
+def objects(project: KubeProject) -> str:
+    """``Kind/name@resourceVersion`` of the deployment's kinds of objects in the namespace."""
+    return project.kubectl("get", "pvc,service,serviceaccount,statefulset,pod", "-o", "jsonpath={range .items[*]}"
+                           "{.kind}/{.metadata.name}@{.metadata.resourceVersion} {end}").stdout
 
 
 def machines(project: KubeProject) -> list[str]:
@@ -54,6 +65,9 @@ def test_a_faulty_kubernetes_node_is_left_out_and_forgotten(kube_project: KubePr
     assert bad not in machines(project) and kept_off(project) == [bad]
     nodes = project.ok("nodes")
     assert bad in nodes.stdout and "NCCL network error" in nodes.stdout, nodes.stdout
+    listed = json.loads(project.ok("nodes", "--json").stdout)  # where each pod runs now, and what is left out
+    assert [node["host"] for node in listed["nodes"]] == machines(project) and bad not in machines(project)
+    assert [entry["host"] for entry in listed["excluded"]] == [bad]
 
     dry = project.ok("launch", "--launcher", "torchrun", "--dry-run", "job.py")  # what launch would do first
     assert f"# first: the pods of {APP} are kept off {bad} (required node affinity" in dry.stdout, dry.stdout
@@ -64,3 +78,32 @@ def test_a_faulty_kubernetes_node_is_left_out_and_forgotten(kube_project: KubePr
     again = project.ok("launch", "--launcher", "torchrun", "job.py", timeout=300)
     assert f"letting the pods back on {bad}" in again.stderr, again.stderr
     assert kept_off(project) == []
+
+
+def test_forgetting_after_the_statefulset_was_deleted_by_hand_touches_nothing_else(
+    kube_project: KubeProject, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+) -> None:
+    project = kube_project
+    project.ok("deploy", str(project.cluster_file))
+    placed = machines(project)
+    listed = json.loads(project.ok("nodes", "--json").stdout)
+    assert_shaped(listed, documented_shape("nodes"))
+    assert listed["nodes"] == [{"node": n, "name": f"{APP}-{n}", "host": placed[n], "ready": True} for n in (0, 1)]
+    assert all(machine in project.ok("nodes").stdout for machine in placed)
+    monkeypatch.setenv("MLENV_HOME", str(project.home))
+    state.exclude(project.cluster_file.stem, {1: (placed[1], "NCCL network error: NET/IB : Got completion")})
+    assert project.kubectl("delete", "statefulset", APP, "--wait=true").returncode == 0  # by hand
+    deadline = time.monotonic() + 60
+    while "Pod/" in (left := objects(project)):  # the StatefulSet's pods go with it
+        assert time.monotonic() < deadline, left
+        time.sleep(0.2)
+
+    forgot = project.ok("nodes", "--forget-excluded")
+    assert "none of its nodes is on the cluster (deleted by hand?): nothing there to keep off or let back" in \
+        forgot.stderr, forgot.stderr
+    assert "1 excluded node forgotten (node-1)" in forgot.stderr
+    assert objects(project) == left  # nothing else touched: no object made again, none changed
+    assert json.loads(project.ok("nodes", "--json").stdout)["excluded"] == []
+    launched = project.mlenv("launch", "--launcher", "torchrun", "job.py")
+    assert launched.returncode == 1 and "Traceback" not in launched.stderr, launched.stderr
+    assert f"the StatefulSet {APP} of {project.cluster_file.stem} is not in " in launched.stderr, launched.stderr

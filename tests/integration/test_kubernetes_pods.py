@@ -119,7 +119,8 @@ def test_deleting_a_pod_under_a_running_job_gives_its_ranks_sigterm(kube_project
     grace = project.kubectl("get", "sts", APP, "-o", "jsonpath={.spec.template.spec.terminationGracePeriodSeconds}")
     assert grace.stdout == "300"
     init = project.kubectl("exec", f"{APP}-1", "--", "cat", "/proc/1/cmdline").stdout
-    assert init.startswith("python3\x00-c\x00") and init.endswith("\x00300\x00")  # PID 1 is the init, with the grace
+    assert init.startswith("python3\x00-c\x00")  # PID 1 is the init, with the grace and its mark of a preemption
+    assert init.endswith("\x00300\x00/dev/shm/mlenv-pod-taken-away\x00"), init[-60:]
 
     source = project.home / "workspace"
     source.mkdir()
@@ -144,6 +145,9 @@ def test_deleting_a_pod_under_a_running_job_gives_its_ranks_sigterm(kube_project
     assert took < 60, f"the pod took {took:.0f}s to go: its ranks did not get SIGTERM before the 300s SIGKILL"
     _until(lambda: all(p["ready"] for p in json.loads(project.ok("status", "--json").stdout)["pods"]), "pod 1 back")
     assert _files(project, 1, "stopped-1-*") == "SIGTERMSIGTERM"  # its volume kept what the ranks wrote
+    status = json.loads(project.ok("status", "--json").stdout)
+    assert status["latest_run"]["state"] == "preempted", status  # not failed, not a user's stop: the nodes' records
+    assert status["run_states"]["1"] == "preempted (143)", status
 
     project.ok("stop")
     _until(lambda: _files(project, 0, "stopped-0-*") == "SIGTERMSIGTERM", "pod 0's ranks stopped")

@@ -1,7 +1,8 @@
-"""A pod deleted under an attached run (as a preemption, a node drain or ``kubectl delete pod`` does) is not a
-failure: its ranks get the checkpoint signal (the pod's PID 1 passes SIGTERM on), mlenv says the run was preempted,
-waits until the pod is back and resumes the run as its next attempt, with MLENV_RESTART_COUNT=1 and the same
-MLENV_CHECKPOINT_DIR, without --max-restarts. End to end against pods that really run (fakekube ``--run-pods``)."""
+"""A pod taken away under an attached run (``kubectl delete pod``, or evicted by ``kubectl drain`` of its node, as
+a preemption does) is not a failure: its ranks get the checkpoint signal (the pod's PID 1 passes SIGTERM on), mlenv
+says the run was preempted, waits until the pod is back and resumes the run as its next attempt, with
+MLENV_RESTART_COUNT=1 and the same MLENV_CHECKPOINT_DIR, without --max-restarts. End to end against pods that
+really run (fakekube ``--run-pods``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ import json
 import re
 import subprocess
 import time
+from collections.abc import Callable
+
+import pytest
 
 from tests.helpers import MLENV, ROOT
 from tests.integration.kube_pods import APP, KubeProject, kube_project  # noqa: F401 - kube_project is a fixture
@@ -27,7 +31,7 @@ def checkpoint(signum, frame):
     (checkpoints / f"rank-{rank}").write_text(signal.Signals(signum).name)
     sys.exit(143)
 
-signal.signal(signal.SIGTERM, checkpoint)
+signal.signal(getattr(signal, os.environ["MLENV_CHECKPOINT_SIGNAL"]), checkpoint)  # SIGTERM here
 pathlib.Path(f"started-{rank}").write_text(str(checkpoints))
 print(f"rank {rank} training in attempt {attempt}", flush=True)
 while True:
@@ -41,7 +45,22 @@ def _started(project: KubeProject) -> list[str]:
     return found.stdout.split()
 
 
-def test_a_deleted_pod_preempts_the_run_which_resumes_from_its_checkpoint(kube_project: KubeProject) -> None:  # noqa: F811
+def _delete(project: KubeProject) -> subprocess.CompletedProcess[str]:
+    """``kubectl delete pod`` of pod 1, not waiting for it to go."""
+    return project.kubectl("delete", "pod", f"{APP}-1", "--wait=false")
+
+
+def _drain(project: KubeProject) -> subprocess.CompletedProcess[str]:
+    """``kubectl drain`` of pod 1's Kubernetes node: cordoned, the pod evicted (pods/eviction), gracefully."""
+    node = project.kubectl("get", "pod", f"{APP}-1", "-o", "jsonpath={.spec.nodeName}").stdout
+    return project.kubectl("drain", node, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=120s",
+                           timeout=180)
+
+
+@pytest.mark.parametrize("take_away", [_delete, _drain], ids=["delete-pod", "drain-node"])
+def test_a_pod_taken_away_preempts_the_run_which_resumes_from_its_checkpoint(
+    take_away: Callable[[KubeProject], subprocess.CompletedProcess[str]], kube_project: KubeProject  # noqa: F811
+) -> None:
     project = kube_project
     project.ok("deploy", str(project.cluster_file))
     source = project.home / "workspace"
@@ -57,8 +76,8 @@ def test_a_deleted_pod_preempts_the_run_which_resumes_from_its_checkpoint(kube_p
             assert time.monotonic() < deadline and run.poll() is None, "the ranks of pod 1 did not start"
             time.sleep(0.3)
         checkpoints = project.kubectl("exec", f"{APP}-1", "--", "cat", "/workspace/started-2").stdout
-        deleted = project.kubectl("delete", "pod", f"{APP}-1", "--wait=false")
-        assert deleted.returncode == 0, deleted.stderr
+        taken = take_away(project)
+        assert taken.returncode == 0, taken.stderr
         out, err = run.communicate(timeout=300)
     finally:
         if run.poll() is None:
@@ -71,6 +90,8 @@ def test_a_deleted_pod_preempts_the_run_which_resumes_from_its_checkpoint(kube_p
     assert {where for _, where, _ in resumed} == {checkpoints}  # the same checkpoint directory
     saved = {rank: set(names.split()) for rank, _, names in resumed}  # each pod's volume: its own ranks' checkpoints
     assert saved["2"] == saved["3"] == {"rank-2", "rank-3"}, out  # the preempted pod's ranks got the signal
+    signals = project.kubectl("exec", f"{APP}-1", "--", "sh", "-c", f"cat {checkpoints}/rank-2 {checkpoints}/rank-3")
+    assert signals.stdout == "SIGTERMSIGTERM", signals.stdout + signals.stderr
     assert "restarting it" not in err and "failed with exit code" not in err  # a resumption, not a failure
     [latest] = json.loads(project.ok("status", "--json").stdout)["runs"][-1:]
     assert latest["preemptions"] == 1, latest

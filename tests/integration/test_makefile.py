@@ -154,6 +154,17 @@ def test_validate_list_render_and_dry_run(tmp_path: Path) -> None:
     assert refused.returncode == 2 and "'--spares': -1 is not in the range" in refused.stderr, refused.stderr
 
 
+def test_max_preemptions_reaches_launch() -> None:
+    require("make")
+    capped = ok("launch-dry-run", "CLUSTER=barcelona", "MAX_PREEMPTIONS=3").stdout
+    assert capped.startswith("# mlenv launch: run ") and "(torchrun)" in capped.splitlines()[0], capped
+    detached = make("launch-dry-run", "CLUSTER=barcelona", "MAX_PREEMPTIONS=3", "DETACH=1")  # what it cannot do
+    assert detached.returncode == 2, detached.stderr
+    assert "error: the openshift backend cannot resume a detached run after a preemption" in detached.stderr
+    refused = make("launch-dry-run", "CLUSTER=barcelona", "MAX_PREEMPTIONS=-1")
+    assert refused.returncode == 2 and "'--max-preemptions': -1 is not in the range" in refused.stderr
+
+
 def test_variables_reach_the_cli_verbatim(tmp_path: Path, project: LocalProject) -> None:
     marker = tmp_path / "injected"
     result = make("validate-cluster", f"CLUSTER=barcelona; touch {marker}")
@@ -165,7 +176,7 @@ def test_variables_reach_the_cli_verbatim(tmp_path: Path, project: LocalProject)
     assert statefulset["spec"]["template"]["spec"]["containers"][0]["image"] == image  # verbatim, `$` included
     spliced = f"$(shell touch {marker})"  # expanded by make, this would create the marker
     for variable in ("POD", "ARGS", "ENV", "NAME", "STEPS", "VENV", "LOG_RANK", "EXPECT_TRANSPORT",
-                     "MAX_RESTARTS", "ON_IDLE", "SPARES"):
+                     "MAX_RESTARTS", "MAX_PREEMPTIONS", "ON_IDLE", "SPARES"):
         shown = make("-n", "clean-cluster", "logs", "launch", "deploy-cluster", "demo", f"{variable}={spliced}")
         assert shown.returncode == 0, shown.stderr
     for variable in BOOLEANS:  # not a boolean: a usage error naming it, still never expanded

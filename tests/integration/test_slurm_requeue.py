@@ -54,7 +54,7 @@ def save(signum, frame):
         out.write("7")
     print(f"rank {rank} got {signal.Signals(signum).name}: checkpointed step 7", flush=True)
     sys.exit(0)
-signal.signal(signal.SIGUSR1, save)
+signal.signal(getattr(signal, os.environ["MLENV_CHECKPOINT_SIGNAL"]), save)  # slurm.signal's: SIGUSR1
 print(f"rank {rank} attempt {attempt} training", flush=True)
 time.sleep(300)
 print(f"rank {rank} never warned", flush=True)

@@ -345,8 +345,14 @@ def test_the_warning_signal_and_requeue_go_to_batch_scripts_only(project: Path) 
     assert result.exit_code == 0, result.output
     assert RUN_ID.sub("RUN", result.stdout) == golden("slurm-gloo.requeue.batch.sbatch")
     assert "#SBATCH --signal=B:USR1@60\n#SBATCH --requeue\n" in result.stdout
+    assert "\nexport MLENV_CHECKPOINT_SIGNAL=SIGUSR1\n" in result.stdout  # the ranks' checkpoint signal, by name
     allocation = mlenv("render", "slurm-gloo").stdout  # the warning would end the allocation: never there
     assert "--signal" not in allocation and "--requeue" not in allocation and "trap ''" not in allocation
+    assert "MLENV_CHECKPOINT_SIGNAL" not in allocation
+    path = project / "clusters/slurm-gloo.yaml"  # by number: named for the training script's getattr(signal, ...)
+    path.write_text(path.read_text().replace('signal: "USR1@60"', 'signal: "12@60"'))
+    numbered = mlenv("launch", "-c", "slurm-gloo", "--launcher", "torchrun", "--dry-run", "train_multi_node.py")
+    assert "\nexport MLENV_CHECKPOINT_SIGNAL=SIGUSR2\n" in numbered.stdout, numbered.output
 
 
 @pytest.mark.parametrize(("signal", "kept"), [('"B:USR1@120"', "USR1@120"), ('"SIGUSR2@90"', "USR2@90"),

@@ -579,7 +579,8 @@ def nccl_test(cluster_ref: str | None, nproc: int | None, sizes: str | None, exp
 @json_option
 @reports_errors
 def nodes(cluster_ref: str | None, forget_excluded: bool, as_json: bool) -> None:
-    """The nodes excluded from the deployment's next runs (by nccl-test --pairs --exclude-bad or restarts), and why."""
+    """Where the deployment's nodes run now (a pod's Kubernetes node), and the nodes excluded from its next runs (by
+    nccl-test --pairs --exclude-bad or restarts), and why."""
     from mlenv.ops.nodes import show_excluded
 
     sys.exit(show_excluded(_target(cluster_ref), forget_excluded, as_json))

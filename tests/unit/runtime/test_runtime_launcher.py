@@ -149,6 +149,31 @@ def test_a_rank_killed_by_a_signal_is_named_and_exits_like_a_shell(tmp_path: Pat
     assert read_state(node_dir)["first_failure"]["reason"] == "killed by SIGTERM"
 
 
+STOP_MY_SUPERVISOR = """
+import os, pathlib, signal, time
+mark = os.environ.get("MLENV_PREEMPTED_MARK")
+if mark and os.environ["TAKEN_AWAY"] == "1":
+    pathlib.Path(mark).write_text("now")  # as the pod's PID 1 does before it passes a pod deletion's SIGTERM on
+os.kill(int(os.environ["SUPERVISOR_PID"]), signal.SIGTERM)
+time.sleep(30)
+"""
+
+
+@pytest.mark.parametrize(("taken_away", "state", "reason"), [
+    ("1", "preempted", "preempted: the pod of node-0 was deleted or evicted"),
+    ("0", "stopped", "stopped by SIGTERM"),
+])
+def test_a_stop_while_the_pod_is_taken_away_is_a_preemption_else_the_user_s(
+    taken_away: str, state: str, reason: str, tmp_path: Path
+) -> None:
+    env = {"MLENV_PREEMPTED_MARK": str(tmp_path / "mark"), "SUPERVISOR_PID": str(os.getpid()),
+           "TAKEN_AWAY": taken_away}
+    assert run(python_job(tmp_path, STOP_MY_SUPERVISOR, env=env), tmp_path) == 128 + 15
+    recorded = read_state(NodeDir(tmp_path / "run", 0, 0))
+    assert (recorded["state"], recorded["reason"]) == (state, reason)
+    assert recorded["first_failure"] is None  # neither is a failure
+
+
 SOCKET_LINES = (  # as NCCL prints them in the rank's own process
     "import os; print(f'n0:{os.getpid()}:7 [0] NCCL INFO NET/Socket : Using [0]eth0:10.0.0.5<0>'); "
     "print(f'n0:{os.getpid()}:7 [0] NCCL INFO Using network Socket')"

@@ -352,6 +352,9 @@ class Feature(Enum):
     CHECKS = "run preflight checks"
     SPARE_NODES = "hold spare nodes in its deployment (deploy --spares)"
     DISCOVER = "discover a cluster (mlenv discover)"
+    NODE_EXCLUSION = "leave a faulty node out of a run (launch --max-restarts, the excluded nodes of mlenv nodes)"
+    PREEMPTION = "resume a run whose nodes were taken away under it (launch --max-preemptions)"
+    DETACHED_RESUME = "resume a detached run after a preemption (launch --detach)"
 
 
 C = TypeVar("C")

@@ -113,36 +113,50 @@ class BackendInfo(NamedTuple):
 
 NO_SPARES = "a Slurm allocation holds spare nodes (an ssh cluster lists its spare hosts in ssh.spares)"
 NO_DISCOVER = "write clusters/NAME.yaml yourself (mlenv discover reads a Kubernetes cluster)"
+NO_PREEMPTION = "its nodes are not taken away under a run by a scheduler (Kubernetes pods are)"
+NO_DETACHED_RESUME = ("a pod deleted or evicted under a detached run ends it, recorded preempted (mlenv status): "
+                      "launch it attached to have mlenv resume it once the pod is back")
+KUBERNETES_LACKS = {Feature.SPARE_NODES: NO_SPARES, Feature.DETACHED_RESUME: NO_DETACHED_RESUME}
 
 BACKENDS: dict[str, BackendInfo] = {
     info.name: info for info in (
         BackendInfo("openshift", "mlenv.backends.kubernetes.backend:openshift", kube_family=True,
                     creates_volumes=True, uses=KUBERNETES_FIELDS, settings="mlenv.backends.kubernetes.rules:parse",
                     rules="mlenv.backends.kubernetes.rules:check_openshift",
-                    unsupported={Feature.SPARE_NODES: NO_SPARES, Feature.DISCOVER: NO_DISCOVER}),
+                    unsupported={**KUBERNETES_LACKS, Feature.DISCOVER: NO_DISCOVER}),
         BackendInfo("kubernetes", "mlenv.backends.kubernetes.backend:kubernetes", kube_family=True,
                     creates_volumes=True, uses=KUBERNETES_FIELDS, settings="mlenv.backends.kubernetes.rules:parse",
                     rules="mlenv.backends.kubernetes.rules:check",
                     discover="mlenv.backends.kubernetes.discover:run_discover",
-                    unsupported={Feature.SPARE_NODES: NO_SPARES}),
+                    unsupported=KUBERNETES_LACKS),
         BackendInfo("local", "mlenv.backends.local.backend:LocalBackend", section="local",
                     settings="mlenv.backends.local.settings:parse", cpu_nodes=True,
                     uses=frozenset({"app", "storage"}),
-                    unsupported={Feature.SPARE_NODES: NO_SPARES, Feature.DISCOVER: NO_DISCOVER}),
+                    unsupported={Feature.SPARE_NODES: NO_SPARES, Feature.DISCOVER: NO_DISCOVER,
+                                 Feature.PREEMPTION: NO_PREEMPTION}),
         BackendInfo("slurm", "mlenv.backends.slurm.backend:SlurmBackend", section="slurm",
                     settings="mlenv.backends.slurm.settings:parse", cpu_nodes=True, uses=CONTAINER_FIELDS,
                     machines=("slurm", "nodelist"), keeps_records=True,
-                    unsupported={Feature.DISCOVER: NO_DISCOVER}),
+                    unsupported={Feature.DISCOVER: NO_DISCOVER, Feature.PREEMPTION: (
+                        "Slurm warns a batch job before it ends it: slurm.signal gives the ranks the checkpoint "
+                        "signal and slurm.requeue resumes the job, capped by --max-restarts")}),
         BackendInfo("runai", "mlenv.backends.runai.backend:RunaiBackend", section="runai",
                     settings="mlenv.backends.runai.settings:parse",
                     rules="mlenv.backends.kubernetes.rules:check_resources",
                     uses=frozenset({"app", "image", "storage", "security"}),
-                    unsupported={Feature.SPARE_NODES: NO_SPARES, Feature.DISCOVER: NO_DISCOVER}),
+                    unsupported={Feature.SPARE_NODES: NO_SPARES, Feature.DISCOVER: NO_DISCOVER,
+                                 Feature.NODE_EXCLUSION: (
+                                     "the runai CLI places a workload's pods by node pool (--node-pools) or node "
+                                     "label (--node-type) only, never away from one node: cordon the node "
+                                     "(kubectl cordon NODE) or have it taken out of the project's node pools, then "
+                                     "mlenv nodes --forget-excluded"),
+                                 Feature.PREEMPTION: "its pods are not told when they are taken away under a run "
+                                                     "(no PID 1 of mlenv's there): the run ends; launch it again"}),
         BackendInfo("ssh", "mlenv.backends.ssh.backend:SshBackend", section="ssh",
                     settings="mlenv.backends.ssh.settings:parse", cpu_nodes=True, uses=frozenset({"app"}),
                     machines=("ssh", "hosts"),
                     unsupported={Feature.SPARE_NODES: "list spare hosts in the cluster file's ssh.spares instead",
-                                 Feature.DISCOVER: NO_DISCOVER}),
+                                 Feature.DISCOVER: NO_DISCOVER, Feature.PREEMPTION: NO_PREEMPTION}),
     )
 }
 DEFAULT_BACKEND = "openshift"

@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from mlenv import state
-from mlenv.core.capabilities import LaunchOutcome, LaunchSpec
+from mlenv.core.capabilities import Feature, LaunchOutcome, LaunchSpec
 from mlenv.errors import UsageError
 from mlenv.ops.live import refuse_while_live
 from mlenv.ops.target import Target
@@ -134,7 +134,24 @@ def settings(cluster_ref: str | None, *, hang_timeout: float | None, on_hang: st
 def dry_run(target: Target, spec: LaunchSpec) -> str:
     """What ``launch`` would run, as the backend prints it (secret values masked): away from the excluded nodes."""
     spec = without_excluded(target, spec)
+    check_supported(target, spec)
     return target.backend.jobs.prepare_launch(target.handle, spec).text
+
+
+def check_supported(target: Target, spec: LaunchSpec) -> None:
+    """UsageError (exit 2) where the backend cannot do what ``spec`` asks (core/registry.py says why): resume after
+    a preemption (--max-preemptions; detached too), leave the excluded nodes out. A detached run that the backend
+    would resume attached says once that it is not resumed."""
+    from mlenv.ui import warn
+
+    info = target.backend.info
+    if spec.max_preemptions is not None:
+        info.require(Feature.PREEMPTION, *([Feature.DETACHED_RESUME] if spec.detach else []))
+    elif spec.detach and info.supports(Feature.PREEMPTION) and not info.supports(Feature.DETACHED_RESUME):
+        warn(f"the {info.name} backend cannot {Feature.DETACHED_RESUME.value}; "
+             f"{info.unsupported[Feature.DETACHED_RESUME]}")
+    if spec.exclude:
+        info.require(Feature.NODE_EXCLUSION)
 
 
 def without_excluded(target: Target, spec: LaunchSpec) -> LaunchSpec:
@@ -169,6 +186,7 @@ def launch(target: Target, spec: LaunchSpec) -> LaunchResult:
 
     refuse_while_live(target)
     spec = without_excluded(target, spec)
+    check_supported(target, spec)
     run_dir = _run_dir(spec.run_id)
     run_only: dict[str, str] = {}  # host -> why, for the nodes left out of this run only
     saved = _reasons(target.recorded.excluded if target.recorded else ())  # host -> why, as the deployment records
@@ -197,6 +215,13 @@ def launch(target: Target, spec: LaunchSpec) -> LaunchResult:
         history = verdict.history
         if verdict.stop is not None:
             error(f"run {spec.run_id}: {verdict.stop}")
+            break
+        if verdict.left_out and not target.backend.info.supports(Feature.NODE_EXCLUSION):
+            lacking = target.backend.info.unsupported[Feature.NODE_EXCLUSION]
+            first = verdict.left_out[0]
+            error(f"run {spec.run_id}: {result.outcome.hosts.get(first.node, '?')} (node-{first.node}) must be left "
+                  f"out ({first.reason}), and the {target.backend.name} backend cannot "
+                  f"{Feature.NODE_EXCLUSION.value}; {lacking}")
             break
         faulty = _exclude(target, result.outcome, verdict.left_out, run_only, saved)
         spec = replace(spec, attempt=newest + 1, exclude=tuple(sorted({*spec.exclude, *faulty})))

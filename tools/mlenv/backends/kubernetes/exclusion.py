@@ -12,6 +12,7 @@ from typing import Any
 
 from mlenv.backends.kubeapi.client import Client
 from mlenv.backends.kubeapi.naming import Target
+from mlenv.errors import OperationError
 from mlenv.ui import info
 
 HOSTNAME_LABEL = "kubernetes.io/hostname"
@@ -51,9 +52,16 @@ def affinity_patch(statefulset: Mapping[str, Any], excluded: Sequence[str]) -> d
 def keep_off(client: Client, target: Target, excluded: Sequence[str]) -> None:
     """Bring the live StatefulSet to ``excluded`` (a merge patch of its node affinity: its pods are replaced) and
     wait until every pod is Ready again; nothing when it is there already."""
+    from mlenv.backends.kubeapi.client import KubeError
     from mlenv.backends.kubeapi.waiting import wait_ready
 
-    statefulset = json.loads(client.run("get", ["statefulset", target.app, "-o=json"]))
+    try:
+        statefulset = json.loads(client.run("get", ["statefulset", target.app, "-o=json"]))
+    except KubeError as exc:
+        if exc.reason != "NotFound":
+            raise
+        raise OperationError(f"the StatefulSet {target.app} of {target.cluster_name} is not in {target.namespace} "
+                             f"(deleted by hand?): nothing to launch on; mlenv deploy makes it again") from None
     patch = affinity_patch(statefulset, excluded)
     if patch is None:
         return

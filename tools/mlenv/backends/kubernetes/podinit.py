@@ -1,10 +1,12 @@
-"""PID 1 of mlenv's pods (``python3 -c SOURCE GRACE``): idle until the pod is deleted, then hand the SIGTERM on.
+"""PID 1 of mlenv's pods (``python3 -c SOURCE GRACE MARK``): idle until the pod is deleted, then hand the SIGTERM on.
 
 A container's PID 1 ignores signals it has no handler for, so with ``sleep infinity`` a deleted pod's job got no
 warning: the kernel SIGKILLed it after the grace period. This init passes SIGTERM to every other process of the
 pod (the runtime's node supervisors, which stop their ranks, and the ranks) and waits until they are gone, at most
-GRACE seconds. It also reaps the orphans a PID 1 inherits. Standard library only: it runs before sync shipped
-anything, so the pod template carries its source (:func:`command`).
+GRACE seconds. Before, it writes the file MARK (on the pod's own /dev/shm): the pod's supervisors, which the pod
+template tells where it is (``MLENV_PREEMPTED_MARK``), record the stop as a preemption, not a user's stop. It also
+reaps the orphans a PID 1 inherits. Standard library only: it runs before sync shipped anything, so the pod template
+carries its source (:func:`command`).
 """
 
 from __future__ import annotations
@@ -17,8 +19,12 @@ import time
 from pathlib import Path
 
 STOP = {signal.SIGTERM, signal.SIGINT}
+SIGNAL = "SIGTERM"
+"""What every other process of the pod gets when it is deleted: the ranks' checkpoint signal."""
 WAKE = STOP | {signal.SIGCHLD}
 POLL_SECONDS = 0.2
+MARK = "/dev/shm/mlenv-pod-taken-away"  # noqa: S108 - the pod's own emptyDir, no one else's
+"""What this init writes when its pod is deleted or evicted (the pod's own memory volume: gone with the pod)."""
 
 
 def _reap() -> None:
@@ -39,16 +45,19 @@ def _others() -> list[int]:
     return alive
 
 
-def main(grace: float) -> int:
-    """Wait for SIGTERM (or SIGINT), signal everyone else, wait up to ``grace`` seconds for them to end."""
+def main(grace: float, mark: str) -> int:
+    """Wait for SIGTERM (or SIGINT), write ``mark``, signal everyone else, wait up to ``grace`` seconds for them to
+    end."""
     signal.pthread_sigmask(signal.SIG_BLOCK, WAKE)
     while True:
         woken = signal.sigtimedwait(WAKE, 60)
         _reap()
         if woken is not None and woken.si_signo in STOP:
             break
+    with contextlib.suppress(OSError):
+        Path(mark).write_text(f"{time.time()}\n")
     with contextlib.suppress(ProcessLookupError):
-        os.kill(-1, signal.SIGTERM)
+        os.kill(-1, getattr(signal, SIGNAL))
     deadline = time.monotonic() + grace
     while _others() and time.monotonic() < deadline:
         signal.sigtimedwait({signal.SIGCHLD}, POLL_SECONDS)
@@ -57,9 +66,9 @@ def main(grace: float) -> int:
 
 
 def command(grace: int) -> list[str]:
-    """The container command that runs this file as PID 1 with ``grace`` seconds."""
-    return ["python3", "-c", Path(__file__).read_text(encoding="utf-8"), str(grace)]
+    """The container command that runs this file as PID 1 with ``grace`` seconds, writing :data:`MARK`."""
+    return ["python3", "-c", Path(__file__).read_text(encoding="utf-8"), str(grace), MARK]
 
 
 if __name__ == "__main__":
-    sys.exit(main(float(sys.argv[1])))
+    sys.exit(main(float(sys.argv[1]), sys.argv[2]))

@@ -22,6 +22,7 @@ from mlenv.core.fanout import checkpoint_dir, run_dir
 from mlenv.core.remote import RUNTIME_DIR, read_secrets
 from mlenv.errors import OperationError, UsageError, shown
 from mlenv.render.templates import Templates
+from mlenv.runtime.records.runlayout import CHECKPOINT_SIGNAL_VARIABLE
 
 TEMPLATES = Path(mlenv.__file__).parent / "manifests" / "slurm"
 PORT_BASE, PORT_SPAN = 20000, 10000
@@ -226,8 +227,10 @@ def srun_line(job: SlurmJob, run_id: str, task: Sequence[str], secrets: Sequence
 def _run_context(job: SlurmJob, title: str, run_id: str, task: Sequence[str], batch: bool = False,
                  attempt: int = 0, exclude: Sequence[str] = (), secrets: Sequence[str] = (),
                  nodelist: Sequence[str] = (), restarts: int = 0) -> dict[str, Any]:
+    warning = job.settings.checkpoint_signal if batch else None  # the warning reaches batch jobs only
     env = {**job.env, "MLENV_RUN_ID": run_id, "MLENV_RUN_DIR": job.run_path(run_id),
-           "MLENV_CHECKPOINT_DIR": f"{job.workdir}/{checkpoint_dir(run_id)}", "PYTHONUNBUFFERED": "1"}
+           "MLENV_CHECKPOINT_DIR": f"{job.workdir}/{checkpoint_dir(run_id)}",
+           **({CHECKPOINT_SIGNAL_VARIABLE: warning} if warning else {}), "PYTHONUNBUFFERED": "1"}
     return {**_context(job, title, f"{job.run_path(run_id)}/{OUTPUT_FILE}", batch), "env": env,
             "runtime_path": job.runtime_path, "port_base": PORT_BASE, "port_span": PORT_SPAN,
             "srun": srun_line(job, run_id, task, secrets, nodelist), "attempt": attempt, "exclude": ",".join(exclude),

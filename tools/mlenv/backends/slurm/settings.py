@@ -84,6 +84,16 @@ class SlurmSettings:
         return self.signal.partition("@")[0] if self.signal else None
 
     @property
+    def checkpoint_signal(self) -> str | None:
+        """The warning signal as Python's ``signal`` module names it (``SIGUSR1``): the ranks' checkpoint signal."""
+        import signal
+
+        name = self.signal_name
+        if name is None:
+            return None
+        return signal.Signals(int(name)).name if name.isdigit() else f"SIG{name}"
+
+    @property
     def signal_seconds(self) -> int:
         """How long before the time limit the warning comes (0 without one)."""
         return int(self.signal.partition("@")[2]) if self.signal else 0

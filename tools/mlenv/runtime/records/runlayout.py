@@ -20,6 +20,9 @@ from typing import Any
 DEFAULT_RUNS_ROOT = Path(".mlenv", "runs")
 ATTEMPT_VARIABLE = "MLENV_RESTART_COUNT"
 CHECKPOINT_VARIABLE = "MLENV_CHECKPOINT_DIR"
+CHECKPOINT_SIGNAL_VARIABLE = "MLENV_CHECKPOINT_SIGNAL"
+"""Names the signal the ranks get before the run is taken away (``SIGTERM`` from a pod's PID 1 on Kubernetes;
+slurm.signal's on a Slurm batch job), so that one handler in the training script saves the checkpoint everywhere."""
 
 RUNNING, SUCCEEDED, FAILED, STOPPED = "running", "succeeded", "failed", "stopped"
 HUNG, RESTARTING, REQUEUED, PREEMPTED = "hung", "restarting", "requeued", "preempted"
@@ -35,6 +38,9 @@ LOST_FILE = "lost.json"
 attempt ran (written by the run's script, through the runtime's ``policy``)."""
 USER_STOPS = frozenset({129, 130, 143})
 """Exit statuses of a job the user stopped (SIGHUP, SIGINT, SIGTERM: Ctrl-C, mlenv stop, scancel): never restarted."""
+PREEMPTED_MARK = "MLENV_PREEMPTED_MARK"
+"""Names a file that the pod's PID 1 writes when the pod is deleted or evicted, before it passes the SIGTERM on
+(Kubernetes: the pod template sets it): a stop while it exists is a preemption, recorded ``preempted``."""
 
 _ATTEMPT = re.compile(r"attempt-(\d+)")
 _NODE = re.compile(r"node(\d+)")
@@ -264,10 +270,11 @@ def read_state(node_dir: NodeDir) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-_PRECEDENCE = (HUNG, RESTARTING, REQUEUED, FAILED, RUNNING, STOPPED, SUCCEEDED)
+_PRECEDENCE = (HUNG, RESTARTING, REQUEUED, PREEMPTED, FAILED, RUNNING, STOPPED, SUCCEEDED)
 
 
 def run_state(node_states: list[str]) -> str | None:
-    """The state of a run from its nodes' states: hung, restarting or requeued on any node, else failed on any
-    (the others are being stopped), else running on any, else stopped, else succeeded; None when none is known."""
+    """The state of a run from its nodes' states: hung, restarting, requeued or preempted on any node, else failed
+    on any (the others are being stopped), else running on any, else stopped, else succeeded; None when none is
+    known."""
     return next((state for state in _PRECEDENCE if state in node_states), None)

@@ -31,6 +31,8 @@ from ..node.oom import kernel_killed, oom_kills
 from ..rank import SOCKET_VARIABLE, signal_name
 from ..records.runlayout import (
     FAILED,
+    PREEMPTED,
+    PREEMPTED_MARK,
     RUNNING,
     STOPPED,
     SUCCEEDED,
@@ -192,7 +194,7 @@ class Supervisor:
             if self.channel is not None:
                 if self.user_signal is not None and not self.user_stop_told:  # stop every node, as the user's
                     self.user_stop_told = True
-                    self.channel.stop(f"stopped by {signal_name(self.user_signal)}", 128 + self.user_signal)
+                    self.channel.stop(self._user_stop(), 128 + self.user_signal)
                 self.channel.tick()
             if now >= next_tick:
                 next_tick = now + 1.0
@@ -383,8 +385,8 @@ class Supervisor:
             if rank.record.state == RUNNING:  # its wrapper never reported: killed with the launcher
                 rank.record = replace(rank.record, state=STOPPED, ended_at=utc_now())
         if self.user_signal is not None:  # the user's stop, even when a rank failed of it first somewhere
-            state, reason = STOPPED, f"stopped by {signal_name(self.user_signal)}"
-            code = 128 + self.user_signal
+            reason, code = self._user_stop(), 128 + self.user_signal
+            state = PREEMPTED if reason.startswith(PREEMPTED) else STOPPED
         elif self.first_failure is not None:
             ff = self.first_failure
             state, code = FAILED, ff.exit_code
@@ -403,6 +405,16 @@ class Supervisor:
         self._write_ranks()
         self._write_state(state, reason)
         return code
+
+    def _user_stop(self) -> str:
+        """Why the stop signal came: a preemption where this node's pod is being taken away (its PID 1 marked it)
+        or another node's was (its stop said so), else the user's stop."""
+        mark = self.env.get(PREEMPTED_MARK)
+        if mark and Path(mark).exists():
+            return f"{PREEMPTED}: the pod of node-{self.node} was deleted or evicted"
+        if (self.stop_reason or "").startswith(PREEMPTED):
+            return str(self.stop_reason)
+        return f"stopped by {signal_name(self.user_signal or signal.SIGTERM)}"
 
     def _write_ranks(self) -> None:
         records = [self.ranks_by_number[number].record.to_dict() for number in sorted(self.ranks_by_number)]
