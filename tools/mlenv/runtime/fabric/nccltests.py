@@ -234,11 +234,10 @@ def _row(tokens: list[str], layout: _Layout) -> Row | None:
     group = layout.group
     if len(values) not in (group, 2 * group):
         return None
-    sides = [_side(values[at:at + group], layout) for at in range(0, len(values), group)]
-    if any(side is None for side in sides):
+    sides = [side for at in range(0, len(values), group) if (side := _side(values[at:at + group], layout))]
+    if len(sides) * group != len(values):
         return None
     out_of_place, in_place = sides[0], sides[1] if len(sides) == 2 else None
-    assert out_of_place is not None
     return Row(int(tokens[start]), int(tokens[start + 1]), tokens[start + 2], redop, out_of_place, in_place)
 
 
