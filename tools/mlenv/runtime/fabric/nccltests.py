@@ -27,7 +27,6 @@ _MAX_RANKS = 1 << 16
 
 _TEST = re.compile(r"\b((?:all_reduce|all_gather|alltoallv?|broadcast|reduce_scatter|reduce|scatter|gather|sendrecv|"
                    r"hypercube)_perf)(?:_mpi)?\b")
-_STARTING = re.compile(r"Collective test starting: (\w+)")
 _RANK = re.compile(r"\bRank\s+(\d+)\s+(?:Group\s+\d+\s+)?(?:Pid\s+\d+\s+)?on\s+(\S+)\s+device\s+\d+")
 _OUT_OF_BOUNDS = re.compile(r"Out of bounds values\s*:\s*(\d+)\s*(OK|FAILED)?")
 _AVERAGE = re.compile(r"Avg bus bandwidth\s*:\s*(\S+)")
@@ -35,6 +34,14 @@ _ERROR = re.compile(r"Test (?:NCCL |CUDA )?failure|\bNCCL failure|Test timeout")
 _TYPE = re.compile(r"[a-z][a-z0-9_]*")
 _TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\d|\d\d:\d\d:\d\d")
 _NOT_OURS = (" NCCL INFO ", " NCCL WARN ")
+_NCCL_LINE = re.compile(r"[A-Za-z][\w.-]*:\d+:\d+ \[\d+\] NCCL (?:INFO|WARN)")
+"""Where NCCL's own line starts: it may cut a row, whose numbers then come on a later line."""
+_PREAMBLE = 5
+"""size count type redop root: a row cut after these waits for its numbers."""
+_TAG = re.compile(r"\[\d+,\d+\]<std(?:out|err)>:")
+"""mpirun --tag-output's mark, put before every piece a rank prints: ``-1[1,0]<stdout>:    85.14`` inside a row."""
+_RUN = re.compile(r"\bnThread \d+ nGpus \d+")
+"""The parameters line each run of a test prints first."""
 
 
 @dataclass(frozen=True)
@@ -90,6 +97,8 @@ class NcclTestsReport:
     header: bool
     footer: bool
     binary: bool
+    more_runs: bool
+    """The file goes on with another run after this one (only the first is read)."""
 
     @property
     def wrong(self) -> bool | None:
@@ -142,7 +151,6 @@ class NcclTestsReader:
 
     layout: _Layout = field(default_factory=_Layout)
     test: str | None = None
-    started: str | None = None
     hosts: set[str] = field(default_factory=set)
     ranks: set[int] = field(default_factory=set)
     rows: list[Row] = field(default_factory=list)
@@ -155,20 +163,32 @@ class NcclTestsReader:
     header: bool = False
     footer: bool = False
     binary: bool = False
+    runs: bool = False
+    more_runs: bool = False
+    pending: list[str] = field(default_factory=list)
+    """The start of a row an NCCL line cut (``size count type redop root``)."""
 
     def feed(self, line: str) -> bool:
-        """Read one line; False once nothing more can be learnt (a binary file)."""
+        """Read one line; False once nothing more can be learnt: a binary file, or a second run begins (the
+        first run is the one read)."""
         if "\x00" in line:
             self.binary = self.binary or not (self.rows or self.header or self.ranks)
             return not self.binary
         if any(mark in line for mark in _NOT_OURS):
+            if not self.footer and (head := _NCCL_LINE.split(line, maxsplit=1)[0].split()):
+                self._table_line(head)
             return True
+        if "]<std" in line:
+            line = _TAG.sub(" ", line)
+        if _RUN.search(line):
+            if self.runs:
+                self.more_runs = True
+                return False
+            self.runs = True
         if self.error is None and _ERROR.search(line):
             self.error = line.strip()[:MAX_LINE]
         if self.footer:
             return True
-        if self.started is None and (started := _STARTING.search(line)):
-            self.started = started[1]
         if self.test is None and (test := _TEST.search(line)):
             self.test = test[1]
         if (rank := _RANK.search(line)) and len(self.ranks) < _MAX_RANKS:
@@ -189,19 +209,30 @@ class NcclTestsReader:
             self.layout.wrong_column = "error" if "error" in tokens or "res" in tokens else "#wrong"
         elif "(B)" in tokens or "(elements)" in tokens:
             self.layout.time_scale = 1000.0 if "(ms)" in tokens else 1.0
-        elif (row := _row(tokens, self.layout)) is not None:
+        elif (row := self._row(tokens)) is not None:
             self.rows_seen += 1
             if len(self.rows) < MAX_ROWS:
                 self.rows.append(row)
             elif any(side.wrong for side in row.sides()):
                 self.wrong_unkept = True
 
+    def _row(self, tokens: list[str]) -> Row | None:
+        """The row in ``tokens``, or in the start an NCCL line cut and these numbers; keeps such a start."""
+        pending, self.pending = self.pending, []
+        start = _start(tokens)
+        if start is None:
+            return _row([*pending, *tokens], 0, self.layout) if pending else None
+        if len(tokens) - start <= _PREAMBLE:
+            self.pending = tokens[start:]
+            return None
+        return _row(tokens, start, self.layout)
+
     def report(self) -> NcclTestsReport:
         return NcclTestsReport(
-            test=self.started or self.test, ranks=len(self.ranks) or None, nodes=len(self.hosts) or None,
+            test=self.test, ranks=len(self.ranks) or None, nodes=len(self.hosts) or None,
             rows=tuple(self.rows), rows_seen=self.rows_seen, out_of_bounds=self.out_of_bounds,
             failed_footer=self.failed_footer or self.wrong_unkept, avg_busbw_gbps=self.average, error=self.error,
-            header=self.header, footer=self.footer, binary=self.binary)
+            header=self.header, footer=self.footer, binary=self.binary, more_runs=self.more_runs)
 
 
 def _finite(text: str) -> float | None:
@@ -216,13 +247,16 @@ def _is_int(text: str) -> bool:
     return text.lstrip("-").isdigit()
 
 
-def _row(tokens: list[str], layout: _Layout) -> Row | None:
-    """A result row somewhere in ``tokens`` (after any prefix), or None."""
+def _start(tokens: list[str]) -> int | None:
+    """Where a row starts in ``tokens`` (``size count type``, after any prefix), or None."""
     for start in range(min(len(tokens) - 2, 8)):
         if tokens[start].isdigit() and tokens[start + 1].isdigit() and _TYPE.fullmatch(tokens[start + 2]):
-            break
-    else:
-        return None
+            return start
+    return None
+
+
+def _row(tokens: list[str], start: int, layout: _Layout) -> Row | None:
+    """The result row starting at ``tokens[start]``, or None."""
     rest = tokens[start + 3:]
     redop = rest.pop(0) if rest and _TYPE.fullmatch(rest[0]) else None
     while rest and _TIMESTAMP.fullmatch(rest[-1]):
