@@ -169,11 +169,11 @@ class NcclTestsReader:
     """The start of a row an NCCL line cut (``size count type redop root``)."""
 
     def feed(self, line: str) -> bool:
-        """Read one line; False once nothing more can be learnt: a binary file, or a second run begins (the
-        first run is the one read)."""
-        if "\x00" in line:
-            self.binary = self.binary or not (self.rows or self.header or self.ranks)
-            return not self.binary
+        """Read one line; False once nothing more can be learnt: binary data, or a second run begins (the first
+        run is the one read)."""
+        if "\x00" in line:  # not text from here on (a binary file, or a log's preallocated tail): stop
+            self.binary = not (self.rows or self.header or self.ranks or self.error)
+            return False
         if any(mark in line for mark in _NOT_OURS):
             if not self.footer and (head := _NCCL_LINE.split(line, maxsplit=1)[0].split()):
                 self._table_line(head)
@@ -207,7 +207,8 @@ class NcclTestsReader:
             self.header = True
             self.layout.group = 8 if "i_min" in tokens else 4
             self.layout.wrong_column = "error" if "error" in tokens or "res" in tokens else "#wrong"
-        elif "(B)" in tokens or "(elements)" in tokens:
+            self.layout.time_scale = 1000.0 if "res" in tokens else 1.0  # the first versions: ms, no units line
+        elif "(ms)" in tokens or "(us)" in tokens:
             self.layout.time_scale = 1000.0 if "(ms)" in tokens else 1.0
         elif (row := self._row(tokens)) is not None:
             self.rows_seen += 1
