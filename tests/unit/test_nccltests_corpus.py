@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from mlenv.ops.nccltest import Expectation
 from mlenv.ops.nccltests import judge
 from mlenv.runtime.fabric.nccltests import read_lines, read_path
+
 from tests.helpers import ROOT
 
 FIXTURES = ROOT / "tests" / "fixtures" / "nccl-tests"

@@ -586,6 +586,11 @@ def nccl_test(cluster_ref: str | None, nproc: int | None, sizes: str | None, exp
         sys.exit(run_read(Path(read_file), expect=expect, as_json=as_json))
     if tool is not None and pairs:
         raise UsageError("--pairs runs mlenv's benchmark: it does not go with --tool")
+    if tool is not None:
+        from mlenv.ops.nccltests import run_tool
+
+        sys.exit(run_tool(_target(cluster_ref), test=test_name, nproc=nproc, sizes=sizes, expect=expect,
+                          as_json=as_json))
     if pairs:
         from mlenv.ops.pairs import run_pairs
 

@@ -1,17 +1,33 @@
 """``mlenv nccl-test --read FILE``: the fabric gate on the output of NVIDIA's nccl-tests (``all_reduce_perf`` and its
 siblings), read by the runtime's reader (runtime/fabric/nccltests.py): the same table, plot and PASS/FAIL as the
 all-reduce benchmark. Wrong results (a non-zero ``#wrong``, or the footer's ``Out of bounds values : N FAILED``)
-FAIL whatever the bandwidth; an error, no rows or a cut-short output is UNKNOWN, with the reason."""
+FAIL whatever the bandwidth; an error, no rows or a cut-short output is UNKNOWN, with the reason.
+
+``mlenv nccl-test --tool nccl-tests`` runs it where every node has it (``network.nccl_tests``): through the
+backend's own launcher where it declares one (``srun``), else the runtime's (mpirun from node 0), with the job's
+NCCL environment (runtime/fabric/nccltestsrun.py); node 0's output is judged the same way and kept under runs/."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+import json
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from mlenv.errors import UsageError
+from mlenv.errors import OperationError, UsageError
 from mlenv.ops.nccltest import Expectation, gate_bandwidth, parse_bandwidth
+from mlenv.ops.target import Target
 from mlenv.runtime.fabric.nccltests import NcclTestsReport, read_path
+from mlenv.runtime.fabric.nccltestsrun import TESTS
+
+RUNNER = "nccl_tests_run.py"
+"""Shipped to the top of every node's workspace: runs the runtime's nccl-tests runner (nccltestsrun.main)."""
+RUNNER_TEXT = "import sys\n\nfrom mlenv.runtime.fabric.nccltestsrun import main\n\nsys.exit(main())\n"
+DEFAULT_SIZES = "1M:1G:4"
+"""As the benchmark's default on GPUs."""
 
 PASS, FAIL, UNKNOWN = "PASS", "FAIL", "UNKNOWN"
 
@@ -102,3 +118,81 @@ def _print(path: Path, result: Mapping[str, Any], plot: str) -> None:
     if result["error"]:
         error(f"nccl-tests: {result['error']}")
     judged(result["verdict"], result["reason"])
+
+
+def tool_args(target: Target, test: str, setting: str, sizes: Sequence[int], gpus: int,
+              hosts: Sequence[str]) -> list[str]:
+    """The runner's arguments: which launcher (the backend's own, else the runtime's), test, where to find it,
+    sizes, nodes x GPUs and the hosts, node 0 first."""
+    from mlenv.core.registry import BACKENDS
+
+    launcher = BACKENDS[target.handle.backend].task_launcher or "runtime"
+    return ["--launcher", launcher, "--test", test, "--setting", setting, "--sizes", ",".join(map(str, sizes)),
+            "--nodes", str(target.handle.nodes), "--gpus", str(gpus), "--hosts", ",".join(hosts)]
+
+
+def _setting(target: Target) -> tuple[str, int]:
+    """(network.nccl_tests, gpus.per_node) of the deployment's cluster file; UsageError when it is off."""
+    from mlenv.ops.target import file_cluster
+
+    cluster = file_cluster(target, "network.nccl_tests")
+    setting = cluster.nccl_tests if cluster else "auto"
+    if setting == "off":
+        raise UsageError("--tool nccl-tests: network.nccl_tests is off in the cluster file (set auto, or the "
+                         "directory holding all_reduce_perf)")
+    return setting, cluster.gpus.per_node if cluster else 0
+
+
+def run_tool(target: Target, test: str | None = None, nproc: int | None = None, sizes: str | None = None,
+             expect: str | None = None, as_json: bool = False) -> int:
+    """Run nccl-tests across the nodes where every node has it, judge node 0's output, keep it under runs/; 1 on
+    FAIL (and on UNKNOWN under --expect)."""
+    from mlenv.core.capabilities import LaunchSpec
+    from mlenv.ops.doctor import nccl_tests_check, node_reports, ship_runtime
+    from mlenv.ops.launch import launch, run_id
+    from mlenv.runtime.fabric.sizes import parse_sizes
+    from mlenv.ui import info, print_json
+
+    name = test or "all_reduce_perf"
+    if name not in TESTS:
+        raise UsageError(f"--test: {name!r} is not a test of nccl-tests ({', '.join(TESTS)})")
+    try:
+        chosen = parse_sizes(sizes or DEFAULT_SIZES)
+    except ValueError as exc:
+        raise UsageError(f"--sizes: {exc} (e.g. 8M:1G, 8M:1G:4 or 1M,64M,1G)") from None
+    expected = Expectation(parse_bandwidth(expect), f"--expect {expect}") if expect is not None else None
+    setting, per_node = _setting(target)
+    with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():
+        nodes = target.backend.access.nodes(target.handle)
+        reports = node_reports(target.backend.access, target.handle, nodes)
+        facts = {r.node.name: r.facts for _, r in sorted(reports.items())}
+        check = nccl_tests_check(facts)
+        missing = [node.name for node in nodes if not facts.get(node.name, {}).get("nccl_tests")]
+        if missing:
+            raise OperationError(f"--tool nccl-tests: all_reduce_perf is not on {', '.join(missing)} "
+                                 f"({check.evidence}); network.nccl_tests is {setting}")
+        info(f"nccl-tests: {check.evidence}")
+        gpus = nproc or per_node or int(next(iter(facts.values())).get("gpus") or 1)
+        with tempfile.TemporaryDirectory(prefix="mlenv-nccl-tests-") as staging:
+            runner = Path(staging, RUNNER)
+            runner.write_text(RUNNER_TEXT)
+            failed = ship_runtime(target.backend.access, target.handle, {RUNNER: runner})
+        if failed:
+            raise OperationError(f"cannot copy {RUNNER} to the nodes: {'; '.join(failed)}")
+        args = tool_args(target, name, setting, chosen, gpus, [node.name for node in nodes])
+        result = launch(target, LaunchSpec("torchrun", RUNNER, tuple(args), nproc=1,
+                                           run_id=run_id(f"{target.handle.name}-nccl-tests")))
+    if result.outcome.interrupted:
+        return result.exit_code
+    log = result.log(min(result.outcome.node_exit_codes, default=0))
+    report = read_output(log)
+    verdict, reason = judge(report, expected)
+    output = summary(report, verdict, reason)
+    (result.run_dir / "nccl-tests.json").write_text(json.dumps(output, indent=2) + "\n")
+    if as_json:
+        print_json(output)
+    else:
+        from mlenv.ops.plot import terminal_plot
+
+        _print(log, output, terminal_plot(points(report), expected.gbps if expected else None))
+    return 1 if verdict == FAIL or (verdict == UNKNOWN and expected is not None) else 0
