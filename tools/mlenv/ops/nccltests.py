@@ -171,6 +171,11 @@ def run_tool(target: Target, test: str | None = None, nproc: int | None = None, 
         if missing:
             raise OperationError(f"--tool nccl-tests: all_reduce_perf is not on {', '.join(missing)} "
                                  f"({check.evidence}); network.nccl_tests is {setting}")
+        plain = [name for name, found in facts.items() if not found.get("nccl_tests_mpi")]
+        if len(nodes) > 1 and plain:
+            raise OperationError(f"--tool nccl-tests: all_reduce_perf on {', '.join(plain)} was built without MPI, "
+                                 f"so it cannot span the {len(nodes)} nodes; use an image whose nccl-tests has MPI "
+                                 "(*_perf_mpi) or network.nccl_tests: the directory of such a build")
         info(f"nccl-tests: {check.evidence}")
         gpus = nproc or per_node or int(next(iter(facts.values())).get("gpus") or 1)
         with tempfile.TemporaryDirectory(prefix="mlenv-nccl-tests-") as staging:
