@@ -247,9 +247,11 @@ def test_bounded_on_huge_input(tmp_path: Path) -> None:
 
     many = tmp_path / "many.txt"
     row = NEW_ROWS.splitlines(keepends=True)[1]
-    many.write_text(NEW_HEADER + row * 100_000 + FOOTER)
+    wrong = row.replace("191.74       0", "191.74       3")
+    many.write_text(NEW_HEADER + row * 100_000 + wrong + FOOTER)
     report = read_path(many)
-    assert (report.rows_seen, len(report.rows)) == (100_000, MAX_ROWS)
+    assert (report.rows_seen, len(report.rows)) == (100_001, MAX_ROWS)
+    assert report.wrong is True and report.wrong_unkept  # a wrong row past those kept still counts
     assert report.problem is not None and "more than" in report.problem
     assert _peak_kib() - before < 200 * 1024  # KiB: far from the 1 GB read
     assert os.path.getsize(huge) == 1 << 30

@@ -20,7 +20,7 @@ from typing import Any
 from mlenv.errors import OperationError, UsageError
 from mlenv.ops.nccltest import Expectation, gate_bandwidth, parse_bandwidth
 from mlenv.ops.target import Target
-from mlenv.runtime.fabric.nccltests import NcclTestsReport, read_path
+from mlenv.runtime.fabric.nccltests import MAX_ROWS, NcclTestsReport, read_path
 from mlenv.runtime.fabric.nccltestsrun import TESTS
 
 RUNNER = "nccl_tests_run.py"
@@ -42,6 +42,7 @@ def judge(report: NcclTestsReport, expected: Expectation | None) -> tuple[str, s
         where = f" at {', '.join(found[:5])}{' ...' if len(found) > 5 else ''}" if found else ""
         footer = (f"; the footer says Out of bounds values : {report.out_of_bounds} FAILED"
                   if report.failed_footer else "")
+        footer += f"; and in rows past the first {MAX_ROWS}" if report.wrong_unkept else ""
         return FAIL, f"wrong results: nccl-tests counted wrong elements{where}{footer}: a FAIL whatever the bandwidth"
     largest = report.largest()
     if report.problem or largest is None:

@@ -92,6 +92,8 @@ class NcclTestsReport:
     rows_seen: int
     out_of_bounds: int | None
     failed_footer: bool
+    wrong_unkept: bool
+    """A row past the first ``MAX_ROWS`` (not kept) counted wrong elements."""
     avg_busbw_gbps: float | None
     error: str | None
     header: bool
@@ -103,7 +105,7 @@ class NcclTestsReport:
     @property
     def wrong(self) -> bool | None:
         """True when a ``#wrong`` is not 0 or the footer says FAILED; None when nothing was checked."""
-        if self.failed_footer or any(side.wrong for row in self.rows for side in row.sides()):
+        if self.failed_footer or self.wrong_unkept or any(side.wrong for row in self.rows for side in row.sides()):
             return True
         checked = any(side.checked for row in self.rows for side in row.sides())
         return False if checked else None
@@ -232,8 +234,8 @@ class NcclTestsReader:
         return NcclTestsReport(
             test=self.test, ranks=len(self.ranks) or None, nodes=len(self.hosts) or None,
             rows=tuple(self.rows), rows_seen=self.rows_seen, out_of_bounds=self.out_of_bounds,
-            failed_footer=self.failed_footer or self.wrong_unkept, avg_busbw_gbps=self.average, error=self.error,
-            header=self.header, footer=self.footer, binary=self.binary, more_runs=self.more_runs)
+            failed_footer=self.failed_footer, wrong_unkept=self.wrong_unkept, avg_busbw_gbps=self.average,
+            error=self.error, header=self.header, footer=self.footer, binary=self.binary, more_runs=self.more_runs)
 
 
 def _finite(text: str) -> float | None:
