@@ -218,6 +218,13 @@ def test_a_second_run_in_the_file_is_not_read() -> None:
     assert top is not None and top.out_of_place.busbw_gbps == 196.41
 
 
+def test_copies_of_the_test_side_by_side_are_no_test_of_the_fabric() -> None:
+    """Processes that did not join (an MPI build launched without MPI between them) each print a whole test."""
+    report = read("\n".join(f"{rank}: {line}" for line in NEW.splitlines() for rank in (0, 1)))
+    assert report.side_by_side and not report.more_runs
+    assert report.problem is not None and report.problem.startswith("several copies of the test ran side by side")
+
+
 def test_no_table_empty_and_binary() -> None:
     assert read("").problem == "no nccl-tests result table in it"
     assert read("hello\nworld\n").problem == "no nccl-tests result table in it"

@@ -18,7 +18,7 @@ SIZES = [1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20, 1 << 30]
 ENV = {"NCCL_IB_HCA": "mlx5_0,mlx5_1", "NCCL_SOCKET_IFNAME": "ens1f0", "PATH": "/usr/bin", "HOME": "/root"}
 MPI = Tool("/opt/nccl-tests/build/all_reduce_perf_mpi", mpi=True)
 GOLDEN = {
-    "srun": "srun --overlap --nodes=2 --ntasks=8 --ntasks-per-node=4 --mpi=pmix --kill-on-bad-exit=1 "
+    "srun": "srun --overlap --nodes=2 --ntasks=8 --ntasks-per-node=4 --kill-on-bad-exit=1 "
             "/opt/nccl-tests/build/all_reduce_perf_mpi -b 1048576 -e 1073741824 -f 4 -g 1",
     "runtime": "mpirun --allow-run-as-root -np 8 -H node-a:4,node-b:4 --bind-to none -x NCCL_IB_HCA "
                "-x NCCL_SOCKET_IFNAME /opt/nccl-tests/build/all_reduce_perf_mpi -b 1048576 -e 1073741824 -f 4 -g 1",

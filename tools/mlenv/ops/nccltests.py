@@ -95,6 +95,17 @@ def run_read(path: Path, expect: str | None = None, as_json: bool = False) -> in
     return 1 if verdict == FAIL or (verdict == UNKNOWN and expected is not None) else 0
 
 
+def _last_line(path: Path) -> str | None:
+    """The last line with text of ``path`` (its last 4 KiB), to say what stopped a run that printed no table."""
+    try:
+        with path.open("rb") as log:
+            log.seek(max(0, log.seek(0, 2) - 4096))
+            lines = [line.strip() for line in log.read().decode(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return None
+    return lines[-1][:300] if lines else None
+
+
 def _number(value: object) -> str:
     return "-" if value is None else str(value)
 
@@ -193,6 +204,12 @@ def run_tool(target: Target, test: str | None = None, nproc: int | None = None, 
     log = result.log(min(result.outcome.node_exit_codes, default=0))
     report = read_output(log)
     verdict, reason = judge(report, expected)
+    ranks = len(nodes) * gpus
+    if verdict != FAIL and report.ranks is not None and report.ranks < ranks:
+        verdict, reason = UNKNOWN, (f"{report.ranks} of the {ranks} ranks ran together: the processes did not join "
+                                    f"one test (no MPI between them: srun's MPI plugin, mpirun); {reason}")
+    elif verdict == UNKNOWN and not report.error and (said := _last_line(log)):
+        reason += f"; node 0's log ends: {said}"
     output = summary(report, verdict, reason)
     (result.run_dir / "nccl-tests.json").write_text(json.dumps(output, indent=2) + "\n")
     if as_json:

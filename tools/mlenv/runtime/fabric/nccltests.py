@@ -101,6 +101,8 @@ class NcclTestsReport:
     binary: bool
     more_runs: bool
     """The file goes on with another run after this one (only the first is read)."""
+    side_by_side: bool
+    """A second copy of the test started before the first ended: processes that did not join one test."""
 
     @property
     def wrong(self) -> bool | None:
@@ -115,6 +117,9 @@ class NcclTestsReport:
         """Why the bandwidth cannot be judged (an error, no rows, cut short, ...); None when it can."""
         if self.binary:
             return "a binary file, not the text nccl-tests prints"
+        if self.side_by_side:
+            return ("several copies of the test ran side by side, each on its own: the processes did not join one "
+                    "test (no MPI between them: srun's MPI plugin, mpirun)")
         if self.error:
             return f"nccl-tests failed: {self.error}"
         if not self.rows:
@@ -167,6 +172,7 @@ class NcclTestsReader:
     binary: bool = False
     runs: bool = False
     more_runs: bool = False
+    side_by_side: bool = False
     pending: list[str] = field(default_factory=list)
     """The start of a row an NCCL line cut (``size count type redop root``)."""
 
@@ -183,8 +189,8 @@ class NcclTestsReader:
         if "]<std" in line:
             line = _TAG.sub(" ", line)
         if _RUN.search(line):
-            if self.runs:
-                self.more_runs = True
+            if self.runs:  # after the first run's end: the next run; before it: a copy running beside it
+                self.more_runs, self.side_by_side = bool(self.footer or self.error), not (self.footer or self.error)
                 return False
             self.runs = True
         if self.error is None and _ERROR.search(line):
@@ -235,7 +241,8 @@ class NcclTestsReader:
             test=self.test, ranks=len(self.ranks) or None, nodes=len(self.hosts) or None,
             rows=tuple(self.rows), rows_seen=self.rows_seen, out_of_bounds=self.out_of_bounds,
             failed_footer=self.failed_footer, wrong_unkept=self.wrong_unkept, avg_busbw_gbps=self.average,
-            error=self.error, header=self.header, footer=self.footer, binary=self.binary, more_runs=self.more_runs)
+            error=self.error, header=self.header, footer=self.footer, binary=self.binary, more_runs=self.more_runs,
+            side_by_side=self.side_by_side)
 
 
 def _finite(text: str) -> float | None:

@@ -3,8 +3,9 @@
 the nodes, one process per GPU, with the job's NCCL environment.
 
 nccl-tests spans processes, hence nodes, only when built with MPI (``make MPI=1``; NGC images name such binaries
-``*_perf_mpi`` or link ``libmpi``). So: under Slurm, ``srun --mpi=pmix`` starts one task per GPU on every node;
-elsewhere the runtime's launcher runs ``mpirun`` on node 0, one process per GPU of every host. A binary built
+``*_perf_mpi`` or link ``libmpi``). So: under Slurm, ``srun`` starts one task per GPU on every node, with the MPI
+plugin the site made the default (MpiDefault: pmix, pmi2; tasks that did not join show as copies of the test side by
+side); elsewhere the runtime's launcher runs ``mpirun`` on node 0, one process per GPU of every host. A binary built
 without MPI runs as one process driving every GPU of a single node (``-g GPUS``), and cannot span nodes.
 
 ``python -m mlenv.runtime.fabric.nccltestsrun ...`` is what runs on the nodes: node 0 starts the command, the others
@@ -84,7 +85,7 @@ def command(launcher: str, tool: Tool, nodes: int, gpus: int, sizes: Sequence[in
         return [*test, "-g", str(gpus)]
     if launcher == "srun":
         return ["srun", "--overlap", f"--nodes={nodes}", f"--ntasks={nodes * gpus}", f"--ntasks-per-node={gpus}",
-                "--mpi=pmix", "--kill-on-bad-exit=1", *test, "-g", "1"]
+                "--kill-on-bad-exit=1", *test, "-g", "1"]
     forwarded = [arg for name in sorted(environ) if name.startswith("NCCL_") for arg in ("-x", name)]
     return ["mpirun", "--allow-run-as-root", "-np", str(nodes * gpus), "-H", ",".join(f"{h}:{gpus}" for h in hosts),
             "--bind-to", "none", *forwarded, *test, "-g", "1"]
