@@ -193,6 +193,7 @@ def test_markdown_around_and_a_header_without_its_hash() -> None:
     (" .. node-b pid 2001: Test failure common.cu:891", "inside"),
     ("node-a: Test CUDA failure common.cu:732 'an illegal memory access was encountered'", "after"),
     ("NCCL failure common.cu:486 'unhandled cuda error'", "inside"),
+    ("Invalid number of GPUs: 8 requested but only 4 were found.", "before"),
 ])
 def test_errors_before_inside_or_after_the_table(error: str, where: str) -> None:
     parts = {"before": NEW_HEADER + error + "\n" + NEW_ROWS + FOOTER,
