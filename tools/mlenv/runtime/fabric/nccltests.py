@@ -102,7 +102,7 @@ class NcclTestsReport:
     more_runs: bool
     """The file goes on with another run after this one (only the first is read)."""
     side_by_side: bool
-    """A second copy of the test started before the first ended: processes that did not join one test."""
+    """Another run started before the first ended: copies that did not join one test, or a run that died silently."""
 
     @property
     def wrong(self) -> bool | None:
@@ -118,8 +118,9 @@ class NcclTestsReport:
         if self.binary:
             return "a binary file, not the text nccl-tests prints"
         if self.side_by_side:
-            return ("several copies of the test ran side by side, each on its own: the processes did not join one "
-                    "test (no MPI between them: srun's MPI plugin, mpirun)")
+            return ("another run of the test starts before this one ends (no footer, no error): copies side by side, "
+                    "processes that did not join one test (no MPI between them: srun's MPI plugin, mpirun), or a "
+                    "run that stopped without a word")
         if self.error:
             return f"nccl-tests failed: {self.error}"
         if not self.rows:
