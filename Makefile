@@ -1,7 +1,8 @@
 # mlenv: thin front end over the `mlenv` CLI. `make help` lists the targets.
 # Variables: CLUSTER (deployment, cluster name or file), MODE (rdma|tcp), NODES, IMAGE, OUT, POD, CMD, FOLLOW,
 #            DELETE_DATA, YES, SCRIPT, ARGS, LAUNCHER, DETACH, ENV, NAME, STEPS, SIZES, EXPECT, FORCE, VENV, LOG_RANK,
-#            EXPECT_TRANSPORT, HANG_TIMEOUT, ON_HANG, ON_IDLE, MAX_RESTARTS, MAX_PREEMPTIONS, SPARES.
+#            EXPECT_TRANSPORT, HANG_TIMEOUT, ON_HANG, ON_IDLE, MAX_RESTARTS, MAX_PREEMPTIONS, SPARES, READ, TOOL,
+#            TEST.
 
 SHELL := /bin/bash
 VENV ?= .venv
@@ -9,7 +10,7 @@ VENV ?= .venv
 # verbatim: make does not expand a `$` inside it (make exec CMD='echo $HOSTNAME' echoes each pod's name).
 USER_VARS := CLUSTER MODE NODES IMAGE OUT POD CMD FOLLOW DELETE_DATA YES SCRIPT ARGS LAUNCHER DETACH ENV NAME STEPS \
              SIZES EXPECT FORCE VENV LOG_RANK EXPECT_TRANSPORT HANG_TIMEOUT ON_HANG ON_IDLE MAX_RESTARTS \
-             MAX_PREEMPTIONS SPARES
+             MAX_PREEMPTIONS SPARES READ TOOL TEST
 $(foreach v,$(USER_VARS),$(if $(filter command line environment,$(origin $(v))),$(eval override $(v) := $$(value $(v)))))
 export $(USER_VARS)
 MLENV = "$$VENV/bin/mlenv"
@@ -129,8 +130,8 @@ top: install ## Live GPU state of every node (or POD=N): GPUs, Xid/ECC events, r
 stop: install ## Stop the running job on every node (the environment stays)
 	@$(MLENV) stop $(CLUSTER_OPT)
 
-nccl-test: install ## Fabric gate: all-reduce busbw [SIZES=8M:1G] [EXPECT=180GB/s], transport per rank, PASS/FAIL, plot
-	@$(MLENV) nccl-test $(CLUSTER_OPT) $(if $(SIZES),--sizes "$$SIZES") $(if $(EXPECT),--expect "$$EXPECT")
+nccl-test: install ## Fabric gate: all-reduce busbw [SIZES=8M:1G] [EXPECT=180GB/s] [TOOL=nccl-tests] [TEST=], PASS/FAIL, plot; READ=FILE judges an nccl-tests output
+	@$(MLENV) nccl-test $(if $(READ),--read "$$READ",$(CLUSTER_OPT) $(if $(SIZES),--sizes "$$SIZES") $(if $(TOOL),--tool "$$TOOL") $(if $(TEST),--test "$$TEST")) $(if $(EXPECT),--expect "$$EXPECT")
 
 doctor: install ## Preflight checklist for CLUSTER= [MODE=]: PASS/WARN/FAIL, evidence and fix
 	@$(MLENV) doctor $(CLUSTER_OPT) $(if $(MODE),--mode "$$MODE")

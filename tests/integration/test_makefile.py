@@ -244,6 +244,21 @@ def test_nccl_test_target(project: LocalProject) -> None:
     assert "of the expected 1000.00 GB/s (--expect 1000GB/s)" in judged.stdout + judged.stderr
 
 
+def test_nccl_test_target_reads_an_nccl_tests_output(tmp_path: Path) -> None:
+    """make nccl-test READ=FILE judges the file and runs nothing: no cluster, CLUSTER left out."""
+    from tests.unit.runtime.test_runtime_nccltests import NEW
+
+    require("make")
+    output = tmp_path / "all reduce; $(touch x).txt"
+    output.write_text(NEW)
+    judged = make("nccl-test", f"READ={output}", "EXPECT=180GB/s", "CLUSTER=nowhere")
+    assert judged.returncode == 0, judged.stdout + judged.stderr
+    assert "PASS: 196.41 GB/s at 1073741824 bytes is 109% of the expected 180.00 GB/s" in judged.stdout
+    failed = make("nccl-test", f"READ={output}", "EXPECT=400GB/s")
+    assert failed.returncode != 0 and "FAIL: 196.41 GB/s" in failed.stdout, failed.stdout + failed.stderr
+    assert not (ROOT / "x").exists()
+
+
 def test_clean_target_keeps_data_unless_asked(project: LocalProject) -> None:
     home = project.home
     ok("clean-cluster", "CLUSTER=mk", home=home)

@@ -552,17 +552,45 @@ def launch(cluster_ref: str | None, launcher: str, nproc: int | None, args_text:
               "pairs at once, in rotating rounds; name the nodes every one of whose pairs is slow (needs 4 nodes).")
 @click.option("--exclude-bad", is_flag=True,
               help="With --pairs: record the named nodes as excluded from the next runs.")
+@click.option("--read", "read_file", default=None, metavar="FILE",
+              help="Judge the output of NVIDIA nccl-tests (all_reduce_perf, ...) in FILE instead of running: "
+                   "table, plot, PASS/FAIL (wrong results FAIL; an error or no rows is UNKNOWN).")
+@click.option("--tool", type=click.Choice(["nccl-tests"]), default=None,
+              help="Run NVIDIA nccl-tests where the nodes have it (network.nccl_tests), not mlenv's benchmark.")
+@click.option("--test", "test_name", default=None, metavar="NAME",
+              help="With --tool nccl-tests: which test (default all_reduce_perf; all_gather_perf, ...).")
 @json_option
 @reports_errors
 def nccl_test(cluster_ref: str | None, nproc: int | None, sizes: str | None, expect: str | None, pairs: bool,
-              exclude_bad: bool, as_json: bool) -> None:
+              exclude_bad: bool, read_file: str | None, tool: str | None, test_name: str | None,
+              as_json: bool) -> None:
     """The fabric gate: all-reduce busbw per size, NCCL's transport per rank, PASS at >= 80 % of the expected
     bandwidth (RDMA asked and sockets used: FAIL); results and a plot under runs/. Exit 1 on FAIL, or with
-    --pairs when a node is named slow."""
+    --pairs when a node is named slow. --read FILE judges an nccl-tests output instead (exit 1 on FAIL, and on
+    UNKNOWN under --expect)."""
     from mlenv.errors import UsageError
 
     if exclude_bad and not pairs:
         raise UsageError("--exclude-bad goes with --pairs, which names the nodes to exclude")
+    if test_name is not None and tool is None:
+        raise UsageError("--test goes with --tool nccl-tests, which runs that test")
+    if read_file is not None:
+        given = [name for name, value in (("--pairs", pairs), ("--tool", tool), ("--sizes", sizes),
+                                          ("--nproc", nproc), ("--cluster", cluster_ref)) if value]
+        if given:
+            raise UsageError(f"--read judges a file and runs nothing: it does not go with {', '.join(given)}")
+        from pathlib import Path
+
+        from mlenv.ops.nccltests import run_read
+
+        sys.exit(run_read(Path(read_file), expect=expect, as_json=as_json))
+    if tool is not None and pairs:
+        raise UsageError("--pairs runs mlenv's benchmark: it does not go with --tool")
+    if tool is not None:
+        from mlenv.ops.nccltests import run_tool
+
+        sys.exit(run_tool(_target(cluster_ref), test=test_name, nproc=nproc, sizes=sizes, expect=expect,
+                          as_json=as_json))
     if pairs:
         from mlenv.ops.pairs import run_pairs
 

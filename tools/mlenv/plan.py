@@ -142,6 +142,7 @@ def plan(cluster: Cluster, mode: str | None = None, nodes: int | None = None,
         "MLENV_PROCS_PER_NODE": str(cluster.gpus.procs_per_node),
         "MLENV_APP_NAME": cluster.app_name,
         "MLENV_NETWORK_MODE": chosen_mode,
+        **({"MLENV_NCCL_TESTS": cluster.nccl_tests} if cluster.nccl_tests != "auto" else {}),
         **cluster.env,
         **nccl,
     }

@@ -176,6 +176,9 @@ class Cluster(NamedTuple):
     """launch.idle_minutes in seconds: GPUs under ``idle_util`` this long flag a run idle (None: not watched)."""
     idle_util: float | None = None
     """launch.idle_util: the utilization percent under which a GPU is idle (None: the default, 5)."""
+    nccl_tests: str = "auto"
+    """``network.nccl_tests``: where ``nccl-test --tool nccl-tests`` finds NVIDIA's nccl-tests on the nodes: ``auto``
+    (the usual places), ``off`` (never), or the directory holding ``all_reduce_perf``."""
     warnings: tuple[str, ...] = ()
     positions: Mapping[JsonPath, tuple[int, int]] = MappingProxyType({})
 

@@ -121,6 +121,11 @@ def _busbw_gbytes(reader: ClusterReader) -> float | None:
         return None
 
 
+def _nccl_tests(value: str | bool | None) -> str:
+    """``network.nccl_tests``: ``auto`` when left out; YAML reads a bare ``off`` as false."""
+    return "off" if value is False else str(value or "auto")
+
+
 def _security(reader: ClusterReader) -> Security:
     security = Security(
         service_account=reader.get("security", "service_account", default="ml-dev-sa"),
@@ -242,6 +247,7 @@ def build_cluster(loaded: LoadedFile, table: BackendTable) -> Cluster:
         container=_container(reader),
         expected_busbw_gbytes=_busbw_gbytes(reader),
         expect_transport=reader.get("network", "expect_transport"),
+        nccl_tests=_nccl_tests(reader.get("network", "nccl_tests")),
         max_restarts=reader.integer("launch", "max_restarts", default=0, minimum=0, maximum=MAX_RESTARTS) or 0,
         settings=reader.backend.parse_settings(reader),
         notes=reader.get("notes"),

@@ -88,6 +88,9 @@ class BackendInfo(NamedTuple):
     discover: str | None = None
     """``module:function`` writing ``clusters/NAME.yaml`` from the logged-in cluster (``mlenv discover``):
     ``function(name, namespace, force) -> Path``; imported only by that command."""
+    task_launcher: str | None = None
+    """The scheduler's own command that starts one process per GPU across the nodes (``srun``), which runs NVIDIA's
+    nccl-tests (``nccl-test --tool nccl-tests``); None: the runtime's launcher does (mpirun from node 0)."""
 
     def parse_settings(self, reader: ClusterReader) -> object | None:
         """Its own section, parsed by the function ``settings`` names (None without one)."""
@@ -136,7 +139,7 @@ BACKENDS: dict[str, BackendInfo] = {
                                  Feature.PREEMPTION: NO_PREEMPTION}),
         BackendInfo("slurm", "mlenv.backends.slurm.backend:SlurmBackend", section="slurm",
                     settings="mlenv.backends.slurm.settings:parse", cpu_nodes=True, uses=CONTAINER_FIELDS,
-                    machines=("slurm", "nodelist"), keeps_records=True,
+                    machines=("slurm", "nodelist"), keeps_records=True, task_launcher="srun",
                     unsupported={Feature.DISCOVER: NO_DISCOVER, Feature.PREEMPTION: (
                         "Slurm warns a batch job before it ends it: slurm.signal gives the ranks the checkpoint "
                         "signal and slurm.requeue resumes the job, capped by --max-restarts")}),

@@ -138,6 +138,8 @@ def node_checks(reports: Mapping[int, NodeReport], mode: str, gpus_per_node: int
                                                               "device plugin (nvidia.com/gpu allocatable)"))
     answered = {r.node.name: r for _, r in sorted(reports.items()) if r.report is not None}
     checks += compare_nodes({name: r.facts for name, r in answered.items()}, rdma=mode == "rdma")
+    if answered:
+        checks.append(nccl_tests_check({name: r.facts for name, r in answered.items()}))
     offsets = {name: r.offset for name, r in answered.items() if r.offset is not None}
     if len(offsets) > 1:
         checks.append(clock_check(offsets))
@@ -178,6 +180,22 @@ def compare_nodes(facts: Mapping[str, Mapping[str, Any]], rdma: bool) -> list[Ch
     note = " (different names are fine: each node uses its own)" if len(set(interfaces.values())) > 1 else ""
     checks.append(Check("socket interfaces", "PASS", listed + note))
     return checks
+
+
+def nccl_tests_check(facts: Mapping[str, Mapping[str, Any]]) -> Check:
+    """Which nodes have NVIDIA's all_reduce_perf (``nccl-test --tool nccl-tests`` needs it on every node): WARN
+    naming the nodes without it when only some have it."""
+    have = {name: found["nccl_tests"] for name, found in facts.items() if found.get("nccl_tests")}
+    if not have:
+        return Check("nccl-tests", "PASS", "no node has all_reduce_perf: nccl-test runs mlenv's own benchmark",
+                     "network.nccl_tests: PATH in the cluster file where an image has it elsewhere")
+    paths = ", ".join(f"{name}: {path}{' (MPI)' if facts[name].get('nccl_tests_mpi') else ''}"
+                      for name, path in have.items())
+    lacking = [name for name in facts if name not in have]
+    if lacking:
+        return Check("nccl-tests", "WARN", f"{paths}; not on {', '.join(lacking)}",
+                     "run the same image on every node: nccl-test --tool nccl-tests needs it on every node")
+    return Check("nccl-tests", "PASS", f"all_reduce_perf on every node ({paths})")
 
 
 def clock_check(offsets: Mapping[str, float]) -> Check:

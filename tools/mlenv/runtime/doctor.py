@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .fabric.nccl import AUTO, MIN_SHM_BYTES, NcclEnv, detect_nccl_env
+from .fabric.nccltestsrun import NCCL_TESTS_VARIABLE, find_tool
 from .fabric.rendezvous import PortProbe, connect, serve
 from .node.host import SHM_MOUNT, dmabuf_support, memlock_limit, peer_memory, shm_size, visible_gpu_count
 from .node.netroute import LOOPBACK_INTERFACE, read_routes, resolve_ipv4, route_to
@@ -119,6 +120,7 @@ def examine(environ: Mapping[str, str], *, sysfs_root: str | Path = "/sys", proc
         "interface": interface, "gpus": gpus,
         "driver": _driver(proc_root), "torch": versions.get("torch"), "cuda": versions.get("cuda"),
         "nccl": versions.get("nccl"), "nccl_env": nccl.env, "warnings": nccl.warnings,
+        **_nccl_tests(environ),
     }
     return {"kind": KIND, "host": host_name(environ), "node_rank": topology.node_rank if topology else None,
             "facts": facts, "checks": [asdict(check) for check in checks]}
@@ -235,6 +237,13 @@ def _shm_check(proc_root: str | Path) -> NodeCheck:
                                                              f"{evidence.value})",
                      None if big else "storage.shm_size in the cluster file (at least 1Gi; 8Gi or more for "
                                       "data loader workers)")
+
+
+def _nccl_tests(environ: Mapping[str, str]) -> dict[str, Any]:
+    """Where this node has NVIDIA's all_reduce_perf (network.nccl_tests, as MLENV_NCCL_TESTS says), and whether it
+    was built with MPI."""
+    tool = find_tool("all_reduce_perf", environ.get(NCCL_TESTS_VARIABLE, "auto"), environ)
+    return {"nccl_tests": tool.path if tool else None, "nccl_tests_mpi": tool.mpi if tool else None}
 
 
 def _torch_check(versions: Mapping[str, Any], environ: Mapping[str, str]) -> NodeCheck:
