@@ -1,8 +1,9 @@
 """Real nccl-tests outputs from public repositories (tests/fixtures/nccl-tests/corpus.json: each one's repository,
 path, commit, version and what it holds) read right: test, ranks, nodes, rows, the largest size and its
 out-of-place busbw, the footer's average, wrong results, errors, and the verdict at 100 GB/s. The outputs are not
-committed (data from other repositories stays out of this one): put them under tests/fixtures/nccl-tests/corpus/
-(``git show COMMIT:PATH`` of each entry); a missing one skips, its sha256 is checked."""
+committed (data from other repositories stays out of this one): they are kept beside the checkout, under the steering
+repository's ``shared/fixtures/nccl-tests/corpus/`` (``git show COMMIT:PATH`` of each entry); a missing one skips,
+its sha256 is checked."""
 
 from __future__ import annotations
 
@@ -19,11 +20,12 @@ from mlenv.runtime.fabric.nccltests import read_lines, read_path
 from tests.helpers import ROOT
 
 FIXTURES = ROOT / "tests" / "fixtures" / "nccl-tests"
+OUTPUTS = ROOT.parent / "shared" / "fixtures" / "nccl-tests" / "corpus"
 CORPUS: list[dict[str, Any]] = json.loads((FIXTURES / "corpus.json").read_text())
 
 
 def _output(entry: dict[str, Any]) -> Path:
-    path = FIXTURES / "corpus" / entry["file"]
+    path = OUTPUTS / entry["file"]
     if not path.is_file():
         pytest.skip(f"{entry['file']} is not here: git show {entry['commit']}:{entry['path']} of {entry['repo']}")
     assert hashlib.sha256(path.read_bytes()).hexdigest() == entry["sha256"], f"{path} is not the published text"
