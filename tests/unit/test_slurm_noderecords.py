@@ -82,7 +82,7 @@ def test_nodes_that_have_not_written(tmp_path: Path) -> None:
     assert read(Login(None), str(tmp_path), "r2") == (0, {}, False, {}, None)
     assert node_job({}, 0, live=True) == {"attempt": 0, "state": "running", "exit_code": None, "reason": None,
                                           "first_failure": None, "transport": None, "stacks": None, "idle": None,
-                                          "stragglers": None, "ranks": [], "node_fault": None}
+                                          "stragglers": None, "lost_nodes": None, "ranks": [], "node_fault": None}
     assert node_job({}, 0, live=False) is None
 
 

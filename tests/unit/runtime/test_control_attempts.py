@@ -191,3 +191,31 @@ def test_a_stranger_holding_node_0_s_port_learns_no_secret_and_stops_no_node() -
     assert notes == [f"warning: 127.0.0.1:{port} did not prove the run's secret in {control.UNPROVEN_TRIES} tries (not "
                      "this run's node 0): no control channel, a failure on another node will not stop this one"]
     node.close()
+
+
+def test_a_silent_node_is_lost_and_a_busy_loop_is_not_silence(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Node 1 stops beating and reading (frozen): node 0 names it lost after the silence and stops; node 0's own
+    loop held up for longer than the silence (a stack sample) first counts every node as heard."""
+    monkeypatch.setattr(control, "BEAT_SECONDS", 0.1)
+    port, stops, notes = free_port(), list[Any](), list[str]()
+    hub = channel(0, 0, port, stops, notes)
+    hub.silence = 1.0
+    other = channel(1, 0, port, stops)
+    pump([hub, other], lambda: any(peer.node == 1 for peer in hub.peers) and other.connected)
+    pump([hub, other], lambda: other.beating is not None and hub.beating is not None)
+    hub.ticked -= 5.0  # node 0's loop was held up for 5 s: it heard nobody meanwhile, nobody is silent for it
+    for peer in hub.peers:
+        peer.heard -= 5.0
+    hub.tick()
+    assert stops == [] and any(peer.node == 1 for peer in hub.peers)
+    assert other.beating is not None
+    other.beating.set()  # node 1 freezes: no more beats, no more reading
+    silent: list[tuple[int, str]] = []
+    hub.on_silent = lambda node, why: silent.append((node, why))
+    pump([hub], lambda: bool(stops), seconds=5)
+    assert silent == [(1, "node 0 heard nothing from it for 1 s")]
+    assert stops[0][0] == "lost node 1 (nothing heard for 1 s: frozen, or cut off)"
+    assert "node 1 stopped answering (nothing heard for 1 s: frozen, or cut off)" in notes
+    assert not hub.waiting_for_peers()  # node 0 does not wait for a node it lost
+    hub.close()
+    other.close()

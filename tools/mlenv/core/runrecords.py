@@ -7,12 +7,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from mlenv.runtime.records.restartpolicy import UNREACHABLE
 from mlenv.runtime.records.runlayout import FirstFailure, NodeFault, parse_ranks, run_state
 from mlenv.runtime.records.runrecord import RunRecord
 
 NodeJob = Mapping[str, Any]
 """One node's share of a run in the shape of an entry of the runtime's ``jobs --json``: ``state``, ``exit_code``,
-``attempt``, ``ranks``, ``first_failure``, ``transport``, ``stacks``, ``idle``, ``node_fault``."""
+``attempt``, ``ranks``, ``first_failure``, ``transport``, ``stacks``, ``idle``, ``stragglers``, ``node_fault`` and
+``lost_nodes`` (node 0's: the nodes it lost to silence)."""
 
 
 def node_state(job: NodeJob | None) -> str:
@@ -42,6 +44,16 @@ def latest_run(run_id: str, jobs: Mapping[int, NodeJob | None]) -> RunRecord:
         {f"node-{ordinal}": job["idle"] for ordinal, job in sorted(jobs.items())
          if job is not None and job.get("idle")} or None,
         next((list(job["stragglers"]) for job in known if isinstance(job.get("stragglers"), list)), None),
-        {ordinal: fault for ordinal, job in sorted(jobs.items())
-         if job is not None and (fault := NodeFault.parse(job.get("node_fault"))) is not None},
+        node_faults(jobs),
         {ordinal: node_state(job) for ordinal, job in jobs.items()})
+
+
+def node_faults(jobs: Mapping[int, NodeJob | None]) -> dict[int, NodeFault]:
+    """Each node's own fault sign; for a node without one that node 0 lost to silence (``lost_nodes``: a frozen node
+    records nothing), ``unreachable`` with node 0's words."""
+    own = {ordinal: fault for ordinal, job in sorted(jobs.items())
+           if job is not None and (fault := NodeFault.parse(job.get("node_fault"))) is not None}
+    silent = {int(node): str(why) for job in jobs.values() if job is not None
+              for node, why in (job.get("lost_nodes") or {}).items()}
+    return {**own, **{node: NodeFault(UNREACHABLE, why) for node, why in silent.items()
+                      if node not in own or own[node].sign == UNREACHABLE}}  # node 0's words say more

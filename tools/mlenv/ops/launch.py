@@ -18,7 +18,7 @@ from mlenv.errors import UsageError
 from mlenv.ops.live import refuse_while_live
 from mlenv.ops.target import Target
 from mlenv.runtime.records import restartpolicy
-from mlenv.runtime.records.restartpolicy import IDLE_EXIT_CODE, UNREACHABLE
+from mlenv.runtime.records.restartpolicy import IDLE_EXIT_CODE, LOST, UNREACHABLE, why_faulty
 from mlenv.runtime.records.runlayout import FirstFailure, NodeFault
 from mlenv.runtime.records.runrecord import RunRecord
 
@@ -346,10 +346,19 @@ def _attempt(target: Target, spec: LaunchSpec, run_dir: Path, reasons: Mapping[s
             error(f"node-{node} failed with exit code {code}; the other nodes were stopped. Rank {failure.rank}"
                   f"{f' ({failure.host})' if failure.host else ''} {failure.reason} first; its last lines "
                   f"(the node's whole log: {result.log(node)}):\n" + "\n".join(failure.log_tail[-TAIL_LINES:]))
+        elif (fault := _lost(result.latest_run, node)) is not None:
+            error(f"node-{node} was lost ({why_faulty(fault)}); the other nodes were stopped. "
+                  f"Last lines of {result.log(node)}:\n{_tail(result.log(node))}")
         else:
             error(f"node-{node} failed with exit code {code}; the other nodes were stopped. "
                   f"Last lines of {result.log(node)}:\n{_tail(result.log(node))}")
     return result
+
+
+def _lost(run: RunRecord | None, node: int) -> NodeFault | None:
+    """``node``'s sign where it was lost to the infrastructure (unreachable, the scheduler lost it)."""
+    fault = run.node_faults.get(node) if run is not None else None
+    return fault if fault is not None and fault.sign in LOST else None
 
 
 def _failed_first(run: RunRecord | None, outcome: LaunchOutcome,
@@ -361,7 +370,10 @@ def _failed_first(run: RunRecord | None, outcome: LaunchOutcome,
     failure = run.first_failure if run is not None else None
     if failure is not None and failure.node in outcome.node_exit_codes:
         return failure.node, failure.exit_code, failure
-    return ended_first, outcome.node_exit_codes[ended_first], None
+    lost = [node for node, fault in (run.node_faults.items() if run is not None else ()) if fault.sign in LOST
+            and node in outcome.node_exit_codes]  # a node lost (frozen, cut off) stops the others: it is the cause
+    node = lost[0] if lost else ended_first
+    return node, outcome.node_exit_codes[node], None
 
 
 def _remember(target: Target, spec: LaunchSpec) -> None:

@@ -141,7 +141,7 @@ def node_job(files: Mapping[str, str], attempt: int, live: bool, stopped: bool =
             "first_failure": None if stopped and state == STOPPED else recorded.get("first_failure"),
             "transport": recorded.get("transport"),
             "stacks": recorded.get("stacks"), "idle": recorded.get("idle"), "stragglers": recorded.get("stragglers"),
-            "ranks": ranks(files),
+            "lost_nodes": recorded.get("lost_nodes"), "ranks": ranks(files),
             # the node's own sign only: a supervisor gone without an exit status is not "unreachable" here, since
             # srun kills the other nodes' steps (KillWait) once one failed
             "node_fault": recorded.get("node_fault") or (lost.to_dict() if lost is not None else None)}

@@ -7,12 +7,13 @@ the nodes in their environment), which never travels: node 0 sends a ``challenge
 ``hello``, a nonce and the HMAC of the challenge, and node 0 with a ``welcome``, the HMAC of the nonce (compared in
 constant time). A connection without the right proof is dropped and noted, never obeyed; one that has not said hello
 within ``HELLO_SECONDS`` is dropped and counts for nothing. A node reports a rank failure (``failure``), a stop it
-needs (``stop``) and its end (``done``). Node 0 turns a node of another run away (``refused``), and sends a node of
-another attempt away (``retry``: the previous attempt's node 0 is still waiting for its peers), and that node tries
-again. Node 0 collects the failures of ``DECIDE_SECONDS`` (ranks that die of the first one's death come
-later), names the earliest as the job's first failure and broadcasts one ``stop`` to every node. A connection lost
-before ``done`` counts as that node's failure, on both sides (once it said hello).
-"""
+needs (``stop``) and its end (``done``); both ends say they are alive (``beat``) every ``BEAT_SECONDS`` from a
+thread of their own, and an end silent for ``SILENCE_SECONDS`` is lost (a frozen node closes no connection). Node 0
+turns a node of another run away (``refused``), and sends a node of another attempt away (``retry``: the previous
+attempt's node 0 is still waiting for its peers), and that node tries again. Node 0 collects the failures of
+``DECIDE_SECONDS`` (ranks that die of the first one's death come later), names the earliest as the job's first
+failure and broadcasts one ``stop`` to every node. A connection lost before ``done`` counts as that node's failure,
+on both sides (once it said hello)."""
 
 from __future__ import annotations
 
@@ -23,10 +24,13 @@ import json
 import secrets
 import selectors
 import socket
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from .listener import listen
 
 DECIDE_SECONDS = 1.0
 CONNECT_SECONDS = 300.0
@@ -41,6 +45,12 @@ HELLO_LIMIT = 4096
 """The most bytes read from a connection before its hello: a longer first line is dropped."""
 MESSAGE_LIMIT = 64 << 20
 """The longest message of a node that said hello (observers' messages carry stacks)."""
+BEAT_SECONDS = 2.0
+"""How often each end of a connection says it is alive (from a thread of its own: a supervisor busy sampling stacks
+still beats)."""
+SILENCE_SECONDS = 20.0
+"""A connected node (or node 0) heard nothing from this long is lost: frozen, or cut off without a closed
+connection."""
 SECRET_VARIABLE = "MLENV_CONTROL_SECRET"  # noqa: S105 (the name of a variable)
 """The run's control secret, in every node's environment (never on a command line, in a file or a log)."""
 
@@ -58,6 +68,8 @@ class _Peer:
     buffer: bytes = b""
     done: bool = False
     since: float = field(default_factory=time.monotonic)
+    heard: float = field(default_factory=time.monotonic)
+    """When anything last came from it (its heartbeat comes every BEAT_SECONDS)."""
     nonce: str = field(default_factory=lambda: secrets.token_hex(16))
     """Node 0: the challenge it sent; the others: the nonce node 0 must prove the secret with."""
     proven: bool = False
@@ -85,6 +97,8 @@ class ControlChannel:
     finished: bool = False
     on_message: Callable[[dict[str, Any]], None] | None = None
     """Observers' messages (``relay``) that reach this node."""
+    on_silent: Callable[[int, str], None] | None = None
+    """Node 0: called with (node, why) for a node lost to silence (its own records cannot say so)."""
     attempt: int = 0
     """The run's attempt this node runs: only nodes of the same attempt are connected."""
     run_id: str = ""
@@ -93,6 +107,12 @@ class ControlChannel:
     """The run's control secret: a connection that cannot prove it holds it is dropped."""
     unproven: int = 0
     """How many connections to node 0's address ended before it proved the secret."""
+    silence: float = SILENCE_SECONDS
+    """How long a connected end may stay silent before it is lost."""
+    sending: threading.Lock = field(default_factory=threading.Lock)
+    """One message at a time on a connection: the heartbeat thread sends too."""
+    ticked: float = field(default_factory=time.monotonic)
+    beating: threading.Event | None = None
 
     def open(self) -> None:
         """Listen on the master's address (node 0) or start trying to connect (the others)."""
@@ -142,6 +162,7 @@ class ControlChannel:
         if not chunk:
             self._lost(peer)
             return
+        peer.heard = time.monotonic()
         peer.buffer += chunk
         while b"\n" in peer.buffer and self._ours(peer):  # until it is dropped
             line, peer.buffer = peer.buffer.split(b"\n", 1)
@@ -243,6 +264,8 @@ class ControlChannel:
             self.upstream = None
         elif "failure" in message:
             self._failure(float(message.get("ended", time.time())), dict(message["failure"]))
+        elif "beat" in message:
+            return  # heard: that is all it says
         elif "done" in message:
             peer.done = True
         elif "observer" in message and isinstance(message["observer"], dict) and self.on_message is not None:
@@ -297,8 +320,38 @@ class ControlChannel:
         return [peer for peer in self.peers if peer.node is not None]
 
     def _send(self, peer: _Peer, message: Mapping[str, Any]) -> None:
-        with contextlib.suppress(OSError):
+        with self.sending, contextlib.suppress(OSError):
             peer.sock.sendall(json.dumps({**message, "run": self.run_id, "attempt": self.attempt}).encode() + b"\n")
+
+    def _beat(self, stop: threading.Event) -> None:
+        """The heartbeat thread: every BEAT_SECONDS, a beat to node 0 (or, on node 0, to every connected node)."""
+        while not stop.wait(BEAT_SECONDS):
+            upstream = self.upstream
+            for peer in ([upstream] if upstream is not None and upstream.proven else []) if self.node != 0 \
+                    else list(self._nodes()):
+                self._send(peer, {"beat": True})
+
+    def _silent(self, now: float) -> None:
+        """Lose the ends heard nothing from for ``silence`` seconds; a loop that could not read that long (the
+        thread blocked) first counts everything as heard."""
+        if now - self.ticked > self.silence / 2:
+            for peer in [*self.peers, *([self.upstream] if self.upstream else [])]:
+                peer.heard = now
+        self.ticked = now
+        quiet = f"nothing heard for {self.silence:g} s: frozen, or cut off"
+        if self.node == 0:
+            for peer in [p for p in self._nodes() if not p.done and now - p.heard > self.silence]:
+                self.note(f"node {peer.node} stopped answering ({quiet})")
+                if self.on_silent is not None:
+                    self.on_silent(int(peer.node or 0), f"node 0 heard nothing from it for {self.silence:g} s")
+                self.peers.remove(peer)
+                self._drop(peer)
+                self._broadcast(f"lost node {peer.node} ({quiet})", 1, None)
+        elif self.connected and self.upstream is not None and now - self.upstream.heard > self.silence:
+            self._drop(self.upstream)
+            self.upstream = None  # no longer waited for, once this node's job ended too
+            if not self.finished:
+                self._stop(f"lost the control channel to node 0 ({quiet})", 1, None)
 
     @property
     def connected(self) -> bool:
@@ -314,6 +367,10 @@ class ControlChannel:
                      if not p.proven and time.monotonic() - p.since > HELLO_SECONDS]:
             self._refuse(peer, f"dropped a control connection from {peer.address}: no proof of the secret in "
                                f"{HELLO_SECONDS:g} s")
+        if self.beating is None:
+            self.beating = threading.Event()
+            threading.Thread(target=self._beat, args=(self.beating,), name="mlenv-heartbeat", daemon=True).start()
+        self._silent(time.monotonic())
         if self.decide_at is not None and time.monotonic() >= self.decide_at and not self.stopped:
             _, first = min(self.failures, key=lambda item: item[0])
             self._broadcast(f"stopped after rank {first['rank']} failed", int(first["exit_code"]), first)
@@ -354,38 +411,13 @@ class ControlChannel:
         return any(not peer.done for peer in self._nodes()) or (self.decide_at is not None and not self.stopped)
 
     def close(self) -> None:
+        if self.beating is not None:
+            self.beating.set()
         for sock in [*(p.sock for p in self.peers), *([self.upstream.sock] if self.upstream else []),
                      *([self.server] if self.server else [])]:
             with contextlib.suppress(KeyError, ValueError):
                 self.selector.unregister(sock)
             sock.close()
-
-
-def listen(address: str, port: int) -> socket.socket:
-    """Node 0's listening socket on the master's address (each address it resolves to, in order; where none is this
-    node's own, as behind a virtual service address, the address this node routes to it from); never every
-    interface. OSError when none can be bound."""
-    error: OSError = OSError(0, "the master's address does not resolve")
-    with contextlib.suppress(OSError):
-        for family, _, _, _, where in socket.getaddrinfo(address, port, type=socket.SOCK_STREAM):
-            try:
-                return socket.create_server(where[:2], family=family)
-            except OSError as exc:
-                error = exc
-    routed = _routed_from(address, port)
-    if routed is None:
-        raise error
-    return socket.create_server((routed, port), family=socket.AF_INET6 if ":" in routed else socket.AF_INET)
-
-
-def _routed_from(address: str, port: int) -> str | None:
-    """This node's address towards ``address``, as the kernel routes it (no packet is sent)."""
-    with contextlib.suppress(OSError):
-        for family, _, _, _, where in socket.getaddrinfo(address, port, type=socket.SOCK_DGRAM):
-            with socket.socket(family, socket.SOCK_DGRAM) as probe:
-                probe.connect(where)
-                return str(probe.getsockname()[0])
-    return None
 
 
 def proof(secret: str, *parts: object) -> str:

@@ -105,7 +105,8 @@ class NodeJob:
                 "reason": recorded.get("reason") or (LOST if self.lost else None),
                 "first_failure": recorded.get("first_failure"), "node_fault": self.node_fault(recorded),
                 "transport": recorded.get("transport"), "stacks": recorded.get("stacks"), "idle": recorded.get("idle"),
-                "stragglers": recorded.get("stragglers"), "ranks": [rank.to_dict() for rank in read_ranks(self.files)],
+                "stragglers": recorded.get("stragglers"), "lost_nodes": recorded.get("lost_nodes"),
+                "ranks": [rank.to_dict() for rank in read_ranks(self.files)],
                 "run_dir": str(self.files.run_dir), "node_dir": str(self.files.path), "log": str(self.files.log)}
 
     def node_fault(self, recorded: Mapping[str, object]) -> object:

@@ -22,10 +22,10 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ..node.oom import kernel_killed, oom_kills
 from ..rank import SOCKET_VARIABLE, signal_name
@@ -241,8 +241,13 @@ class Supervisor:
         self.channel = ControlChannel(self.node, self.num_nodes, address, port, self._stop_here, self.note,
                                       self.selector, on_message=self._observer_message,
                                       attempt=self.node_dir.attempt, run_id=self.env.get("MLENV_RUN_ID", ""),
-                                      secret=secret)
+                                      secret=secret, on_silent=self._silent_node)
         self.channel.open()
+
+    def _silent_node(self, node: int, why: str) -> None:
+        """Node 0 lost ``node`` to silence: recorded for it (``lost_nodes``), judged as its ``unreachable`` sign."""
+        lost = dict(cast(Mapping[str, str], self.extra_state.get("lost_nodes") or {}))
+        self.record(lost_nodes={**lost, str(node): why})
 
     @contextlib.contextmanager
     def _signals(self) -> Iterator[None]:
