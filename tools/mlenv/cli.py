@@ -342,6 +342,20 @@ def status(cluster_ref: str | None, every: bool, gpus: bool, as_json: bool) -> N
 
 @main.command()
 @cluster_option
+@click.option("--all", "every", is_flag=True, help="Every recorded deployment's runs, and those of the batch jobs "
+              "submitted for clusters that are not deployed.")
+@json_option
+@reports_errors
+def runs(cluster_ref: str | None, every: bool, as_json: bool) -> None:
+    """Every run of the current deployment (or --cluster, or --all), newest first: id, script, state, exit code,
+    attempts, start, duration, nodes and the first failure. mlenv logs/stacks/status RUN_ID show one."""
+    from mlenv.ops.runs import show
+
+    sys.exit(show(cluster_ref, every, as_json))
+
+
+@main.command()
+@cluster_option
 @pod_option
 @click.option("--native", is_flag=True, help="Add native frames (py-spy only; file and line null where unknown).")
 @click.option("--method", type=click.Choice(["auto", "py-spy", "faulthandler"]), default="auto", show_default=True,
@@ -505,19 +519,22 @@ def clean(cluster_ref: str | None, delete_data: bool, yes: bool) -> None:
               help="When every GPU of the job stayed under launch.idle_util (default 5%) for launch.idle_minutes of "
                    "the cluster file, the run is flagged idle (output, status); stop also stops it, exit code 125, "
                    "and it is not restarted under --max-restarts (it would idle again). Default: warn.")
+@json_option
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 @reports_errors
 def launch(cluster_ref: str | None, launcher: str, nproc: int | None, args_text: str | None, secrets: tuple[str, ...],
            detach: bool, expect_transport: str | None, dry_run: bool, hang_timeout: float | None,
            on_hang: str | None, on_idle: str | None, max_restarts: int | None, max_preemptions: int | None,
-           script: str, script_args: tuple[str, ...]) -> None:
+           as_json: bool, script: str, script_args: tuple[str, ...]) -> None:
     """Start SCRIPT on every node at once through the runtime; fail-fast, logs in runs/.
 
     Everything after SCRIPT belongs to it: `mlenv launch train.py -c cfg.yaml` passes -c cfg.yaml to train.py.
-    Exits with the job's exit code once it started; 124 when --on-hang stop stopped a hung job, 125 when --on-idle
-    stop stopped an idle one; 2 while a run of the deployment is still running where runs share ports (every
-    backend but ssh and Slurm batch jobs: wait for it, or mlenv stop it).
+    With --json, prints the run on stdout (its id, cluster, whether detached; an attached run's exit code and first
+    failure once it ended), everything else on stderr. Exits with the job's exit code once it started; 124 when
+    --on-hang stop stopped a hung job, 125 when --on-idle stop stopped an idle one; 2 while a run of the deployment
+    is still running where runs share ports (every backend but ssh and Slurm batch jobs: wait for it, or mlenv stop
+    it).
     """
     import shlex
 
@@ -537,7 +554,14 @@ def launch(cluster_ref: str | None, launcher: str, nproc: int | None, args_text:
     if dry_run:
         click.echo(launching.dry_run(settings.target, spec), nl=False)
         return
-    sys.exit(launching.launch(settings.target, spec).exit_code)
+    if not as_json:
+        sys.exit(launching.launch(settings.target, spec).exit_code)
+    from mlenv.ui import print_json, stdout_to_stderr
+
+    with stdout_to_stderr():  # the job's own output too: stdout holds only the JSON
+        result = launching.launch(settings.target, spec)
+    print_json(result.to_dict(settings.target.handle.name))
+    sys.exit(result.exit_code)
 
 
 @main.command("nccl-test")

@@ -324,6 +324,10 @@ class Jobs(Protocol):
         """Run ``run_id`` as its nodes' supervisors recorded it (its ``to_dict`` is ``status --json``'s
         ``latest_run``, docs/runs.md; its ``nodes`` the ``run_states``)."""
 
+    def runs(self, handle: Handle, run_ids: Sequence[str]) -> dict[str, RunRecord]:
+        """Each run of ``run_ids`` as ``latest_run`` reads it (``mlenv runs``), read at once where the backend can;
+        a run no node has a record of has state None."""
+
     def runs_own_ports(self, handle: Handle) -> bool:
         """Every run gets rendezvous and control ports of its own, so a run may start while another one of the
         deployment is live; where not, launch refuses while one is (ops/live.py)."""

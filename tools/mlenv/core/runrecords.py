@@ -7,7 +7,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from mlenv.runtime.records.runlayout import FirstFailure, NodeFault, parse_ranks, run_state
+from mlenv.runtime.records.runlayout import (
+    FAILED,
+    RUNNING,
+    STOPPED,
+    SUCCEEDED,
+    FirstFailure,
+    NodeFault,
+    RankRecord,
+    parse_ranks,
+    run_state,
+)
 from mlenv.runtime.records.runrecord import RunRecord
 
 NodeJob = Mapping[str, Any]
@@ -28,14 +38,16 @@ def latest_run(run_id: str, jobs: Mapping[int, NodeJob | None]) -> RunRecord:
     typed record (its ``to_dict`` is ``status --json``'s ``latest_run``): the ranks of every node, the first failure
     (the same on every node), each node's transport verdict, the hang watchdog's stacks (node 0's), each node's idle
     GPUs while the job is flagged idle, each node's own fault sign (runtime/watch/faultsigns.py) and each node's
-    state."""
+    state, and how and when it ended (``ended``)."""
     known = [job for job in jobs.values() if job is not None]
     failures = [job["first_failure"] for job in known if job.get("first_failure")]
+    first = FirstFailure.parse(failures[0]) if failures else None
+    ranks = tuple(sorted((rank for job in known for rank in parse_ranks(job.get("ranks"))), key=lambda r: r.rank))
+    state = run_state([str(job.get("state")) for job in known])
     return RunRecord(
-        run_id, run_state([str(job.get("state")) for job in known]),
+        run_id, state,
         max((int(job.get("attempt", 0)) for job in known), default=0),
-        tuple(sorted((rank for job in known for rank in parse_ranks(job.get("ranks"))), key=lambda rank: rank.rank)),
-        FirstFailure.parse(failures[0]) if failures else None,
+        ranks, first,
         {f"node-{ordinal}": job["transport"] for ordinal, job in sorted(jobs.items())
          if job is not None and job.get("transport")},
         next((job["stacks"] for job in known if job.get("stacks")), None),
@@ -43,4 +55,25 @@ def latest_run(run_id: str, jobs: Mapping[int, NodeJob | None]) -> RunRecord:
          if job is not None and job.get("idle")} or None,
         {ordinal: fault for ordinal, job in sorted(jobs.items())
          if job is not None and (fault := NodeFault.parse(job.get("node_fault"))) is not None},
-        {ordinal: node_state(job) for ordinal, job in jobs.items()})
+        {ordinal: node_state(job) for ordinal, job in jobs.items()},
+        *ended(state, first, {ordinal: job for ordinal, job in jobs.items() if job is not None}, ranks))
+
+
+ENDED = (SUCCEEDED, FAILED, STOPPED)
+"""The states of a run none of whose nodes runs any more."""
+
+
+def ended(state: str | None, first: FirstFailure | None, jobs: Mapping[int, NodeJob],
+          ranks: tuple[RankRecord, ...]) -> tuple[int | None, str | None]:
+    """How a run in ``state`` ended: its exit code (the node that failed ``first``'s, else the first other node's
+    that is not 0, else 0) and when its last rank did; (None, None) while it has not (a node still runs)."""
+    if state not in ENDED or any(job.get("state") == RUNNING for job in jobs.values()):
+        return None, None
+    numbers = {ordinal: job["exit_code"] for ordinal, job in sorted(jobs.items())
+               if isinstance(job.get("exit_code"), int)}
+    if first is not None and first.node in numbers:
+        code: int | None = numbers[first.node]
+    else:
+        code = next((number for number in numbers.values() if number), 0 if numbers else None)
+    times = [rank.ended_at for rank in ranks if rank.ended_at]
+    return code, max(times) if times and len(times) == len(ranks) else None

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from mlenv import state
 from mlenv.core.capabilities import LaunchOutcome, LaunchSpec
@@ -39,6 +40,8 @@ class LaunchResult:
     latest_run: RunRecord | None = None
     """The run as its nodes' supervisors recorded it, read once when an attached attempt failed (None otherwise, or
     where the backend keeps no such records)."""
+    attempt: int = 0
+    """The attempt it is (MLENV_RESTART_COUNT)."""
 
     @property
     def exit_code(self) -> int:
@@ -48,6 +51,17 @@ class LaunchResult:
     def log(self, ordinal: int) -> Path:
         """The local copy of node ``ordinal``'s output."""
         return Path(self.outcome.logs.get(ordinal, self.run_dir / f"node-{ordinal}.log"))
+
+    def to_dict(self, cluster: str) -> dict[str, Any]:
+        """``launch --json`` (docs/json.md): the run; once an attached run ended, its exit code and first failure
+        (``exit_code`` null while a detached run goes on)."""
+        outcome = self.outcome
+        going = outcome.detached and outcome.exit_code == 0
+        failure = self.latest_run.first_failure if self.latest_run is not None else None
+        return {"ok": outcome.exit_code == 0, "run_id": self.run_id, "cluster": cluster, "detached": outcome.detached,
+                "run_dir": str(self.run_dir), "exit_code": None if going else outcome.exit_code,
+                "attempt": self.attempt, "seconds": self.seconds,
+                "first_failure": failure.to_dict() if failure is not None else None}
 
 
 def run_id(app: str) -> str:
@@ -293,7 +307,7 @@ def _attempt(target: Target, spec: LaunchSpec, run_dir: Path, reasons: Mapping[s
     _remember(target, spec)  # before it starts: status, stacks and the hang watchdog's state see it while it runs
     announce(target, request, reasons)  # the nodes on spare hosts, and why
     outcome = target.backend.jobs.launch(target.handle, request, secrets, str(run_dir))
-    result = LaunchResult(outcome, spec.run_id, run_dir, round(time.monotonic() - started, 1))
+    result = LaunchResult(outcome, spec.run_id, run_dir, round(time.monotonic() - started, 1), attempt=spec.attempt)
     if spec.detach:
         if outcome.exit_code == 0:
             info(f"run {spec.run_id} started in the background: mlenv logs -f follows it, mlenv stop stops it")

@@ -10,6 +10,7 @@ from mlenv import state
 from mlenv.core.capabilities import Feature, Handle
 from mlenv.core.registry import Backend
 from mlenv.errors import MlenvError
+from mlenv.ops.runs import recorded_runs
 from mlenv.ops.target import backend_of, resolve
 from mlenv.runtime.records.runlayout import FAILED, STOPPED, SUCCEEDED
 from mlenv.ui import error, print_json, say, table
@@ -24,7 +25,7 @@ def _report(handle: Handle, recorded: state.Deployment | None, current: str | No
         "nodes": handle.nodes, "namespace": handle.data.get("namespace"), "current": handle.name == current,
         "deployed": recorded is not None,
         "cluster_file": recorded.cluster_file if recorded else None,
-        "runs": list(recorded.runs) if recorded else _submitted_runs(handle.name),
+        "runs": recorded_runs(handle.name, recorded),
         "deploy": dict(recorded.deploy) if recorded else None,
         "latest_run": None,  # the latest detached run, as its nodes' supervisors recorded it (docs/runs.md)
         "run_states": {},  # its state on each node, by ordinal
@@ -56,14 +57,6 @@ def _report(handle: Handle, recorded: state.Deployment | None, current: str | No
     if recorded is None:
         report["excluded"] = list(state.load().excluded_of(handle.name))
     return report
-
-
-def _submitted_runs(name: str) -> list[dict[str, Any]]:
-    """The runs of the batch jobs submitted for a cluster file that is not deployed (Slurm), as a deployment
-    records its runs."""
-    return [{"id": job["run"], "script": job.get("script", "-"), "started": job.get("submitted", "-"),
-             "detached": bool(job.get("detached", True))}
-            for job in state.jobs_of(name) if isinstance(job.get("run"), str) and job["run"]]
 
 
 def _print(report: dict[str, Any]) -> None:

@@ -489,6 +489,10 @@ class SlurmBackend(Deploy, NodeAccess, Jobs, Checks):
         return replace(run, state=runstate.reconcile(run.state, batch_job, found.stopped,
                                                      None if live else found.ended))
 
+    def runs(self, handle: Handle, run_ids: Sequence[str]) -> dict[str, RunRecord]:
+        """Each run of ``run_ids`` as ``latest_run`` reads it (one look each at the shared run directory)."""
+        return {run_id: self.latest_run(handle, run_id) for run_id in run_ids}
+
     def rank_nodes(self, handle: Handle) -> dict[int, int]:
         """Global rank -> the node it ran on, in the newest attempt of the deployment's newest run in the shared run
         directory."""
