@@ -327,17 +327,19 @@ def use(name: str) -> None:
 
 
 @main.command()
+@click.argument("run_id", required=False, metavar="[RUN_ID]")
 @cluster_option
 @click.option("--all", "every", is_flag=True, help="Every recorded deployment.")
 @click.option("--gpus", is_flag=True, help="Also each node's GPUs (utilisation, memory, temperature, power, ECC), "
               "Xid events since the run started and the ranks' CPU, RSS and last output (asks every node).")
 @json_option
 @reports_errors
-def status(cluster_ref: str | None, every: bool, gpus: bool, as_json: bool) -> None:
-    """Nodes of the current deployment (or --cluster, or --all): node, phase, ready, GPUs, IP, jobs."""
+def status(run_id: str | None, cluster_ref: str | None, every: bool, gpus: bool, as_json: bool) -> None:
+    """Nodes of the current deployment (or --cluster, or --all): node, phase, ready, GPUs, IP, jobs; and its latest
+    run (or run RUN_ID, from mlenv runs)."""
     from mlenv.ops.status import show
 
-    sys.exit(show(cluster_ref, every, as_json, gpus))
+    sys.exit(show(cluster_ref, every, as_json, gpus, run_id))
 
 
 @main.command()
@@ -355,6 +357,7 @@ def runs(cluster_ref: str | None, every: bool, as_json: bool) -> None:
 
 
 @main.command()
+@click.argument("run_id", required=False, metavar="[RUN_ID]")
 @cluster_option
 @pod_option
 @click.option("--native", is_flag=True, help="Add native frames (py-spy only; file and line null where unknown).")
@@ -362,13 +365,19 @@ def runs(cluster_ref: str | None, every: bool, as_json: bool) -> None:
               help="py-spy (needs ptrace), faulthandler (the signal the runtime armed in every rank), or auto.")
 @json_option
 @reports_errors
-def stacks(cluster_ref: str | None, pod: int | None, native: bool, method: str, as_json: bool) -> None:
-    """Python stack of every rank of the latest run (or of --pod N's), grouped: the odd ones out first."""
+def stacks(run_id: str | None, cluster_ref: str | None, pod: int | None, native: bool, method: str,
+           as_json: bool) -> None:
+    """Python stack of every rank of the latest run (or of run RUN_ID while it runs; of --pod N's), grouped: the odd
+    ones out first."""
     from mlenv.ops.stacks import take, text
     from mlenv.ui import print_json
 
     target = _target(cluster_ref)
-    report = take(target.backend.access, target.handle, pod, native=native, method=method)
+    if run_id is not None:
+        from mlenv.ops.runs import find
+
+        find(target, run_id)
+    report = take(target.backend.access, target.handle, pod, native=native, method=method, run_id=run_id)
     if as_json:
         print_json(report)
     else:
@@ -439,20 +448,28 @@ def shell(cluster_ref: str | None, pod: int | None) -> None:
 
 
 @main.command()
+@click.argument("run_id", required=False, metavar="[RUN_ID]")
 @cluster_option
 @pod_option
-@click.option("-f", "--follow", is_flag=True, help="Keep streaming new lines.")
+@click.option("-f", "--follow", is_flag=True, help="Keep streaming new lines, through every attempt of a run "
+              "restarted under --max-restarts, until the run ends; then exit with its exit code.")
 @click.option("--rank", type=click.IntRange(min=0), metavar="N",
-              help="Only the lines of global rank N (exit 2 when the latest run has no such rank).")
+              help="Only the lines of global rank N (exit 2 when the run has no such rank).")
 @reports_errors
-def logs(cluster_ref: str | None, pod: int | None, follow: bool, rank: int | None) -> None:
-    """The latest run's output on every node (or --pod N): every rank's lines whole, tagged [node-N rR]."""
+def logs(run_id: str | None, cluster_ref: str | None, pod: int | None, follow: bool, rank: int | None) -> None:
+    """The latest run's output (or run RUN_ID's, from mlenv runs) on every node (or --pod N): every rank's lines
+    whole, tagged [node-N rR]; every attempt of a restarted run, each under its header."""
     from mlenv.core.capabilities import Feature
     from mlenv.ops.fanout import logs_all
 
     target = _target(cluster_ref)
+    if run_id is not None:
+        from mlenv.ops.runs import find
+
+        find(target, run_id)
     jobs = target.backend.jobs if target.backend.info.supports(Feature.JOBS) else None  # where the ranks ran
-    sys.exit(logs_all(target.backend.access, target.handle, only=pod, follow=follow, rank=rank, jobs=jobs))
+    sys.exit(logs_all(target.backend.access, target.handle, only=pod, follow=follow, rank=rank, jobs=jobs,
+                      run_id=run_id))
 
 
 @main.command()

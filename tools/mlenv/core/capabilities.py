@@ -282,9 +282,11 @@ class NodeAccess(Protocol):
     def copy_target(self, handle: Handle, node: Node) -> CopyTarget:
         """Where rsync copies the workspace of ``node`` to."""
 
-    def logs_argv(self, handle: Handle, node: Node, follow: bool, rank: int | None = None) -> list[str]:
-        """A local command line that prints (or follows) the node's log: the latest run's output (``rank``: only
-        that global rank's lines; the command exits 2 when the rank did not run on the node)."""
+    def logs_argv(self, handle: Handle, node: Node, follow: bool, rank: int | None = None,
+                  run_id: str | None = None) -> list[str]:
+        """A local command line that prints (or follows, through every attempt) the node's log: the latest run's
+        output, or run ``run_id``'s (``rank``: only that global rank's lines; the command exits 2 when the rank did
+        not run on the node)."""
 
     def runtime(self, handle: Handle, *args: str) -> list[str]:
         """``python3 -m mlenv.runtime ARGS`` with the Python that runs the runtime on the nodes (what exec runs)."""

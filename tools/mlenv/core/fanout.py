@@ -239,12 +239,14 @@ class FanoutJobs(ABC):
         run_parallel(commands, echo=False, on_line=lambda node, line: output.setdefault(node, []).append(line))
         return nodes, spares, {ordinal: _listed("\n".join(output.get(ordinal, []))) for ordinal in commands}
 
-    def logs_argv(self, handle: Handle, node: Node, follow: bool, rank: int | None = None) -> list[str]:
-        """The runtime's ``logs`` of the node's latest run (``--follow`` ends with the job, or when the local side
-        goes away; ``rank``: only that global rank's lines)."""
-        options = [*(["--follow"] if follow else []), *(["--rank", str(rank)] if rank is not None else [])]
-        if self.spares(handle):  # the node's latest run may have run on a spare host
-            node = self._machine_jobs(handle, None).get(node.ordinal, (node, None))[0]
+    def logs_argv(self, handle: Handle, node: Node, follow: bool, rank: int | None = None,
+                  run_id: str | None = None) -> list[str]:
+        """The runtime's ``logs`` of the node's latest run, or of ``run_id`` (``--follow`` ends with the run, or
+        when the local side goes away; ``rank``: only that global rank's lines)."""
+        options = [*(["--follow"] if follow else []), *(["--rank", str(rank)] if rank is not None else []),
+                   *(["--run", run_id] if run_id is not None else [])]
+        if self.spares(handle):  # the node's run may have run on a spare host
+            node = self._machine_jobs(handle, run_id).get(node.ordinal, (node, None))[0]
         return self.exec_argv(handle, node, self.runtime(handle, "logs", *options), stop_on_stdin_eof=follow)
 
 

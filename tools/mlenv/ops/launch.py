@@ -20,7 +20,7 @@ from mlenv.ops.live import refuse_while_live
 from mlenv.ops.target import Target
 from mlenv.runtime.records import restartpolicy
 from mlenv.runtime.records.restartpolicy import IDLE_EXIT_CODE, UNREACHABLE
-from mlenv.runtime.records.runlayout import FirstFailure, NodeFault
+from mlenv.runtime.records.runlayout import FAILED, STOPPED, SUCCEEDED, FirstFailure, NodeFault
 from mlenv.runtime.records.runrecord import RunRecord
 
 STEP = re.compile(r"\bstep (\d+)/(\d+)\b")
@@ -384,22 +384,30 @@ def _last_step(path: Path) -> str:
 
 
 def _summary(result: LaunchResult, failed_first: tuple[int, int, FirstFailure | None] | None) -> None:
-    """The table of nodes: a node that did not fail first but ended with an error was stopped for that failure."""
+    """The table of nodes, each node's end in status's words (``succeeded (0)``, ``failed (7)``, ``stopped (143)``:
+    exit codes 128+N for a signal N): as its supervisor recorded it where the run was read, else from its exit code
+    (a node that did not fail first but ended with an error was stopped for that failure)."""
     from mlenv.ui import table
 
     outcome = result.outcome
+    recorded = result.latest_run.nodes if result.latest_run is not None else {}
 
     def verdict(node: int) -> str:
-        code = outcome.node_exit_codes.get(node, -1)
+        code = exit_status(outcome.node_exit_codes.get(node, -1))
+        if recorded.get(node, "-") != "-":
+            return recorded[node]
         if failed_first is not None and node == failed_first[0]:
-            return f"failed ({failed_first[1]})"
+            return f"{FAILED} ({failed_first[1]})"
         if code == 0:
-            return "ok"
-        if node in outcome.stopped or failed_first is not None:
-            return f"stopped (exit {code})"
-        return f"failed ({code})"
+            return f"{SUCCEEDED} (0)"
+        return f"{STOPPED if node in outcome.stopped or failed_first is not None else FAILED} ({code})"
 
     table(f"launch finished in {result.seconds} s (exit {result.exit_code})",
           ["NODE", "RESULT", "LAST STEP", "LOG"],
           [[f"node-{n}", verdict(n), _last_step(result.log(n)), result.log(n)]
            for n in sorted(outcome.node_exit_codes)])
+
+
+def exit_status(code: int) -> int:
+    """A process's exit code as a shell says it: 128+N for one ended by signal N (Popen's -N)."""
+    return 128 - code if code < 0 else code

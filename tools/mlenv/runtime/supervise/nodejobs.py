@@ -174,9 +174,10 @@ def show_gpus(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 
 
 def show_stacks(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    """``stacks``: the stacks of the running ranks of this node's newest job, and its flight recorder dumps."""
+    """``stacks``: the stacks of the running ranks of this node's newest job (or ``--run``'s), and its flight
+    recorder dumps."""
     host = host_name(environ)
-    job = _node_job(host_jobs(args.runs_root or runs_root(environ), host), environ)
+    job = _node_job(host_jobs(args.runs_root or runs_root(environ), host, args.run), environ)
     if job is None:
         found: dict[str, object] = {"run": None, "host": host}
     else:
