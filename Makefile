@@ -1,7 +1,7 @@
 # mlenv: thin front end over the `mlenv` CLI. `make help` lists the targets.
 # Variables: CLUSTER (deployment, cluster name or file), MODE (rdma|tcp), NODES, IMAGE, OUT, POD, CMD, FOLLOW,
 #            DELETE_DATA, YES, SCRIPT, ARGS, LAUNCHER, DETACH, ENV, NAME, STEPS, SIZES, EXPECT, FORCE, VENV, LOG_RANK,
-#            EXPECT_TRANSPORT, HANG_TIMEOUT, ON_HANG, ON_IDLE, MAX_RESTARTS, SPARES.
+#            EXPECT_TRANSPORT, HANG_TIMEOUT, ON_HANG, ON_IDLE, MAX_RESTARTS, SPARES, RUN, ALL.
 
 SHELL := /bin/bash
 VENV ?= .venv
@@ -9,7 +9,7 @@ VENV ?= .venv
 # verbatim: make does not expand a `$` inside it (make exec CMD='echo $HOSTNAME' echoes each pod's name).
 USER_VARS := CLUSTER MODE NODES IMAGE OUT POD CMD FOLLOW DELETE_DATA YES SCRIPT ARGS LAUNCHER DETACH ENV NAME STEPS \
              SIZES EXPECT FORCE VENV LOG_RANK EXPECT_TRANSPORT HANG_TIMEOUT ON_HANG ON_IDLE MAX_RESTARTS \
-             SPARES
+             SPARES RUN ALL
 $(foreach v,$(USER_VARS),$(if $(filter command line environment,$(origin $(v))),$(eval override $(v) := $$(value $(v)))))
 export $(USER_VARS)
 MLENV = "$$VENV/bin/mlenv"
@@ -18,8 +18,8 @@ POD_OPT = $(if $(POD),--pod "$$POD")
 PLAN_OPTS = $(if $(MODE),--mode "$$MODE") $(if $(NODES),--nodes "$$NODES")
 IMAGE_OPT = $(if $(IMAGE),--image "$$IMAGE")
 ENV_OPTS = $(if $(ENV),--env "$$ENV")
-# Booleans (FOLLOW, DELETE_DATA, YES, DETACH, and any added later) are read by ONE helper: $(call flag,VAR,--option)
-# gives --option for 1/yes/true, nothing for 0/no/false/empty (any case); any other value stops make with a usage
+# Booleans (FOLLOW, DELETE_DATA, YES, DETACH, ALL, and any added later) are read by ONE helper:
+# $(call flag,VAR,--option) gives --option for 1/yes/true, nothing for 0/no/false/empty (any case); any other value stops make with a usage
 # error (exit 2) before the CLI runs, so that DELETE_DATA=0 never reads as "set".
 FLAG_LETTERS := A:a E:e F:f L:l N:n O:o R:r S:s T:t U:u Y:y
 comma := ,

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -88,6 +87,11 @@ def test_runs_lists_every_run_and_one_run_is_shown_by_its_id(project: LocalProje
     assert "FIRST FAILURE" in table and "rank" in table and "exited with 3" in table, table
     shown = project.ok("logs", str(succeeded["run_id"]), timeout=60).stdout  # an older run's output, not the newest's
     assert "attempt 0 on node 1" in shown and "failing on purpose" not in shown, shown
+    lines = [json.loads(line) for line in project.ok("logs", "--json", str(failed["run_id"])).stdout.splitlines()]
+    for line in lines:
+        assert_shaped(line, documented_shape("logs-line"))
+    assert any(found["node"] == 1 and isinstance(found["rank"], int) and found["line"] == "failing on purpose"
+               for found in lines), lines
     over = project.mlenv("stacks", str(failed["run_id"]))
     assert over.returncode == 2 and f"run {failed['run_id']} is over (failed" in over.stderr, over.stderr
     assert f"mlenv logs {failed['run_id']}" in over.stderr, over.stderr

@@ -455,8 +455,11 @@ def shell(cluster_ref: str | None, pod: int | None) -> None:
               "restarted under --max-restarts, until the run ends; then exit with its exit code.")
 @click.option("--rank", type=click.IntRange(min=0), metavar="N",
               help="Only the lines of global rank N (exit 2 when the run has no such rank).")
+@click.option("--json", "as_json", is_flag=True,
+              help='One JSON object a line: {"node", "rank", "line"} (docs/json.md).')
 @reports_errors
-def logs(run_id: str | None, cluster_ref: str | None, pod: int | None, follow: bool, rank: int | None) -> None:
+def logs(run_id: str | None, cluster_ref: str | None, pod: int | None, follow: bool, rank: int | None,
+         as_json: bool) -> None:
     """The latest run's output (or run RUN_ID's, from mlenv runs) on every node (or --pod N): every rank's lines
     whole, tagged [node-N rR]; every attempt of a restarted run, each under its header."""
     from mlenv.core.capabilities import Feature
@@ -469,7 +472,7 @@ def logs(run_id: str | None, cluster_ref: str | None, pod: int | None, follow: b
         find(target, run_id)
     jobs = target.backend.jobs if target.backend.info.supports(Feature.JOBS) else None  # where the ranks ran
     sys.exit(logs_all(target.backend.access, target.handle, only=pod, follow=follow, rank=rank, jobs=jobs,
-                      run_id=run_id))
+                      run_id=run_id, as_json=as_json))
 
 
 @main.command()
