@@ -44,6 +44,7 @@ def latest_run(run_id: str, jobs: Mapping[int, NodeJob | None]) -> RunRecord:
     first = FirstFailure.parse(failures[0]) if failures else None
     ranks = tuple(sorted((rank for job in known for rank in parse_ranks(job.get("ranks"))), key=lambda r: r.rank))
     state = run_state([str(job.get("state")) for job in known])
+    code, ended_at = ended(state, first, {ordinal: job for ordinal, job in jobs.items() if job is not None}, ranks)
     return RunRecord(
         run_id, state,
         max((int(job.get("attempt", 0)) for job in known), default=0),
@@ -55,8 +56,7 @@ def latest_run(run_id: str, jobs: Mapping[int, NodeJob | None]) -> RunRecord:
          if job is not None and job.get("idle")} or None,
         {ordinal: fault for ordinal, job in sorted(jobs.items())
          if job is not None and (fault := NodeFault.parse(job.get("node_fault"))) is not None},
-        {ordinal: node_state(job) for ordinal, job in jobs.items()},
-        *ended(state, first, {ordinal: job for ordinal, job in jobs.items() if job is not None}, ranks))
+        {ordinal: node_state(job) for ordinal, job in jobs.items()}, exit_code=code, ended_at=ended_at)
 
 
 ENDED = (SUCCEEDED, FAILED, STOPPED)

@@ -58,7 +58,7 @@ class RunRecord:
                    dict(data["idle"]) if isinstance(data.get("idle"), Mapping) else None,
                    parse_faults(data.get("node_faults")),
                    {int(node): str(state) for node, state in (nodes.items() if isinstance(nodes, Mapping) else ())},
-                   _int_or_none(data.get("exit_code")), _str_or_none(data.get("ended_at")))
+                   exit_code=_int_or_none(data.get("exit_code")), ended_at=_str_or_none(data.get("ended_at")))
 
 
 def _str_or_none(value: object) -> str | None:
