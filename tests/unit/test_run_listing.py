@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from mlenv.ops.runs import cells, duration, entry
+from mlenv.ops.runs import cells, distinct, duration, entry
 from mlenv.runtime.records.runlayout import FirstFailure
 from mlenv.runtime.records.runrecord import RunRecord
 
@@ -37,3 +37,9 @@ def test_a_running_run_lasts_until_now_and_an_unknown_one_is_said_so() -> None:
 
 def test_durations_read_as_a_person_says_them() -> None:
     assert [duration(s) for s in (None, 4.2, 65, 3600 * 2 + 61)] == ["-", "4s", "1m05s", "2h01m"]
+
+
+def test_a_run_restarted_attached_is_one_run_from_its_first_start() -> None:
+    again = {**RECORDED, "started": "2026-11-27T20:05:00+00:00", "spares": [{"node": 1}]}
+    other = {**RECORDED, "id": "20261127-200700-out", "started": "2026-11-27T20:07:00+00:00"}
+    assert distinct([RECORDED, again, other]) == [{**again, "started": RECORDED["started"]}, other]

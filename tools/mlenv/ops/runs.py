@@ -27,6 +27,16 @@ def recorded_runs(name: str, recorded: state.Deployment | None) -> list[dict[str
             for job in state.jobs_of(name) if isinstance(job.get("run"), str) and job["run"]]
 
 
+def distinct(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per run, oldest first: a run restarted attached is recorded again at each attempt; its entry is the
+    last one's (its spares, preemptions) with the first one's start."""
+    merged: dict[str, dict[str, Any]] = {}
+    for run in runs:
+        first = merged.get(str(run.get("id")))
+        merged[str(run.get("id"))] = {**run, "started": first["started"]} if first and "started" in first else run
+    return list(merged.values())
+
+
 def find(target: Target, run_id: str) -> dict[str, Any]:
     """The recorded run ``run_id`` of ``target``; UsageError naming it and how to list the runs when there is
     none."""
@@ -40,7 +50,7 @@ def find(target: Target, run_id: str) -> dict[str, Any]:
 def listing(target: Target) -> list[dict[str, Any]]:
     """Every run of ``target``, newest first, in ``runs --json``'s shape (docs/json.md); read from its nodes at
     once."""
-    listed = recorded_runs(target.handle.name, target.recorded)
+    listed = distinct(recorded_runs(target.handle.name, target.recorded))
     records: dict[str, RunRecord] = {}
     if listed and target.backend.info.supports(Feature.JOBS):
         records = target.backend.jobs.runs(target.handle, [str(run["id"]) for run in listed])
@@ -115,7 +125,7 @@ def show(cluster_ref: str | None, every: bool, as_json: bool) -> int:
             error(f"{name}: cannot read its runs: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
             recorded = target.recorded if isinstance(target, Target) else None
             rows += [entry(name, run, None, datetime.now(timezone.utc))
-                     for run in reversed(recorded_runs(name, recorded))]
+                     for run in reversed(distinct(recorded_runs(name, recorded)))]
     rows.sort(key=lambda row: str(row["started"]), reverse=True)
     if as_json:
         print_json(rows)

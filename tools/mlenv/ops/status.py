@@ -88,7 +88,7 @@ def _print(report: dict[str, Any]) -> None:
               f"{entry.get('reason', '-')}; mlenv nodes --forget-excluded clears")
     if report["runs"]:
         run = report.get("latest_run") or {}
-        latest = next((r for r in report["runs"] if r.get("id") == run.get("id")), report["runs"][-1])
+        latest = next((r for r in reversed(report["runs"]) if r.get("id") == run.get("id")), report["runs"][-1])
         kind = "detached run" if latest.get("detached", True) else "run"
         say(f"{'run' if latest is not report['runs'][-1] else f'latest {kind}'}: {latest['id']} ({latest['script']}, "
             f"started {latest['started']}): {summary(run, latest, report.get('run_states', {}))}")
