@@ -34,7 +34,7 @@ def test_a_failed_run_names_its_first_failure_and_every_rank_in_order() -> None:
         (0, 100, "stopped"), (1, 101, "stopped"), (2, 102, "stopped"), (3, 103, "failed")]
     assert run.transport == {"node-0": {"verdict": "TCP", "plugin": None, "devices": [], "nccl_version": None}}
     assert (run.stacks, run.idle) == (None, None)
-    assert run.nodes == {0: "failed (143)", 1: "failed (3)"}
+    assert run.nodes == {0: "stopped (143)", 1: "failed (3)"}  # node 0 was stopped for node 1's failure
     shown = run.to_dict()  # status --json's latest_run: what the nodes recorded, as they recorded it
     assert shown["first_failure"] == FAILURE and shown["ranks"][3] == rank(3, 1, "failed", 3) and "nodes" not in shown
     assert RunRecord.from_dict({**shown, "nodes": run.nodes}) == run

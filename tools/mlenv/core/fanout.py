@@ -192,9 +192,7 @@ class FanoutJobs(ABC):
 
     def run_states(self, handle: Handle, run_id: str) -> dict[int, str]:
         """Node ordinal -> its state of run ``run_id`` (``failed (7)`` once it ended), or ``-``."""
-        from mlenv.core.runrecords import node_state
-
-        return {ordinal: node_state(job) for ordinal, job in self._node_jobs(handle, run_id).items()}
+        return dict(self.latest_run(handle, run_id).nodes)
 
     def latest_run(self, handle: Handle, run_id: str) -> RunRecord:
         """Run ``run_id`` as its nodes' supervisors recorded it (docs/runs.md; ``core.runrecords.latest_run``)."""

@@ -25,12 +25,18 @@ NodeJob = Mapping[str, Any]
 ``attempt``, ``ranks``, ``first_failure``, ``transport``, ``stacks``, ``idle``, ``node_fault``."""
 
 
-def node_state(job: NodeJob | None) -> str:
-    """A node's entry of ``run_states``: its state, with the exit code once it ended (``failed (7)``), or ``-``."""
+def node_state(job: NodeJob | None, ordinal: int | None = None, first: FirstFailure | None = None) -> str:
+    """A node's entry of ``run_states``, the one wording of a node's end everywhere (status, launch's summary): its
+    state, with the exit code once it ended (``failed (7)``, ``stopped (143)``: 128+N for a signal N), or ``-``. A
+    node ``ordinal`` that ended failed for the ``first`` failure of another node, with no fault of its own, was
+    stopped for it (fail-fast): ``stopped (N)``."""
     if job is None:
         return "-"
-    code = job.get("exit_code")
-    return f"{job.get('state', '?')} ({code})" if code is not None else str(job.get("state", "?"))
+    state, code = str(job.get("state", "?")), job.get("exit_code")
+    if state == FAILED and first is not None and ordinal is not None and ordinal != first.node \
+            and code is not None and NodeFault.parse(job.get("node_fault")) is None:
+        state = STOPPED
+    return f"{state} ({code})" if code is not None else state
 
 
 def latest_run(run_id: str, jobs: Mapping[int, NodeJob | None]) -> RunRecord:
@@ -56,7 +62,8 @@ def latest_run(run_id: str, jobs: Mapping[int, NodeJob | None]) -> RunRecord:
          if job is not None and job.get("idle")} or None,
         {ordinal: fault for ordinal, job in sorted(jobs.items())
          if job is not None and (fault := NodeFault.parse(job.get("node_fault"))) is not None},
-        {ordinal: node_state(job) for ordinal, job in jobs.items()}, exit_code=code, ended_at=ended_at)
+        {ordinal: node_state(job, ordinal, first) for ordinal, job in jobs.items()}, exit_code=code,
+        ended_at=ended_at)
 
 
 ENDED = (SUCCEEDED, FAILED, STOPPED)
