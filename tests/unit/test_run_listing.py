@@ -19,7 +19,7 @@ def test_an_ended_run_lasts_until_its_last_rank_ended() -> None:
     record = RunRecord("20261127-200000-out", "failed", 1, first_failure=failure, nodes={0: "stopped (143)",
                        1: "failed (3)"}, exit_code=3, ended_at="2026-11-27T20:01:05.500+00:00")
     row = entry("out", RECORDED, record, NOW)
-    assert (row["state"], row["exit_code"], row["attempts"], row["seconds"], row["nodes"]) == ("failed", 3, 2, 65.5, 2)
+    assert (row["state"], row["exit_code"], row["attempts"], row["duration"], row["nodes"]) == ("failed", 3, 2, 65.5, 2)
     assert row["node_states"] == {"0": "stopped (143)", "1": "failed (3)"} and row["first_failure"]["rank"] == 3
     assert cells(row) == ["20261127-200000-out", "train.py", "failed", "3", "2", "2026-11-27 20:00:00", "1m05s", "2",
                           "rank 3 (node-1) exited with 3: ValueError: bad batch"]
@@ -27,10 +27,10 @@ def test_an_ended_run_lasts_until_its_last_rank_ended() -> None:
 
 def test_a_running_run_lasts_until_now_and_an_unknown_one_is_said_so() -> None:
     going = entry("out", RECORDED, RunRecord("20261127-200000-out", "running", 0, nodes={0: "running", 1: "-"}), NOW)
-    assert (going["state"], going["exit_code"], going["attempts"], going["seconds"], going["nodes"]) == (
+    assert (going["state"], going["exit_code"], going["attempts"], going["duration"], going["nodes"]) == (
         "running", None, 1, 600.0, 1)
     unknown = entry("out", RECORDED, None, NOW)
-    assert (unknown["state"], unknown["attempts"], unknown["seconds"], unknown["first_failure"]) == (None, None, None,
+    assert (unknown["state"], unknown["attempts"], unknown["duration"], unknown["first_failure"]) == (None, None, None,
                                                                                                       None)
     assert cells(unknown)[2:5] == ["unknown", "-", "-"]
 

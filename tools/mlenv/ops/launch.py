@@ -60,7 +60,7 @@ class LaunchResult:
         failure = self.latest_run.first_failure if self.latest_run is not None else None
         return {"ok": outcome.exit_code == 0, "run_id": self.run_id, "cluster": cluster, "detached": outcome.detached,
                 "run_dir": str(self.run_dir), "exit_code": None if going else outcome.exit_code,
-                "attempt": self.attempt, "seconds": self.seconds,
+                "attempt": self.attempt, "duration": self.seconds,
                 "first_failure": failure.to_dict() if failure is not None else None}
 
 

@@ -68,7 +68,7 @@ def entry(cluster: str, run: dict[str, Any], record: RunRecord | None, now: date
         "exit_code": record.exit_code if record is not None else None,
         "attempts": record.attempt + 1 if record is not None and known else None,
         "started": run.get("started"), "ended": ended_at,
-        "seconds": _seconds(run.get("started"), ended_at, now, record),
+        "duration": _seconds(run.get("started"), ended_at, now, record),
         "nodes": sum(shown != "-" for shown in record.nodes.values()) if record is not None else None,
         "node_states": {str(node): shown for node, shown in sorted(record.nodes.items())} if record else {},
         "first_failure": record.first_failure.to_dict() if record is not None and record.first_failure else None,
@@ -142,7 +142,7 @@ def cells(row: dict[str, Any]) -> list[str]:
     return [row["id"], row["script"] or "-", row["state"] or "unknown",
             "-" if row["exit_code"] is None else str(row["exit_code"]),
             "-" if row["attempts"] is None else str(row["attempts"]), _started(row["started"]),
-            duration(row["seconds"]), "-" if row["nodes"] is None else str(row["nodes"]),
+            duration(row["duration"]), "-" if row["nodes"] is None else str(row["nodes"]),
             one_line(failure) if failure is not None else ""]
 
 
