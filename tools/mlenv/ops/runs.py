@@ -14,7 +14,9 @@ from mlenv.ops.target import Target, backend_of, resolve
 from mlenv.runtime.records.runlayout import FirstFailure
 from mlenv.runtime.records.runrecord import RunRecord
 
-COLUMNS = ["RUN", "SCRIPT", "STATE", "EXIT", "ATTEMPTS", "STARTED", "DURATION", "NODES", "FIRST FAILURE"]
+COLUMNS = ["RUN", "STATE", "EXIT", "ATTEMPTS", "DURATION", "START", "NODES", "SCRIPT", "FAILURE"]
+"""The table's columns, the most wanted first: a narrow terminal cuts them from the last (ui.layout), so that at 80
+columns the run id and its state stay whole."""
 
 
 def recorded_runs(name: str, recorded: state.Deployment | None) -> list[dict[str, Any]]:
@@ -139,10 +141,9 @@ def show(cluster_ref: str | None, every: bool, as_json: bool) -> int:
 def cells(row: dict[str, Any]) -> list[str]:
     """A run's cells of the table, as ``COLUMNS`` names them."""
     failure = FirstFailure.parse(row["first_failure"])
-    return [row["id"], row["script"] or "-", row["state"] or "unknown",
-            "-" if row["exit_code"] is None else str(row["exit_code"]),
-            "-" if row["attempts"] is None else str(row["attempts"]), _started(row["started"]),
-            duration(row["duration"]), "-" if row["nodes"] is None else str(row["nodes"]),
+    return [row["id"], row["state"] or "unknown", "-" if row["exit_code"] is None else str(row["exit_code"]),
+            "-" if row["attempts"] is None else str(row["attempts"]), duration(row["duration"]),
+            _started(row["started"]), "-" if row["nodes"] is None else str(row["nodes"]), row["script"] or "-",
             one_line(failure) if failure is not None else ""]
 
 
@@ -154,7 +155,7 @@ def one_line(failure: FirstFailure) -> str:
 
 def _started(text: object) -> str:
     found = _time(text)
-    return found.strftime("%Y-%m-%d %H:%M:%S") if found is not None else str(text or "-")
+    return found.strftime("%m-%d %H:%M:%S") if found is not None else str(text or "-")
 
 
 def duration(seconds: float | None) -> str:
