@@ -2,7 +2,7 @@
 # Variables: CLUSTER (deployment, cluster name or file), MODE (rdma|tcp), NODES, IMAGE, OUT, POD, CMD, FOLLOW,
 #            DELETE_DATA, YES, SCRIPT, ARGS, LAUNCHER, DETACH, ENV, NAME, STEPS, SIZES, EXPECT, FORCE, VENV, LOG_RANK,
 #            EXPECT_TRANSPORT, HANG_TIMEOUT, ON_HANG, ON_IDLE, MAX_RESTARTS, MAX_PREEMPTIONS, SPARES, READ, TOOL,
-#            TEST.
+#            TEST, RUN, ALL.
 
 SHELL := /bin/bash
 VENV ?= .venv
@@ -10,7 +10,7 @@ VENV ?= .venv
 # verbatim: make does not expand a `$` inside it (make exec CMD='echo $HOSTNAME' echoes each pod's name).
 USER_VARS := CLUSTER MODE NODES IMAGE OUT POD CMD FOLLOW DELETE_DATA YES SCRIPT ARGS LAUNCHER DETACH ENV NAME STEPS \
              SIZES EXPECT FORCE VENV LOG_RANK EXPECT_TRANSPORT HANG_TIMEOUT ON_HANG ON_IDLE MAX_RESTARTS \
-             MAX_PREEMPTIONS SPARES READ TOOL TEST
+             MAX_PREEMPTIONS SPARES READ TOOL TEST RUN ALL
 $(foreach v,$(USER_VARS),$(if $(filter command line environment,$(origin $(v))),$(eval override $(v) := $$(value $(v)))))
 export $(USER_VARS)
 MLENV = "$$VENV/bin/mlenv"
@@ -19,8 +19,8 @@ POD_OPT = $(if $(POD),--pod "$$POD")
 PLAN_OPTS = $(if $(MODE),--mode "$$MODE") $(if $(NODES),--nodes "$$NODES")
 IMAGE_OPT = $(if $(IMAGE),--image "$$IMAGE")
 ENV_OPTS = $(if $(ENV),--env "$$ENV")
-# Booleans (FOLLOW, DELETE_DATA, YES, DETACH, and any added later) are read by ONE helper: $(call flag,VAR,--option)
-# gives --option for 1/yes/true, nothing for 0/no/false/empty (any case); any other value stops make with a usage
+# Booleans (FOLLOW, DELETE_DATA, YES, DETACH, ALL, and any added later) are read by ONE helper:
+# $(call flag,VAR,--option) gives --option for 1/yes/true, nothing for 0/no/false/empty (any case); any other value stops make with a usage
 # error (exit 2) before the CLI runs, so that DELETE_DATA=0 never reads as "set".
 FLAG_LETTERS := A:a E:e F:f L:l N:n O:o R:r S:s T:t U:u Y:y
 comma := ,
@@ -42,7 +42,7 @@ SPARES_OPT = $(if $(SPARES),--spares "$$SPARES")
 .DEFAULT_GOAL := help
 .PHONY: help install install-train install-system test test-fast lint bench demo list-clusters validate-cluster \
         render-cluster deploy-cluster-dry-run deploy-cluster use status-cluster sync-multi-node shell-multi-node \
-        exec logs clean-cluster launch launch-dry-run stop top stacks nccl-test doctor discover
+        exec logs clean-cluster launch launch-dry-run stop top stacks nccl-test doctor discover runs
 
 help: ## List the targets (names in bold on a terminal, unless NO_COLOR is set)
 	@if [ -t 1 ] && [ -z "$${NO_COLOR:-}" ]; then bold=$$'\033[1m' plain=$$'\033[0m'; else bold= plain=; fi; \
@@ -101,6 +101,9 @@ use: install ## Make NAME= (a deployment, cluster name or file) the current depl
 status-cluster: install ## Nodes, phase, readiness, GPUs, IPs, jobs of the current deployment (or CLUSTER=)
 	@$(MLENV) status $(CLUSTER_OPT)
 
+runs: install ## Every run of the current deployment (or CLUSTER=; ALL=1: of every deployment), newest first
+	@$(MLENV) runs $(CLUSTER_OPT) $(call flag,ALL,--all)
+
 sync-multi-node: install ## Sync workspace/ to every node's workspace
 	@$(MLENV) sync $(CLUSTER_OPT)
 
@@ -110,8 +113,8 @@ shell-multi-node: install ## Interactive shell on node 0 (or POD=N)
 exec: install ## Run CMD="..." on every node (or POD=N) in parallel
 	@$(call required,CMD,'nvidia-smi -L')$(MLENV) exec $(CLUSTER_OPT) $(POD_OPT) -- sh -c "$$CMD"
 
-logs: install ## The latest run's output of every node (or POD=N, or one rank: LOG_RANK=N); FOLLOW=1 follows it
-	@$(MLENV) logs $(CLUSTER_OPT) $(POD_OPT) $(call flag,FOLLOW,--follow) $(if $(LOG_RANK),--rank "$$LOG_RANK")
+logs: install ## The latest run's output (or RUN=ID's) of every node (or POD=N, or one rank: LOG_RANK=N); FOLLOW=1 follows it
+	@$(MLENV) logs $(CLUSTER_OPT) $(POD_OPT) $(call flag,FOLLOW,--follow) $(if $(LOG_RANK),--rank "$$LOG_RANK") $(if $(RUN),-- "$$RUN")
 
 launch: install ## Run [SCRIPT=train_multi_node.py] [ARGS=] [LAUNCHER=] [ENV=] [DETACH=1] [EXPECT_TRANSPORT=] [HANG_TIMEOUT=s [ON_HANG=stop]] [ON_IDLE=stop|warn] [MAX_RESTARTS=N] [MAX_PREEMPTIONS=N] on every node
 	@$(MLENV) launch $(CLUSTER_OPT) $(if $(LAUNCHER),--launcher "$$LAUNCHER") $(if $(ARGS),--args "$$ARGS") \
@@ -121,8 +124,8 @@ launch-dry-run: install ## Print what launch would run on every node (same varia
 	@$(MLENV) launch $(CLUSTER_OPT) $(if $(LAUNCHER),--launcher "$$LAUNCHER") $(if $(ARGS),--args "$$ARGS") \
 	    $(ENV_OPTS) $(call flag,DETACH,--detach) $(EXPECT_OPT) $(HANG_OPTS) $(IDLE_OPT) $(RESTARTS_OPT) --dry-run -- "$${SCRIPT:-train_multi_node.py}"
 
-stacks: install ## Python stack of every rank of the latest run (or POD=N's), grouped, odd ones out first
-	@$(MLENV) stacks $(CLUSTER_OPT) $(POD_OPT)
+stacks: install ## Python stack of every rank of the latest run (or RUN=ID, while it runs; or POD=N's), grouped, odd ones out first
+	@$(MLENV) stacks $(CLUSTER_OPT) $(POD_OPT) $(if $(RUN),-- "$$RUN")
 
 top: install ## Live GPU state of every node (or POD=N): GPUs, Xid/ECC events, ranks' CPU, RSS, last output
 	@$(MLENV) top $(CLUSTER_OPT) $(POD_OPT)

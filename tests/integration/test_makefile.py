@@ -33,8 +33,8 @@ ROOT = Path(__file__).resolve().parents[2]
 TARGETS = ("install", "install-train", "install-system", "test", "test-fast", "lint", "bench", "demo", "list-clusters",
            "validate-cluster", "render-cluster", "deploy-cluster-dry-run", "deploy-cluster", "use", "status-cluster",
            "sync-multi-node", "shell-multi-node", "exec", "logs", "launch", "launch-dry-run", "stop", "nccl-test",
-           "doctor", "discover", "clean-cluster", "top", "stacks")
-BOOLEANS = ("FOLLOW", "DELETE_DATA", "YES", "DETACH")
+           "doctor", "discover", "clean-cluster", "top", "stacks", "runs")
+BOOLEANS = ("FOLLOW", "DELETE_DATA", "YES", "DETACH", "ALL")
 
 
 def make(*args: str, home: Path | None = None, stdin: str | None = None,
@@ -176,11 +176,11 @@ def test_variables_reach_the_cli_verbatim(tmp_path: Path, project: LocalProject)
     assert statefulset["spec"]["template"]["spec"]["containers"][0]["image"] == image  # verbatim, `$` included
     spliced = f"$(shell touch {marker})"  # expanded by make, this would create the marker
     for variable in ("POD", "ARGS", "ENV", "NAME", "STEPS", "VENV", "LOG_RANK", "EXPECT_TRANSPORT",
-                     "MAX_RESTARTS", "MAX_PREEMPTIONS", "ON_IDLE", "SPARES"):
+                     "MAX_RESTARTS", "MAX_PREEMPTIONS", "ON_IDLE", "SPARES", "RUN"):
         shown = make("-n", "clean-cluster", "logs", "launch", "deploy-cluster", "demo", f"{variable}={spliced}")
         assert shown.returncode == 0, shown.stderr
     for variable in BOOLEANS:  # not a boolean: a usage error naming it, still never expanded
-        refused = make("-n", "clean-cluster", "logs", "launch", f"{variable}={spliced}")
+        refused = make("-n", "clean-cluster", "logs", "launch", "runs", f"{variable}={spliced}")
         assert refused.returncode == 2 and f"{variable}={spliced}: expected 1, yes or true" in refused.stderr
     make("status-cluster", f"POD={spliced}", home=project.home)  # and for real, where it runs nothing else
     assert not marker.exists()

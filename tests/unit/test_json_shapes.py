@@ -49,6 +49,10 @@ def test_validate_of_a_broken_file_prints_every_error_as_json(project: Path) -> 
     (["validate", "--json", "--nodes", "x", "broken"], 2, "Invalid value for '--nodes'"),
     (["status", "--json", "--cluster", "nowhere"], 2, "unknown cluster 'nowhere'"),
     (["stacks", "--json", "--cluster", "local"], 1, "is not deployed"),
+    (["runs", "--json"], 2, "no deployment recorded"),
+    (["logs", "--json", "20990101-000000-nope"], 2, "no deployment recorded"),
+    (["launch", "--json", "--cluster", "local", "--max-restarts", "x", "train.py"], 2,
+     "Invalid value for '--max-restarts'"),
 ])
 def test_every_error_of_a_json_command_is_json(project: Path, args: list[str], code: int, said: str) -> None:
     result = run_mlenv(*args, home=project, cwd=project)

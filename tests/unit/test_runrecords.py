@@ -34,7 +34,7 @@ def test_a_failed_run_names_its_first_failure_and_every_rank_in_order() -> None:
         (0, 100, "stopped"), (1, 101, "stopped"), (2, 102, "stopped"), (3, 103, "failed")]
     assert run.transport == {"node-0": {"verdict": "TCP", "plugin": None, "devices": [], "nccl_version": None}}
     assert (run.stacks, run.idle) == (None, None)
-    assert run.nodes == {0: "failed (143)", 1: "failed (3)"}
+    assert run.nodes == {0: "stopped (143)", 1: "failed (3)"}  # node 0 was stopped for node 1's failure
     shown = run.to_dict()  # status --json's latest_run: what the nodes recorded, as they recorded it
     assert shown["first_failure"] == FAILURE and shown["ranks"][3] == rank(3, 1, "failed", 3) and "nodes" not in shown
     assert RunRecord.from_dict({**shown, "nodes": run.nodes}) == run
@@ -61,3 +61,26 @@ def test_no_share_anywhere_is_no_state() -> None:
     run = latest_run("r3", {0: None, 1: None})
     assert (run.state, run.ranks, run.transport, run.nodes) == (None, (), {}, {0: "-", 1: "-"})
     assert node_state(None) == "-"
+
+
+def ended_rank(number: int, node: int, state: str, code: int, ended_at: str) -> dict[str, Any]:
+    return {**rank(number, node, state, code), "ended_at": ended_at}
+
+
+def test_an_ended_run_says_its_exit_code_and_when_its_last_rank_ended() -> None:
+    failed = latest_run("r5", {
+        0: {"state": "stopped", "exit_code": 143, "ranks": [ended_rank(0, 0, "stopped", 143, "2026-11-25T20:00:09")]},
+        1: {"state": "failed", "exit_code": 3, "first_failure": FAILURE,
+            "ranks": [ended_rank(3, 1, "failed", 3, "2026-11-25T20:00:08")]}})
+    assert (failed.state, failed.exit_code, failed.ended_at) == ("failed", 3, "2026-11-25T20:00:09")
+    assert failed.to_dict()["exit_code"] == 3 and RunRecord.from_dict(failed.to_dict()).exit_code == 3
+    no_first = latest_run("r6", {0: {"state": "succeeded", "exit_code": 0}, 1: {"state": "failed", "exit_code": 7}})
+    assert (no_first.exit_code, no_first.ended_at) == (7, None)  # the first code that is not 0; no rank known
+    fine = latest_run("r7", {0: {"state": "succeeded", "exit_code": 0}, 1: {"state": "succeeded", "exit_code": 0}})
+    assert fine.exit_code == 0
+
+
+def test_a_run_with_a_node_still_running_has_not_ended() -> None:
+    going = latest_run("r8", {0: {"state": "failed", "exit_code": 3, "first_failure": FAILURE},
+                              1: {"state": "running", "exit_code": None}})
+    assert (going.state, going.exit_code, going.ended_at) == ("failed", None, None)

@@ -9,8 +9,8 @@ from pathlib import Path
 from mlenv.backends.slurm.backend import LOGS
 
 
-def logs(runs: Path, node: int, rank: str = "", name: str = "") -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["sh", "-c", LOGS, "sh", str(runs), str(node), "", rank, name], capture_output=True,
+def logs(runs: Path, node: int, rank: str = "", name: str = "", run: str = "") -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["sh", "-c", LOGS, "sh", str(runs), str(node), "", rank, name, run], capture_output=True,
                           text=True, timeout=30)
 
 
@@ -38,6 +38,13 @@ def test_every_attempt_of_a_restarted_run_under_its_header(tmp_path: Path) -> No
     only = logs(tmp_path, 1, "2")
     assert only.stdout == "".join(f"mlenv: ==== attempt {k} (MLENV_RESTART_COUNT={k}) of run r2, node 1 ====\n"
                                   f"[node-1 r2] attempt {k}\n" for k in range(3))
+
+
+def test_a_run_named_by_its_id_rather_than_the_newest(tmp_path: Path) -> None:
+    write(tmp_path, "r1", 0, 0, "[node-0 r0] older")
+    write(tmp_path, "r2", 0, 0, "[node-0 r0] newer")
+    assert logs(tmp_path, 0, run="r1").stdout == "[node-0 r0] older\n"
+    assert logs(tmp_path, 0).stdout == "[node-0 r0] newer\n"
 
 
 def test_a_rank_through_every_attempt_wherever_it_ran(tmp_path: Path) -> None:

@@ -327,20 +327,37 @@ def use(name: str) -> None:
 
 
 @main.command()
+@click.argument("run_id", required=False, metavar="[RUN_ID]")
 @cluster_option
 @click.option("--all", "every", is_flag=True, help="Every recorded deployment.")
 @click.option("--gpus", is_flag=True, help="Also each node's GPUs (utilisation, memory, temperature, power, ECC), "
               "Xid events since the run started and the ranks' CPU, RSS and last output (asks every node).")
 @json_option
 @reports_errors
-def status(cluster_ref: str | None, every: bool, gpus: bool, as_json: bool) -> None:
-    """Nodes of the current deployment (or --cluster, or --all): node, phase, ready, GPUs, IP, jobs."""
+def status(run_id: str | None, cluster_ref: str | None, every: bool, gpus: bool, as_json: bool) -> None:
+    """Nodes of the current deployment (or --cluster, or --all): node, phase, ready, GPUs, IP, jobs; and its latest
+    run (or run RUN_ID, from mlenv runs)."""
     from mlenv.ops.status import show
 
-    sys.exit(show(cluster_ref, every, as_json, gpus))
+    sys.exit(show(cluster_ref, every, as_json, gpus, run_id))
 
 
 @main.command()
+@cluster_option
+@click.option("--all", "every", is_flag=True, help="Every recorded deployment's runs, and those of the batch jobs "
+              "submitted for clusters that are not deployed.")
+@json_option
+@reports_errors
+def runs(cluster_ref: str | None, every: bool, as_json: bool) -> None:
+    """Every run of the current deployment (or --cluster, or --all), newest first: id, script, state, exit code,
+    attempts, start, duration, nodes and the first failure. mlenv logs/stacks/status RUN_ID show one."""
+    from mlenv.ops.runs import show
+
+    sys.exit(show(cluster_ref, every, as_json))
+
+
+@main.command()
+@click.argument("run_id", required=False, metavar="[RUN_ID]")
 @cluster_option
 @pod_option
 @click.option("--native", is_flag=True, help="Add native frames (py-spy only; file and line null where unknown).")
@@ -348,13 +365,19 @@ def status(cluster_ref: str | None, every: bool, gpus: bool, as_json: bool) -> N
               help="py-spy (needs ptrace), faulthandler (the signal the runtime armed in every rank), or auto.")
 @json_option
 @reports_errors
-def stacks(cluster_ref: str | None, pod: int | None, native: bool, method: str, as_json: bool) -> None:
-    """Python stack of every rank of the latest run (or of --pod N's), grouped: the odd ones out first."""
+def stacks(run_id: str | None, cluster_ref: str | None, pod: int | None, native: bool, method: str,
+           as_json: bool) -> None:
+    """Python stack of every rank of the latest run (or of run RUN_ID while it runs; of --pod N's), grouped: the odd
+    ones out first."""
     from mlenv.ops.stacks import take, text
     from mlenv.ui import print_json
 
     target = _target(cluster_ref)
-    report = take(target.backend.access, target.handle, pod, native=native, method=method)
+    if run_id is not None:
+        from mlenv.ops.runs import find
+
+        find(target, run_id)
+    report = take(target.backend.access, target.handle, pod, native=native, method=method, run_id=run_id)
     if as_json:
         print_json(report)
     else:
@@ -425,20 +448,31 @@ def shell(cluster_ref: str | None, pod: int | None) -> None:
 
 
 @main.command()
+@click.argument("run_id", required=False, metavar="[RUN_ID]")
 @cluster_option
 @pod_option
-@click.option("-f", "--follow", is_flag=True, help="Keep streaming new lines.")
+@click.option("-f", "--follow", is_flag=True, help="Keep streaming new lines, through every attempt of a run "
+              "restarted under --max-restarts, until the run ends; then exit with its exit code.")
 @click.option("--rank", type=click.IntRange(min=0), metavar="N",
-              help="Only the lines of global rank N (exit 2 when the latest run has no such rank).")
+              help="Only the lines of global rank N (exit 2 when the run has no such rank).")
+@click.option("--json", "as_json", is_flag=True,
+              help='One JSON object a line: {"node", "rank", "line"} (docs/json.md).')
 @reports_errors
-def logs(cluster_ref: str | None, pod: int | None, follow: bool, rank: int | None) -> None:
-    """The latest run's output on every node (or --pod N): every rank's lines whole, tagged [node-N rR]."""
+def logs(run_id: str | None, cluster_ref: str | None, pod: int | None, follow: bool, rank: int | None,
+         as_json: bool) -> None:
+    """The latest run's output (or run RUN_ID's, from mlenv runs) on every node (or --pod N): every rank's lines
+    whole, tagged [node-N rR]; every attempt of a restarted run, each under its header."""
     from mlenv.core.capabilities import Feature
     from mlenv.ops.fanout import logs_all
 
     target = _target(cluster_ref)
+    if run_id is not None:
+        from mlenv.ops.runs import find
+
+        find(target, run_id)
     jobs = target.backend.jobs if target.backend.info.supports(Feature.JOBS) else None  # where the ranks ran
-    sys.exit(logs_all(target.backend.access, target.handle, only=pod, follow=follow, rank=rank, jobs=jobs))
+    sys.exit(logs_all(target.backend.access, target.handle, only=pod, follow=follow, rank=rank, jobs=jobs,
+                      run_id=run_id, as_json=as_json))
 
 
 @main.command()
@@ -505,19 +539,22 @@ def clean(cluster_ref: str | None, delete_data: bool, yes: bool) -> None:
               help="When every GPU of the job stayed under launch.idle_util (default 5%) for launch.idle_minutes of "
                    "the cluster file, the run is flagged idle (output, status); stop also stops it, exit code 125, "
                    "and it is not restarted under --max-restarts (it would idle again). Default: warn.")
+@json_option
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 @reports_errors
 def launch(cluster_ref: str | None, launcher: str, nproc: int | None, args_text: str | None, secrets: tuple[str, ...],
            detach: bool, expect_transport: str | None, dry_run: bool, hang_timeout: float | None,
            on_hang: str | None, on_idle: str | None, max_restarts: int | None, max_preemptions: int | None,
-           script: str, script_args: tuple[str, ...]) -> None:
+           as_json: bool, script: str, script_args: tuple[str, ...]) -> None:
     """Start SCRIPT on every node at once through the runtime; fail-fast, logs in runs/.
 
     Everything after SCRIPT belongs to it: `mlenv launch train.py -c cfg.yaml` passes -c cfg.yaml to train.py.
-    Exits with the job's exit code once it started; 124 when --on-hang stop stopped a hung job, 125 when --on-idle
-    stop stopped an idle one; 2 while a run of the deployment is still running where runs share ports (every
-    backend but ssh and Slurm batch jobs: wait for it, or mlenv stop it).
+    With --json, prints the run on stdout (its id, cluster, whether detached; an attached run's exit code and first
+    failure once it ended), everything else on stderr. Exits with the job's exit code once it started; 124 when
+    --on-hang stop stopped a hung job, 125 when --on-idle stop stopped an idle one; 2 while a run of the deployment
+    is still running where runs share ports (every backend but ssh and Slurm batch jobs: wait for it, or mlenv stop
+    it).
     """
     import shlex
 
@@ -537,7 +574,14 @@ def launch(cluster_ref: str | None, launcher: str, nproc: int | None, args_text:
     if dry_run:
         click.echo(launching.dry_run(settings.target, spec), nl=False)
         return
-    sys.exit(launching.launch(settings.target, spec).exit_code)
+    if not as_json:
+        sys.exit(launching.launch(settings.target, spec).exit_code)
+    from mlenv.ui import print_json, stdout_to_stderr
+
+    with stdout_to_stderr():  # the job's own output too: stdout holds only the JSON
+        result = launching.launch(settings.target, spec)
+    print_json(result.to_dict(settings.target.handle.name))
+    sys.exit(result.exit_code)
 
 
 @main.command("nccl-test")

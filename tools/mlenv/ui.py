@@ -66,6 +66,21 @@ def print_json(data: Any) -> None:
     print(json.dumps(data, indent=2, sort_keys=False))
 
 
+@contextmanager
+def stdout_to_stderr() -> Iterator[None]:
+    """Within: whatever this process and its children write on stdout (file descriptor 1) goes to stderr, so that
+    a command's ``--json`` is all its stdout holds."""
+    sys.stdout.flush()
+    kept = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(kept, 1)
+        os.close(kept)
+
+
 def styled(stream: TextIO) -> bool:
     """Whether to style (colour, bold) what goes to ``stream``: a terminal, and NO_COLOR unset or empty
     (https://no-color.org)."""

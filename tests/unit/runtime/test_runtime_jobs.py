@@ -26,16 +26,16 @@ NO_PID = (1 << 22) + 1  # above the kernel's largest pid_max: never a process
 
 def write_record(run_dir: Path, rank: int = 0, *, pid: int, start_ticks: int = 0, host: str = HOST,
                  started_at: str = "2030-01-01T00:00:00.000+00:00", log: str = "",
-                 exit_code: int | None = None) -> None:
+                 exit_code: int | None = None, attempt: int = 0) -> None:
     """A node's files as ``launch --detach`` leaves them (the log exists before the record)."""
-    node = NodeDir(run_dir, 0, rank)
+    node = NodeDir(run_dir, attempt, rank)
     node.path.mkdir(parents=True, exist_ok=True)
     node.log.write_text(log)
     if exit_code is not None:
         node.exit.write_text(f"{exit_code}\n")
     record = {"run_id": run_dir.name, "node_rank": rank, "host": host, "pid": pid, "start_ticks": start_ticks,
               "started_at": started_at, "argv": ["python3", "-m", "mlenv.runtime", "launch", "--", "train.py"],
-              "attempt": 0}
+              "attempt": attempt}
     node.record.write_text(json.dumps(record))
 
 
@@ -139,6 +139,45 @@ def test_follow_an_ended_job_exits_with_its_status(runtime: Runner, tmp_path: Pa
     write_record(tmp_path / "runs/r", pid=NO_PID, log="step 1/2\nstep 2/2\n", exit_code=7)
     result = runtime("logs", "--follow")
     assert (result.returncode, result.stdout) == (7, "step 1/2\nstep 2/2\n")
+
+
+def test_follow_a_restarted_run_prints_every_attempt_and_ends_with_the_last(runtime: Runner, tmp_path: Path) -> None:
+    write_record(tmp_path / "runs/r", pid=NO_PID, log="try 0\n", exit_code=3)
+    write_record(tmp_path / "runs/r", pid=NO_PID, log="try 1\n", exit_code=0, attempt=1)
+    result = runtime("logs", "--follow")
+    assert (result.returncode, result.stdout) == (0, "mlenv: ==== attempt 0 (MLENV_RESTART_COUNT=0) of run r, node 0 "
+                                                     "====\ntry 0\nmlenv: ==== attempt 1 (MLENV_RESTART_COUNT=1) of "
+                                                     "run r, node 0 ====\ntry 1\n"), result.stderr
+
+
+def test_follow_goes_on_to_the_attempt_a_supervisor_starts_before_it_ends(runtime: Runner, tmp_path: Path) -> None:
+    """A follower of attempt 0 whose supervisor, after writing its exit status, says it restarts the run and
+    records attempt 1 before it ends: the follower copies that, then attempt 1 to its end, and exits with its
+    status (not attempt 0's)."""
+    run, first = tmp_path / "runs/r", NodeDir(tmp_path / "runs/r", 0, 0)
+    first.path.mkdir(parents=True)
+    release = tmp_path / "release"
+    script = ("import os, sys, time\n"
+              f"while not os.path.exists({str(release)!r}): time.sleep(0.05)\n"
+              f"open({str(first.log)!r}, 'a').write('restarting the run\\n')\n")
+    supervisor = subprocess.Popen([sys.executable, "-c", script],
+                                  env=clean_environ({"MLENV_JOB": str(first.record.resolve())}))
+    try:
+        write_record(run, pid=supervisor.pid, start_ticks=start_ticks(supervisor.pid), log="try 0\n")
+        command = [sys.executable, "-m", "mlenv.runtime", "logs", "--follow"]
+        env = clean_environ({"HOSTNAME": HOST, "MLENV_RUNS_ROOT": str(tmp_path / "runs")})
+        with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) as follower:
+            wait_until_polling(follower.pid)  # following attempt 0 while its supervisor runs
+            first.exit.write_text("3\n")
+            write_record(run, pid=NO_PID, log="try 1\n", exit_code=5, attempt=1)
+            release.touch()  # the supervisor says so and ends
+            out, err = follower.communicate(timeout=30)
+    finally:
+        supervisor.kill()
+        supervisor.wait()
+    assert (follower.returncode, out) == (5, "try 0\nrestarting the run\nmlenv: ==== attempt 1 "
+                                             "(MLENV_RESTART_COUNT=1) of run r, node 0 ====\ntry 1\n"), err
 
 
 def test_follow_a_lost_job(runtime: Runner, tmp_path: Path, unrelated: subprocess.Popen[bytes]) -> None:

@@ -282,9 +282,11 @@ class NodeAccess(Protocol):
     def copy_target(self, handle: Handle, node: Node) -> CopyTarget:
         """Where rsync copies the workspace of ``node`` to."""
 
-    def logs_argv(self, handle: Handle, node: Node, follow: bool, rank: int | None = None) -> list[str]:
-        """A local command line that prints (or follows) the node's log: the latest run's output (``rank``: only
-        that global rank's lines; the command exits 2 when the rank did not run on the node)."""
+    def logs_argv(self, handle: Handle, node: Node, follow: bool, rank: int | None = None,
+                  run_id: str | None = None) -> list[str]:
+        """A local command line that prints (or follows, through every attempt) the node's log: the latest run's
+        output, or run ``run_id``'s (``rank``: only that global rank's lines; the command exits 2 when the rank did
+        not run on the node)."""
 
     def runtime(self, handle: Handle, *args: str) -> list[str]:
         """``python3 -m mlenv.runtime ARGS`` with the Python that runs the runtime on the nodes (what exec runs)."""
@@ -323,6 +325,10 @@ class Jobs(Protocol):
     def latest_run(self, handle: Handle, run_id: str) -> RunRecord:
         """Run ``run_id`` as its nodes' supervisors recorded it (its ``to_dict`` is ``status --json``'s
         ``latest_run``, docs/runs.md; its ``nodes`` the ``run_states``)."""
+
+    def runs(self, handle: Handle, run_ids: Sequence[str]) -> dict[str, RunRecord]:
+        """Each run of ``run_ids`` as ``latest_run`` reads it (``mlenv runs``), read at once where the backend can;
+        a run no node has a record of has state None."""
 
     def runs_own_ports(self, handle: Handle) -> bool:
         """Every run gets rendezvous and control ports of its own, so a run may start while another one of the

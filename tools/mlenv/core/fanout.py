@@ -192,15 +192,22 @@ class FanoutJobs(ABC):
 
     def run_states(self, handle: Handle, run_id: str) -> dict[int, str]:
         """Node ordinal -> its state of run ``run_id`` (``failed (7)`` once it ended), or ``-``."""
-        from mlenv.core.runrecords import node_state
-
-        return {ordinal: node_state(job) for ordinal, job in self._node_jobs(handle, run_id).items()}
+        return dict(self.latest_run(handle, run_id).nodes)
 
     def latest_run(self, handle: Handle, run_id: str) -> RunRecord:
         """Run ``run_id`` as its nodes' supervisors recorded it (docs/runs.md; ``core.runrecords.latest_run``)."""
         from mlenv.core.runrecords import latest_run
 
         return latest_run(run_id, self._node_jobs(handle, run_id))
+
+    def runs(self, handle: Handle, run_ids: Sequence[str]) -> dict[str, RunRecord]:
+        """Each run of ``run_ids`` as ``latest_run`` reads it, from one look at every machine."""
+        from mlenv.core.runrecords import latest_run
+
+        nodes, spares, found = self._every_job(handle)
+        return {run_id: latest_run(run_id, {ordinal: job for ordinal, (_, job)
+                                            in _placed_jobs(nodes, spares, found, run_id).items()})
+                for run_id in run_ids}
 
     def rank_nodes(self, handle: Handle) -> dict[int, int]:
         """Global rank -> the ordinal of the node it ran on, in each node's newest run."""
@@ -216,40 +223,57 @@ class FanoutJobs(ABC):
                       ) -> dict[int, tuple[Node, dict[str, Any] | None]]:
         """Node ordinal -> the machine that ran its part of ``run_id`` (its newest run when None) last, as a node of
         that ordinal (a spare host that took its place, else the node), and that machine's ``jobs --json`` entry."""
+        return _placed_jobs(*self._every_job(handle), run_id)
+
+    def _every_job(self, handle: Handle) -> tuple[list[Node], list[Node], dict[int, list[Any]]]:
+        """The nodes, the spare hosts, and each machine's runtime ``jobs --json`` (by ordinal; the spares' ordinals
+        come after the nodes'; an empty list where unreadable)."""
         from mlenv.parallel import run_parallel
 
         output: dict[int, list[str]] = {}
         nodes, spares = self.nodes(handle), self.spares(handle)
-        machines = [*nodes, *spares]  # the spares' ordinals come after the nodes'
-        commands = {n.ordinal: self.exec_argv(handle, n, self.runtime(handle, "jobs", "--json")) for n in machines}
+        commands = {n.ordinal: self.exec_argv(handle, n, self.runtime(handle, "jobs", "--json"))
+                    for n in [*nodes, *spares]}
         run_parallel(commands, echo=False, on_line=lambda node, line: output.setdefault(node, []).append(line))
-        found = {n.ordinal: _job("\n".join(output.get(n.ordinal, [])), run_id) for n in machines}
-        jobs = {node.ordinal: (node, found[node.ordinal]) for node in nodes}
-        for spare in spares:  # a spare host that ran a node's part more recently than the node's own host
-            job = found[spare.ordinal]
-            rank = job.get("node_rank") if job is not None else None
-            if job is not None and isinstance(rank, int) and rank in jobs and _newer(job, jobs[rank][1]):
-                jobs[rank] = (replace(spare, ordinal=rank), job)
-        return jobs
+        return nodes, spares, {ordinal: _listed("\n".join(output.get(ordinal, []))) for ordinal in commands}
 
-    def logs_argv(self, handle: Handle, node: Node, follow: bool, rank: int | None = None) -> list[str]:
-        """The runtime's ``logs`` of the node's latest run (``--follow`` ends with the job, or when the local side
-        goes away; ``rank``: only that global rank's lines)."""
-        options = [*(["--follow"] if follow else []), *(["--rank", str(rank)] if rank is not None else [])]
-        if self.spares(handle):  # the node's latest run may have run on a spare host
-            node = self._machine_jobs(handle, None).get(node.ordinal, (node, None))[0]
+    def logs_argv(self, handle: Handle, node: Node, follow: bool, rank: int | None = None,
+                  run_id: str | None = None) -> list[str]:
+        """The runtime's ``logs`` of the node's latest run, or of ``run_id`` (``--follow`` ends with the run, or
+        when the local side goes away; ``rank``: only that global rank's lines)."""
+        options = [*(["--follow"] if follow else []), *(["--rank", str(rank)] if rank is not None else []),
+                   *(["--run", run_id] if run_id is not None else [])]
+        if self.spares(handle):  # the node's run may have run on a spare host
+            node = self._machine_jobs(handle, run_id).get(node.ordinal, (node, None))[0]
         return self.exec_argv(handle, node, self.runtime(handle, "logs", *options), stop_on_stdin_eof=follow)
 
 
-def _job(jobs_json: str, run_id: str | None) -> dict[str, Any] | None:
-    """One node's ``jobs --json`` entry of ``run_id`` (of its newest run when None)."""
+def _listed(jobs_json: str) -> list[Any]:
+    """One machine's ``jobs --json`` (empty when it is not a list)."""
     try:
         jobs = json.loads(jobs_json or "[]")
     except ValueError:
-        return None
-    mine = [job for job in jobs if isinstance(job, dict) and run_id in (None, job.get("run_id"))] \
-        if isinstance(jobs, list) else []
+        return []
+    return jobs if isinstance(jobs, list) else []
+
+
+def _job(jobs: list[Any], run_id: str | None) -> dict[str, Any] | None:
+    """One machine's ``jobs --json`` entry of ``run_id`` (of its newest run when None)."""
+    mine = [job for job in jobs if isinstance(job, dict) and run_id in (None, job.get("run_id"))]
     return mine[-1] if mine else None
+
+
+def _placed_jobs(nodes: list[Node], spares: list[Node], found: Mapping[int, list[Any]],
+                 run_id: str | None) -> dict[int, tuple[Node, dict[str, Any] | None]]:
+    """Node ordinal -> the machine that ran its part of ``run_id`` last and its entry, from every machine's jobs
+    (``found``)."""
+    jobs = {node.ordinal: (node, _job(found[node.ordinal], run_id)) for node in nodes}
+    for spare in spares:  # a spare host that ran a node's part more recently than the node's own host
+        job = _job(found[spare.ordinal], run_id)
+        rank = job.get("node_rank") if job is not None else None
+        if job is not None and isinstance(rank, int) and rank in jobs and _newer(job, jobs[rank][1]):
+            jobs[rank] = (replace(spare, ordinal=rank), job)
+    return jobs
 
 
 def _newer(job: dict[str, Any], than: dict[str, Any] | None) -> bool:

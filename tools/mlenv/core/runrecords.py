@@ -8,7 +8,18 @@ from collections.abc import Mapping
 from typing import Any
 
 from mlenv.runtime.records.restartpolicy import UNREACHABLE
-from mlenv.runtime.records.runlayout import FirstFailure, NodeFault, parse_ranks, run_state
+from mlenv.runtime.records.runlayout import (
+    FAILED,
+    PREEMPTED,
+    RUNNING,
+    STOPPED,
+    SUCCEEDED,
+    FirstFailure,
+    NodeFault,
+    RankRecord,
+    parse_ranks,
+    run_state,
+)
 from mlenv.runtime.records.runrecord import RunRecord
 
 NodeJob = Mapping[str, Any]
@@ -17,12 +28,18 @@ NodeJob = Mapping[str, Any]
 ``lost_nodes`` (node 0's: the nodes it lost to silence)."""
 
 
-def node_state(job: NodeJob | None) -> str:
-    """A node's entry of ``run_states``: its state, with the exit code once it ended (``failed (7)``), or ``-``."""
+def node_state(job: NodeJob | None, ordinal: int | None = None, first: FirstFailure | None = None) -> str:
+    """A node's entry of ``run_states``, the one wording of a node's end everywhere (status, launch's summary): its
+    state, with the exit code once it ended (``failed (7)``, ``stopped (143)``: 128+N for a signal N), or ``-``. A
+    node ``ordinal`` that ended failed for the ``first`` failure of another node, with no fault of its own, was
+    stopped for it (fail-fast): ``stopped (N)``."""
     if job is None:
         return "-"
-    code = job.get("exit_code")
-    return f"{job.get('state', '?')} ({code})" if code is not None else str(job.get("state", "?"))
+    state, code = str(job.get("state", "?")), job.get("exit_code")
+    if state == FAILED and first is not None and ordinal is not None and ordinal != first.node \
+            and code is not None and NodeFault.parse(job.get("node_fault")) is None:
+        state = STOPPED
+    return f"{state} ({code})" if code is not None else state
 
 
 def latest_run(run_id: str, jobs: Mapping[int, NodeJob | None]) -> RunRecord:
@@ -30,14 +47,17 @@ def latest_run(run_id: str, jobs: Mapping[int, NodeJob | None]) -> RunRecord:
     typed record (its ``to_dict`` is ``status --json``'s ``latest_run``): the ranks of every node, the first failure
     (the same on every node), each node's transport verdict, the hang watchdog's stacks (node 0's), each node's idle
     GPUs while the job is flagged idle, the stragglers (node 0's), each node's own fault sign
-    (runtime/watch/faultsigns.py) and each node's state."""
+    (runtime/watch/faultsigns.py) and each node's state, and how and when it ended (``ended``)."""
     known = [job for job in jobs.values() if job is not None]
     failures = [job["first_failure"] for job in known if job.get("first_failure")]
+    first = FirstFailure.parse(failures[0]) if failures else None
+    ranks = tuple(sorted((rank for job in known for rank in parse_ranks(job.get("ranks"))), key=lambda r: r.rank))
+    state = run_state([str(job.get("state")) for job in known])
+    code, ended_at = ended(state, first, {ordinal: job for ordinal, job in jobs.items() if job is not None}, ranks)
     return RunRecord(
-        run_id, run_state([str(job.get("state")) for job in known]),
+        run_id, state,
         max((int(job.get("attempt", 0)) for job in known), default=0),
-        tuple(sorted((rank for job in known for rank in parse_ranks(job.get("ranks"))), key=lambda rank: rank.rank)),
-        FirstFailure.parse(failures[0]) if failures else None,
+        ranks, first,
         {f"node-{ordinal}": job["transport"] for ordinal, job in sorted(jobs.items())
          if job is not None and job.get("transport")},
         next((job["stacks"] for job in known if job.get("stacks")), None),
@@ -45,7 +65,28 @@ def latest_run(run_id: str, jobs: Mapping[int, NodeJob | None]) -> RunRecord:
          if job is not None and job.get("idle")} or None,
         next((list(job["stragglers"]) for job in known if isinstance(job.get("stragglers"), list)), None),
         node_faults(jobs),
-        {ordinal: node_state(job) for ordinal, job in jobs.items()})
+        {ordinal: node_state(job, ordinal, first) for ordinal, job in jobs.items()}, exit_code=code,
+        ended_at=ended_at)
+
+
+ENDED = (SUCCEEDED, FAILED, STOPPED, PREEMPTED)
+"""The states of a run none of whose nodes runs any more."""
+
+
+def ended(state: str | None, first: FirstFailure | None, jobs: Mapping[int, NodeJob],
+          ranks: tuple[RankRecord, ...]) -> tuple[int | None, str | None]:
+    """How a run in ``state`` ended: its exit code (the node that failed ``first``'s, else the first other node's
+    that is not 0, else 0) and when its last rank did; (None, None) while it has not (a node still runs)."""
+    if state not in ENDED or any(job.get("state") == RUNNING for job in jobs.values()):
+        return None, None
+    numbers = {ordinal: job["exit_code"] for ordinal, job in sorted(jobs.items())
+               if isinstance(job.get("exit_code"), int)}
+    if first is not None and first.node in numbers:
+        code: int | None = numbers[first.node]
+    else:
+        code = next((number for number in numbers.values() if number), 0 if numbers else None)
+    times = [rank.ended_at for rank in ranks if rank.ended_at]
+    return code, max(times) if times and len(times) == len(ranks) else None
 
 
 def node_faults(jobs: Mapping[int, NodeJob | None]) -> dict[int, NodeFault]:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from mlenv.core.capabilities import Handle, Jobs, Node, NodeAccess
@@ -89,29 +92,47 @@ def exec_all(backend: NodeAccess, handle: Handle, argv: Sequence[str], only: int
 
 
 def logs_all(backend: NodeAccess, handle: Handle, only: int | None = None, follow: bool = False,
-             rank: int | None = None, jobs: Jobs | None = None) -> int:
-    """Print (or follow) the logs of every node (or node ``only``), prefixed ``[node-N]``; with ``rank`` only the
-    lines of that global rank, from the node it ran on (UsageError when no node of the newest run has it)."""
+             rank: int | None = None, jobs: Jobs | None = None, run_id: str | None = None,
+             as_json: bool = False) -> int:
+    """Print (or follow, through every attempt) the logs of the latest run, or of ``run_id``, on every node (or
+    node ``only``), prefixed ``[node-N]`` (``as_json``: one JSON object a line, ``json_line``); with ``rank`` only
+    the lines of that global rank, from the node it ran on (UsageError when no node of the run has it)."""
+    run = partial(run_parallel, keep_stdin=follow, echo=not as_json, on_line=json_line if as_json else None)
+    which = f"run {run_id}" if run_id is not None else "the latest run"
     if rank is None:
         nodes = select_nodes(backend, handle, only)
-        argvs = {n.ordinal: backend.logs_argv(handle, n, follow) for n in nodes}
+        argvs = {n.ordinal: backend.logs_argv(handle, n, follow, None, run_id) for n in nodes}
     elif jobs is not None:  # the records say where it ran
-        where = jobs.rank_nodes(handle)
+        where = jobs.rank_nodes(handle) if run_id is None else {
+            found.rank: found.node for found in jobs.latest_run(handle, run_id).ranks}
         if rank not in where:
             known = ", ".join(map(str, sorted(where))) or "none"
-            raise UsageError(f"rank {rank} is not in the latest run of {handle.name} (its ranks: {known})")
+            raise UsageError(f"rank {rank} is not in {which} of {handle.name} (its ranks: {known})")
         (node,) = select_nodes(backend, handle, where[rank])
-        argvs = {node.ordinal: backend.logs_argv(handle, node, follow, rank)}
+        argvs = {node.ordinal: backend.logs_argv(handle, node, follow, rank, run_id)}
     else:  # every node's logs, filtered there; the nodes without the rank end with 2 and say nothing
         nodes = select_nodes(backend, handle, only)
-        argvs = {n.ordinal: backend.logs_argv(handle, n, follow, rank) for n in nodes}
-        result = run_parallel(argvs, keep_stdin=follow)
+        argvs = {n.ordinal: backend.logs_argv(handle, n, follow, rank, run_id) for n in nodes}
+        result = run(argvs)
         codes = [code for code in result.exit_codes.values() if code != UNKNOWN_RANK]
         if not codes:
-            raise UsageError(f"rank {rank} is not in the latest run of {handle.name}")
+            raise UsageError(f"rank {rank} is not in {which} of {handle.name}")
         return 0 if result.interrupted and follow else next((code for code in codes if code), 0)
-    result = run_parallel(argvs, keep_stdin=follow)
+    result = run(argvs)
     return 0 if result.interrupted and follow else result.exit_code
+
+
+RANK_LINE = re.compile(r"\[node-\d+ r(\d+)\] (.*)", re.DOTALL)
+"""A rank's line as its node's supervisor tags it."""
+
+
+def json_line(ordinal: int, line: str) -> None:
+    """``logs --json``: one line of node ``ordinal``'s log as ``{"node", "rank", "line"}`` (``rank`` null for the
+    node's own lines: its launcher's, mlenv's), on stdout at once."""
+    tagged = RANK_LINE.fullmatch(line)
+    shown = {"node": ordinal, "rank": int(tagged[1]) if tagged else None, "line": tagged[2] if tagged else line}
+    sys.stdout.write(json.dumps(shown) + "\n")
+    sys.stdout.flush()
 
 
 def interactive(backend: NodeAccess, handle: Handle, ordinal: int) -> int:

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from mlenv import state
 from mlenv.core.capabilities import Feature, LaunchOutcome, LaunchSpec
@@ -19,7 +20,7 @@ from mlenv.ops.live import refuse_while_live
 from mlenv.ops.target import Target
 from mlenv.runtime.records import restartpolicy
 from mlenv.runtime.records.restartpolicy import IDLE_EXIT_CODE, LOST, UNREACHABLE, why_faulty
-from mlenv.runtime.records.runlayout import FirstFailure, NodeFault
+from mlenv.runtime.records.runlayout import FAILED, STOPPED, SUCCEEDED, FirstFailure, NodeFault
 from mlenv.runtime.records.runrecord import RunRecord
 
 STEP = re.compile(r"\bstep (\d+)/(\d+)\b")
@@ -39,6 +40,8 @@ class LaunchResult:
     latest_run: RunRecord | None = None
     """The run as its nodes' supervisors recorded it, read once when an attached attempt failed (None otherwise, or
     where the backend keeps no such records)."""
+    attempt: int = 0
+    """The attempt it is (MLENV_RESTART_COUNT)."""
 
     @property
     def exit_code(self) -> int:
@@ -48,6 +51,17 @@ class LaunchResult:
     def log(self, ordinal: int) -> Path:
         """The local copy of node ``ordinal``'s output."""
         return Path(self.outcome.logs.get(ordinal, self.run_dir / f"node-{ordinal}.log"))
+
+    def to_dict(self, cluster: str) -> dict[str, Any]:
+        """``launch --json`` (docs/json.md): the run; once an attached run ended, its exit code and first failure
+        (``exit_code`` null while a detached run goes on)."""
+        outcome = self.outcome
+        going = outcome.detached and outcome.exit_code == 0
+        failure = self.latest_run.first_failure if self.latest_run is not None else None
+        return {"ok": outcome.exit_code == 0, "run_id": self.run_id, "cluster": cluster, "detached": outcome.detached,
+                "run_dir": str(self.run_dir), "exit_code": None if going else outcome.exit_code,
+                "attempt": self.attempt, "duration": self.seconds,
+                "first_failure": failure.to_dict() if failure is not None else None}
 
 
 def run_id(app: str) -> str:
@@ -318,7 +332,7 @@ def _attempt(target: Target, spec: LaunchSpec, run_dir: Path, reasons: Mapping[s
     _remember(target, spec)  # before it starts: status, stacks and the hang watchdog's state see it while it runs
     announce(target, request, reasons)  # the nodes on spare hosts, and why
     outcome = target.backend.jobs.launch(target.handle, request, secrets, str(run_dir))
-    result = LaunchResult(outcome, spec.run_id, run_dir, round(time.monotonic() - started, 1))
+    result = LaunchResult(outcome, spec.run_id, run_dir, round(time.monotonic() - started, 1), attempt=spec.attempt)
     if spec.detach:
         if outcome.exit_code == 0:
             info(f"run {spec.run_id} started in the background: mlenv logs -f follows it, mlenv stop stops it")
@@ -407,22 +421,30 @@ def _last_step(path: Path) -> str:
 
 
 def _summary(result: LaunchResult, failed_first: tuple[int, int, FirstFailure | None] | None) -> None:
-    """The table of nodes: a node that did not fail first but ended with an error was stopped for that failure."""
+    """The table of nodes, each node's end in status's words (``succeeded (0)``, ``failed (7)``, ``stopped (143)``:
+    exit codes 128+N for a signal N): as its supervisor recorded it where the run was read, else from its exit code
+    (a node that did not fail first but ended with an error was stopped for that failure)."""
     from mlenv.ui import table
 
     outcome = result.outcome
+    recorded = result.latest_run.nodes if result.latest_run is not None else {}
 
     def verdict(node: int) -> str:
-        code = outcome.node_exit_codes.get(node, -1)
+        code = exit_status(outcome.node_exit_codes.get(node, -1))
+        if recorded.get(node, "-") != "-":
+            return recorded[node]
         if failed_first is not None and node == failed_first[0]:
-            return f"failed ({failed_first[1]})"
+            return f"{FAILED} ({failed_first[1]})"
         if code == 0:
-            return "ok"
-        if node in outcome.stopped or failed_first is not None:
-            return f"stopped (exit {code})"
-        return f"failed ({code})"
+            return f"{SUCCEEDED} (0)"
+        return f"{STOPPED if node in outcome.stopped or failed_first is not None else FAILED} ({code})"
 
     table(f"launch finished in {result.seconds} s (exit {result.exit_code})",
           ["NODE", "RESULT", "LAST STEP", "LOG"],
           [[f"node-{n}", verdict(n), _last_step(result.log(n)), result.log(n)]
            for n in sorted(outcome.node_exit_codes)])
+
+
+def exit_status(code: int) -> int:
+    """A process's exit code as a shell says it: 128+N for one ended by signal N (Popen's -N)."""
+    return 128 - code if code < 0 else code

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from mlenv.core.capabilities import Handle, NodeAccess
-from mlenv.errors import OperationError
+from mlenv.errors import OperationError, UsageError
 from mlenv.ops.fanout import runtime_json, select_nodes
 from mlenv.runtime.forensics.culprit import culprit_of
 from mlenv.runtime.forensics.stacks import group, render
@@ -16,12 +16,14 @@ OVER = (SUCCEEDED, FAILED, STOPPED)
 
 
 def take(backend: NodeAccess, handle: Handle, only: int | None = None, *, native: bool = False,
-         method: str = "auto") -> dict[str, Any]:
-    """``{"run", "ranks", "groups", "collectives", "flight_dumps", "unreachable"}`` of the latest run (``collectives``:
-    who is behind in collective sequence, :func:`~mlenv.runtime.forensics.culprit.culprit`); OperationError when there
-    is no run or it is over."""
+         method: str = "auto", run_id: str | None = None) -> dict[str, Any]:
+    """``{"run", "ranks", "groups", "collectives", "flight_dumps", "unreachable"}`` of the latest run, or of
+    ``run_id`` (``collectives``: who is behind in collective sequence,
+    :func:`~mlenv.runtime.forensics.culprit.culprit`); OperationError when there is no run or the latest is over,
+    UsageError when run ``run_id`` is over."""
     nodes = select_nodes(backend, handle, only)
-    args = ["stacks", "--json", "--method", method, *(["--native"] if native else [])]
+    args = ["stacks", "--json", "--method", method, *(["--native"] if native else []),
+            *(["--run", run_id] if run_id is not None else [])]
     answers = runtime_json(backend, handle, nodes, *args)
     unreachable = [{"node": n, "name": a.node.name, "error": a.error} for n, a in sorted(answers.items())
                    if a.data is None]
@@ -35,7 +37,10 @@ def take(backend: NodeAccess, handle: Handle, only: int | None = None, *, native
     mine = [data for data in found if data["run"] == run]
     if all(data.get("state") in OVER for data in mine):
         states = ", ".join(sorted({str(data.get("state")) for data in mine}))
-        raise OperationError(f"run {run} is over ({states}): stacks samples a running job")
+        over = f"run {run} is over ({states}): stacks samples a running job"
+        if run_id is not None:  # asked of a finished run: the user can fix that
+            raise UsageError(f"{over}; mlenv logs {run} shows what it printed")
+        raise OperationError(over)
     ranks = sorted((rank for data in mine for rank in data.get("ranks") or []), key=lambda r: int(r["rank"]))
     records = {rank: record for data in mine for rank, record in (data.get("collectives") or {}).items()}
     return {"run": run, "ranks": ranks, "groups": group(ranks), "collectives": culprit_of(ranks, records),

@@ -9,22 +9,24 @@ from typing import Any
 from mlenv import state
 from mlenv.core.capabilities import Feature, Handle
 from mlenv.core.registry import Backend
-from mlenv.errors import MlenvError
+from mlenv.errors import MlenvError, UsageError
+from mlenv.ops.runs import find, recorded_runs
 from mlenv.ops.target import backend_of, resolve
-from mlenv.runtime.records.runlayout import FAILED, STOPPED, SUCCEEDED
+from mlenv.runtime.records.runlayout import FAILED, HUNG, RUNNING, STOPPED, SUCCEEDED
 from mlenv.ui import error, print_json, say, table
 
 
 def _report(handle: Handle, recorded: state.Deployment | None, current: str | None, tolerant: bool,
-            backend: Callable[[], Backend], gpus: bool = False) -> dict[str, Any]:
+            backend: Callable[[], Backend], gpus: bool = False, run_id: str | None = None) -> dict[str, Any]:
     """What status shows of ``handle``, asking the ``backend()``; with ``tolerant`` any failure (an unknown backend
-    included) becomes the report's error; with ``gpus`` each node's GPU state too (``gpu_state``)."""
+    included) becomes the report's error; with ``gpus`` each node's GPU state too (``gpu_state``); with ``run_id``
+    that run in place of the latest (``latest_run``, ``run_states``)."""
     report: dict[str, Any] = {
         "name": handle.name, "cluster": handle.name, "backend": handle.backend, "mode": handle.mode,
         "nodes": handle.nodes, "namespace": handle.data.get("namespace"), "current": handle.name == current,
         "deployed": recorded is not None,
         "cluster_file": recorded.cluster_file if recorded else None,
-        "runs": list(recorded.runs) if recorded else _submitted_runs(handle.name),
+        "runs": recorded_runs(handle.name, recorded),
         "deploy": dict(recorded.deploy) if recorded else None,
         "latest_run": None,  # the latest detached run, as its nodes' supervisors recorded it (docs/runs.md)
         "run_states": {},  # its state on each node, by ordinal
@@ -38,7 +40,7 @@ def _report(handle: Handle, recorded: state.Deployment | None, current: str | No
         report["pods"] = [{**vars(row), "extra": dict(row.extra), "ready": row.ready and not never_ready}
                           for row in made.deploy.status(handle)]
         if report["runs"] and report["pods"] and made.info.supports(Feature.JOBS):
-            run = made.jobs.latest_run(handle, report["runs"][-1]["id"])  # as the nodes' supervisors recorded it
+            run = made.jobs.latest_run(handle, run_id or report["runs"][-1]["id"])  # as its nodes' supervisors said
             report["run_states"] = {str(n): s for n, s in run.nodes.items()}
             report["latest_run"] = run.to_dict()
         if gpus and report["pods"]:
@@ -56,14 +58,6 @@ def _report(handle: Handle, recorded: state.Deployment | None, current: str | No
     if recorded is None:
         report["excluded"] = list(state.load().excluded_of(handle.name))
     return report
-
-
-def _submitted_runs(name: str) -> list[dict[str, Any]]:
-    """The runs of the batch jobs submitted for a cluster file that is not deployed (Slurm), as a deployment
-    records its runs."""
-    return [{"id": job["run"], "script": job.get("script", "-"), "started": job.get("submitted", "-"),
-             "detached": bool(job.get("detached", True))}
-            for job in state.jobs_of(name) if isinstance(job.get("run"), str) and job["run"]]
 
 
 def _print(report: dict[str, Any]) -> None:
@@ -93,20 +87,11 @@ def _print(report: dict[str, Any]) -> None:
         print(f"excluded: node-{entry['node']} ({entry.get('host', '-')}) since {entry.get('since', '-')}: "
               f"{entry.get('reason', '-')}; mlenv nodes --forget-excluded clears")
     if report["runs"]:
-        latest = report["runs"][-1]
-        states = report.get("run_states", {})
-        running = sum(state == "running" for state in states.values())
         run = report.get("latest_run") or {}
+        latest = next((r for r in reversed(report["runs"]) if r.get("id") == run.get("id")), report["runs"][-1])
         kind = "detached run" if latest.get("detached", True) else "run"
-        preemptions = int(latest.get("preemptions", 0))
-        restarted = (f", attempt {run['attempt']} (restarted {run['attempt'] - preemptions}x"
-                     + (f", preempted {preemptions}x" if preemptions else "")
-                     + "; mlenv logs shows every attempt)") if run.get("attempt") else ""
-        ended = run.get("state") in (SUCCEEDED, FAILED, STOPPED)  # nothing of it runs any more
-        say(f"latest {kind}: {latest['id']} ({latest['script']}, started {latest['started']}): "
-            f"{run.get('state') or 'state unknown'}{restarted}, running on {running}/{len(states)} nodes "
-            f"({', '.join(f'node-{n} {s}' for n, s in sorted(states.items()))}); "
-            + ("mlenv logs shows it" if ended else "mlenv logs -f follows it, mlenv stop stops it"))
+        say(f"{'run' if latest is not report['runs'][-1] else f'latest {kind}'}: {latest['id']} ({latest['script']}, "
+            f"started {latest['started']}): {summary(run, latest, report.get('run_states', {}))}")
         if latest.get("spares"):
             say("on spare hosts: " + ", ".join(f"node-{used['node']} on {used['spare']} (in place of {used['host']})"
                                                for used in latest["spares"]))
@@ -129,15 +114,43 @@ def _print(report: dict[str, Any]) -> None:
         say(render(report["gpu_state"]))
 
 
-def show(cluster_ref: str | None, every: bool, as_json: bool, gpus: bool = False) -> int:
-    """Print the status; 1 when a deployment could not be queried (or, with ``gpus``, a node did not answer)."""
+def summary(run: dict[str, Any], recorded: dict[str, Any], states: dict[str, str]) -> str:
+    """What became of a run (``latest_run``, the deployment's record of it, its state on each node), truthfully:
+    running or hung on how many nodes, and how to follow or stop it; once it ended, its state and exit code, and
+    where its output is."""
+    state_now = run.get("state")
+    preemptions = int(recorded.get("preemptions", 0))
+    restarted = (f", attempt {run['attempt']} (restarted {run['attempt'] - preemptions}x"
+                 + (f", preempted {preemptions}x" if preemptions else "")
+                 + "; mlenv logs shows every attempt)") if run.get("attempt") else ""
+    nodes = f"({', '.join(f'node-{n} {s}' for n, s in sorted(states.items()))})"
+    if state_now in (SUCCEEDED, FAILED, STOPPED):  # nothing of it runs any more
+        code = run.get("exit_code")
+        return (f"{state_now}{restarted}{'' if code is None else f', exit code {code}'} {nodes}; "
+                f"mlenv logs {recorded['id']} shows it")
+    if state_now in (RUNNING, HUNG):
+        on = sum(shown.split(" ")[0] == state_now for shown in states.values())
+        hint = "mlenv stacks shows where, mlenv stop stops it" if state_now == HUNG else \
+            "mlenv logs -f follows it, mlenv stop stops it"
+        return f"{state_now}{restarted} on {on}/{len(states)} nodes {nodes}; {hint}"
+    return f"{state_now or 'state unknown'}{restarted} {nodes}; mlenv logs -f follows it, mlenv stop stops it"
+
+
+def show(cluster_ref: str | None, every: bool, as_json: bool, gpus: bool = False, run_id: str | None = None) -> int:
+    """Print the status (with ``run_id``, of that run in place of the latest); 1 when a deployment could not be
+    queried (or, with ``gpus``, a node did not answer)."""
     recorded = state.load()
+    if every and run_id is not None:
+        raise UsageError("a RUN_ID names a run of one deployment: give it without --all")
     if every:
         reports = [_report(d.handle, d, recorded.current, True, partial(backend_of, d.backend), gpus)
                    for _, d in sorted(recorded.deployments.items())]
     else:
         target = resolve(cluster_ref)
-        reports = [_report(target.handle, target.recorded, recorded.current, False, lambda: target.backend, gpus)]
+        if run_id is not None:
+            find(target, run_id)
+        reports = [_report(target.handle, target.recorded, recorded.current, False, lambda: target.backend, gpus,
+                           run_id)]
     if as_json:
         print_json({"deployments": reports} if every else reports[0])
     else:

@@ -202,6 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     stacks = commands.add_parser("stacks", help="the Python stack of every rank of this node's latest run")
     stacks.add_argument("--runs-root", type=Path, metavar="DIR", help=runs_help)
+    stacks.add_argument("--run", type=_run_id, metavar="ID", help="default: the newest run with a job of this host")
     stacks.add_argument("--native", action="store_true", help="add native frames (py-spy only)")
     stacks.add_argument("--method", choices=METHODS, default="auto",
                         help="py-spy (ptrace), faulthandler (the signal the runtime armed), or auto: py-spy, "

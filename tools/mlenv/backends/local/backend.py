@@ -274,7 +274,9 @@ class LocalBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks):
         if not existing:
             return []
         rows = []
-        for ordinal in sorted(set(range(len(layout.pods))) | existing):
+        ordinals = sorted(set(range(len(layout.pods))) | existing)
+        counted = dict(zip(ordinals, localproc.jobs([layout.pod_dir(ordinal) for ordinal in ordinals]), strict=True))
+        for ordinal in ordinals:
             pod = _read_pod(layout.pod_dir(ordinal))
             name = f"{layout.app}-{ordinal}"
             if pod is None or not _marked(layout.pod_dir(ordinal), OWNER, layout):
@@ -283,8 +285,7 @@ class LocalBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks):
                                        detail="no pod; its workspace is kept" if kept else "not deployed"))
                 continue
             ready = pod.netns is None or localnet.configured(pod.netns, pod.nic, f"{pod.ip}/{pod.prefixlen}")
-            jobs = len(localproc.running(layout.pod_dir(ordinal)))
-            extra: dict[str, str | int] = {"mode": pod.mode, "nic": pod.nic, "jobs": jobs}
+            extra: dict[str, str | int] = {"mode": pod.mode, "nic": pod.nic, "jobs": counted[ordinal]}
             rows.append(NodeStatus(name, ordinal, pod.netns or "localhost", "Running" if ready else "Broken", ready,
                                    0, 0, pod.ip, detail=None if ready else "network broken: mlenv deploy repairs it",
                                    extra=extra))

@@ -4,6 +4,7 @@ carries the pod directory in its environment, so status can count jobs and clean
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import time
@@ -38,6 +39,42 @@ def running(pod_dir: Path) -> list[int]:
         else:
             record.unlink(missing_ok=True)
     return alive
+
+
+JOB = b"MLENV_JOB="
+"""In the environment of a run's processes on a node (the runtime's supervisor sets it, its ranks inherit it)."""
+
+
+def jobs(pod_dirs: Sequence[Path]) -> list[int]:
+    """How many jobs run in each of ``pod_dirs``: its recorded commands that still run (an exec, an attached
+    launch), and the supervisors of its detached runs (session leaders whose run record names them), which no
+    recorded command waits for."""
+    wanted = {f"{MARKER}={d}".encode(): index for index, d in enumerate(pod_dirs)}
+    counts = [len(running(d)) for d in pod_dirs]
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        pod = next((wanted[item] for item in environ if item in wanted), None)
+        fields = stat[stat.rindex(")") + 2:].split()
+        record = next((item[len(JOB):] for item in environ if item.startswith(JOB)), None)
+        if pod is not None and record and fields[0] not in "ZX" and int(fields[3]) == int(entry.name) \
+                and _recorded_pid(Path(os.fsdecode(record))) == int(entry.name):
+            counts[pod] += 1
+    return counts
+
+
+def _recorded_pid(record: Path) -> int | None:
+    """The supervisor's pid a run's record.json holds (None: unreadable)."""
+    try:
+        pid = json.loads(record.read_text()).get("pid")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return pid if isinstance(pid, int) else None
 
 
 def _members(pod_dirs: Iterable[Path]) -> set[int]:

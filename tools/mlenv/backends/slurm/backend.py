@@ -62,7 +62,8 @@ CLEAN_TIMEOUT = 60.0
 SHOWN_JOBS = 10
 """Batch jobs status shows: the newest."""
 LOGS = """runs=$1 node=$2 follow=$3 only=$4 name=$5 run= newest= found= tailing=
-for dir in "$runs"/*/; do  # the deployment's newest run with a log (run ids sort by time); one of another file's: no
+if [ -n "$6" ]; then set -- "$runs/$6/"; else set -- "$runs"/*/; fi  # run $6, else every run
+for dir in "$@"; do  # the deployment's newest run with a log (run ids sort by time); one of another file's: no
   dir=${dir%/}
   if [ -f "$dir/DEPLOYMENT_FILE" ] && [ "$(cat "$dir/DEPLOYMENT_FILE")" != "$name" ]; then continue; fi
   for log in "$dir"/attempt-*/node*/output.log; do [ -e "$log" ] && run=$dir && break; done
@@ -381,11 +382,13 @@ class SlurmBackend(Deploy, NodeAccess, Jobs, Checks):
         job = job_from(handle)
         return Login.of(job.settings).copy_target(job.workdir)
 
-    def logs_argv(self, handle: Handle, node: Node, follow: bool, rank: int | None = None) -> list[str]:
-        """The node's log of the newest run (from the shared workdir; ``follow`` ends with the node's job)."""
+    def logs_argv(self, handle: Handle, node: Node, follow: bool, rank: int | None = None,
+                  run_id: str | None = None) -> list[str]:
+        """The node's log of the newest run, or of ``run_id`` (from the shared workdir; ``follow`` ends with the
+        node's job)."""
         job = job_from(handle)
         command = ["sh", "-c", LOGS, "sh", f"{job.workdir}/{RUNS_DIR}", str(node.ordinal), "1" if follow else "",
-                   "" if rank is None else str(rank), handle.name]
+                   "" if rank is None else str(rank), handle.name, run_id or ""]
         return Login.of(job.settings).argv(command)
 
     def data_volumes(self, handle: Handle) -> list[str]:
@@ -488,6 +491,10 @@ class SlurmBackend(Deploy, NodeAccess, Jobs, Checks):
                                   for node in range(job.nodes)})
         return replace(run, state=runstate.reconcile(run.state, batch_job, found.stopped,
                                                      None if live else found.ended))
+
+    def runs(self, handle: Handle, run_ids: Sequence[str]) -> dict[str, RunRecord]:
+        """Each run of ``run_ids`` as ``latest_run`` reads it (one look each at the shared run directory)."""
+        return {run_id: self.latest_run(handle, run_id) for run_id in run_ids}
 
     def rank_nodes(self, handle: Handle) -> dict[int, int]:
         """Global rank -> the node it ran on, in the newest attempt of the deployment's newest run in the shared run

@@ -34,6 +34,11 @@ class RunRecord:
     """Node ordinal -> the node's own fault sign (a failed in-node check, a lost supervisor)."""
     nodes: Mapping[int, str] = field(default_factory=dict)
     """Node ordinal -> its state (``failed (7)`` once it ended, ``-`` unknown): ``status``'s ``run_states``."""
+    exit_code: int | None = None
+    """How the run ended (its newest attempt): the exit code of the node that failed first, else the first other
+    node's that is not 0, else 0; None while any node of it runs, or where none is known."""
+    ended_at: str | None = None
+    """When its last rank ended (ISO 8601, UTC), once the run has ended; None before, or where no rank is known."""
 
     def to_dict(self) -> dict[str, Any]:
         """``status --json``'s ``latest_run`` (without ``nodes``, which status prints as ``run_states``)."""
@@ -43,7 +48,8 @@ class RunRecord:
                 "transport": dict(self.transport), "stacks": self.stacks,
                 "idle": dict(self.idle) if self.idle is not None else None,
                 "stragglers": list(self.stragglers) if self.stragglers is not None else None,
-                "node_faults": {node: fault.to_dict() for node, fault in self.node_faults.items()}}
+                "node_faults": {node: fault.to_dict() for node, fault in self.node_faults.items()},
+                "exit_code": self.exit_code, "ended_at": self.ended_at}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RunRecord:
@@ -55,8 +61,13 @@ class RunRecord:
                    dict(data["idle"]) if isinstance(data.get("idle"), Mapping) else None,
                    list(data["stragglers"]) if isinstance(data.get("stragglers"), list) else None,
                    parse_faults(data.get("node_faults")),
-                   {int(node): str(state) for node, state in (nodes.items() if isinstance(nodes, Mapping) else ())})
+                   {int(node): str(state) for node, state in (nodes.items() if isinstance(nodes, Mapping) else ())},
+                   exit_code=_int_or_none(data.get("exit_code")), ended_at=_str_or_none(data.get("ended_at")))
 
 
 def _str_or_none(value: object) -> str | None:
     return None if value is None else str(value)
+
+
+def _int_or_none(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

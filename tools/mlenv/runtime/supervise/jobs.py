@@ -264,20 +264,22 @@ def _cgroup(job: NodeJob) -> Path | None:
 
 
 def follow_log(job: NodeJob, out: IO[bytes], proc_root: str | Path = "/proc") -> int | None:
-    """Copy the job's log to ``out`` as it grows until the exit file appears; the exit status, or None when the
-    job is gone without one. The exit file is looked at before each read, so everything the job wrote before
-    it ended is copied."""
+    """Copy the job's log to ``out`` as it grows until its supervisor has ended (after the exit file, a detached
+    one may still say that it restarts the run and start the next attempt); the exit status, or None when the job
+    is gone without one. The supervisor is looked at before each read, so everything it wrote is copied."""
     with job.files.log.open("rb") as log:
         while True:
-            code = read_exit(job.files.exit)
-            going = code is None and is_running(job.record, job.files, proc_root)
+            going = is_running(job.record, job.files, proc_root)
             _copy(log, out)
             if not going:
-                if code is None:  # written just before the supervisor ended?
-                    code = read_exit(job.files.exit)
-                    _copy(log, out)
-                return code
+                return read_exit(job.files.exit)
             time.sleep(POLL_SECONDS)
+
+
+def next_attempt(job: NodeJob, proc_root: str | Path = "/proc") -> NodeJob | None:
+    """This node's share of the attempt after ``job``'s, once ``job``'s supervisor has ended: a supervisor that
+    restarts the run records the next attempt before it ends (None: the run was not restarted here)."""
+    return node_job(NodeDir(job.files.run_dir, job.files.attempt + 1, job.files.node), proc_root)
 
 
 def _copy(source: IO[bytes], out: IO[bytes]) -> None:

@@ -22,12 +22,12 @@ from ..node.gpus import read_node, render_node
 from ..node.topology import TopologyError, detect_topology, host_name
 from ..records.runlayout import NodeDir, read_ranks, runs_root
 from . import standby
-from .jobs import POLL_SECONDS, BadInput, JobError, NodeJob, follow_log, host_jobs, stop_jobs
+from .jobs import POLL_SECONDS, BadInput, JobError, NodeJob, follow_log, host_jobs, next_attempt, stop_jobs
 
 
 def show_logs(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     """``logs``: this node's log of a detached run (one rank's lines with ``--rank``), earlier attempts first;
-    with ``--follow`` until the job ends, then its exit status."""
+    with ``--follow`` through every attempt until the run ends here, then the last attempt's exit status."""
     root, host = args.runs_root or runs_root(environ), host_name(environ)
     deadline = time.monotonic() + (args.wait if args.follow else 0)
     while (job := _node_job(host_jobs(root, host, args.run), environ)) is None:
@@ -52,6 +52,9 @@ def show_logs(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         return 0
     try:
         code = follow_log(job, out)
+        while (following := next_attempt(job)) is not None:  # restarted: its next attempt, under its header
+            _header(following.files)
+            job, code = following, follow_log(following, out)
     except KeyboardInterrupt:
         return 130  # stopped following; the job goes on
     if code is None:
@@ -67,13 +70,18 @@ def _earlier_attempts(newest: NodeDir, out: IO[bytes]) -> None:
         files = NodeDir(newest.run_dir, attempt, newest.node)
         if not files.log.is_file():
             continue
-        sys.stdout.buffer.write(f"mlenv: ==== attempt {attempt} (MLENV_RESTART_COUNT={attempt}) of run "
-                                f"{newest.run_dir.name}, node {newest.node} ====\n".encode())
-        sys.stdout.buffer.flush()
+        _header(files)
         if attempt < newest.attempt:
             with files.log.open("rb") as log:
                 shutil.copyfileobj(log, out)
             out.flush()
+
+
+def _header(files: NodeDir) -> None:
+    """The line that starts an attempt's log (never filtered out by ``--rank``)."""
+    sys.stdout.buffer.write(f"mlenv: ==== attempt {files.attempt} (MLENV_RESTART_COUNT={files.attempt}) of run "
+                            f"{files.run_dir.name}, node {files.node} ====\n".encode())
+    sys.stdout.buffer.flush()
 
 
 class RankLines(io.RawIOBase):
@@ -167,9 +175,10 @@ def show_gpus(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 
 
 def show_stacks(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    """``stacks``: the stacks of the running ranks of this node's newest job, and its flight recorder dumps."""
+    """``stacks``: the stacks of the running ranks of this node's newest job (or ``--run``'s), and its flight
+    recorder dumps."""
     host = host_name(environ)
-    job = _node_job(host_jobs(args.runs_root or runs_root(environ), host), environ)
+    job = _node_job(host_jobs(args.runs_root or runs_root(environ), host, args.run), environ)
     if job is None:
         found: dict[str, object] = {"run": None, "host": host}
     else:

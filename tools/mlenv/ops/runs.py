@@ -1,0 +1,170 @@
+"""``mlenv runs``: the runs of a deployment (with ``--all``, of every deployment and of every cluster's batch jobs),
+newest first, each as its nodes' supervisors recorded it (docs/runs.md); and the one place a run id a user typed is
+looked up (``logs``, ``stacks``, ``status RUN_ID``)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from mlenv import state
+from mlenv.core.capabilities import Feature
+from mlenv.errors import MlenvError, UsageError
+from mlenv.ops.target import Target, backend_of, resolve
+from mlenv.runtime.records.runlayout import FirstFailure
+from mlenv.runtime.records.runrecord import RunRecord
+
+COLUMNS = ["RUN", "STATE", "EXIT", "ATTEMPTS", "DURATION", "START", "NODES", "SCRIPT", "FAILURE"]
+"""The table's columns, the most wanted first: a narrow terminal cuts them from the last (ui.layout), so that at 80
+columns the run id and its state stay whole."""
+
+
+def recorded_runs(name: str, recorded: state.Deployment | None) -> list[dict[str, Any]]:
+    """The runs recorded of ``name``, oldest first: the deployment's launches, or, for a cluster file that is not
+    deployed, the runs of the batch jobs submitted for it (Slurm), in the same shape."""
+    if recorded is not None:
+        return list(recorded.runs)
+    return [{"id": job["run"], "script": job.get("script", "-"), "started": job.get("submitted", "-"),
+             "detached": bool(job.get("detached", True))}
+            for job in state.jobs_of(name) if isinstance(job.get("run"), str) and job["run"]]
+
+
+def distinct(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per run, oldest first: a run restarted attached is recorded again at each attempt; its entry is the
+    last one's (its spares, preemptions) with the first one's start."""
+    merged: dict[str, dict[str, Any]] = {}
+    for run in runs:
+        first = merged.get(str(run.get("id")))
+        merged[str(run.get("id"))] = {**run, "started": first["started"]} if first and "started" in first else run
+    return list(merged.values())
+
+
+def find(target: Target, run_id: str) -> dict[str, Any]:
+    """The recorded run ``run_id`` of ``target``; UsageError naming it and how to list the runs when there is
+    none."""
+    for run in recorded_runs(target.handle.name, target.recorded):
+        if run.get("id") == run_id:
+            return run
+    raise UsageError(f"no run {run_id!r} of {target.handle.name}: mlenv runs lists its runs "
+                     "(mlenv runs --all, every deployment's)")
+
+
+def listing(target: Target) -> list[dict[str, Any]]:
+    """Every run of ``target``, newest first, in ``runs --json``'s shape (docs/json.md); read from its nodes at
+    once."""
+    listed = distinct(recorded_runs(target.handle.name, target.recorded))
+    records: dict[str, RunRecord] = {}
+    if listed and target.backend.info.supports(Feature.JOBS):
+        records = target.backend.jobs.runs(target.handle, [str(run["id"]) for run in listed])
+    now = datetime.now(timezone.utc)
+    return [entry(target.handle.name, run, records.get(str(run["id"])), now) for run in reversed(listed)]
+
+
+def entry(cluster: str, run: dict[str, Any], record: RunRecord | None, now: datetime) -> dict[str, Any]:
+    """One run: what the deployment recorded of it (id, script, start) and what its nodes did (``record``)."""
+    known = record is not None and record.state is not None
+    ended_at = record.ended_at if record is not None else None
+    return {
+        "id": run["id"], "cluster": cluster, "script": run.get("script"), "detached": bool(run.get("detached", True)),
+        "state": record.state if record is not None else None,
+        "exit_code": record.exit_code if record is not None else None,
+        "attempts": record.attempt + 1 if record is not None and known else None,
+        "started": run.get("started"), "ended": ended_at,
+        "duration": _seconds(run.get("started"), ended_at, now, record),
+        "nodes": sum(shown != "-" for shown in record.nodes.values()) if record is not None else None,
+        "node_states": {str(node): shown for node, shown in sorted(record.nodes.items())} if record else {},
+        "first_failure": record.first_failure.to_dict() if record is not None and record.first_failure else None,
+    }
+
+
+def _seconds(started: object, ended_at: str | None, now: datetime, record: RunRecord | None) -> float | None:
+    """How long the run took (until ``now`` while it runs); None where a time is unknown."""
+    begin = _time(started)
+    if begin is None or record is None or record.state is None:
+        return None
+    end = _time(ended_at) if record.exit_code is not None else now
+    return None if end is None else max(0.0, round((end - begin).total_seconds(), 1))
+
+
+def _time(text: object) -> datetime | None:
+    try:
+        found = datetime.fromisoformat(str(text))
+    except ValueError:
+        return None
+    return found if found.tzinfo is not None else found.replace(tzinfo=timezone.utc)
+
+
+def every_target() -> list[tuple[str, Target | MlenvError]]:
+    """Every recorded deployment, and every cluster not deployed with batch jobs recorded (by name): its target,
+    or why it cannot be had."""
+    recorded = state.load()
+    found: list[tuple[str, Target | MlenvError]] = [
+        (name, Target(backend_of(d.backend), d.handle, d)) for name, d in sorted(recorded.deployments.items())]
+    for name in sorted(set(recorded.jobs) - set(recorded.deployments)):
+        try:
+            found.append((name, resolve(name)))
+        except MlenvError as exc:
+            found.append((name, exc))
+    return found
+
+
+def show(cluster_ref: str | None, every: bool, as_json: bool) -> int:
+    """Print the runs (``--all``: of every deployment, a column naming it); 1 when a deployment could not be
+    asked (its runs are listed as recorded, their state unknown)."""
+    from mlenv.ui import error, print_json, table
+
+    failed = False
+    rows: list[dict[str, Any]] = []
+    for name, target in every_target() if every else [(cluster_ref or "", resolve(cluster_ref))]:
+        try:
+            if isinstance(target, MlenvError):
+                raise target
+            rows += listing(target)
+        except Exception as exc:  # with --all, one deployment's failure never hides the others' runs
+            if not every:
+                raise
+            failed = True
+            error(f"{name}: cannot read its runs: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
+            recorded = target.recorded if isinstance(target, Target) else None
+            rows += [entry(name, run, None, datetime.now(timezone.utc))
+                     for run in reversed(distinct(recorded_runs(name, recorded)))]
+    rows.sort(key=lambda row: str(row["started"]), reverse=True)
+    if as_json:
+        print_json(rows)
+    elif not rows:
+        print("no runs recorded" + ("" if every else "; mlenv launch starts one"))
+    else:
+        table(None, ["CLUSTER", *COLUMNS][not every:], [[*[row["cluster"]][not every:], *cells(row)] for row in rows])
+    return 1 if failed else 0
+
+
+def cells(row: dict[str, Any]) -> list[str]:
+    """A run's cells of the table, as ``COLUMNS`` names them."""
+    failure = FirstFailure.parse(row["first_failure"])
+    return [row["id"], row["state"] or "unknown", "-" if row["exit_code"] is None else str(row["exit_code"]),
+            "-" if row["attempts"] is None else str(row["attempts"]), duration(row["duration"]),
+            _started(row["started"]), "-" if row["nodes"] is None else str(row["nodes"]), row["script"] or "-",
+            one_line(failure) if failure is not None else ""]
+
+
+def one_line(failure: FirstFailure) -> str:
+    """A first failure in one line: who, how, and its last line."""
+    last = next((line.strip() for line in reversed(failure.log_tail) if line.strip()), "")
+    return f"rank {failure.rank} (node-{failure.node}) {failure.reason}" + (f": {last}" if last else "")
+
+
+def _started(text: object) -> str:
+    found = _time(text)
+    return found.strftime("%m-%d %H:%M:%S") if found is not None else str(text or "-")
+
+
+def duration(seconds: float | None) -> str:
+    """``42s``, ``3m05s``, ``2h01m``; ``-`` when unknown."""
+    if seconds is None:
+        return "-"
+    whole = int(seconds)
+    if whole < 60:
+        return f"{seconds:.0f}s"
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
