@@ -1,15 +1,15 @@
 # mlenv: thin front end over the `mlenv` CLI. `make help` lists the targets.
 # Variables: CLUSTER (deployment, cluster name or file), MODE (rdma|tcp), NODES, IMAGE, OUT, POD, CMD, FOLLOW,
 #            DELETE_DATA, YES, SCRIPT, ARGS, LAUNCHER, DETACH, ENV, NAME, STEPS, SIZES, EXPECT, FORCE, VENV, LOG_RANK,
-#            EXPECT_TRANSPORT, HANG_TIMEOUT, ON_HANG, ON_IDLE, MAX_RESTARTS, MAX_PREEMPTIONS, SPARES, READ, TOOL,
-#            TEST, RUN, ALL.
+#            EXPECT_TRANSPORT, HANG_TIMEOUT, ON_HANG, ON_IDLE, ON_STRAGGLER, MAX_RESTARTS, MAX_PREEMPTIONS, SPARES,
+#            READ, TOOL, TEST, RUN, ALL.
 
 SHELL := /bin/bash
 VENV ?= .venv
 # Every value reaches the CLI through the environment ("$$VAR"), never spliced into the shell command line, and
 # verbatim: make does not expand a `$` inside it (make exec CMD='echo $HOSTNAME' echoes each pod's name).
 USER_VARS := CLUSTER MODE NODES IMAGE OUT POD CMD FOLLOW DELETE_DATA YES SCRIPT ARGS LAUNCHER DETACH ENV NAME STEPS \
-             SIZES EXPECT FORCE VENV LOG_RANK EXPECT_TRANSPORT HANG_TIMEOUT ON_HANG ON_IDLE MAX_RESTARTS \
+             SIZES EXPECT FORCE VENV LOG_RANK EXPECT_TRANSPORT HANG_TIMEOUT ON_HANG ON_IDLE ON_STRAGGLER MAX_RESTARTS \
              MAX_PREEMPTIONS SPARES READ TOOL TEST RUN ALL
 $(foreach v,$(USER_VARS),$(if $(filter command line environment,$(origin $(v))),$(eval override $(v) := $$(value $(v)))))
 export $(USER_VARS)
@@ -34,7 +34,7 @@ FLAG_ERROR = $(error $(1)=$(value $(1)): expected 1, yes or true (or 0, no, fals
 required = $(if $(strip $(value $(1))),,$(error $(1) is required: make $@ $(1)=$(2)))
 EXPECT_OPT = $(if $(EXPECT_TRANSPORT),--expect-transport "$$EXPECT_TRANSPORT")
 HANG_OPTS = $(if $(HANG_TIMEOUT),--hang-timeout "$$HANG_TIMEOUT") $(if $(ON_HANG),--on-hang "$$ON_HANG")
-IDLE_OPT = $(if $(ON_IDLE),--on-idle "$$ON_IDLE")
+IDLE_OPT = $(if $(ON_IDLE),--on-idle "$$ON_IDLE") $(if $(ON_STRAGGLER),--on-straggler "$$ON_STRAGGLER")
 RESTARTS_OPT = $(if $(MAX_RESTARTS),--max-restarts "$$MAX_RESTARTS") \
                $(if $(MAX_PREEMPTIONS),--max-preemptions "$$MAX_PREEMPTIONS")
 SPARES_OPT = $(if $(SPARES),--spares "$$SPARES")
@@ -116,7 +116,7 @@ exec: install ## Run CMD="..." on every node (or POD=N) in parallel
 logs: install ## The latest run's output (or RUN=ID's) of every node (or POD=N, or one rank: LOG_RANK=N); FOLLOW=1 follows it
 	@$(MLENV) logs $(CLUSTER_OPT) $(POD_OPT) $(call flag,FOLLOW,--follow) $(if $(LOG_RANK),--rank "$$LOG_RANK") $(if $(RUN),-- "$$RUN")
 
-launch: install ## Run [SCRIPT=train_multi_node.py] [ARGS=] [LAUNCHER=] [ENV=] [DETACH=1] [EXPECT_TRANSPORT=] [HANG_TIMEOUT=s [ON_HANG=stop]] [ON_IDLE=stop|warn] [MAX_RESTARTS=N] [MAX_PREEMPTIONS=N] on every node
+launch: install ## Run [SCRIPT=train_multi_node.py] [ARGS=] [LAUNCHER=] [ENV=] [DETACH=1] [EXPECT_TRANSPORT=] [HANG_TIMEOUT=s [ON_HANG=stop]] [ON_IDLE=stop|warn] [ON_STRAGGLER=warn|exclude] [MAX_RESTARTS=N] [MAX_PREEMPTIONS=N] on every node
 	@$(MLENV) launch $(CLUSTER_OPT) $(if $(LAUNCHER),--launcher "$$LAUNCHER") $(if $(ARGS),--args "$$ARGS") \
 	    $(ENV_OPTS) $(call flag,DETACH,--detach) $(EXPECT_OPT) $(HANG_OPTS) $(IDLE_OPT) $(RESTARTS_OPT) -- "$${SCRIPT:-train_multi_node.py}"
 

@@ -165,6 +165,15 @@ def test_max_preemptions_reaches_launch() -> None:
     assert refused.returncode == 2 and "'--max-preemptions': -1 is not in the range" in refused.stderr
 
 
+def test_on_straggler_reaches_the_nodes_launch() -> None:
+    require("make")
+    excluded = ok("launch-dry-run", "CLUSTER=slurm-gloo", "ON_STRAGGLER=exclude").stdout
+    assert "--on-straggler exclude" in excluded, excluded
+    assert "--on-straggler" not in ok("launch-dry-run", "CLUSTER=slurm-gloo", "ON_STRAGGLER=warn").stdout  # the default
+    refused = make("launch-dry-run", "CLUSTER=slurm-gloo", "ON_STRAGGLER=sometimes")
+    assert refused.returncode == 2 and "Invalid value for '--on-straggler'" in refused.stderr, refused.stderr
+
+
 def test_variables_reach_the_cli_verbatim(tmp_path: Path, project: LocalProject) -> None:
     marker = tmp_path / "injected"
     result = make("validate-cluster", f"CLUSTER=barcelona; touch {marker}")
@@ -176,7 +185,7 @@ def test_variables_reach_the_cli_verbatim(tmp_path: Path, project: LocalProject)
     assert statefulset["spec"]["template"]["spec"]["containers"][0]["image"] == image  # verbatim, `$` included
     spliced = f"$(shell touch {marker})"  # expanded by make, this would create the marker
     for variable in ("POD", "ARGS", "ENV", "NAME", "STEPS", "VENV", "LOG_RANK", "EXPECT_TRANSPORT",
-                     "MAX_RESTARTS", "MAX_PREEMPTIONS", "ON_IDLE", "SPARES", "RUN"):
+                     "MAX_RESTARTS", "MAX_PREEMPTIONS", "ON_IDLE", "ON_STRAGGLER", "SPARES", "RUN"):
         shown = make("-n", "clean-cluster", "logs", "launch", "deploy-cluster", "demo", f"{variable}={spliced}")
         assert shown.returncode == 0, shown.stderr
     for variable in BOOLEANS:  # not a boolean: a usage error naming it, still never expanded

@@ -1,6 +1,8 @@
 """Stragglers named from arrival at collectives, on a local cluster of 2 nodes x 2 ranks (gloo): in a job where one
 rank, chosen at random, takes 3x as long per step, the straggler watch names that rank in status and in the run's
-output within 60 s; in a job of equal ranks it names none once it has judged. No change to the training script."""
+output within 60 s, and under ``--on-straggler exclude`` its node carries the node-fault sign ``straggler`` (left out
+at the next restart); in a job of equal ranks it names none once it has judged. No change to the training
+script."""
 
 from __future__ import annotations
 
@@ -49,15 +51,15 @@ def _judged(project: LocalProject, deadline: float) -> dict[str, Any]:
         time.sleep(1)
 
 
-def _launch(project: LocalProject, slow: float, straggler: int) -> float:
+def _launch(project: LocalProject, slow: float, straggler: int, *options: str) -> float:
     project.ok("sync", "--source", str(project.source({"steps.py": JOB.format(slow=slow, straggler=straggler)})))
-    project.ok("launch", "--detach", "--launcher", "torchrun", "steps.py")
+    project.ok("launch", "--detach", "--launcher", "torchrun", *options, "steps.py")
     return time.monotonic()
 
 
 def test_a_rank_three_times_slower_is_named_within_60_s(project: LocalProject) -> None:
     straggler = random.Random().randrange(4)  # noqa: S311 - a test's choice, not a secret
-    started = _launch(project, 0.15, straggler)
+    started = _launch(project, 0.15, straggler, "--on-straggler", "exclude")
     until = started + 60
     while True:
         run = _judged(project, until - time.monotonic())
@@ -72,6 +74,8 @@ def test_a_rank_three_times_slower_is_named_within_60_s(project: LocalProject) -
     assert text in project.ok("status").stdout
     assert f"mlenv: {text}" in project.ok("logs").stdout
     project.ok("stop")
+    faults = json.loads(project.ok("status", "--json").stdout)["latest_run"]["node_faults"]
+    assert faults == {str(named[0]["node"]): {"sign": "straggler", "evidence": text}}, faults
 
 
 def test_equal_ranks_name_nobody(project: LocalProject) -> None:

@@ -539,6 +539,10 @@ def clean(cluster_ref: str | None, delete_data: bool, yes: bool) -> None:
               help="When every GPU of the job stayed under launch.idle_util (default 5%) for launch.idle_minutes of "
                    "the cluster file, the run is flagged idle (output, status); stop also stops it, exit code 125, "
                    "and it is not restarted under --max-restarts (it would idle again). Default: warn.")
+@click.option("--on-straggler", type=click.Choice(["warn", "exclude"]), default=None,
+              help="A rank (or node) that enters collectives last and holds the job back is named in the output and "
+                   "in status (latest_run.stragglers); exclude also leaves its node out at the next restart, "
+                   "recorded with the reason straggler. Default: warn.")
 @json_option
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
@@ -546,7 +550,7 @@ def clean(cluster_ref: str | None, delete_data: bool, yes: bool) -> None:
 def launch(cluster_ref: str | None, launcher: str, nproc: int | None, args_text: str | None, secrets: tuple[str, ...],
            detach: bool, expect_transport: str | None, dry_run: bool, hang_timeout: float | None,
            on_hang: str | None, on_idle: str | None, max_restarts: int | None, max_preemptions: int | None,
-           as_json: bool, script: str, script_args: tuple[str, ...]) -> None:
+           on_straggler: str | None, as_json: bool, script: str, script_args: tuple[str, ...]) -> None:
     """Start SCRIPT on every node at once through the runtime; fail-fast, logs in runs/.
 
     Everything after SCRIPT belongs to it: `mlenv launch train.py -c cfg.yaml` passes -c cfg.yaml to train.py.
@@ -569,7 +573,7 @@ def launch(cluster_ref: str | None, launcher: str, nproc: int | None, args_text:
     names = secret_names(secrets)
     settings = launching.settings(cluster_ref, hang_timeout=hang_timeout, on_hang=on_hang, on_idle=on_idle,
                                   expect_transport=expect_transport, max_restarts=max_restarts,
-                                  max_preemptions=max_preemptions)
+                                  max_preemptions=max_preemptions, on_straggler=on_straggler)
     spec = settings.spec(launcher, script, (*script_args, *extra), nproc, detach, names)
     if dry_run:
         click.echo(launching.dry_run(settings.target, spec), nl=False)

@@ -107,18 +107,20 @@ class LaunchSettings:
     expect_transport: str | None
     max_restarts: int
     max_preemptions: int | None = None
+    on_straggler: str | None = None
 
     def spec(self, launcher: str, script: str, args: tuple[str, ...], nproc: int | None, detach: bool,
              secrets: tuple[str, ...]) -> LaunchSpec:
         """The launch request of ``script`` with these settings."""
         return LaunchSpec(launcher, script, args, nproc, self.run_id, detach, secrets, self.expect_transport,
                           self.hang_timeout, self.on_hang, self.max_restarts, self.max_preemptions,
-                          idle_seconds=self.idle_seconds, idle_util=self.idle_util, on_idle=self.on_idle)
+                          idle_seconds=self.idle_seconds, idle_util=self.idle_util, on_idle=self.on_idle,
+                          on_straggler=self.on_straggler)
 
 
 def settings(cluster_ref: str | None, *, hang_timeout: float | None, on_hang: str | None, on_idle: str | None,
              expect_transport: str | None, max_restarts: int | None,
-             max_preemptions: int | None = None) -> LaunchSettings:
+             max_preemptions: int | None = None, on_straggler: str | None = None) -> LaunchSettings:
     """The settings of a launch on ``cluster_ref`` (ops.target.resolve), the options typed (None: not typed) over
     the deployment's cluster file, read once (a file that no longer loads is warned about once, its settings
     left at their defaults), over the defaults (no hang or idle watch, restarts 0). UsageError where they do not go
@@ -142,7 +144,7 @@ def settings(cluster_ref: str | None, *, hang_timeout: float | None, on_hang: st
     return LaunchSettings(target, run_id(target.handle.name), hang_timeout, on_hang, idle_seconds, idle_util, on_idle,
                           expect_transport or (cluster.expect_transport if cluster else None),
                           max_restarts if max_restarts is not None else cluster.max_restarts if cluster else 0,
-                          max_preemptions)
+                          max_preemptions, on_straggler)
 
 
 def dry_run(target: Target, spec: LaunchSpec) -> str:

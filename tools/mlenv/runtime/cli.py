@@ -155,6 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--on-idle", choices=["stop", "warn"],
                      help=f"with --idle-seconds: stop the job (exit code {IDLE_EXIT_CODE}, never restarted), or only "
                           "warn (the default)")
+    run.add_argument("--on-straggler", choices=["warn", "exclude"],
+                     help="a rank (or node) that enters collectives last and holds the job back is named; exclude "
+                          "also gives its node the node-fault sign straggler (left out at the next restart)")
     run.add_argument("--max-restarts", type=_count, default=0, metavar="N",
                      help="with --detach: when the job fails (not when it is stopped), start it again on this node, "
                           "up to N times, as attempt K+1 (MLENV_RESTART_COUNT) of the same run")

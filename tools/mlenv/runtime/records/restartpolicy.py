@@ -41,8 +41,8 @@ from .runlayout import (
     read_state,
 )
 
-UNREACHABLE, NODE_FAILURE, NCCL_NET, XID, ECC, NODE_CHECK = (
-    "unreachable", "node-failure", "nccl-net", "xid", "ecc", "node-check")
+UNREACHABLE, NODE_FAILURE, NCCL_NET, XID, ECC, NODE_CHECK, STRAGGLER = (
+    "unreachable", "node-failure", "nccl-net", "xid", "ecc", "node-check", "straggler")
 SIGNS = {
     UNREACHABLE: "unreachable",
     NODE_FAILURE: "node failure",
@@ -50,10 +50,12 @@ SIGNS = {
     XID: "GPU Xid event",
     ECC: "GPU ECC errors",
     NODE_CHECK: "in-node check failed",
+    STRAGGLER: "straggler",
 }
 """Every node-fault sign and how it reads: ``unreachable`` (ssh exit 255 where the node has no record of the run, or
 its supervisor gone without an exit status), ``node-failure`` (the scheduler lost the node: down, failed, drained),
-``nccl-net``, ``xid``, ``ecc`` and ``node-check`` (runtime/watch/faultsigns.py detects them on the node)."""
+``nccl-net``, ``xid``, ``ecc`` and ``node-check`` (runtime/watch/faultsigns.py detects them on the node), and
+``straggler`` (under ``--on-straggler exclude``: the node enters collectives last, runtime/watch/stragglers.py)."""
 IDLE_EXIT_CODE = 125
 """What ``--on-idle stop`` exits with (watch/idle.py): the code after the hang stop's 124, used by nothing else of
 mlenv; never restarted (an idle job would idle again)."""

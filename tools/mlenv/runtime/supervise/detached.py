@@ -90,6 +90,7 @@ def _launch_argv(args: argparse.Namespace, launcher: str, run_dir: Path) -> list
             *(["--idle-seconds", str(args.idle_seconds)] if args.idle_seconds else []),
             *(["--idle-util", str(args.idle_util)] if args.idle_util is not None else []),
             *(["--on-idle", args.on_idle] if args.on_idle else []),
+            *(["--on-straggler", args.on_straggler] if args.on_straggler else []),
             *(["--max-restarts", str(args.max_restarts)] if args.max_restarts else [])]
 
 

@@ -27,5 +27,5 @@ def observers_for(options: argparse.Namespace, environ: Mapping[str, str]) -> li
         found.append(IdleWatch(threshold, window, getattr(options, "on_idle", None),
                                Sampler(sample_interval(window), environ), host_name(environ)))
     if collectives.enabled(environ):
-        found.append(StragglerWatch())
+        found.append(StragglerWatch(on_straggler=getattr(options, "on_straggler", None)))
     return found

@@ -7,7 +7,8 @@ clock (the difference between the node's time and the hub's when the report came
 (:mod:`mlenv.runtime.forensics.arrivals`). A straggler found, changed or gone is said on every node
 (``mlenv: rank 3 (node-1) (HOST) is a straggler: ...``); each verdict is recorded as ``stragglers`` in node 0's
 state.json (``status``: ``latest_run.stragglers``, ``[]`` once judged without one, null before); the job is never
-stopped for it.
+stopped for it. Under ``--on-straggler exclude`` a named node carries the node-fault sign ``straggler`` while it is
+named, so the restart rules leave it out at the next restart (a run that fails or is restarted for another reason).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 
 from ..forensics import collectives
 from ..forensics.arrivals import entries_of, shifted, stragglers
+from ..records.restartpolicy import STRAGGLER
 from .protocol import BaseObserver, JobControl
 
 EVERY_SECONDS = 10.0
@@ -34,8 +36,11 @@ def _records(control: JobControl) -> Path:
 class StragglerWatch(BaseObserver):
     """Name the ranks (or nodes) that enter collectives last, job-wide, every :data:`EVERY_SECONDS`."""
 
-    def __init__(self, every: float = EVERY_SECONDS) -> None:
+    def __init__(self, every: float = EVERY_SECONDS, on_straggler: str | None = None) -> None:
         self.every = every
+        self.exclude = on_straggler == "exclude"
+        self.mine: str | None = None
+        """Under ``--on-straggler exclude``: why this node is one (its node-fault sign's evidence)."""
         self.next_sample = time.monotonic() + every
         self.asked: tuple[int, float] | None = None  # this node: (token, when to read)
         self.reports: dict[int, dict[str, Any]] = {}  # the hub: node -> its last report, on the hub's clock
@@ -72,6 +77,16 @@ class StragglerWatch(BaseObserver):
                 self.note(entry["text"])
             if not found:
                 self.note("no straggler any more")
+            here = [entry["text"] for entry in found if entry.get("node") == self.control.node]
+            mine = here[0] if here and self.exclude else None
+            if mine != self.mine:  # the node's own sign in its state.json: the restart rules read it there
+                self.mine = mine
+                self.control.record(node_fault=self.node_fault())
+
+    def node_fault(self) -> dict[str, str] | None:
+        """Under ``--on-straggler exclude``, this node's sign while it is named a straggler: the restart rules leave
+        it out at the next restart."""
+        return {"sign": STRAGGLER, "evidence": self.mine} if self.mine else None
 
     @staticmethod
     def _report(control: JobControl, token: int) -> None:
