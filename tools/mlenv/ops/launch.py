@@ -307,7 +307,7 @@ def _attempt(target: Target, spec: LaunchSpec, run_dir: Path, reasons: Mapping[s
         run = target.backend.jobs.latest_run(target.handle, spec.run_id)
         result = replace(result, latest_run=run)
         first = _failed_first(run, outcome, outcome.failed_node)
-    if outcome.node_exit_codes:
+    if outcome.node_exit_codes and not outcome.interrupted:  # Ctrl-C: one line
         _summary(result, first)
     if outcome.message:
         error(outcome.message)
