@@ -32,7 +32,7 @@ def kept_off(project: KubeProject) -> list[str]:
 
 
 def machines(project: KubeProject) -> list[str]:
-    return [pod["node"] for pod in json.loads(project.ok("status", "--json").stdout)["pods"]]
+    return [pod["host"] for pod in json.loads(project.ok("status", "--json").stdout)["pods"]]
 
 
 def test_a_faulty_kubernetes_node_is_left_out_and_forgotten(kube_project: KubeProject) -> None:  # noqa: F811

@@ -181,7 +181,7 @@ def test_stacks_and_gpu_state_through_kubectl_exec(kube_project: KubeProject) ->
     project.ok("sync", "--source", str(source))
     report = json.loads(project.ok("status", "--gpus", "--json").stdout)
     states = report["gpu_state"]
-    assert [(s["node"], s["name"]) for s in states] == [(n, p["name"]) for n, p in enumerate(report["pods"])], states
+    assert [(s["node"], s["pod"]) for s in states] == [(n, p["pod"]) for n, p in enumerate(report["pods"])], states
     assert all("gpus" in s for s in states), states  # every pod answered (no nvidia-smi there: named in errors)
     project.ok("launch", "--launcher", "torchrun", "--detach", "hang.py")
     until_grouped(lambda: project.mlenv("stacks", "--json", timeout=120), 2, "stuck_in_a_pod", 180)

@@ -56,7 +56,7 @@ def test_pods_have_own_address_nic_and_hosts(cluster: LocalProject) -> None:
 
 
 def test_redeploy_converges_and_repairs_leftovers(cluster: LocalProject) -> None:
-    broken = str(cluster.status()[1]["node"])  # a pod's node is its network namespace
+    broken = str(cluster.status()[1]["host"])  # a pod's node is its network namespace
     subprocess.run(["ip", "netns", "delete", broken], check=True)  # as if a crash broke it
     assert [p["phase"] for p in cluster.status()] == ["Running", "Broken"]
     cluster.ok("deploy", cluster.name)
@@ -109,7 +109,7 @@ def test_another_checkout_of_the_same_app_never_touches_these_pods(cluster: Loca
     twin = make_project(tmp_path, cluster.name, "10.77.61.0/24", "namespaces")  # same app, same subnet
     twin.ok("deploy", twin.name)
     try:
-        assert {p["node"] for p in twin.status()}.isdisjoint(p["node"] for p in cluster.status())
+        assert {p["host"] for p in twin.status()}.isdisjoint(p["host"] for p in cluster.status())
     finally:
         twin.ok("clean", "--cluster", twin.name, "--delete-data", "--yes")
     assert all(p["ready"] for p in cluster.status())

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from mlenv.errors import UsageError
 from mlenv.ops.nccltest import (
+    NO_GATE,
     NO_NCCL,
     Expectation,
     SizeResult,
@@ -71,6 +72,13 @@ def test_sockets_are_fine_in_tcp_mode_and_no_result_fails() -> None:
     report = nccl_report([LOGS / "socket_fallback.log"])
     assert evaluate(results(2.0), report, "tcp", Expectation(2.5, "--expect 20Gb/s")).status == "PASS"
     assert evaluate([], report, "tcp", None).reasons == ("the benchmark printed no result",)
+
+
+def test_nothing_compared_is_no_gate_not_pass() -> None:
+    report = nccl_report([LOGS / "socket_fallback.log"])
+    ungated = evaluate(results(2.0), report, "tcp", None)
+    assert ungated.status == NO_GATE and ungated.reasons[-1].endswith("bandwidth not gated")
+    assert evaluate(results(2.0), report, "tcp", Expectation(2.5, "--expect 20Gb/s")).status == "PASS"
 
 
 @pytest.mark.parametrize(("text", "gbytes"), [("180GB/s", 180.0), ("1440Gb/s", 180.0), ("400 Gb/s", 50.0),
