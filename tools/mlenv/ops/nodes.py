@@ -15,7 +15,7 @@ def show_excluded(target: Target, forget: bool, as_json: bool) -> int:
     listed = state.forget_excluded(name) if forget else state.load().excluded_of(name)
     if as_json:
         print_json({"cluster": name, "excluded": [] if forget else list(listed),
-                    **({"forgotten": list(listed)} if forget else {})})
+                    "forgotten": list(listed) if forget else None})
         return 0
     if forget:
         nodes = ", ".join(f"node-{entry['node']}" for entry in listed)
