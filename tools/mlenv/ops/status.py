@@ -89,12 +89,14 @@ def _print(report: dict[str, Any]) -> None:
         say(f"{title}: no nodes" + ("" if report["deployed"] else " (not deployed)"))
         return
     extra = sorted({key for row in rows for key in row["extra"]})
-    detail = any(row["detail"] for row in rows)  # a column of nothing would only take room from the others
-    table(title, ["POD", "NODE", "PHASE", "READY", "RESTARTS", "GPUS", "IP", "RDMA", *[c.upper() for c in extra],
-                  *["DETAIL"][:detail]],
+    # a column of nothing would only take room from the others (every header fits 60 columns)
+    rdma = report["mode"] == "rdma" or any(row["rdma_devices"] for row in rows)
+    detail = any(row["detail"] for row in rows)
+    table(title, ["POD", "NODE", "PHASE", "READY", "RESTARTS", "GPUS", "IP", *["RDMA"][:rdma],
+                  *[c.upper() for c in extra], *["DETAIL"][:detail]],
           [[row["pod"], row["host"] or "-", row["phase"], "yes" if row["ready"] else "no", row["restarts"],
-            row["gpus"], row["ip"] or "-", row["rdma_devices"] or "-", *[row["extra"].get(c, "") for c in extra],
-            *[row["detail"] or ""][:detail]] for row in rows])
+            row["gpus"], row["ip"] or "-", *[row["rdma_devices"] or "-"][:rdma],
+            *[row["extra"].get(c, "") for c in extra], *[row["detail"] or ""][:detail]] for row in rows])
     for entry in report["excluded"]:
         print(f"excluded: node-{entry['node']} ({entry.get('host', '-')}) since {entry.get('since', '-')}: "
               f"{entry.get('reason', '-')}; mlenv nodes --forget-excluded clears")
