@@ -205,3 +205,18 @@ def test_clean_json_twice(tmp_path: Path) -> None:
     second = json.loads(once.ok("clean", "--json").stdout)  # nothing current any more: fine
     assert (second["ok"], second["name"], second["cleaned"]) == (True, None, False)
     once.ok("clean", "--cluster", once.name, "--delete-data", "--yes")
+
+
+def test_a_missing_script_is_bad_input_before_anything_starts(project: LocalProject) -> None:
+    runs = sorted((project.home / "runs").iterdir())
+    recorded = json.loads(project.ok("status", "--json").stdout)["runs"]
+    missing = project.mlenv("launch", "nowhere.py")
+    assert missing.returncode == 2, missing.stderr
+    assert missing.stderr == (f"error: nowhere.py: no such file in the workspace of node-0 ({project.app}-0), node-1 "
+                              f"({project.app}-1): mlenv sync copies workspace/ (or --source DIR) to the nodes\n")
+    (project.home / "workspace").mkdir(exist_ok=True)
+    (project.home / "workspace" / "unsynced.py").write_text("print('hi')\n")
+    unsynced = project.mlenv("launch", "unsynced.py")
+    assert unsynced.returncode == 2 and "not synced yet: mlenv sync copies workspace/" in unsynced.stderr
+    assert sorted((project.home / "runs").iterdir()) == runs  # no run directory
+    assert json.loads(project.ok("status", "--json").stdout)["runs"] == recorded  # no run recorded
