@@ -52,7 +52,7 @@ def test_deploy_sync_exec_torchrun_clean(kube_project: KubeProject) -> None:  # 
     for ordinal, pod in enumerate(pods):
         answer = project.ok("exec", "--pod", str(ordinal), "--", "sh", "-c",
                             'echo "$(hostname) $(pwd) $MLENV_NODE_RANK"; ls')
-        assert f"{pod['name']} /workspace {ordinal}" in answer.stdout, answer.stdout
+        assert f"{pod['pod']} /workspace {ordinal}" in answer.stdout, answer.stdout
         assert "allreduce.py" in answer.stdout, answer.stdout
 
     launched = project.ok("launch", "--launcher", "torchrun", "allreduce.py", timeout=300)
