@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import MLENV, assert_shaped, documented_shape
+from tests.helpers import MLENV, assert_shaped, documented_shape, run_mlenv
 from tests.integration.local_cluster import FAILING_JOB, TINY_JOB, LocalProject, make_project, require_local
 
 HEADERS = ["POD", "NODE", "PHASE", "READY", "RESTARTS", "GPUS", "IP", "JOBS", "MODE", "NIC"]
@@ -220,3 +220,10 @@ def test_a_missing_script_is_bad_input_before_anything_starts(project: LocalProj
     assert unsynced.returncode == 2 and "not synced yet: mlenv sync copies workspace/" in unsynced.stderr
     assert sorted((project.home / "runs").iterdir()) == runs  # no run directory
     assert json.loads(project.ok("status", "--json").stdout)["runs"] == recorded  # no run recorded
+
+
+def test_a_shell_with_piped_input_runs_it_without_job_control(project: LocalProject) -> None:
+    piped = run_mlenv("shell", "--pod", "1", home=project.home, input='echo "$HOSTNAME $(pwd)"\nexit 3\n')
+    assert piped.returncode == 3, piped.stderr
+    assert piped.stdout == f"{project.app}-1 {project.pod_dir(1) / 'workspace'}\n"
+    assert "job control" not in piped.stderr and "stdin is not a terminal" in piped.stderr

@@ -39,19 +39,21 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalProject]:
     project.mlenv("clean", "--cluster", project.name, "--delete-data", "--yes")
 
 
-def test_pods_have_own_address_nic_and_hosts(cluster: LocalProject) -> None:
+def test_pods_have_own_address_nic_hosts_and_hostname(cluster: LocalProject) -> None:
     pods = cluster.status()
     assert [p["extra"]["nic"] for p in pods] == ["ens1f1", "ens1f0np0"]
     assert [p["ip"] for p in pods] == ["10.77.61.2", "10.77.61.3"]
     assert {p["extra"]["mode"] for p in pods} == {"namespaces"} and all(p["ready"] for p in pods)
     master = f"{cluster.app}-0.{cluster.app}-headless.{cluster.name}-ns.svc.cluster.local"
     out = cluster.ok("exec", "--cluster", cluster.name, "--", "sh", "-c",
-                     f'ls /sys/class/net | tr "\\n" " "; getent hosts {master}; pwd; echo rank=$MLENV_NODE_RANK').stdout
+                     f'ls /sys/class/net | tr "\\n" " "; getent hosts {master}; pwd; echo host=$(hostname) '
+                     f'$(getent hosts $(hostname) | cut -d" " -f1); echo rank=$MLENV_NODE_RANK').stdout
     node0 = [line for line in out.splitlines() if line.startswith("[node-0]")]
     node1 = [line for line in out.splitlines() if line.startswith("[node-1]")]
     assert "ens1f1" in node0[0] and "ens1f0np0" in node1[0] and "eth0" not in out
     assert all(any(f"10.77.61.2 {master}" in " ".join(line.split()) for line in lines) for lines in (node0, node1))
     assert node0[-1] == "[node-0] rank=0" and node1[-1] == "[node-1] rank=1"
+    assert [node0[-2], node1[-2]] == [f"[node-{n}] host={cluster.app}-{n} 10.77.61.{n + 2}" for n in (0, 1)]  # UTS
     assert str(cluster.pod_dir(1) / "workspace") in "\n".join(node1)
 
 

@@ -433,7 +433,7 @@ def exec(cluster_ref: str | None, pod: int | None, as_json: bool, command: tuple
 @pod_option
 @reports_errors
 def shell(cluster_ref: str | None, pod: int | None) -> None:
-    """Interactive shell on node 0 (or --pod N), in its workspace."""
+    """Interactive shell on node 0 (or --pod N), in its workspace; stdin not a terminal: runs what it reads."""
     from mlenv.ops.fanout import interactive
 
     target = _target(cluster_ref)

@@ -8,6 +8,7 @@ import json
 import re
 import signal
 import subprocess
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -158,10 +159,16 @@ def logs_all(backend: NodeAccess, handle: Handle, only: int | None = None, follo
 
 
 def interactive(backend: NodeAccess, handle: Handle, ordinal: int) -> int:
-    """An interactive shell (bash when the node has it) on node ``ordinal``, in its workspace."""
+    """An interactive shell (bash when the node has it) on node ``ordinal``, in its workspace; where stdin is no
+    terminal (a pipe, a file), a shell that runs what it reads, without prompts or job control."""
     (node,) = select_nodes(backend, handle, ordinal)
-    shell = ["sh", "-c", "command -v bash >/dev/null 2>&1 && exec bash -i || exec sh -i"]
-    argv = backend.exec_argv(handle, node, shell, interactive=True)
+    terminal = sys.stdin.isatty()
+    if not terminal:
+        info(f"stdin is not a terminal: a shell on node-{ordinal} runs what it reads, without a prompt "
+             "(mlenv exec runs a command on every node)")
+    how = "-i" if terminal else "-s"
+    shell = ["sh", "-c", f"command -v bash >/dev/null 2>&1 && exec bash {how} || exec sh {how}"]
+    argv = backend.exec_argv(handle, node, shell, interactive=terminal)
     # Ctrl-C belongs to the shell: a handler (unlike SIG_IGN) is not inherited by the command
     previous = signal.signal(signal.SIGINT, lambda *_: None)
     try:
