@@ -26,6 +26,11 @@ def test_one_tag_a_line(line: str, shown: str) -> None:
 
 def test_a_warning_says_the_same_in_every_process() -> None:
     assert warning_said("[node-0 r1] " + C10D.format(pid=11)) == warning_said(C10D.format(pid=12)) is not None
+    without_pid = ("[node-1 r3] [W1127 20:24:41.931045622 socket.cpp:207] [c10d] The hostname of the client socket "
+                   "cannot be retrieved. err=-3")  # as torch 2.x writes it
+    launcher = without_pid.replace("[node-1 r3]", "[node-0]").replace("41.9", "35.2")
+    assert warning_said(without_pid) == warning_said(launcher) == ("socket.cpp [c10d] The hostname of the client "
+                                                                    "socket cannot be retrieved. err=-3")
     python = "/x/torch/a.py:12: UserWarning: deprecated"
     assert warning_said(f"[node-1] {python}") == python
     assert warning_said("[node-1 r0] step 1 loss 2.0") is None

@@ -28,10 +28,11 @@ READER_GRACE = 2.0
 LineHandler = Callable[[int, str], None]
 
 
-WARNING = re.compile(r"^(?:\[node-\d+(?: r\d+)?\] )?(?:\[?[WE]\d{4} [\d:.]+ +\d+ (?P<where>[^\]]+)\] ?(?P<said>.*)|"
-                     r"(?P<python>\S+:\d+: \w*Warning: .*))$")
-"""A warning as torch (glog: ``[W1127 20:05:04.798 20756 socket.cpp:752] [c10d] ...``) or Python writes it, in a
-node's tag or none: what it says, without the tag, time and process id, is the same in every process."""
+WARNING = re.compile(r"^(?:\[node-\d+(?: r\d+)?\] )?(?:\[?[WE]\d{4} [\d:.]+(?: +\d+)? (?P<where>[^\]]+)\] ?"
+                     r"(?P<said>.*)|(?P<python>\S+:\d+: \w*Warning: .*))$")
+"""A warning as torch (glog: ``[W1127 20:05:04.798 20756 socket.cpp:752] [c10d] ...``, the process id not always
+there) or Python writes it, in a node's tag or none: what it says, without the tag, time and process id, is the
+same in every process."""
 
 
 def node_line(ordinal: int, line: str) -> str:
