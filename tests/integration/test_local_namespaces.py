@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from mlenv.parallel import warning_said
 
 from tests.helpers import MLENV, ROOT
 from tests.integration.local_cluster import (
@@ -75,6 +76,9 @@ def test_torchrun_job_rendezvous_across_nics_and_logs(cluster: LocalProject) -> 
     assert len(runs) == 1
     assert "done world_size=4" in (runs[0] / f"node-{done.group(1)}.log").read_text()
     assert "node 0/2" in (runs[0] / "node-0.log").read_text() and "node 1/2" in (runs[0] / "node-1.log").read_text()
+    logged = "".join((runs[0] / f"node-{n}.log").read_text() for n in (0, 1))
+    for warning in {said for line in logged.splitlines() if (said := warning_said(line))}:  # torch's c10d ones
+        assert sum(warning_said(line) == warning for line in result.stdout.splitlines()) == 1, warning
 
 
 def _launch_until(cluster: LocalProject, marker: str, *args: str,
