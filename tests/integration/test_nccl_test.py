@@ -23,6 +23,7 @@ from mlenv.ops.nccltest import (
     read_results,
 )
 
+from tests.helpers import assert_shaped, documented_shape
 from tests.integration.local_cluster import LocalProject, make_project, require_local
 
 LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "nccl_logs"
@@ -142,11 +143,12 @@ def test_gate_on_the_local_cluster_without_a_sync(project: LocalProject) -> None
     passed = project.mlenv("nccl-test", "--sizes", "4K:16K", "--json", timeout=240)
     assert passed.returncode == 0, passed.stderr[-3000:]
     summary = json.loads(passed.stdout)
+    assert_shaped(summary, documented_shape("nccl-test"))
     assert [r["size_bytes"] for r in summary["sizes"]] == [4096, 8192, 16384]
     assert all(r["busbw_gbps"] > 0 for r in summary["sizes"])
     assert summary["transport"] == {"verdict": NO_NCCL, "ranks": []}
     assert (summary["expected_busbw_gbps"], summary["expected_source"]) == (0.000125, "network.expected_busbw")
-    assert summary["verdict"] == "PASS"
+    assert (summary["ok"], summary["verdict"]) == (True, "PASS")
     saved = Path(summary["files"]["json"])
     assert json.loads(saved.read_text()) == summary
     assert png_size(Path(summary["files"]["png"])) == (640, 400)
