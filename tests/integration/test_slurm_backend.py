@@ -420,8 +420,9 @@ def test_a_pending_allocation_shows_its_reason_and_launch_waits_for_it(tmp_path:
     process = subprocess.Popen([str(MLENV), "launch", "-c", project.name, "fail.py"], stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True, env=project.env, cwd=project.home,
                                stdin=subprocess.DEVNULL)
-    try:
-        wait_until_polling(process.pid)  # launch waits for the pending allocation
+    try:  # launch checked the script (asking Slurm) and made its run directory; then it waits for the allocation
+        slurm_cluster.wait(lambda: any((project.home / "runs").glob("*-hpc")), "the run's directory", 60)
+        wait_until_polling(process.pid)
         process.send_signal(signal.SIGINT)
         _, err = process.communicate(timeout=30)
     finally:
@@ -518,7 +519,7 @@ def test_status_gpus_and_stacks_through_srun(project: Project, slurm_cluster: Sl
     project.ok("deploy", project.name, "--timeout", "60")
     try:
         states = json.loads(project.ok("status", "-c", project.name, "--gpus", "--json").stdout)["gpu_state"]
-        assert [(s["node"], s["name"], len(s["gpus"])) for s in states] == [(0, "n1", 2), (1, "n2", 2)], states
+        assert [(s["node"], s["pod"], len(s["gpus"])) for s in states] == [(0, "n1", 2), (1, "n2", 2)], states
         project.ok("launch", "-c", project.name, "--launcher", "torchrun", "--detach", "hang.py")
         until_grouped(lambda: project.mlenv("stacks", "-c", project.name, "--json", timeout=60), 1,
                       "stuck_in_slurm", 120)
