@@ -47,7 +47,9 @@ SPARES_OPT = $(if $(SPARES),--spares "$$SPARES")
 help: ## List the targets (names in bold on a terminal, unless NO_COLOR is set)
 	@if [ -t 1 ] && [ -z "$${NO_COLOR:-}" ]; then bold=$$'\033[1m' plain=$$'\033[0m'; else bold= plain=; fi; \
 	grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | \
-	    awk -v bold="$$bold" -v plain="$$plain" -F':.*## ' '{printf "  %s%-24s%s %s\n", bold, $$1, plain, $$2}'
+	    awk -v bold="$$bold" -v plain="$$plain" -F':.*## ' '{printf "  %s%-24s%s %s\n", bold, $$1, plain, $$2}'; \
+	echo; echo "[VAR=value]: VAR may be left out, and value is what it then is. Left out, CLUSTER= is the current"; \
+	echo "deployment, POD= every node (node 0 for a shell), MODE= and NODES= what the cluster file says."
 
 install: ## Create .venv and install mlenv with dev tools (idempotent)
 	@scripts/install.sh
@@ -92,7 +94,7 @@ render-cluster: install ## Print what deploy sends for CLUSTER= [MODE=] [NODES=]
 deploy-cluster-dry-run: install ## Print exactly what deploy-cluster would send
 	@$(MLENV) deploy $(CLUSTER_OPT) $(PLAN_OPTS) $(IMAGE_OPT) $(SPARES_OPT) --dry-run
 
-deploy-cluster: install ## Deploy CLUSTER= [MODE=] [NODES=] [IMAGE=] [SPARES=K] and wait until every node is ready
+deploy-cluster: install ## Deploy CLUSTER= [MODE=] [NODES=] [IMAGE=the file's] [SPARES=0] and wait until every node is ready
 	@$(MLENV) deploy $(CLUSTER_OPT) $(PLAN_OPTS) $(IMAGE_OPT) $(SPARES_OPT)
 
 use: install ## Make NAME= (a deployment, cluster name or file) the current deployment
@@ -113,10 +115,10 @@ shell-multi-node: install ## Interactive shell on node 0 (or POD=N)
 exec: install ## Run CMD="..." on every node (or POD=N) in parallel
 	@$(call required,CMD,'nvidia-smi -L')$(MLENV) exec $(CLUSTER_OPT) $(POD_OPT) -- sh -c "$$CMD"
 
-logs: install ## The latest run's output (or RUN=ID's) of every node (or POD=N, or one rank: LOG_RANK=N); FOLLOW=1 follows it
+logs: install ## The latest run's output (or RUN=ID's) of every node (or POD=N, or one rank: LOG_RANK=N) [FOLLOW=0]; FOLLOW=1 follows it
 	@$(MLENV) logs $(CLUSTER_OPT) $(POD_OPT) $(call flag,FOLLOW,--follow) $(if $(LOG_RANK),--rank "$$LOG_RANK") $(if $(RUN),-- "$$RUN")
 
-launch: install ## Run [SCRIPT=train_multi_node.py] [ARGS=] [LAUNCHER=] [ENV=] [DETACH=1] [EXPECT_TRANSPORT=] [HANG_TIMEOUT=s [ON_HANG=stop]] [ON_IDLE=stop|warn] [ON_STRAGGLER=warn|exclude] [MAX_RESTARTS=N] [MAX_PREEMPTIONS=N] on every node
+launch: install ## Run [SCRIPT=train_multi_node.py] [ARGS=] [LAUNCHER=torchrun] [ENV=] [DETACH=0] [EXPECT_TRANSPORT=the file's] [HANG_TIMEOUT=the file's, else off [ON_HANG=]] [ON_IDLE=warn] [ON_STRAGGLER=warn] [MAX_RESTARTS=the file's, else 0] [MAX_PREEMPTIONS=every time] on every node
 	@$(MLENV) launch $(CLUSTER_OPT) $(if $(LAUNCHER),--launcher "$$LAUNCHER") $(if $(ARGS),--args "$$ARGS") \
 	    $(ENV_OPTS) $(call flag,DETACH,--detach) $(EXPECT_OPT) $(HANG_OPTS) $(IDLE_OPT) $(RESTARTS_OPT) -- "$${SCRIPT:-train_multi_node.py}"
 
@@ -133,14 +135,14 @@ top: install ## Live GPU state of every node (or POD=N): GPUs, Xid/ECC events, r
 stop: install ## Stop the running job on every node (the environment stays)
 	@$(MLENV) stop $(CLUSTER_OPT)
 
-nccl-test: install ## Fabric gate: all-reduce busbw [SIZES=8M:1G] [EXPECT=180GB/s] [TOOL=nccl-tests] [TEST=], PASS/FAIL, plot; READ=FILE judges an nccl-tests output
+nccl-test: install ## Fabric gate: all-reduce busbw [SIZES=1M:1G:4 on GPUs, 4K:4M:4 on CPUs] [EXPECT=network.expected_busbw] (e.g. 8M:1G, 180GB/s) [TOOL=nccl-tests [TEST=all_reduce_perf]], transport per rank, PASS/FAIL/NO GATE, plot; READ=FILE judges an nccl-tests output
 	@$(MLENV) nccl-test $(if $(READ),--read "$$READ",$(CLUSTER_OPT) $(if $(SIZES),--sizes "$$SIZES") $(if $(TOOL),--tool "$$TOOL") $(if $(TEST),--test "$$TEST")) $(if $(EXPECT),--expect "$$EXPECT")
 
 doctor: install ## Preflight checklist for CLUSTER= [MODE=]: PASS/WARN/FAIL, evidence and fix
 	@$(MLENV) doctor $(CLUSTER_OPT) $(if $(MODE),--mode "$$MODE")
 
-discover: install ## Write clusters/NAME.yaml from the logged-in cluster (TODOs mark what to decide) [FORCE=1]
+discover: install ## Write clusters/NAME.yaml from the logged-in cluster (TODOs mark what to decide) [FORCE=0]
 	@$(call required,NAME,my-cluster)$(MLENV) discover "$$NAME" $(if $(FORCE),--force)
 
-clean-cluster: install ## Delete the deployment (keeps data unless DELETE_DATA=1; YES=1 skips the question)
+clean-cluster: install ## Delete the deployment [DELETE_DATA=0: data kept] [YES=0: asks first]; twice is fine
 	@$(MLENV) clean $(CLUSTER_OPT) $(call flag,DELETE_DATA,--delete-data) $(call flag,YES,--yes)

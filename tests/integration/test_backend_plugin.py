@@ -109,7 +109,7 @@ def test_a_backend_from_a_test_module_runs_every_verb(project: Path) -> None:
     recorded = json.loads((project / ".mlenv" / "state.json").read_text())
     assert recorded["current"] == "dirs" and recorded["deployments"]["dirs"]["backend"] == "directories"
     status = json.loads(mlenv("status", "--json").stdout)
-    assert [pod["name"] for pod in status["pods"]] == ["node-0", "node-1"]
+    assert [pod["pod"] for pod in status["pods"]] == ["node-0", "node-1"]
 
     executed = mlenv("exec", "--", "sh", "-c", "echo rank=$MLENV_NODE_RANK threads=$OMP_NUM_THREADS")
     assert executed.exit_code == 0, executed.output

@@ -237,7 +237,7 @@ def _run(subject: Subject, declared: frozenset[Feature], info: BackendInfo) -> N
     assert DEPLOY.feature in declared, "every backend deploys"
     subject.ok("deploy", name, "--timeout", "180")
     report = subject.status()
-    assert [(pod["ordinal"], pod["ready"]) for pod in report["pods"]][:subject.nodes] == [
+    assert [(pod["node"], pod["ready"]) for pod in report["pods"]][:subject.nodes] == [
         (n, True) for n in range(subject.nodes)], report
 
     if NODE_ACCESS.feature in declared:

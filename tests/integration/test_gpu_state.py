@@ -38,7 +38,7 @@ def standin(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_status_gpus_of_every_node(project: LocalProject) -> None:
     report = json.loads(project.ok("status", "--gpus", "--json").stdout)
     states = report["gpu_state"]
-    assert [(s["node"], s["name"], s["host"]) for s in states] == [(0, "lgp-app-0", "lgp-app-0"),
+    assert [(s["node"], s["pod"], s["host"]) for s in states] == [(0, "lgp-app-0", "lgp-app-0"),
                                                                   (1, "lgp-app-1", "lgp-app-1")]
     for state in states:
         h100 = "NVIDIA H100 80GB HBM3"

@@ -43,7 +43,7 @@ def objects(project: KubeProject) -> str:
 
 
 def machines(project: KubeProject) -> list[str]:
-    return [pod["node"] for pod in json.loads(project.ok("status", "--json").stdout)["pods"]]
+    return [pod["host"] for pod in json.loads(project.ok("status", "--json").stdout)["pods"]]
 
 
 def test_a_faulty_kubernetes_node_is_left_out_and_forgotten(kube_project: KubeProject) -> None:  # noqa: F811
@@ -88,7 +88,7 @@ def test_forgetting_after_the_statefulset_was_deleted_by_hand_touches_nothing_el
     placed = machines(project)
     listed = json.loads(project.ok("nodes", "--json").stdout)
     assert_shaped(listed, documented_shape("nodes"))
-    assert listed["nodes"] == [{"node": n, "name": f"{APP}-{n}", "host": placed[n], "ready": True} for n in (0, 1)]
+    assert listed["nodes"] == [{"node": n, "pod": f"{APP}-{n}", "host": placed[n], "ready": True} for n in (0, 1)]
     assert all(machine in project.ok("nodes").stdout for machine in placed)
     monkeypatch.setenv("MLENV_HOME", str(project.home))
     state.exclude(project.cluster_file.stem, {1: (placed[1], "NCCL network error: NET/IB : Got completion")})

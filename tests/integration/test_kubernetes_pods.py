@@ -52,7 +52,7 @@ def test_deploy_sync_exec_torchrun_clean(kube_project: KubeProject) -> None:  # 
     for ordinal, pod in enumerate(pods):
         answer = project.ok("exec", "--pod", str(ordinal), "--", "sh", "-c",
                             'echo "$(hostname) $(pwd) $MLENV_NODE_RANK"; ls')
-        assert f"{pod['name']} /workspace {ordinal}" in answer.stdout, answer.stdout
+        assert f"{pod['pod']} /workspace {ordinal}" in answer.stdout, answer.stdout
         assert "allreduce.py" in answer.stdout, answer.stdout
 
     launched = project.ok("launch", "--launcher", "torchrun", "allreduce.py", timeout=300)
@@ -185,7 +185,7 @@ def test_stacks_and_gpu_state_through_kubectl_exec(kube_project: KubeProject) ->
     project.ok("sync", "--source", str(source))
     report = json.loads(project.ok("status", "--gpus", "--json").stdout)
     states = report["gpu_state"]
-    assert [(s["node"], s["name"]) for s in states] == [(n, p["name"]) for n, p in enumerate(report["pods"])], states
+    assert [(s["node"], s["pod"]) for s in states] == [(n, p["pod"]) for n, p in enumerate(report["pods"])], states
     assert all("gpus" in s for s in states), states  # every pod answered (no nvidia-smi there: named in errors)
     project.ok("launch", "--launcher", "torchrun", "--detach", "hang.py")
     until_grouped(lambda: project.mlenv("stacks", "--json", timeout=120), 2, "stuck_in_a_pod", 180)

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from mlenv.parallel import warning_said
 
 from tests.helpers import MLENV, ROOT
 from tests.integration.local_cluster import (
@@ -39,24 +40,26 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalProject]:
     project.mlenv("clean", "--cluster", project.name, "--delete-data", "--yes")
 
 
-def test_pods_have_own_address_nic_and_hosts(cluster: LocalProject) -> None:
+def test_pods_have_own_address_nic_hosts_and_hostname(cluster: LocalProject) -> None:
     pods = cluster.status()
     assert [p["extra"]["nic"] for p in pods] == ["ens1f1", "ens1f0np0"]
     assert [p["ip"] for p in pods] == ["10.77.61.2", "10.77.61.3"]
     assert {p["extra"]["mode"] for p in pods} == {"namespaces"} and all(p["ready"] for p in pods)
     master = f"{cluster.app}-0.{cluster.app}-headless.{cluster.name}-ns.svc.cluster.local"
     out = cluster.ok("exec", "--cluster", cluster.name, "--", "sh", "-c",
-                     f'ls /sys/class/net | tr "\\n" " "; getent hosts {master}; pwd; echo rank=$MLENV_NODE_RANK').stdout
+                     f'ls /sys/class/net | tr "\\n" " "; getent hosts {master}; pwd; echo host=$(hostname) '
+                     f'$(getent hosts $(hostname) | cut -d" " -f1); echo rank=$MLENV_NODE_RANK').stdout
     node0 = [line for line in out.splitlines() if line.startswith("[node-0]")]
     node1 = [line for line in out.splitlines() if line.startswith("[node-1]")]
     assert "ens1f1" in node0[0] and "ens1f0np0" in node1[0] and "eth0" not in out
     assert all(any(f"10.77.61.2 {master}" in " ".join(line.split()) for line in lines) for lines in (node0, node1))
     assert node0[-1] == "[node-0] rank=0" and node1[-1] == "[node-1] rank=1"
+    assert [node0[-2], node1[-2]] == [f"[node-{n}] host={cluster.app}-{n} 10.77.61.{n + 2}" for n in (0, 1)]  # UTS
     assert str(cluster.pod_dir(1) / "workspace") in "\n".join(node1)
 
 
 def test_redeploy_converges_and_repairs_leftovers(cluster: LocalProject) -> None:
-    broken = str(cluster.status()[1]["node"])  # a pod's node is its network namespace
+    broken = str(cluster.status()[1]["host"])  # a pod's node is its network namespace
     subprocess.run(["ip", "netns", "delete", broken], check=True)  # as if a crash broke it
     assert [p["phase"] for p in cluster.status()] == ["Running", "Broken"]
     cluster.ok("deploy", cluster.name)
@@ -73,6 +76,9 @@ def test_torchrun_job_rendezvous_across_nics_and_logs(cluster: LocalProject) -> 
     assert len(runs) == 1
     assert "done world_size=4" in (runs[0] / f"node-{done.group(1)}.log").read_text()
     assert "node 0/2" in (runs[0] / "node-0.log").read_text() and "node 1/2" in (runs[0] / "node-1.log").read_text()
+    logged = "".join((runs[0] / f"node-{n}.log").read_text() for n in (0, 1))
+    for warning in {said for line in logged.splitlines() if (said := warning_said(line))}:  # torch's c10d ones
+        assert sum(warning_said(line) == warning for line in result.stdout.splitlines()) == 1, warning
 
 
 def _launch_until(cluster: LocalProject, marker: str, *args: str,
@@ -109,7 +115,7 @@ def test_another_checkout_of_the_same_app_never_touches_these_pods(cluster: Loca
     twin = make_project(tmp_path, cluster.name, "10.77.61.0/24", "namespaces")  # same app, same subnet
     twin.ok("deploy", twin.name)
     try:
-        assert {p["node"] for p in twin.status()}.isdisjoint(p["node"] for p in cluster.status())
+        assert {p["host"] for p in twin.status()}.isdisjoint(p["host"] for p in cluster.status())
     finally:
         twin.ok("clean", "--cluster", twin.name, "--delete-data", "--yes")
     assert all(p["ready"] for p in cluster.status())

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import tomllib
 import yaml
+from mlenv.runtime.launchers import DEFAULT_LAUNCHER
 
 from tests._prereq import require
 from tests.helpers import succeeded
@@ -130,7 +131,10 @@ def test_help_shows_defaults_and_styles_only_a_terminal() -> None:
     listed = ok("help").stdout
     assert "\x1b" not in listed  # piped: no escapes
     launch = next(line for line in listed.splitlines() if line.split()[0] == "launch")
-    assert "[SCRIPT=train_multi_node.py]" in launch
+    assert "[SCRIPT=train_multi_node.py]" in launch and f"[LAUNCHER={DEFAULT_LAUNCHER}]" in launch
+    nccl = next(line for line in listed.splitlines() if line.split()[0] == "nccl-test")
+    assert "[SIZES=1M:1G:4 on GPUs, 4K:4M:4 on CPUs]" in nccl and "NO GATE" in nccl
+    assert "CLUSTER= is the current\ndeployment, POD= every node" in listed  # the defaults every target shares
     assert '"${SCRIPT:-train_multi_node.py}"' in ok("-n", "launch").stdout  # the default it names is the one used
 
 

@@ -16,6 +16,7 @@ from mlenv.ops.nccltest import Expectation
 from mlenv.ops.pairs import PairResult, judge, threshold
 from mlenv.runtime.fabric.pairs import rounds
 
+from tests.helpers import assert_shaped, documented_shape
 from tests.integration.local_cluster import LocalProject, make_project, require_local
 from tests.integration.test_nccl_test import png_size
 
@@ -108,8 +109,10 @@ def test_pairs_name_the_throttled_node(four_nodes: LocalProject) -> None:
     found = four_nodes.mlenv("nccl-test", "--pairs", "--sizes", "1M", "--json", "--exclude-bad", timeout=600)
     assert found.returncode == 1, found.stderr[-3000:]
     summary = json.loads(found.stdout)
+    assert_shaped(summary, documented_shape("nccl-pairs"))
     pairs = summary["pairs"]
     assert summary["slow_nodes"] == [2], pairs
+    assert (summary["ok"], summary["verdict"]) == (False, "FAIL")
     assert sorted(tuple(p["nodes"]) for p in pairs) == list(combinations(range(4), 2))
     assert all(p["size_bytes"] == 1 << 20 and p["busbw_gbps"] > 0 for p in pairs)
     throttled = [p for p in pairs if 2 in p["nodes"]]

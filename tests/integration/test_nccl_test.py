@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from mlenv.errors import UsageError
 from mlenv.ops.nccltest import (
+    NO_GATE,
     NO_NCCL,
     Expectation,
     SizeResult,
@@ -22,6 +23,7 @@ from mlenv.ops.nccltest import (
     read_results,
 )
 
+from tests.helpers import assert_shaped, documented_shape
 from tests.integration.local_cluster import LocalProject, make_project, require_local
 
 LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "nccl_logs"
@@ -71,6 +73,13 @@ def test_sockets_are_fine_in_tcp_mode_and_no_result_fails() -> None:
     report = nccl_report([LOGS / "socket_fallback.log"])
     assert evaluate(results(2.0), report, "tcp", Expectation(2.5, "--expect 20Gb/s")).status == "PASS"
     assert evaluate([], report, "tcp", None).reasons == ("the benchmark printed no result",)
+
+
+def test_nothing_compared_is_no_gate_not_pass() -> None:
+    report = nccl_report([LOGS / "socket_fallback.log"])
+    ungated = evaluate(results(2.0), report, "tcp", None)
+    assert ungated.status == NO_GATE and ungated.reasons[-1].endswith("bandwidth not gated")
+    assert evaluate(results(2.0), report, "tcp", Expectation(2.5, "--expect 20Gb/s")).status == "PASS"
 
 
 @pytest.mark.parametrize(("text", "gbytes"), [("180GB/s", 180.0), ("1440Gb/s", 180.0), ("400 Gb/s", 50.0),
@@ -134,11 +143,12 @@ def test_gate_on_the_local_cluster_without_a_sync(project: LocalProject) -> None
     passed = project.mlenv("nccl-test", "--sizes", "4K:16K", "--json", timeout=240)
     assert passed.returncode == 0, passed.stderr[-3000:]
     summary = json.loads(passed.stdout)
+    assert_shaped(summary, documented_shape("nccl-test"))
     assert [r["size_bytes"] for r in summary["sizes"]] == [4096, 8192, 16384]
     assert all(r["busbw_gbps"] > 0 for r in summary["sizes"])
     assert summary["transport"] == {"verdict": NO_NCCL, "ranks": []}
     assert (summary["expected_busbw_gbps"], summary["expected_source"]) == (0.000125, "network.expected_busbw")
-    assert summary["verdict"] == "PASS"
+    assert (summary["ok"], summary["verdict"]) == (True, "PASS")
     saved = Path(summary["files"]["json"])
     assert json.loads(saved.read_text()) == summary
     assert png_size(Path(summary["files"]["png"])) == (640, 400)

@@ -117,7 +117,7 @@ def test_deploy_status_redeploy_clean(fake: FakeCluster, home: Path) -> None:
     status = mlenv("status", "--json")
     assert status.exit_code == 0, status.output
     pods = json.loads(status.stdout)["pods"]
-    assert [(p["name"], p["node"], p["ready"], p["gpus"], p["phase"]) for p in pods] == [
+    assert [(p["pod"], p["host"], p["ready"], p["gpus"], p["phase"]) for p in pods] == [
         (f"{APP}-0", "gpu-0", True, 4, "Running"), (f"{APP}-1", "gpu-1", True, 4, "Running")]
     calls = fake.server.requests.api_calls()
     assert [(r.verb, r.resource, r.query.get("labelSelector")) for r in calls] == [("list", "pods", SELECTOR)]

@@ -134,9 +134,9 @@ def test_deploy_status_redeploy_clean(fake: FakeCluster, home: Path, argv_log: P
     status = mlenv("status", "--json")
     assert status.exit_code == 0, status.output
     rows = json.loads(status.stdout)["pods"]
-    assert [(p["name"], p["ordinal"], p["ready"], p["gpus"], p["phase"]) for p in rows] == [
+    assert [(p["pod"], p["node"], p["ready"], p["gpus"], p["phase"]) for p in rows] == [
         (MASTER, 0, True, 4, "Running"), (WORKER, 1, True, 4, "Running")]
-    assert sorted(p["node"] for p in rows) == ["gpu-0", "gpu-1"]  # one rdma/rdma per node: one pod per node
+    assert sorted(p["host"] for p in rows) == ["gpu-0", "gpu-1"]  # one rdma/rdma per node: one pod per node
     api = [(r.verb, r.resource, r.query.get("labelSelector")) for r in fake.server.requests.api_calls()]
     assert api == [("list", "pods", f"workloadName={APP}")]
 

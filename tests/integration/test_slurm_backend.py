@@ -160,7 +160,7 @@ def test_batch_launch_trains_to_a_falling_loss(project: Project, slurm_cluster: 
     assert "step 5/5 loss" in (remote / "output.log").read_text()
     assert slurm_cluster.job(job_id)["JobState"] == "COMPLETED"
     (row,) = project.status()
-    assert (row["name"], row["phase"], row["node"], row["detail"], row["extra"]["run"]) == (
+    assert (row["pod"], row["phase"], row["host"], row["detail"], row["extra"]["run"]) == (
         f"job-{job_id}", "COMPLETED", "n[1-2]", "exit code 0", run.name)
 
 
@@ -269,7 +269,7 @@ def test_deploy_exec_shell_launch_logs_status_clean(project: Project, slurm_clus
     assert match, deployed.stderr
     allocation, master, port = match.groups()
     rows = project.status()
-    assert [(r["name"], r["node"], r["phase"], r["ready"], r["extra"]["job"]) for r in rows] == [
+    assert [(r["pod"], r["host"], r["phase"], r["ready"], r["extra"]["job"]) for r in rows] == [
         ("node-0", "n1", "RUNNING", True, allocation), ("node-1", "n2", "RUNNING", True, allocation)]
     assert [r["ip"] for r in rows] == [master, master]  # every node's address (here all on this host), not node 0's
     shown = project.ok("exec", "-c", project.name, "--", "sh", "-c",
@@ -392,7 +392,7 @@ def test_slurm_commands_run_on_the_login_host_over_ssh(tmp_path: Path, slurm_clu
     deployed = project.ok("deploy", project.name, "--timeout", "60", timeout=120)
     match = re.search(r"allocation (\d+) of hpc is running on n\[1-2\]", deployed.stderr)
     assert match, deployed.stderr
-    assert [(r["node"], r["phase"]) for r in project.status()] == [("n1", "RUNNING"), ("n2", "RUNNING")]
+    assert [(r["host"], r["phase"]) for r in project.status()] == [("n1", "RUNNING"), ("n2", "RUNNING")]
     shown = project.ok("exec", "-c", project.name, "--", "sh", "-c", 'echo "$SLURMD_NODENAME $MLENV_NODE_RANK"')
     assert sorted(shown.stdout.splitlines()) == ["[node-0] n1 0", "[node-1] n2 1"]
     cleaned = project.ok("clean", "-c", project.name)
@@ -420,8 +420,9 @@ def test_a_pending_allocation_shows_its_reason_and_launch_waits_for_it(tmp_path:
     process = subprocess.Popen([str(MLENV), "launch", "-c", project.name, "fail.py"], stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True, env=project.env, cwd=project.home,
                                stdin=subprocess.DEVNULL)
-    try:
-        wait_until_polling(process.pid)  # launch waits for the pending allocation
+    try:  # launch checked the script (asking Slurm) and made its run directory; then it waits for the allocation
+        slurm_cluster.wait(lambda: any((project.home / "runs").glob("*-hpc")), "the run's directory", 60)
+        wait_until_polling(process.pid)
         process.send_signal(signal.SIGINT)
         _, err = process.communicate(timeout=30)
     finally:
@@ -437,7 +438,7 @@ def test_status_and_clean_touch_only_the_jobs_mlenv_submitted(tmp_path: Path, sl
     job_id = project.submitted(project.ok("launch", "-c", project.name, "--detach", "fail.py").stderr)
     foreign = slurm_cluster.ok("sbatch", "--parsable", "-p", "down", "--wrap", "true").strip()
     (row,) = project.status()
-    assert (row["name"], row["phase"], row["detail"]) == (f"job-{job_id}", "PENDING",
+    assert (row["pod"], row["phase"], row["detail"]) == (f"job-{job_id}", "PENDING",
                                                           "PartitionDown: the partition is down")
     assert f"cancelled job(s) {job_id} of hpc" in project.ok("clean", "-c", project.name).stderr
     assert slurm_cluster.job(job_id)["JobState"] == "CANCELLED" and slurm_cluster.state(foreign) == "PENDING"
@@ -518,7 +519,7 @@ def test_status_gpus_and_stacks_through_srun(project: Project, slurm_cluster: Sl
     project.ok("deploy", project.name, "--timeout", "60")
     try:
         states = json.loads(project.ok("status", "-c", project.name, "--gpus", "--json").stdout)["gpu_state"]
-        assert [(s["node"], s["name"], len(s["gpus"])) for s in states] == [(0, "n1", 2), (1, "n2", 2)], states
+        assert [(s["node"], s["pod"], len(s["gpus"])) for s in states] == [(0, "n1", 2), (1, "n2", 2)], states
         project.ok("launch", "-c", project.name, "--launcher", "torchrun", "--detach", "hang.py")
         until_grouped(lambda: project.mlenv("stacks", "-c", project.name, "--json", timeout=60), 1,
                       "stuck_in_slurm", 120)

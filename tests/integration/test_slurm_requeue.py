@@ -300,7 +300,7 @@ def test_a_detached_run_goes_on_in_a_batch_job_without_the_node_that_failed_firs
     # mlenv follows the run into the job its script submitted, and records the node it left out
     status = json.loads(project.ok("status", "-c", project.name, "--json").stdout)
     assert project.recorded_jobs() == [ended["JobId"], following]
-    rows = {row["name"]: (row["phase"], row["detail"]) for row in status["pods"]}
+    rows = {row["pod"]: (row["phase"], row["detail"]) for row in status["pods"]}
     assert rows == {f"job-{ended['JobId']}": ("COMPLETED", f"its run went on as job {following}, without a node "
                                                             "the restart policy left out"),
                     f"job-{following}": ("COMPLETED", "exit code 0")}, rows

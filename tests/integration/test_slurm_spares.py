@@ -35,7 +35,7 @@ def test_a_spare_node_of_the_allocation_takes_an_excluded_nodes_place(tmp_path: 
     deployed = project.ok("deploy", project.name, "--spares", "1", "--timeout", "60", timeout=120)
     assert "is running on n[1-2] (1 for the job, 1 spare)" in deployed.stderr, deployed.stderr
     assert re.search(r"allocation \d+ submitted: 2 nodes \(1 \+ 1 spare\) of partition debug", deployed.stderr)
-    assert [(pod["node"], pod["extra"].get("spares")) for pod in project.status()] == [("n1", "1"), ("n2", "1")]
+    assert [(pod["host"], pod["extra"].get("spares")) for pod in project.status()] == [("n1", "1"), ("n2", "1")]
     project.ok("sync", "-c", project.name)
     on_spare = project.ok("exec", "-c", project.name, "--pod", "1", "--", "sh", "-c", "echo $SLURMD_NODENAME")
     assert on_spare.stdout.split()[-1] == "n2", on_spare.stdout  # exec reaches the spare node

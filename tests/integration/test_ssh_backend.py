@@ -257,7 +257,7 @@ def test_ctrl_c_stops_every_host(lab: Lab, deployed: subprocess.CompletedProcess
 def test_status_and_doctor_per_host(lab: Lab, deployed: subprocess.CompletedProcess[str]) -> None:
     project, machines = lab.project, lab.shared
     pods = project.status()
-    assert [(p["name"], p["node"], p["phase"], p["ready"], p["ip"], p["gpus"], p["extra"]) for p in pods] == [
+    assert [(p["pod"], p["host"], p["phase"], p["ready"], p["ip"], p["gpus"], p["extra"]) for p in pods] == [
         (host.spec, host.name, "Reachable", True, host.address, 0, {"jobs": 0}) for host in machines.hosts]
     report = json.loads(project.ok("doctor", PAIR, "--json").stdout)
     assert {check["status"] for check in report["checks"]} == {"PASS"}, report

@@ -90,7 +90,7 @@ def test_an_excluded_host_is_replaced_by_a_spare(ssh_hosts: SshHostsFactory, tmp
     said = (f"node-1: {second.spec} excluded (it failed first in 2 attempts of the run), using spare {spare.spec}")
     assert said in result.stderr, result.stderr
     report = json.loads(project.ok("status", "--json").stdout)
-    rows = [(pod["name"], pod["node"], pod["phase"], pod["extra"]["spare"]) for pod in report["pods"]]
+    rows = [(pod["pod"], pod["host"], pod["phase"], pod["extra"]["spare"]) for pod in report["pods"]]
     assert rows == [(first.spec, "node0", "Reachable", "no"), (second.spec, "node1", "Reachable", "no"),
                     (spare.spec, "node2", "Reachable", "yes")], rows  # the spare host has its row
     run = report["latest_run"]

@@ -17,6 +17,7 @@ import pytest
 from mlenv.runtime.forensics.stacks import find_py_spy
 
 from tests._prereq import require
+from tests.helpers import assert_shaped, documented_shape
 from tests.integration.local_cluster import LocalProject, make_project, require_local
 from tests.integration.test_hang import HANG
 from tests.integration.test_makefile import ok
@@ -87,6 +88,7 @@ def test_every_rank_grouped_odd_one_first(hung: tuple[LocalProject, str, int], m
     started = time.monotonic()
     report = json.loads(project.ok("stacks", "--json", "--method", method).stdout)
     assert time.monotonic() - started < 30  # one answer of every node, on a loaded 2-core machine
+    assert_shaped(report, documented_shape("stacks"))
     ranks = {rank["rank"]: rank for rank in report["ranks"]}
     assert sorted(ranks) == [0, 1, 2, 3] and {r["node"] for r in ranks.values()} == {0, 1}
     assert {r["method"] for r in ranks.values()} == {method}

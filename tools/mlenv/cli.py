@@ -297,9 +297,10 @@ def render(cluster: str | None, cluster_ref: str | None, mode: str | None, nodes
 @click.option("--dry-run", is_flag=True, help="Print exactly what deploy would send (as render does); change nothing.")
 @click.option("--timeout", type=click.IntRange(min=1), default=900, show_default=True,
               help="Seconds to wait for every node to be ready.")
+@json_option
 @reports_errors
 def deploy(cluster: str | None, cluster_ref: str | None, mode: str | None, nodes: int | None, image: str | None,
-           spares: int, dry_run: bool, timeout: int) -> None:
+           spares: int, dry_run: bool, timeout: int, as_json: bool) -> None:
     """Deploy a cluster's environment and wait until every node is ready (re-running converges).
 
     Without CLUSTER, deploys the current deployment again.
@@ -309,9 +310,22 @@ def deploy(cluster: str | None, cluster_ref: str | None, mode: str | None, nodes
 
     job = with_excluded(with_spares(_plan(_one_cluster(cluster, cluster_ref), mode, nodes, image), spares))
     if dry_run:
+        if as_json:
+            from mlenv.errors import UsageError
+
+            raise UsageError("--dry-run prints what deploy would send, which is no JSON: leave out --json")
         click.echo(prepared(job).text, nl=False)
         return
-    run_deploy(job, image, timeout)
+    handle = run_deploy(job, image, timeout)
+    if as_json:
+        from mlenv.ops.status import pod_row
+        from mlenv.ops.target import backend_of
+        from mlenv.ui import print_json
+
+        rows = backend_of(handle.backend).deploy.status(handle)
+        print_json({"ok": True, "name": handle.name, "backend": handle.backend, "mode": handle.mode,
+                    "nodes": handle.nodes, "namespace": handle.data.get("namespace"),
+                    "pods": [pod_row(row) for row in rows]})
 
 
 @main.command()
@@ -424,15 +438,17 @@ def sync(cluster_ref: str | None, source: str | None, delete: bool, as_json: boo
 @main.command(context_settings=STOP_AT_COMMAND)
 @cluster_option
 @pod_option
+@json_option
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @reports_errors
-def exec(cluster_ref: str | None, pod: int | None, command: tuple[str, ...]) -> None:
-    """Run COMMAND on every node (or --pod N) in parallel, output prefixed [node-N]."""
+def exec(cluster_ref: str | None, pod: int | None, as_json: bool, command: tuple[str, ...]) -> None:
+    """Run COMMAND on every node (or --pod N) in parallel, output prefixed [node-N] (--json: each node's exit code
+    and output at the end)."""
     from mlenv.ops.fanout import exec_all
 
     target = _target(cluster_ref)
     argv = list(command[1:] if command[:1] == ("--",) else command)
-    sys.exit(exec_all(target.backend.access, target.handle, argv, only=pod))
+    sys.exit(exec_all(target.backend.access, target.handle, argv, only=pod, as_json=as_json))
 
 
 @main.command()
@@ -440,7 +456,7 @@ def exec(cluster_ref: str | None, pod: int | None, command: tuple[str, ...]) -> 
 @pod_option
 @reports_errors
 def shell(cluster_ref: str | None, pod: int | None) -> None:
-    """Interactive shell on node 0 (or --pod N), in its workspace."""
+    """Interactive shell on node 0 (or --pod N), in its workspace; stdin not a terminal: runs what it reads."""
     from mlenv.ops.fanout import interactive
 
     target = _target(cluster_ref)
@@ -477,32 +493,43 @@ def logs(run_id: str | None, cluster_ref: str | None, pod: int | None, follow: b
 
 @main.command()
 @cluster_option
+@json_option
 @reports_errors
-def stop(cluster_ref: str | None) -> None:
+def stop(cluster_ref: str | None, as_json: bool) -> None:
     """Stop the running job on every node; the environment stays (a finished run is left as it is)."""
+    from mlenv.ops.fanout import stop_all
+
     target = _target(cluster_ref)
-    sys.exit(target.backend.jobs.stop(target.handle))
+    sys.exit(stop_all(target.backend.jobs, target.handle, as_json))
 
 
 @main.command()
 @cluster_option
 @click.option("--delete-data", is_flag=True, help="Also delete the data volumes (PVCs, workspaces). Asks first.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@json_option
 @reports_errors
-def clean(cluster_ref: str | None, delete_data: bool, yes: bool) -> None:
+def clean(cluster_ref: str | None, delete_data: bool, yes: bool, as_json: bool) -> None:
     """Delete everything the deployment created; data volumes are kept unless --delete-data. Twice is fine: with
     nothing (left) to delete it says so and exits 0."""
     from mlenv import state
+    from mlenv.errors import OperationError
     from mlenv.ops.clean import clean as cleaning
 
+    name = None
     if cluster_ref is None and state.load().current is None:  # the current one was cleaned already
         from mlenv.ui import info
 
         info("nothing to clean: no deployment is current (name one with --cluster)")
-        return
-    if not cleaning(_target(cluster_ref), delete_data=delete_data, yes=yes):
-        click.echo("nothing deleted", err=True)
-        sys.exit(1)
+    else:
+        target = _target(cluster_ref)
+        if not cleaning(target, delete_data=delete_data, yes=yes):
+            raise OperationError("nothing deleted: not confirmed")
+        name = target.handle.name
+    if as_json:
+        from mlenv.ui import print_json
+
+        print_json({"ok": True, "name": name, "cleaned": name is not None, "data_deleted": delete_data and bool(name)})
 
 
 @main.command(context_settings=STOP_AT_SCRIPT)

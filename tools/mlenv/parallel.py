@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -27,9 +28,25 @@ READER_GRACE = 2.0
 LineHandler = Callable[[int, str], None]
 
 
+WARNING = re.compile(r"^(?:\[node-\d+(?: r\d+)?\] )?(?:\[?[WE]\d{4} [\d:.]+(?: +\d+)? (?P<where>[^\]]+)\] ?"
+                     r"(?P<said>.*)|(?P<python>\S+:\d+: \w*Warning: .*))$")
+"""A warning as torch (glog: ``[W1127 20:05:04.798 20756 socket.cpp:752] [c10d] ...``, the process id not always
+there) or Python writes it, in a node's tag or none: what it says, without the tag, time and process id, is the
+same in every process."""
+
+
 def node_line(ordinal: int, line: str) -> str:
-    """``[node-N] line``; a rank's line, which the runtime tagged ``[node-N rR]``, as it is."""
-    return line if line.startswith(f"[node-{ordinal} r") else f"[node-{ordinal}] {line}"
+    """``[node-N] line``; a line the node's runtime tagged already (``[node-N rR]`` a rank's, ``[node-N]`` its
+    launcher's) as it is."""
+    return line if line.startswith((f"[node-{ordinal} r", f"[node-{ordinal}] ")) else f"[node-{ordinal}] {line}"
+
+
+def warning_said(line: str) -> str | None:
+    """What the warning ``line`` says (the same in every rank and on every node), or None for any other line."""
+    match = WARNING.match(line)
+    if match is None:
+        return None
+    return match["python"] or f"{match['where'].split(':')[0]} {match['said']}"
 
 
 @dataclass(frozen=True)
@@ -114,6 +131,17 @@ def _stop(nodes: Sequence[_Node]) -> set[int]:
     return running
 
 
+def _first(line: str, warned: set[str] | None) -> bool:
+    """Whether ``line`` is to be shown: not a warning already in ``warned`` (None: every line is), which it joins."""
+    said = None if warned is None else warning_said(line)
+    if warned is None or said is None:
+        return True
+    if said in warned:
+        return False
+    warned.add(said)
+    return True
+
+
 def _raise_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
@@ -133,15 +161,20 @@ def interrupted_by_sigterm() -> Iterator[None]:
 
 def run_parallel(commands: Mapping[int, Sequence[str]], *, fail_fast: bool = False,
                  logs: Mapping[int, Path] | None = None, on_line: LineHandler | None = None,
-                 keep_stdin: bool = False, stdin: bytes = b"", echo: bool = True) -> FanoutResult:
+                 keep_stdin: bool = False, stdin: bytes = b"", echo: bool = True,
+                 warnings_once: bool = False) -> FanoutResult:
     """Run ``commands`` (ordinal -> local argv) concurrently, printing each line as ``[node-N] line`` (unless
     ``echo`` is off) and appending it to ``logs[N]``. ``stdin`` is written first to every command; with
     ``keep_stdin`` their stdin then stays open until they end (remote commands that watch it stop when it
     closes). With ``fail_fast`` the first non-zero exit stops the rest. Ctrl-C (or SIGTERM) stops everything
-    and is reported as ``interrupted``; a closed stdout stops everything too, and raises BrokenPipeError."""
+    and is reported as ``interrupted``; a closed stdout stops everything too, and raises BrokenPipeError. What a
+    command says once it is being stopped (a launcher's teardown traceback) goes to its log only; with
+    ``warnings_once`` a warning every process repeats (``warning_said``) is shown the first time only."""
     lock = threading.Lock()
     files = {n: path.open("a", encoding="utf-8") for n, path in (logs or {}).items()}
     shown: int | None = None  # the node whose unfinished line stdout shows
+    hushed: set[int] = set()  # the nodes being stopped: their lines go to their logs only
+    warned: set[str] = set()  # the warnings shown (warnings_once)
     closed = threading.Event()  # stdout's reader has gone (``mlenv logs | head -1``): everything stops
 
     def write(text: str) -> None:
@@ -157,7 +190,7 @@ def run_parallel(commands: Mapping[int, Sequence[str]], *, fail_fast: bool = Fal
     def emit(ordinal: int, line: str) -> None:
         nonlocal shown
         with lock:
-            if echo:
+            if echo and ordinal not in hushed and _first(line, warned if warnings_once else None):
                 last = line[line.rfind("\r") + 1:]  # a line updated in place: its last state, tagged
                 if last != line and last.startswith(f"[node-{ordinal} r"):
                     write(("\r" if shown == ordinal else "\n" if shown is not None else "") + last + "\n")
@@ -173,7 +206,7 @@ def run_parallel(commands: Mapping[int, Sequence[str]], *, fail_fast: bool = Fal
     def show(ordinal: int, state: str) -> None:
         """The latest state of a rank's line that its node updates in place, before the line ends."""
         nonlocal shown
-        if echo and state.startswith(f"[node-{ordinal} r"):
+        if echo and ordinal not in hushed and state.startswith(f"[node-{ordinal} r"):
             with lock:
                 write(("\r" if shown == ordinal else "\n" if shown is not None else "") + state)
                 shown = ordinal
@@ -199,12 +232,14 @@ def run_parallel(commands: Mapping[int, Sequence[str]], *, fail_fast: bool = Fal
                     if code != 0 and first_failure is None:
                         first_failure = node.ordinal
                         if fail_fast:
+                            hushed.update(n.ordinal for n in nodes if n.process.poll() is None)
                             stopped = _stop(nodes)
                 time.sleep(0.05)
         if closed.is_set():
             stopped = _stop(nodes)
         interrupted = False
     except KeyboardInterrupt:
+        hushed.update(n.ordinal for n in nodes)
         stopped = _stop(nodes)
         interrupted = True
     finally:

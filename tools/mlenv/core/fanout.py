@@ -142,7 +142,7 @@ class FanoutJobs(ABC):
 
         logs = {n.ordinal: Path(log_dir) / f"node-{n.ordinal}.log" for n in nodes}
         result = run_parallel(commands, fail_fast=not detach, logs=logs, keep_stdin=not detach,
-                              stdin=secrets_input(names, forwarded))
+                              stdin=secrets_input(names, forwarded), warnings_once=True)
         return LaunchOutcome(result.exit_code, dict(result.exit_codes), {n: str(p) for n, p in logs.items()},
                              result.first_failure, detached=detach, stopped=result.stopped,
                              interrupted=result.interrupted, hosts={n.ordinal: n.host for n in nodes})

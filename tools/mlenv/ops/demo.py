@@ -80,7 +80,8 @@ def run_demo(keep: bool = False, steps: int = 30) -> int:
         _stage(2, "sync workspace/ (and the in-pod runtime) to every pod")
         if not sync(backend.access, target.handle).ok:
             return 1
-        _stage(3, f"train train_multi_node.py with DeepSpeed ZeRO-2 for {steps} steps")
+        _stage(3, f"train train_multi_node.py with DeepSpeed ZeRO-2 for {steps} steps (a first run waits about a "
+                  "minute with no output while DeepSpeed compiles its ops; later runs reuse them)")
         trained = launch(target, LaunchSpec("deepspeed", "train_multi_node.py", ("--steps", str(steps)),
                                             run_id=run_id(job.app)))
         if trained.exit_code != 0:

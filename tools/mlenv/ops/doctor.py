@@ -244,14 +244,17 @@ def deployed_checks(backend: NodeAccess, deployment: state.Deployment, gpus_per_
 def run_doctor(job: JobPlan, cluster_ref: str | None, as_json: bool) -> int:
     """Print every check; 1 when any FAILs. ``cluster_ref``: what the user named (None: the current deployment)."""
     from mlenv.ops.target import backend_of
-    from mlenv.ui import print_json, table
+    from mlenv.ui import judged, print_json, table
 
     backend = backend_of(job.cluster.backend)
     before = backend.checks.checks(job)
     deployment = _recorded(cluster_ref)
     after = deployed_checks(backend.access, deployment, job.gpus_per_node) if deployment else []
+    verdict = next((status for status in ("FAIL", "WARN") if any(c.status == status for c in (*before, *after))),
+                   "PASS")
     if as_json:
-        print_json({"cluster": job.name, "backend": job.cluster.backend, "mode": job.mode,
+        print_json({"ok": verdict != "FAIL", "verdict": verdict, "cluster": job.name,
+                    "backend": job.cluster.backend, "mode": job.mode,
                     "deployment": deployment.name if deployment else None,
                     "checks": [{**asdict(c), "scope": "cluster"} for c in before]
                     + [{**asdict(c), "scope": "nodes"} for c in after]})
@@ -262,4 +265,7 @@ def run_doctor(job: JobPlan, cluster_ref: str | None, as_json: bool) -> int:
         if deployment:
             table(f"on the nodes of {deployment.name}", columns,
                   [[c.name, c.status, c.evidence, c.fix or ""] for c in after])
-    return 1 if any(c.status == "FAIL" for c in (*before, *after)) else 0
+        counts = Counter(c.status for c in (*before, *after))
+        judged(verdict, ", ".join(f"{counts[status]} {status}" for status in ("FAIL", "WARN", "PASS")
+                                  if counts[status]) + f" of {sum(counts.values())} checks")
+    return 1 if verdict == "FAIL" else 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import re
 import signal
@@ -15,8 +17,9 @@ from typing import Any
 from mlenv.core.capabilities import Handle, Jobs, Node, NodeAccess
 from mlenv.errors import UsageError
 from mlenv.parallel import run_parallel
-from mlenv.ui import info
+from mlenv.ui import info, print_json
 
+NODE_TAG = re.compile(r"^\[node-(?P<node>\d+)(?: r\d+)?\] ?")
 UNKNOWN_RANK = 2
 """A node's ``logs --rank N`` when rank N did not run there."""
 
@@ -77,18 +80,57 @@ def _object(line: str) -> dict[str, Any] | None:
     return found if isinstance(found, dict) else None
 
 
-def exec_all(backend: NodeAccess, handle: Handle, argv: Sequence[str], only: int | None = None) -> int:
+def exit_code(code: int) -> int:
+    """A process's exit code as a shell gives it: 128+N for one ended by signal N (negative in Python)."""
+    return 128 - code if code < 0 else code
+
+
+def exec_all(backend: NodeAccess, handle: Handle, argv: Sequence[str], only: int | None = None,
+             as_json: bool = False) -> int:
     """Run ``argv`` on every node (or node ``only``) at once; 0 when all succeeded. A node that failed is named
-    (its exec tool's own error, e.g. kubectl's, says what went wrong but not on which pod or host)."""
+    (its exec tool's own error, e.g. kubectl's, says what went wrong but not on which pod or host). With
+    ``as_json`` the nodes' lines are not shown as they come: each node's exit code and output, as JSON at the end."""
     nodes = select_nodes(backend, handle, only)
     commands = {n.ordinal: backend.exec_argv(handle, n, argv, stop_on_stdin_eof=True) for n in nodes}
-    result = run_parallel(commands, keep_stdin=True)
+    said: dict[int, list[str]] = {n.ordinal: [] for n in nodes}
+    result = run_parallel(commands, keep_stdin=True, echo=not as_json,
+                          on_line=(lambda ordinal, line: said[ordinal].append(line)) if as_json else None)
     for node in nodes:
         code = result.exit_codes.get(node.ordinal, 0)
         if code and node.ordinal not in result.stopped:
             how = f"exit status {code}" if code > 0 else f"ended by signal {-code}"
             info(f"node-{node.ordinal} ({node.name}): {how}")
+    if as_json:
+        print_json({"ok": result.exit_code == 0, "command": list(argv), "exit_code": exit_code(result.exit_code),
+                    "nodes": [{"node": n.ordinal, "pod": n.name, "exit_code": exit_code(result.exit_codes[n.ordinal]),
+                               "output": said[n.ordinal]} for n in nodes]})
     return result.exit_code
+
+
+def stop_all(jobs: Jobs, handle: Handle, as_json: bool = False) -> int:
+    """Stop every job of ``handle`` (``Jobs.stop``); with ``as_json`` what each node said, as JSON."""
+    if not as_json:
+        return jobs.stop(handle)
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        code = exit_code(jobs.stop(handle))
+    nodes, other = said_by_node(out.getvalue())
+    print_json({"ok": code == 0, "exit_code": code, "said": other,
+                "nodes": [{"node": node, "output": lines} for node, lines in sorted(nodes.items())]})
+    return code
+
+
+def said_by_node(text: str) -> tuple[dict[int, list[str]], list[str]]:
+    """The lines of ``text`` (what a fan-out printed) by the node that tagged them (``[node-N]``, ``[node-N rR]``),
+    untagged; and the lines no node tagged."""
+    nodes: dict[int, list[str]] = {}
+    other: list[str] = []
+    for line in text.splitlines():
+        match = NODE_TAG.match(line)
+        if match is None:
+            other.append(line)
+        else:
+            nodes.setdefault(int(match["node"]), []).append(line[match.end():])
+    return nodes, other
 
 
 def logs_all(backend: NodeAccess, handle: Handle, only: int | None = None, follow: bool = False,
@@ -136,10 +178,16 @@ def json_line(ordinal: int, line: str) -> None:
 
 
 def interactive(backend: NodeAccess, handle: Handle, ordinal: int) -> int:
-    """An interactive shell (bash when the node has it) on node ``ordinal``, in its workspace."""
+    """An interactive shell (bash when the node has it) on node ``ordinal``, in its workspace; where stdin is no
+    terminal (a pipe, a file), a shell that runs what it reads, without prompts or job control."""
     (node,) = select_nodes(backend, handle, ordinal)
-    shell = ["sh", "-c", "command -v bash >/dev/null 2>&1 && exec bash -i || exec sh -i"]
-    argv = backend.exec_argv(handle, node, shell, interactive=True)
+    terminal = sys.stdin.isatty()
+    if not terminal:
+        info(f"stdin is not a terminal: a shell on node-{ordinal} runs what it reads, without a prompt "
+             "(mlenv exec runs a command on every node)")
+    how = "-i" if terminal else "-s"
+    shell = ["sh", "-c", f"command -v bash >/dev/null 2>&1 && exec bash {how} || exec sh {how}"]
+    argv = backend.exec_argv(handle, node, shell, interactive=terminal)
     # Ctrl-C belongs to the shell: a handler (unlike SIG_IGN) is not inherited by the command
     previous = signal.signal(signal.SIGINT, lambda *_: None)
     try:

@@ -19,13 +19,13 @@ NO_NVIDIA_SMI = f"GPUs: {os.strerror(errno.ENOENT)}"
 
 
 def gather(backend: NodeAccess, handle: Handle, only: int | None = None) -> list[dict[str, Any]]:
-    """Each node's GPU report (``node``, ``name`` and the runtime's answer), or ``node``, ``name`` and
+    """Each node's GPU report (``node``, ``pod`` and the runtime's answer), or ``node``, ``pod`` and
     ``error`` for a node that did not answer; every node of the deployment appears, in ordinal order."""
     nodes = select_nodes(backend, handle, only)
     answers = runtime_json(backend, handle, nodes, "gpus", "--json")
     reports = []
     for ordinal, answer in sorted(answers.items()):
-        head = {"node": ordinal, "name": answer.node.name}
+        head = {"node": ordinal, "pod": answer.node.name}
         if answer.data is None:
             reports.append({**head, "error": answer.error})
             continue
@@ -35,7 +35,7 @@ def gather(backend: NodeAccess, handle: Handle, only: int | None = None) -> list
         reports.append({**head, **answer.data, **errors})
     if only is None:
         seen = {node.ordinal for node in nodes}
-        reports += [{"node": n, "name": f"node-{n}", "error": "not running"} for n in range(handle.nodes)
+        reports += [{"node": n, "pod": f"node-{n}", "error": "not running"} for n in range(handle.nodes)
                     if n not in seen]
     return sorted(reports, key=lambda report: int(report["node"]))
 
@@ -44,7 +44,7 @@ def render(reports: Sequence[dict[str, Any]]) -> str:
     """Every node's report as text: a heading line per node, then its tables (or why it did not answer)."""
     blocks = []
     for report in reports:
-        title = f"node-{report['node']} {report['name']}"
+        title = f"node-{report['node']} {report['pod']}"
         if "error" in report:
             blocks.append(f"{title}: unreachable: {report['error']}")
             continue

@@ -201,6 +201,7 @@ def launch(target: Target, spec: LaunchSpec) -> LaunchResult:
     from mlenv.ui import error, warn
 
     refuse_while_live(target)
+    check_script(target, spec.script)
     spec = without_excluded(target, spec)
     check_supported(target, spec)
     run_dir = _run_dir(spec.run_id)
@@ -247,6 +248,29 @@ def launch(target: Target, spec: LaunchSpec) -> LaunchResult:
              + (f" without {', '.join(spec.exclude)}" if spec.exclude else ""))
         result = _attempt(target, spec, run_dir / f"attempt-{spec.attempt}", {**run_only, **saved})
     return result
+
+
+def check_script(target: Target, script: str) -> None:
+    """UsageError naming ``script`` and a node whose workspace lacks it (``test -f`` there says 1), before anything
+    is started or recorded; a node that cannot tell (not running, exec failing) is left to the launch to judge. A
+    backend that cannot launch says so first."""
+    from mlenv.core.capabilities import Feature
+    from mlenv.parallel import run_parallel
+
+    target.backend.info.require(Feature.JOBS)
+    access = target.backend.access
+    nodes = [node for node in access.nodes(target.handle) if node.ready]
+    nodes = nodes[:1] if target.handle.shared_workspace else nodes
+    found = run_parallel({n.ordinal: access.exec_argv(target.handle, n, ["test", "-f", script]) for n in nodes},
+                         echo=False)
+    missing = [f"node-{n.ordinal} ({n.name})" for n in nodes if found.exit_codes.get(n.ordinal) == 1]
+    if missing:
+        from mlenv.config.discover import project_root
+
+        local = project_root() / "workspace" / script
+        raise UsageError(f"{script}: no such file in the workspace of {', '.join(missing)}: "
+                         + ("not synced yet: mlenv sync copies workspace/ to the nodes" if local.is_file() else
+                            "mlenv sync copies workspace/ (or --source DIR) to the nodes"))
 
 
 def preempted(outcome: LaunchOutcome) -> bool:
@@ -348,7 +372,7 @@ def _attempt(target: Target, spec: LaunchSpec, run_dir: Path, reasons: Mapping[s
         run = target.backend.jobs.latest_run(target.handle, spec.run_id)
         result = replace(result, latest_run=run)
         first = _failed_first(run, outcome, outcome.failed_node)
-    if outcome.node_exit_codes:
+    if outcome.node_exit_codes and not outcome.interrupted:  # Ctrl-C: one line
         _summary(result, first)
     if outcome.message:
         error(outcome.message)

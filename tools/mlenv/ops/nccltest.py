@@ -28,6 +28,8 @@ RESULT = re.compile(r"^(?:\[node-\d+ r0\] )?allreduce +(\d+) +([\d.]+) +([\d.]+)
 """A result line of the benchmark's rank 0, as the runtime tagged it ([node-N r0])."""
 """A line of the benchmark's table: size_bytes time_us algbw_GBps busbw_GBps."""
 PASS_RATIO = 0.8
+NO_GATE = "NO GATE"
+"""The verdict when nothing was compared: no bandwidth expected and no transport to prove (neither PASS nor FAIL)."""
 """PASS from this share of the expected bus bandwidth at the largest size."""
 BENCH = "allreduce_bench.py"
 """Shipped to the top of every node's workspace, as ``mlenv sync`` puts workspace/allreduce_bench.py there."""
@@ -124,8 +126,9 @@ def expected_from_links(facts: Mapping[str, Mapping[str, Any]]) -> Expectation |
 def evaluate(results: Sequence[SizeResult], report: LogReport, mode: str,
              expected: Expectation | None) -> Verdict:
     """PASS at >= 80 % of ``expected`` at the largest size; RDMA asked and sockets seen FAILs whatever the number,
-    and so does RDMA asked and no NCCL log to prove it."""
-    reasons, failed = [], False
+    and so does RDMA asked and no NCCL log to prove it; NO GATE when nothing was compared (no expected bandwidth,
+    no transport to prove)."""
+    reasons, failed, compared = [], False, expected is not None
     if mode == "rdma":
         if contradicts(report.verdict, "rdma"):
             socket_ranks = [str(r.rank) for r in report.ranks if r.verdict == SOCKETS]
@@ -141,13 +144,14 @@ def evaluate(results: Sequence[SizeResult], report: LogReport, mode: str,
         elif report.verdict == INTRA_NODE:
             reasons.append("a single node: NCCL used no network, so there is no transport to prove")
         else:
+            compared = True
             reasons.append(f"NCCL used {report.verdict}, as the cluster file asks")
     if not results:
         return Verdict("FAIL", (*reasons, "the benchmark printed no result"))
     largest = results[-1]
     enough, reason = gate_bandwidth(largest.busbw_gbps, largest.size_bytes, expected)
     reasons.append(reason)
-    return Verdict("FAIL" if failed or not enough else "PASS", tuple(reasons))
+    return Verdict("FAIL" if failed or not enough else "PASS" if compared else NO_GATE, tuple(reasons))
 
 
 def gate_bandwidth(busbw_gbps: float, size_bytes: int, expected: Expectation | None) -> tuple[bool, str]:
@@ -201,7 +205,7 @@ def _summary(target: Target, result: LaunchResult, results: Sequence[SizeResult]
         "transport": {"verdict": report.verdict if report.ranks else NO_NCCL, "ranks": ranks},
         "expected_busbw_gbps": expected.gbps if expected else None,
         "expected_source": expected.source if expected else None,
-        "verdict": verdict.status, "reasons": list(verdict.reasons),
+        "ok": verdict.status != "FAIL", "verdict": verdict.status, "reasons": list(verdict.reasons),
         "files": {"json": str(result.run_dir / "nccl-test.json"), "png": str(result.run_dir / "busbw.png"),
                   "logs": str(result.run_dir)},
     }
@@ -284,4 +288,4 @@ def run_nccl_test(target: Target, nproc: int | None = None, sizes: str | None = 
         print_json(summary)
     else:
         _print(summary, terminal_plot(points, expected.gbps if expected else None))
-    return 0 if verdict.status == "PASS" else 1
+    return 1 if verdict.status == "FAIL" else 0

@@ -23,11 +23,11 @@ def show_excluded(target: Target, forget: bool, as_json: bool) -> int:
     listed = state.forget_excluded(name) if forget else state.load().excluded_of(name)
     if as_json:
         print_json({"cluster": name, "excluded": [] if forget else list(listed),
-                    **({"forgotten": list(listed)} if forget else {}),
+                    "forgotten": list(listed) if forget else None,
                     "nodes": None if placed is None else [_node(status) for status in placed]})
         return 0
     if placed:
-        table(f"{name}: its nodes", ["NODE", "NAME", "MACHINE", "READY"],
+        table(f"{name}: its nodes", ["NODE", "POD", "MACHINE", "READY"],
               [[f"node-{s.ordinal}", s.name, s.node or "-", "yes" if s.ready else "no"] for s in placed])
     elif placed is not None:
         info(f"{name}: none of its nodes is on the cluster (deleted by hand?): nothing there to keep off or let back; "
@@ -61,4 +61,4 @@ def _placed(target: Target) -> list[NodeStatus] | None:
 
 def _node(status: NodeStatus) -> dict[str, Any]:
     """One node of ``nodes --json``'s ``nodes``."""
-    return {"node": status.ordinal, "name": status.name, "host": status.node, "ready": status.ready}
+    return {"node": status.ordinal, "pod": status.name, "host": status.node, "ready": status.ready}

@@ -139,10 +139,12 @@ def run_pairs(target: Target, nproc: int | None = None, sizes: str | None = None
     files = {"json": str(result.run_dir / "nccl-pairs.json"), "png": str(result.run_dir / "pairs.png"),
              "logs": str(result.run_dir)}
     summary: dict[str, Any] = {
+        "ok": bool(judged) and not named, "verdict": "PASS" if judged and not named else "FAIL",
         "cluster": target.handle.name, "run_id": result.run_id, "nodes": target.handle.nodes,
         "exit_code": result.exit_code, "size_bytes": judged[0].size_bytes if judged else None,
         "slow_below_gbps": below, "slow_because": because,
-        "pairs": [{**asdict(p), "nodes": list(p.nodes)} for p in judged], "slow_nodes": named, "files": files}
+        "pairs": [{**asdict(p), "nodes": list(p.nodes)} for p in judged], "slow_nodes": named, "files": files,
+        "excluded": None}
     write_bars(result.run_dir / "pairs.png", [(f"{p.nodes[0]}-{p.nodes[1]}", p.busbw_gbps, p.slow) for p in judged],
                below)
     if exclude_bad and named:
@@ -155,7 +157,7 @@ def run_pairs(target: Target, nproc: int | None = None, sizes: str | None = None
     if not judged:
         error(f"the benchmark printed no pair result; the node logs are in {files['logs']}")
         return 1
-    if "excluded" in summary:
+    if summary["excluded"]:
         info(f"excluded from the next runs: {', '.join(f'node-{n}' for n in named)} "
              "(mlenv nodes --forget-excluded clears)")
     return 1 if named else 0

@@ -25,7 +25,7 @@ def take(backend: NodeAccess, handle: Handle, only: int | None = None, *, native
     args = ["stacks", "--json", "--method", method, *(["--native"] if native else []),
             *(["--run", run_id] if run_id is not None else [])]
     answers = runtime_json(backend, handle, nodes, *args)
-    unreachable = [{"node": n, "name": a.node.name, "error": a.error} for n, a in sorted(answers.items())
+    unreachable = [{"node": n, "pod": a.node.name, "error": a.error} for n, a in sorted(answers.items())
                    if a.data is None]
     found = [a.data for _, a in sorted(answers.items()) if a.data is not None and a.data.get("run")]
     if not found:
@@ -59,5 +59,5 @@ def text(report: dict[str, Any]) -> str:
     if report["flight_dumps"]:
         lines.append("NCCL flight recorder dumps:")
         lines += [f"    {path}" for path in report["flight_dumps"]]
-    lines += [f"node-{u['node']} {u['name']}: unreachable: {u['error']}" for u in report["unreachable"]]
+    lines += [f"node-{u['node']} {u['pod']}: unreachable: {u['error']}" for u in report["unreachable"]]
     return "\n".join(lines)

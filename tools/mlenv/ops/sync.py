@@ -73,6 +73,7 @@ SSH_NOTICE = re.compile(r"^(?:Warning: Permanently added |@)")
 reason comes after it): not why a copy failed."""
 PROGRESS = re.compile(r"^\s*(?P<bytes>[\d,.']+)\s+(?P<percent>\d+)%\s+(?P<rate>\S+/s)")
 TAR_PROBLEM = re.compile(r"^tar: (?:\./)?(.*): Cannot \w+: ")
+DELETING = re.compile(r"^deleting (.+)$")
 
 Report = Callable[[str], None]
 
@@ -82,7 +83,7 @@ class PodSync:
     """What the sync did for one pod: ``ok`` only when it got everything (nothing unreadable, no conflict)."""
 
     pod: str
-    ordinal: int
+    node: int
     method: str
     ok: bool
     files: int | None = None
@@ -93,6 +94,17 @@ class PodSync:
     """Source paths that could not be read (relative to the source); everything else was copied."""
     conflicts: tuple[str, ...] = ()
     """Paths that are a directory on one side and not on the other; kept on the node (no --delete)."""
+    deleted: tuple[str, ...] = ()
+    """What --delete removed from the node's workspace (a directory once, ending in ``/``)."""
+
+    @property
+    def changed(self) -> str:
+        """What the copy changed, in words: ``3 files, 1.2 kB`` or ``up to date`` (nothing: not counted)."""
+        if self.files is None or self.bytes is None:
+            return ""
+        if not self.files and not self.bytes:
+            return "up to date"
+        return f"{self.files} file{'' if self.files == 1 else 's'}, {_size(self.bytes)}"
 
     @property
     def result(self) -> str:
@@ -263,7 +275,7 @@ def _copy(plan: Plan, target: CopyTarget, conflicts: Sequence[str], on_line: Rep
     paths start); sparse files stay sparse; --delete always, held back by ``_rules``. ``KEEP_MODES``: the node's
     workspace root (a team's 2775 directory, say) keeps its mode, owner and group."""
     return _run_rsync(["rsync", "-a", *KEEP_MODES, "--relative", "--sparse", "--delete", "--stats",
-                       "--info=progress2",
+                       "--info=progress2,del1",
                        *_rsh(target), *_rules(plan.patterns, plan.delete, conflicts), f"{plan.source}/./",
                        f"{plan.stage}/./{RUNTIME}", _destination(target)], on_line)
 
@@ -303,11 +315,20 @@ def _outcome(pod: Node, run: Rsync, source: Path, conflicts: Sequence[str], star
         said = remote_shell[-1:] if run.code == REMOTE_SHELL_FAILED else []
         error = (said or others or run.err.strip().splitlines() or [f"rsync exit {run.code}"])[0]
         return PodSync(pod.name, pod.ordinal, "rsync", False, seconds=_since(started), error=error,
-                       unreadable=tuple(unreadable), conflicts=tuple(clashes))
+                       unreadable=tuple(unreadable), conflicts=tuple(clashes), deleted=_deleted(run.out))
     files = _count("Number of regular files transferred", run.out) - len(unopened)
     size = _count("Total transferred file size", run.out) - sum(_size_of(source / name) for name in unopened)
     return PodSync(pod.name, pod.ordinal, "rsync", not unreadable and not clashes, files, size, _since(started),
-                   unreadable=tuple(unreadable), conflicts=tuple(clashes))
+                   unreadable=tuple(unreadable), conflicts=tuple(clashes), deleted=_deleted(run.out))
+
+
+def _deleted(out: str) -> tuple[str, ...]:
+    """What rsync's ``deleting PATH`` lines name, less the runtime it replaces (mlenv's, not the user's) and what
+    lay in a directory it names too."""
+    paths = [_unescape(match.group(1)) for line in out.splitlines() if (match := DELETING.match(line))]
+    gone = [path for path in paths if path.endswith("/")]
+    return tuple(sorted(path for path in paths if not path.startswith(f"{RUNTIME_DIR}/")
+                        and not any(path != d and path.startswith(d) for d in gone)))
 
 
 def _stream(pack: Sequence[str], unpack: Sequence[str]) -> tuple[list[str], str | None]:
@@ -431,7 +452,7 @@ def _sync_pod(backend: NodeAccess, handle: Handle, pod: Node, plan: Plan, lines:
                       error=error, unreadable=tuple(unreadable))
     else:
         row = _outcome(pod, run, plan.source, conflicts, started)
-    lines.show(pod.ordinal, ", ".join(filter(None, [copied[0], row.result])), done=True)
+    lines.show(pod.ordinal, ", ".join(filter(None, [row.changed, row.result])), done=True)
     return row
 
 
@@ -485,7 +506,7 @@ def sync(backend: NodeAccess, handle: Handle, source: Path | None = None, delete
         reached = pool.map(lambda pod: _unreachable(backend, handle, pod), pods[1:] if shared else [])
         rows = list(pool.map(lambda pod: _sync_pod(backend, handle, pod, plan, lines), targets))
     if shared:
-        rows += [replace(rows[0], pod=p.name, ordinal=p.ordinal, method=f"{SHARED_WITH} {pods[0].name}", files=None,
+        rows += [replace(rows[0], pod=p.name, node=p.ordinal, method=f"{SHARED_WITH} {pods[0].name}", files=None,
                          bytes=None, seconds=0.0, ok=rows[0].ok and why is None, error=why or rows[0].error)
                  for p, why in zip(pods[1:], reached, strict=True)]
     report = SyncReport(str(source), shared, rows, tuple(notes))
@@ -507,6 +528,9 @@ def _print(report: SyncReport, as_json: bool) -> None:
           [[r.pod, r.method, _cell(r.files), _cell(r.bytes), r.seconds, r.result] for r in report.pods])
     for note in report.notes:
         info(f"note: {note}")
+    for row in report.pods:
+        if row.deleted and not row.method.startswith(SHARED_WITH):
+            info(f"deleted on node-{row.node} ({row.pod}): {_names(row.deleted)}")
     for row in report.pods:  # a node that shares a failed copy is not blamed for it again
         if not row.ok and not (row.method.startswith(SHARED_WITH) and row.result == report.pods[0].result):
             error(f"sync to {row.pod}: {row.result}")

@@ -306,7 +306,8 @@ class LocalBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks):
     def exec_argv(self, handle: Handle, node: Node, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
                   interactive: bool = False, stop_on_stdin_eof: bool = False,
                   secrets: Sequence[str] = ()) -> list[str]:
-        """PURE: ``env -C <workspace> K=V... sh -c <record PID> argv``, inside the pod's namespace when it has one.
+        """PURE: ``env -C <workspace> K=V... sh -c <record PID> argv``, inside the pod's network namespace and a UTS
+        namespace of its own, named as the pod (``hostname``), when it has one (its /etc/hosts knows the name).
 
         Local processes are stopped through their recorded process groups, so ``stop_on_stdin_eof`` needs nothing.
         """
@@ -328,7 +329,10 @@ class LocalBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks):
             command = ["sh", "-c", f'{read_secrets(secrets)}exec "$@"', "sh", *command]
         wrapped = ["env", "-C", node.workspace, *(f"{k}={v}" for k, v in variables.items()),
                    *localproc.recorded(directory, command)]
-        return [*localnet.exec_prefix(pod.netns), *wrapped] if pod.netns else wrapped
+        if not pod.netns:
+            return wrapped
+        return [*localnet.exec_prefix(pod.netns), "unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"',
+                node.name, *wrapped]
 
     def copy_target(self, handle: Handle, node: Node) -> CopyTarget:
         """The pod's workspace is a directory on this machine: plain local rsync."""
