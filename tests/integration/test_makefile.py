@@ -316,3 +316,18 @@ def test_clean_cluster_twice_is_fine(tmp_path: Path) -> None:
     assert "nothing to clean" in again.stderr
     assert "nothing to clean" in project.ok("clean").stderr
     assert leftovers(project) == []
+
+
+def test_a_second_clean_keeping_data_says_nothing_was_left(tmp_path: Path) -> None:
+    """The workspaces stay after a clean without --delete-data: a second clean says the pods were cleaned before
+    (it removes nothing, so it names no pod removed); --delete-data then deletes the workspaces."""
+    require_local("processes")
+    project = make_project(tmp_path, "kept", "10.77.78.0/24", "processes")
+    project.ok("deploy", project.name)
+    first = project.ok("clean", "--cluster", project.name).stderr
+    assert "pod kept-app-0 removed" in first and "pod kept-app-1 removed" in first, first
+    second = project.ok("clean", "--cluster", project.name).stderr
+    assert "removed" not in second and "nothing to clean: the pods of kept-app were cleaned before" in second, second
+    third = project.ok("clean", "--cluster", project.name, "--delete-data", "--yes").stderr
+    assert "pod kept-app-0 removed with its data" in third, third
+    assert leftovers(project) == []

@@ -369,11 +369,13 @@ class LocalBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks):
         stopped = localproc.stop(directories)
         if stopped:
             info(f"stopped {stopped} process(es) in {layout.app}")
+        removed = 0
         for ordinal, directory in zip(ordinals, directories, strict=True):
             if self.namespaces_available:
                 localnet.delete_namespace(f"{layout.netns_prefix}{ordinal}")
             if not _marked(directory, OWNER, layout):
                 continue
+            deployed = (directory / POD_FILE).exists()  # else cleaned before: only its workspace is left
             if delete_data:
                 shutil.rmtree(directory, ignore_errors=True)
             else:
@@ -382,7 +384,12 @@ class LocalBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks):
                         shutil.rmtree(entry)
                     elif not entry.is_dir() and entry.name != OWNER:
                         entry.unlink()
-            info(f"pod {layout.app}-{ordinal} removed" + (" with its data" if delete_data else ""))
+            if deployed or delete_data:
+                removed += 1
+                info(f"pod {layout.app}-{ordinal} removed" + (" with its data" if delete_data else ""))
+        if not removed and not stopped:
+            info(f"nothing to clean: the pods of {layout.app} were cleaned before (their workspaces stay; "
+                 "--delete-data deletes them)")
 
     def checks(self, plan: JobPlan) -> list[Check]:
         """Root (for namespaces), iproute2 and rsync."""
