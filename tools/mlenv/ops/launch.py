@@ -15,7 +15,7 @@ from typing import Any
 
 from mlenv import state
 from mlenv.core.capabilities import Feature, LaunchOutcome, LaunchSpec
-from mlenv.errors import UsageError
+from mlenv.errors import OperationError, UsageError
 from mlenv.ops.live import refuse_while_live
 from mlenv.ops.target import Target
 from mlenv.runtime.records import restartpolicy
@@ -259,7 +259,10 @@ def check_script(target: Target, script: str) -> None:
 
     target.backend.info.require(Feature.JOBS)
     access = target.backend.access
-    nodes = [node for node in access.nodes(target.handle) if node.ready]
+    try:
+        nodes = [node for node in access.nodes(target.handle) if node.ready]
+    except OperationError:  # no node to ask (none running, the cluster out of reach): the launch says why
+        return
     nodes = nodes[:1] if target.handle.shared_workspace else nodes
     found = run_parallel({n.ordinal: access.exec_argv(target.handle, n, ["test", "-f", script]) for n in nodes},
                          echo=False)
