@@ -298,14 +298,6 @@ def forget_excluded(name: str) -> tuple[dict[str, Any], ...]:
         return had
 
 
-def restore_excluded(name: str, excluded: tuple[dict[str, Any], ...]) -> None:
-    """Put back ``excluded`` as the excluded nodes of ``name`` (``mlenv drill`` undoes what its restarts recorded)."""
-    with locked():
-        state = load()
-        _set_excluded(state, name, excluded)
-        save(state)
-
-
 def _set_excluded(state: State, name: str, excluded: tuple[dict[str, Any], ...]) -> None:
     known = state.deployments.get(name)
     if known is not None:

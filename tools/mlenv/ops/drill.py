@@ -21,7 +21,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from mlenv import state
 from mlenv.core.capabilities import Feature, LaunchSpec
 from mlenv.core.remote import RUNTIME_DIR
 from mlenv.errors import UsageError
@@ -110,6 +109,7 @@ class Watch:
     stopped_at: float | None = None
     first: RunRecord | None = None
     problem: str | None = None
+    ended: bool = False
 
     def run(self) -> None:
         try:
@@ -121,9 +121,7 @@ class Watch:
         except Exception as exc:  # said in the report, never as a thread's traceback
             self.problem = f"{type(exc).__name__}: {exc}"
         finally:
-            if self.fault in NODE_FAULTS or self.fault == "hang":  # nothing the fault froze outlives the drill
-                with contextlib.suppress(Exception):
-                    self._signal("node" if self.fault in NODE_FAULTS else "rank", "KILL")
+            self._end_fault()
 
     def _reached(self) -> bool:
         """Whether the job reached the step (its lines in the launch's local logs) before the launch ended."""
@@ -160,7 +158,16 @@ class Watch:
             if self.detected_at is not None and self.stopped_at is None and not any(
                     rank.state == RUNNING for rank in run.ranks if rank.node not in run.node_faults):
                 self.stopped_at = now
+                self._end_fault()
             self.done.wait(POLL_SECONDS)
+
+    def _end_fault(self) -> None:
+        """SIGKILL what the fault froze (a frozen node's share, a stopped rank), once: nothing of it outlives
+        attempt 0, and the node takes part in the next attempt."""
+        if not self.ended and (self.fault in NODE_FAULTS or self.fault == "hang"):
+            self.ended = True
+            with contextlib.suppress(Exception):
+                self._signal("node" if self.fault in NODE_FAULTS else "rank", "KILL")
 
 
 def _local_runs(run: str) -> Path:
@@ -192,16 +199,14 @@ def drill_one(target: Target, fault: str, at_step: int, targets: Targets) -> dic
     spec = LaunchSpec("torchrun", JOB, _job_args(fault, at_step), run_id=run_id(f"{name}-drill"), max_restarts=1,
                       hang_timeout=HANG_TIMEOUT if fault == "hang" else None,
                       on_hang="stop" if fault == "hang" else None)
-    excluded = target.recorded.excluded if target.recorded is not None else ()
     watch = Watch(target, spec, fault, at_step, target.handle.nodes - 1)
     thread = threading.Thread(target=watch.run, name="drill", daemon=True)
     thread.start()
     try:
-        result = launch(target, spec)
+        result = launch(target, spec, keep=(watch.node,) if fault in NODE_FAULTS else ())
     finally:
         watch.done.set()
         thread.join(timeout=90)
-        state.restore_excluded(name, excluded)  # a node the fault had left out serves the next runs again
     return report(fault, at_step, targets, watch, result, target.backend.jobs.latest_run(target.handle, spec.run_id))
 
 
@@ -227,6 +232,8 @@ def report(fault: str, at_step: int, targets: Targets, watch: Watch, result: Lau
         ends = [_epoch(r.ended_at) for r in first.ranks if r.node not in first.node_faults]
         if ends and all(ends):
             stopped = max(e for e in ends if e is not None)
+            if fault not in ("rank-exit", "rank-kill") and detected is not None:  # seen late by polling: the
+                detected = min(detected, *(e for e in ends if e is not None))  # stop it caused came first
     restarted = final.attempt > 0
     started = min((t for r in final.ranks if (t := _epoch(r.started_at))), default=None) if restarted else None
     resumes = [(int(m[2]), float(m[3])) for path in later for m in RESUMED_LINE.finditer(_read(path))]
