@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import assert_shaped, documented_shape
 from tests.integration.local_cluster import FAILING_JOB, LocalProject, make_project, require_local
 
 PHASES = ["detected", "stopped", "started", "resumed"]
@@ -35,6 +36,7 @@ def _drill(project: LocalProject, fault: str) -> dict[str, object]:
     result = project.mlenv("drill", "--fault", fault, "--json", timeout=400)
     report = json.loads(result.stdout)
     assert result.returncode == 0 and report["ok"], (result.stdout, result.stderr[-4000:])
+    assert_shaped(report, documented_shape("drill"))
     (drill,) = report["drills"]
     assert drill["fault"] == fault and drill["exit_code"] == 0
     assert [phase["phase"] for phase in drill["phases"]] == PHASES

@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -258,7 +258,9 @@ def report(fault: str, at_step: int, targets: Targets, watch: Watch, result: Lau
                        "verdict": "PASS" if passed else "FAIL", "evidence": evidence[phase]})
     ok = all(p["verdict"] == "PASS" for p in phases) and result.exit_code == 0 and watch.problem is None
     return {"fault": fault, "run_id": result.run_id, "run_dir": str(run_dir), "at_step": at_step,
-            "node": watch.node, "fault_at": fault_at, "phases": phases, "resumed_step": resumed_step,
+            "node": None if fault == "rank-exit" else watch.node,
+            "fault_at": datetime.fromtimestamp(fault_at, timezone.utc).isoformat(timespec="milliseconds")
+            if fault_at is not None else None, "phases": phases, "resumed_step": resumed_step,
             "last_step": last, "lost_steps": lost, "exit_code": result.exit_code, "problem": watch.problem,
             "verdict": "PASS" if ok else "FAIL", "timeline": str(run_dir / "timeline.png"),
             "ranks": _spans(first, final, fault_at)}
