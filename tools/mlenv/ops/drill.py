@@ -27,7 +27,7 @@ from mlenv.errors import UsageError
 from mlenv.ops.launch import LaunchResult, launch, run_id
 from mlenv.ops.live import refuse_beside_live
 from mlenv.ops.target import Target, file_cluster
-from mlenv.runtime.records.runlayout import HUNG, RUNNING
+from mlenv.runtime.records.runlayout import FAILED, HUNG, RUNNING, RankRecord
 from mlenv.runtime.records.runrecord import RunRecord
 
 FAULTS = ("rank-exit", "rank-kill", "node-loss", "node-freeze", "hang", "preempt")
@@ -153,7 +153,8 @@ class Watch:
                 self.stopped_at = self.stopped_at or now
                 return
             self.first = run
-            if self.detected_at is None and (run.first_failure or run.node_faults or run.state == HUNG):
+            if self.detected_at is None and (run.first_failure or run.node_faults or run.state == HUNG
+                                             or _dead(run) is not None):
                 self.detected_at = now
             if self.detected_at is not None and self.stopped_at is None and not any(
                     rank.state == RUNNING for rank in run.ranks if rank.node not in run.node_faults):
@@ -222,11 +223,10 @@ def report(fault: str, at_step: int, targets: Targets, watch: Watch, result: Lau
     if fault == "rank-exit":
         exits = [float(m[2]) for path in earlier for m in EXITED_LINE.finditer(_read(path))]
         fault_at = min(exits, default=None)
-    failure = first.first_failure if first is not None else None
     detected, named = watch.detected_at, _named(first)
-    if failure is not None and fault in ("rank-exit", "rank-kill"):  # the supervisor's own record of the death
-        ended = [r.ended_at for r in first.ranks if r.rank == failure.rank] if first is not None else []
-        detected = _epoch(ended[0]) if ended and ended[0] else detected
+    dead = _dead(first)
+    if dead is not None and fault in ("rank-exit", "rank-kill"):  # the supervisor's own record of the death
+        detected = _epoch(dead.ended_at) or detected
     stopped = watch.stopped_at
     if first is not None:
         ends = [_epoch(r.ended_at) for r in first.ranks if r.node not in first.node_faults]
@@ -273,8 +273,19 @@ def _read(path: Path) -> str:
         return ""
 
 
+def _dead(run: RunRecord | None) -> RankRecord | None:
+    """The rank of attempt 0 that failed first (its own failure, not a stop), as its supervisor recorded it: the
+    run's first failure, else the earliest to end failed (node 0 may not have named it yet when the drill last read
+    attempt 0)."""
+    ranks = sorted((r for r in (run.ranks if run is not None else ()) if r.state == FAILED and r.ended_at),
+                   key=lambda r: r.ended_at or "")
+    failure = run.first_failure if run is not None else None
+    return next((r for r in ranks if failure is None or r.rank == failure.rank), None)
+
+
 def _named(run: RunRecord | None) -> str:
     """Who was named, and why, as the records say it."""
+    dead = _dead(run)
     if run is None:
         return "nothing recorded"
     if run.first_failure is not None:
@@ -283,7 +294,10 @@ def _named(run: RunRecord | None) -> str:
     if run.node_faults:
         return "; ".join(f"node-{node} {fault.sign}: {fault.evidence}"
                          for node, fault in sorted(run.node_faults.items()))
-    return f"run {run.state}"
+    if dead is not None:
+        how = f"killed by {dead.signal}" if dead.signal else f"exited with {dead.exit_code}"
+        return f"rank {dead.rank} (node-{dead.node}, pid {dead.pid}) {how}"
+    return f"nothing named (the run read {run.state})"
 
 
 def _spans(first: RunRecord | None, final: RunRecord, fault_at: float | None) -> list[dict[str, Any]]:
