@@ -294,6 +294,8 @@ def _named(run: RunRecord | None) -> str:
     if run.node_faults:
         return "; ".join(f"node-{node} {fault.sign}: {fault.evidence}"
                          for node, fault in sorted(run.node_faults.items()))
+    if run.stacks:
+        return f"hung: every rank's stack in {run.stacks}"
     if dead is not None:
         how = f"killed by {dead.signal}" if dead.signal else f"exited with {dead.exit_code}"
         return f"rank {dead.rank} (node-{dead.node}, pid {dead.pid}) {how}"
