@@ -8,13 +8,13 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from mlenv import state
 from mlenv.core.clusters import load_plan
 from mlenv.core.registry import get
 from mlenv.ops.drill import HANG_TIMEOUT, Targets, targets_of
 from mlenv.ops.plot import write_timeline
 from mlenv.ops.target import resolve
+
 from tests.helpers import ROOT, run_mlenv
 
 
