@@ -79,18 +79,24 @@ def check(target: Target, fault: str) -> list[str]:
     a node fault on one node, a preemption where the backend cannot be preempted or the drill cannot do it yet."""
     if fault not in (*FAULTS, ALL):
         raise UsageError(f"--fault {fault}: not a fault the drill knows (one of {', '.join((*FAULTS, ALL))})")
+    from mlenv.ui import warn
+
     refuse_beside_live(target, "the drill runs only where nothing else does")
-    faults = [name for name in FAULTS if name != "preempt"] if fault == ALL else [fault]
-    if fault == "preempt":
+    nodes = target.handle.nodes
+    try:
         target.backend.info.require(Feature.PREEMPTION)
-        raise UsageError(f"the drill cannot preempt a run of the {target.backend.name} backend yet (deleting a pod "
-                         f"from outside is not in this version): drill the other faults")
-    if target.handle.nodes < 2 and any(name in NODE_FAULTS for name in faults):
-        if fault != ALL:
-            raise UsageError(f"--fault {fault} needs 2 nodes or more (one of them is lost), and "
-                             f"{target.handle.name} has {target.handle.nodes}")
-        faults = [name for name in faults if name not in NODE_FAULTS]
-    return faults
+        preempt = (f"the drill cannot preempt a run of the {target.backend.name} backend yet (deleting a pod from "
+                   f"outside is not in this version): drill the other faults")
+    except UsageError as exc:
+        preempt = str(exc)
+    cannot = {"preempt": preempt}
+    cannot.update({node_fault: f"--fault {node_fault} needs 2 nodes or more (one of them is lost), and "
+                               f"{target.handle.name} has {nodes}" for node_fault in NODE_FAULTS if nodes < 2})
+    if fault in cannot:
+        raise UsageError(cannot[fault])
+    for skipped in (cannot if fault == ALL else {}).values():
+        warn(f"--fault all: skipped: {skipped}")
+    return [each for each in FAULTS if each not in cannot] if fault == ALL else [fault]
 
 
 @dataclass
