@@ -8,7 +8,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
-
 from mlenv.core.capabilities import LaunchOutcome, LaunchSpec
 from mlenv.ops.drill import Targets, Watch, report
 from mlenv.ops.launch import LaunchResult
