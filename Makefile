@@ -2,7 +2,7 @@
 # Variables: CLUSTER (deployment, cluster name or file), MODE (rdma|tcp), NODES, IMAGE, OUT, POD, CMD, FOLLOW,
 #            DELETE_DATA, YES, SCRIPT, ARGS, LAUNCHER, DETACH, ENV, NAME, STEPS, SIZES, EXPECT, FORCE, VENV, LOG_RANK,
 #            EXPECT_TRANSPORT, HANG_TIMEOUT, ON_HANG, ON_IDLE, ON_STRAGGLER, MAX_RESTARTS, MAX_PREEMPTIONS, SPARES,
-#            READ, TOOL, TEST, RUN, ALL.
+#            READ, TOOL, TEST, RUN, ALL, FAULT, AT_STEP.
 
 SHELL := /bin/bash
 VENV ?= .venv
@@ -10,7 +10,7 @@ VENV ?= .venv
 # verbatim: make does not expand a `$` inside it (make exec CMD='echo $HOSTNAME' echoes each pod's name).
 USER_VARS := CLUSTER MODE NODES IMAGE OUT POD CMD FOLLOW DELETE_DATA YES SCRIPT ARGS LAUNCHER DETACH ENV NAME STEPS \
              SIZES EXPECT FORCE VENV LOG_RANK EXPECT_TRANSPORT HANG_TIMEOUT ON_HANG ON_IDLE ON_STRAGGLER MAX_RESTARTS \
-             MAX_PREEMPTIONS SPARES READ TOOL TEST RUN ALL
+             MAX_PREEMPTIONS SPARES READ TOOL TEST RUN ALL FAULT AT_STEP
 $(foreach v,$(USER_VARS),$(if $(filter command line environment,$(origin $(v))),$(eval override $(v) := $$(value $(v)))))
 export $(USER_VARS)
 MLENV = "$$VENV/bin/mlenv"
@@ -42,7 +42,7 @@ SPARES_OPT = $(if $(SPARES),--spares "$$SPARES")
 .DEFAULT_GOAL := help
 .PHONY: help install install-train install-system test test-fast lint bench demo list-clusters validate-cluster \
         render-cluster deploy-cluster-dry-run deploy-cluster use status-cluster sync-multi-node shell-multi-node \
-        exec logs clean-cluster launch launch-dry-run stop top stacks nccl-test doctor discover runs
+        exec logs clean-cluster launch launch-dry-run stop top stacks nccl-test drill doctor discover runs
 
 help: ## List the targets (names in bold on a terminal, unless NO_COLOR is set)
 	@if [ -t 1 ] && [ -z "$${NO_COLOR:-}" ]; then bold=$$'\033[1m' plain=$$'\033[0m'; else bold= plain=; fi; \
@@ -137,6 +137,9 @@ stop: install ## Stop the running job on every node (the environment stays)
 
 nccl-test: install ## Fabric gate: all-reduce busbw [SIZES=1M:1G:4 on GPUs, 4K:4M:4 on CPUs] [EXPECT=network.expected_busbw] (e.g. 8M:1G, 180GB/s) [TOOL=nccl-tests [TEST=all_reduce_perf]], transport per rank, PASS/FAIL/NO GATE, plot; READ=FILE judges an nccl-tests output
 	@$(MLENV) nccl-test $(if $(READ),--read "$$READ",$(CLUSTER_OPT) $(if $(SIZES),--sizes "$$SIZES") $(if $(TOOL),--tool "$$TOOL") $(if $(TEST),--test "$$TEST")) $(if $(EXPECT),--expect "$$EXPECT")
+
+drill: install ## Recovery drill [FAULT=rank-exit] (or rank-kill node-loss node-freeze hang preempt all) [AT_STEP=10]: each phase timed, PASS/FAIL, timeline in runs/
+	@$(MLENV) drill $(CLUSTER_OPT) --fault "$${FAULT:-rank-exit}" $(if $(AT_STEP),--at-step "$$AT_STEP")
 
 doctor: install ## Preflight checklist for CLUSTER= [MODE=]: PASS/WARN/FAIL, evidence and fix
 	@$(MLENV) doctor $(CLUSTER_OPT) $(if $(MODE),--mode "$$MODE")

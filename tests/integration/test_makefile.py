@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TARGETS = ("install", "install-train", "install-system", "test", "test-fast", "lint", "bench", "demo", "list-clusters",
            "validate-cluster", "render-cluster", "deploy-cluster-dry-run", "deploy-cluster", "use", "status-cluster",
            "sync-multi-node", "shell-multi-node", "exec", "logs", "launch", "launch-dry-run", "stop", "nccl-test",
-           "doctor", "discover", "clean-cluster", "top", "stacks", "runs")
+           "drill", "doctor", "discover", "clean-cluster", "top", "stacks", "runs")
 BOOLEANS = ("FOLLOW", "DELETE_DATA", "YES", "DETACH", "ALL")
 
 

@@ -51,6 +51,7 @@ def test_validate_of_a_broken_file_prints_every_error_as_json(project: Path) -> 
     (["stacks", "--json", "--cluster", "local"], 1, "is not deployed"),
     (["runs", "--json"], 2, "no deployment recorded"),
     (["logs", "--json", "20990101-000000-nope"], 2, "no deployment recorded"),
+    (["drill", "--json", "--fault", "rank-exit"], 2, "no deployment recorded"),
     (["launch", "--json", "--cluster", "local", "--max-restarts", "x", "train.py"], 2,
      "Invalid value for '--max-restarts'"),
 ])

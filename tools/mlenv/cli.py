@@ -678,6 +678,26 @@ def nccl_test(cluster_ref: str | None, nproc: int | None, sizes: str | None, exp
 
 @main.command()
 @cluster_option
+@click.option("--fault", required=True, metavar="NAME",
+              help="What goes wrong: rank-exit (a rank exits 1), rank-kill (SIGKILL), node-loss (the last node's "
+                   "supervisor and ranks SIGKILLed), node-freeze (SIGSTOPped), hang (one rank SIGSTOPped, a 10 s "
+                   "hang timeout), preempt (where the backend can be preempted), all (each in turn).")
+@click.option("--at-step", type=click.IntRange(1, 50), default=10, show_default=True,
+              help="The training step the fault comes at.")
+@json_option
+@reports_errors
+def drill(cluster_ref: str | None, fault: str, at_step: int, as_json: bool) -> None:
+    """How fast the deployment recovers: a small built-in training job (its own run and checkpoints) under
+    --max-restarts 1, one fault at a step, each phase timed from the runtime's records (detected and named, every
+    rank stopped, next attempt started, training resumed at the checkpointed step) against drill.targets; a table
+    or --json, and runs/<id>/timeline.png. Exit 1 when a phase FAILs; 2 with a run live (nothing started)."""
+    from mlenv.ops.drill import run_drill
+
+    sys.exit(run_drill(_target(cluster_ref), fault, at_step, as_json))
+
+
+@main.command()
+@cluster_option
 @click.option("--forget-excluded", is_flag=True, help="Clear the excluded nodes: the next runs may use them again.")
 @json_option
 @reports_errors

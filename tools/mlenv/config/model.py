@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import NamedTuple
 
@@ -172,6 +172,9 @@ class Cluster(NamedTuple):
     notes: str | None
     hang_timeout: float | None = None
     """launch.hang_timeout: the default of ``mlenv launch --hang-timeout``."""
+    drill_targets: Mapping[str, float] = field(default_factory=dict)
+    """``drill.targets``: seconds per phase of ``mlenv drill`` (dead_rank, lost_node, hang_extra, resumed) over its
+    defaults."""
     idle_seconds: int | None = None
     """launch.idle_minutes in seconds: GPUs under ``idle_util`` this long flag a run idle (None: not watched)."""
     idle_util: float | None = None

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -192,11 +192,12 @@ def restartable(outcome: LaunchOutcome) -> bool:
             and outcome.exit_code != 0)
 
 
-def launch(target: Target, spec: LaunchSpec) -> LaunchResult:
+def launch(target: Target, spec: LaunchSpec, keep: Collection[int] = ()) -> LaunchResult:
     """Run ``spec``, and again up to ``spec.max_restarts`` times while it fails and the restart policy allows
     (runtime/records/restartpolicy.py; same run id, MLENV_RESTART_COUNT the attempt), away from the excluded nodes (the
     deployment's, or the cluster's when it is not deployed) and from the nodes the policy leaves out
-    (``judge_faulty``); the last attempt's result. A detached run is restarted from the nodes (local and ssh: their
+    (``judge_faulty``), but for the nodes ``keep`` (``mlenv drill``: its own fault left the node sound); the last
+    attempt's result. A detached run is restarted from the nodes (local and ssh: their
     supervisors; Slurm: the run's script), where the backend can."""
     from mlenv.ui import error, warn
 
@@ -229,6 +230,7 @@ def launch(target: Target, spec: LaunchSpec) -> LaunchResult:
                                          run.node_faults.values()):
             break
         verdict = judge_faulty(result.outcome, run, newest, history)
+        verdict = replace(verdict, left_out=tuple(out for out in verdict.left_out if out.node not in keep))
         history = verdict.history
         if verdict.stop is not None:
             error(f"run {spec.run_id}: {verdict.stop}")

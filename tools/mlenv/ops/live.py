@@ -1,5 +1,6 @@
 """The one launch of a deployment at a time: a launch while a run of the deployment is live is refused, where the
-backend gives every run the same ports (a second run would meet the first one's rendezvous and control channel)."""
+backend gives every run the same ports (a second run would meet the first one's rendezvous and control channel);
+``mlenv drill`` refuses on any backend while a run is live (it never shares a deployment with the user's run)."""
 
 from __future__ import annotations
 
@@ -8,16 +9,28 @@ from mlenv.ops.target import Target
 from mlenv.runtime.records.runlayout import HUNG, REQUEUED, RESTARTING, RUNNING
 
 
-def refuse_while_live(target: Target) -> None:
-    """UsageError naming the deployment's latest run and ``mlenv stop`` when it is still running on a node (its
-    backend's ``run_states``) and the backend cannot give a new run ports of its own."""
-    if target.recorded is None or not target.recorded.runs or target.backend.jobs.runs_own_ports(target.handle):
-        return
+def live_run(target: Target) -> tuple[str, list[int]] | None:
+    """The deployment's latest run and the nodes it still runs on (its backend's ``run_states``), when it is live."""
+    if target.recorded is None or not target.recorded.runs:
+        return None
     latest = str(target.recorded.runs[-1].get("id"))
     states = target.backend.jobs.run_states(target.handle, latest)
     live = sorted(node for node, state in states.items()
                   if state.split(" ")[0] in (RUNNING, HUNG, RESTARTING, REQUEUED))
-    if live:
+    return (latest, live) if live else None
+
+
+def refuse_while_live(target: Target) -> None:
+    """A launch's refusal: UsageError naming the live run and ``mlenv stop`` where the backend cannot give a new
+    run ports of its own."""
+    if not target.backend.jobs.runs_own_ports(target.handle):
+        refuse_beside_live(target, "a second run would share its ports")
+
+
+def refuse_beside_live(target: Target, why: str) -> None:
+    """UsageError naming the deployment's live run, ``why`` nothing may start beside it, and ``mlenv stop``."""
+    found = live_run(target)
+    if found is not None:
         name = target.handle.name
-        raise UsageError(f"run {latest} of {name} is still running (node {', '.join(map(str, live))}), and a second "
-                         f"run would share its ports: wait for it to end, or stop it first (mlenv stop -c {name})")
+        raise UsageError(f"run {found[0]} of {name} is still running (node {', '.join(map(str, found[1]))}), and "
+                         f"{why}: wait for it to end, or stop it first (mlenv stop -c {name})")

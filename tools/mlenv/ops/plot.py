@@ -1,6 +1,7 @@
 """Bus bandwidth against message size, as a PNG (written with zlib and struct alone) and as a few lines of text for
 the terminal; the expected bandwidth, when there is one, is drawn as a dashed line. ``nccl-test --pairs`` draws one
-bar per node pair instead."""
+bar per node pair instead. ``mlenv drill`` draws a timeline: one row per rank, its attempts as bars, the fault and the
+phases as vertical lines."""
 
 from __future__ import annotations
 
@@ -29,9 +30,11 @@ FONT = {
     "B": "110101110101110", "C": "111100100100111", "D": "110101101101110", "E": "111100110100111",
     "G": "111100101101111", "K": "101101110101101", "M": "101111111101101", "P": "111101111100100",
     "S": "111100111001111", "T": "111010010010010", "U": "101101101101111", "W": "101101111111101",
-    "X": "101101010101101",
+    "X": "101101010101101", "A": "010101111101101", "F": "111100110100100", "H": "101101111101101",
+    "I": "111010010010111", "L": "100100100100111", "N": "110101101101101", "O": "111101101101111",
+    "R": "110101110101101",
 }
-"""A 3x5 dot font: what the labels need (sizes, numbers, BUSBW GB/S, EXPECTED)."""
+"""A 3x5 dot font: what the labels need (sizes, numbers, BUSBW GB/S, EXPECTED, the drill's phases)."""
 
 
 class Canvas:
@@ -181,6 +184,48 @@ def write_bars(path: Path, bars: Sequence[Bar], threshold: float | None, width: 
         canvas.line(LEFT, y_of(threshold), right, y_of(threshold), RED, dash=6)
         label = _number(threshold)
         canvas.text(right - text_width(label), y_of(threshold) - 14, label, RED)
+    path.write_bytes(canvas.png())
+    return path
+
+
+Span = tuple[float, float, int]
+"""(start, end in seconds from the fault, attempt): one attempt of one rank."""
+Mark = tuple[str, float]
+"""(label, seconds from the fault): the fault or a phase."""
+ATTEMPT_COLORS = (BLUE, (40, 150, 70), (150, 90, 200))
+
+
+def write_timeline(path: Path, rows: Sequence[tuple[int, Sequence[Span]]], marks: Sequence[Mark],
+                   width: int = WIDTH) -> Path:
+    """One row per rank (labelled by its number) with each attempt a bar in its colour, seconds across, the fault
+    (red) and each phase (dashed, labelled) as vertical lines, to ``path``."""
+    height = TOP + BOTTOM + 10 + 22 * max(1, len(rows)) + 12 * len(marks)
+    canvas = Canvas(width, height)
+    right, bottom = width - RIGHT, height - BOTTOM - 12 * len(marks)
+    times = [t for _, spans in rows for start, end, _ in spans for t in (start, end)] + [t for _, t in marks]
+    low, high = min([0.0, *times]), max([1.0, *times])
+
+    def x(seconds: float) -> int:
+        return round(LEFT + (seconds - low) / (high - low) * (right - LEFT))
+
+    for index, (rank, spans) in enumerate(rows):
+        y = TOP + 10 + 22 * index
+        canvas.text(LEFT - 6 - text_width(str(rank)), y - 4, str(rank))
+        for start, end, attempt in spans:
+            for row in range(-6, 7):
+                canvas.line(x(start), y + row, max(x(start), x(end)), y + row,
+                            ATTEMPT_COLORS[attempt % len(ATTEMPT_COLORS)])
+    canvas.line(LEFT, bottom, right, bottom, BLACK)
+    for tick in range(6):
+        seconds = low + (high - low) * tick / 5
+        canvas.line(x(seconds), bottom, x(seconds), bottom + 4, BLACK)
+        canvas.text(x(seconds) - text_width(_number(seconds)) // 2, bottom + 8, _number(seconds))
+    canvas.text(LEFT, 8, "SECONDS")
+    for index, (label, seconds) in enumerate(marks):
+        color = RED if index == 0 else BLACK
+        canvas.line(x(seconds), TOP, x(seconds), bottom, color, dash=0 if index == 0 else 4)
+        canvas.text(LEFT, bottom + 24 + 12 * index, f"{index} {label}", color)
+        canvas.text(x(seconds) + 3, TOP - 12 + (index % 2) * 6, str(index), color)
     path.write_bytes(canvas.png())
     return path
 

@@ -31,6 +31,7 @@ from .records.runlayout import (
     write_json,
 )
 from .supervise.detached import restart, start_node, wait_as_standby
+from .supervise.faults import SIGNALS, TARGETS, inject
 from .supervise.jobs import BadInput, JobError
 from .supervise.launcher import launch
 from .supervise.nodejobs import show_gpus, show_jobs, show_logs, show_stacks, stop
@@ -234,6 +235,16 @@ def build_parser() -> argparse.ArgumentParser:
                         help="sinfo -h -N -o '%%N|%%T|%%E' of the attempt's hosts: a host down, failed or drained was "
                              "lost (its node-failure sign is written to the attempt's lost.json)")
 
+    fault = commands.add_parser("fault", help="signal this node's share of a run, or one of its ranks, from outside "
+                                              "(mlenv drill): prints the signal, the pids and when")
+    fault.add_argument("--runs-root", type=Path, metavar="DIR", help=runs_help)
+    fault.add_argument("--run", type=_run_id, required=True, metavar="ID", help="the run")
+    fault.add_argument("--attempt", type=_count, metavar="K", help="default: the newest attempt")
+    fault.add_argument("--node", type=_count, required=True, metavar="R", help="the node rank")
+    fault.add_argument("--target", choices=TARGETS, required=True,
+                       help="node: its supervisor and every process of its share; rank: its highest global rank")
+    fault.add_argument("--signal", choices=sorted(SIGNALS), required=True)
+
     check = commands.add_parser("nccl-log-check", help="tell from NCCL_DEBUG=INFO output what NCCL used")
     check.add_argument("files", nargs="+", metavar="FILE", help="log files ('-' for stdin)")
     check.add_argument("--json", action="store_true", help='print {"verdict", "reason", "nodes", "ranks", ...}')
@@ -389,6 +400,7 @@ _COMMANDS = {
     "policy": _policy,
     "gpus": show_gpus,
     "stacks": show_stacks,
+    "fault": inject,
     "doctor": _doctor,
     "jobs": show_jobs,
     "stop": stop,

@@ -1,0 +1,79 @@
+"""``mlenv drill`` on a local cluster of 2 nodes x 2 ranks (processes): a rank that exits and a frozen node are each
+detected, named, stopped, restarted and resumed at the checkpointed step within the default targets; every phase has
+a time and PASS, the timeline picture is written, the deployment's excluded nodes are as before; bad input (an
+unknown fault, no deployment, a live run) exits 2 and starts nothing."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import assert_shaped, documented_shape
+from tests.integration.local_cluster import FAILING_JOB, LocalProject, make_project, require_local
+
+PHASES = ["detected", "stopped", "started", "resumed"]
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalProject]:
+    require_local("processes")
+    deployed = make_project(tmp_path_factory.mktemp("drill"), "ldr", "10.77.78.0/24", "processes")
+    deployed.ok("deploy", deployed.name)
+    deployed.ok("sync", "--source", str(deployed.source({"sleeper.py": FAILING_JOB})))
+    yield deployed
+    deployed.mlenv("stop")
+    deployed.mlenv("clean", "--delete-data", "--yes")
+
+
+def _runs(project: LocalProject) -> list[str]:
+    return sorted(path.name for path in (project.home / "runs").glob("*")) if (project.home / "runs").is_dir() else []
+
+
+def _drill(project: LocalProject, fault: str) -> dict[str, object]:
+    result = project.mlenv("drill", "--fault", fault, "--json", timeout=400)
+    report = json.loads(result.stdout)
+    assert result.returncode == 0 and report["ok"], (result.stdout, result.stderr[-4000:])
+    assert_shaped(report, documented_shape("drill"))
+    (drill,) = report["drills"]
+    assert drill["fault"] == fault and drill["exit_code"] == 0
+    assert [phase["phase"] for phase in drill["phases"]] == PHASES
+    for phase in drill["phases"]:
+        assert phase["verdict"] == "PASS" and isinstance(phase["seconds"], float), drill["phases"]
+        assert phase["seconds"] >= 0 and (phase["target"] is None or phase["seconds"] <= phase["target"])
+    assert drill["resumed_step"] >= 1 and 0 <= drill["lost_steps"] <= 2, drill
+    run_dir = Path(drill["run_dir"])
+    assert (run_dir / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert json.loads((run_dir / "drill.json").read_text())["verdict"] == "PASS"
+    assert json.loads(project.ok("nodes", "--json").stdout)["excluded"] == []
+    return dict(drill)
+
+
+def test_bad_input_starts_nothing(project: LocalProject, tmp_path: Path) -> None:
+    unknown = project.mlenv("drill", "--fault", "meteor")
+    assert unknown.returncode == 2 and "--fault meteor: not a fault the drill knows" in unknown.stderr
+    preempt = project.mlenv("drill", "--fault", "preempt")
+    assert preempt.returncode == 2 and "the local backend cannot" in preempt.stderr, preempt.stderr
+    undeployed = make_project(tmp_path, "lnd", "10.77.79.0/24", "processes")
+    nothing = undeployed.mlenv("drill", "--fault", "rank-exit")
+    assert nothing.returncode == 2 and "Traceback" not in nothing.stderr, nothing.stderr
+    before = _runs(project)
+    project.ok("launch", "--detach", "sleeper.py")
+    try:
+        live = project.mlenv("drill", "--fault", "rank-exit")
+    finally:
+        project.ok("stop")
+    assert live.returncode == 2 and "the drill runs only where nothing else does" in live.stderr, live.stderr
+    assert len(_runs(project)) == len(before) + 1  # the user's run only: the drill started none
+
+
+def test_a_rank_that_exits(project: LocalProject) -> None:
+    drill = _drill(project, "rank-exit")
+    assert "exited with 1" in drill["phases"][0]["evidence"]
+
+
+def test_a_frozen_node(project: LocalProject) -> None:
+    drill = _drill(project, "node-freeze")
+    assert "node-1 unreachable" in drill["phases"][0]["evidence"]

@@ -1,0 +1,368 @@
+"""``mlenv drill``: how fast a deployment recovers. Ships the runtime with its small training job
+(runtime/drilljob.py: in every node's workspace under ``.mlenv/``, none of the user's files), launches it
+under its own run id and checkpoint directory with ``--max-restarts 1``, puts one fault into it at a step, and
+measures each phase from the runtime's own records: the fault, detected and named (the first failure, the lost node,
+the hung run), every rank stopped, the next attempt started, training resumed at the checkpointed step; the steps
+recomputed and the exit code. Each phase is judged against its target (``drill.targets`` of the cluster file); a
+table, ``--json`` (docs/json.md) and a timeline picture go to runs/<run id>/ (drill.json, timeline.png)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from mlenv.core.capabilities import Feature, LaunchSpec
+from mlenv.core.remote import RUNTIME_DIR
+from mlenv.errors import UsageError
+from mlenv.ops.launch import LaunchResult, launch, run_id
+from mlenv.ops.live import refuse_beside_live
+from mlenv.ops.target import Target, file_cluster
+from mlenv.runtime.records.runlayout import FAILED, HUNG, RUNNING, RankRecord
+from mlenv.runtime.records.runrecord import RunRecord
+
+FAULTS = ("rank-exit", "rank-kill", "node-loss", "node-freeze", "hang", "preempt")
+ALL = "all"
+JOB = f"{RUNTIME_DIR}/mlenv/runtime/drilljob.py"
+"""The job in every node's workspace, where shipping puts the runtime: never among the user's files."""
+SIGNALLED = {"rank-kill": ("rank", "KILL"), "node-loss": ("node", "KILL"), "node-freeze": ("node", "STOP"),
+             "hang": ("rank", "STOP")}
+"""The faults the drill puts in from outside: what it signals on the faulty node (the runtime's ``fault``) and how."""
+NODE_FAULTS = ("node-loss", "node-freeze")
+STEPS, STEP_SECONDS, AT_STEP = 60, 0.25, 10
+HANG_TIMEOUT = 10.0
+"""The launch's --hang-timeout in a hang drill (seconds without output)."""
+POLL_SECONDS = 0.5
+STEP_LINE = re.compile(r"\bstep (\d+)/\d+ t=([\d.]+)")
+RESUMED_LINE = re.compile(r"drill: attempt (\d+) resumed at step (\d+) t=([\d.]+)")
+EXITED_LINE = re.compile(r"drill: rank (\d+) exits with 1 at step \d+ t=([\d.]+)")
+PHASES = ("detected", "stopped", "started", "resumed")
+
+
+@dataclass(frozen=True)
+class Targets:
+    """The most seconds from the fault each phase may take (``drill.targets`` of the cluster file)."""
+
+    dead_rank: float = 5.0
+    lost_node: float = 20.0
+    hang_extra: float = 30.0
+    resumed: float = 120.0
+
+    def of(self, fault: str, phase: str) -> float | None:
+        """``phase``'s target for ``fault`` (None: none, only that it happens)."""
+        if phase == "resumed":
+            return self.resumed
+        if phase != "detected":
+            return None
+        return self.lost_node if fault in NODE_FAULTS else HANG_TIMEOUT + self.hang_extra if fault == "hang" \
+            else self.dead_rank
+
+
+def targets_of(target: Target) -> Targets:
+    """The deployment's cluster file's ``drill.targets`` over the defaults."""
+    cluster = file_cluster(target, "drill.targets")
+    given = cluster.drill_targets if cluster is not None else {}
+    return Targets(**{name: float(value) for name, value in given.items()})
+
+
+def check(target: Target, fault: str) -> list[str]:
+    """The faults to drill (``all``: each this backend can), or UsageError (exit 2, nothing started): a live run,
+    a node fault on one node, a preemption where the backend cannot be preempted or the drill cannot do it yet."""
+    if fault not in (*FAULTS, ALL):
+        raise UsageError(f"--fault {fault}: not a fault the drill knows (one of {', '.join((*FAULTS, ALL))})")
+    from mlenv.ui import warn
+
+    refuse_beside_live(target, "the drill runs only where nothing else does")
+    nodes = target.handle.nodes
+    try:
+        target.backend.info.require(Feature.PREEMPTION)
+        preempt = (f"the drill cannot preempt a run of the {target.backend.name} backend yet (deleting a pod from "
+                   f"outside is not in this version): drill the other faults")
+    except UsageError as exc:
+        preempt = str(exc)
+    cannot = {"preempt": preempt}
+    cannot.update({node_fault: f"--fault {node_fault} needs 2 nodes or more (one of them is lost), and "
+                               f"{target.handle.name} has {nodes}" for node_fault in NODE_FAULTS if nodes < 2})
+    if fault in cannot:
+        raise UsageError(cannot[fault])
+    for skipped in (cannot if fault == ALL else {}).values():
+        warn(f"--fault all: skipped: {skipped}")
+    return [each for each in FAULTS if each not in cannot] if fault == ALL else [fault]
+
+
+@dataclass
+class Watch:
+    """What the drill saw while the launch ran (a thread beside it): when the job reached the step, the fault
+    went in, the failure was recorded and every rank of attempt 0 had ended; the last record of attempt 0."""
+
+    target: Target
+    spec: LaunchSpec
+    fault: str
+    at_step: int
+    node: int
+    done: threading.Event = field(default_factory=threading.Event)
+    fault_at: float | None = None
+    detected_at: float | None = None
+    stopped_at: float | None = None
+    first: RunRecord | None = None
+    problem: str | None = None
+    ended: bool = False
+
+    def run(self) -> None:
+        try:
+            if self.fault in SIGNALLED and not self._reached():  # rank-exit: the job's own, at the step
+                return
+            if self.fault in SIGNALLED:
+                self.fault_at = self._signal(*SIGNALLED[self.fault])
+            self._follow()
+        except Exception as exc:  # said in the report, never as a thread's traceback
+            self.problem = f"{type(exc).__name__}: {exc}"
+        finally:
+            self._end_fault()
+
+    def _reached(self) -> bool:
+        """Whether the job reached the step (its lines in the launch's local logs) before the launch ended."""
+        while not self.done.wait(POLL_SECONDS / 2):
+            logs = sorted(_local_runs(self.spec.run_id).glob("node-*.log"))
+            if max((step for step, _ in _steps(logs)), default=0) >= self.at_step:
+                return True
+        return False
+
+    def _signal(self, what: str, name: str) -> float:
+        access = self.target.backend.access
+        node = next(n for n in access.nodes(self.target.handle) if n.ordinal == self.node)
+        argv = access.exec_argv(self.target.handle, node, access.runtime(
+            self.target.handle, "fault", "--run", self.spec.run_id, "--attempt", "0", "--node", str(self.node),
+            "--target", what, "--signal", name))
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+        lines = done.stdout.strip().splitlines()
+        if done.returncode != 0 or not lines:
+            raise RuntimeError(f"the fault did not go in on node {self.node}: {done.stderr.strip()[-300:]}")
+        return float(json.loads(lines[-1])["at"])
+
+    def _follow(self) -> None:
+        """Read the run's records until its next attempt shows (or the launch ended)."""
+        jobs = self.target.backend.jobs
+        while not self.done.is_set():
+            run = jobs.latest_run(self.target.handle, self.spec.run_id)
+            now = time.time()
+            if run.attempt > 0:
+                self.stopped_at = self.stopped_at or now
+                return
+            self.first = run
+            if self.detected_at is None and (run.first_failure or run.node_faults or run.state == HUNG
+                                             or _dead(run) is not None):
+                self.detected_at = now
+            if self.detected_at is not None and self.stopped_at is None and not any(
+                    rank.state == RUNNING for rank in run.ranks if rank.node not in run.node_faults):
+                self.stopped_at = now
+                self._end_fault()
+            self.done.wait(POLL_SECONDS)
+
+    def _end_fault(self) -> None:
+        """SIGKILL what the fault froze (a frozen node's share, a stopped rank), once: nothing of it outlives
+        attempt 0, and the node takes part in the next attempt."""
+        if not self.ended and (self.fault in NODE_FAULTS or self.fault == "hang"):
+            self.ended = True
+            with contextlib.suppress(Exception):
+                self._signal("node" if self.fault in NODE_FAULTS else "rank", "KILL")
+
+
+def _local_runs(run: str) -> Path:
+    from mlenv.config.discover import project_root
+
+    return project_root() / "runs" / run
+
+
+def _steps(logs: Sequence[Path]) -> Iterator[tuple[int, float]]:
+    """(step, time) of every step line in ``logs``."""
+    for path in logs:
+        with contextlib.suppress(OSError):
+            for match in STEP_LINE.finditer(path.read_text(errors="replace")):
+                yield int(match[1]), float(match[2])
+
+
+def _epoch(text: str | None) -> float | None:
+    return datetime.fromisoformat(text).timestamp() if text else None
+
+
+def _job_args(fault: str, at_step: int) -> tuple[str, ...]:
+    args = ("--steps", str(STEPS), "--step-seconds", str(STEP_SECONDS))
+    return (*args, "--exit-at", str(at_step)) if fault == "rank-exit" else args
+
+
+def drill_one(target: Target, fault: str, at_step: int, targets: Targets) -> dict[str, Any]:
+    """Launch the job, put ``fault`` in at ``at_step``, and report each phase (``--json``'s ``drills`` entry)."""
+    name = target.handle.name
+    spec = LaunchSpec("torchrun", JOB, _job_args(fault, at_step), run_id=run_id(f"{name}-drill"), max_restarts=1,
+                      hang_timeout=HANG_TIMEOUT if fault == "hang" else None,
+                      on_hang="stop" if fault == "hang" else None)
+    watch = Watch(target, spec, fault, at_step, target.handle.nodes - 1)
+    thread = threading.Thread(target=watch.run, name="drill", daemon=True)
+    thread.start()
+    try:
+        result = launch(target, spec, keep=(watch.node,) if fault in NODE_FAULTS else ())
+    finally:
+        watch.done.set()
+        thread.join(timeout=90)
+    return report(fault, at_step, targets, watch, result, target.backend.jobs.latest_run(target.handle, spec.run_id))
+
+
+def report(fault: str, at_step: int, targets: Targets, watch: Watch, result: LaunchResult,
+           final: RunRecord) -> dict[str, Any]:
+    """The drill's phases, each in seconds from the fault with its target and verdict, from what ``watch`` saw,
+    the launch's ``result`` and the run's newest attempt (``final``)."""
+    run_dir = _local_runs(result.run_id)
+    earlier = sorted(run_dir.glob("node-*.log"))
+    later = sorted(run_dir.glob("attempt-*/node-*.log"))
+    first = watch.first
+    fault_at = watch.fault_at
+    if fault == "rank-exit":
+        exits = [float(m[2]) for path in earlier for m in EXITED_LINE.finditer(_read(path))]
+        fault_at = min(exits, default=None)
+    detected, named = watch.detected_at, _named(first)
+    dead = _dead(first)
+    if dead is not None and fault in ("rank-exit", "rank-kill"):  # the supervisor's own record of the death
+        detected = _epoch(dead.ended_at) or detected
+    stopped = watch.stopped_at
+    if first is not None:
+        ends = [_epoch(r.ended_at) for r in first.ranks if r.node not in first.node_faults]
+        if ends and all(ends):
+            stopped = max(e for e in ends if e is not None)
+            if fault not in ("rank-exit", "rank-kill") and detected is not None:  # seen late by polling: the
+                detected = min(detected, *(e for e in ends if e is not None))  # stop it caused came first
+    restarted = final.attempt > 0
+    started = min((t for r in final.ranks if (t := _epoch(r.started_at))), default=None) if restarted else None
+    resumes = [(int(m[2]), float(m[3])) for path in later for m in RESUMED_LINE.finditer(_read(path))]
+    resumed_step = resumes[0][0] if resumes else None
+    after = sorted(t for _, t in _steps(later))
+    resumed = after[0] if after and resumed_step else None
+    last = max((step for step, _ in _steps(earlier)), default=None)
+    lost = last - resumed_step if last is not None and resumed_step is not None else None
+    times = {"detected": detected, "stopped": stopped, "started": started, "resumed": resumed}
+    evidence = {"detected": named, "stopped": "every rank of attempt 0 ended" + (
+        f" (node {', '.join(map(str, sorted(first.node_faults)))} lost)" if first and first.node_faults else ""),
+        "started": f"attempt {final.attempt}" if restarted else "no next attempt",
+        "resumed": f"at step {resumed_step} (checkpointed), {lost} steps recomputed"
+        if resumed_step is not None else "never resumed from a checkpoint"}
+    phases = []
+    for phase in PHASES:
+        at = times[phase]
+        seconds = round(at - fault_at, 2) if at is not None and fault_at is not None else None
+        limit = targets.of(fault, phase)
+        passed = seconds is not None and (limit is None or seconds <= limit)
+        phases.append({"phase": phase, "seconds": seconds, "target": limit,
+                       "verdict": "PASS" if passed else "FAIL", "evidence": evidence[phase]})
+    ok = all(p["verdict"] == "PASS" for p in phases) and result.exit_code == 0 and watch.problem is None
+    return {"fault": fault, "run_id": result.run_id, "run_dir": str(run_dir), "at_step": at_step,
+            "node": None if fault == "rank-exit" else watch.node,
+            "fault_at": datetime.fromtimestamp(fault_at, timezone.utc).isoformat(timespec="milliseconds")
+            if fault_at is not None else None, "phases": phases, "resumed_step": resumed_step,
+            "last_step": last, "lost_steps": lost, "exit_code": result.exit_code, "problem": watch.problem,
+            "verdict": "PASS" if ok else "FAIL", "timeline": str(run_dir / "timeline.png"),
+            "ranks": _spans(first, final, fault_at)}
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def _dead(run: RunRecord | None) -> RankRecord | None:
+    """The rank of attempt 0 that failed first (its own failure, not a stop), as its supervisor recorded it: the
+    run's first failure, else the earliest to end failed (node 0 may not have named it yet when the drill last read
+    attempt 0)."""
+    ranks = sorted((r for r in (run.ranks if run is not None else ()) if r.state == FAILED and r.ended_at),
+                   key=lambda r: r.ended_at or "")
+    failure = run.first_failure if run is not None else None
+    return next((r for r in ranks if failure is None or r.rank == failure.rank), None)
+
+
+def _named(run: RunRecord | None) -> str:
+    """Who was named, and why, as the records say it."""
+    dead = _dead(run)
+    if run is None:
+        return "nothing recorded"
+    if run.first_failure is not None:
+        failure = run.first_failure
+        return f"rank {failure.rank} (node-{failure.node}) {failure.reason}"
+    if run.node_faults:
+        return "; ".join(f"node-{node} {fault.sign}: {fault.evidence}"
+                         for node, fault in sorted(run.node_faults.items()))
+    if run.stacks:
+        return f"hung: every rank's stack in {run.stacks}"
+    if dead is not None:
+        how = f"killed by {dead.signal}" if dead.signal else f"exited with {dead.exit_code}"
+        return f"rank {dead.rank} (node-{dead.node}, pid {dead.pid}) {how}"
+    return f"nothing named (the run read {run.state})"
+
+
+def _spans(first: RunRecord | None, final: RunRecord, fault_at: float | None) -> list[dict[str, Any]]:
+    """Each rank's attempts, in seconds from the fault: ``[{"rank", "attempts": [[start, end, K], ...]}]``."""
+    zero = fault_at or 0.0
+    rows: dict[int, list[list[float]]] = {}
+    runs = [run for run in (first, final if final.attempt > 0 else None) if run is not None]
+    for run in runs:
+        for rank in run.ranks:
+            start, end = _epoch(rank.started_at), _epoch(rank.ended_at) or time.time()
+            if start is not None:
+                rows.setdefault(rank.rank, []).append([round(start - zero, 2), round(end - zero, 2), run.attempt])
+    return [{"rank": rank, "attempts": spans} for rank, spans in sorted(rows.items())]
+
+
+def run_drill(target: Target, fault: str, at_step: int = AT_STEP, as_json: bool = False) -> int:
+    """Drill ``fault`` (or each, ``all``) on ``target``; print the table or JSON; 1 when a phase FAILed."""
+    from mlenv.errors import OperationError
+    from mlenv.ops.doctor import ship_runtime
+    from mlenv.ops.plot import write_timeline
+    from mlenv.ui import print_json
+
+    faults = check(target, fault)
+    targets = targets_of(target)
+    drills = []
+    with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():
+        failed = ship_runtime(target.backend.access, target.handle)
+        if failed:
+            raise OperationError(f"cannot copy the drill's job to the nodes: {'; '.join(failed)}")
+        for name in faults:
+            drill = drill_one(target, name, at_step, targets)
+            run_dir = Path(drill["run_dir"])
+            marks = [("FAULT", 0.0), *((p["phase"].upper(), p["seconds"]) for p in drill["phases"]
+                                       if p["seconds"] is not None)]
+            write_timeline(run_dir / "timeline.png",
+                           [(row["rank"], [tuple(span) for span in row["attempts"]]) for row in drill["ranks"]],
+                           marks)
+            (run_dir / "drill.json").write_text(json.dumps(drill, indent=2) + "\n")
+            drills.append(drill)
+    summary = {"ok": all(d["verdict"] == "PASS" for d in drills), "cluster": target.handle.name, "drills": drills}
+    if as_json:
+        print_json(summary)
+    else:
+        _print(drills)
+    return 0 if summary["ok"] else 1
+
+
+def _print(drills: Sequence[Mapping[str, Any]]) -> None:
+    from mlenv.ui import judged, say, table
+
+    for drill in drills:
+        table(f"drill {drill['fault']} at step {drill['at_step']} (run {drill['run_id']}, exit {drill['exit_code']})",
+              ["PHASE", "SECONDS", "TARGET", "VERDICT", "EVIDENCE"],
+              [[p["phase"], "-" if p["seconds"] is None else f"{p['seconds']:.2f}",
+                "-" if p["target"] is None else f"<= {p['target']:g}", p["verdict"], p["evidence"]]
+               for p in drill["phases"]])
+        if drill["problem"]:
+            say(f"the drill itself: {drill['problem']}")
+        judged(drill["verdict"], f"{drill['fault']}: lost work {drill['lost_steps']} steps; timeline "
+                                 f"{drill['timeline']}")

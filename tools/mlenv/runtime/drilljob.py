@@ -1,0 +1,61 @@
+"""The training job of ``mlenv drill``, shipped with the runtime (``.mlenv/mlenv/runtime/drilljob.py`` in every
+node's workspace: none of the user's files) and run as a script, never imported by mlenv; torch is imported when it
+runs (the runtime itself stays standard library only). A few numbers all-reduced over gloo each step; the step
+checkpointed under ``MLENV_CHECKPOINT_DIR`` by each node's local rank 0 after every step (one small JSON file,
+written atomically), resumed from the newest on the next attempt. Rank 0 prints ``drill: attempt K resumed at step
+S t=EPOCH`` once and ``step N/TOTAL t=EPOCH`` after each step. With ``--exit-at N`` the highest global rank exits 1
+at step N of attempt 0 (the drill's rank-exit)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def main() -> int:
+    """Train ``--steps`` steps from the checkpoint's, ``--step-seconds`` each."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--step-seconds", type=float, default=0.25)
+    parser.add_argument("--exit-at", type=int, default=-1)
+    args = parser.parse_args()
+    torch: Any = importlib.import_module("torch")
+    dist: Any = importlib.import_module("torch.distributed")
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    attempt = int(os.environ.get("MLENV_RESTART_COUNT") or 0)
+    checkpoint = Path(os.environ.get("MLENV_CHECKPOINT_DIR") or "checkpoints/drill") / "drill.json"
+    found = torch.tensor([int(json.loads(checkpoint.read_text())["step"]) if checkpoint.exists() else 0])
+    dist.all_reduce(found, op=dist.ReduceOp.MAX)  # a node without the checkpoint (a new one) starts with the rest
+    start = int(found.item())
+    if rank == 0:
+        print(f"drill: attempt {attempt} resumed at step {start} t={time.time():.3f}", flush=True)
+    weights = torch.zeros(4)
+    for step in range(start + 1, args.steps + 1):
+        time.sleep(args.step_seconds)
+        if step == args.exit_at and attempt == 0 and rank == world - 1:
+            print(f"drill: rank {rank} exits with 1 at step {step} t={time.time():.3f}", flush=True)
+            return 1
+        grad = torch.ones(4)
+        dist.all_reduce(grad)
+        weights += grad / world
+        if os.environ.get("LOCAL_RANK") == "0":  # every node keeps one: a workspace need not be shared
+            checkpoint.parent.mkdir(parents=True, exist_ok=True)
+            partial = checkpoint.with_name(".drill.json.tmp")
+            partial.write_text(json.dumps({"step": step, "weights": weights.tolist()}))
+            partial.replace(checkpoint)
+        if rank == 0:
+            print(f"step {step}/{args.steps} t={time.time():.3f}", flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
