@@ -7,13 +7,16 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from mlenv.runtime.forensics.stacks import (
+    DUMP_WAIT_SECONDS,
     FAULTHANDLER_FILE,
     STACK_SIGNAL,
     Frame,
@@ -136,6 +139,27 @@ def test_the_signal_goes_only_to_a_process_that_catches_it(tmp_path: Path) -> No
                             native=False, method="faulthandler", dumps=tmp_path)
         assert taken.frames == [] and "does not catch SIGRTMIN+6" in str(taken.error)
         assert process.poll() is None  # still alive: it was never sent the signal
+    finally:
+        process.kill()
+        process.wait()
+
+
+@pytest.mark.parametrize("method", ["py-spy", "faulthandler", "auto"])
+def test_a_stopped_rank_is_said_at_once(tmp_path: Path, method: str) -> None:
+    """A SIGSTOPped rank would answer neither py-spy nor faulthandler (which waits for its dump): said, not waited
+    for."""
+    process = _start(WAITER, {k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    try:
+        os.kill(process.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 10
+        while "T" not in (PROC / str(process.pid) / "stat").read_text().rpartition(")")[2].split()[:1]:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        started = time.monotonic()
+        taken = sample_rank({"rank": 0, "local_rank": 0, "node": 0, "host": "h", "pid": process.pid},
+                            native=False, method=method, dumps=tmp_path)
+        assert taken.frames == [] and str(taken.error).startswith("the process is stopped (SIGSTOP"), taken
+        assert time.monotonic() - started < DUMP_WAIT_SECONDS  # not the faulthandler wait
     finally:
         process.kill()
         process.wait()

@@ -91,6 +91,12 @@ def alive(pid: int, proc_root: Path) -> bool:
     return stat is not None and stat.rpartition(")")[2].split()[:1] != ["Z"]
 
 
+def stopped(pid: int, proc_root: Path) -> bool:
+    """Whether ``pid`` is stopped (state ``T``, or ``t`` traced) and so cannot run a signal handler."""
+    stat = read_text(proc_root / str(pid) / "stat")
+    return stat is not None and stat.rpartition(")")[2].split()[:1] in (["T"], ["t"])
+
+
 def catches(pid: int, signum: int, proc_root: Path) -> bool:
     """Whether ``pid`` has a handler for ``signum`` (bit ``signum - 1`` of ``SigCgt`` in its status)."""
     return _signal_bit(pid, "SigCgt", signum, proc_root)
@@ -225,6 +231,9 @@ def sample_rank(rank: Mapping[str, object], *, native: bool, method: str, dumps:
     pid = int(str(rank["pid"]))
     base = RankStack(int(str(rank["rank"])), int(str(rank["local_rank"])), int(str(rank["node"])),
                      str(rank["host"]), pid, native)
+    if stopped(pid, proc_root):  # SIGSTOP, or a debugger: neither py-spy nor faulthandler would answer
+        return RankStack(**{**asdict(base), "error": "the process is stopped (SIGSTOP, or a debugger holds it): "
+                                                     "no stack to take"})
     errors = []
     py_spy = find_py_spy() if method in ("auto", "py-spy") else None
     if method in ("auto", "py-spy"):

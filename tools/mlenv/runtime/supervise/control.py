@@ -48,7 +48,7 @@ MESSAGE_LIMIT = 64 << 20
 BEAT_SECONDS = 2.0
 """How often each end of a connection says it is alive (from a thread of its own: a supervisor busy sampling stacks
 still beats)."""
-SILENCE_SECONDS = 20.0
+SILENCE_SECONDS = 15.0
 """A connected node (or node 0) heard nothing from this long is lost: frozen, or cut off without a closed
 connection."""
 SECRET_VARIABLE = "MLENV_CONTROL_SECRET"  # noqa: S105 (the name of a variable)
