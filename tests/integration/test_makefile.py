@@ -322,7 +322,7 @@ def test_a_second_clean_keeping_data_says_nothing_was_left(tmp_path: Path) -> No
     """The workspaces stay after a clean without --delete-data: a second clean says the pods were cleaned before
     (it removes nothing, so it names no pod removed); --delete-data then deletes the workspaces."""
     require_local("processes")
-    project = make_project(tmp_path, "kept", "10.77.78.0/24", "processes")
+    project = make_project(tmp_path, "kept", "10.77.80.0/24", "processes")
     project.ok("deploy", project.name)
     first = project.ok("clean", "--cluster", project.name).stderr
     assert "pod kept-app-0 removed" in first and "pod kept-app-1 removed" in first, first
