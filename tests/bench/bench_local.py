@@ -51,7 +51,7 @@ def _launch_rows(home: Path) -> list[dict[str, object]]:
     project.ok("deploy", project.name)
     try:
         project.ok("sync", "--source", str(source))
-        netns = str(project.status()[0]["node"]) if isolation == "namespaces" else None  # its network namespace
+        netns = str(project.status()[0]["host"]) if isolation == "namespaces" else None  # its network namespace
         by_hand = median_time(_by_hand(source, netns), REPEAT)
         launch = median_time(_mlenv(project, "launch", "--launcher", "torchrun", "tiny.py"), REPEAT)
     finally:
