@@ -415,8 +415,8 @@ def _failed_first(run: RunRecord | None, outcome: LaunchOutcome,
     failure = run.first_failure if run is not None else None
     if failure is not None and failure.node in outcome.node_exit_codes:
         return failure.node, failure.exit_code, failure
-    lost = [node for node, fault in (run.node_faults.items() if run is not None else ()) if fault.sign in LOST
-            and node in outcome.node_exit_codes]  # a node lost (frozen, cut off) stops the others: it is the cause
+    lost = [node for node in outcome.node_exit_codes
+            if _lost(run, node) is not None]  # a node lost (frozen, cut off) stops the others: it is the cause
     node = lost[0] if lost else ended_first
     return node, outcome.node_exit_codes[node], None
 

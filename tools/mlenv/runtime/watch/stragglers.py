@@ -45,6 +45,7 @@ class StragglerWatch(BaseObserver):
         self.asked: tuple[int, float] | None = None  # this node: (token, when to read)
         self.reports: dict[int, dict[str, Any]] = {}  # the hub: node -> its last report, on the hub's clock
         self.named: list[str] = []
+        self.recorded: list[dict[str, Any]] | None = None  # node 0: the verdict in its state.json
 
     def tick(self, now: float) -> None:
         if self.control is None:
@@ -110,8 +111,9 @@ class StragglerWatch(BaseObserver):
         verdict = stragglers(arrivals, node_of, hosts)
         if not verdict["collectives"]:
             return
-        if control.node == 0:
-            control.record(stragglers=verdict["stragglers"])  # [] once judged: status tells "none" from "not yet"
+        if control.node == 0 and verdict["stragglers"] != self.recorded:
+            self.recorded = verdict["stragglers"]
+            control.record(stragglers=self.recorded)  # [] once judged: status tells "none" from "not yet"
         names = [str(entry.get("rank", f"node-{entry['node']}")) for entry in verdict["stragglers"]]
         if names != self.named and (names or self.named):
             self.named = names
