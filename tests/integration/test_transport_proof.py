@@ -34,7 +34,7 @@ if os.environ["LOCAL_RANK"] == "0" and log != "-":  # one rank per node prints w
 print("step 1/3 loss 0.5", flush=True)
 if then == "train":
     time.sleep(300)
-sys.exit(int(then))
+sys.exit(int(then) if os.environ["LOCAL_RANK"] == "0" else 0)  # the code comes once the node's log was printed
 """
 
 
