@@ -83,6 +83,9 @@ def test_runs_lists_every_run_and_one_run_is_shown_by_its_id(project: LocalProje
     assert found[failed["run_id"]] == ("failed", 3, 1), runs
     assert (runs[2]["state"], runs[2]["exit_code"], runs[2]["attempts"]) == ("succeeded", 0, 2), runs
     assert all(isinstance(run["duration"], float) and run["duration"] >= 0 for run in runs), runs
+    in_status = json.loads(project.ok("status", "--json").stdout)["runs"]  # the same facts, oldest first
+    assert [(run["id"], run["state"], run["exit_code"], run["attempts"], run["duration"]) for run in in_status] == \
+        [(run["id"], run["state"], run["exit_code"], run["attempts"], run["duration"]) for run in reversed(runs)]
     table = project.ok("runs").stdout
     assert "FAILURE" in table and "exited with 3: failing on purpose" in table, table
     shown = project.ok("logs", str(succeeded["run_id"]), timeout=60).stdout  # an older run's output, not the newest's

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import datetime, timezone
 from functools import partial
 from typing import Any
 
@@ -10,9 +11,10 @@ from mlenv import state
 from mlenv.core.capabilities import Feature, Handle, NodeStatus
 from mlenv.core.registry import Backend
 from mlenv.errors import MlenvError, UsageError
-from mlenv.ops.runs import find, recorded_runs
+from mlenv.ops.runs import distinct, entry, find, recorded_runs
 from mlenv.ops.target import backend_of, resolve
 from mlenv.runtime.records.runlayout import FAILED, HUNG, RUNNING, STOPPED, SUCCEEDED
+from mlenv.runtime.records.runrecord import RunRecord
 from mlenv.ui import error, print_json, say, table
 
 
@@ -20,13 +22,16 @@ def _report(handle: Handle, recorded: state.Deployment | None, current: str | No
             backend: Callable[[], Backend], gpus: bool = False, run_id: str | None = None) -> dict[str, Any]:
     """What status shows of ``handle``, asking the ``backend()``; with ``tolerant`` any failure (an unknown backend
     included) becomes the report's error; with ``gpus`` each node's GPU state too (``gpu_state``); with ``run_id``
-    that run in place of the latest (``latest_run``, ``run_states``)."""
+    that run in place of the latest (``latest_run``, ``run_states``). Each of ``runs`` is what the deployment
+    recorded of the run with its state, exit code, attempts and duration as ``mlenv runs`` reads them (unknown
+    where the backend was not asked)."""
+    listed = distinct(recorded_runs(handle.name, recorded))
     report: dict[str, Any] = {
         "name": handle.name, "cluster": handle.name, "backend": handle.backend, "mode": handle.mode,
         "nodes": handle.nodes, "namespace": handle.data.get("namespace"), "current": handle.name == current,
         "deployed": recorded is not None,
         "cluster_file": recorded.cluster_file if recorded else None,
-        "runs": recorded_runs(handle.name, recorded),
+        "runs": _described(handle.name, listed, {}),
         "deploy": dict(recorded.deploy) if recorded else None,
         "latest_run": None,  # the latest detached run, as its nodes' supervisors recorded it (docs/runs.md)
         "run_states": {},  # its state on each node, by ordinal
@@ -37,8 +42,11 @@ def _report(handle: Handle, recorded: state.Deployment | None, current: str | No
         made = backend()
         never_ready = recorded is not None and recorded.deploy["state"] == state.FAILED
         report["pods"] = [pod_row(row, never_ready) for row in made.deploy.status(handle)]
-        if report["runs"] and report["pods"] and made.info.supports(Feature.JOBS):
-            run = made.jobs.latest_run(handle, run_id or report["runs"][-1]["id"])  # as its nodes' supervisors said
+        if listed and report["pods"] and made.info.supports(Feature.JOBS):
+            records = made.jobs.runs(handle, [str(run["id"]) for run in listed])  # as their nodes' supervisors said
+            report["runs"] = _described(handle.name, listed, records)
+            wanted = run_id or str(listed[-1]["id"])
+            run = records.get(wanted) or made.jobs.latest_run(handle, wanted)
             report["run_states"] = {str(n): s for n, s in run.nodes.items()}
             report["latest_run"] = run.to_dict()
         if gpus and report["pods"]:
@@ -56,6 +64,12 @@ def _report(handle: Handle, recorded: state.Deployment | None, current: str | No
     if recorded is None:
         report["excluded"] = list(state.load().excluded_of(handle.name))
     return report
+
+
+def _described(name: str, listed: list[dict[str, Any]], records: dict[str, RunRecord]) -> list[dict[str, Any]]:
+    """``runs`` of status: each recorded run (oldest first) with what its nodes did (``mlenv runs``' fields)."""
+    now = datetime.now(timezone.utc)
+    return [{**run, **entry(name, run, records.get(str(run["id"])), now)} for run in listed]
 
 
 def pod_row(row: NodeStatus, never_ready: bool = False) -> dict[str, Any]:
@@ -91,9 +105,9 @@ def _print(report: dict[str, Any]) -> None:
           [[row["pod"], row["host"] or "-", row["phase"], "yes" if row["ready"] else "no", row["restarts"],
             row["gpus"], row["ip"] or "-", *[row["rdma_devices"] or "-"][:rdma],
             *[row["extra"].get(c, "") for c in extra], *[row["detail"] or ""][:detail]] for row in rows])
-    for entry in report["excluded"]:
-        print(f"excluded: node-{entry['node']} ({entry.get('host', '-')}) since {entry.get('since', '-')}: "
-              f"{entry.get('reason', '-')}; mlenv nodes --forget-excluded clears")
+    for excluded in report["excluded"]:
+        print(f"excluded: node-{excluded['node']} ({excluded.get('host', '-')}) since {excluded.get('since', '-')}: "
+              f"{excluded.get('reason', '-')}; mlenv nodes --forget-excluded clears")
     if report["runs"]:
         run = report.get("latest_run") or {}
         latest = next((r for r in reversed(report["runs"]) if r.get("id") == run.get("id")), report["runs"][-1])
