@@ -1,6 +1,7 @@
 """A node that stops answering without closing a connection (its supervisor and ranks SIGSTOPped, as a hung kernel
 or a cut cable): on a local cluster of 2 nodes x 2 ranks, an attached launch names node 1 lost within the control
-channel's silence (15 s), stops node 0, and ends within 60 s of the freeze; the run records node 1 unreachable."""
+channel's silence (the cluster file's ``launch.node_silence``, 8 s here), stops node 0, and ends within 60 s of the
+freeze; the run records node 1 unreachable."""
 
 from __future__ import annotations
 
@@ -35,6 +36,8 @@ for step in range(3000):
 def project(tmp_path: Path) -> Iterator[LocalProject]:
     require_local("processes")
     deployed = make_project(tmp_path, "lfz", "10.77.77.0/24", "processes")
+    cluster_file = deployed.home / "clusters" / "lfz.yaml"
+    cluster_file.write_text(cluster_file.read_text() + "launch:\n  node_silence: 8\n")
     deployed.ok("deploy", deployed.name)
     deployed.ok("sync", "--source", str(deployed.source({"steps.py": JOB})))
     yield deployed
@@ -81,8 +84,8 @@ def test_a_frozen_node_is_named_lost_and_the_launch_ends(project: LocalProject) 
         _signal(supervisor, cgroup, signal.SIGKILL)  # what the launch's own stop left, if anything
         launch.kill()
     assert launch.returncode not in (0, None) and ended < 60, (ended, out[-2000:], err[-3000:])
-    assert "error: node-1 was lost (unreachable: node 0 heard nothing from it for 15 s); the other nodes were " \
+    assert "error: node-1 was lost (unreachable: node 0 heard nothing from it for 8 s); the other nodes were " \
            "stopped." in err, err[-3000:]
-    assert "node 1 stopped answering (nothing heard for 15 s: frozen, or cut off)" in out + err
+    assert "node 1 stopped answering (nothing heard for 8 s: frozen, or cut off)" in out + err
     run = json.loads(project.ok("status", "--json").stdout)["latest_run"]
     assert run["node_faults"]["1"]["sign"] == "unreachable", run["node_faults"]

@@ -23,7 +23,7 @@ from mlenv.ops.launch import settings
 
 from tests.helpers import ROOT, invoke
 
-LAUNCH = "launch:\n  hang_timeout: 40\n  idle_minutes: 30m\n  idle_util: 7\n  max_restarts: 3\n"
+LAUNCH = "launch:\n  hang_timeout: 40\n  idle_minutes: 30m\n  idle_util: 7\n  max_restarts: 3\n  node_silence: 9\n"
 
 
 @pytest.fixture
@@ -98,7 +98,8 @@ def test_a_cluster_file_that_no_longer_loads_is_warned_about_once(deployed: Path
     assert result.exit_code == 0, result.output
     warnings = [line for line in result.stderr.splitlines() if " not read: " in line]
     assert len(warnings) == 1, result.stderr
-    assert warnings[0].startswith("WARNING: launch.hang_timeout, launch.idle_minutes, network.expect_transport, "
+    assert warnings[0].startswith("WARNING: launch.hang_timeout, launch.idle_minutes, launch.node_silence, "
+                                  "network.expect_transport, "
                                   "launch.max_restarts not read: "), warnings
     typed = invoke("launch", "-c", "olivia", "--max-restarts", "1", "--expect-transport", "any", "--dry-run", "t.py")
     assert [line for line in typed.stderr.splitlines() if " not read: " in line] == [
@@ -110,6 +111,7 @@ def test_the_cluster_file_over_the_defaults_and_what_was_typed_over_both(deploye
                                      "expect_transport": None, "max_restarts": None}
     read = settings("olivia", **nothing_typed)
     assert (read.hang_timeout, read.idle_seconds, read.idle_util, read.max_restarts) == (40, 1800, 7, 3)
+    assert read.spec("torchrun", "t.py", (), None, False, ()).watchdog_options()[-2:] == ["--node-silence", "9"]
     assert read.target.recorded is not None and read.run_id.endswith("-olivia")
     typed = settings(None, **{**nothing_typed, "hang_timeout": 5.0, "on_hang": "stop", "on_idle": "stop",
                               "expect_transport": "sockets", "max_restarts": 0})
@@ -122,6 +124,7 @@ def test_the_cluster_file_over_the_defaults_and_what_was_typed_over_both(deploye
     default = settings(None, **nothing_typed)
     assert (default.hang_timeout, default.idle_seconds, default.idle_util, default.max_restarts) == (
         None, None, None, 0)
+    assert "--node-silence" not in default.spec("torchrun", "t.py", (), None, False, ()).watchdog_options()
 
 
 @pytest.mark.parametrize(("options", "message"), [

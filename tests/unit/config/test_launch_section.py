@@ -1,5 +1,6 @@
 """``launch.hang_timeout`` (the default of ``mlenv launch --hang-timeout``, a positive number of seconds) and the
-idle-GPU watch's ``launch.idle_minutes`` (a duration) and ``launch.idle_util`` (percent)."""
+idle-GPU watch's ``launch.idle_minutes`` (a duration) and ``launch.idle_util`` (percent), and the control channel's
+``launch.node_silence`` (seconds)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,11 @@ def test_hang_timeout_is_read(tmp_path: Path) -> None:
 def test_hang_timeout_must_be_positive_seconds(tmp_path: Path, value: str) -> None:
     found = problems(tmp_path / "c.yaml", LOCAL + f"launch:\n  hang_timeout: {value}\n")
     assert len(found) == 1 and "launch.hang_timeout" in found[0], found
+
+
+def test_node_silence_is_read(tmp_path: Path) -> None:
+    assert loaded(tmp_path / "c.yaml", LOCAL).node_silence is None
+    assert loaded(tmp_path / "c.yaml", LOCAL + "launch:\n  node_silence: 8.5\n").node_silence == 8.5
 
 
 def test_launch_takes_only_known_keys(tmp_path: Path) -> None:
@@ -48,6 +54,8 @@ def test_idle_minutes_is_a_duration_in_seconds_or_with_a_unit(tmp_path: Path, wr
     ("idle_util", "101", "a percentage from 0 to 100"),
     ("idle_util", "-1", "a percentage from 0 to 100"),
     ("idle_util", "5%", "a percentage from 0 to 100"),
+    ("node_silence", "0", "a positive number of seconds"),
+    ("node_silence", "20s", "a positive number of seconds"),
 ])
 def test_bad_idle_settings_are_one_line_with_their_place(tmp_path: Path, key: str, value: str,
                                                          expected: str) -> None:

@@ -172,6 +172,8 @@ class Cluster(NamedTuple):
     notes: str | None
     hang_timeout: float | None = None
     """launch.hang_timeout: the default of ``mlenv launch --hang-timeout``."""
+    node_silence: float | None = None
+    """launch.node_silence: seconds a silent node is waited for before it is lost (None: the runtime's 15)."""
     drill_targets: Mapping[str, float] = field(default_factory=dict)
     """``drill.targets``: seconds per phase of ``mlenv drill`` (dead_rank, lost_node, hang_extra, resumed) over its
     defaults."""

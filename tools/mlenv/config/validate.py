@@ -252,6 +252,7 @@ def build_cluster(loaded: LoadedFile, table: BackendTable) -> Cluster:
         settings=reader.backend.parse_settings(reader),
         notes=reader.get("notes"),
         hang_timeout=reader.get("launch", "hang_timeout"),
+        node_silence=reader.get("launch", "node_silence"),
         drill_targets=dict(reader.get("drill", "targets", default={})),
         idle_seconds=_seconds_or_none(reader.get("launch", "idle_minutes")),
         idle_util=reader.get("launch", "idle_util"),

@@ -182,15 +182,19 @@ class LaunchSpec:
     """``stop``: the idle watch also stops the job (exit code 125); None or ``warn``: it only says so."""
     on_straggler: str | None = None
     """``exclude``: a straggler's node is left out at the next restart; None or ``warn``: it is only named."""
+    node_silence: float | None = None
+    """launch.node_silence: seconds a node may stay silent before it is lost (None: the runtime's default)."""
 
     def watchdog_options(self) -> list[str]:
-        """The runtime launch's options for the hang watchdog, the idle-GPU watch and the straggler watch."""
+        """The runtime launch's options for the hang watchdog, the idle-GPU watch, the straggler watch and the
+        control channel's silence."""
         idle = ["--idle-seconds", str(self.idle_seconds),
                 *(["--idle-util", f"{self.idle_util:g}"] if self.idle_util is not None else []),
                 *(["--on-idle", self.on_idle] if self.on_idle == "stop" else [])] if self.idle_seconds else []
         return [*(["--hang-timeout", f"{self.hang_timeout:g}"] if self.hang_timeout else []),
                 *(["--on-hang", self.on_hang] if self.on_hang else []), *idle,
-                *(["--on-straggler", self.on_straggler] if self.on_straggler == "exclude" else [])]
+                *(["--on-straggler", self.on_straggler] if self.on_straggler == "exclude" else []),
+                *(["--node-silence", f"{self.node_silence:g}"] if self.node_silence else [])]
 
 
 @dataclass(frozen=True)

@@ -108,6 +108,7 @@ class LaunchSettings:
     max_restarts: int
     max_preemptions: int | None = None
     on_straggler: str | None = None
+    node_silence: float | None = None
 
     def spec(self, launcher: str, script: str, args: tuple[str, ...], nproc: int | None, detach: bool,
              secrets: tuple[str, ...]) -> LaunchSpec:
@@ -115,7 +116,7 @@ class LaunchSettings:
         return LaunchSpec(launcher, script, args, nproc, self.run_id, detach, secrets, self.expect_transport,
                           self.hang_timeout, self.on_hang, self.max_restarts, self.max_preemptions,
                           idle_seconds=self.idle_seconds, idle_util=self.idle_util, on_idle=self.on_idle,
-                          on_straggler=self.on_straggler)
+                          on_straggler=self.on_straggler, node_silence=self.node_silence)
 
 
 def settings(cluster_ref: str | None, *, hang_timeout: float | None, on_hang: str | None, on_idle: str | None,
@@ -132,6 +133,7 @@ def settings(cluster_ref: str | None, *, hang_timeout: float | None, on_hang: st
         raise UsageError(f"--hang-timeout: expected a positive number of seconds, got {hang_timeout:g}")
     target = resolve(cluster_ref)
     wanted = [name for name, typed in (("launch.hang_timeout", hang_timeout), ("launch.idle_minutes", None),
+                                       ("launch.node_silence", None),
                                        ("network.expect_transport", expect_transport),
                                        ("launch.max_restarts", max_restarts)) if typed is None]
     cluster = file_cluster(target, ", ".join(wanted))
@@ -144,7 +146,7 @@ def settings(cluster_ref: str | None, *, hang_timeout: float | None, on_hang: st
     return LaunchSettings(target, run_id(target.handle.name), hang_timeout, on_hang, idle_seconds, idle_util, on_idle,
                           expect_transport or (cluster.expect_transport if cluster else None),
                           max_restarts if max_restarts is not None else cluster.max_restarts if cluster else 0,
-                          max_preemptions, on_straggler)
+                          max_preemptions, on_straggler, cluster.node_silence if cluster else None)
 
 
 def dry_run(target: Target, spec: LaunchSpec) -> str:

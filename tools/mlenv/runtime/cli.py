@@ -30,6 +30,7 @@ from .records.runlayout import (
     write_atomic,
     write_json,
 )
+from .supervise.control import SILENCE_SECONDS
 from .supervise.detached import restart, start_node, wait_as_standby
 from .supervise.faults import SIGNALS, TARGETS, inject
 from .supervise.jobs import BadInput, JobError
@@ -159,6 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--on-straggler", choices=["warn", "exclude"],
                      help="a rank (or node) that enters collectives last and holds the job back is named; exclude "
                           "also gives its node the node-fault sign straggler (left out at the next restart)")
+    run.add_argument("--node-silence", type=_hang_seconds, metavar="SECONDS",
+                     help=f"a node heard nothing from for this long is lost: stopped and judged unreachable "
+                          f"(default: {SILENCE_SECONDS:g})")
     run.add_argument("--max-restarts", type=_count, default=0, metavar="N",
                      help="with --detach: when the job fails (not when it is stopped), start it again on this node, "
                           "up to N times, as attempt K+1 (MLENV_RESTART_COUNT) of the same run")
@@ -327,7 +331,8 @@ def _launch(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         return start_node(args, environ, launcher, job, run_dir)
     return launch(job, launcher=launcher, environ=environ, nproc=args.nproc, run_dir=run_dir,
                   dry_run=args.dry_run, node_log=args.exit_file is None or not args.detached_supervisor,
-                  expect_transport=args.expect_transport, observers=observers_for(args, environ))
+                  expect_transport=args.expect_transport, observers=observers_for(args, environ),
+                  node_silence=args.node_silence)
 
 
 def _doctor(args: argparse.Namespace, environ: Mapping[str, str]) -> int:

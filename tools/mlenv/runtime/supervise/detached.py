@@ -91,6 +91,7 @@ def _launch_argv(args: argparse.Namespace, launcher: str, run_dir: Path) -> list
             *(["--idle-util", str(args.idle_util)] if args.idle_util is not None else []),
             *(["--on-idle", args.on_idle] if args.on_idle else []),
             *(["--on-straggler", args.on_straggler] if args.on_straggler else []),
+            *(["--node-silence", str(args.node_silence)] if args.node_silence else []),
             *(["--max-restarts", str(args.max_restarts)] if args.max_restarts else [])]
 
 

@@ -33,6 +33,7 @@ from ..records.restartpolicy import NODE_CHECK
 from ..records.runlayout import FAILED, NodeDir, NodeFault, attempt_of, write_json
 from ..watch.protocol import Observer
 from ..watch.transportproof import Expectation, debug_env, expectation
+from .control import SILENCE_SECONDS
 from .rankoutput import Sinks
 from .supervisor import Supervisor, handling_user_signals
 
@@ -140,11 +141,13 @@ def launch(
     node_log: bool = True,
     expect_transport: str | None = None,
     observers: Sequence[Observer] = (),
+    node_silence: float | None = None,
 ) -> int:
     """Configure NCCL, start the job through ``launcher`` under this node's supervisor and return its exit status
     (the first failing rank's own code); with a ``run_dir``, this node's records go to
     ``<run_dir>/attempt-<K>/node<R>/`` and its output to ``output.log`` there unless ``node_log`` is off
-    (stdout already is that file)."""
+    (stdout already is that file); ``node_silence``: how long another node may stay silent before it is lost
+    (default control.SILENCE_SECONDS)."""
     topology = detect_topology(environ)
     nproc = nproc or default_nproc(topology, environ, proc_root)
     nccl = detect_nccl_env(
@@ -182,7 +185,7 @@ def launch(
         log = node_dir.log if run_dir and node_log else None
         control = (topology.master_addr, topology.master_port + CONTROL_PORT_OFFSET)
         return run_job(job, log, node_dir=node_dir, host=host_name(environ), num_nodes=topology.num_nodes,
-                       control=control, observers=observers)
+                       control=control, observers=observers, silence=node_silence)
 
 
 def _refused(node_dir: NodeDir, refusal: str) -> None:
@@ -239,6 +242,7 @@ def run_job(
     num_nodes: int = 1,
     control: tuple[str, int] | None = None,
     observers: Sequence[Observer] = (),
+    silence: float | None = None,
 ) -> int:
     """Run the job under this node's supervisor, its tagged lines copied to stdout, the node log and, in a pod,
     the container's own log (``MLENV_CONTAINER_LOG``, e.g. /proc/1/fd/1, so ``kubectl logs -f`` follows
@@ -247,7 +251,7 @@ def run_job(
         sinks: list[IO[bytes]] = [stack.enter_context(log_path.open("ab"))] if log_path else []
         sinks += _container_log(stack, job.env.get(CONTAINER_LOG_VARIABLE))
         supervisor = Supervisor(job.argv, job.env, node_dir.node, num_nodes, host, node_dir, observers,
-                                Sinks(sinks), control_address=control)
+                                Sinks(sinks), control_address=control, silence=silence or SILENCE_SECONDS)
         return supervisor.run()
 
 

@@ -44,7 +44,7 @@ from ..records.runlayout import (
     write_json,
 )
 from ..watch.protocol import Observer, RankInfo
-from .control import SECRET_VARIABLE, ControlChannel, secret_of
+from .control import SECRET_VARIABLE, SILENCE_SECONDS, ControlChannel, secret_of
 from .rankoutput import Connection, RankOutput, RankState, Reader, Sinks, utc_now
 from .reaping import Reaper, marked_processes
 
@@ -83,6 +83,7 @@ class Supervisor:
     sinks: Sinks
     control_address: tuple[str, int] | None = None
     grace: float = STOP_GRACE
+    silence: float = SILENCE_SECONDS  # a node heard nothing from for this long is lost (the control channel's)
 
     ranks_by_number: dict[int, RankState] = field(default_factory=dict)
     selector: selectors.BaseSelector = field(default_factory=selectors.DefaultSelector)
@@ -241,7 +242,7 @@ class Supervisor:
         self.channel = ControlChannel(self.node, self.num_nodes, address, port, self._stop_here, self.note,
                                       self.selector, on_message=self._observer_message,
                                       attempt=self.node_dir.attempt, run_id=self.env.get("MLENV_RUN_ID", ""),
-                                      secret=secret, on_silent=self._silent_node)
+                                      secret=secret, on_silent=self._silent_node, silence=self.silence)
         self.channel.open()
 
     def _silent_node(self, node: int, why: str) -> None:
