@@ -511,7 +511,7 @@ def test_doctor(tmp_path: Path, slurm_cluster: SlurmCluster) -> None:
 
 def test_status_gpus_and_stacks_through_srun(project: Project, slurm_cluster: SlurmCluster,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    from tests.integration.test_stacks import hanging_job, until_grouped
+    from tests.integration.test_stacks import WARM_UP, hanging_job, until_grouped
 
     monkeypatch.setenv("PATH", f"{ROOT / 'tests' / 'fixtures' / 'nvidia_smi'}{os.pathsep}{os.environ['PATH']}")
     (project.home / "workspace" / "hang.py").write_text(hanging_job("stuck_in_slurm", 1))
@@ -530,6 +530,11 @@ def test_status_gpus_and_stacks_through_srun(project: Project, slurm_cluster: Sl
     # slurm.setup activates, and says which method it used
     project.ok("launch", "-c", project.name, "--launcher", "torchrun", "--detach", "hang.py")
     until_grouped(lambda: project.mlenv("stacks", "-c", project.name, "--json", timeout=60), 1, "stuck_in_slurm", 120)
+    named = json.loads(project.ok("stacks", "-c", project.name, "--json", timeout=60).stdout)["collectives"]
+    assert named["verdict"] == "behind" and named["unknown"] == [], named  # rank 1, by collective sequence
+    assert [(b["rank"], b["last_seq"]) for b in named["groups"][0]["behind"]] == [(1, WARM_UP)], named
     said = project.ok("stacks", "-c", project.name, timeout=60).stdout
     assert re.match(r"run \S+: 4 ranks, sampled by py-spy\n", said), said
+    assert f"collectives: ranks 0,2-3 wait in all_reduce #{WARM_UP + 1}; rank 1 last completed #{WARM_UP}" in said, \
+        said
     project.ok("stop", "-c", project.name)

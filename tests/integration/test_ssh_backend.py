@@ -1,7 +1,8 @@
 """The ssh backend against real sshd "machines" (tests/integration/ssh_hosts.py), through the real `mlenv` command:
 deploy, sync, exec, a 2-host x 2-process torchrun launch of workspace/train_multi_node.py, fail-fast, Ctrl-C,
-status, doctor and clean; a host behind a jump host; a changed host key, unreachable hosts, a key that needs a
-passphrase and missing GPUs, each reported by the host's name.
+status, doctor, stacks (the rank behind in collective sequence named) and clean; a host behind a jump host; a
+changed host key, unreachable hosts, a key that needs a passphrase and missing GPUs, each reported by the host's
+name.
 
 One module-scoped pair of machines sharing a filesystem (as NFS homes do) carries the workflow, and a pair with
 separate workdirs the sync; single machines, started per test, the failures.
@@ -28,6 +29,7 @@ import pytest
 import yaml
 from mlenv.backends.sshlink.hosts import Resolved, resolve
 from mlenv.backends.sshlink.transport import Transport
+from mlenv.runtime.forensics.stacks import find_py_spy
 
 from tests._prereq import require
 from tests.helpers import MLENV, ROOT
@@ -294,6 +296,33 @@ def test_sync_to_separate_workdirs_is_incremental_and_deletes_only_when_asked(la
     assert not any((host.files / APART / "a.txt").exists() for host in machines.hosts)
     out = project.ok("exec", "--cluster", APART, "--", "sh", "-c", "ls; hostname").stdout
     assert sorted(out.splitlines()) == ["[node-0] node0", "[node-0] pkg", "[node-1] node1", "[node-1] pkg"]
+
+
+def test_stacks_name_the_rank_behind_in_collective_sequence(lab: Lab,
+                                                           deployed: subprocess.CompletedProcess[str]) -> None:
+    """Rank 2 (node-1) stops calling collectives after the warm-up's all-reduces; the other three wait in the next:
+    ``mlenv stacks`` names rank 2 by sequence, through each host's runtime over ssh."""
+    from tests.integration.test_stacks import WARM_UP, hanging_job, until_grouped
+
+    if find_py_spy() is None:
+        require("py-spy")
+    project = lab.project
+    (project.home / "workspace" / "hang.py").write_text(hanging_job("stuck_over_ssh", 2))
+    project.ok("sync", "--cluster", PAIR)
+    project.ok("launch", "--cluster", PAIR, "--launcher", "torchrun", "--detach", "hang.py")
+    try:
+        until_grouped(lambda: project.mlenv("stacks", "--cluster", PAIR, "--json", timeout=60), 2, "stuck_over_ssh",
+                      120)
+        named = json.loads(project.ok("stacks", "--cluster", PAIR, "--json", timeout=60).stdout)["collectives"]
+        assert named["verdict"] == "behind" and named["unknown"] == [], named
+        behind = named["groups"][0]["behind"]
+        assert [(b["rank"], b["last_seq"]) for b in behind] == [(2, WARM_UP)], named
+        said = project.ok("stacks", "--cluster", PAIR, timeout=60).stdout.splitlines()
+        assert said[1].startswith(f"collectives: ranks 0-1,3 wait in all_reduce #{WARM_UP + 1}; rank 2 last "
+                                  f"completed #{WARM_UP} and is in hang.py:7 stuck_over_ssh"), said
+    finally:
+        project.ok("stop", "--cluster", PAIR)
+    assert _gone("hang.py") == []
 
 
 def test_clean_stops_jobs_and_deletes_the_workspace_only_when_asked(lab: Lab,
