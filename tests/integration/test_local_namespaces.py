@@ -133,6 +133,9 @@ def test_fail_fast_stops_every_node(cluster: LocalProject) -> None:
                     r"with 3 first; its last lines \(the node's whole log: \S+/node-1\.log\):\n", closing), closing
     assert "failing on purpose" in closing and "Traceback" not in closing  # the rank's words, not torchrun's teardown
     assert _processes(cluster) == []
+    after = json.loads(cluster.ok("status", "--cluster", cluster.name, "--json").stdout)  # one wording, every time
+    assert after["run_states"] == {"0": "stopped (143)", "1": "failed (3)"}, after
+    assert after["latest_run"]["state"] == "failed" and after["latest_run"]["exit_code"] == 3, after
     assert [p["extra"]["jobs"] for p in cluster.status()] == [0, 0]
 
 

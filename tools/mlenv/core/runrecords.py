@@ -4,6 +4,7 @@ so every backend answers the same shape."""
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Mapping
 from typing import Any
 
@@ -32,13 +33,14 @@ def node_state(job: NodeJob | None, ordinal: int | None = None, first: FirstFail
     """A node's entry of ``run_states``, the one wording of a node's end everywhere (status, launch's summary): its
     state, with the exit code once it ended (``failed (7)``, ``stopped (143)``: 128+N for a signal N), or ``-``. A
     node ``ordinal`` that ended failed for the ``first`` failure of another node, with no fault of its own, was
-    stopped for it (fail-fast): ``stopped (N)``."""
+    stopped for it (fail-fast): ``stopped (143)``, as mlenv's SIGTERM stopped it, whichever came first there (the
+    failure's news, which its supervisor records with the job's exit code, or the launch's own stop)."""
     if job is None:
         return "-"
     state, code = str(job.get("state", "?")), job.get("exit_code")
     if state == FAILED and first is not None and ordinal is not None and ordinal != first.node \
             and code is not None and NodeFault.parse(job.get("node_fault")) is None:
-        state = STOPPED
+        state, code = STOPPED, STOPPED_BY_MLENV
     return f"{state} ({code})" if code is not None else state
 
 
@@ -68,6 +70,9 @@ def latest_run(run_id: str, jobs: Mapping[int, NodeJob | None]) -> RunRecord:
         {ordinal: node_state(job, ordinal, first) for ordinal, job in jobs.items()}, exit_code=code,
         ended_at=ended_at)
 
+
+STOPPED_BY_MLENV = 128 + signal.SIGTERM
+"""How a node stopped for another node's failure ended: mlenv's fail-fast stop is a SIGTERM (exit codes 128+N)."""
 
 ENDED = (SUCCEEDED, FAILED, STOPPED, PREEMPTED)
 """The states of a run none of whose nodes runs any more."""

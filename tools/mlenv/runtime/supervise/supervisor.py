@@ -252,11 +252,13 @@ class Supervisor:
 
     @contextlib.contextmanager
     def _signals(self) -> Iterator[None]:
-        """SIGINT/SIGTERM/SIGHUP: the user stops the job; each signal is passed on once."""
+        """SIGINT/SIGTERM/SIGHUP: the user stops the job; each signal is passed on once. Once a rank failed (here or,
+        as told, elsewhere) a stop is the job's teardown (the launch's fail-fast), not the user's: it ends as failed."""
         def handle(signum: int, _frame: object) -> None:
             if self.user_signal == signum:
                 return  # the same signal through our group and from our parent: one stop
-            self.user_signal = signum
+            if self.first_failure is None:
+                self.user_signal = signum
             self._terminate(signum)
 
         with handling_user_signals(handle):
