@@ -368,6 +368,8 @@ def test_stacks_of_a_rank_with_300_threads_are_its_main_thread_s(tmp_path: Path)
     [rank] = json.loads(result.stdout)["ranks"]
     assert (rank["method"], rank["error"]) == ("faulthandler", None), rank
     assert [frame["function"] for frame in rank["frames"]] == ["<module>", "inner_wait"], rank["frames"]
+    said = runtime(env, "stacks", "--method", "faulthandler").stdout.splitlines()
+    assert said[0] == "collectives (this node's ranks): no collectives recorded", said  # never a wrong name
     assert runtime(env, "stop", "--run", "run-t").returncode == 0
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import IO, Any, cast
 
 from ..forensics import collectives
+from ..forensics.culprit import culprit_of
 from ..forensics.flightrecorder import flight_dumps
 from ..forensics.stacks import group, sample
 from ..forensics.stacks import render as render_stacks
@@ -175,8 +176,8 @@ def show_gpus(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 
 
 def show_stacks(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    """``stacks``: the stacks of the running ranks of this node's newest job (or ``--run``'s), and its flight
-    recorder dumps."""
+    """``stacks``: the stacks of the running ranks of this node's newest job (or ``--run``'s), who among them is
+    behind in collective sequence, and its flight recorder dumps."""
     host = host_name(environ)
     job = _node_job(host_jobs(args.runs_root or runs_root(environ), host, args.run), environ)
     if job is None:
@@ -198,5 +199,8 @@ def show_stacks(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     elif job is None:
         print(f"no run of {host}")
     else:
+        judged = culprit_of(cast(list[dict[str, Any]], found["ranks"]),
+                            cast(Mapping[str | int, Mapping[str, Any]], found["collectives"]))
+        print(f"collectives (this node's ranks): {judged['text']}")
         print(render_stacks(group(found["ranks"])))  # type: ignore[arg-type]
     return 0
