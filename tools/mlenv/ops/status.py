@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -10,7 +11,7 @@ from mlenv import state
 from mlenv.core.capabilities import Feature, Handle, NodeStatus
 from mlenv.core.registry import Backend
 from mlenv.errors import MlenvError, UsageError
-from mlenv.ops.runs import find, recorded_runs
+from mlenv.ops.runs import find, launched_at, recorded_runs
 from mlenv.ops.target import backend_of, resolve
 from mlenv.runtime.records.runlayout import FAILED, HUNG, RUNNING, STOPPED, SUCCEEDED
 from mlenv.ui import error, print_json, say, table
@@ -38,7 +39,8 @@ def _report(handle: Handle, recorded: state.Deployment | None, current: str | No
         never_ready = recorded is not None and recorded.deploy["state"] == state.FAILED
         report["pods"] = [pod_row(row, never_ready) for row in made.deploy.status(handle)]
         if report["runs"] and report["pods"] and made.info.supports(Feature.JOBS):
-            run = made.jobs.latest_run(handle, run_id or report["runs"][-1]["id"])  # as its nodes' supervisors said
+            wanted = run_id or report["runs"][-1]["id"]
+            run = made.jobs.latest_run(handle, wanted).launched(launched_at(report["runs"], wanted), time.time())
             report["run_states"] = {str(n): s for n, s in run.nodes.items()}
             report["latest_run"] = run.to_dict()
         if gpus and report["pods"]:
@@ -113,6 +115,10 @@ def _print(report: dict[str, Any]) -> None:
             say("GPUs idle: " + "; ".join(describe(report) for report in run["idle"].values()))
         for straggler in run.get("stragglers") or []:
             say(straggler["text"])
+        if run.get("goodput"):
+            from mlenv.runtime.records.goodput import describe as goodput_line
+
+            say(goodput_line(run["goodput"]))
         if run.get("first_failure"):
             failure = run["first_failure"]
             say(f"first failure: rank {failure['rank']} (node-{failure['node']}) {failure['reason']}")

@@ -3,8 +3,9 @@ number, entry time, done or not) every rank last entered, read from PyTorch's fl
 collectives as well as NCCL's) by a thread the runtime's sitecustomize starts in the user's process.
 
 The thread never imports torch itself: it waits until the training script has initialised ``torch.distributed``.
-It writes the rank's record (the newest :data:`KEEP` collectives of each process group) every
-:data:`PERIOD_SECONDS`, and at once when ``mlenv stacks`` asks (a newer :data:`REQUEST` file in the directory). A
+It writes the rank's record (the newest :data:`KEEP` collectives of each process group, and ``first_ns``: when the
+first collective it saw was entered) every :data:`PERIOD_SECONDS`, as soon as that first collective is seen, and at
+once when ``mlenv stacks`` asks (a newer :data:`REQUEST` file in the directory). A
 rank that stops answering keeps its last record, which says when it was written. ``MLENV_COLLECTIVES=off`` turns
 the record off. Standard library only.
 
@@ -105,16 +106,22 @@ def record_loop(path: Path, period: float = PERIOD_SECONDS, poll: float = POLL_S
     """Write this process's record to ``path`` every ``period`` seconds (and when asked) once torch.distributed
     is up; an error is written once, then the loop ends. Never raises: the training goes on without a record."""
     written_token, written_at = -1, 0.0
+    first_ns: int | None = None
     try:
         while True:
             time.sleep(poll)
             dump = _torch_dump()
             token = _token(path.parent)
-            if dump is None or (token == written_token and time.monotonic() - written_at < period):
+            due = token != written_token or time.monotonic() - written_at >= period
+            if dump is None or not (due or first_ns is None):
                 continue
             groups = compact(json.loads(dump()))
+            if first_ns is None:  # looked for at every poll until found: goodput's first productive moment
+                first_ns = min((entry[2] for group in groups for entry in group["entries"]), default=None)
+                if first_ns is None and not due:
+                    continue
             _write(path, {"schema": SCHEMA, "pid": os.getpid(), "written_at": time.time(), "token": token,
-                          "groups": groups})
+                          "first_ns": first_ns, "groups": groups})
             written_token, written_at = token, time.monotonic()
     except Exception as exc:
         with contextlib.suppress(OSError):
