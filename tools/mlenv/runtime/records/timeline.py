@@ -5,13 +5,13 @@ read on the node from the attempt directories its supervisors wrote (runlayout.p
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .runlayout import FAILED, NodeDir, attempts, read_json, read_ranks, read_state
+from .runlayout import FAILED, NodeDir, RankRecord, attempts, read_json, read_ranks, read_state
 
 PROGRESS = "progress"
 """state.json's key for the progress facts (runtime/watch/progress.py)."""
@@ -53,27 +53,25 @@ class NodeAttempt:
 
 def node_attempts(run_dir: Path, node: int) -> list[NodeAttempt]:
     """Node ``node``'s share of every attempt of the run in ``run_dir`` that it has a record of, oldest first."""
-    found = []
-    for number in attempts(run_dir):
-        files = NodeDir(run_dir, number, node)
-        record = read_json(files.record)
-        if isinstance(record, Mapping):
-            found.append(_share(files, record))
-    return found
+    found = (share(number, node, read_json(files.record), read_state(files), read_ranks(files), _mtime(files.exit))
+             for number in attempts(run_dir) for files in [NodeDir(run_dir, number, node)])
+    return [item for item in found if item is not None]
 
 
-def _share(files: NodeDir, record: Mapping[str, Any]) -> NodeAttempt:
-    state = read_state(files)
+def share(attempt: int, node: int, record: object, state: Mapping[str, Any], ranks: Sequence[RankRecord],
+          exit_at: float | None = None) -> NodeAttempt | None:
+    """The node's share of an attempt from its records (record.json's JSON, state.json's, ranks.json's ranks, and
+    when its exit file was written); None without a record.json."""
+    if not isinstance(record, Mapping):
+        return None
     recorded = state.get(PROGRESS)
     progress: Mapping[str, Any] = recorded if isinstance(recorded, Mapping) else {}
-    ranks = read_ranks(files)
     failed = [at for rank in ranks if rank.state == FAILED and (at := iso_seconds(rank.ended_at)) is not None]
-    ended = _seconds(progress.get("ended_at")) or _mtime(files.exit)
+    ended = _seconds(progress.get("ended_at")) or exit_at
     if ended is None and ranks and all(rank.ended_at for rank in ranks):
         ended = max(iso_seconds(rank.ended_at) or 0.0 for rank in ranks) or None
-    return NodeAttempt(files.attempt, files.node, iso_seconds(record.get("started_at")), ended,
-                       min(failed) if failed else None, None if state.get("state") is None else str(state["state"]),
-                       **_progress(progress))
+    return NodeAttempt(attempt, node, iso_seconds(record.get("started_at")), ended, min(failed) if failed else None,
+                       None if state.get("state") is None else str(state["state"]), **_progress(progress))
 
 
 def _progress(data: Mapping[str, Any]) -> dict[str, float | None]:
