@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from mlenv.core.runrecords import latest_run
 from mlenv.runtime.records.goodput import describe, goodput
 from mlenv.runtime.records.runrecord import RunRecord
