@@ -1,7 +1,8 @@
 """The goodput of a restarted run on a local cluster of 2 nodes x 2 ranks (processes, gloo): a detached run whose
 rank 3 fails after a checkpoint in attempt 0 and that succeeds in attempt 1 carries, in ``status --json``'s
 ``latest_run.goodput``, two attempts and phases that sum to its wall time within 5 %, with work lost since the
-checkpoint; no change to the training script."""
+checkpoint; attached, the same run ends with its goodput line after the summary and in ``launch --json``. No
+change to the training script."""
 
 from __future__ import annotations
 
@@ -34,11 +35,12 @@ for step in range(40):
     if attempt == 0 and step == 25 and rank == 3:
         print("failing on purpose", flush=True)
         sys.exit(3)
+dist.destroy_process_group()  # as a script should: gloo's threads may abort an exit without it
 print("done", flush=True)
 """
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def project(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalProject]:
     require_local("processes")
     deployed = make_project(tmp_path_factory.mktemp("goodput"), "lgp", "10.77.92.0/24", "processes")
@@ -57,7 +59,7 @@ def test_a_restarted_run_s_phases_sum_to_its_wall_time(project: LocalProject) ->
         if run.get("state") == "succeeded" and run.get("attempt") == 1:
             break
         assert time.monotonic() < deadline, run
-        assert run.get("state") != "failed" or run.get("attempt") == 0, run
+        assert run.get("state") != "failed" or run.get("attempt") == 0, run.get("first_failure")
         time.sleep(1)
     found = run["goodput"]
     assert found is not None and found["attempts"] == 2, run
@@ -70,3 +72,13 @@ def test_a_restarted_run_s_phases_sum_to_its_wall_time(project: LocalProject) ->
     assert phases["productive"] > 0 and found["productive_share"] == pytest.approx(
         phases["productive"] / found["wall"], abs=0.001), found
     assert "goodput: " in project.ok("status").stdout
+
+
+def test_an_attached_run_ends_with_its_goodput(project: LocalProject) -> None:
+    result = project.ok("launch", "--json", "--launcher", "torchrun", "--max-restarts", "1", "steps.py", timeout=240)
+    found = json.loads(result.stdout)["goodput"]
+    assert found is not None and found["attempts"] == 2, result.stdout
+    assert abs(sum(found["phases"].values()) - found["wall"]) <= 0.05 * found["wall"], found
+    line = next(line for line in result.stderr.splitlines() if line.startswith("goodput: "))
+    assert result.stderr.rindex("launch finished in") < result.stderr.index(line), result.stderr
+    assert f"% productive ({found['phases']['productive']:.1f} s of {found['wall']:.1f} s; " in line, line
