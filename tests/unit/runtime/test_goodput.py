@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from mlenv.core.runrecords import latest_run
+from mlenv.runtime.forensics.collectives import first_entered
 from mlenv.runtime.records.goodput import describe, goodput
 from mlenv.runtime.records.runrecord import RunRecord
 from mlenv.runtime.records.timeline import NodeAttempt, node_attempts
@@ -125,3 +126,11 @@ def test_the_newest_checkpoint_is_the_newest_file_under_the_directory(tmp_path: 
         os.utime(tmp_path / name, (mtime, mtime))
     assert newest_mtime(tmp_path) == T + 2
     assert newest_mtime(tmp_path, limit=1) in (T, T + 1, T + 2)
+
+
+def test_the_first_collective_is_the_earliest_entry_of_the_flight_recorder_but_point_to_point() -> None:
+    trace = {"entries": [{"time_created_ns": 30, "collective_seq_id": 2}, {"time_created_ns": 10, "is_p2p": True},
+                         {"time_created_ns": 20, "collective_seq_id": 1}, {"time_created_ns": 0}]}
+    assert first_entered(trace) == 20
+    assert first_entered({"entries": [{"time_created_ns": 5, "is_p2p": True}]}) is None
+    assert first_entered({}) is None

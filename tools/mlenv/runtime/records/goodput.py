@@ -88,9 +88,9 @@ def _attempts(shares: Sequence[NodeAttempt]) -> list[_Attempt]:
         going = any(share.state in (RUNNING, HUNG) and share.ended_at is None for share in mine)
         end = max(ends) if ends and (later or not going) else None
         failures = [share.failed_at for share in mine if share.failed_at is not None]
-        failed = bool(failures) or later or any(share.state in _FAILED for share in mine)
-        failed_at = min(failures) if failures else (min(ends) if ends else end) if failed else None
-        found.append(_Attempt(min(starts), end, _first(mine), failed_at if end is not None or failures else None,
+        failed = later or any(share.state in _FAILED for share in mine)
+        failed_at = min(failures) if failures else min(ends) if failed and end is not None else None
+        found.append(_Attempt(min(starts), end, _first(mine), failed_at,
                               max((s.checkpoint_at for s in mine if s.checkpoint_at is not None), default=None)))
     return found
 

@@ -31,6 +31,7 @@ class ProgressFacts(BaseObserver):
 
     def __init__(self, environ: Mapping[str, str]) -> None:
         self.checkpoints = environ.get(CHECKPOINT_VARIABLE) or None
+        self.collectives = collectives.enabled(environ)
         self.facts: dict[str, float | None] = {"first_collective_at": None, "first_output_at": None,
                                                "checkpoint_at": None, "ended_at": None}
 
@@ -44,7 +45,8 @@ class ProgressFacts(BaseObserver):
             self._record()
 
     def tick(self, now: float) -> None:
-        if self.control is None or self.facts["first_collective_at"] is not None or not self.control.ranks():
+        if self.control is None or not self.collectives or self.facts["first_collective_at"] is not None \
+                or not self.control.ranks():
             return
         directory = self.control.run_dir / "stacks" / "collectives"
         found = [record["first_ns"] for record in collectives.read(
