@@ -50,8 +50,8 @@ def latest_run(run_id: str, jobs: Mapping[int, NodeJob | None]) -> RunRecord:
     typed record (its ``to_dict`` is ``status --json``'s ``latest_run``): the ranks of every node, the first failure
     (the same on every node), each node's transport verdict, the hang watchdog's stacks (node 0's), each node's idle
     GPUs while the job is flagged idle, the stragglers (node 0's), each node's own fault sign
-    (runtime/watch/faultsigns.py) and each node's state, how and when it ended (``ended``), and its goodput (from the
-start of its first node; ``RunRecord.launched`` counts its time queued)."""
+    (runtime/watch/faultsigns.py) and each node's state, how and when it ended (``ended``), and its goodput (from
+    the start of its first node; ``RunRecord.launched`` counts its time queued)."""
     known = [job for job in jobs.values() if job is not None]
     failures = [job["first_failure"] for job in known if job.get("first_failure")]
     first = FirstFailure.parse(failures[0]) if failures else None
