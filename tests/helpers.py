@@ -93,3 +93,8 @@ def assert_shaped(value: Any, example: Any, where: str = "$", optional: frozense
             (type(example),)
         assert isinstance(value, kinds) and (isinstance(value, bool) == isinstance(example, bool)), \
             f"{where}: {value!r} is not a {type(example).__name__} as documented"
+
+
+def launch_said(stderr: str) -> list[str]:
+    """An attached launch's lines on stderr but its goodput line, which ends a run that ran (docs/runs.md)."""
+    return [line for line in stderr.rstrip().splitlines() if not line.startswith("goodput: ")]

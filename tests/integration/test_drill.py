@@ -44,6 +44,8 @@ def _drill(project: LocalProject, fault: str) -> dict[str, object]:
         assert phase["verdict"] == "PASS" and isinstance(phase["seconds"], float), drill["phases"]
         assert phase["seconds"] >= 0 and (phase["target"] is None or phase["seconds"] <= phase["target"])
     assert drill["resumed_step"] >= 1 and 0 <= drill["lost_steps"] <= 2, drill
+    found = drill["goodput"]  # the run's: two attempts, its phases summing to its wall time
+    assert found["attempts"] == 2 and abs(sum(found["phases"].values()) - found["wall"]) <= 0.05 * found["wall"], found
     run_dir = Path(drill["run_dir"])
     assert (run_dir / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert json.loads((run_dir / "drill.json").read_text())["verdict"] == "PASS"

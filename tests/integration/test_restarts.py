@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import MLENV, ROOT
+from tests.helpers import MLENV, ROOT, launch_said
 from tests.integration.local_cluster import LocalProject, make_project, require_local
 from tests.integration.test_makefile import make
 
@@ -204,7 +204,7 @@ def test_a_node_failing_first_twice_is_excluded_and_without_a_spare_the_run_stop
     host = f"{project.app}-1"
     assert (f"excluding {host} (node-1) from the next attempts: it failed first in 2 attempts of the run (this run "
             "only" in result.stderr)
-    assert result.stderr.rstrip().splitlines()[-1] == (
+    assert launch_said(result.stderr)[-1] == (
         f"error: {host} must be left out of the run (mlenv nodes says why), and {project.name} has no spare node to "
         "take their place: stopping. mlenv nodes --forget-excluded lets the run use them again")
     # without a node-fault sign, the node is left out of that run only: later runs use it
@@ -367,7 +367,7 @@ def test_an_nccl_network_error_excludes_the_node_at_once(project: LocalProject) 
     host = f"{project.app}-1"
     assert f"excluding {host} (node-1) from the next attempts: NCCL network error: {NET_ERROR}" in result.stderr
     assert sorted({attempt for attempt, _, _ in attempts(result.stdout)}) == [0]  # not after two failures
-    assert f"{host} must be left out of the run" in result.stderr.rstrip().splitlines()[-1]
+    assert f"{host} must be left out of the run" in launch_said(result.stderr)[-1]
     failure = latest(project)["first_failure"]
     assert (failure["node"], failure["node_fault"]) == (1, {"sign": "nccl-net", "evidence": NET_ERROR})
     listed = json.loads(project.ok("nodes", "--json").stdout)["excluded"]

@@ -269,6 +269,9 @@ def test_the_batch_script_restarts_a_detached_run(tmp_path: Path, slurm_cluster:
         assert second < logs.index(f"attempt 1 of run {run.name}", second), logs
     (row,) = project.status()
     assert (row["phase"], row["detail"]) == ("COMPLETED", "exit code 0")
+    latest = json.loads(project.ok("status", "-c", project.name, "--json").stdout)["latest_run"]
+    found = latest["goodput"]  # every attempt's records, read in the one look at the shared run directory
+    assert found["attempts"] == 2 and abs(sum(found["phases"].values()) - found["wall"]) <= 0.05 * found["wall"], found
 
 
 def test_a_detached_run_goes_on_in_a_batch_job_without_the_node_that_failed_first_twice(

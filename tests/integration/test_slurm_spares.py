@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tests.helpers import launch_said
 from tests.integration.test_makefile import make
 from tests.integration.test_slurm_backend import make_project
 from tests.integration.test_slurm_requeue import PICKY_JOB
@@ -62,7 +63,7 @@ def test_a_spare_node_of_the_allocation_takes_an_excluded_nodes_place(tmp_path: 
                           "5", "picky.py", "n1,n2", timeout=600)
     assert short.returncode == 1, short.stdout + short.stderr
     assert "attempt 3: n2 is broken" in short.stdout, short.stdout  # n1 twice, then its spare n2 twice
-    assert short.stderr.rstrip().splitlines()[-1] == (
+    assert launch_said(short.stderr)[-1] == (
         f"error: n1 must be left out of the run (mlenv nodes says why), and {project.name} has no usable spares for "
         "the 1 excluded node (node-0): stopping. mlenv nodes --forget-excluded lets the run use them again")
     assert json.loads(project.ok("nodes", "-c", project.name, "--json").stdout)["excluded"] == []

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tests.helpers import MLENV
+from tests.helpers import MLENV, launch_said
 from tests.integration.local_cluster import LocalProject
 
 if TYPE_CHECKING:  # imported at run time as a plugin, so that pytest rewrites its asserts
@@ -116,7 +116,7 @@ def test_an_excluded_host_is_replaced_by_a_spare(ssh_hosts: SshHostsFactory, tmp
     short = project.mlenv("launch", "--max-restarts", "5", "job.py", "node1,node2", timeout=2 * LAUNCH_TIMEOUT)
     assert short.returncode == 1, short.stdout + short.stderr
     assert said in short.stderr and re.search(r"attempt 3 node 1 rank \d on node2", short.stdout), short.stdout
-    assert short.stderr.rstrip().splitlines()[-1] == (
+    assert launch_said(short.stderr)[-1] == (
         f"error: {second.spec} must be left out of the run (mlenv nodes says why), and spr has no usable spares for "
         "the 1 excluded node (node-1): stopping. mlenv nodes --forget-excluded lets the run use them again")
     assert json.loads(project.ok("nodes", "--json").stdout)["excluded"] == []

@@ -77,12 +77,13 @@ def test_a_node_slurm_lost_failed_with_its_sign_never_stopped(tmp_path: Path) ->
 
 
 def test_nodes_that_have_not_written(tmp_path: Path) -> None:
-    assert read(Login(None), str(tmp_path / "none"), "r1") == (0, {}, False, {}, None)
+    assert read(Login(None), str(tmp_path / "none"), "r1") == (0, {}, False, {}, None, {})
     (tmp_path / "r2" / "attempt-0").mkdir(parents=True)
-    assert read(Login(None), str(tmp_path), "r2") == (0, {}, False, {}, None)
+    assert read(Login(None), str(tmp_path), "r2") == (0, {}, False, {}, None, {})
     assert node_job({}, 0, live=True) == {"attempt": 0, "state": "running", "exit_code": None, "reason": None,
                                           "first_failure": None, "transport": None, "stacks": None, "idle": None,
-                                          "stragglers": None, "lost_nodes": None, "ranks": [], "node_fault": None}
+                                          "stragglers": None, "lost_nodes": None, "ranks": [], "node_fault": None,
+                                          "attempts": []}
     assert node_job({}, 0, live=False) is None
 
 
@@ -123,3 +124,22 @@ def test_a_batch_run_s_state_follows_its_job() -> None:
     assert reconcile("succeeded", JobInfo("7", "PENDING", "BeginTime"), ended="requeued") == "requeued"
     assert reconcile("succeeded", JobInfo("7", "FAILED", exit_code=1), ended="failed") == "failed"
     assert reconcile("running", None, ended="not a state") == "running"
+
+
+def test_each_node_s_share_of_every_attempt_for_the_run_s_goodput(tmp_path: Path) -> None:
+    progress = {"first_collective_at": 1800000005.0, "first_output_at": None, "checkpoint_at": 1800000020.0,
+                "ended_at": 1800000026.0}
+    write(tmp_path, "r1", 0, 1, exit="3\n", record_json={"node_rank": 1, "started_at": "2027-01-15T08:00:02+00:00"},
+          state_json={"state": "failed", "progress": progress}, ranks_json=[rank(3, 1, "failed", 3)])
+    write(tmp_path, "r1", 1, 1, record_json={"node_rank": 1, "started_at": "2027-01-15T08:00:29+00:00"},
+          state_json={"state": "running"}, ranks_json="[{torn")
+    write(tmp_path, "r1", 0, 0, state_json="{torn")  # no record.json: no share of attempt 0
+    found = read(Login(None), str(tmp_path), "r1")
+    assert (found.attempt, sorted(found.earlier), sorted(found.earlier[1][0])) == (
+        1, [0, 1], ["ranks.json", "record.json", "state.json"])
+    job = node_job(found.files[1], found.attempt, live=True, earlier=found.earlier.get(1)) or {}
+    shares = job["attempts"]
+    assert [(share["attempt"], share["node"], share["started_at"], share["state"]) for share in shares] == [
+        (0, 1, 1800000002.0, "failed"), (1, 1, 1800000029.0, "running")]
+    assert (shares[0]["checkpoint_at"], shares[0]["ended_at"]) == (1800000020.0, 1800000026.0)
+    assert (node_job({}, 0, live=True, earlier=found.earlier.get(0)) or {})["attempts"] == []

@@ -113,7 +113,7 @@ def test_states_hosts_and_table(runtime: Runner, tmp_path: Path, unrelated: subp
         ("r2", 0, "ml-dev-env-1", "failed")]
     assert set(other[0]) == {"run_id", "node_rank", "host", "pid", "start_ticks", "started_at", "argv", "attempt",
                              "state", "exit_code", "reason", "first_failure", "node_fault", "transport", "stacks",
-                             "idle", "stragglers", "lost_nodes", "ranks", "run_dir", "node_dir", "log"}
+                             "idle", "stragglers", "lost_nodes", "ranks", "attempts", "run_dir", "node_dir", "log"}
 
 
 def test_logs_prints_the_newest_run_of_this_host(runtime: Runner, tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ so every backend answers the same shape."""
 from __future__ import annotations
 
 import signal
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,11 +23,13 @@ from mlenv.runtime.records.runlayout import (
     run_state,
 )
 from mlenv.runtime.records.runrecord import RunRecord
+from mlenv.runtime.records.timeline import NodeAttempt
 
 NodeJob = Mapping[str, Any]
 """One node's share of a run in the shape of an entry of the runtime's ``jobs --json``: ``state``, ``exit_code``,
-``attempt``, ``ranks``, ``first_failure``, ``transport``, ``stacks``, ``idle``, ``stragglers``, ``node_fault`` and
-``lost_nodes`` (node 0's: the nodes it lost to silence)."""
+``attempt``, ``ranks``, ``first_failure``, ``transport``, ``stacks``, ``idle``, ``stragglers``, ``node_fault``,
+``lost_nodes`` (node 0's: the nodes it lost to silence) and ``attempts`` (the node's share of each attempt,
+runtime/records/timeline.py)."""
 
 
 def node_state(job: NodeJob | None, ordinal: int | None = None, first: FirstFailure | None = None) -> str:
@@ -49,7 +52,8 @@ def latest_run(run_id: str, jobs: Mapping[int, NodeJob | None]) -> RunRecord:
     typed record (its ``to_dict`` is ``status --json``'s ``latest_run``): the ranks of every node, the first failure
     (the same on every node), each node's transport verdict, the hang watchdog's stacks (node 0's), each node's idle
     GPUs while the job is flagged idle, the stragglers (node 0's), each node's own fault sign
-    (runtime/watch/faultsigns.py) and each node's state, and how and when it ended (``ended``)."""
+    (runtime/watch/faultsigns.py) and each node's state, how and when it ended (``ended``), and its goodput (from
+    the start of its first node; ``RunRecord.launched`` counts its time queued)."""
     known = [job for job in jobs.values() if job is not None]
     failures = [job["first_failure"] for job in known if job.get("first_failure")]
     first = FirstFailure.parse(failures[0]) if failures else None
@@ -68,7 +72,9 @@ def latest_run(run_id: str, jobs: Mapping[int, NodeJob | None]) -> RunRecord:
         next((list(job["stragglers"]) for job in known if isinstance(job.get("stragglers"), list)), None),
         node_faults(jobs),
         {ordinal: node_state(job, ordinal, first) for ordinal, job in jobs.items()}, exit_code=code,
-        ended_at=ended_at)
+        ended_at=ended_at,
+        timeline=tuple(share for job in known for item in job.get("attempts") or ()
+                       if (share := NodeAttempt.parse(item)) is not None)).launched(None, time.time())
 
 
 STOPPED_BY_MLENV = 128 + signal.SIGTERM

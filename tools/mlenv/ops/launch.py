@@ -15,7 +15,7 @@ from typing import Any
 
 from mlenv import state
 from mlenv.core.capabilities import Feature, LaunchOutcome, LaunchSpec
-from mlenv.errors import OperationError, UsageError
+from mlenv.errors import MlenvError, OperationError, UsageError
 from mlenv.ops.live import refuse_while_live
 from mlenv.ops.target import Target
 from mlenv.runtime.records import restartpolicy
@@ -42,6 +42,8 @@ class LaunchResult:
     where the backend keeps no such records)."""
     attempt: int = 0
     """The attempt it is (MLENV_RESTART_COUNT)."""
+    goodput: Mapping[str, Any] | None = None
+    """Where the wall time of an attached run went (runtime/records/goodput.py), once it ended."""
 
     @property
     def exit_code(self) -> int:
@@ -61,7 +63,8 @@ class LaunchResult:
         return {"ok": outcome.exit_code == 0, "run_id": self.run_id, "cluster": cluster, "detached": outcome.detached,
                 "run_dir": str(self.run_dir), "exit_code": None if going else outcome.exit_code,
                 "attempt": self.attempt, "duration": self.seconds,
-                "first_failure": failure.to_dict() if failure is not None else None}
+                "first_failure": failure.to_dict() if failure is not None else None,
+                "goodput": dict(self.goodput) if self.goodput is not None else None}
 
 
 def run_id(app: str) -> str:
@@ -203,6 +206,7 @@ def launch(target: Target, spec: LaunchSpec, keep: Collection[int] = ()) -> Laun
     supervisors; Slurm: the run's script), where the backend can."""
     from mlenv.ui import error, warn
 
+    launched = time.time()
     refuse_while_live(target)
     check_script(target, spec.script)
     spec = without_excluded(target, spec)
@@ -251,7 +255,24 @@ def launch(target: Target, spec: LaunchSpec, keep: Collection[int] = ()) -> Laun
              + f" of at most {spec.max_restarts} restarts (MLENV_RESTART_COUNT={spec.attempt})"
              + (f" without {', '.join(spec.exclude)}" if spec.exclude else ""))
         result = _attempt(target, spec, run_dir / f"attempt-{spec.attempt}", {**run_only, **saved})
-    return result
+    return _with_goodput(target, result, launched)
+
+
+def _with_goodput(target: Target, result: LaunchResult, launched: float) -> LaunchResult:
+    """An attached run that ran, with its goodput as its nodes recorded it (said after the summary)."""
+    from mlenv.runtime.records.goodput import describe
+    from mlenv.ui import info
+
+    if result.outcome.detached or result.outcome.interrupted or not result.outcome.node_exit_codes \
+            or not target.backend.info.supports(Feature.JOBS):
+        return result
+    try:
+        found = target.backend.jobs.latest_run(target.handle, result.run_id).launched(launched, time.time()).goodput
+    except MlenvError:  # the nodes cannot be read now: the launch's own result stands
+        return result
+    if found is not None:
+        info(describe(dict(found)))
+    return replace(result, goodput=found)
 
 
 def check_script(target: Target, script: str) -> None:

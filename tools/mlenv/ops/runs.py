@@ -39,6 +39,13 @@ def distinct(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return list(merged.values())
 
 
+def launched_at(runs: list[dict[str, Any]], run_id: str) -> float | None:
+    """When run ``run_id`` of the recorded ``runs`` was first launched (epoch seconds): its goodput's start; None
+    where unknown."""
+    started = next((_time(run.get("started")) for run in runs if run.get("id") == run_id), None)
+    return started.timestamp() if started is not None else None
+
+
 def find(target: Target, run_id: str) -> dict[str, Any]:
     """The recorded run ``run_id`` of ``target``; UsageError naming it and how to list the runs when there is
     none."""

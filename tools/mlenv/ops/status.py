@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from datetime import datetime, timezone
 from functools import partial
@@ -11,7 +12,7 @@ from mlenv import state
 from mlenv.core.capabilities import Feature, Handle, NodeStatus
 from mlenv.core.registry import Backend
 from mlenv.errors import MlenvError, UsageError
-from mlenv.ops.runs import distinct, entry, find, recorded_runs
+from mlenv.ops.runs import distinct, entry, find, launched_at, recorded_runs
 from mlenv.ops.target import backend_of, resolve
 from mlenv.runtime.records.runlayout import FAILED, HUNG, RUNNING, STOPPED, SUCCEEDED
 from mlenv.runtime.records.runrecord import RunRecord
@@ -46,7 +47,8 @@ def _report(handle: Handle, recorded: state.Deployment | None, current: str | No
             records = made.jobs.runs(handle, [str(run["id"]) for run in listed])  # as their nodes' supervisors said
             report["runs"] = _described(handle.name, listed, records)
             wanted = run_id or str(listed[-1]["id"])
-            run = records.get(wanted) or made.jobs.latest_run(handle, wanted)
+            run = (records.get(wanted) or made.jobs.latest_run(handle, wanted)).launched(
+                launched_at(listed, wanted), time.time())
             report["run_states"] = {str(n): s for n, s in run.nodes.items()}
             report["latest_run"] = run.to_dict()
         if gpus and report["pods"]:
@@ -127,6 +129,10 @@ def _print(report: dict[str, Any]) -> None:
             say("GPUs idle: " + "; ".join(describe(report) for report in run["idle"].values()))
         for straggler in run.get("stragglers") or []:
             say(straggler["text"])
+        if run.get("goodput"):
+            from mlenv.runtime.records.goodput import describe as goodput_line
+
+            say(goodput_line(run["goodput"]))
         if run.get("first_failure"):
             failure = run["first_failure"]
             say(f"first failure: rank {failure['rank']} (node-{failure['node']}) {failure['reason']}")

@@ -487,7 +487,8 @@ class SlurmBackend(Deploy, NodeAccess, Jobs, Checks):
         login, live, batch_job = self._live(handle, run_id)
         found = noderecords.read(login, f"{job.workdir}/{RUNS_DIR}", run_id)
         run = latest_run(run_id, {node: noderecords.node_job(found.files.get(node, {}), found.attempt, live,
-                                                             found.stopped, found.lost.get(node))
+                                                             found.stopped, found.lost.get(node),
+                                                             found.earlier.get(node))
                                   for node in range(job.nodes)})
         return replace(run, state=runstate.reconcile(run.state, batch_job, found.stopped,
                                                      None if live else found.ended))

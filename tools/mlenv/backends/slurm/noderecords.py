@@ -21,11 +21,14 @@ from mlenv.runtime.records.runlayout import (
     parse_faults,
     parse_ranks,
 )
+from mlenv.runtime.records.timeline import NodeAttempt, share
 from mlenv.runtime.supervise.jobs import LOST, ended_state
 
 FILES = ("exit", "state.json", "ranks.json", "record.json")
 """A node's records, read in this order: the exit file first, so that a node that has ended is read with its final
 state.json (written before it)."""
+EARLIER_FILES = ("state.json", "ranks.json", "record.json")
+"""A node's records of an earlier attempt: what its share of the run's goodput is made of (records/timeline.py)."""
 SEPARATOR = "\036"
 """Starts each header line of the output: never in a record (JSON escapes control characters; exit is a number)."""
 READ = f"""root=$1 run=$2 name=$3 newest=
@@ -61,12 +64,24 @@ for dir in "$root/$run/attempt-$newest"/node*; do
     cat -- "$dir/$name" 2>/dev/null
   done
 done
+for dir in "$root/$run"/attempt-*/node*; do
+  node=${{dir##*/node}} k=${{dir%/node*}}
+  k=${{k##*/attempt-}}
+  case $node in ''|*[!0-9]*) continue ;; esac
+  case $k in ''|*[!0-9]*) continue ;; esac
+  [ "$k" != "$newest" ] || continue
+  for name in {" ".join(EARLIER_FILES)}; do
+    [ -f "$dir/$name" ] || continue
+    printf '{SEPARATOR}earlier %s %s %s\\n' "$k" "$node" "$name"
+    cat -- "$dir/$name" 2>/dev/null
+  done
+done
 """
 """``sh -c READ sh RUNS_ROOT RUN_ID NAME``: the newest attempt of run RUN_ID (of deployment NAME's newest run when
 RUN_ID is empty, never another cluster file's sharing the workdir; run ids sort by time) as ``<SEP>attempt K``,
 ``<SEP>stopped`` when ``mlenv stop`` stopped it, ``<SEP>ended WORD`` once the script recorded how the attempt
 ended, ``<SEP>lost`` and the attempt's lost.json where Slurm lost nodes meanwhile, then each node's records, each
-after a line ``<SEP>R NAME``."""
+after a line ``<SEP>R NAME``, then each node's records of the earlier attempts, each after ``<SEP>earlier K R NAME``."""
 
 
 class RunFiles(NamedTuple):
@@ -82,6 +97,8 @@ class RunFiles(NamedTuple):
     """Node -> its ``node-failure`` sign, where Slurm lost the node while the attempt ran (its lost.json)."""
     ended: str | None = None
     """How the attempt ended (runlayout's ATTEMPT_STATES), once the run's script recorded it."""
+    earlier: Mapping[int, Mapping[int, Mapping[str, str]]] = {}
+    """Node -> earlier attempt -> file name -> text (:data:`EARLIER_FILES`)."""
 
 
 def read(login: Login, runs_root: str, run_id: str | None, name: str = "") -> RunFiles:
@@ -90,6 +107,7 @@ def read(login: Login, runs_root: str, run_id: str | None, name: str = "") -> Ru
     attempt, stopped, ended = 0, False, None
     lost: dict[int, NodeFault] = {}
     files: dict[int, dict[str, str]] = {}
+    earlier: dict[int, dict[int, dict[str, str]]] = {}
     for chunk in login.ok(["sh", "-c", READ, "sh", runs_root, run_id or "", name]).split(SEPARATOR)[1:]:
         header, _, text = chunk.partition("\n")
         what, _, name = header.partition(" ")
@@ -103,7 +121,9 @@ def read(login: Login, runs_root: str, run_id: str | None, name: str = "") -> Ru
             lost = parse_faults(_json(text))
         elif what.isdigit() and name in FILES:
             files.setdefault(int(what), {})[name] = text
-    return RunFiles(attempt, files, stopped, lost, ended)
+        elif what == "earlier" and len(words := name.split(" ")) == 3 and words[2] in EARLIER_FILES:
+            earlier.setdefault(int(words[1]), {}).setdefault(int(words[0]), {})[words[2]] = text
+    return RunFiles(attempt, files, stopped, lost, ended, earlier)
 
 
 def ranks(files: Mapping[str, str]) -> list[dict[str, Any]]:
@@ -112,14 +132,16 @@ def ranks(files: Mapping[str, str]) -> list[dict[str, Any]]:
 
 
 def node_job(files: Mapping[str, str], attempt: int, live: bool, stopped: bool = False,
-             lost: NodeFault | None = None) -> dict[str, Any] | None:
+             lost: NodeFault | None = None, earlier: Mapping[int, Mapping[str, str]] | None = None
+             ) -> dict[str, Any] | None:
     """One node's share of the run from its ``files``, in the shape of the runtime's ``jobs --json`` entries: ended
     once its exit file is there (the state its state.json says, else the exit code's); else, while the run's step or
     batch job is ``live``, running (or hung, as a watchdog recorded); else failed when its supervisor started and is
     gone without an exit status; else None (nothing known). A run that ``mlenv stop`` ``stopped`` failed of
     nothing: a node that ended failed (Slurm's SIGTERM, or SIGKILL after KillWait) is stopped, without a first
     failure. A node Slurm ``lost`` meanwhile (its ``node-failure`` sign) failed, with that sign, whatever else it
-    recorded: never stopped by the user."""
+    recorded: never stopped by the user. Its ``attempts``: its share of each attempt, the ``earlier`` ones' (attempt
+    -> file name -> text) and this one's."""
     text = files.get("exit", "").strip()
     code = int(text) if text.isdigit() else None
     recorded = _json(files.get("state.json"))
@@ -144,7 +166,17 @@ def node_job(files: Mapping[str, str], attempt: int, live: bool, stopped: bool =
             "lost_nodes": recorded.get("lost_nodes"), "ranks": ranks(files),
             # the node's own sign only: a supervisor gone without an exit status is not "unreachable" here, since
             # srun kills the other nodes' steps (KillWait) once one failed
-            "node_fault": recorded.get("node_fault") or (lost.to_dict() if lost is not None else None)}
+            "node_fault": recorded.get("node_fault") or (lost.to_dict() if lost is not None else None),
+            "attempts": [found.to_dict() for number, texts in sorted({**(earlier or {}), attempt: files}.items())
+                         if (found := _share(number, texts)) is not None]}
+
+
+def _share(attempt: int, files: Mapping[str, str]) -> NodeAttempt | None:
+    """The node's share of ``attempt`` from the text of its records (None without a record.json)."""
+    record, recorded = _json(files.get("record.json")), _json(files.get("state.json"))
+    node = record.get("node_rank") if isinstance(record, dict) else None
+    return share(attempt, node if isinstance(node, int) else -1, record,
+                 recorded if isinstance(recorded, dict) else {}, parse_ranks(_json(files.get("ranks.json"))))
 
 
 def _json(text: str | None) -> Any:

@@ -3,8 +3,9 @@ number, entry time, done or not) every rank last entered, read from PyTorch's fl
 collectives as well as NCCL's) by a thread the runtime's sitecustomize starts in the user's process.
 
 The thread never imports torch itself: it waits until the training script has initialised ``torch.distributed``.
-It writes the rank's record (the newest :data:`KEEP` collectives of each process group) every
-:data:`PERIOD_SECONDS`, and at once when ``mlenv stacks`` asks (a newer :data:`REQUEST` file in the directory). A
+It writes the rank's record (the newest :data:`KEEP` collectives of each process group, and ``first_ns``: when the
+first collective it saw was entered) every :data:`PERIOD_SECONDS`, within :data:`FIRST_SECONDS` of that first
+collective, and at once when ``mlenv stacks`` asks (a newer :data:`REQUEST` file in the directory). A
 rank that stops answering keeps its last record, which says when it was written. ``MLENV_COLLECTIVES=off`` turns
 the record off. Standard library only.
 
@@ -37,6 +38,9 @@ PERIOD_SECONDS = 10.0
 KEEP = 500
 """Collectives kept per process group in a record: the ranks answer a request within POLL_SECONDS of each other, so
 their records overlap (for the straggler judgement) up to 1000 collectives a second; small enough to write often."""
+FIRST_SECONDS = 1.0
+"""Until the rank's first collective is seen, the dump is looked at this often for it (its own entry time is kept,
+so looking late costs no precision while the recorder still holds it)."""
 ANSWER_SECONDS = 3.0
 """How long ``stacks`` waits for every rank's fresh record."""
 SCHEMA = 1
@@ -64,6 +68,12 @@ def compact(trace: Mapping[str, Any], keep: int = KEEP) -> list[dict[str, Any]]:
         groups.setdefault(name, []).append([int(entry.get("collective_seq_id", 0)), operation,
                                             int(entry.get("time_created_ns", 0)), done])
     return [{"group": name, "entries": sorted(entries)[-keep:]} for name, entries in groups.items()]
+
+
+def first_entered(trace: Mapping[str, Any]) -> int | None:
+    """When the first collective in the flight recorder's dump was entered (ns since the epoch); None without one."""
+    times = [int(entry.get("time_created_ns", 0)) for entry in trace.get("entries") or [] if not entry.get("is_p2p")]
+    return min((at for at in times if at > 0), default=None)
 
 
 def group_name(entry: Mapping[str, Any]) -> str:
@@ -104,17 +114,24 @@ def _torch_dump() -> Callable[[], bytes | str] | None:
 def record_loop(path: Path, period: float = PERIOD_SECONDS, poll: float = POLL_SECONDS) -> None:
     """Write this process's record to ``path`` every ``period`` seconds (and when asked) once torch.distributed
     is up; an error is written once, then the loop ends. Never raises: the training goes on without a record."""
-    written_token, written_at = -1, 0.0
+    written_token, written_at, looked_at = -1, 0.0, 0.0
+    first_ns: int | None = None
     try:
         while True:
             time.sleep(poll)
             dump = _torch_dump()
             token = _token(path.parent)
-            if dump is None or (token == written_token and time.monotonic() - written_at < period):
+            due = token != written_token or time.monotonic() - written_at >= period
+            look = first_ns is None and time.monotonic() - looked_at >= FIRST_SECONDS
+            if dump is None or not (due or look):
                 continue
-            groups = compact(json.loads(dump()))
+            trace = json.loads(dump())
+            looked_at, seen = time.monotonic(), first_ns
+            first_ns = first_entered(trace) if first_ns is None else first_ns
+            if not due and first_ns == seen:
+                continue
             _write(path, {"schema": SCHEMA, "pid": os.getpid(), "written_at": time.time(), "token": token,
-                          "groups": groups})
+                          "first_ns": first_ns, "groups": compact(trace)})
             written_token, written_at = token, time.monotonic()
     except Exception as exc:
         with contextlib.suppress(OSError):

@@ -5,10 +5,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from .goodput import goodput
 from .runlayout import FirstFailure, NodeFault, RankRecord, parse_faults, parse_ranks
+from .timeline import NodeAttempt
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,16 @@ class RunRecord:
     node's that is not 0, else 0; None while any node of it runs, or where none is known."""
     ended_at: str | None = None
     """When its last rank ended (ISO 8601, UTC), once the run has ended; None before, or where no rank is known."""
+    timeline: tuple[NodeAttempt, ...] = ()
+    """Every node's share of every attempt (timeline.py): what its goodput is made of."""
+    goodput: Mapping[str, Any] | None = None
+    """Where its wall time went (goodput.py, ``status --json``'s ``latest_run.goodput``); None when nothing is
+    known."""
+
+    def launched(self, at: float | None, now: float) -> RunRecord:
+        """This run, launched (or submitted) at ``at`` (epoch seconds, None where unknown), with its goodput as of
+        ``now``."""
+        return replace(self, goodput=goodput(self.timeline, at, now))
 
     def to_dict(self) -> dict[str, Any]:
         """``status --json``'s ``latest_run`` (without ``nodes``, which status prints as ``run_states``)."""
@@ -49,7 +61,8 @@ class RunRecord:
                 "idle": dict(self.idle) if self.idle is not None else None,
                 "stragglers": list(self.stragglers) if self.stragglers is not None else None,
                 "node_faults": {node: fault.to_dict() for node, fault in self.node_faults.items()},
-                "exit_code": self.exit_code, "ended_at": self.ended_at}
+                "exit_code": self.exit_code, "ended_at": self.ended_at,
+                "goodput": dict(self.goodput) if self.goodput is not None else None}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RunRecord:
@@ -62,7 +75,8 @@ class RunRecord:
                    list(data["stragglers"]) if isinstance(data.get("stragglers"), list) else None,
                    parse_faults(data.get("node_faults")),
                    {int(node): str(state) for node, state in (nodes.items() if isinstance(nodes, Mapping) else ())},
-                   exit_code=_int_or_none(data.get("exit_code")), ended_at=_str_or_none(data.get("ended_at")))
+                   exit_code=_int_or_none(data.get("exit_code")), ended_at=_str_or_none(data.get("ended_at")),
+                   goodput=dict(data["goodput"]) if isinstance(data.get("goodput"), Mapping) else None)
 
 
 def _str_or_none(value: object) -> str | None:

@@ -38,6 +38,7 @@ from ..records.runlayout import (
     read_state,
     write_atomic,
 )
+from ..records.timeline import node_attempts
 from .reaping import procs_of, recorded_cgroup, remove_cgroup
 from .supervisor import JOB_VARIABLE
 
@@ -98,8 +99,8 @@ class NodeJob:
     exit_code: int | None
 
     def to_dict(self) -> dict[str, object]:
-        """The JSON shape of one job in ``jobs --json``: the record, state, exit code, the node's ranks and the
-        first failure of the job as this node knows it."""
+        """The JSON shape of one job in ``jobs --json``: the record, state, exit code, the node's ranks, the
+        first failure of the job as this node knows it, and the node's share of every attempt (its goodput's)."""
         recorded = read_state(self.files)
         return {**self.record.to_dict(), "state": self.state, "exit_code": self.exit_code,
                 "reason": recorded.get("reason") or (LOST if self.lost else None),
@@ -107,6 +108,7 @@ class NodeJob:
                 "transport": recorded.get("transport"), "stacks": recorded.get("stacks"), "idle": recorded.get("idle"),
                 "stragglers": recorded.get("stragglers"), "lost_nodes": recorded.get("lost_nodes"),
                 "ranks": [rank.to_dict() for rank in read_ranks(self.files)],
+                "attempts": [share.to_dict() for share in node_attempts(self.files.run_dir, self.files.node)],
                 "run_dir": str(self.files.run_dir), "node_dir": str(self.files.path), "log": str(self.files.log)}
 
     def node_fault(self, recorded: Mapping[str, object]) -> object:

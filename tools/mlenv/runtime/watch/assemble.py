@@ -10,6 +10,7 @@ from ..node.topology import host_name
 from .faultsigns import NodeFaultWatch
 from .hang import HangWatchdog
 from .idle import DEFAULT_IDLE_UTIL, IdleWatch, Sampler, sample_interval
+from .progress import ProgressFacts
 from .protocol import Observer
 from .stragglers import StragglerWatch
 from .transportproof import TransportProof, expectation
@@ -18,7 +19,7 @@ from .transportproof import TransportProof, expectation
 def observers_for(options: argparse.Namespace, environ: Mapping[str, str]) -> list[Observer]:
     """Every observer of a launch, from its options (``python3 -m mlenv.runtime launch ...``) and environment."""
     found: list[Observer] = [TransportProof(expectation(getattr(options, "expect_transport", None), environ), environ),
-                             NodeFaultWatch()]
+                             NodeFaultWatch(), ProgressFacts(environ)]
     if getattr(options, "hang_timeout", None):
         found.append(HangWatchdog(options.hang_timeout, getattr(options, "on_hang", None)))
     if getattr(options, "idle_seconds", None):
