@@ -271,6 +271,59 @@ def test_the_batch_script_restarts_a_detached_run(tmp_path: Path, slurm_cluster:
     assert (row["phase"], row["detail"]) == ("COMPLETED", "exit code 0")
 
 
+# No torch: node 1 fails attempt 0 (once the test says go) with 3 and attempt 1 with 4; node 0 waits to be stopped.
+FOLLOWED_JOB = """\
+import os, sys, time
+attempt, node = int(os.environ["MLENV_RESTART_COUNT"]), os.environ["MLENV_NODE_RANK"]
+print(f"attempt {attempt} of node {node} started", flush=True)
+while node == "1" and attempt == 0 and not os.path.exists("go"):
+    time.sleep(0.1)
+if node == "1":
+    sys.exit(3 + attempt)
+time.sleep(300)
+"""
+
+
+def test_logs_follow_a_detached_batch_run_through_its_restart_to_its_end(tmp_path: Path,
+                                                                         slurm_cluster: SlurmCluster) -> None:
+    """mlenv logs -f of a detached batch run under --max-restarts 1, started while attempt 0 runs: it shows attempt
+    0's lines, says that it waits for attempt 1 (which the run's script starts in the same job), shows attempt 1
+    under its header and ends with the run's final exit code (attempt 1's 4, not attempt 0's 3)."""
+    project = make_project(tmp_path, slurm_cluster)
+    (project.home / "workspace" / "followed.py").write_text(FOLLOWED_JOB)
+    project.ok("sync", "-c", project.name)
+    started = project.ok("launch", "-c", project.name, "--launcher", "torchrun", "--nproc", "1", "--detach",
+                         "--max-restarts", "1", "followed.py", timeout=120)
+    job_id = project.submitted(started.stderr)
+    runs = project.workdir / ".mlenv" / "runs"
+    slurm_cluster.wait(lambda: all("attempt 0 of node" in log.read_text() for log in runs.glob("*/attempt-0/node*/output.log")) and len(list(runs.glob("*/attempt-0/node*/output.log"))) == 2, "attempt 0 to start on both nodes", 120)
+    shown = tmp_path / "followed.log"
+    with shown.open("w") as out:
+        follower = subprocess.Popen([str(MLENV), "logs", "-c", project.name, "-f"], stdin=subprocess.DEVNULL,
+                                    stdout=out, stderr=subprocess.STDOUT, env=project.env, cwd=project.home)
+    try:
+        slurm_cluster.wait(lambda: "attempt 0 of node 1 started" in shown.read_text(), "the follower's first line",
+                           120)
+        (project.workdir / "go").touch()  # attempt 0 ends while it is followed
+        code = follower.wait(timeout=120)
+    finally:
+        follower.kill()
+        follower.wait()
+    logs = shown.read_text()
+    assert code == 4, logs
+    (run,) = runs.iterdir()
+    for node in (0, 1):
+        waiting = logs.index(f"[node-{node}] mlenv: attempt 0 ended (exit 3); waiting for attempt 1 (job {job_id} "
+                             "restarts the run)")
+        header = logs.index(f"mlenv: ==== attempt 1 (MLENV_RESTART_COUNT=1) of run {run.name}, node {node} ====")
+        assert logs.index(f"attempt 0 of node {node} started") < waiting < header, logs
+        assert header < logs.index(f"attempt 1 of node {node} started"), logs
+    assert [(run / f"attempt-{k}" / "exit").read_text() for k in (0, 1)] == ["3\n", "4\n"]
+    assert (run / "attempt-0" / "next").read_text() == f"job {job_id} restarts the run\n"
+    assert not (run / "attempt-1" / "next").exists()
+    assert slurm_cluster.wait_finished(job_id, 60)["ExitCode"] == "4:0"
+
+
 def test_a_detached_run_goes_on_in_a_batch_job_without_the_node_that_failed_first_twice(
         tmp_path: Path, slurm_cluster: SlurmCluster) -> None:
     """Detached, with no terminal waiting: after n2 failed first in attempts 0 and 1 (job X on n[1-2]), the run's
