@@ -296,7 +296,13 @@ def test_logs_follow_a_detached_batch_run_through_its_restart_to_its_end(tmp_pat
                          "--max-restarts", "1", "followed.py", timeout=120)
     job_id = project.submitted(started.stderr)
     runs = project.workdir / ".mlenv" / "runs"
-    slurm_cluster.wait(lambda: all("attempt 0 of node" in log.read_text() for log in runs.glob("*/attempt-0/node*/output.log")) and len(list(runs.glob("*/attempt-0/node*/output.log"))) == 2, "attempt 0 to start on both nodes", 120)
+
+
+    def training() -> bool:
+        logs = list(runs.glob("*/attempt-0/node*/output.log"))
+        return len(logs) == 2 and all("started" in log.read_text() for log in logs)
+
+    slurm_cluster.wait(training, "attempt 0 to start on both nodes", 120)
     shown = tmp_path / "followed.log"
     with shown.open("w") as out:
         follower = subprocess.Popen([str(MLENV), "logs", "-c", project.name, "-f"], stdin=subprocess.DEVNULL,
