@@ -78,6 +78,11 @@ def test_the_warning_signal_checkpoints_requeues_and_resumes(tmp_path: Path, slu
         return output.read_text() if output.exists() else ""
 
     slurm_cluster.wait(lambda: text().count("attempt 0 training") == 4, "the 4 ranks to train", 120)
+    shown = tmp_path / "followed.log"  # node 0's log, followed from attempt 0 through the requeue to the run's end
+    with shown.open("w") as out:
+        follower = subprocess.Popen([str(MLENV), "logs", "-c", project.name, "--pod", "0", "-f"],
+                                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=project.env,
+                                    cwd=project.home)
     slurm_cluster.ok("scancel", "--signal=USR1", "--batch", job_id)
     slurm_cluster.wait(lambda: int(slurm_cluster.job(job_id).get("Restarts", "0")) >= 1, "the requeue", 60)
     attempt0 = text()
@@ -99,7 +104,17 @@ def test_the_warning_signal_checkpoints_requeues_and_resumes(tmp_path: Path, slu
     assert (f"not requeueing job {job_id} again: requeued 1 times, the most --max-restarts 1 allows"
             in text()), text()
     assert (slurm_cluster.job(job_id)["JobState"], project.latest_run()["state"]) == ("FAILED", "failed")
-    assert (run / "attempt-1" / "exit").read_text() == "0\n" and (run / "attempt").read_text() == "1\n"
+    try:
+        followed = follower.wait(timeout=120)
+    finally:
+        follower.kill()
+        follower.wait()
+    lines = shown.read_text()
+    assert followed == 1, lines  # the run's end: the job was not requeued again
+    waiting = lines.index(f"[node-0] mlenv: attempt 0 ended (exit 0); waiting for attempt 1 (job {job_id} requeued)")
+    header = lines.index(f"[node-0] mlenv: ==== attempt 1 (MLENV_RESTART_COUNT=1) of run {run.name}, node 0 ====")
+    assert lines.index("attempt 0 training") < waiting < header < lines.index("attempt 1 resumed from step 7"), lines
+    assert (run / "attempt-1" / "exit").read_text() == "1\n" and (run / "attempt").read_text() == "1\n"
     assert [(run / f"attempt-{k}" / "ended").read_text() for k in (0, 1)] == ["requeued\n", "failed\n"]
     assert sorted(path.name for path in (project.workdir / "checkpoints" / run.name).iterdir()) == [
         "rank0", "rank1", "rank2", "rank3"]

@@ -122,7 +122,7 @@ while :; do  # attempt $k until it ended, then the next one while the run's scri
   k=$((k + 1))
   until dir=$(where "$k") && [ -n "$dir" ]; do  # a stop, or a requeue that failed, ends the run
     [ ! -e "$run/STOP_FILE" ] || exit 143
-    [ -e "$next" ] || exit "$code"
+    [ -e "$next" ] || exit "$(cat "$run/attempt-$((k - 1))/EXIT_FILE" 2>/dev/null || echo "$code")"
     sleep 1
   done
   echo "mlenv: ==== attempt $k (MLENV_RESTART_COUNT=$k) of run ${run##*/}, node ${dir##*/node} ===="
