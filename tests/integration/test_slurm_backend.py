@@ -208,8 +208,10 @@ def test_a_failing_node_gives_the_job_its_exit_code(project: Project, slurm_clus
     assert (run["state"], failure["node"], failure["exit_code"]) == ("failed", 1, 3) and failure["rank"] in (2, 3)
     assert failure["host"] == "n2", failure  # the scheduler's name of the node, never the batch shell's HOSTNAME
     assert {(rank["node"], rank["host"]) for rank in run["ranks"]} == {(0, "n1"), (1, "n2")}, run["ranks"]
-    for follow in ([], ["-f"]):  # the run has ended: following it ends too
-        logs = project.ok("logs", "-c", project.name, "--pod", "1", *follow, timeout=30).stdout
+    for follow, code in (([], 0), (["-f"], 3)):  # the run has ended: following it ends too, with the run's code
+        shown = project.mlenv("logs", "-c", project.name, "--pod", "1", *follow, timeout=30)
+        logs = shown.stdout
+        assert shown.returncode == code, shown.stderr
         assert any(re.fullmatch(r"\[node-1 r[23]\] failing on purpose", line) for line in logs.splitlines())
     for rank in (2, 3):  # node 1's ranks: one failed, the other was stopped
         one = project.mlenv("logs", "-c", project.name, "--rank", str(rank), timeout=30)

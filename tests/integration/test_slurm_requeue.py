@@ -78,6 +78,11 @@ def test_the_warning_signal_checkpoints_requeues_and_resumes(tmp_path: Path, slu
         return output.read_text() if output.exists() else ""
 
     slurm_cluster.wait(lambda: text().count("attempt 0 training") == 4, "the 4 ranks to train", 120)
+    shown = tmp_path / "followed.log"  # node 0's log, followed from attempt 0 through the requeue to the run's end
+    with shown.open("w") as out:
+        follower = subprocess.Popen([str(MLENV), "logs", "-c", project.name, "--pod", "0", "-f"],
+                                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=project.env,
+                                    cwd=project.home)
     slurm_cluster.ok("scancel", "--signal=USR1", "--batch", job_id)
     slurm_cluster.wait(lambda: int(slurm_cluster.job(job_id).get("Restarts", "0")) >= 1, "the requeue", 60)
     attempt0 = text()
@@ -99,7 +104,17 @@ def test_the_warning_signal_checkpoints_requeues_and_resumes(tmp_path: Path, slu
     assert (f"not requeueing job {job_id} again: requeued 1 times, the most --max-restarts 1 allows"
             in text()), text()
     assert (slurm_cluster.job(job_id)["JobState"], project.latest_run()["state"]) == ("FAILED", "failed")
-    assert (run / "attempt-1" / "exit").read_text() == "0\n" and (run / "attempt").read_text() == "1\n"
+    try:
+        followed = follower.wait(timeout=120)
+    finally:
+        follower.kill()
+        follower.wait()
+    lines = shown.read_text()
+    assert followed == 1, lines  # the run's end: the job was not requeued again
+    waiting = lines.index(f"[node-0] mlenv: attempt 0 ended (exit 0); waiting for attempt 1 (job {job_id} requeued)")
+    header = lines.index(f"[node-0] mlenv: ==== attempt 1 (MLENV_RESTART_COUNT=1) of run {run.name}, node 0 ====")
+    assert lines.index("attempt 0 training") < waiting < header < lines.index("attempt 1 resumed from step 7"), lines
+    assert (run / "attempt-1" / "exit").read_text() == "1\n" and (run / "attempt").read_text() == "1\n"
     assert [(run / f"attempt-{k}" / "ended").read_text() for k in (0, 1)] == ["requeued\n", "failed\n"]
     assert sorted(path.name for path in (project.workdir / "checkpoints" / run.name).iterdir()) == [
         "rank0", "rank1", "rank2", "rank3"]
@@ -272,6 +287,65 @@ def test_the_batch_script_restarts_a_detached_run(tmp_path: Path, slurm_cluster:
     latest = json.loads(project.ok("status", "-c", project.name, "--json").stdout)["latest_run"]
     found = latest["goodput"]  # every attempt's records, read in the one look at the shared run directory
     assert found["attempts"] == 2 and abs(sum(found["phases"].values()) - found["wall"]) <= 0.05 * found["wall"], found
+
+
+# No torch: node 1 fails attempt 0 (once the test says go) with 3 and attempt 1 with 4; node 0 waits to be stopped.
+FOLLOWED_JOB = """\
+import os, sys, time
+attempt, node = int(os.environ["MLENV_RESTART_COUNT"]), os.environ["MLENV_NODE_RANK"]
+print(f"attempt {attempt} of node {node} started", flush=True)
+while node == "1" and attempt == 0 and not os.path.exists("go"):
+    time.sleep(0.1)
+if node == "1":
+    sys.exit(3 + attempt)
+time.sleep(300)
+"""
+
+
+def test_logs_follow_a_detached_batch_run_through_its_restart_to_its_end(tmp_path: Path,
+                                                                         slurm_cluster: SlurmCluster) -> None:
+    """mlenv logs -f of a detached batch run under --max-restarts 1, started while attempt 0 runs: it shows attempt
+    0's lines, says that it waits for attempt 1 (which the run's script starts in the same job), shows attempt 1
+    under its header and ends with the run's final exit code (attempt 1's 4, not attempt 0's 3)."""
+    project = make_project(tmp_path, slurm_cluster)
+    (project.home / "workspace" / "followed.py").write_text(FOLLOWED_JOB)
+    project.ok("sync", "-c", project.name)
+    started = project.ok("launch", "-c", project.name, "--launcher", "torchrun", "--nproc", "1", "--detach",
+                         "--max-restarts", "1", "followed.py", timeout=120)
+    job_id = project.submitted(started.stderr)
+    runs = project.workdir / ".mlenv" / "runs"
+
+
+    def training() -> bool:
+        logs = list(runs.glob("*/attempt-0/node*/output.log"))
+        return len(logs) == 2 and all("started" in log.read_text() for log in logs)
+
+    slurm_cluster.wait(training, "attempt 0 to start on both nodes", 120)
+    shown = tmp_path / "followed.log"
+    with shown.open("w") as out:
+        follower = subprocess.Popen([str(MLENV), "logs", "-c", project.name, "-f"], stdin=subprocess.DEVNULL,
+                                    stdout=out, stderr=subprocess.STDOUT, env=project.env, cwd=project.home)
+    try:
+        slurm_cluster.wait(lambda: "attempt 0 of node 1 started" in shown.read_text(), "the follower's first line",
+                           120)
+        (project.workdir / "go").touch()  # attempt 0 ends while it is followed
+        code = follower.wait(timeout=120)
+    finally:
+        follower.kill()
+        follower.wait()
+    logs = shown.read_text()
+    assert code == 4, logs
+    (run,) = runs.iterdir()
+    for node in (0, 1):
+        waiting = logs.index(f"[node-{node}] mlenv: attempt 0 ended (exit 3); waiting for attempt 1 (job {job_id} "
+                             "restarts the run)")
+        header = logs.index(f"mlenv: ==== attempt 1 (MLENV_RESTART_COUNT=1) of run {run.name}, node {node} ====")
+        assert logs.index(f"attempt 0 of node {node} started") < waiting < header, logs
+        assert header < logs.index(f"attempt 1 of node {node} started"), logs
+    assert [(run / f"attempt-{k}" / "exit").read_text() for k in (0, 1)] == ["3\n", "4\n"]
+    assert (run / "attempt-0" / "next").read_text() == f"job {job_id} restarts the run\n"
+    assert not (run / "attempt-1" / "next").exists()
+    assert slurm_cluster.wait_finished(job_id, 60)["ExitCode"] == "4:0"
 
 
 def test_a_detached_run_goes_on_in_a_batch_job_without_the_node_that_failed_first_twice(

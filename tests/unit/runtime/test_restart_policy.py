@@ -119,6 +119,11 @@ def test_the_slurm_scripts_ask_the_policy(tmp_path: Path) -> None:
     assert second["why"] == "it failed first in 2 attempts of the run"
     assert _ask(run_dir, 1, 143, first)["verdict"] == "end"  # a user's stop
     assert _ask(run_dir, 0, 5, None, "--warned")["verdict"] == "end"
+    requeued = _ask(run_dir, 0, 0, None, "--warned", "--requeues", "1", "--requeued", "0")  # the warning: requeued
+    assert (requeued["verdict"], requeued["ended"]) == ("requeue", "requeued"), requeued
+    capped = _ask(run_dir, 1, 0, None, "--warned", "--requeues", "1", "--requeued", "1")  # as often as it may be
+    assert (capped["verdict"], capped["ended"]) == ("end", "succeeded"), capped
+    assert _ask(run_dir, 0, 5, None, "--requeues", "1")["verdict"] == "restart"  # no warning: no requeue
 
     bug = tmp_path / "bug"
     for attempt in (0, 1):  # node 0 records the same error twice

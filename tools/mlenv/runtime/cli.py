@@ -219,8 +219,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     policy = commands.add_parser(
         "policy", help="the restart policy's verdict on an ended attempt of a run, as shell assignments (the Slurm "
-                       "scripts eval it): node, code, verdict (end, stop, restart, leave-out), left_node, host, why, "
-                       "saved, and the run's history for the next attempt")
+                       "scripts eval it): node, code, verdict (end, requeue, stop, restart, leave-out), left_node, "
+                       "host, why, saved, and the run's history for the next attempt")
     policy.add_argument("--run-dir", type=Path, required=True, metavar="DIR", help="the run's directory")
     policy.add_argument("--attempt", type=_count, required=True, metavar="K", help="the attempt that ended")
     policy.add_argument("--exit-code", type=_count, required=True, metavar="CODE", help="how it ended")
@@ -232,6 +232,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the host that failed first, for each earlier attempt (the history this command printed)")
     policy.add_argument("--last-error", default="", metavar="KEY", help="the previous attempt's error (likewise)")
     policy.add_argument("--warned", action="store_true", help="the scheduler's warning came: never restart")
+    policy.add_argument("--requeues", type=_count, default=0, metavar="N",
+                        help="with --warned: how many times the job may be requeued (0: never)")
+    policy.add_argument("--requeued", type=_count, default=0, metavar="M", help="how many times it was requeued")
     policy.add_argument("--job-nodes", default="", metavar="NODELIST",
                         help="the job's nodes now (squeue %%N; empty: not running): a host of the attempt no longer "
                              "among them was lost to a node failure")
@@ -359,7 +362,7 @@ def _policy(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         write_json(args.run_dir / f"attempt-{args.attempt}" / LOST_FILE,
                    {str(node): fault.to_dict() for node, fault in sorted(lost.items())})
     answer = restartpolicy.for_script(args.run_dir, args.attempt, args.exit_code, args.max_restarts, hosts,
-                                      args.failed_file, history, args.warned, lost)
+                                      args.failed_file, history, args.warned, lost, args.requeues, args.requeued)
     print(" ".join(f"{name}={shlex.quote(str(value))}" for name, value in answer.items()))
     return 0
 

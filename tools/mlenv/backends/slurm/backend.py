@@ -104,15 +104,37 @@ if [ -z "$found" ]; then
   exit 1
 fi
 [ -n "$tailing" ] || exit 0
-pid=$(mktemp)
-{ tail -n +1 -f "$found/output.log" & echo $! > "$pid"; wait; } | show &
-while [ ! -e "$run/attempt-$newest/exit" ] && [ ! -e "$found/exit" ]; do sleep 1; done
-sleep 1; kill "$(cat "$pid")"; rm -f "$pid"; wait
-""".replace("DEPLOYMENT_FILE", script.DEPLOYMENT_FILE)
+k=$newest dir=$found
+while :; do  # attempt $k until it ended, then the next one while the run's script says that one comes
+  pid=$(mktemp)
+  { tail -n +1 -f "$dir/output.log" & echo $! > "$pid"; wait; } | show &
+  late=0  # the attempt's exit file comes after the restart policy's verdict; the node's alone: the script is gone
+  while [ ! -e "$run/attempt-$k/EXIT_FILE" ] && [ "$late" -lt 60 ]; do
+    [ ! -e "$dir/EXIT_FILE" ] || late=$((late + 1))
+    sleep 1
+  done
+  sleep 1; kill "$(cat "$pid")"; rm -f "$pid"; wait
+  code=$(cat "$run/attempt-$k/EXIT_FILE" 2>/dev/null || cat "$dir/EXIT_FILE" 2>/dev/null)
+  case $code in ''|*[!0-9]*) code=1 ;; esac
+  next="$run/attempt-$k/NEXT_FILE"
+  [ -s "$next" ] || exit "$code"
+  echo "mlenv: attempt $k ended (exit $code); waiting for attempt $((k + 1)) ($(head -n 1 "$next"))"
+  k=$((k + 1))
+  until dir=$(where "$k") && [ -n "$dir" ]; do  # a stop, or a requeue that failed, ends the run
+    [ ! -e "$run/STOP_FILE" ] || exit 143
+    [ -e "$next" ] || exit "$(cat "$run/attempt-$((k - 1))/EXIT_FILE" 2>/dev/null || echo "$code")"
+    sleep 1
+  done
+  echo "mlenv: ==== attempt $k (MLENV_RESTART_COUNT=$k) of run ${run##*/}, node ${dir##*/node} ===="
+done
+""".replace("DEPLOYMENT_FILE", script.DEPLOYMENT_FILE).replace("EXIT_FILE", script.EXIT_FILE).replace(
+    "NEXT_FILE", script.NEXT_FILE).replace("STOP_FILE", script.STOP_FILE)
 """The log of the deployment's newest run (never another cluster file's sharing the workdir): node N's, or with a
 rank only that rank's lines from the node it ran on in each attempt (exit 2, silently, when it ran in none); after a
-restart every attempt's, each under a header naming it, the newest last; with follow, until the node's exit file or
-its attempt's (the batch or step script's)."""
+restart every attempt's, each under a header naming it, the newest last; with follow, until the run has ended: into
+every attempt the run's script says comes next (script.NEXT_FILE; one line says what it waits for), then with the
+last attempt's exit code (its exit file, the batch or step script's; the node's own a minute after it, where the
+script is gone without one)."""
 
 
 def job_data(job: SlurmJob) -> dict[str, Any]:

@@ -36,6 +36,10 @@ EXIT_FILE = "exit"
 ENDED_FILE = "ended"
 """In an attempt's directory: how the attempt ended (runtime/runlayout.py's ATTEMPT_STATES: the policy's word, or
 ``stopped``, ``requeued``, ``failed`` where the script stopped, requeued or could not requeue), by the script."""
+NEXT_FILE = "next"
+"""In an attempt's directory: where the run goes on (``job 12 requeued``, ``job 12 restarts the run``, ``batch job 13
+submitted, without n2``), written by the script before the attempt's exit file when the restart policy's verdict
+brings another attempt; ``mlenv logs -f`` follows the run into it (none: the run ended with the attempt)."""
 ATTEMPT_FILE = "attempt"
 """In a run directory: the number K of its latest attempt, whose files are in ``attempt-K/``."""
 RESUBMITTED_FILE = "resubmitted"
@@ -237,7 +241,8 @@ def _run_context(job: SlurmJob, title: str, run_id: str, task: Sequence[str], ba
             "nodelist": list(nodelist), "restarts": restarts, "resubmitted_file": RESUBMITTED_FILE,
             "stop_file": STOP_FILE, "deployment_file": DEPLOYMENT_FILE,
             "resubmit_export": ",".join([*job.settings.export, "MLENV_RESUBMITTED=1"]),
-            "python": PYTHON, "failed_file": FAILED_FILE, "ended_file": ENDED_FILE,
+            "python": PYTHON, "failed_file": FAILED_FILE, "ended_file": ENDED_FILE, "exit_file": EXIT_FILE,
+            "next_file": NEXT_FILE,
             "unexported": Shell(" ".join(secrets))}  # names checked by read_secrets in srun_line
 
 

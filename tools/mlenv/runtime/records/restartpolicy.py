@@ -32,6 +32,7 @@ from pathlib import Path
 from .runlayout import (
     FAILED,
     NODE_FAILED,
+    REQUEUED,
     STOPPED,
     SUCCEEDED,
     USER_STOPS,
@@ -207,13 +208,15 @@ def judge(attempt: int, history: History, first: FirstFailure | None, node: int 
 
 def for_script(run_dir: Path, attempt: int, exit_code: int, max_restarts: int, hosts: Sequence[str],
                failed_file: Path | None, history: History, warned: bool = False,
-               lost: Mapping[int, NodeFault] | None = None) -> dict[str, object]:
+               lost: Mapping[int, NodeFault] | None = None, requeues: int = 0, requeued: int = 0) -> dict[str, object]:
     """The verdict on attempt ``attempt`` of a run whose script cannot judge it itself (Slurm's; ``python3 -m
     mlenv.runtime policy`` prints it as shell assignments), from the attempt's records in ``run_dir``, its
     ``hosts`` in node order and the run's ``history``. ``node`` and ``code``: the node that failed first and its
     exit code (node 0's recorded first failure, else ``failed_file``'s ``<node> <code>``; else none and
     ``exit_code``); ``verdict``: ``end`` (not restarted: success, a stop, no restarts left, the scheduler's warning
-    came), ``stop`` (not restarted although restarts are left: ``why``), ``restart``, or ``leave-out`` (node
+    came and the job may be requeued no more), ``requeue`` (the warning came and the job, ``requeued`` times so far,
+    may be requeued ``requeues`` times), ``stop`` (not restarted although restarts are left: ``why``), ``restart``, or
+    ``leave-out`` (node
     ``left_node`` on ``host`` must be left out of the rest of the run, ``why``; ``saved``: 1 when it is recorded for
     later runs too); ``failed_first`` and ``last_error``: the history to hand the next attempt's question; ``lost``
     (when the scheduler ``lost`` nodes: their ``node-failure`` signs, which count as the nodes' own): who, and why;
@@ -232,6 +235,8 @@ def for_script(run_dir: Path, attempt: int, exit_code: int, max_restarts: int, h
     if lost:
         answer["lost"] = "; ".join(f"{hosts[rank] if rank < len(hosts) else f'node-{rank}'} (node-{rank}): "
                                    f"{why_faulty(fault)}" for rank, fault in sorted(lost.items()))
+    if warned and requeued < requeues:
+        answer.update(verdict="requeue", ended=REQUEUED)
     if warned or not may_restart(code, attempt, max_restarts, signs.values()):
         return answer
     host = hosts[node] if node is not None and node < len(hosts) else None
