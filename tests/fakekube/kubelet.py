@@ -14,6 +14,7 @@ Restarts follow ``restartPolicy`` with the kubelet's doubling back-off (CrashLoo
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import os
 import pwd
@@ -68,11 +69,29 @@ def home(uid: int) -> str:
         return "/"
 
 
-def container_env(pod: dict[str, Any], container: dict[str, Any], uid: int = 0) -> dict[str, str]:
+SecretLookup = Callable[[str, str], "dict[str, Any] | None"]
+"""(namespace, name) -> the Secret as stored, or None."""
+
+
+class ConfigError(Exception):
+    """A container whose configuration cannot be made (the kubelet's ``CreateContainerConfigError``)."""
+
+
+def container_env(pod: dict[str, Any], container: dict[str, Any], uid: int = 0,
+                  secret: SecretLookup | None = None) -> dict[str, str]:
     """The environment: the test environment's PATH (the "image"; this Python's directory first, so ``python3`` is
-    the one running the tests), HOSTNAME, then the container's ``env`` in order."""
+    the one running the tests), HOSTNAME, then each ``envFrom`` Secret's keys (a missing one is skipped when
+    ``optional``, else ConfigError), then the container's ``env`` in order."""
     path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "/usr/bin:/bin")])
     env = {"PATH": path, "HOME": home(uid), "HOSTNAME": pod["metadata"]["name"]}
+    for source in container.get("envFrom") or []:
+        reference = source.get("secretRef") or {}
+        found = secret(pod["metadata"].get("namespace", ""), str(reference.get("name"))) if secret and reference \
+            else None
+        if found is None and reference and not reference.get("optional"):
+            raise ConfigError(f'secret "{reference.get("name")}" not found')
+        for key, value in ((found or {}).get("data") or {}).items():
+            env[str(source.get("prefix", "")) + key] = base64.b64decode(value).decode()
     for item in container.get("env") or []:
         source = item.get("valueFrom") or {}
         if "fieldRef" in source:
@@ -122,8 +141,10 @@ class Kubelet:
     ends or a pod finished terminating, so the controller writes the new status at once."""
 
     def __init__(self, root: Path, on_change: Callable[[], None], restart_backoff: float = 10.0,
-                 network: bool | None = None) -> None:
+                 network: bool | None = None, secret: SecretLookup | None = None) -> None:
         self.root = root
+        self.secret = secret
+        """Reads the Secrets a container's ``envFrom`` names."""
         self.on_change = on_change
         self.restart_backoff = restart_backoff
         self.network = net.available() if network is None else network and net.available()
@@ -303,7 +324,11 @@ class Kubelet:
         except security.Refused as refused:
             run.failure, run.failure_reason = refused.message, refused.reason
             return
-        env = container_env(pod, container, context.uid)
+        try:
+            env = container_env(pod, container, context.uid, self.secret)
+        except ConfigError as refused:
+            run.failure, run.failure_reason = str(refused), "CreateContainerConfigError"
+            return
         argv = [expand(str(a), env) for a in [*(container.get("command") or []), *(container.get("args") or [])]]
         try:
             if not argv:

@@ -130,7 +130,9 @@ class FakeKube:
         self._pod_root: Path | None = None
         if run_pods:
             self._pod_root = Path(tempfile.mkdtemp(prefix="fakekube-pods-"))
-            self.kubelet = Kubelet(self._pod_root, lambda: self.controller.reconcile(), restart_backoff, pod_network)
+            secrets = by_kind("Secret")
+            self.kubelet = Kubelet(self._pod_root, lambda: self.controller.reconcile(), restart_backoff, pod_network,
+                                   lambda namespace, name: self.store.get(secrets, namespace, name))
         self.controller = Controller(self.store, self.api, self.faults, self.failures, ready_delay, resync_seconds,
                                      self.kubelet)
         if self.kubelet is not None:

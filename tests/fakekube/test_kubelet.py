@@ -365,3 +365,23 @@ def test_on_openshift_the_scc_gives_the_namespaces_uid_and_fs_group(cluster: Fak
     assert (f'pods "q" is forbidden: unable to validate against any security context constraint: [provider '
             f'"restricted-v2": Forbidden: spec.containers[0].securityContext.runAsUser: Invalid value: 1000: must be '
             f"in the ranges: [{first}, {first + 9999}]]") in refused.stderr, refused.stderr
+
+
+def test_env_from_a_secret_as_the_kubelet_makes_it(cluster: FakeCluster) -> None:
+    """``envFrom: secretRef``: the Secret's keys become variables (``env`` after them wins); a missing optional
+    Secret is skipped, a missing required one is CreateContainerConfigError."""
+    def with_secret(name: str, secret: str, optional: bool) -> str:
+        document = yaml.safe_load(pod(name, 'echo "$TOKEN $GREETING"; exec sleep infinity'))
+        document["spec"]["containers"][0]["envFrom"] = [{"secretRef": {"name": secret, "optional": optional}}]
+        return yaml.safe_dump(document)
+
+    cluster.kubectl("create", "secret", "generic", "s", "--from-literal=TOKEN=t0k", "--from-literal=GREETING=no")
+    cluster.kubectl("apply", "-f", "-", input=with_secret("a", "s", False))
+    cluster.kubectl("apply", "-f", "-", input=with_secret("b", "absent", True))
+    cluster.kubectl("apply", "-f", "-", input=with_secret("c", "absent", False))
+    running(cluster, "a")
+    running(cluster, "b")
+    assert until(lambda: cluster.kubectl("logs", "a").stdout, "pod a's output") == "t0k hi a\n"
+    assert until(lambda: cluster.kubectl("logs", "b").stdout, "pod b's output") == " hi b\n"
+    state = waiting(cluster, "c")
+    assert state["reason"] == "CreateContainerConfigError" and 'secret "absent" not found' in state["message"], state

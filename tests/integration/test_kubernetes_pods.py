@@ -93,7 +93,7 @@ def stop(signum, frame):
     sys.exit(0)
 
 signal.signal(signal.SIGTERM, stop)
-Path(f"/workspace/started-{me}").write_text("yes")
+Path(f"/workspace/started-{me}").write_text(f"attempt{os.environ['MLENV_RESTART_COUNT']}")
 print(f"rank {me} started", flush=True)
 while True:
     time.sleep(0.1)
@@ -136,7 +136,7 @@ def test_deleting_a_pod_under_a_running_job_gives_its_ranks_sigterm(kube_project
     finally:
         follow.terminate()
         follow.wait(timeout=30)
-    _until(lambda: _files(project, 1, "started-1-*") == "yesyes", "both ranks of pod 1 started")
+    _until(lambda: _files(project, 1, "started-1-*") == "attempt0attempt0", "both ranks of pod 1 started")
 
     started = time.monotonic()
     deleted = project.kubectl("delete", "pod", f"{APP}-1", timeout=400)
@@ -145,10 +145,13 @@ def test_deleting_a_pod_under_a_running_job_gives_its_ranks_sigterm(kube_project
     assert took < 60, f"the pod took {took:.0f}s to go: its ranks did not get SIGTERM before the 300s SIGKILL"
     _until(lambda: all(p["ready"] for p in json.loads(project.ok("status", "--json").stdout)["pods"]), "pod 1 back")
     assert _files(project, 1, "stopped-1-*") == "SIGTERMSIGTERM"  # its volume kept what the ranks wrote
-    status = json.loads(project.ok("status", "--json").stdout)
-    assert status["latest_run"]["state"] == "preempted", status  # not failed, not a user's stop: the nodes' records
-    assert status["run_states"]["1"] == "preempted (143)", status
-
+    # not failed, not a user's stop: a detached run resumes once the pod is back
+    _until(lambda: _files(project, 0, "started-0-*") + _files(project, 1, "started-1-*") == "attempt1" * 4,
+           "every rank of the run resumed in attempt 1")
+    assert json.loads(project.ok("status", "--json").stdout)["latest_run"]["attempt"] == 1
+    ended = _files(project, 1, ".mlenv/runs/*/attempt-0/node1/state.json")
+    assert json.loads(ended)["state"] == "preempted", ended  # the nodes' records
+    project.kubectl("exec", f"{APP}-0", "--", "sh", "-c", "rm /workspace/stopped-0-*")  # attempt 0's
     project.ok("stop")
     _until(lambda: _files(project, 0, "stopped-0-*") == "SIGTERMSIGTERM", "pod 0's ranks stopped")
     project.ok("clean")

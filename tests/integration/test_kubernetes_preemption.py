@@ -1,7 +1,8 @@
-"""A pod taken away under an attached run (``kubectl delete pod``, or evicted by ``kubectl drain`` of its node, as
+"""A pod taken away under a run (``kubectl delete pod``, or evicted by ``kubectl drain`` of its node, as
 a preemption does) is not a failure: its ranks get the checkpoint signal (the pod's PID 1 passes SIGTERM on), mlenv
 says the run was preempted, waits until the pod is back and resumes the run as its next attempt, with
-MLENV_RESTART_COUNT=1 and the same MLENV_CHECKPOINT_DIR, without --max-restarts. End to end against pods that
+MLENV_RESTART_COUNT=1 and the same MLENV_CHECKPOINT_DIR, without --max-restarts; a detached run resumes on its own
+(the nodes still there start the next attempt, the pod that comes back joins it). End to end against pods that
 really run (fakekube ``--run-pods``)."""
 
 from __future__ import annotations
@@ -95,3 +96,40 @@ def test_a_pod_taken_away_preempts_the_run_which_resumes_from_its_checkpoint(
     assert "restarting it" not in err and "failed with exit code" not in err  # a resumption, not a failure
     [latest] = json.loads(project.ok("status", "--json").stdout)["runs"][-1:]
     assert latest["preemptions"] == 1, latest
+
+
+def test_a_detached_run_resumes_on_its_own_once_the_pod_is_back(kube_project: KubeProject) -> None:  # noqa: F811
+    """Detached, no terminal waiting: pod 1's supervisors record the attempt preempted; pod 0's supervisors start
+    attempt 1 at once and wait for it in the rendezvous; the recreated pod's PID 1 has the runtime resume pod 1's
+    share (the run's Secret names the run and holds its control secret). Every rank resumes from the same
+    checkpoint directory with MLENV_RESTART_COUNT=1, and the run succeeds."""
+    project = kube_project
+    project.ok("deploy", str(project.cluster_file))
+    source = project.home / "workspace"
+    source.mkdir()
+    (source / "job.py").write_text(CHECKPOINTS)
+    project.ok("sync", "--source", str(source))
+    run_id = json.loads(project.ok("launch", "--launcher", "torchrun", "--detach", "--json", "job.py").stdout)["run_id"]
+    secret = json.loads(project.kubectl("get", "secret", f"{APP}-run", "-o", "json").stdout)
+    assert set(secret["data"]) == {"MLENV_CONTROL_SECRET", "MLENV_RESUME_RUN"}, secret["data"]
+    deadline = time.monotonic() + 120
+    while _started(project) != ["started-2", "started-3"]:
+        assert time.monotonic() < deadline, "the ranks of pod 1 did not start"
+        time.sleep(0.3)
+    checkpoints = project.kubectl("exec", f"{APP}-1", "--", "cat", "/workspace/started-2").stdout
+    assert _delete(project).returncode == 0
+    deadline = time.monotonic() + 240
+    run: dict[str, object] = {}
+    while (run.get("attempt"), run.get("state")) != (1, "succeeded"):
+        assert time.monotonic() < deadline, run
+        time.sleep(1)
+        run = json.loads(project.ok("status", "--json").stdout)["latest_run"] or {}
+    shown = project.ok("logs", run_id).stdout
+    resumed = re.findall(r"rank (\d) resumed in attempt 1 from (\S+): (.*)$", shown, re.MULTILINE)
+    assert sorted(rank for rank, _, _ in resumed) == ["0", "1", "2", "3"], shown
+    assert {where for _, where, _ in resumed} == {checkpoints}, shown  # the same checkpoint directory
+    saved = {rank: set(names.split()) for rank, _, names in resumed}
+    assert saved["2"] == saved["3"] == {"rank-2", "rank-3"}, shown  # the preempted pod's ranks saved theirs
+    node1 = project.kubectl("exec", f"{APP}-1", "--", "sh", "-c",
+                            f"cat /workspace/.mlenv/runs/{run_id}/attempt-0/node1/state.json").stdout
+    assert json.loads(node1)["state"] == "preempted", node1

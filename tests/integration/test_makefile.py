@@ -162,9 +162,10 @@ def test_max_preemptions_reaches_launch() -> None:
     require("make")
     capped = ok("launch-dry-run", "CLUSTER=barcelona", "MAX_PREEMPTIONS=3").stdout
     assert capped.startswith("# mlenv launch: run ") and "(torchrun)" in capped.splitlines()[0], capped
-    detached = make("launch-dry-run", "CLUSTER=barcelona", "MAX_PREEMPTIONS=3", "DETACH=1")  # what it cannot do
-    assert detached.returncode == 2, detached.stderr
-    assert "error: the openshift backend cannot resume a detached run after a preemption" in detached.stderr
+    detached = ok("launch-dry-run", "CLUSTER=barcelona", "MAX_PREEMPTIONS=3", "DETACH=1").stdout
+    assert "--detach --max-preemptions 3" in detached, detached  # the pods' supervisors count them
+    refused = make("launch-dry-run", "CLUSTER=olivia", "MAX_PREEMPTIONS=3")  # what a backend cannot do
+    assert refused.returncode == 2 and "error: the slurm backend cannot resume a run" in refused.stderr, refused.stderr
     refused = make("launch-dry-run", "CLUSTER=barcelona", "MAX_PREEMPTIONS=-1")
     assert refused.returncode == 2 and "'--max-preemptions': -1 is not in the range" in refused.stderr
 

@@ -367,7 +367,6 @@ class Feature(Enum):
     DISCOVER = "discover a cluster (mlenv discover)"
     NODE_EXCLUSION = "leave a faulty node out of a run (launch --max-restarts, the excluded nodes of mlenv nodes)"
     PREEMPTION = "resume a run whose nodes were taken away under it (launch --max-preemptions)"
-    DETACHED_RESUME = "resume a detached run after a preemption (launch --detach)"
 
 
 C = TypeVar("C")

@@ -89,6 +89,8 @@ class FanoutJobs(ABC):
         options = ["--launcher", spec.launcher, *(["--nproc", str(spec.nproc)] if spec.nproc else []),
                    "--run-dir", run_dir(spec.run_id), *(["--detach"] if spec.detach else []),
                    *(["--max-restarts", str(spec.max_restarts)] if spec.detach and spec.max_restarts else []),
+                   *(["--max-preemptions", str(spec.max_preemptions)]
+                     if spec.detach and spec.max_preemptions is not None else []),
                    *(["--expect-transport", spec.expect_transport] if spec.expect_transport else []),
                    *spec.watchdog_options()]
         command = self.runtime(handle, "launch", *options, "--", spec.script, *spec.args)
@@ -135,6 +137,7 @@ class FanoutJobs(ABC):
         detach = request.spec.detach
         forwarded = {**secrets, SECRET_VARIABLE: random_secrets.token_hex(16)}
         names = (*request.spec.secrets, SECRET_VARIABLE)
+        self.keep_for_resume(handle, request, forwarded)
         self._start_standbys(handle, request, forwarded)
         commands = {n.ordinal: self.exec_argv(handle, n, request.commands[n.ordinal], env=request.env,
                                               stop_on_stdin_eof=not detach, secrets=names) for n in nodes}
@@ -146,6 +149,11 @@ class FanoutJobs(ABC):
         return LaunchOutcome(result.exit_code, dict(result.exit_codes), {n: str(p) for n, p in logs.items()},
                              result.first_failure, detached=detach, stopped=result.stopped,
                              interrupted=result.interrupted, hosts={n.ordinal: n.host for n in nodes})
+
+    def keep_for_resume(self, handle: Handle, request: LaunchRequest, secrets: Mapping[str, str]) -> None:
+        """Where a run's nodes come back on their own (pods after a preemption), keep what they need to resume a
+        detached run (``secrets``: the forwarded ones and the control secret); nothing here."""
+        return None
 
     def _start_standbys(self, handle: Handle, request: LaunchRequest, secrets: Mapping[str, str]) -> None:
         """Start the request's standbys on their spare hosts (each returns once it listens, ``secrets`` in its

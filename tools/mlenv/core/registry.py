@@ -117,9 +117,7 @@ class BackendInfo(NamedTuple):
 NO_SPARES = "a Slurm allocation holds spare nodes (an ssh cluster lists its spare hosts in ssh.spares)"
 NO_DISCOVER = "write clusters/NAME.yaml yourself (mlenv discover reads a Kubernetes cluster)"
 NO_PREEMPTION = "its nodes are not taken away under a run by a scheduler (Kubernetes pods are)"
-NO_DETACHED_RESUME = ("a pod deleted or evicted under a detached run ends it, recorded preempted (mlenv status): "
-                      "launch it attached to have mlenv resume it once the pod is back")
-KUBERNETES_LACKS = {Feature.SPARE_NODES: NO_SPARES, Feature.DETACHED_RESUME: NO_DETACHED_RESUME}
+KUBERNETES_LACKS = {Feature.SPARE_NODES: NO_SPARES}
 
 BACKENDS: dict[str, BackendInfo] = {
     info.name: info for info in (

@@ -161,16 +161,10 @@ def dry_run(target: Target, spec: LaunchSpec) -> str:
 
 def check_supported(target: Target, spec: LaunchSpec) -> None:
     """UsageError (exit 2) where the backend cannot do what ``spec`` asks (core/registry.py says why): resume after
-    a preemption (--max-preemptions; detached too), leave the excluded nodes out. A detached run that the backend
-    would resume attached says once that it is not resumed."""
-    from mlenv.ui import warn
-
+    a preemption (--max-preemptions, attached or detached), leave the excluded nodes out."""
     info = target.backend.info
     if spec.max_preemptions is not None:
-        info.require(Feature.PREEMPTION, *([Feature.DETACHED_RESUME] if spec.detach else []))
-    elif spec.detach and info.supports(Feature.PREEMPTION) and not info.supports(Feature.DETACHED_RESUME):
-        warn(f"the {info.name} backend cannot {Feature.DETACHED_RESUME.value}; "
-             f"{info.unsupported[Feature.DETACHED_RESUME]}")
+        info.require(Feature.PREEMPTION)
     if spec.exclude:
         info.require(Feature.NODE_EXCLUSION)
 

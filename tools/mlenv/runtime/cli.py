@@ -31,7 +31,7 @@ from .records.runlayout import (
     write_json,
 )
 from .supervise.control import SILENCE_SECONDS
-from .supervise.detached import restart, start_node, wait_as_standby
+from .supervise.detached import restart, resume, start_node, wait_as_standby
 from .supervise.faults import SIGNALS, TARGETS, inject
 from .supervise.jobs import BadInput, JobError
 from .supervise.launcher import launch
@@ -166,6 +166,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--max-restarts", type=_count, default=0, metavar="N",
                      help="with --detach: when the job fails (not when it is stopped), start it again on this node, "
                           "up to N times, as attempt K+1 (MLENV_RESTART_COUNT) of the same run")
+    run.add_argument("--max-preemptions", type=_count, metavar="N",
+                     help="with --detach, in a pod: how many times the run resumes after a pod of it was taken away "
+                          "(default: every time)")
     run.add_argument("--standby", type=_count, metavar="SLOT",
                      help="with --detach, on a spare host: wait (on MASTER_PORT + 2 + SLOT) until node 0 hands this "
                           "host a node that must be left out of the run, then run that node's share from the next "
@@ -241,6 +244,11 @@ def build_parser() -> argparse.ArgumentParser:
     policy.add_argument("--node-states", default="", metavar="LINES",
                         help="sinfo -h -N -o '%%N|%%T|%%E' of the attempt's hosts: a host down, failed or drained was "
                              "lost (its node-failure sign is written to the attempt's lost.json)")
+
+    resuming = commands.add_parser("resume", help="a pod back after a preemption: resume this node's share of the "
+                                                  "detached run $MLENV_RESUME_RUN as its next attempt (its PID 1 runs "
+                                                  "this)")
+    resuming.add_argument("--runs-root", type=Path, metavar="DIR", help=runs_help)
 
     fault = commands.add_parser("fault", help="signal this node's share of a run, or one of its ranks, from outside "
                                               "(mlenv drill): prints the signal, the pids and when")
@@ -351,6 +359,10 @@ def _doctor(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     return 1 if any(check["status"] == "FAIL" for check in report["checks"]) else 0
 
 
+def _resume(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    return resume(environ, args.runs_root)
+
+
 def _policy(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     """The restart policy's verdict for a run's script (records/restartpolicy.py ``for_script``), as shell
     assignments."""
@@ -413,4 +425,5 @@ _COMMANDS = {
     "jobs": show_jobs,
     "stop": stop,
     "logs": show_logs,
+    "resume": _resume,
 }

@@ -72,6 +72,12 @@ def instance(app: str) -> dict[str, str]:
     return {INSTANCE_LABEL: app}
 
 
+def run_secret(app: str) -> str:
+    """The Secret that holds a detached run's control secret, forwarded secrets and id: the pod template reads it
+    (``envFrom``, optional), so a pod that comes back after a preemption can resume the run."""
+    return f"{app}-run"
+
+
 def owned_labels(app: str) -> dict[str, str]:
     """What every object mlenv created for ``app`` carries: status and clean select by these."""
     return {INSTANCE_LABEL: app, **MANAGED_BY}

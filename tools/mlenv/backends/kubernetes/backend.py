@@ -20,6 +20,7 @@ from mlenv.backends.kubeapi.naming import (
     owned_labels,
 )
 from mlenv.backends.kubeapi.rules import rdma_warning
+from mlenv.backends.kubernetes.resume import KIND as RUN_KIND
 from mlenv.core import remote
 from mlenv.core.capabilities import (
     Check,
@@ -219,6 +220,15 @@ class KubernetesBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks):
         gone = frozenset(ordinal for ordinal, uid in before.items() if after.get(ordinal) != uid)
         return replace(outcome, preempted=gone) if gone else outcome
 
+    def keep_for_resume(self, handle: Handle, request: LaunchRequest, secrets: Mapping[str, str]) -> None:
+        """The run's Secret (resume.py): a pod that comes back after a preemption resumes a detached run."""
+        from mlenv.backends.kubeapi.preflight import explained
+        from mlenv.backends.kubernetes.resume import keep
+
+        target, client = self._connected(handle)
+        with explained(target, client.flavour):
+            keep(client, target, request.spec.run_id if request.spec.detach else None, secrets)
+
     @staticmethod
     def _pod_uids(client: Client, target: Target) -> dict[int, str]:
         """Ordinal -> uid of each pod that is not being deleted."""
@@ -263,7 +273,8 @@ class KubernetesBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks):
         from mlenv.backends.kubeapi.waiting import wait_gone
 
         target, client = self._connected(handle)
-        kinds = [*dict.fromkeys([*SWITCHABLE_KINDS, *target.kinds]), *([DATA_KIND.lower()] if delete_data else [])]
+        kinds = [*dict.fromkeys([*SWITCHABLE_KINDS, RUN_KIND, *target.kinds]),  # RUN_KIND: a detached run's Secret
+                 *([DATA_KIND.lower()] if delete_data else [])]
         with explained(target, client.flavour):
             deleted = client.delete(kinds, owned_labels(target.app))
             wait_gone(client, target, CLEAN_TIMEOUT)

@@ -11,7 +11,7 @@ from functools import lru_cache
 from typing import Any, NamedTuple
 
 import mlenv
-from mlenv.backends.kubeapi.naming import DATA_KIND, KubeDeployment
+from mlenv.backends.kubeapi.naming import DATA_KIND, KubeDeployment, run_secret
 from mlenv.backends.kubernetes import podinit
 from mlenv.backends.kubernetes.admission import admission
 from mlenv.backends.kubernetes.rules import version_of
@@ -80,7 +80,7 @@ def render_objects(d: KubeDeployment) -> Rendered:
     if gang.pod_group_queue is not None:
         objects.append(_render("podgroup.yaml.j2", d=d, admission=gang))
     objects.append(_render("statefulset.yaml.j2", d=d, resources=_container_resources(d), admission=gang,
-                           command=podinit.command(d.cluster.scheduling.grace_period),
+                           command=podinit.command(d.cluster.scheduling.grace_period), run_secret=run_secret(d.app),
                            taken_away={PREEMPTED_MARK: podinit.MARK, CHECKPOINT_SIGNAL_VARIABLE: podinit.SIGNAL}))
     admin = []
     if d.ipc_lock_scc:

@@ -19,6 +19,8 @@ a detached one (runtime/supervise/detached.py), and the Slurm scripts through ``
    that run only: never recorded on the deployment (a script's failures land on whichever node its rank ran on).
 5. A left-out node's work goes to a spare: attached, the backend places it (core/spares.py); detached, the run's next
    unused standby (:func:`standby_for`), never for node 0, which holds the rendezvous.
+6. A preemption (a pod of the run deleted or evicted) is no failure: a detached run resumes as its next attempt
+   (:func:`resumes`), up to ``--max-preemptions`` times, apart from ``--max-restarts``; mlenv resumes an attached one.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from pathlib import Path
 from .runlayout import (
     FAILED,
     NODE_FAILED,
+    PREEMPTED,
+    PREEMPTED_MARK,
     REQUEUED,
     STOPPED,
     SUCCEEDED,
@@ -84,6 +88,16 @@ def may_restart(exit_code: int, attempt: int, max_restarts: int, signs: Iterable
     the nodes' own node-fault signs (a node :data:`LOST` makes a stop's exit code restartable)."""
     lost = exit_code in USER_STOPS and any(sign.sign in LOST for sign in signs)
     return (lost or not final(exit_code)) and attempt < max_restarts
+
+
+def resumes(state: object, preemptions: int, max_preemptions: int | None, environ: Mapping[str, str]) -> bool:
+    """Whether this node's share of a detached attempt that ended in ``state`` starts again as the next attempt
+    (rule 6): a preemption, within ``max_preemptions`` (None: every time; ``preemptions``: this one counted), on a
+    node whose own pod stays (its PID 1 marked nothing). The pod taken away resumes its share once it is back (its
+    PID 1 runs the runtime's ``resume``)."""
+    mark = environ.get(PREEMPTED_MARK)
+    return (state == PREEMPTED and bool(mark) and not Path(str(mark)).exists()
+            and (max_preemptions is None or preemptions <= max_preemptions))
 
 
 def attempt_state(exit_code: int, lost: bool) -> str:

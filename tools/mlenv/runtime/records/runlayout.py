@@ -42,6 +42,9 @@ PREEMPTED_MARK = "MLENV_PREEMPTED_MARK"
 """Names a file that the pod's PID 1 writes when the pod is deleted or evicted, before it passes the SIGTERM on
 (Kubernetes: the pod template sets it): a stop while it exists is a preemption, recorded ``preempted``."""
 
+RESUME_RUN = "MLENV_RESUME_RUN"
+"""Names the detached run a pod that comes back after a preemption resumes (Kubernetes: from the run's Secret)."""
+
 _ATTEMPT = re.compile(r"attempt-(\d+)")
 _NODE = re.compile(r"node(\d+)")
 
@@ -119,6 +122,12 @@ def node_dirs(run_dir: Path, attempt: int) -> list[NodeDir]:
     """The node directories of one attempt, by node rank."""
     found = (_NODE.fullmatch(entry.name) for entry in _entries(run_dir / f"attempt-{attempt}"))
     return [NodeDir(run_dir, attempt, node) for node in sorted(int(match[1]) for match in found if match)]
+
+
+def resume_file(run_dir: Path, node: int) -> Path:
+    """How node ``node`` started its share of a detached run (argv, the run's variables, directory): what its pod,
+    back after a preemption, starts again (detached.py ``resume``). No secret is in it."""
+    return run_dir / "resume" / f"node{node}.json"
 
 
 def latest_node_dirs(run_dir: Path) -> list[NodeDir]:

@@ -1,6 +1,7 @@
 """Detached runs on this node (``python3 -m mlenv.runtime launch --detach``): starting the node's share through a
-recorded supervisor, the next attempt where the restart policy (records/restartpolicy.py) allows it, and a spare
-host's standby (standby.py) that takes a left-out node's place."""
+recorded supervisor, the next attempt where the restart policy (records/restartpolicy.py) allows it, a spare
+host's standby (standby.py) that takes a left-out node's place, and the share of a pod that comes back after a
+preemption (``resume``)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,20 @@ from pathlib import Path
 
 from ..node.topology import detect_topology, host_name
 from ..records import restartpolicy
-from ..records.runlayout import FirstFailure, NodeDir, attempt_of, read_state, write_atomic
+from ..records.runlayout import (
+    PREEMPTED,
+    PREEMPTED_MARK,
+    RESUME_RUN,
+    FirstFailure,
+    NodeDir,
+    attempt_of,
+    attempts,
+    read_json,
+    read_state,
+    resume_file,
+    runs_root,
+    write_atomic,
+)
 from . import standby
 from .control import secret_of
 from .jobs import BadInput, start_recorded
@@ -29,6 +43,14 @@ def restart(args: argparse.Namespace, environ: Mapping[str, str], status: int) -
     attempt = attempt_of(environ)
     rank = detect_topology(environ).node_rank
     run_id = environ.get("MLENV_RUN_ID") or args.run_dir.name
+    job = args.job[1:] if args.job[:1] == ["--"] else args.job
+    ended = read_state(NodeDir(args.run_dir, attempt, rank)).get("state")
+    if restartpolicy.resumes(ended, preemptions(args.run_dir, rank), args.max_preemptions, environ):
+        print(f"mlenv: attempt {attempt} was preempted (a pod of the run taken away): resuming the run as attempt "
+              f"{attempt + 1} (MLENV_RESTART_COUNT={attempt + 1}) once every node is back", flush=True)
+        args.detach = True
+        start_node(args, {**environ, "MLENV_RESTART_COUNT": str(attempt + 1)}, args.launcher, job, args.run_dir)
+        return
     if not restartpolicy.may_restart(status, attempt, args.max_restarts):
         if rank == 0:
             standby.end_unused(environ, run_id)
@@ -49,8 +71,54 @@ def restart(args: argparse.Namespace, environ: Mapping[str, str], status: int) -
     print(f"mlenv: attempt {attempt} failed with exit code {status}: restarting the run, attempt {attempt + 1} of "
           f"at most {args.max_restarts} restarts (MLENV_RESTART_COUNT={attempt + 1})", flush=True)
     args.detach = True
-    job = args.job[1:] if args.job[:1] == ["--"] else args.job
     start_node(args, following, args.launcher, job, args.run_dir)
+
+
+def preemptions(run_dir: Path, rank: int) -> int:
+    """How many attempts of the run ended preempted on this node."""
+    return sum(read_state(NodeDir(run_dir, attempt, rank)).get("state") == PREEMPTED for attempt in attempts(run_dir))
+
+
+RUN_VARIABLES = ("MLENV_RUN_ID", "MLENV_CHECKPOINT_DIR", "MLENV_RUN_DIR", "PYTHONPATH", "PYTHONUNBUFFERED",
+                 restartpolicy.FAILED_FIRST, restartpolicy.LAST_ERROR)
+"""The variables of a run's start that a node resuming it needs again (never a secret: those come back with the
+pod's environment, from the run's Secret on Kubernetes)."""
+
+
+def keep_for_resume(args: argparse.Namespace, environ: Mapping[str, str], launcher: str, job: list[str],
+                    files: NodeDir) -> None:
+    """Record how this node started its share of the detached run (resume_file), for its pod's return."""
+    saved = {"argv": [*_launch_argv(args, launcher, files.run_dir), "--detach", "--", *job], "cwd": str(Path.cwd()),
+             "env": {name: environ[name] for name in RUN_VARIABLES if name in environ},
+             "max_preemptions": args.max_preemptions}
+    resume_file(files.run_dir, files.node).parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(resume_file(files.run_dir, files.node), json.dumps(saved, indent=2) + "\n")
+
+
+def resume(environ: Mapping[str, str], runs: Path | None) -> int:
+    """A pod back after a preemption (its PID 1 runs this): start this node's share of the run that
+    ``MLENV_RESUME_RUN`` names as its next attempt, where the restart policy says it resumes; else say why not."""
+    run_id = environ.get(RESUME_RUN, "")
+    rank = detect_topology(environ).node_rank
+    run_dir = (runs or runs_root(environ)).absolute() / run_id
+    saved = read_json(resume_file(run_dir, rank)) if run_id else None
+    mine = [attempt for attempt in attempts(run_dir) if NodeDir(run_dir, attempt, rank).path.is_dir()]
+    if not isinstance(saved, dict) or not mine:
+        print(f"mlenv: nothing to resume on node {rank}" + (f" (run {run_id} never ran here)" if run_id else ""))
+        return 0
+    ended = read_state(NodeDir(run_dir, mine[-1], rank)).get("state")
+    limit = saved.get("max_preemptions")
+    if not restartpolicy.resumes(ended, preemptions(run_dir, rank), limit if isinstance(limit, int) else None,
+                                 environ):
+        print(f"mlenv: run {run_id} is not resumed on node {rank}: its attempt {mine[-1]} here is {ended or 'unknown'}"
+              + (f" (at most {limit} preemptions)" if ended == PREEMPTED else ""))
+        return 0
+    print(f"mlenv: node {rank} is back after a preemption: resuming run {run_id} as attempt {mine[-1] + 1}",
+          flush=True)
+    env = {**environ, **{str(k): str(v) for k, v in dict(saved.get("env") or {}).items()},
+           "MLENV_RESTART_COUNT": str(mine[-1] + 1)}
+    return subprocess.run([str(arg) for arg in saved["argv"]], env=env, cwd=str(saved.get("cwd") or "."),
+                          check=False).returncode
 
 
 def _leave_out(left: restartpolicy.LeftOut, rank: int, following: Mapping[str, str], run_id: str) -> int | None:
@@ -92,7 +160,8 @@ def _launch_argv(args: argparse.Namespace, launcher: str, run_dir: Path) -> list
             *(["--on-idle", args.on_idle] if args.on_idle else []),
             *(["--on-straggler", args.on_straggler] if args.on_straggler else []),
             *(["--node-silence", str(args.node_silence)] if args.node_silence else []),
-            *(["--max-restarts", str(args.max_restarts)] if args.max_restarts else [])]
+            *(["--max-restarts", str(args.max_restarts)] if args.max_restarts else []),
+            *(["--max-preemptions", str(args.max_preemptions)] if args.max_preemptions is not None else [])]
 
 
 STANDBY_FD = "MLENV_STANDBY_FD"
@@ -151,6 +220,8 @@ def start_node(
                   *(["--detached-supervisor"] if args.detach else []), "--", *job]
     process, record = start_recorded(supervisor, files, run_id=environ.get("MLENV_RUN_ID") or files.run_dir.name,
                                      host=host_name(environ), environ=environ, detached=args.detach)
+    if args.detach and environ.get(PREEMPTED_MARK):  # a pod: it may come back after a preemption
+        keep_for_resume(args, environ, launcher, job, files)
     if args.detach:
         print(f"mlenv: node {rank} started in the background: pid {record.pid}, log {files.log}")
         return 0
