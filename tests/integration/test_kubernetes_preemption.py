@@ -130,6 +130,9 @@ def test_a_detached_run_resumes_on_its_own_once_the_pod_is_back(kube_project: Ku
     assert {where for _, where, _ in resumed} == {checkpoints}, shown  # the same checkpoint directory
     saved = {rank: set(names.split()) for rank, _, names in resumed}
     assert saved["2"] == saved["3"] == {"rank-2", "rank-3"}, shown  # the preempted pod's ranks saved theirs
+    assert run["preemptions"] == 1, run  # a resumption, not a restart
+    said = project.ok("status").stdout
+    assert "(restarted 0x, preempted 1x" in said, said
     node1 = project.kubectl("exec", f"{APP}-1", "--", "sh", "-c",
                             f"cat /workspace/.mlenv/runs/{run_id}/attempt-0/node1/state.json").stdout
     assert json.loads(node1)["state"] == "preempted", node1

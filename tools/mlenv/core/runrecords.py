@@ -52,14 +52,16 @@ def latest_run(run_id: str, jobs: Mapping[int, NodeJob | None]) -> RunRecord:
     typed record (its ``to_dict`` is ``status --json``'s ``latest_run``): the ranks of every node, the first failure
     (the same on every node), each node's transport verdict, the hang watchdog's stacks (node 0's), each node's idle
     GPUs while the job is flagged idle, the stragglers (node 0's), each node's own fault sign
-    (runtime/watch/faultsigns.py) and each node's state, how and when it ended (``ended``), and its goodput (from
-    the start of its first node; ``RunRecord.launched`` counts its time queued)."""
+    (runtime/watch/faultsigns.py) and each node's state, how and when it ended (``ended``), how many attempts were
+    preempted, and its goodput (from the start of its first node; ``RunRecord.launched`` counts its time queued)."""
     known = [job for job in jobs.values() if job is not None]
     failures = [job["first_failure"] for job in known if job.get("first_failure")]
     first = FirstFailure.parse(failures[0]) if failures else None
     ranks = tuple(sorted((rank for job in known for rank in parse_ranks(job.get("ranks"))), key=lambda r: r.rank))
     state = run_state([str(job.get("state")) for job in known])
     code, ended_at = ended(state, first, {ordinal: job for ordinal, job in jobs.items() if job is not None}, ranks)
+    timeline = tuple(share for job in known for item in job.get("attempts") or ()
+                     if (share := NodeAttempt.parse(item)) is not None)
     return RunRecord(
         run_id, state,
         max((int(job.get("attempt", 0)) for job in known), default=0),
@@ -72,9 +74,9 @@ def latest_run(run_id: str, jobs: Mapping[int, NodeJob | None]) -> RunRecord:
         next((list(job["stragglers"]) for job in known if isinstance(job.get("stragglers"), list)), None),
         node_faults(jobs),
         {ordinal: node_state(job, ordinal, first) for ordinal, job in jobs.items()}, exit_code=code,
-        ended_at=ended_at,
-        timeline=tuple(share for job in known for item in job.get("attempts") or ()
-                       if (share := NodeAttempt.parse(item)) is not None)).launched(None, time.time())
+        ended_at=ended_at, timeline=timeline,
+        preemptions=len({share.attempt for share in timeline if share.state == PREEMPTED and share.attempt < max(
+            (s.attempt for s in timeline), default=0)})).launched(None, time.time())
 
 
 STOPPED_BY_MLENV = 128 + signal.SIGTERM

@@ -147,7 +147,7 @@ def summary(run: dict[str, Any], recorded: dict[str, Any], states: dict[str, str
     running or hung on how many nodes, and how to follow or stop it; once it ended, its state and exit code, and
     where its output is."""
     state_now = run.get("state")
-    preemptions = int(recorded.get("preemptions", 0))
+    preemptions = max(int(recorded.get("preemptions", 0)), int(run.get("preemptions") or 0))  # attached, detached
     restarted = (f", attempt {run['attempt']} (restarted {run['attempt'] - preemptions}x"
                  + (f", preempted {preemptions}x" if preemptions else "")
                  + "; mlenv logs shows every attempt)") if run.get("attempt") else ""

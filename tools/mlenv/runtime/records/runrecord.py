@@ -43,6 +43,8 @@ class RunRecord:
     """When its last rank ended (ISO 8601, UTC), once the run has ended; None before, or where no rank is known."""
     timeline: tuple[NodeAttempt, ...] = ()
     """Every node's share of every attempt (timeline.py): what its goodput is made of."""
+    preemptions: int = 0
+    """How many of its attempts ended preempted (a pod of it taken away) on some node: resumptions, not restarts."""
     goodput: Mapping[str, Any] | None = None
     """Where its wall time went (goodput.py, ``status --json``'s ``latest_run.goodput``); None when nothing is
     known."""
@@ -61,7 +63,7 @@ class RunRecord:
                 "idle": dict(self.idle) if self.idle is not None else None,
                 "stragglers": list(self.stragglers) if self.stragglers is not None else None,
                 "node_faults": {node: fault.to_dict() for node, fault in self.node_faults.items()},
-                "exit_code": self.exit_code, "ended_at": self.ended_at,
+                "exit_code": self.exit_code, "ended_at": self.ended_at, "preemptions": self.preemptions,
                 "goodput": dict(self.goodput) if self.goodput is not None else None}
 
     @classmethod
@@ -76,6 +78,7 @@ class RunRecord:
                    parse_faults(data.get("node_faults")),
                    {int(node): str(state) for node, state in (nodes.items() if isinstance(nodes, Mapping) else ())},
                    exit_code=_int_or_none(data.get("exit_code")), ended_at=_str_or_none(data.get("ended_at")),
+                   preemptions=_int_or_none(data.get("preemptions")) or 0,
                    goodput=dict(data["goodput"]) if isinstance(data.get("goodput"), Mapping) else None)
 
 
