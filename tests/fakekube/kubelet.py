@@ -73,25 +73,33 @@ SecretLookup = Callable[[str, str], "dict[str, Any] | None"]
 """(namespace, name) -> the Secret as stored, or None."""
 
 
-class ConfigError(Exception):
-    """A container whose configuration cannot be made (the kubelet's ``CreateContainerConfigError``)."""
+class MountError(Exception):
+    """A volume that cannot be set up (the kubelet's ``FailedMount``: the pod stays ContainerCreating)."""
 
 
-def container_env(pod: dict[str, Any], container: dict[str, Any], uid: int = 0,
-                  secret: SecretLookup | None = None) -> dict[str, str]:
+def write_secret(directory: Path, secret: dict[str, Any] | None, volume: dict[str, Any], group: int | None) -> None:
+    """A ``secret`` volume's files in ``directory`` as the kubelet writes them: one file per key, its decoded value,
+    mode ``defaultMode`` (0644), owned by root and the pod's fsGroup; nothing for a missing ``optional`` Secret,
+    MountError for a missing required one."""
+    source = volume["secret"]
+    if secret is None and not source.get("optional"):
+        name, secret_name = volume["name"], source.get("secretName")
+        raise MountError(f'MountVolume.SetUp failed for volume "{name}" : secret "{secret_name}" not found')
+    for old in directory.iterdir():
+        old.unlink()
+    for key, value in ((secret or {}).get("data") or {}).items():
+        path = directory / key
+        path.write_bytes(base64.b64decode(value))
+        path.chmod(int(source.get("defaultMode", 0o644)))
+        if group is not None:
+            os.chown(path, 0, group)
+
+
+def container_env(pod: dict[str, Any], container: dict[str, Any], uid: int = 0) -> dict[str, str]:
     """The environment: the test environment's PATH (the "image"; this Python's directory first, so ``python3`` is
-    the one running the tests), HOSTNAME, then each ``envFrom`` Secret's keys (a missing one is skipped when
-    ``optional``, else ConfigError), then the container's ``env`` in order."""
+    the one running the tests), HOSTNAME, then the container's ``env`` in order."""
     path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "/usr/bin:/bin")])
     env = {"PATH": path, "HOME": home(uid), "HOSTNAME": pod["metadata"]["name"]}
-    for source in container.get("envFrom") or []:
-        reference = source.get("secretRef") or {}
-        found = secret(pod["metadata"].get("namespace", ""), str(reference.get("name"))) if secret and reference \
-            else None
-        if found is None and reference and not reference.get("optional"):
-            raise ConfigError(f'secret "{reference.get("name")}" not found')
-        for key, value in ((found or {}).get("data") or {}).items():
-            env[str(source.get("prefix", "")) + key] = base64.b64decode(value).decode()
     for item in container.get("env") or []:
         source = item.get("valueFrom") or {}
         if "fieldRef" in source:
@@ -144,7 +152,7 @@ class Kubelet:
                  network: bool | None = None, secret: SecretLookup | None = None) -> None:
         self.root = root
         self.secret = secret
-        """Reads the Secrets a container's ``envFrom`` names."""
+        """Reads the Secrets of the pods' ``secret`` volumes."""
         self.on_change = on_change
         self.restart_backoff = restart_backoff
         self.network = net.available() if network is None else network and net.available()
@@ -265,6 +273,12 @@ class Kubelet:
         for volume in (run.pod.get("spec") or {}).get("volumes") or []:
             claim = (volume.get("persistentVolumeClaim") or {}).get("claimName")
             source = self.root / "claims" / namespace / claim if claim else run.directory / "volumes" / volume["name"]
+            if "secret" in volume:
+                source.mkdir(parents=True, exist_ok=True)
+                found = self.secret(namespace, str(volume["secret"].get("secretName"))) if self.secret else None
+                write_secret(source, found, volume, context.fs_group)
+                sources[volume["name"]] = source
+                continue
             if not source.exists():
                 source.mkdir(parents=True)
                 if not claim:
@@ -324,11 +338,7 @@ class Kubelet:
         except security.Refused as refused:
             run.failure, run.failure_reason = refused.message, refused.reason
             return
-        try:
-            env = container_env(pod, container, context.uid, self.secret)
-        except ConfigError as refused:
-            run.failure, run.failure_reason = str(refused), "CreateContainerConfigError"
-            return
+        env = container_env(pod, container, context.uid)
         argv = [expand(str(a), env) for a in [*(container.get("command") or []), *(container.get("args") or [])]]
         try:
             if not argv:
@@ -339,6 +349,9 @@ class Kubelet:
                               context)
             run.current = Container.start(sandbox, run.directory / f"container-{run.restarts}.log",
                                           run.directory / "sandbox.json")
+        except MountError as exc:
+            run.failure, run.failure_reason = str(exc), "ContainerCreating"
+            return
         except OSError as exc:
             said = _last_line(run.directory / f"container-{run.restarts}.log")
             run.failure = f"{exc}: {said}" if said else str(exc)

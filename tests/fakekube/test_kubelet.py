@@ -367,21 +367,30 @@ def test_on_openshift_the_scc_gives_the_namespaces_uid_and_fs_group(cluster: Fak
             f"in the ranges: [{first}, {first + 9999}]]") in refused.stderr, refused.stderr
 
 
-def test_env_from_a_secret_as_the_kubelet_makes_it(cluster: FakeCluster) -> None:
-    """``envFrom: secretRef``: the Secret's keys become variables (``env`` after them wins); a missing optional
-    Secret is skipped, a missing required one is CreateContainerConfigError."""
+def test_a_secret_volume_as_the_kubelet_makes_it(cluster: FakeCluster) -> None:
+    """A ``secret`` volume: one file per key with its value and ``defaultMode``; a missing optional Secret is an
+    empty directory, a missing required one keeps the pod ContainerCreating (FailedMount)."""
     def with_secret(name: str, secret: str, optional: bool) -> str:
-        document = yaml.safe_load(pod(name, 'echo "$TOKEN $GREETING"; exec sleep infinity'))
-        document["spec"]["containers"][0]["envFrom"] = [{"secretRef": {"name": secret, "optional": optional}}]
+        document = yaml.safe_load(pod(name, "cat /s/TOKEN; ls -A /s | wc -l; stat -c %a /s/TOKEN; "
+                                            "exec sleep infinity"))
+        document["spec"]["volumes"].append({"name": "s", "secret": {"secretName": secret, "optional": optional,
+                                                                     "defaultMode": 0o440}})
+        document["spec"]["containers"][0]["volumeMounts"].append({"name": "s", "mountPath": "/s",
+                                                                  "readOnly": True})
         return yaml.safe_dump(document)
 
-    cluster.kubectl("create", "secret", "generic", "s", "--from-literal=TOKEN=t0k", "--from-literal=GREETING=no")
+    cluster.kubectl("create", "secret", "generic", "s", "--from-literal=TOKEN=t0k", "--from-literal=OTHER=x")
     cluster.kubectl("apply", "-f", "-", input=with_secret("a", "s", False))
     cluster.kubectl("apply", "-f", "-", input=with_secret("b", "absent", True))
     cluster.kubectl("apply", "-f", "-", input=with_secret("c", "absent", False))
     running(cluster, "a")
     running(cluster, "b")
-    assert until(lambda: cluster.kubectl("logs", "a").stdout, "pod a's output") == "t0k hi a\n"
-    assert until(lambda: cluster.kubectl("logs", "b").stdout, "pod b's output") == " hi b\n"
-    state = waiting(cluster, "c")
-    assert state["reason"] == "CreateContainerConfigError" and 'secret "absent" not found' in state["message"], state
+    assert until(lambda: cluster.kubectl("logs", "a").stdout, "pod a's output") == "t0k2\n440\n"
+    assert "0\n" in until(lambda: cluster.kubectl("logs", "b").stdout, "pod b's output")
+    def mount_failed() -> dict[str, Any] | None:
+        statuses = (get_pod(cluster, "c") or {}).get("status", {}).get("containerStatuses") or [{}]
+        state = statuses[0].get("state", {}).get("waiting") or {}
+        return state if "not found" in str(state.get("message")) else None
+
+    state = until(mount_failed, "pod c's failed mount")
+    assert state["reason"] == "ContainerCreating" and 'secret "absent" not found' in state["message"], state

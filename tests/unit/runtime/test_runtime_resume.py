@@ -15,7 +15,7 @@ from mlenv.runtime.records.restartpolicy import resumes
 from mlenv.runtime.records.runlayout import NodeDir, resume_file, write_json
 
 ROOT = Path(__file__).resolve().parents[3]
-SECRET = "from-the-run-s-secret"  # noqa: S105 - a test's stand-in for the pod's environment
+SECRET = "from-the-run-s-secret"  # noqa: S105 - a test's stand-in for the run's Secret
 
 
 def test_only_a_preemption_resumes_and_only_where_the_pod_stays(tmp_path: Path) -> None:
@@ -29,10 +29,15 @@ def test_only_a_preemption_resumes_and_only_where_the_pod_stays(tmp_path: Path) 
     assert not resumes("preempted", 1, None, pod)
 
 
-def _resume(tmp_path: Path, run: str, **extra: str) -> subprocess.CompletedProcess[str]:
+def _resume(tmp_path: Path, run: str, **secret: str) -> subprocess.CompletedProcess[str]:
+    """The runtime's ``resume`` as a pod's PID 1 runs it, the run's Secret (``run`` and ``secret``) as files."""
+    secrets = tmp_path / "run-secret"
+    secrets.mkdir(exist_ok=True)
+    for name, value in {"MLENV_RESUME_RUN": run, **secret}.items():
+        (secrets / name).write_text(value)
     env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT / "tools"), "MLENV_NODE_RANK": "1",
            "MLENV_NUM_NODES": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
-           "MLENV_PREEMPTED_MARK": str(tmp_path / "mark"), "MLENV_RESUME_RUN": run, **extra}
+           "MLENV_PREEMPTED_MARK": str(tmp_path / "mark"), "MLENV_RUN_SECRETS": str(secrets)}
     return subprocess.run([sys.executable, "-m", "mlenv.runtime", "resume", "--runs-root", str(tmp_path / "runs")],
                           env=env, capture_output=True, text=True, timeout=60, check=False)
 
@@ -71,7 +76,7 @@ def test_a_pod_back_starts_its_share_as_the_next_attempt(tmp_path: Path) -> None
     assert "node 1 is back after a preemption: resuming run r1 as attempt 2" in done.stdout
     env = json.loads(started.read_text())
     assert (env["MLENV_RESTART_COUNT"], env["MLENV_CHECKPOINT_DIR"]) == ("2", "/ckpt/r1")
-    assert env["MLENV_CONTROL_SECRET"] == SECRET  # from the pod's environment, never a file
+    assert env["MLENV_CONTROL_SECRET"] == SECRET  # from the run's Secret, mounted in the pod
     NodeDir(run_dir, 2, 1).path.mkdir(parents=True)
     write_json(NodeDir(run_dir, 2, 1).state, {"state": "preempted"})  # a third preemption: over --max-preemptions
     assert "(at most 2 preemptions)" in _resume(tmp_path, "r1").stdout

@@ -74,7 +74,7 @@ def instance(app: str) -> dict[str, str]:
 
 def run_secret(app: str) -> str:
     """The Secret that holds a detached run's control secret, forwarded secrets and id: the pod template reads it
-    (``envFrom``, optional), so a pod that comes back after a preemption can resume the run."""
+    (an optional ``secret`` volume), so a pod that comes back after a preemption can resume the run."""
     return f"{app}-run"
 
 

@@ -5,10 +5,10 @@ warning: the kernel SIGKILLed it after the grace period. This init passes SIGTER
 pod (the runtime's node supervisors, which stop their ranks, and the ranks) and waits until they are gone, at most
 GRACE seconds. Before, it writes the file MARK (on the pod's own /dev/shm): the pod's supervisors, which the pod
 template tells where it is (``MLENV_PREEMPTED_MARK``), record the stop as a preemption, not a user's stop. It also
-reaps the orphans a PID 1 inherits. When the pod starts where a detached run was preempted (its Secret names the run:
-``MLENV_RESUME_RUN``), it first has the runtime that sync shipped to the workspace resume this node's share of it
-(``python3 -m mlenv.runtime resume``, which decides). Standard library only: it runs before sync shipped anything, so
-the pod template carries its source (:func:`command`).
+reaps the orphans a PID 1 inherits. When the pod starts where a detached run was preempted (its Secret, mounted at
+RUN_SECRET_DIR, names the run: ``MLENV_RESUME_RUN``), it first has the runtime that sync shipped to the workspace
+resume this node's share of it (``python3 -m mlenv.runtime resume``, which decides). Standard library only: it runs
+before sync shipped anything, so the pod template carries its source (:func:`command`).
 """
 
 from __future__ import annotations
@@ -28,8 +28,11 @@ WAKE = STOP | {signal.SIGCHLD}
 POLL_SECONDS = 0.2
 MARK = "/dev/shm/mlenv-pod-taken-away"  # noqa: S108 - the pod's own emptyDir, no one else's
 """What this init writes when its pod is deleted or evicted (the pod's own memory volume: gone with the pod)."""
+RUN_SECRET_DIR = "/mlenv-run"  # noqa: S105 - a directory, no secret
+"""Where the pod template mounts the run's Secret (backends/kubernetes/resume.py): a file per variable."""
 RESUME = "MLENV_RESUME_RUN"
-"""The detached run to resume (runtime/records/runlayout.py RESUME_RUN; this file cannot import it)."""
+"""The file there that names the detached run to resume (runtime/records/runlayout.py RESUME_RUN; this file cannot
+import it)."""
 
 
 def _reap() -> None:
@@ -54,7 +57,7 @@ def _resume() -> None:
     """Where a detached run is to be resumed and the workspace holds the runtime: start the runtime's ``resume``
     (before the signals are blocked: a child inherits the mask), its output in the container's."""
     shipped = Path.cwd() / ".mlenv"
-    if not os.environ.get(RESUME) or not (shipped / "mlenv" / "runtime").is_dir():
+    if not (Path(RUN_SECRET_DIR) / RESUME).is_file() or not (shipped / "mlenv" / "runtime").is_dir():
         return
     with contextlib.suppress(OSError):
         subprocess.Popen([sys.executable, "-m", "mlenv.runtime", "resume"], stdin=subprocess.DEVNULL,

@@ -18,7 +18,7 @@ from mlenv.backends.kubernetes.rules import version_of
 from mlenv.errors import OperationError
 from mlenv.render.templates import Templates
 from mlenv.render.yamlsafe import yaml_value
-from mlenv.runtime.records.runlayout import CHECKPOINT_SIGNAL_VARIABLE, PREEMPTED_MARK
+from mlenv.runtime.records.runlayout import CHECKPOINT_SIGNAL_VARIABLE, PREEMPTED_MARK, RUN_SECRETS
 
 TEMPLATES = os.path.join(os.path.dirname(mlenv.__file__), "manifests", "kubernetes")
 """In the package: manifests/ links to the checkout's manifests/ and is copied into an installed package."""
@@ -81,7 +81,9 @@ def render_objects(d: KubeDeployment) -> Rendered:
         objects.append(_render("podgroup.yaml.j2", d=d, admission=gang))
     objects.append(_render("statefulset.yaml.j2", d=d, resources=_container_resources(d), admission=gang,
                            command=podinit.command(d.cluster.scheduling.grace_period), run_secret=run_secret(d.app),
-                           taken_away={PREEMPTED_MARK: podinit.MARK, CHECKPOINT_SIGNAL_VARIABLE: podinit.SIGNAL}))
+                           run_secret_dir=podinit.RUN_SECRET_DIR,
+                           taken_away={PREEMPTED_MARK: podinit.MARK, CHECKPOINT_SIGNAL_VARIABLE: podinit.SIGNAL,
+                                       RUN_SECRETS: podinit.RUN_SECRET_DIR}))
     admin = []
     if d.ipc_lock_scc:
         admin = [_render(name, d=d) for name in

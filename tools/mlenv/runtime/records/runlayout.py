@@ -43,7 +43,10 @@ PREEMPTED_MARK = "MLENV_PREEMPTED_MARK"
 (Kubernetes: the pod template sets it): a stop while it exists is a preemption, recorded ``preempted``."""
 
 RESUME_RUN = "MLENV_RESUME_RUN"
-"""Names the detached run a pod that comes back after a preemption resumes (Kubernetes: from the run's Secret)."""
+"""Names the detached run a pod that comes back after a preemption resumes (Kubernetes: a file of the run's Secret)."""
+RUN_SECRETS = "MLENV_RUN_SECRETS"
+"""Names the directory of the run's Secret in a pod (Kubernetes): a file per variable (the control secret, the
+secrets forwarded with --env, RESUME_RUN), which the runtime's ``resume`` reads into the resumed share's environment."""
 
 _ATTEMPT = re.compile(r"attempt-(\d+)")
 _NODE = re.compile(r"node(\d+)")

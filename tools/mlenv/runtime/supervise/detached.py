@@ -19,6 +19,7 @@ from ..records.runlayout import (
     PREEMPTED,
     PREEMPTED_MARK,
     RESUME_RUN,
+    RUN_SECRETS,
     FirstFailure,
     NodeDir,
     attempt_of,
@@ -95,9 +96,20 @@ def keep_for_resume(args: argparse.Namespace, environ: Mapping[str, str], launch
     write_atomic(resume_file(files.run_dir, files.node), json.dumps(saved, indent=2) + "\n")
 
 
+def _secrets(directory: str | None) -> dict[str, str]:
+    """The run Secret's variables: a file each (not Kubernetes' ``..data`` links); none where there is none."""
+    try:
+        return {entry.name: entry.read_text() for entry in Path(directory).iterdir()
+                if not entry.name.startswith(".") and entry.is_file()} if directory else {}
+    except OSError:
+        return {}
+
+
 def resume(environ: Mapping[str, str], runs: Path | None) -> int:
     """A pod back after a preemption (its PID 1 runs this): start this node's share of the run that
-    ``MLENV_RESUME_RUN`` names as its next attempt, where the restart policy says it resumes; else say why not."""
+    ``MLENV_RESUME_RUN`` names (a file of the run's Secret, ``MLENV_RUN_SECRETS``, with the variables the share
+    needs again) as its next attempt, where the restart policy says it resumes; else say why not."""
+    environ = {**environ, **_secrets(environ.get(RUN_SECRETS))}
     run_id = environ.get(RESUME_RUN, "")
     rank = detect_topology(environ).node_rank
     run_dir = (runs or runs_root(environ)).absolute() / run_id
