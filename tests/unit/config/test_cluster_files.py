@@ -97,7 +97,7 @@ def test_barcelona_rdma_statefulset() -> None:
     env = _env(sts)
     assert env == {
         "MLENV_CONTAINER_LOG": "/proc/1/fd/1", "MLENV_PREEMPTED_MARK": "/dev/shm/mlenv-pod-taken-away",
-        "MLENV_CHECKPOINT_SIGNAL": "SIGTERM",
+        "MLENV_CHECKPOINT_SIGNAL": "SIGTERM", "MLENV_RUN_SECRETS": "/mlenv-run",
         "MASTER_ADDR": "ml-dev-env-0.ml-dev-env-headless.nccl-test.svc.cluster.local",
         "MASTER_PORT": "29500", "MLENV_NUM_NODES": "2", "MLENV_PROCS_PER_NODE": "4",
         "MLENV_APP_NAME": "ml-dev-env", "MLENV_NETWORK_MODE": "rdma",

@@ -213,7 +213,10 @@ def test_an_old_log_printed_by_a_rank_stops_nothing_and_a_child_s_nccl_lines_cou
     old = tmp_path / "old.log"
     old.write_text("node1:123:456 [0] NCCL INFO NET/Socket : Using [0]eth0:10.0.0.5<0>\n"
                    "node1:123:456 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[0] [send] via NET/Socket/0\n")
-    child = "import os; print(f'n0:{os.getpid()}:9 [0] NCCL INFO Using network IB', flush=True)"
+    # NCCL in a child of the rank (a container it starts) prints, then trains on: the proof reads the child's
+    # ancestry in /proc while it lives (a line whose process is gone cannot be told from an old log's)
+    child = ("import os, time; print(f'n0:{os.getpid()}:9 [0] NCCL INFO Using network IB', flush=True); "
+             "time.sleep(3)")
     code = (f"import subprocess, sys; print(open({str(old)!r}).read(), flush=True); "
             f"subprocess.run([sys.executable, '-c', {child!r}], check=True)")
     assert run(python_job(tmp_path, code), tmp_path, expected=RDMA_ASKED) == 0
