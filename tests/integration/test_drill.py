@@ -32,7 +32,9 @@ def _runs(project: LocalProject) -> list[str]:
     return sorted(path.name for path in (project.home / "runs").glob("*")) if (project.home / "runs").is_dir() else []
 
 
-def _drill(project: LocalProject, fault: str) -> dict[str, object]:
+def check_drill(project: LocalProject, fault: str) -> dict[str, object]:
+    """``mlenv drill --fault FAULT --json`` on ``project``: every phase timed and PASS, the timeline written, no
+    node left excluded; the one drill's report."""
     result = project.mlenv("drill", "--fault", fault, "--json", timeout=400)
     report = json.loads(result.stdout)
     assert result.returncode == 0 and report["ok"], (result.stdout, result.stderr[-4000:])
@@ -70,10 +72,10 @@ def test_bad_input_starts_nothing(project: LocalProject, tmp_path: Path) -> None
 
 
 def test_a_rank_that_exits(project: LocalProject) -> None:
-    drill = _drill(project, "rank-exit")
+    drill = check_drill(project, "rank-exit")
     assert "exited with 1" in drill["phases"][0]["evidence"]
 
 
 def test_a_frozen_node(project: LocalProject) -> None:
-    drill = _drill(project, "node-freeze")
+    drill = check_drill(project, "node-freeze")
     assert "node-1 unreachable" in drill["phases"][0]["evidence"]
