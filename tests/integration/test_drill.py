@@ -6,8 +6,10 @@ unknown fault, no deployment, a live run) exits 2 and starts nothing."""
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Protocol
 
 import pytest
 
@@ -15,6 +17,14 @@ from tests.helpers import assert_shaped, documented_shape
 from tests.integration.local_cluster import FAILING_JOB, LocalProject, make_project, require_local
 
 PHASES = ["detected", "stopped", "started", "resumed"]
+
+
+class Deployed(Protocol):
+    """A deployed project of any backend's tests: the real ``mlenv`` against it."""
+
+    def mlenv(self, *args: str, timeout: float = ...) -> subprocess.CompletedProcess[str]: ...
+
+    def ok(self, *args: str, timeout: float = ...) -> subprocess.CompletedProcess[str]: ...
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +42,7 @@ def _runs(project: LocalProject) -> list[str]:
     return sorted(path.name for path in (project.home / "runs").glob("*")) if (project.home / "runs").is_dir() else []
 
 
-def check_drill(project: LocalProject, fault: str) -> dict[str, object]:
+def check_drill(project: Deployed, fault: str) -> dict[str, object]:
     """``mlenv drill --fault FAULT --json`` on ``project``: every phase timed and PASS, the timeline written, no
     node left excluded; the one drill's report."""
     result = project.mlenv("drill", "--fault", fault, "--json", timeout=400)

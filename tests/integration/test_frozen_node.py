@@ -45,14 +45,14 @@ def project(tmp_path: Path) -> Iterator[LocalProject]:
     deployed.mlenv("clean", "--delete-data", "--yes")
 
 
-def node_share(root: Path, node: int, deadline: float = 120) -> list[int]:
+def node_share(root: Path, node: int, since: float, deadline: float = 120) -> list[int]:
     """Pidfds (never a pid that is reused later) of node ``node``'s share (its supervisor and every process of its
-    cgroup) of the run under ``root``, once its two ranks run. The supervisor's recorded pid is the one of its own
-    PID namespace (an ssh machine's): it is the process of the cgroup's namespace with that pid there, and only
-    while it runs the runtime."""
+    cgroup) of the run under ``root`` that started after ``since`` (seconds since the epoch), once its two ranks
+    run. The supervisor's recorded pid is the one of its own PID namespace (an ssh machine's): it is the process of
+    the cgroup's namespace with that pid there, and only while it runs the runtime."""
     until = time.monotonic() + deadline
     while True:
-        found = sorted(root.rglob(f"attempt-0/node{node}/ranks.json"))
+        found = [path for path in root.rglob(f"attempt-0/node{node}/ranks.json") if path.stat().st_mtime >= since]
         if found and len(json.loads(found[0].read_text() or "[]")) >= 2:
             break
         assert time.monotonic() < until, f"node {node}'s ranks never started"
@@ -84,10 +84,11 @@ def signal_share(pidfds: list[int], number: int) -> None:
 
 
 def test_a_frozen_node_is_named_lost_and_the_launch_ends(project: LocalProject) -> None:
+    since = time.time()
     launch = subprocess.Popen([str(MLENV), "launch", "--launcher", "torchrun", "steps.py"], cwd=ROOT, text=True,
                               env={**os.environ, "MLENV_HOME": str(project.home)}, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE)
-    share = node_share(project.home, 1)
+    share = node_share(project.home, 1, since)
     try:
         signal_share(share, signal.SIGSTOP)
         froze = time.monotonic()

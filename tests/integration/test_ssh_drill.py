@@ -89,10 +89,11 @@ def test_the_drill(project: LocalProject, fault: str) -> None:
 
 
 def test_a_frozen_node_is_named_lost_and_the_launch_ends(project: LocalProject) -> None:
+    since = time.time()
     launch = subprocess.Popen([str(MLENV), "launch", "--launcher", "torchrun", "steps.py"], cwd=ROOT, text=True,
                               env={**os.environ, "MLENV_HOME": str(project.home)}, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE)
-    share = node_share(project.home.parent / "machines" / "workdir", 1)
+    share = node_share(project.home.parent / "machines" / "workdir", 1, since)
     try:
         signal_share(share, signal.SIGSTOP)
         froze = time.monotonic()
