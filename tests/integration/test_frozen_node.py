@@ -47,9 +47,10 @@ def project(tmp_path: Path) -> Iterator[LocalProject]:
 
 def node_share(root: Path, node: int, since: float, deadline: float = 120) -> list[int]:
     """Pidfds (never a pid that is reused later) of node ``node``'s share (its supervisor and every process of its
-    cgroup) of the run under ``root`` that started after ``since`` (seconds since the epoch), once its two ranks
-    run. The supervisor's recorded pid is the one of its own PID namespace (an ssh machine's): it is the process of
-    the cgroup's namespace with that pid there, and only while it runs the runtime."""
+    cgroup, else its ranks: a supervisor in a Slurm step makes no cgroup) of the run under ``root`` that started
+    after ``since`` (seconds since the epoch), once its two ranks run. The supervisor's recorded pid is the one of
+    its own PID namespace (an ssh machine's): it is the process of the share's namespace with that pid there, and
+    only while it runs the runtime."""
     until = time.monotonic() + deadline
     while True:
         found = [path for path in root.rglob(f"attempt-0/node{node}/ranks.json") if path.stat().st_mtime >= since]
@@ -58,9 +59,10 @@ def node_share(root: Path, node: int, since: float, deadline: float = 120) -> li
         assert time.monotonic() < until, f"node {node}'s ranks never started"
         time.sleep(0.5)
     directory = found[0].parent
-    members = [int(pid) for pid in Path(json.loads((directory / "state.json").read_text())["cgroup"],
-                                        "cgroup.procs").read_text().split()]
-    assert members, "node's cgroup is empty"
+    cgroup = json.loads((directory / "state.json").read_text())["cgroup"]
+    members = [int(pid) for pid in Path(cgroup, "cgroup.procs").read_text().split()] if cgroup else [
+        rank["pid"] for rank in json.loads((directory / "ranks.json").read_text()) if rank["state"] == "running"]
+    assert members, "nothing of the node's share runs"
     recorded = int(json.loads((directory / "record.json").read_text())["pid"])
     namespace = os.readlink(f"/proc/{members[0]}/ns/pid")
     for proc in Path("/proc").glob("[0-9]*"):
