@@ -42,10 +42,10 @@ def _runs(project: LocalProject) -> list[str]:
     return sorted(path.name for path in (project.home / "runs").glob("*")) if (project.home / "runs").is_dir() else []
 
 
-def check_drill(project: Deployed, fault: str) -> dict[str, object]:
-    """``mlenv drill --fault FAULT --json`` on ``project``: every phase timed and PASS, the timeline written, no
-    node left excluded; the one drill's report."""
-    result = project.mlenv("drill", "--fault", fault, "--json", timeout=400)
+def check_drill(project: Deployed, fault: str, *cluster: str) -> dict[str, object]:
+    """``mlenv drill --fault FAULT --json`` on ``project`` (``cluster``: ``-c NAME``, else its deployment): every
+    phase timed and PASS, the timeline written, no node left excluded; the one drill's report."""
+    result = project.mlenv("drill", *cluster, "--fault", fault, "--json", timeout=400)
     report = json.loads(result.stdout)
     assert result.returncode == 0 and report["ok"], (result.stdout, result.stderr[-4000:])
     assert_shaped(report, documented_shape("drill"))
@@ -59,7 +59,7 @@ def check_drill(project: Deployed, fault: str) -> dict[str, object]:
     run_dir = Path(drill["run_dir"])
     assert (run_dir / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert json.loads((run_dir / "drill.json").read_text())["verdict"] == "PASS"
-    assert json.loads(project.ok("nodes", "--json").stdout)["excluded"] == []
+    assert json.loads(project.ok("nodes", *cluster, "--json").stdout)["excluded"] == []
     return dict(drill)
 
 

@@ -43,6 +43,16 @@ def project(tmp_path_factory: pytest.TempPathFactory, slurm_clusters: SessionClu
     made.mlenv("clean", "-c", made.name, timeout=120)
 
 
+@pytest.mark.parametrize("fault", ["rank-kill", "node-loss"])
+def test_the_drill_as_a_batch_job(fault: str, tmp_path_factory: pytest.TempPathFactory,
+                                  slurm_clusters: SessionClusters) -> None:
+    """Without an allocation the drill's run is a batch job: the faults reach its nodes through the job (before the
+    module's allocation, which holds both nodes)."""
+    batch = make_project(tmp_path_factory.mktemp("slurm-drill-batch"), slurm_clusters.get(2), name="sbdrill")
+    batch.ok("sync", "-c", batch.name)
+    check_drill(batch, fault, "-c", batch.name)
+
+
 @pytest.mark.parametrize("fault", ["rank-exit", "rank-kill", "node-loss", "node-freeze", "hang"])
 def test_the_drill(project: Project, fault: str) -> None:
     check_drill(project, fault)
