@@ -58,6 +58,12 @@ def test_the_drill(project: Project, fault: str) -> None:
     check_drill(project, fault)
 
 
+def test_a_preemption_is_not_drilled_here(project: Project) -> None:
+    refused = project.mlenv("drill", "-c", project.name, "--fault", "preempt")
+    assert refused.returncode == 2 and "the slurm backend cannot" in refused.stderr, refused.stderr
+    assert "slurm.signal" in refused.stderr and "Traceback" not in refused.stderr
+
+
 def test_a_frozen_node_is_named_lost_and_the_launch_ends(project: Project) -> None:
     since = time.time()
     launch = subprocess.Popen([str(MLENV), "launch", "-c", project.name, "--launcher", "torchrun", "steps.py"],

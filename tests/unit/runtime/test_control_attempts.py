@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 import pytest
+from mlenv.runtime.records import restartpolicy
 from mlenv.runtime.supervise import control
 from mlenv.runtime.supervise.control import ControlChannel
 
@@ -232,6 +233,6 @@ def test_a_node_whose_connection_closes_before_its_job_ended_is_lost() -> None:
     pump([hub, other], lambda: any(peer.node == 1 for peer in hub.peers) and other.connected)
     other.close()
     pump([hub], lambda: bool(stops), seconds=5)
-    assert lost == [(1, "its control channel to node 0 closed before its job ended")]
+    assert lost == [(1, restartpolicy.CLOSED)]
     assert stops[0][0] == "lost node 1"
     hub.close()

@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..records.restartpolicy import CLOSED
 from .listener import listen
 
 DECIDE_SECONDS = 1.0
@@ -293,7 +294,7 @@ class ControlChannel:
         elif peer in self.peers:
             self.peers.remove(peer)
             if not peer.done and peer.node is not None and not self.stopped:
-                self._lost_node(int(peer.node), "its control channel to node 0 closed before its job ended")
+                self._lost_node(int(peer.node), CLOSED)
                 self._broadcast(f"lost node {peer.node}", 1, None)
 
     def _lost_node(self, node: int, why: str) -> None:
