@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
 import signal
 import subprocess
 import time
@@ -80,7 +79,6 @@ launch:
         deployed.mlenv("stop")
     finally:
         machines.close()
-        shutil.rmtree(root / "machines" / "workdir", ignore_errors=True)
 
 
 @pytest.mark.parametrize("fault", ["rank-exit", "rank-kill", "node-loss", "node-freeze", "hang"])
