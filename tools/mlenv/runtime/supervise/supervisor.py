@@ -246,8 +246,7 @@ class Supervisor:
         self.channel.open()
 
     def _lost_node(self, node: int, why: str) -> None:
-        """Node 0 lost ``node`` (silent, or its connection closed before its job ended): recorded for it
-        (``lost_nodes``), judged as its ``unreachable`` sign."""
+        """Node 0 lost ``node`` (silent, or closed unannounced): ``lost_nodes``, judged as its ``unreachable`` sign."""
         lost = dict(cast(Mapping[str, str], self.extra_state.get("lost_nodes") or {}))
         self.record(lost_nodes={**lost, str(node): why})
 
