@@ -6,8 +6,10 @@ unknown fault, no deployment, a live run) exits 2 and starts nothing."""
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Protocol
 
 import pytest
 
@@ -15,6 +17,14 @@ from tests.helpers import assert_shaped, documented_shape
 from tests.integration.local_cluster import FAILING_JOB, LocalProject, make_project, require_local
 
 PHASES = ["detected", "stopped", "started", "resumed"]
+
+
+class Deployed(Protocol):
+    """A deployed project of any backend's tests: the real ``mlenv`` against it."""
+
+    def mlenv(self, *args: str, timeout: float = ...) -> subprocess.CompletedProcess[str]: ...
+
+    def ok(self, *args: str, timeout: float = ...) -> subprocess.CompletedProcess[str]: ...
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +42,10 @@ def _runs(project: LocalProject) -> list[str]:
     return sorted(path.name for path in (project.home / "runs").glob("*")) if (project.home / "runs").is_dir() else []
 
 
-def _drill(project: LocalProject, fault: str) -> dict[str, object]:
-    result = project.mlenv("drill", "--fault", fault, "--json", timeout=400)
+def check_drill(project: Deployed, fault: str, *cluster: str) -> dict[str, object]:
+    """``mlenv drill --fault FAULT --json`` on ``project`` (``cluster``: ``-c NAME``, else its deployment): every
+    phase timed and PASS, the timeline written, no node left excluded; the one drill's report."""
+    result = project.mlenv("drill", *cluster, "--fault", fault, "--json", timeout=400)
     report = json.loads(result.stdout)
     assert result.returncode == 0 and report["ok"], (result.stdout, result.stderr[-4000:])
     assert_shaped(report, documented_shape("drill"))
@@ -49,7 +61,7 @@ def _drill(project: LocalProject, fault: str) -> dict[str, object]:
     run_dir = Path(drill["run_dir"])
     assert (run_dir / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert json.loads((run_dir / "drill.json").read_text())["verdict"] == "PASS"
-    assert json.loads(project.ok("nodes", "--json").stdout)["excluded"] == []
+    assert json.loads(project.ok("nodes", *cluster, "--json").stdout)["excluded"] == []
     return dict(drill)
 
 
@@ -72,10 +84,10 @@ def test_bad_input_starts_nothing(project: LocalProject, tmp_path: Path) -> None
 
 
 def test_a_rank_that_exits(project: LocalProject) -> None:
-    drill = _drill(project, "rank-exit")
+    drill = check_drill(project, "rank-exit")
     assert "exited with 1" in drill["phases"][0]["evidence"]
 
 
 def test_a_frozen_node(project: LocalProject) -> None:
-    drill = _drill(project, "node-freeze")
+    drill = check_drill(project, "node-freeze")
     assert "node-1 unreachable" in drill["phases"][0]["evidence"]

@@ -45,43 +45,59 @@ def project(tmp_path: Path) -> Iterator[LocalProject]:
     deployed.mlenv("clean", "--delete-data", "--yes")
 
 
-def _node_share(project: LocalProject, node: int, deadline: float = 120) -> tuple[int, Path]:
-    """The supervisor of ``node`` and its cgroup (every process of its share), once its two ranks run."""
+def node_share(root: Path, node: int, since: float, deadline: float = 120) -> list[int]:
+    """Pidfds (never a pid that is reused later) of node ``node``'s share (its supervisor and every process of its
+    cgroup, else its ranks: a supervisor in a Slurm step makes no cgroup) of the run under ``root`` that started
+    after ``since`` (seconds since the epoch), once its two ranks run. The supervisor's recorded pid is the one of
+    its own PID namespace (an ssh machine's): it is the process of the share's namespace with that pid there, and
+    only while it runs the runtime."""
     until = time.monotonic() + deadline
     while True:
-        found = sorted(project.home.rglob(f"attempt-0/node{node}/ranks.json"))
+        found = [path for path in root.rglob(f"attempt-0/node{node}/ranks.json") if path.stat().st_mtime >= since]
         if found and len(json.loads(found[0].read_text() or "[]")) >= 2:
             break
-        assert time.monotonic() < until, "node 1's ranks never started"
+        assert time.monotonic() < until, f"node {node}'s ranks never started"
         time.sleep(0.5)
     directory = found[0].parent
-    return (int(json.loads((directory / "record.json").read_text())["pid"]),
-            Path(json.loads((directory / "state.json").read_text())["cgroup"]))
-
-
-def _signal(supervisor: int, cgroup: Path, number: int) -> None:
-    """``number`` to the supervisor (while it is still ours: the runtime's) and to every process of its cgroup."""
-    members = [int(pid) for pid in (cgroup / "cgroup.procs").read_text().split()] if cgroup.is_dir() else []
-    with contextlib.suppress(OSError):
-        if b"mlenv.runtime" in Path(f"/proc/{supervisor}/cmdline").read_bytes():
-            members.append(supervisor)
+    cgroup = json.loads((directory / "state.json").read_text())["cgroup"]
+    members = [int(pid) for pid in Path(cgroup, "cgroup.procs").read_text().split()] if cgroup else [
+        rank["pid"] for rank in json.loads((directory / "ranks.json").read_text()) if rank["state"] == "running"]
+    assert members, "nothing of the node's share runs"
+    recorded = int(json.loads((directory / "record.json").read_text())["pid"])
+    namespace = os.readlink(f"/proc/{members[0]}/ns/pid")
+    for proc in Path("/proc").glob("[0-9]*"):
+        with contextlib.suppress(OSError):
+            nspids = next(line for line in (proc / "status").read_text().splitlines() if line.startswith("NSpid:"))
+            if (int(nspids.split()[-1]) == recorded and os.readlink(proc / "ns" / "pid") == namespace
+                    and b"mlenv.runtime" in (proc / "cmdline").read_bytes()):
+                members.append(int(proc.name))
+    pidfds = []
     for pid in members:
         with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, number)
+            pidfds.append(os.pidfd_open(pid))
+    return pidfds
+
+
+def signal_share(pidfds: list[int], number: int) -> None:
+    """``number`` to each process of a node's share (:func:`node_share`) that still runs."""
+    for pidfd in pidfds:
+        with contextlib.suppress(ProcessLookupError):
+            signal.pidfd_send_signal(pidfd, number)
 
 
 def test_a_frozen_node_is_named_lost_and_the_launch_ends(project: LocalProject) -> None:
+    since = time.time()
     launch = subprocess.Popen([str(MLENV), "launch", "--launcher", "torchrun", "steps.py"], cwd=ROOT, text=True,
                               env={**os.environ, "MLENV_HOME": str(project.home)}, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE)
-    supervisor, cgroup = _node_share(project, 1)
+    share = node_share(project.home, 1, since)
     try:
-        _signal(supervisor, cgroup, signal.SIGSTOP)
+        signal_share(share, signal.SIGSTOP)
         froze = time.monotonic()
         out, err = launch.communicate(timeout=90)
         ended = time.monotonic() - froze
     finally:
-        _signal(supervisor, cgroup, signal.SIGKILL)  # what the launch's own stop left, if anything
+        signal_share(share, signal.SIGKILL)  # what the launch's own stop left, if anything
         launch.kill()
     assert launch.returncode not in (0, None) and ended < 60, (ended, out[-2000:], err[-3000:])
     assert "error: node-1 was lost (unreachable: node 0 heard nothing from it for 8 s); the other nodes were " \

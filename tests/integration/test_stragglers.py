@@ -40,7 +40,7 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalProject]:
     deployed.mlenv("clean", "--delete-data", "--yes")
 
 
-def _judged(project: LocalProject, deadline: float) -> dict[str, Any]:
+def judged(project: LocalProject, deadline: float) -> dict[str, Any]:
     """The latest run once the straggler watch has judged it (``stragglers`` a list)."""
     until = time.monotonic() + deadline
     while True:
@@ -62,7 +62,7 @@ def test_a_rank_three_times_slower_is_named_within_60_s(project: LocalProject) -
     started = _launch(project, 0.15, straggler, "--on-straggler", "exclude")
     until = started + 60
     while True:
-        run = _judged(project, until - time.monotonic())
+        run = judged(project, until - time.monotonic())
         if run["stragglers"]:
             break
         time.sleep(1)
@@ -80,7 +80,7 @@ def test_a_rank_three_times_slower_is_named_within_60_s(project: LocalProject) -
 
 def test_equal_ranks_name_nobody(project: LocalProject) -> None:
     _launch(project, 0.05, -1)
-    run = _judged(project, 90)
+    run = judged(project, 90)
     assert run["stragglers"] == [], run["stragglers"]
     assert "is a straggler" not in project.ok("logs").stdout
     project.ok("stop")

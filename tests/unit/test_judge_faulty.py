@@ -10,7 +10,7 @@ from typing import Any
 
 from mlenv.core.capabilities import LaunchOutcome
 from mlenv.ops.launch import judge_faulty
-from mlenv.runtime.records.restartpolicy import History
+from mlenv.runtime.records.restartpolicy import CLOSED, History
 from mlenv.runtime.records.runrecord import RunRecord
 
 HOSTS = {0: "gpu-a", 1: "gpu-b"}
@@ -93,6 +93,9 @@ def test_a_node_s_own_sign_excludes_it_whoever_failed_first() -> None:
 def test_ssh_s_255_is_unreachable_only_where_the_node_has_no_record_of_the_run() -> None:
     nowhere = run(None, nodes={0: "failed (1)", 1: "-"})
     assert judged(outcome({0: 1, 1: 255}), nowhere)[0] == {
+        1: ("unreachable: exit 255 and no record of the run there", True)}
+    closed = run(None, nodes={0: "failed (1)", 1: "-"}, node_faults={"1": {"sign": "unreachable", "evidence": CLOSED}})
+    assert judged(outcome({0: 1, 1: 255}), closed)[0] == {  # says more than node 0's closed channel
         1: ("unreachable: exit 255 and no record of the run there", True)}
     its_own = run(1, nodes={0: "failed (255)", 1: "failed (255)"})  # the script's own exit(-1)
     assert judged(outcome({0: 255, 1: 255}), its_own)[0] == {}

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from mlenv.core.runrecords import latest_run, node_state
+from mlenv.runtime.records.restartpolicy import CLOSED
 from mlenv.runtime.records.runlayout import FirstFailure, NodeFault
 from mlenv.runtime.records.runrecord import RunRecord
 
@@ -46,6 +47,18 @@ def test_a_node_s_own_sign_is_typed() -> None:
                             1: {"state": "failed", "exit_code": None, "node_fault": lost}})
     assert run.node_faults == {1: NodeFault("unreachable", lost["evidence"])}
     assert run.to_dict()["node_faults"] == {1: lost}
+
+
+def test_a_node_node_0_lost_is_unreachable_in_the_words_that_say_more() -> None:
+    """Node 0's words name a node lost to silence or a closed connection; over the node's own ``unreachable`` only
+    for a silence (its own says more of a supervisor that is gone)."""
+    gone = {"sign": "unreachable", "evidence": "the node's supervisor (pid 7) is gone without an exit status"}
+    for lost, own, evidence in (("node 0 heard nothing from it for 8 s", None, "node 0 heard nothing from it for 8 s"),
+                                ("node 0 heard nothing from it for 8 s", gone, "node 0 heard nothing from it for 8 s"),
+                                (CLOSED, None, CLOSED), (CLOSED, gone, gone["evidence"])):
+        run = latest_run("r5", {0: {"state": "failed", "exit_code": 1, "lost_nodes": {"1": lost}},
+                                1: {"state": "failed" if own else "running", "exit_code": None, "node_fault": own}})
+        assert run.node_faults == {1: NodeFault("unreachable", evidence)}, (lost, own)
 
 
 def test_nodes_without_a_share_are_unknown_and_a_hung_node_makes_the_run_hung() -> None:

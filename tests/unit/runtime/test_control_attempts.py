@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 import pytest
+from mlenv.runtime.records import restartpolicy
 from mlenv.runtime.supervise import control
 from mlenv.runtime.supervise.control import ControlChannel
 
@@ -211,7 +212,7 @@ def test_a_silent_node_is_lost_and_a_busy_loop_is_not_silence(monkeypatch: pytes
     assert other.beating is not None
     other.beating.set()  # node 1 freezes: no more beats, no more reading
     silent: list[tuple[int, str]] = []
-    hub.on_silent = lambda node, why: silent.append((node, why))
+    hub.on_lost = lambda node, why: silent.append((node, why))
     pump([hub], lambda: bool(stops), seconds=5)
     assert silent == [(1, "node 0 heard nothing from it for 1 s")]
     assert stops[0][0] == "lost node 1 (nothing heard for 1 s: frozen, or cut off)"
@@ -219,3 +220,19 @@ def test_a_silent_node_is_lost_and_a_busy_loop_is_not_silence(monkeypatch: pytes
     assert not hub.waiting_for_peers()  # node 0 does not wait for a node it lost
     hub.close()
     other.close()
+
+
+def test_a_node_whose_connection_closes_before_its_job_ended_is_lost() -> None:
+    """Node 1's supervisor is killed (its connection closes without its job's end): node 0 records it lost, in its
+    words, and stops."""
+    port, stops = free_port(), list[Any]()
+    hub = channel(0, 0, port, stops)
+    other = channel(1, 0, port, stops)
+    lost: list[tuple[int, str]] = []
+    hub.on_lost = lambda node, why: lost.append((node, why))
+    pump([hub, other], lambda: any(peer.node == 1 for peer in hub.peers) and other.connected)
+    other.close()
+    pump([hub], lambda: bool(stops), seconds=5)
+    assert lost == [(1, restartpolicy.CLOSED)]
+    assert stops[0][0] == "lost node 1"
+    hub.close()

@@ -9,7 +9,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from mlenv.runtime.records.restartpolicy import UNREACHABLE
+from mlenv.runtime.records.restartpolicy import CLOSED, UNREACHABLE
 from mlenv.runtime.records.runlayout import (
     FAILED,
     PREEMPTED,
@@ -103,11 +103,12 @@ def ended(state: str | None, first: FirstFailure | None, jobs: Mapping[int, Node
 
 
 def node_faults(jobs: Mapping[int, NodeJob | None]) -> dict[int, NodeFault]:
-    """Each node's own fault sign; for a node without one that node 0 lost to silence (``lost_nodes``: a frozen node
-    records nothing), ``unreachable`` with node 0's words."""
+    """Each node's own fault sign; for a node without one that node 0 lost (``lost_nodes``: to silence, as a frozen
+    node records nothing, or as its connection closed), ``unreachable`` with node 0's words (over the node's own
+    ``unreachable`` too, but for a closed connection)."""
     own = {ordinal: fault for ordinal, job in sorted(jobs.items())
            if job is not None and (fault := NodeFault.parse(job.get("node_fault"))) is not None}
     silent = {int(node): str(why) for job in jobs.values() if job is not None
               for node, why in (job.get("lost_nodes") or {}).items()}
-    return {**own, **{node: NodeFault(UNREACHABLE, why) for node, why in silent.items()
-                      if node not in own or own[node].sign == UNREACHABLE}}  # node 0's words say more
+    return {**own, **{node: NodeFault(UNREACHABLE, why) for node, why in silent.items()  # node 0's words say more,
+                      if node not in own or (own[node].sign == UNREACHABLE and why != CLOSED)}}  # but of a silence

@@ -19,7 +19,7 @@ from mlenv.errors import MlenvError, OperationError, UsageError
 from mlenv.ops.live import refuse_while_live
 from mlenv.ops.target import Target
 from mlenv.runtime.records import restartpolicy
-from mlenv.runtime.records.restartpolicy import IDLE_EXIT_CODE, LOST, UNREACHABLE, why_faulty
+from mlenv.runtime.records.restartpolicy import CLOSED, IDLE_EXIT_CODE, LOST, UNREACHABLE, why_faulty
 from mlenv.runtime.records.runlayout import FAILED, STOPPED, SUCCEEDED, FirstFailure, NodeFault
 from mlenv.runtime.records.runrecord import RunRecord
 
@@ -328,8 +328,9 @@ def judge_faulty(outcome: LaunchOutcome, run: RunRecord | None, attempt: int,
     node has no record of the run."""
     signs = dict(run.node_faults) if run is not None else {}
     for ordinal, code in outcome.node_exit_codes.items():
-        if run is not None and code == SSH_UNREACHABLE and run.nodes.get(ordinal, "-") == "-":
-            signs.setdefault(ordinal, NodeFault(UNREACHABLE, f"exit {code} and no record of the run there"))
+        if run is not None and code == SSH_UNREACHABLE and run.nodes.get(ordinal, "-") == "-" and (
+                ordinal not in signs or signs[ordinal].evidence == CLOSED):  # says more than node 0's closed channel
+            signs[ordinal] = NodeFault(UNREACHABLE, f"exit {code} and no record of the run there")
     first = run.first_failure if run is not None else None
     # a run stopped without a rank's failure (an observer, a lost node) has no node that failed first
     node = first.node if first is not None else outcome.failed_node if run is None else None

@@ -2,9 +2,10 @@
 node's workspace: none of the user's files) and run as a script, never imported by mlenv; torch is imported when it
 runs (the runtime itself stays standard library only). A few numbers all-reduced over gloo each step; the step
 checkpointed under ``MLENV_CHECKPOINT_DIR`` by each node's local rank 0 after every step (one small JSON file,
-written atomically), resumed from the newest on the next attempt. Rank 0 prints ``drill: attempt K resumed at step
-S t=EPOCH`` once and ``step N/TOTAL t=EPOCH`` after each step. With ``--exit-at N`` the highest global rank exits 1
-at step N of attempt 0 (the drill's rank-exit)."""
+written atomically through a temporary file of the node's own: nodes may share the directory), resumed from the
+newest on the next attempt. Rank 0 prints ``drill: attempt K resumed at step S t=EPOCH`` once and ``step N/TOTAL
+t=EPOCH`` after each step. With ``--exit-at N`` the highest global rank exits 1 at step N of attempt 0 (the drill's
+rank-exit)."""
 
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ def main() -> int:
         weights += grad / world
         if os.environ.get("LOCAL_RANK") == "0":  # every node keeps one: a workspace need not be shared
             checkpoint.parent.mkdir(parents=True, exist_ok=True)
-            partial = checkpoint.with_name(".drill.json.tmp")
+            partial = checkpoint.with_name(f".drill.json.{os.environ.get('MLENV_NODE_RANK', 0)}")
             partial.write_text(json.dumps({"step": step, "weights": weights.tolist()}))
             partial.replace(checkpoint)
         if rank == 0:

@@ -66,6 +66,9 @@ IDLE_EXIT_CODE = 125
 mlenv; never restarted (an idle job would idle again)."""
 FAULTY_AFTER = 2
 """A node that failed first (without a sign) in this many attempts of a run is left out of the rest of the run."""
+CLOSED = "its control channel to node 0 closed before its job ended"
+"""Node 0's words (``lost_nodes``) for a node whose connection closed unannounced: where the node's own record says
+it is lost (its supervisor gone without an exit status), that says more."""
 LOST = frozenset({UNREACHABLE, NODE_FAILURE})
 """The signs of a node lost to the infrastructure: a stop of the job then is not the user's."""
 FINAL_CODES = frozenset({0, IDLE_EXIT_CODE, *USER_STOPS})

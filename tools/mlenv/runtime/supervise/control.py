@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..records.restartpolicy import CLOSED
 from .listener import listen
 
 DECIDE_SECONDS = 1.0
@@ -97,8 +98,9 @@ class ControlChannel:
     finished: bool = False
     on_message: Callable[[dict[str, Any]], None] | None = None
     """Observers' messages (``relay``) that reach this node."""
-    on_silent: Callable[[int, str], None] | None = None
-    """Node 0: called with (node, why) for a node lost to silence (its own records cannot say so)."""
+    on_lost: Callable[[int, str], None] | None = None
+    """Node 0: called with (node, why) for a node lost to silence or whose connection closed before it said its job
+    ended (its supervisor killed with it: its own records cannot say so)."""
     attempt: int = 0
     """The run's attempt this node runs: only nodes of the same attempt are connected."""
     run_id: str = ""
@@ -291,8 +293,13 @@ class ControlChannel:
                 self._stop("lost the control channel to node 0", 1, None)
         elif peer in self.peers:
             self.peers.remove(peer)
-            if not peer.done and peer.node is not None:
+            if not peer.done and peer.node is not None and not self.stopped:
+                self._lost_node(int(peer.node), CLOSED)
                 self._broadcast(f"lost node {peer.node}", 1, None)
+
+    def _lost_node(self, node: int, why: str) -> None:
+        if self.on_lost is not None:
+            self.on_lost(node, why)
 
     def _failure(self, ended: float, failure: dict[str, Any]) -> None:
         """Node 0: one more failure to decide between."""
@@ -342,8 +349,7 @@ class ControlChannel:
         if self.node == 0:
             for peer in [p for p in self._nodes() if not p.done and now - p.heard > self.silence]:
                 self.note(f"node {peer.node} stopped answering ({quiet})")
-                if self.on_silent is not None:
-                    self.on_silent(int(peer.node or 0), f"node 0 heard nothing from it for {self.silence:g} s")
+                self._lost_node(int(peer.node or 0), f"node 0 heard nothing from it for {self.silence:g} s")
                 self.peers.remove(peer)
                 self._drop(peer)
                 self._broadcast(f"lost node {peer.node} ({quiet})", 1, None)

@@ -242,11 +242,11 @@ class Supervisor:
         self.channel = ControlChannel(self.node, self.num_nodes, address, port, self._stop_here, self.note,
                                       self.selector, on_message=self._observer_message,
                                       attempt=self.node_dir.attempt, run_id=self.env.get("MLENV_RUN_ID", ""),
-                                      secret=secret, on_silent=self._silent_node, silence=self.silence)
+                                      secret=secret, on_lost=self._lost_node, silence=self.silence)
         self.channel.open()
 
-    def _silent_node(self, node: int, why: str) -> None:
-        """Node 0 lost ``node`` to silence: recorded for it (``lost_nodes``), judged as its ``unreachable`` sign."""
+    def _lost_node(self, node: int, why: str) -> None:
+        """Node 0 lost ``node`` (silent, or closed unannounced): ``lost_nodes``, judged as its ``unreachable`` sign."""
         lost = dict(cast(Mapping[str, str], self.extra_state.get("lost_nodes") or {}))
         self.record(lost_nodes={**lost, str(node): why})
 

@@ -1,0 +1,99 @@
+"""The drill, a frozen node and a straggler on a real Slurm (tests/integration/slurm_cluster.py: nodes n1 and n2),
+2 nodes x 2 ranks, CPU torch/gloo, through the real ``mlenv`` command, inside an allocation from ``mlenv deploy``
+(one for the module, ``launch.node_silence`` 8 s): ``mlenv drill --fault F --json`` reports every phase with a time
+and PASS on the default targets, and a timeline picture, for each fault the drill puts in from outside (the
+runtime's ``fault`` verb, run on the node through ``srun --overlap`` in the allocation) or lets the job make; an
+attached launch whose node 1 is frozen (its supervisor and ranks SIGSTOPped, found through their cgroup) names node
+1 lost and ends within 60 s; a rank 3x slower per step is named a straggler within 60 s."""
+
+from __future__ import annotations
+
+import random
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import pytest
+
+from tests.helpers import MLENV
+from tests.integration.test_drill import check_drill
+from tests.integration.test_frozen_node import JOB as STEPS_JOB
+from tests.integration.test_frozen_node import node_share, signal_share
+from tests.integration.test_slurm_backend import Project, make_project
+from tests.integration.test_stragglers import JOB as STRAGGLER_JOB
+
+if TYPE_CHECKING:
+    from tests.integration.slurm_cluster import SessionClusters
+
+pytest_plugins = ["tests.integration.slurm_cluster"]
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory, slurm_clusters: SessionClusters) -> Iterator[Project]:
+    """A project deployed as an allocation of n1 and n2 (node silence 8 s), the frozen node's job synced."""
+    made = make_project(tmp_path_factory.mktemp("slurm-drill"), slurm_clusters.get(2), name="sdrill",
+                        extra="launch: {node_silence: 8}\n")
+    (made.home / "workspace" / "steps.py").write_text(STEPS_JOB)
+    made.ok("sync", "-c", made.name)
+    made.ok("deploy", made.name, "--timeout", "60")
+    yield made
+    made.mlenv("stop", "-c", made.name)
+    made.mlenv("clean", "-c", made.name, timeout=120)
+
+
+@pytest.mark.parametrize("fault", ["rank-kill", "node-loss"])
+def test_the_drill_as_a_batch_job(fault: str, tmp_path_factory: pytest.TempPathFactory,
+                                  slurm_clusters: SessionClusters) -> None:
+    """Without an allocation the drill's run is a batch job: the faults reach its nodes through the job (before the
+    module's allocation, which holds both nodes)."""
+    batch = make_project(tmp_path_factory.mktemp("slurm-drill-batch"), slurm_clusters.get(2), name="sbdrill")
+    batch.ok("sync", "-c", batch.name)
+    check_drill(batch, fault, "-c", batch.name)
+
+
+@pytest.mark.parametrize("fault", ["rank-exit", "rank-kill", "node-loss", "node-freeze", "hang"])
+def test_the_drill(project: Project, fault: str) -> None:
+    check_drill(project, fault)
+
+
+def test_a_preemption_is_not_drilled_here(project: Project) -> None:
+    refused = project.mlenv("drill", "-c", project.name, "--fault", "preempt")
+    assert refused.returncode == 2 and "the slurm backend cannot" in refused.stderr, refused.stderr
+    assert "slurm.signal" in refused.stderr and "Traceback" not in refused.stderr
+
+
+def test_a_frozen_node_is_named_lost_and_the_launch_ends(project: Project) -> None:
+    since = time.time()
+    launch = subprocess.Popen([str(MLENV), "launch", "-c", project.name, "--launcher", "torchrun", "steps.py"],
+                              cwd=project.home, text=True, env=project.env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE)
+    share = node_share(project.workdir, 1, since)
+    try:
+        signal_share(share, signal.SIGSTOP)
+        froze = time.monotonic()
+        out, err = launch.communicate(timeout=90)
+        ended = time.monotonic() - froze
+    finally:
+        signal_share(share, signal.SIGKILL)
+        launch.kill()
+    assert launch.returncode not in (0, None) and ended < 60, (ended, out[-2000:], err[-3000:])
+    assert "error: node-1 was lost (unreachable: node 0 heard nothing from it for 8 s)" in err, err[-3000:]
+    assert project.latest_run()["node_faults"]["1"]["sign"] == "unreachable"
+
+
+def test_a_rank_three_times_slower_is_named_a_straggler(project: Project) -> None:
+    straggler = random.Random().randrange(4)  # noqa: S311 - a test's choice, not a secret
+    (project.home / "workspace" / "slow.py").write_text(STRAGGLER_JOB.format(slow=0.15, straggler=straggler))
+    project.ok("sync", "-c", project.name)
+    project.ok("launch", "-c", project.name, "--detach", "--launcher", "torchrun", "slow.py")
+    until = time.monotonic() + 60
+    try:
+        while not (named := project.latest_run().get("stragglers")):
+            assert time.monotonic() < until, f"no straggler named within 60 s: {project.latest_run()}"
+            time.sleep(1)
+    finally:
+        project.ok("stop", "-c", project.name)
+    assert [entry.get("rank") for entry in named] == [straggler], named
+    assert "is a straggler" in named[0]["text"]
