@@ -1,6 +1,7 @@
 """A detached run's Secret (``<app>-run``): its control secret, the secrets forwarded to it and its id, which the
-pod template mounts as files (an optional ``secret`` volume at podinit.RUN_SECRET_DIR), so that a pod that comes back after a preemption resumes its share of
-the run (its PID 1 runs the runtime's ``resume``: backends/kubernetes/podinit.py, runtime/supervise/detached.py).
+pod template mounts as files (an optional ``secret`` volume at podinit.RUN_SECRET_DIR), so that a pod that comes
+back after a preemption resumes its share of the run (its PID 1 runs the runtime's ``resume``:
+backends/kubernetes/podinit.py, runtime/supervise/detached.py).
 
 Sent as a server-side apply on stdin: the values reach no command line, and no last-applied annotation keeps them.
 An attached run (which mlenv resumes itself) removes the Secret, so no pod resumes an older run; clean deletes it."""
