@@ -85,21 +85,31 @@ def signal_share(pidfds: list[int], number: int) -> None:
             signal.pidfd_send_signal(pidfd, number)
 
 
-def test_a_frozen_node_is_named_lost_and_the_launch_ends(project: LocalProject) -> None:
+def freeze_node_1(argv: list[str], cwd: Path, env: dict[str, str],
+                  root: Path) -> tuple[subprocess.CompletedProcess[str], float]:
+    """Run the attached launch ``argv`` and freeze node 1's share (SIGSTOP) once its ranks run (its records under
+    ``root``): how the launch ended, and the seconds from the freeze to its end. What the launch's own stop left of
+    the share is killed after."""
     since = time.time()
-    launch = subprocess.Popen([str(MLENV), "launch", "--launcher", "torchrun", "steps.py"], cwd=ROOT, text=True,
-                              env={**os.environ, "MLENV_HOME": str(project.home)}, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE)
-    share = node_share(project.home, 1, since)
+    launch = subprocess.Popen(argv, cwd=cwd, text=True, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    share: list[int] = []
     try:
+        share = node_share(root, 1, since)
         signal_share(share, signal.SIGSTOP)
         froze = time.monotonic()
         out, err = launch.communicate(timeout=90)
         ended = time.monotonic() - froze
     finally:
-        signal_share(share, signal.SIGKILL)  # what the launch's own stop left, if anything
+        signal_share(share, signal.SIGKILL)
         launch.kill()
-    assert launch.returncode not in (0, None) and ended < 60, (ended, out[-2000:], err[-3000:])
+    return subprocess.CompletedProcess(argv, launch.returncode, out, err), ended
+
+
+def test_a_frozen_node_is_named_lost_and_the_launch_ends(project: LocalProject) -> None:
+    done, ended = freeze_node_1([str(MLENV), "launch", "--launcher", "torchrun", "steps.py"], ROOT,
+                                {**os.environ, "MLENV_HOME": str(project.home)}, project.home)
+    out, err = done.stdout, done.stderr
+    assert done.returncode != 0 and ended < 60, (ended, out[-2000:], err[-3000:])
     assert "error: node-1 was lost (unreachable: node 0 heard nothing from it for 8 s); the other nodes were " \
            "stopped." in err, err[-3000:]
     assert "node 1 stopped answering (nothing heard for 8 s: frozen, or cut off)" in out + err

@@ -46,6 +46,16 @@ def _started(project: KubeProject) -> list[str]:
     return found.stdout.split()
 
 
+def _deployed(project: KubeProject) -> KubeProject:
+    """``project`` deployed, with the checkpointing job synced."""
+    project.ok("deploy", str(project.cluster_file))
+    source = project.home / "workspace"
+    source.mkdir()
+    (source / "job.py").write_text(CHECKPOINTS)
+    project.ok("sync", "--source", str(source))
+    return project
+
+
 def _delete(project: KubeProject) -> subprocess.CompletedProcess[str]:
     """``kubectl delete pod`` of pod 1, not waiting for it to go."""
     return project.kubectl("delete", "pod", f"{APP}-1", "--wait=false")
@@ -62,12 +72,7 @@ def _drain(project: KubeProject) -> subprocess.CompletedProcess[str]:
 def test_a_pod_taken_away_preempts_the_run_which_resumes_from_its_checkpoint(
     take_away: Callable[[KubeProject], subprocess.CompletedProcess[str]], kube_project: KubeProject  # noqa: F811
 ) -> None:
-    project = kube_project
-    project.ok("deploy", str(project.cluster_file))
-    source = project.home / "workspace"
-    source.mkdir()
-    (source / "job.py").write_text(CHECKPOINTS)
-    project.ok("sync", "--source", str(source))
+    project = _deployed(kube_project)
 
     run = subprocess.Popen([str(MLENV), "launch", "--launcher", "torchrun", "job.py"], cwd=ROOT, env=project.env,
                            text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -103,12 +108,7 @@ def test_a_detached_run_resumes_on_its_own_once_the_pod_is_back(kube_project: Ku
     attempt 1 at once and wait for it in the rendezvous; the recreated pod's PID 1 has the runtime resume pod 1's
     share (the run's Secret names the run and holds its control secret). Every rank resumes from the same
     checkpoint directory with MLENV_RESTART_COUNT=1, and the run succeeds."""
-    project = kube_project
-    project.ok("deploy", str(project.cluster_file))
-    source = project.home / "workspace"
-    source.mkdir()
-    (source / "job.py").write_text(CHECKPOINTS)
-    project.ok("sync", "--source", str(source))
+    project = _deployed(kube_project)
     run_id = json.loads(project.ok("launch", "--launcher", "torchrun", "--detach", "--json", "job.py").stdout)["run_id"]
     secret = json.loads(project.kubectl("get", "secret", f"{APP}-run", "-o", "json").stdout)
     assert set(secret["data"]) == {"MLENV_CONTROL_SECRET", "MLENV_RESUME_RUN"}, secret["data"]

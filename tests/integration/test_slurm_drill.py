@@ -9,8 +9,6 @@ attached launch whose node 1 is frozen (its supervisor and ranks SIGSTOPped, fou
 from __future__ import annotations
 
 import random
-import signal
-import subprocess
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -20,7 +18,7 @@ import pytest
 from tests.helpers import MLENV
 from tests.integration.test_drill import check_drill
 from tests.integration.test_frozen_node import JOB as STEPS_JOB
-from tests.integration.test_frozen_node import node_share, signal_share
+from tests.integration.test_frozen_node import freeze_node_1
 from tests.integration.test_slurm_backend import Project, make_project
 from tests.integration.test_stragglers import JOB as STRAGGLER_JOB
 
@@ -65,20 +63,10 @@ def test_a_preemption_is_not_drilled_here(project: Project) -> None:
 
 
 def test_a_frozen_node_is_named_lost_and_the_launch_ends(project: Project) -> None:
-    since = time.time()
-    launch = subprocess.Popen([str(MLENV), "launch", "-c", project.name, "--launcher", "torchrun", "steps.py"],
-                              cwd=project.home, text=True, env=project.env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE)
-    share = node_share(project.workdir, 1, since)
-    try:
-        signal_share(share, signal.SIGSTOP)
-        froze = time.monotonic()
-        out, err = launch.communicate(timeout=90)
-        ended = time.monotonic() - froze
-    finally:
-        signal_share(share, signal.SIGKILL)
-        launch.kill()
-    assert launch.returncode not in (0, None) and ended < 60, (ended, out[-2000:], err[-3000:])
+    done, ended = freeze_node_1([str(MLENV), "launch", "-c", project.name, "--launcher", "torchrun", "steps.py"],
+                                project.home, dict(project.env), project.workdir)
+    err = done.stderr
+    assert done.returncode != 0 and ended < 60, (ended, done.stdout[-2000:], err[-3000:])
     assert "error: node-1 was lost (unreachable: node 0 heard nothing from it for 8 s)" in err, err[-3000:]
     assert project.latest_run()["node_faults"]["1"]["sign"] == "unreachable"
 

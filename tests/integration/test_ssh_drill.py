@@ -12,8 +12,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import signal
-import subprocess
 import time
 from collections.abc import Iterator
 from ipaddress import IPv4Address
@@ -27,7 +25,7 @@ from tests.helpers import MLENV, ROOT
 from tests.integration.local_cluster import LocalProject
 from tests.integration.test_drill import check_drill
 from tests.integration.test_frozen_node import JOB as STEPS_JOB
-from tests.integration.test_frozen_node import node_share, signal_share
+from tests.integration.test_frozen_node import freeze_node_1
 from tests.integration.test_stragglers import JOB as STRAGGLER_JOB
 from tests.integration.test_stragglers import judged
 
@@ -87,20 +85,11 @@ def test_the_drill(project: LocalProject, fault: str) -> None:
 
 
 def test_a_frozen_node_is_named_lost_and_the_launch_ends(project: LocalProject) -> None:
-    since = time.time()
-    launch = subprocess.Popen([str(MLENV), "launch", "--launcher", "torchrun", "steps.py"], cwd=ROOT, text=True,
-                              env={**os.environ, "MLENV_HOME": str(project.home)}, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE)
-    share = node_share(project.home.parent / "machines" / "workdir", 1, since)
-    try:
-        signal_share(share, signal.SIGSTOP)
-        froze = time.monotonic()
-        out, err = launch.communicate(timeout=90)
-        ended = time.monotonic() - froze
-    finally:
-        signal_share(share, signal.SIGKILL)
-        launch.kill()
-    assert launch.returncode not in (0, None) and ended < 60, (ended, out[-2000:], err[-3000:])
+    done, ended = freeze_node_1([str(MLENV), "launch", "--launcher", "torchrun", "steps.py"], ROOT,
+                                {**os.environ, "MLENV_HOME": str(project.home)},
+                                project.home.parent / "machines" / "workdir")
+    out, err = done.stdout, done.stderr
+    assert done.returncode != 0 and ended < 60, (ended, out[-2000:], err[-3000:])
     assert "error: node-1 was lost (unreachable: node 0 heard nothing from it for 8 s)" in err, err[-3000:]
     run = json.loads(project.ok("status", "--json").stdout)["latest_run"]
     assert run["node_faults"]["1"]["sign"] == "unreachable", run["node_faults"]

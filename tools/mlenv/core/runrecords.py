@@ -62,6 +62,7 @@ def latest_run(run_id: str, jobs: Mapping[int, NodeJob | None]) -> RunRecord:
     code, ended_at = ended(state, first, {ordinal: job for ordinal, job in jobs.items() if job is not None}, ranks)
     timeline = tuple(share for job in known for item in job.get("attempts") or ()
                      if (share := NodeAttempt.parse(item)) is not None)
+    newest = max((share.attempt for share in timeline), default=0)
     return RunRecord(
         run_id, state,
         max((int(job.get("attempt", 0)) for job in known), default=0),
@@ -75,8 +76,8 @@ def latest_run(run_id: str, jobs: Mapping[int, NodeJob | None]) -> RunRecord:
         node_faults(jobs),
         {ordinal: node_state(job, ordinal, first) for ordinal, job in jobs.items()}, exit_code=code,
         ended_at=ended_at, timeline=timeline,
-        preemptions=len({share.attempt for share in timeline if share.state == PREEMPTED and share.attempt < max(
-            (s.attempt for s in timeline), default=0)})).launched(None, time.time())
+        preemptions=len({share.attempt for share in timeline if share.state == PREEMPTED and share.attempt < newest}),
+    ).launched(None, time.time())
 
 
 STOPPED_BY_MLENV = 128 + signal.SIGTERM

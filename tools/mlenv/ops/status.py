@@ -47,8 +47,7 @@ def _report(handle: Handle, recorded: state.Deployment | None, current: str | No
             records = made.jobs.runs(handle, [str(run["id"]) for run in listed])  # as their nodes' supervisors said
             report["runs"] = _described(handle.name, listed, records)
             wanted = run_id or str(listed[-1]["id"])
-            run = (records.get(wanted) or made.jobs.latest_run(handle, wanted)).launched(
-                launched_at(listed, wanted), time.time())
+            run = records[wanted].launched(launched_at(listed, wanted), time.time())  # run_id: one of listed
             report["run_states"] = {str(n): s for n, s in run.nodes.items()}
             report["latest_run"] = run.to_dict()
         if gpus and report["pods"]:

@@ -115,7 +115,7 @@ def resume(environ: Mapping[str, str], runs: Path | None) -> int:
     run_dir = (runs or runs_root(environ)).absolute() / run_id
     saved = read_json(resume_file(run_dir, rank)) if run_id else None
     mine = [attempt for attempt in attempts(run_dir) if NodeDir(run_dir, attempt, rank).path.is_dir()]
-    if not isinstance(saved, dict) or not mine:
+    if not isinstance(saved, dict) or not isinstance(saved.get("argv"), list) or not mine:
         print(f"mlenv: nothing to resume on node {rank}" + (f" (run {run_id} never ran here)" if run_id else ""))
         return 0
     ended = read_state(NodeDir(run_dir, mine[-1], rank)).get("state")

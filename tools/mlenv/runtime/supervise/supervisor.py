@@ -360,8 +360,8 @@ class Supervisor:
                         rank.record = replace(rank.record, state=STOPPED)
                 if decided.node != self.node:
                     self.note(f"stopping: rank {decided.rank} on node-{decided.node} {decided.reason}")
-        if first is None and reason.startswith(PREEMPTED) and self.user_signal is None:  # what failed here since died
-            self.stop_reason, self.user_signal, self.user_stop_told = None, exit_code - 128, True  # of the preemption
+        if first is None and reason.startswith(PREEMPTED) and self.user_signal is None:  # a rank failed here of it
+            self.stop_reason, self.user_signal, self.user_stop_told = None, exit_code - 128, True  # first: preempted
         if self.stop_reason is not None:
             return
         self.stop_reason, self.stop_code = reason, exit_code
