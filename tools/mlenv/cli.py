@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager, nullcontext, suppress
 from functools import wraps
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
@@ -605,13 +605,15 @@ def launch(cluster_ref: str | None, launcher: str, nproc: int | None, args_text:
     if dry_run:
         click.echo(launching.dry_run(settings.target, spec), nl=False)
         return
-    if not as_json:
-        sys.exit(launching.launch(settings.target, spec).exit_code)
-    from mlenv.ui import print_json, stdout_to_stderr
+    from mlenv.runtime.records.goodput import describe
+    from mlenv.ui import info, print_json, stdout_to_stderr
 
-    with stdout_to_stderr():  # the job's own output too: stdout holds only the JSON
+    with stdout_to_stderr() if as_json else nullcontext():  # the job's own output too: stdout holds only the JSON
         result = launching.launch(settings.target, spec)
-    print_json(result.to_dict(settings.target.handle.name))
+    if result.goodput is not None:  # an attached run that ran ends with it, after the summary
+        info(describe(dict(result.goodput)))
+    if as_json:
+        print_json(result.to_dict(settings.target.handle.name))
     sys.exit(result.exit_code)
 
 

@@ -253,10 +253,8 @@ def launch(target: Target, spec: LaunchSpec, keep: Collection[int] = ()) -> Laun
 
 
 def _with_goodput(target: Target, result: LaunchResult, launched: float) -> LaunchResult:
-    """An attached run that ran, with its goodput as its nodes recorded it (said after the summary)."""
-    from mlenv.runtime.records.goodput import describe
-    from mlenv.ui import info
-
+    """An attached run that ran, with its goodput as its nodes recorded it (``mlenv launch`` says it last; the drill
+    in its report)."""
     if result.outcome.detached or result.outcome.interrupted or not result.outcome.node_exit_codes \
             or not target.backend.info.supports(Feature.JOBS):
         return result
@@ -264,8 +262,6 @@ def _with_goodput(target: Target, result: LaunchResult, launched: float) -> Laun
         found = target.backend.jobs.latest_run(target.handle, result.run_id).launched(launched, time.time()).goodput
     except MlenvError:  # the nodes cannot be read now: the launch's own result stands
         return result
-    if found is not None:
-        info(describe(dict(found)))
     return replace(result, goodput=found)
 
 
