@@ -17,6 +17,7 @@ from tests.helpers import assert_shaped, documented_shape
 from tests.integration.local_cluster import FAILING_JOB, LocalProject, make_project, require_local
 
 PHASES = ["detected", "stopped", "started", "resumed"]
+PREEMPT_PHASES = ["detected", "checkpointed", "stopped", "started", "resumed"]
 
 
 class Deployed(Protocol):
@@ -51,7 +52,7 @@ def check_drill(project: Deployed, fault: str, *cluster: str) -> dict[str, objec
     assert_shaped(report, documented_shape("drill"))
     (drill,) = report["drills"]
     assert drill["fault"] == fault and drill["exit_code"] == 0
-    assert [phase["phase"] for phase in drill["phases"]] == PHASES
+    assert [phase["phase"] for phase in drill["phases"]] == (PREEMPT_PHASES if fault == "preempt" else PHASES)
     for phase in drill["phases"]:
         assert phase["verdict"] == "PASS" and isinstance(phase["seconds"], float), drill["phases"]
         assert phase["seconds"] >= 0 and (phase["target"] is None or phase["seconds"] <= phase["target"])

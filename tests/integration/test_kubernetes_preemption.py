@@ -3,7 +3,8 @@ a preemption does) is not a failure: its ranks get the checkpoint signal (the po
 says the run was preempted, waits until the pod is back and resumes the run as its next attempt, with
 MLENV_RESTART_COUNT=1 and the same MLENV_CHECKPOINT_DIR, without --max-restarts; a detached run resumes on its own
 (the nodes still there start the next attempt, the pod that comes back joins it). End to end against pods that
-really run (fakekube ``--run-pods``)."""
+really run (fakekube ``--run-pods``). ``mlenv drill --fault preempt`` deletes pod 1 under its job and times each
+phase, the preempted pod's checkpoint on SIGTERM within half the pods' grace among them."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import pytest
 
 from tests.helpers import MLENV, ROOT
 from tests.integration.kube_pods import APP, KubeProject, kube_project  # noqa: F401 - kube_project is a fixture
+from tests.integration.test_drill import check_drill
 
 CHECKPOINTS = """\
 import os, pathlib, signal, sys, time
@@ -136,3 +138,13 @@ def test_a_detached_run_resumes_on_its_own_once_the_pod_is_back(kube_project: Ku
     node1 = project.kubectl("exec", f"{APP}-1", "--", "sh", "-c",
                             f"cat /workspace/.mlenv/runs/{run_id}/attempt-0/node1/state.json").stdout
     assert json.loads(node1)["state"] == "preempted", node1
+
+
+def test_the_drill_preempts_a_pod_and_times_its_checkpoint_and_the_resumption(
+        kube_project: KubeProject) -> None:  # noqa: F811
+    kube_project.ok("deploy", str(kube_project.cluster_file))
+    drill = check_drill(kube_project, "preempt")
+    detected, checkpointed = drill["phases"][:2]
+    assert detected["evidence"] == "node-1's share taken away under the run: recorded preempted on node-0, node-1"
+    assert re.fullmatch(r"node 1 checkpointed step \d+ after SIGTERM", checkpointed["evidence"]), checkpointed
+    assert checkpointed["target"] == 15.0  # half the default grace of 30 s

@@ -4,7 +4,8 @@
 and PASS on the default targets, and a timeline picture, for each fault the drill puts in from outside (the
 runtime's ``fault`` verb, run on the node through ``srun --overlap`` in the allocation) or lets the job make; an
 attached launch whose node 1 is frozen (its supervisor and ranks SIGSTOPped, found through their cgroup) names node
-1 lost and ends within 60 s; a rank 3x slower per step is named a straggler within 60 s."""
+1 lost and ends within 60 s; a rank 3x slower per step is named a straggler within 60 s, and a job of equal ranks
+names none."""
 
 from __future__ import annotations
 
@@ -85,3 +86,18 @@ def test_a_rank_three_times_slower_is_named_a_straggler(project: Project) -> Non
         project.ok("stop", "-c", project.name)
     assert [entry.get("rank") for entry in named] == [straggler], named
     assert "is a straggler" in named[0]["text"]
+
+
+def test_equal_ranks_name_no_straggler(project: Project) -> None:
+    (project.home / "workspace" / "equal.py").write_text(STRAGGLER_JOB.format(slow=0.05, straggler=-1))
+    project.ok("sync", "-c", project.name)
+    project.ok("launch", "-c", project.name, "--detach", "--launcher", "torchrun", "equal.py")
+    until = time.monotonic() + 90
+    try:  # judged: a verdict while the run still runs (the watch's, not an ended run's empty list)
+        while not (isinstance((run := project.latest_run()).get("stragglers"), list)
+                   and (run["stragglers"] or run.get("state") == "running")):
+            assert time.monotonic() < until, f"not judged within 90 s: {run}"
+            time.sleep(1)
+    finally:
+        project.ok("stop", "-c", project.name)
+    assert run["stragglers"] == [], run["stragglers"]

@@ -4,8 +4,8 @@ torch/gloo, through the real ``mlenv`` command: ``mlenv drill --fault F --json``
 PASS on the default targets, and a timeline picture, for each fault the drill puts in from outside or lets the job
 make (the runtime's ``fault`` verb finds the pids on the node itself, in the machine's own namespace); an attached
 launch whose node 1 is frozen (its supervisor and ranks SIGSTOPped, found from here through their cgroup) names node
-1 lost and ends within 60 s; a rank 3x slower per step is named a straggler within 60 s. One deployment for the
-module (``launch.node_silence`` 8 s)."""
+1 lost and ends within 60 s; a rank 3x slower per step is named a straggler within 60 s, and a job of equal ranks
+names none. One deployment for the module (``launch.node_silence`` 8 s)."""
 
 from __future__ import annotations
 
@@ -109,3 +109,13 @@ def test_a_rank_three_times_slower_is_named_a_straggler(project: LocalProject) -
     named = run["stragglers"]
     assert [entry.get("rank") for entry in named] == [straggler], named
     assert "is a straggler" in named[0]["text"]
+
+
+def test_equal_ranks_name_no_straggler(project: LocalProject) -> None:
+    project.ok("sync", "--source", str(project.source({"steps.py": STRAGGLER_JOB.format(slow=0.05, straggler=-1)})))
+    project.ok("launch", "--detach", "--launcher", "torchrun", "steps.py")
+    try:
+        run = judged(project, 90)
+    finally:
+        project.ok("stop")
+    assert run["stragglers"] == [], run["stragglers"]

@@ -346,6 +346,16 @@ class Jobs(Protocol):
 
 
 @runtime_checkable
+class Preempts(Protocol):
+    """Take a node away under a run as the backend's scheduler does when it preempts it (``mlenv drill --fault
+    preempt``)."""
+
+    def take_away(self, handle: Handle, node: Node) -> None:
+        """Have ``node`` taken away as a preemption would (Kubernetes: its pod deleted, gracefully); not waiting
+        for it to go."""
+
+
+@runtime_checkable
 class Checks(Protocol):
     """Preflight facts for ``doctor``."""
 
@@ -385,4 +395,5 @@ DEPLOY = Capability(Feature.DEPLOY, Deploy)  # type: ignore[type-abstract]
 NODE_ACCESS = Capability(Feature.NODE_ACCESS, NodeAccess)  # type: ignore[type-abstract]
 JOBS = Capability(Feature.JOBS, Jobs)  # type: ignore[type-abstract]
 CHECKS = Capability(Feature.CHECKS, Checks)  # type: ignore[type-abstract]
-CAPABILITIES: tuple[Capability[Any], ...] = (DEPLOY, NODE_ACCESS, JOBS, CHECKS)
+PREEMPTS = Capability(Feature.PREEMPTION, Preempts)  # type: ignore[type-abstract]
+CAPABILITIES: tuple[Capability[Any], ...] = (DEPLOY, NODE_ACCESS, JOBS, CHECKS, PREEMPTS)

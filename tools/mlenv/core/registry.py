@@ -24,6 +24,7 @@ from mlenv.core.capabilities import (
     DEPLOY,
     JOBS,
     NODE_ACCESS,
+    PREEMPTS,
     Capability,
     Checks,
     Deploy,
@@ -31,6 +32,7 @@ from mlenv.core.capabilities import (
     Handle,
     Jobs,
     NodeAccess,
+    Preempts,
 )
 from mlenv.errors import UsageError
 
@@ -235,6 +237,11 @@ class Backend:
     @property
     def jobs(self) -> Jobs:
         return self.need(JOBS)
+
+    @property
+    def preempts(self) -> Preempts:
+        """Where its scheduler takes nodes away under a run (Feature.PREEMPTION): the drill's preemption."""
+        return self.need(PREEMPTS)
 
     @property
     def checks(self) -> Checks:

@@ -27,7 +27,7 @@ from mlenv.errors import UsageError
 from mlenv.ops.launch import LaunchResult, launch, run_id
 from mlenv.ops.live import refuse_beside_live
 from mlenv.ops.target import Target, file_cluster
-from mlenv.runtime.records.runlayout import FAILED, HUNG, RUNNING, RankRecord
+from mlenv.runtime.records.runlayout import FAILED, HUNG, PREEMPTED, RUNNING, RankRecord
 from mlenv.runtime.records.runrecord import RunRecord
 
 FAULTS = ("rank-exit", "rank-kill", "node-loss", "node-freeze", "hang", "preempt")
@@ -37,6 +37,8 @@ JOB = f"{RUNTIME_DIR}/mlenv/runtime/drilljob.py"
 SIGNALLED = {"rank-kill": ("rank", "KILL"), "node-loss": ("node", "KILL"), "node-freeze": ("node", "STOP"),
              "hang": ("rank", "STOP")}
 """The faults the drill puts in from outside: what it signals on the faulty node (the runtime's ``fault``) and how."""
+FROM_OUTSIDE = (*SIGNALLED, "preempt")
+"""...and those with the preemption: the backend's scheduler takes the node away (Preempts.take_away)."""
 NODE_FAULTS = ("node-loss", "node-freeze")
 STEPS, STEP_SECONDS, AT_STEP = 60, 0.25, 10
 HANG_TIMEOUT = 10.0
@@ -45,7 +47,10 @@ POLL_SECONDS = 0.5
 STEP_LINE = re.compile(r"\bstep (\d+)/\d+ t=([\d.]+)")
 RESUMED_LINE = re.compile(r"drill: attempt (\d+) resumed at step (\d+) t=([\d.]+)")
 EXITED_LINE = re.compile(r"drill: rank (\d+) exits with 1 at step \d+ t=([\d.]+)")
+CHECKPOINTED_LINE = re.compile(r"drill: node (\d+) checkpointed step (\d+) after (\w+) t=([\d.]+)")
 PHASES = ("detected", "stopped", "started", "resumed")
+PREEMPT_PHASES = ("detected", "checkpointed", "stopped", "started", "resumed")
+"""A preemption's: the preempted node's checkpoint on the signal comes after its detection."""
 
 
 @dataclass(frozen=True)
@@ -56,11 +61,16 @@ class Targets:
     lost_node: float = 20.0
     hang_extra: float = 30.0
     resumed: float = 120.0
+    grace: float | None = None
+    """The seconds between a preemption's signal and its SIGKILL (``scheduling.grace_period``): its checkpoint
+    must be committed within half."""
 
     def of(self, fault: str, phase: str) -> float | None:
         """``phase``'s target for ``fault`` (None: none, only that it happens)."""
         if phase == "resumed":
             return self.resumed
+        if phase == "checkpointed":
+            return self.grace / 2 if self.grace is not None else None
         if phase != "detected":
             return None
         return self.lost_node if fault in NODE_FAULTS else HANG_TIMEOUT + self.hang_extra if fault == "hang" \
@@ -71,25 +81,24 @@ def targets_of(target: Target) -> Targets:
     """The deployment's cluster file's ``drill.targets`` over the defaults."""
     cluster = file_cluster(target, "drill.targets")
     given = cluster.drill_targets if cluster is not None else {}
-    return Targets(**{name: float(value) for name, value in given.items()})
+    grace = float(cluster.scheduling.grace_period) if cluster is not None else None
+    return Targets(**{name: float(value) for name, value in given.items()}, grace=grace)
 
 
 def check(target: Target, fault: str) -> list[str]:
     """The faults to drill (``all``: each this backend can), or UsageError (exit 2, nothing started): a live run,
-    a node fault on one node, a preemption where the backend cannot be preempted or the drill cannot do it yet."""
+    a node fault on one node, a preemption where the backend's scheduler takes no nodes away."""
     if fault not in (*FAULTS, ALL):
         raise UsageError(f"--fault {fault}: not a fault the drill knows (one of {', '.join((*FAULTS, ALL))})")
     from mlenv.ui import warn
 
     refuse_beside_live(target, "the drill runs only where nothing else does")
     nodes = target.handle.nodes
+    cannot = {}
     try:
         target.backend.info.require(Feature.PREEMPTION)
-        preempt = (f"the drill cannot preempt a run of the {target.backend.name} backend yet (deleting a pod from "
-                   f"outside is not in this version): drill the other faults")
     except UsageError as exc:
-        preempt = str(exc)
-    cannot = {"preempt": preempt}
+        cannot["preempt"] = str(exc)
     cannot.update({node_fault: f"--fault {node_fault} needs 2 nodes or more (one of them is lost), and "
                                f"{target.handle.name} has {nodes}" for node_fault in NODE_FAULTS if nodes < 2})
     if fault in cannot:
@@ -119,10 +128,12 @@ class Watch:
 
     def run(self) -> None:
         try:
-            if self.fault in SIGNALLED and not self._reached():  # rank-exit: the job's own, at the step
+            if self.fault in FROM_OUTSIDE and not self._reached():  # rank-exit: the job's own, at the step
                 return
             if self.fault in SIGNALLED:
                 self.fault_at = self._signal(*SIGNALLED[self.fault])
+            elif self.fault == "preempt":
+                self.fault_at = self._take_away()
             self._follow()
         except Exception as exc:  # said in the report, never as a thread's traceback
             self.problem = f"{type(exc).__name__}: {exc}"
@@ -149,6 +160,13 @@ class Watch:
             raise RuntimeError(f"the fault did not go in on node {self.node}: {done.stderr.strip()[-300:]}")
         return float(json.loads(lines[-1])["at"])
 
+    def _take_away(self) -> float:
+        """Have the backend's scheduler take the node away (a preemption); when it was asked."""
+        node = next(n for n in self.target.backend.access.nodes(self.target.handle) if n.ordinal == self.node)
+        at = time.time()
+        self.target.backend.preempts.take_away(self.target.handle, node)
+        return at
+
     def _follow(self) -> None:
         """Read the run's records until its next attempt shows (or the launch ended)."""
         jobs = self.target.backend.jobs
@@ -159,7 +177,7 @@ class Watch:
                 self.stopped_at = self.stopped_at or now
                 return
             self.first = run
-            if self.detected_at is None and (run.first_failure or run.node_faults or run.state == HUNG
+            if self.detected_at is None and (run.first_failure or run.node_faults or run.state in (HUNG, PREEMPTED)
                                              or _dead(run) is not None):
                 self.detected_at = now
             if self.detected_at is not None and self.stopped_at is None and not any(
@@ -197,7 +215,8 @@ def _epoch(text: str | None) -> float | None:
 
 def _job_args(fault: str, at_step: int) -> tuple[str, ...]:
     args = ("--steps", str(STEPS), "--step-seconds", str(STEP_SECONDS))
-    return (*args, "--exit-at", str(at_step)) if fault == "rank-exit" else args
+    return (*args, "--exit-at", str(at_step)) if fault == "rank-exit" else \
+        (*args, "--checkpoint-on-signal") if fault == "preempt" else args
 
 
 def drill_one(target: Target, fault: str, at_step: int, targets: Targets) -> dict[str, Any]:
@@ -230,6 +249,11 @@ def report(fault: str, at_step: int, targets: Targets, watch: Watch, result: Lau
         exits = [float(m[2]) for path in earlier for m in EXITED_LINE.finditer(_read(path))]
         fault_at = min(exits, default=None)
     detected, named = watch.detected_at, _named(first)
+    if fault == "preempt":  # the records' own word, read at the end: the whole attempt may end between two looks
+        said_at, nodes = _preempted(final)
+        detected = min((t for t in (detected, said_at) if t is not None), default=None)
+        named = f"node-{watch.node}'s share taken away under the run: " + (
+            f"recorded preempted on {', '.join(f'node-{node}' for node in nodes)}" if nodes else named)
     dead = _dead(first)
     if dead is not None and fault in ("rank-exit", "rank-kill"):  # the supervisor's own record of the death
         detected = _epoch(dead.ended_at) or detected
@@ -240,6 +264,9 @@ def report(fault: str, at_step: int, targets: Targets, watch: Watch, result: Lau
             stopped = max(e for e in ends if e is not None)
             if fault not in ("rank-exit", "rank-kill") and detected is not None:  # seen late by polling: the
                 detected = min(detected, *(e for e in ends if e is not None))  # stop it caused came first
+    shares = [share.ended_at for share in final.timeline if share.attempt == 0]
+    if (first is None or first.state == RUNNING) and shares and None not in shares:  # attempt 0 last read before
+        stopped = max(end for end in shares if end is not None)  # it ended: its nodes' own records of its end
     restarted = final.attempt > 0
     started = min((t for r in final.ranks if (t := _epoch(r.started_at))), default=None) if restarted else None
     resumes = [(int(m[2]), float(m[3])) for path in later for m in RESUMED_LINE.finditer(_read(path))]
@@ -248,14 +275,16 @@ def report(fault: str, at_step: int, targets: Targets, watch: Watch, result: Lau
     resumed = after[0] if after and resumed_step else None
     last = max((step for step, _ in _steps(earlier)), default=None)
     lost = last - resumed_step if last is not None and resumed_step is not None else None
-    times = {"detected": detected, "stopped": stopped, "started": started, "resumed": resumed}
-    evidence = {"detected": named, "stopped": "every rank of attempt 0 ended" + (
+    saved_at, saved = _checkpoint(earlier, watch.node)
+    times = {"detected": detected, "checkpointed": saved_at, "stopped": stopped, "started": started,
+             "resumed": resumed}
+    evidence = {"detected": named, "checkpointed": saved, "stopped": "every rank of attempt 0 ended" + (
         f" (node {', '.join(map(str, sorted(first.node_faults)))} lost)" if first and first.node_faults else ""),
         "started": f"attempt {final.attempt}" if restarted else "no next attempt",
         "resumed": f"at step {resumed_step} (checkpointed), {lost} steps recomputed"
         if resumed_step is not None else "never resumed from a checkpoint"}
     phases = []
-    for phase in PHASES:
+    for phase in PREEMPT_PHASES if fault == "preempt" else PHASES:
         at = times[phase]
         seconds = round(at - fault_at, 2) if at is not None and fault_at is not None else None
         limit = targets.of(fault, phase)
@@ -271,6 +300,22 @@ def report(fault: str, at_step: int, targets: Targets, watch: Watch, result: Lau
             "verdict": "PASS" if ok else "FAIL", "timeline": str(run_dir / "timeline.png"),
             "ranks": _spans(first, final, fault_at),
             "goodput": dict(result.goodput) if result.goodput is not None else None}
+
+
+def _preempted(final: RunRecord) -> tuple[float | None, list[int]]:
+    """When the first node recorded attempt 0 preempted (its share's end), and the nodes that did."""
+    shares = [share for share in final.timeline if share.attempt == 0 and share.state == PREEMPTED]
+    return min((share.ended_at for share in shares if share.ended_at is not None), default=None), \
+        sorted(share.node for share in shares)
+
+
+def _checkpoint(logs: Sequence[Path], node: int) -> tuple[float | None, str]:
+    """When ``node`` checkpointed on the signal (its job's line in ``logs``), and what it said."""
+    for path in logs:
+        for match in CHECKPOINTED_LINE.finditer(_read(path)):
+            if int(match[1]) == node:
+                return float(match[4]), f"node {node} checkpointed step {match[2]} after {match[3]}"
+    return None, f"node {node} said no checkpoint after the signal"
 
 
 def _read(path: Path) -> str:

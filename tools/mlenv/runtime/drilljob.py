@@ -5,7 +5,10 @@ checkpointed under ``MLENV_CHECKPOINT_DIR`` by each node's local rank 0 after ev
 written atomically through a temporary file of the node's own: nodes may share the directory), resumed from the
 newest on the next attempt. Rank 0 prints ``drill: attempt K resumed at step S t=EPOCH`` once and ``step N/TOTAL
 t=EPOCH`` after each step. With ``--exit-at N`` the highest global rank exits 1 at step N of attempt 0 (the drill's
-rank-exit)."""
+rank-exit). With ``--checkpoint-on-signal`` (the drill's preemption), on the checkpoint signal
+(``MLENV_CHECKPOINT_SIGNAL``) each node's local rank 0 checkpoints the last step done and prints ``drill: node N
+checkpointed step S after SIGNAL t=EPOCH``, and its ranks exit 143; without, the signal ends a rank at once, as it
+ends one that never handles it."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ import argparse
 import importlib
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -25,6 +29,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--step-seconds", type=float, default=0.25)
     parser.add_argument("--exit-at", type=int, default=-1)
+    parser.add_argument("--checkpoint-on-signal", action="store_true")
     args = parser.parse_args()
     torch: Any = importlib.import_module("torch")
     dist: Any = importlib.import_module("torch.distributed")
@@ -37,25 +42,62 @@ def main() -> int:
     start = int(found.item())
     if rank == 0:
         print(f"drill: attempt {attempt} resumed at step {start} t={time.time():.3f}", flush=True)
-    weights = torch.zeros(4)
+    warned = _warned_by(os.environ.get("MLENV_CHECKPOINT_SIGNAL") if args.checkpoint_on_signal else None)
+    weights, done = torch.zeros(4), start
     for step in range(start + 1, args.steps + 1):
         time.sleep(args.step_seconds)
+        if warned:
+            return _checkpointed(checkpoint, done, weights, warned[0])
         if step == args.exit_at and attempt == 0 and rank == world - 1:
             print(f"drill: rank {rank} exits with 1 at step {step} t={time.time():.3f}", flush=True)
             return 1
         grad = torch.ones(4)
-        dist.all_reduce(grad)
+        try:
+            dist.all_reduce(grad)
+        except RuntimeError:  # a peer left: preempted with this node (the signal is on its way here too), or failed
+            time.sleep(1.0)
+            if warned:
+                return _checkpointed(checkpoint, done, weights, warned[0])
+            raise
         weights += grad / world
-        if os.environ.get("LOCAL_RANK") == "0":  # every node keeps one: a workspace need not be shared
-            checkpoint.parent.mkdir(parents=True, exist_ok=True)
-            partial = checkpoint.with_name(f".drill.json.{os.environ.get('MLENV_NODE_RANK', 0)}")
-            partial.write_text(json.dumps({"step": step, "weights": weights.tolist()}))
-            partial.replace(checkpoint)
+        done = step
+        _save(checkpoint, step, weights)
         if rank == 0:
             print(f"step {step}/{args.steps} t={time.time():.3f}", flush=True)
     dist.barrier()
     dist.destroy_process_group()
     return 0
+
+
+def _warned_by(name: str | None) -> list[str]:
+    """The checkpoint signals received (by name) since now: the list fills when ``name``'s signal arrives."""
+    warned: list[str] = []
+    if name:
+        signal.signal(getattr(signal, name), lambda signum, _: warned.append(signal.Signals(signum).name))
+    return warned
+
+
+def _node() -> str:
+    """This rank's node: torchrun's GROUP_RANK, else mlenv's MLENV_NODE_RANK."""
+    return os.environ.get("GROUP_RANK") or os.environ.get("MLENV_NODE_RANK") or "0"
+
+
+def _save(checkpoint: Path, step: int, weights: Any) -> None:
+    """Checkpoint ``step`` (by the node's local rank 0): every node keeps one, a workspace need not be shared."""
+    if os.environ.get("LOCAL_RANK") == "0":
+        checkpoint.parent.mkdir(parents=True, exist_ok=True)
+        partial = checkpoint.with_name(f".drill.json.{_node()}")
+        partial.write_text(json.dumps({"step": step, "weights": weights.tolist()}))
+        partial.replace(checkpoint)
+
+
+def _checkpointed(checkpoint: Path, step: int, weights: Any, name: str) -> int:
+    """Checkpoint the last step done on the checkpoint signal ``name``, say so (local rank 0), and exit 143."""
+    _save(checkpoint, step, weights)
+    if os.environ.get("LOCAL_RANK") == "0":
+        print(f"drill: node {_node()} checkpointed step {step} after {name} "
+              f"t={time.time():.3f}", flush=True)
+    return 143
 
 
 if __name__ == "__main__":

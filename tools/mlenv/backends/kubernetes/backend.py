@@ -35,6 +35,7 @@ from mlenv.core.capabilities import (
     Node,
     NodeAccess,
     NodeStatus,
+    Preempts,
     Recorder,
     Request,
 )
@@ -71,7 +72,7 @@ def _security_warnings(d: KubeDeployment) -> list[str]:
     return warnings
 
 
-class KubernetesBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks):
+class KubernetesBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks, Preempts):
     """A StatefulSet of GPU pods with ``oc`` (OpenShift) or ``kubectl`` (Kubernetes)."""
 
     def __init__(self, flavour: str) -> None:
@@ -228,6 +229,15 @@ class KubernetesBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks):
         target, client = self._connected(handle)
         with explained(target, client.flavour):
             keep(client, target, request.spec.run_id if request.spec.detach else None, secrets)
+
+    def take_away(self, handle: Handle, node: Node) -> None:
+        """Delete ``node``'s pod as a preemption or a drain does: gracefully, its PID 1 passing SIGTERM to the
+        ranks; the StatefulSet makes it again."""
+        from mlenv.backends.kubeapi.preflight import explained
+
+        target, client = self._connected(handle)
+        with explained(target, client.flavour):
+            client.run("delete", ["pod", node.name, "--wait=false"])
 
     @staticmethod
     def _pod_uids(client: Client, target: Target) -> dict[int, str]:
