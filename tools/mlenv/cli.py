@@ -51,10 +51,57 @@ def _exit_failed(errors: list[dict[str, Any]], exit_code: int, as_json: bool) ->
     sys.exit(exit_code)
 
 
+def option(*decls: str, **attrs: Any) -> Callable[[F], F]:
+    """``click.option``, its Option made only when its command's parameters are first asked for (``_Command``)."""
+    return _later(click.option(*decls, **attrs))
+
+
+def argument(*decls: str, **attrs: Any) -> Callable[[F], F]:
+    """``click.argument``, its Argument made only when its command's parameters are first asked for."""
+    return _later(click.argument(*decls, **attrs))
+
+
+_LATER = "_mlenv_parameters"
+
+
+def _later(make: Callable[[Any], Any]) -> Callable[[F], F]:
+    """A decorator that keeps click's decorator ``make`` on the function (in the order decorators apply: bottom up),
+    for its ``_Command`` to apply."""
+
+    def keep(func: F) -> F:
+        func.__dict__.setdefault(_LATER, []).append(make)
+        return func
+
+    return keep
+
+
+class _Command(click.Command):
+    """A command whose options and arguments are made the first time they are asked for (to parse, for its own
+    help), not at import: ``mlenv --help`` lists every command, by name and docstring, without making ~70."""
+
+    def __init__(self, name: str | None, callback: Callable[..., Any] | None = None, **attrs: Any) -> None:
+        self._later: list[Callable[[Any], Any]] = list(getattr(callback, _LATER, ()))
+        super().__init__(name, callback=callback, **attrs)
+
+    @property
+    def params(self) -> list[click.Parameter]:
+        """The parameters, top down as declared: click's decorators append theirs to a command they decorate."""
+        later, self._later = self._later, []
+        for make in reversed(later):
+            make(self)
+        return self._params
+
+    @params.setter
+    def params(self, params: list[click.Parameter]) -> None:
+        self._params = params
+
+
 class _Commands(click.Group):
     """The group of mlenv's commands, with what every command shares at its end: a usage error of a command run
     with ``--json`` is JSON too, and a reader that closed stdout (``mlenv logs | head -1``) ends it quietly with
     exit 0, as ``head`` expects of a writer."""
+
+    command_class = _Command
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         with _quiet_when_stdout_goes():  # mlenv --help | head -1
@@ -97,16 +144,16 @@ def _wants_json(command: click.Command, words: list[str]) -> bool:
     return "--json" in given and any(param.name == "as_json" for param in command.params)
 
 
-mode_option = click.option("--mode", metavar="rdma|tcp", default=None,  # the plan checks it (plan.MODES)
-                           help="Network mode (default: rdma when the cluster has RDMA enabled, else tcp).")
-nodes_option = click.option("--nodes", type=click.IntRange(1), default=None,
-                            help="Number of nodes; default gpus.default_nodes.")
-image_option = click.option("--image", default=None, help="Container image (overrides the cluster file).")
-json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output (only JSON on stdout).")
-cluster_option = click.option("--cluster", "-c", "cluster_ref", default=None, metavar="NAME|PATH",
-                              help="Deployment, cluster name or cluster file (default: the current deployment).")
-pod_option = click.option("--pod", type=click.IntRange(min=0), default=None, metavar="N",
-                          help="Node (pod) ordinal (default: every node, or node 0 for shell).")
+mode_option = option("--mode", metavar="rdma|tcp", default=None,  # the plan checks it (plan.MODES)
+                     help="Network mode (default: rdma when the cluster has RDMA enabled, else tcp).")
+nodes_option = option("--nodes", type=click.IntRange(1), default=None,
+                      help="Number of nodes; default gpus.default_nodes.")
+image_option = option("--image", default=None, help="Container image (overrides the cluster file).")
+json_option = option("--json", "as_json", is_flag=True, help="Machine-readable output (only JSON on stdout).")
+cluster_option = option("--cluster", "-c", "cluster_ref", default=None, metavar="NAME|PATH",
+                        help="Deployment, cluster name or cluster file (default: the current deployment).")
+pod_option = option("--pod", type=click.IntRange(min=0), default=None, metavar="N",
+                    help="Node (pod) ordinal (default: every node, or node 0 for shell).")
 STOP_AT_SCRIPT = {"allow_interspersed_args": False}
 """launch: option parsing stops at the script; everything after it belongs to it, and an option launch does not
 know before it is a usage error (``--detatch`` is never taken for the script)."""
@@ -220,7 +267,7 @@ def _summary(cluster: Cluster) -> dict[str, Any]:
 
 
 @main.command()
-@click.argument("cluster", required=False)
+@argument("cluster", required=False)
 @cluster_option
 @mode_option
 @nodes_option
@@ -249,14 +296,14 @@ def validate(cluster: str | None, cluster_ref: str | None, mode: str | None, nod
 
 
 @main.command()
-@click.argument("cluster", required=False)
+@argument("cluster", required=False)
 @cluster_option
 @mode_option
 @nodes_option
 @image_option
-@click.option("-o", "--output", "output", type=click.Path(), default=None,
-              help="Write the files (manifests and kustomization.yaml, or the backend's) into this directory.")
-@click.option("--admin", is_flag=True, help="Print only what a cluster admin must apply first (IPC_LOCK SCC + RBAC).")
+@option("-o", "--output", "output", type=click.Path(), default=None,
+        help="Write the files (manifests and kustomization.yaml, or the backend's) into this directory.")
+@option("--admin", is_flag=True, help="Print only what a cluster admin must apply first (IPC_LOCK SCC + RBAC).")
 @reports_errors
 def render(cluster: str | None, cluster_ref: str | None, mode: str | None, nodes: int | None, image: str | None,
            output: str | None, admin: bool) -> None:
@@ -285,18 +332,18 @@ def render(cluster: str | None, cluster_ref: str | None, mode: str | None, nodes
 
 
 @main.command()
-@click.argument("cluster", required=False)
+@argument("cluster", required=False)
 @cluster_option
 @mode_option
 @nodes_option
 @image_option
-@click.option("--spares", type=click.IntRange(0, 1024), default=0, metavar="K",
-              help="Slurm: hold K nodes more than the job uses; a launch runs on the others when nodes are excluded "
-                   "(ssh: list spare hosts in ssh.spares). Like --nodes it describes this deploy: deploying again "
-                   "without it holds none.")
-@click.option("--dry-run", is_flag=True, help="Print exactly what deploy would send (as render does); change nothing.")
-@click.option("--timeout", type=click.IntRange(min=1), default=900, show_default=True,
-              help="Seconds to wait for every node to be ready.")
+@option("--spares", type=click.IntRange(0, 1024), default=0, metavar="K",
+        help="Slurm: hold K nodes more than the job uses; a launch runs on the others when nodes are excluded "
+             "(ssh: list spare hosts in ssh.spares). Like --nodes it describes this deploy: deploying again "
+             "without it holds none.")
+@option("--dry-run", is_flag=True, help="Print exactly what deploy would send (as render does); change nothing.")
+@option("--timeout", type=click.IntRange(min=1), default=900, show_default=True,
+        help="Seconds to wait for every node to be ready.")
 @json_option
 @reports_errors
 def deploy(cluster: str | None, cluster_ref: str | None, mode: str | None, nodes: int | None, image: str | None,
@@ -329,7 +376,7 @@ def deploy(cluster: str | None, cluster_ref: str | None, mode: str | None, nodes
 
 
 @main.command()
-@click.argument("name")
+@argument("name")
 @reports_errors
 def use(name: str) -> None:
     """Make the deployment NAME (its name, cluster name or cluster file) the current one."""
@@ -341,11 +388,11 @@ def use(name: str) -> None:
 
 
 @main.command()
-@click.argument("run_id", required=False, metavar="[RUN_ID]")
+@argument("run_id", required=False, metavar="[RUN_ID]")
 @cluster_option
-@click.option("--all", "every", is_flag=True, help="Every recorded deployment.")
-@click.option("--gpus", is_flag=True, help="Also each node's GPUs (utilisation, memory, temperature, power, ECC), "
-              "Xid events since the run started and the ranks' CPU, RSS and last output (asks every node).")
+@option("--all", "every", is_flag=True, help="Every recorded deployment.")
+@option("--gpus", is_flag=True, help="Also each node's GPUs (utilisation, memory, temperature, power, ECC), "
+        "Xid events since the run started and the ranks' CPU, RSS and last output (asks every node).")
 @json_option
 @reports_errors
 def status(run_id: str | None, cluster_ref: str | None, every: bool, gpus: bool, as_json: bool) -> None:
@@ -358,8 +405,8 @@ def status(run_id: str | None, cluster_ref: str | None, every: bool, gpus: bool,
 
 @main.command()
 @cluster_option
-@click.option("--all", "every", is_flag=True, help="Every recorded deployment's runs, and those of the batch jobs "
-              "submitted for clusters that are not deployed.")
+@option("--all", "every", is_flag=True, help="Every recorded deployment's runs, and those of the batch jobs "
+        "submitted for clusters that are not deployed.")
 @json_option
 @reports_errors
 def runs(cluster_ref: str | None, every: bool, as_json: bool) -> None:
@@ -371,12 +418,12 @@ def runs(cluster_ref: str | None, every: bool, as_json: bool) -> None:
 
 
 @main.command()
-@click.argument("run_id", required=False, metavar="[RUN_ID]")
+@argument("run_id", required=False, metavar="[RUN_ID]")
 @cluster_option
 @pod_option
-@click.option("--native", is_flag=True, help="Add native frames (py-spy only; file and line null where unknown).")
-@click.option("--method", type=click.Choice(["auto", "py-spy", "faulthandler"]), default="auto", show_default=True,
-              help="py-spy (needs ptrace), faulthandler (the signal the runtime armed in every rank), or auto.")
+@option("--native", is_flag=True, help="Add native frames (py-spy only; file and line null where unknown).")
+@option("--method", type=click.Choice(["auto", "py-spy", "faulthandler"]), default="auto", show_default=True,
+        help="py-spy (needs ptrace), faulthandler (the signal the runtime armed in every rank), or auto.")
 @json_option
 @reports_errors
 def stacks(run_id: str | None, cluster_ref: str | None, pod: int | None, native: bool, method: str,
@@ -402,10 +449,10 @@ def stacks(run_id: str | None, cluster_ref: str | None, pod: int | None, native:
 @main.command()
 @cluster_option
 @pod_option
-@click.option("--interval", type=click.FloatRange(min=0.5), default=2.0, show_default=True, metavar="SECONDS",
-              help="Time between refreshes.")
-@click.option("--count", type=click.IntRange(min=1), default=None, metavar="N",
-              help="Refresh N times, then exit (default: until Ctrl-C).")
+@option("--interval", type=click.FloatRange(min=0.5), default=2.0, show_default=True, metavar="SECONDS",
+        help="Time between refreshes.")
+@option("--count", type=click.IntRange(min=1), default=None, metavar="N",
+        help="Refresh N times, then exit (default: until Ctrl-C).")
 @reports_errors
 def top(cluster_ref: str | None, pod: int | None, interval: float, count: int | None) -> None:
     """Live GPU state of every node (or --pod N): GPUs, Xid/ECC events, the job's ranks' CPU, RSS, last output."""
@@ -417,10 +464,10 @@ def top(cluster_ref: str | None, pod: int | None, interval: float, count: int | 
 
 @main.command()
 @cluster_option
-@click.option("--source", type=click.Path(exists=True, file_okay=False), default=None,
-              help="Directory to sync (default: workspace/ of the project).")
-@click.option("--delete", is_flag=True, help="Also delete files on the nodes that are not in the source, and let a "
-              "directory replace a file of the same name (or the reverse); the nodes' .mlenv/ is never touched.")
+@option("--source", type=click.Path(exists=True, file_okay=False), default=None,
+        help="Directory to sync (default: workspace/ of the project).")
+@option("--delete", is_flag=True, help="Also delete files on the nodes that are not in the source, and let a "
+        "directory replace a file of the same name (or the reverse); the nodes' .mlenv/ is never touched.")
 @json_option
 @reports_errors
 def sync(cluster_ref: str | None, source: str | None, delete: bool, as_json: bool) -> None:
@@ -439,7 +486,7 @@ def sync(cluster_ref: str | None, source: str | None, delete: bool, as_json: boo
 @cluster_option
 @pod_option
 @json_option
-@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @reports_errors
 def exec(cluster_ref: str | None, pod: int | None, as_json: bool, command: tuple[str, ...]) -> None:
     """Run COMMAND on every node (or --pod N) in parallel, output prefixed [node-N] (--json: each node's exit code
@@ -464,15 +511,15 @@ def shell(cluster_ref: str | None, pod: int | None) -> None:
 
 
 @main.command()
-@click.argument("run_id", required=False, metavar="[RUN_ID]")
+@argument("run_id", required=False, metavar="[RUN_ID]")
 @cluster_option
 @pod_option
-@click.option("-f", "--follow", is_flag=True, help="Keep streaming new lines, through every attempt of a run "
-              "restarted under --max-restarts, until the run ends; then exit with its exit code.")
-@click.option("--rank", type=click.IntRange(min=0), metavar="N",
-              help="Only the lines of global rank N (exit 2 when the run has no such rank).")
-@click.option("--json", "as_json", is_flag=True,
-              help='One JSON object a line: {"node", "rank", "line"} (docs/json.md).')
+@option("-f", "--follow", is_flag=True, help="Keep streaming new lines, through every attempt of a run "
+        "restarted under --max-restarts, until the run ends; then exit with its exit code.")
+@option("--rank", type=click.IntRange(min=0), metavar="N",
+        help="Only the lines of global rank N (exit 2 when the run has no such rank).")
+@option("--json", "as_json", is_flag=True,
+        help='One JSON object a line: {"node", "rank", "line"} (docs/json.md).')
 @reports_errors
 def logs(run_id: str | None, cluster_ref: str | None, pod: int | None, follow: bool, rank: int | None,
          as_json: bool) -> None:
@@ -505,8 +552,8 @@ def stop(cluster_ref: str | None, as_json: bool) -> None:
 
 @main.command()
 @cluster_option
-@click.option("--delete-data", is_flag=True, help="Also delete the data volumes (PVCs, workspaces). Asks first.")
-@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@option("--delete-data", is_flag=True, help="Also delete the data volumes (PVCs, workspaces). Asks first.")
+@option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @json_option
 @reports_errors
 def clean(cluster_ref: str | None, delete_data: bool, yes: bool, as_json: bool) -> None:
@@ -534,45 +581,45 @@ def clean(cluster_ref: str | None, delete_data: bool, yes: bool, as_json: bool) 
 
 @main.command(context_settings=STOP_AT_SCRIPT)
 @cluster_option
-@click.option("--launcher", type=click.Choice(LAUNCHERS), default=DEFAULT_LAUNCHER, show_default=True)
-@click.option("--nproc", type=click.IntRange(1, 64), default=None, help="Processes per node.")
-@click.option("--args", "args_text", default=None, help="Script arguments as one string (for make ARGS=...).")
-@click.option("--env", "secrets", multiple=True, metavar="NAME[,NAME]",
-              help="Forward NAME from your environment for this run only (never written; masked in --dry-run).")
-@click.option("--detach", is_flag=True, help="Start the job and return; mlenv logs -f follows, mlenv stop stops.")
-@click.option("--expect-transport", type=click.Choice(["rdma", "sockets", "any"]), default=None,
-              help="What NCCL must prove it uses; a contradiction stops the job (default: the cluster file's "
-                   "network.expect_transport, else rdma in rdma mode and any otherwise).")
-@click.option("--max-restarts", type=click.IntRange(0, 100), default=None, metavar="N",
-              help="Start a failed run again, up to N times (same MLENV_RUN_ID, MLENV_RESTART_COUNT the attempt); "
-                   "a stop by the user is never restarted (default: launch.max_restarts, else 0). The same error of "
-                   "the same rank in two attempts is the script's: the restarts stop, no node is left out. A node "
-                   "whose failure shows a node fault is left out, and recorded for later runs; one that failed "
-                   "first twice, for this run only. A spare takes its place (ssh.spares, deploy --spares), a Slurm "
-                   "batch job goes on with --exclude, else the run stops naming it (exit 1). Also caps a Slurm "
-                   "batch job's requeues after the warning (10 without it). docs/runs.md.")
-@click.option("--max-preemptions", type=click.IntRange(0, 1000), default=None, metavar="N",
-              help="Kubernetes: an attached run whose pods are deleted or evicted under it (preemption, a node "
-                   "drain) resumes as its next attempt once they are back (same MLENV_CHECKPOINT_DIR, "
-                   "MLENV_RESTART_COUNT + 1), up to N times (default: every time); not counted as --max-restarts.")
-@click.option("--dry-run", is_flag=True, help="Print what launch would run on every node; run nothing.")
-@click.option("--hang-timeout", type=float, default=None, metavar="SECONDS",
-              help="No output from any rank (any bytes: a progress bar's updates count) for this long: capture "
-                   "every rank's stack into the run directory, say so, state hung (default: launch.hang_timeout of "
-                   "the cluster file, else off).")
-@click.option("--on-hang", type=click.Choice(["stop"]), default=None,
-              help="With a hang timeout: also stop the job, exit code 124 (as timeout).")
-@click.option("--on-idle", type=click.Choice(["stop", "warn"]), default=None,
-              help="When every GPU of the job stayed under launch.idle_util (default 5%) for launch.idle_minutes of "
-                   "the cluster file, the run is flagged idle (output, status); stop also stops it, exit code 125, "
-                   "and it is not restarted under --max-restarts (it would idle again). Default: warn.")
-@click.option("--on-straggler", type=click.Choice(["warn", "exclude"]), default=None,
-              help="A rank (or node) that enters collectives last and holds the job back is named in the output and "
-                   "in status (latest_run.stragglers); exclude also leaves its node out at the next restart, "
-                   "recorded with the reason straggler. Default: warn.")
+@option("--launcher", type=click.Choice(LAUNCHERS), default=DEFAULT_LAUNCHER, show_default=True)
+@option("--nproc", type=click.IntRange(1, 64), default=None, help="Processes per node.")
+@option("--args", "args_text", default=None, help="Script arguments as one string (for make ARGS=...).")
+@option("--env", "secrets", multiple=True, metavar="NAME[,NAME]",
+        help="Forward NAME from your environment for this run only (never written; masked in --dry-run).")
+@option("--detach", is_flag=True, help="Start the job and return; mlenv logs -f follows, mlenv stop stops.")
+@option("--expect-transport", type=click.Choice(["rdma", "sockets", "any"]), default=None,
+        help="What NCCL must prove it uses; a contradiction stops the job (default: the cluster file's "
+             "network.expect_transport, else rdma in rdma mode and any otherwise).")
+@option("--max-restarts", type=click.IntRange(0, 100), default=None, metavar="N",
+        help="Start a failed run again, up to N times (same MLENV_RUN_ID, MLENV_RESTART_COUNT the attempt); "
+             "a stop by the user is never restarted (default: launch.max_restarts, else 0). The same error of "
+             "the same rank in two attempts is the script's: the restarts stop, no node is left out. A node "
+             "whose failure shows a node fault is left out, and recorded for later runs; one that failed "
+             "first twice, for this run only. A spare takes its place (ssh.spares, deploy --spares), a Slurm "
+             "batch job goes on with --exclude, else the run stops naming it (exit 1). Also caps a Slurm "
+             "batch job's requeues after the warning (10 without it). docs/runs.md.")
+@option("--max-preemptions", type=click.IntRange(0, 1000), default=None, metavar="N",
+        help="Kubernetes: an attached run whose pods are deleted or evicted under it (preemption, a node "
+             "drain) resumes as its next attempt once they are back (same MLENV_CHECKPOINT_DIR, "
+             "MLENV_RESTART_COUNT + 1), up to N times (default: every time); not counted as --max-restarts.")
+@option("--dry-run", is_flag=True, help="Print what launch would run on every node; run nothing.")
+@option("--hang-timeout", type=float, default=None, metavar="SECONDS",
+        help="No output from any rank (any bytes: a progress bar's updates count) for this long: capture "
+             "every rank's stack into the run directory, say so, state hung (default: launch.hang_timeout of "
+             "the cluster file, else off).")
+@option("--on-hang", type=click.Choice(["stop"]), default=None,
+        help="With a hang timeout: also stop the job, exit code 124 (as timeout).")
+@option("--on-idle", type=click.Choice(["stop", "warn"]), default=None,
+        help="When every GPU of the job stayed under launch.idle_util (default 5%) for launch.idle_minutes of "
+             "the cluster file, the run is flagged idle (output, status); stop also stops it, exit code 125, "
+             "and it is not restarted under --max-restarts (it would idle again). Default: warn.")
+@option("--on-straggler", type=click.Choice(["warn", "exclude"]), default=None,
+        help="A rank (or node) that enters collectives last and holds the job back is named in the output and "
+             "in status (latest_run.stragglers); exclude also leaves its node out at the next restart, "
+             "recorded with the reason straggler. Default: warn.")
 @json_option
-@click.argument("script")
-@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+@argument("script")
+@argument("script_args", nargs=-1, type=click.UNPROCESSED)
 @reports_errors
 def launch(cluster_ref: str | None, launcher: str, nproc: int | None, args_text: str | None, secrets: tuple[str, ...],
            detach: bool, expect_transport: str | None, dry_run: bool, hang_timeout: float | None,
@@ -619,23 +666,23 @@ def launch(cluster_ref: str | None, launcher: str, nproc: int | None, args_text:
 
 @main.command("nccl-test")
 @cluster_option
-@click.option("--nproc", type=click.IntRange(1, 64), default=None, help="Processes per node.")
-@click.option("--sizes", default=None, metavar="MIN:MAX[:F]|A,B",
-              help="Message sizes, e.g. 8M:1G (doubling), 8M:1G:4 or 1M,64M,1G (default: 1M:1G:4 on GPUs).")
-@click.option("--expect", default=None, metavar="BANDWIDTH",
-              help="Expected bus bandwidth with its unit, 180GB/s or 1440Gb/s (default: network.expected_busbw, "
-                   "else in RDMA mode the link rate x HCAs of the nodes).")
-@click.option("--pairs", is_flag=True, help="Bisect the fabric: all-reduce the largest size within disjoint node "
-              "pairs at once, in rotating rounds; name the nodes every one of whose pairs is slow (needs 4 nodes).")
-@click.option("--exclude-bad", is_flag=True,
-              help="With --pairs: record the named nodes as excluded from the next runs.")
-@click.option("--read", "read_file", default=None, metavar="FILE",
-              help="Judge the output of NVIDIA nccl-tests (all_reduce_perf, ...) in FILE instead of running: "
-                   "table, plot, PASS/FAIL (wrong results FAIL; an error or no rows is UNKNOWN).")
-@click.option("--tool", type=click.Choice(["nccl-tests"]), default=None,
-              help="Run NVIDIA nccl-tests where the nodes have it (network.nccl_tests), not mlenv's benchmark.")
-@click.option("--test", "test_name", default=None, metavar="NAME",
-              help="With --tool nccl-tests: which test (default all_reduce_perf; all_gather_perf, ...).")
+@option("--nproc", type=click.IntRange(1, 64), default=None, help="Processes per node.")
+@option("--sizes", default=None, metavar="MIN:MAX[:F]|A,B",
+        help="Message sizes, e.g. 8M:1G (doubling), 8M:1G:4 or 1M,64M,1G (default: 1M:1G:4 on GPUs).")
+@option("--expect", default=None, metavar="BANDWIDTH",
+        help="Expected bus bandwidth with its unit, 180GB/s or 1440Gb/s (default: network.expected_busbw, "
+             "else in RDMA mode the link rate x HCAs of the nodes).")
+@option("--pairs", is_flag=True, help="Bisect the fabric: all-reduce the largest size within disjoint node "
+        "pairs at once, in rotating rounds; name the nodes every one of whose pairs is slow (needs 4 nodes).")
+@option("--exclude-bad", is_flag=True,
+        help="With --pairs: record the named nodes as excluded from the next runs.")
+@option("--read", "read_file", default=None, metavar="FILE",
+        help="Judge the output of NVIDIA nccl-tests (all_reduce_perf, ...) in FILE instead of running: "
+             "table, plot, PASS/FAIL (wrong results FAIL; an error or no rows is UNKNOWN).")
+@option("--tool", type=click.Choice(["nccl-tests"]), default=None,
+        help="Run NVIDIA nccl-tests where the nodes have it (network.nccl_tests), not mlenv's benchmark.")
+@option("--test", "test_name", default=None, metavar="NAME",
+        help="With --tool nccl-tests: which test (default all_reduce_perf; all_gather_perf, ...).")
 @json_option
 @reports_errors
 def nccl_test(cluster_ref: str | None, nproc: int | None, sizes: str | None, expect: str | None, pairs: bool,
@@ -680,12 +727,12 @@ def nccl_test(cluster_ref: str | None, nproc: int | None, sizes: str | None, exp
 
 @main.command()
 @cluster_option
-@click.option("--fault", required=True, metavar="NAME",
-              help="What goes wrong: rank-exit (a rank exits 1), rank-kill (SIGKILL), node-loss (the last node's "
-                   "supervisor and ranks SIGKILLed), node-freeze (SIGSTOPped), hang (one rank SIGSTOPped, a 10 s "
-                   "hang timeout), preempt (where the backend can be preempted), all (each in turn).")
-@click.option("--at-step", type=click.IntRange(1, 50), default=10, show_default=True,
-              help="The training step the fault comes at.")
+@option("--fault", required=True, metavar="NAME",
+        help="What goes wrong: rank-exit (a rank exits 1), rank-kill (SIGKILL), node-loss (the last node's "
+             "supervisor and ranks SIGKILLed), node-freeze (SIGSTOPped), hang (one rank SIGSTOPped, a 10 s "
+             "hang timeout), preempt (where the backend can be preempted), all (each in turn).")
+@option("--at-step", type=click.IntRange(1, 50), default=10, show_default=True,
+        help="The training step the fault comes at.")
 @json_option
 @reports_errors
 def drill(cluster_ref: str | None, fault: str, at_step: int, as_json: bool) -> None:
@@ -700,7 +747,7 @@ def drill(cluster_ref: str | None, fault: str, at_step: int, as_json: bool) -> N
 
 @main.command()
 @cluster_option
-@click.option("--forget-excluded", is_flag=True, help="Clear the excluded nodes: the next runs may use them again.")
+@option("--forget-excluded", is_flag=True, help="Clear the excluded nodes: the next runs may use them again.")
 @json_option
 @reports_errors
 def nodes(cluster_ref: str | None, forget_excluded: bool, as_json: bool) -> None:
@@ -712,7 +759,7 @@ def nodes(cluster_ref: str | None, forget_excluded: bool, as_json: bool) -> None
 
 
 @main.command()
-@click.argument("cluster", required=False)
+@argument("cluster", required=False)
 @cluster_option
 @mode_option
 @json_option
@@ -730,9 +777,9 @@ def doctor(cluster: str | None, cluster_ref: str | None, mode: str | None, as_js
 
 
 @main.command()
-@click.argument("name")
-@click.option("--namespace", "-n", default=None, help="Namespace to deploy into (default: the context's).")
-@click.option("--force", is_flag=True, help="Overwrite clusters/NAME.yaml if it exists.")
+@argument("name")
+@option("--namespace", "-n", default=None, help="Namespace to deploy into (default: the context's).")
+@option("--force", is_flag=True, help="Overwrite clusters/NAME.yaml if it exists.")
 @reports_errors
 def discover(name: str, namespace: str | None, force: bool) -> None:
     """Write clusters/NAME.yaml from the logged-in cluster: GPU nodes, storage classes, RDMA networks; TODO
@@ -743,8 +790,8 @@ def discover(name: str, namespace: str | None, force: bool) -> None:
 
 
 @main.command()
-@click.option("--keep", is_flag=True, help="Leave the local cluster running afterwards.")
-@click.option("--steps", type=click.IntRange(min=1), default=30, show_default=True)
+@option("--keep", is_flag=True, help="Leave the local cluster running afterwards.")
+@option("--steps", type=click.IntRange(min=1), default=30, show_default=True)
 @reports_errors
 def demo(keep: bool, steps: int) -> None:
     """Local 2-node cluster -> sync -> DeepSpeed training -> all-reduce bench -> summary -> clean."""
