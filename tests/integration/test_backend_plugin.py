@@ -1,6 +1,6 @@
 """Adding a backend touches one place: a throw-away backend defined here, registered with one registry entry,
 runs deploy, status, exec, sync, launch (a real 2 x 2 torchrun job), logs, stop and clean through the unchanged
-ops/ and cli.py. Its "nodes" are directories on this machine; every command is an argv run locally."""
+ops/ and cli/. Its "nodes" are directories on this machine; every command is an argv run locally."""
 
 from __future__ import annotations
 

@@ -229,5 +229,6 @@ def test_a_launch_runs_straight(deployed: Path) -> None:
         sys.setprofile(None)
     assert result.exit_code == 0 and "#SBATCH" in result.stdout, result.output
     visits = followed.visits()  # from the command to the backend
-    assert visits[:2] == ["mlenv.cli", "mlenv.ops.launch"] and visits[-1] == "mlenv.backends.slurm.backend", visits
+    assert visits[:3] == ["mlenv.cli", "mlenv.cli.commands", "mlenv.ops.launch"], visits  # reports_errors, launch
+    assert visits[-1] == "mlenv.backends.slurm.backend", visits
     assert len(followed.returns()) <= RETURNS_AT_MOST, (followed.returns(), visits)

@@ -10,17 +10,17 @@ and jinja2 itself renders that directory. tests/unit/test_templates.py checks bo
 
 from __future__ import annotations
 
-import hashlib
 import marshal
 import os
 import re
 import sys
+import zlib
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from mlenv.errors import OperationError
 
-FORMAT = 1
+FORMAT = 2  # bump when the layout of cache files changes
 FILTERS = {"join": "eval_context", "list": "eval_context"}
 """jinja2's built-in filters the runtime implements, with what jinja2 passes them first (checked when compiling);
 a directory's own filters are passed in."""
@@ -219,10 +219,10 @@ class Templates:
                     for st in [os.stat(path)]),
                   repr(sorted(self.options.items())), repr(sorted(self.filters)),
                   f"{self.finalize.__module__}.{self.finalize.__qualname__}"]
-        digest = hashlib.sha256("\0".join(inputs).encode()).hexdigest()[:24]
-        for directory in cache_directories():
+        key = "\0".join(inputs).encode("utf-8", "surrogatepass")
+        for directory in cache_directories():  # named by checksums, as fastschema's (hashlib costs a render 2 ms)
             if _usable(directory):
-                return os.path.join(directory, f"templates-{digest}.marshal")
+                return os.path.join(directory, f"templates-{zlib.crc32(key):08x}{zlib.adler32(key):08x}.marshal")
         return None
 
     def _compile(self, names: list[str]) -> dict[str, Any]:
@@ -268,14 +268,19 @@ def _read(path: str) -> dict[str, Any] | None:
             data = handle.read()
     except OSError:
         return None
-    seal, body = data[:32], data[32:]
-    if seal != hashlib.sha256(body).digest():
+    seal, body = data[:4], data[4:]
+    if seal != _seal(body):
         return None
     try:
-        codes = marshal.loads(body)  # noqa: S302 - our own file, sealed with its digest, in a directory only we write
+        codes = marshal.loads(body)  # noqa: S302 - our own file, sealed with its checksum, in a directory only we write
     except (ValueError, EOFError, TypeError):
         return None
     return codes if isinstance(codes, dict) else None
+
+
+def _seal(body: bytes) -> bytes:
+    """What a cache file starts with: the CRC-32 of the rest, so that a file cut short or damaged is not used."""
+    return zlib.crc32(body).to_bytes(4, "big")
 
 
 def _write(path: str, codes: Mapping[str, Any]) -> None:
@@ -283,7 +288,7 @@ def _write(path: str, codes: Mapping[str, Any]) -> None:
     temporary = f"{path}.{os.getpid()}.tmp"
     try:
         with open(temporary, "wb") as handle:
-            handle.write(hashlib.sha256(body).digest() + body)
+            handle.write(_seal(body) + body)
         os.replace(temporary, path)
     except OSError:
         return

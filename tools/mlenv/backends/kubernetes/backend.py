@@ -20,7 +20,6 @@ from mlenv.backends.kubeapi.naming import (
     owned_labels,
 )
 from mlenv.backends.kubeapi.rules import rdma_warning
-from mlenv.backends.kubernetes.resume import KIND as RUN_KIND
 from mlenv.core import remote
 from mlenv.core.capabilities import (
     Check,
@@ -281,6 +280,7 @@ class KubernetesBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks, Preempts):
         """Delete the recorded kinds by mlenv's labels (PVCs only with ``delete_data``), wait until pods are gone."""
         from mlenv.backends.kubeapi.preflight import explained
         from mlenv.backends.kubeapi.waiting import wait_gone
+        from mlenv.backends.kubernetes.resume import KIND as RUN_KIND
 
         target, client = self._connected(handle)
         kinds = [*dict.fromkeys([*SWITCHABLE_KINDS, RUN_KIND, *target.kinds]),  # RUN_KIND: a detached run's Secret

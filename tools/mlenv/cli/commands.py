@@ -1,15 +1,17 @@
-"""The ``mlenv`` command line: parses arguments and prints; the work happens in the modules it imports lazily."""
+"""mlenv's commands: their options and what each does, made when one is run or asked for its own help (the
+group in ``mlenv.cli`` lists them from COMMANDS without importing this module)."""
 
 from __future__ import annotations
 
+import inspect
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext, suppress
-from functools import wraps
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from collections.abc import Callable
+from contextlib import nullcontext
+from typing import TYPE_CHECKING, Any
 
 import click
 
+from mlenv.cli import COMMANDS, reports_errors
 from mlenv.runtime.launchers import DEFAULT_LAUNCHER, LAUNCHERS
 
 if TYPE_CHECKING:
@@ -18,83 +20,21 @@ if TYPE_CHECKING:
     from mlenv.ops.target import Target
     from mlenv.plan import JobPlan
 
-F = TypeVar("F", bound=Callable[..., Any])
+MADE: dict[str, click.Command] = {}
+"""The commands by name, as ``command`` makes them."""
 
 
-def reports_errors(func: F) -> F:
-    """Turn mlenv errors into one-line messages and exit codes (2 bad input, 1 failed); never a traceback. A
-    command run with ``--json`` also prints them on stdout as ``{"ok": false, "errors": [...]}`` (docs/json.md)."""
+def command(name: str, context_settings: dict[str, Any] | None = None) -> Callable[[Callable[..., Any]], click.Command]:
+    """The command ``name`` of COMMANDS, made of the function, with COMMANDS' paragraph for the first of its help
+    and the function's docstring for the rest (if it has more to say)."""
 
-    @wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from mlenv.errors import MlenvError
-        from mlenv.ui import error
+    def make(func: Callable[..., Any]) -> click.Command:
+        more = [inspect.cleandoc(func.__doc__)] if func.__doc__ else []
+        MADE[name] = click.command(name, help="\n\n".join([COMMANDS[name], *more]),
+                                   context_settings=context_settings)(func)
+        return MADE[name]
 
-        try:
-            return func(*args, **kwargs)
-        except MlenvError as exc:
-            error(str(exc))
-            _exit_failed(exc.errors(), exc.exit_code, bool(kwargs.get("as_json")))
-        except KeyboardInterrupt:
-            error("interrupted")
-            sys.exit(130)
-
-    return wrapper  # type: ignore[return-value]
-
-
-def _exit_failed(errors: list[dict[str, Any]], exit_code: int, as_json: bool) -> NoReturn:
-    """Exit with ``exit_code``; with ``as_json`` the ``errors`` (said on stderr already) go to stdout as JSON."""
-    if as_json:
-        from mlenv.ui import print_json
-
-        print_json({"ok": False, "errors": errors})
-    sys.exit(exit_code)
-
-
-class _Commands(click.Group):
-    """The group of mlenv's commands, with what every command shares at its end: a usage error of a command run
-    with ``--json`` is JSON too, and a reader that closed stdout (``mlenv logs | head -1``) ends it quietly with
-    exit 0, as ``head`` expects of a writer."""
-
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        with _quiet_when_stdout_goes():  # mlenv --help | head -1
-            return super().parse_args(ctx, args)
-
-    def invoke(self, ctx: click.Context) -> Any:
-        words = list(ctx.args)  # the command's arguments, as typed (its name apart)
-        with _quiet_when_stdout_goes():
-            try:
-                return super().invoke(ctx)
-            except click.UsageError as exc:
-                if exc.ctx is None or not _wants_json(exc.ctx.command, words):
-                    raise
-                from mlenv.errors import UsageError
-
-                exc.show()
-                _exit_failed(UsageError(exc.format_message()).errors(), exc.exit_code, True)
-
-
-@contextmanager
-def _quiet_when_stdout_goes() -> Iterator[None]:
-    """Exit 0 at once, saying nothing, when stdout's reader has gone (BrokenPipeError); what is still buffered is
-    written here, not at exit."""
-    try:
-        try:
-            yield
-        finally:
-            sys.stdout.flush()
-    except BrokenPipeError:
-        import os
-
-        with suppress(OSError, ValueError):  # stdout may be no file (click's test runner)
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more to write at exit
-        sys.exit(0)
-
-
-def _wants_json(command: click.Command, words: list[str]) -> bool:
-    """Whether ``command`` has --json and ``words`` give it (before any ``--``)."""
-    given = words[:words.index("--")] if "--" in words else words
-    return "--json" in given and any(param.name == "as_json" for param in command.params)
+    return make
 
 
 mode_option = click.option("--mode", metavar="rdma|tcp", default=None,  # the plan checks it (plan.MODES)
@@ -145,36 +85,10 @@ def _target(cluster_ref: str | None) -> Target:
     return resolve(cluster_ref)
 
 
-def _terminal_width() -> int:
-    """What shutil.get_terminal_size says ($COLUMNS, else the terminal, else 80), without importing shutil, which
-    click would otherwise import to format every help text."""
-    import os
-
-    try:
-        return int(os.environ["COLUMNS"])
-    except (KeyError, ValueError):
-        pass
-    try:
-        return os.get_terminal_size(1).columns or 80
-    except (ValueError, OSError):
-        return 80
-
-
-@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100,
-                               "terminal_width": _terminal_width()})
-@click.version_option(package_name="mlenv")
-def main() -> None:
-    """mlenv: one YAML file per GPU cluster -> a working multi-node training environment.
-
-    Clusters are named (clusters/NAME.yaml) or given as a path.
-    """
-
-
-@main.command("list")
+@command("list")
 @json_option
 @reports_errors
 def list_clusters(as_json: bool) -> None:
-    """List the clusters in clusters/: backend, nodes x GPUs, RDMA, storage mode."""
     from mlenv.config.discover import cluster_names
     from mlenv.core.clusters import load_cluster
     from mlenv.errors import MlenvError
@@ -219,7 +133,7 @@ def _summary(cluster: Cluster) -> dict[str, Any]:
     }
 
 
-@main.command()
+@command("validate")
 @click.argument("cluster", required=False)
 @cluster_option
 @mode_option
@@ -228,7 +142,6 @@ def _summary(cluster: Cluster) -> dict[str, Any]:
 @reports_errors
 def validate(cluster: str | None, cluster_ref: str | None, mode: str | None, nodes: int | None,
              as_json: bool) -> None:
-    """Check a cluster file (schema, semantics, and what its backend would send); print OK or every problem."""
     from mlenv.ops.deploy import prepared
 
     job = _plan(_one_cluster(cluster, cluster_ref), mode, nodes, None)
@@ -248,7 +161,7 @@ def validate(cluster: str | None, cluster_ref: str | None, mode: str | None, nod
                f"GPUs, {job.mode}{storage})")
 
 
-@main.command()
+@command("render")
 @click.argument("cluster", required=False)
 @cluster_option
 @mode_option
@@ -260,7 +173,6 @@ def validate(cluster: str | None, cluster_ref: str | None, mode: str | None, nod
 @reports_errors
 def render(cluster: str | None, cluster_ref: str | None, mode: str | None, nodes: int | None, image: str | None,
            output: str | None, admin: bool) -> None:
-    """Print what deploy sends for a cluster (validated), exactly as deploy --dry-run does."""
     from mlenv.ops.deploy import prepared
 
     request = prepared(_plan(_one_cluster(cluster, cluster_ref), mode, nodes, image))
@@ -284,7 +196,7 @@ def render(cluster: str | None, cluster_ref: str | None, mode: str | None, nodes
     click.echo(request.text, nl=False)
 
 
-@main.command()
+@command("deploy")
 @click.argument("cluster", required=False)
 @cluster_option
 @mode_option
@@ -301,10 +213,7 @@ def render(cluster: str | None, cluster_ref: str | None, mode: str | None, nodes
 @reports_errors
 def deploy(cluster: str | None, cluster_ref: str | None, mode: str | None, nodes: int | None, image: str | None,
            spares: int, dry_run: bool, timeout: int, as_json: bool) -> None:
-    """Deploy a cluster's environment and wait until every node is ready (re-running converges).
-
-    Without CLUSTER, deploys the current deployment again.
-    """
+    """Without CLUSTER, deploys the current deployment again."""
     from mlenv.ops.deploy import deploy as run_deploy
     from mlenv.ops.deploy import prepared, with_excluded, with_spares
 
@@ -328,11 +237,10 @@ def deploy(cluster: str | None, cluster_ref: str | None, mode: str | None, nodes
                     "pods": [pod_row(row) for row in rows]})
 
 
-@main.command()
+@command("use")
 @click.argument("name")
 @reports_errors
 def use(name: str) -> None:
-    """Make the deployment NAME (its name, cluster name or cluster file) the current one."""
     from mlenv import state
     from mlenv.ui import info
 
@@ -340,7 +248,7 @@ def use(name: str) -> None:
     info(f"current deployment: {chosen.name} ({chosen.backend}, {chosen.cluster_file})")
 
 
-@main.command()
+@command("status")
 @click.argument("run_id", required=False, metavar="[RUN_ID]")
 @cluster_option
 @click.option("--all", "every", is_flag=True, help="Every recorded deployment.")
@@ -349,28 +257,24 @@ def use(name: str) -> None:
 @json_option
 @reports_errors
 def status(run_id: str | None, cluster_ref: str | None, every: bool, gpus: bool, as_json: bool) -> None:
-    """Nodes of the current deployment (or --cluster, or --all): node, phase, ready, GPUs, IP, jobs; and its latest
-    run (or run RUN_ID, from mlenv runs)."""
     from mlenv.ops.status import show
 
     sys.exit(show(cluster_ref, every, as_json, gpus, run_id))
 
 
-@main.command()
+@command("runs")
 @cluster_option
 @click.option("--all", "every", is_flag=True, help="Every recorded deployment's runs, and those of the batch jobs "
               "submitted for clusters that are not deployed.")
 @json_option
 @reports_errors
 def runs(cluster_ref: str | None, every: bool, as_json: bool) -> None:
-    """Every run of the current deployment (or --cluster, or --all), newest first: id, script, state, exit code,
-    attempts, start, duration, nodes and the first failure. mlenv logs/stacks/status RUN_ID show one."""
     from mlenv.ops.runs import show
 
     sys.exit(show(cluster_ref, every, as_json))
 
 
-@main.command()
+@command("stacks")
 @click.argument("run_id", required=False, metavar="[RUN_ID]")
 @cluster_option
 @pod_option
@@ -381,8 +285,6 @@ def runs(cluster_ref: str | None, every: bool, as_json: bool) -> None:
 @reports_errors
 def stacks(run_id: str | None, cluster_ref: str | None, pod: int | None, native: bool, method: str,
            as_json: bool) -> None:
-    """Python stack of every rank of the latest run (or of run RUN_ID while it runs; of --pod N's), grouped: the odd
-    ones out first."""
     from mlenv.ops.stacks import take, text
     from mlenv.ui import print_json
 
@@ -399,7 +301,7 @@ def stacks(run_id: str | None, cluster_ref: str | None, pod: int | None, native:
     sys.exit(1 if report["unreachable"] else 0)
 
 
-@main.command()
+@command("top")
 @cluster_option
 @pod_option
 @click.option("--interval", type=click.FloatRange(min=0.5), default=2.0, show_default=True, metavar="SECONDS",
@@ -408,14 +310,13 @@ def stacks(run_id: str | None, cluster_ref: str | None, pod: int | None, native:
               help="Refresh N times, then exit (default: until Ctrl-C).")
 @reports_errors
 def top(cluster_ref: str | None, pod: int | None, interval: float, count: int | None) -> None:
-    """Live GPU state of every node (or --pod N): GPUs, Xid/ECC events, the job's ranks' CPU, RSS, last output."""
     from mlenv.ops.gpus import top as live
 
     target = _target(cluster_ref)
     sys.exit(live(target.backend.access, target.handle, pod, interval, count))
 
 
-@main.command()
+@command("sync")
 @cluster_option
 @click.option("--source", type=click.Path(exists=True, file_okay=False), default=None,
               help="Directory to sync (default: workspace/ of the project).")
@@ -424,7 +325,6 @@ def top(cluster_ref: str | None, pod: int | None, interval: float, count: int | 
 @json_option
 @reports_errors
 def sync(cluster_ref: str | None, source: str | None, delete: bool, as_json: bool) -> None:
-    """Copy workspace/ to the workspace of every node, in parallel and incrementally (plus the runtime)."""
     from mlenv.ops.sync import sync as sync_workspace
 
     target = _target(cluster_ref)
@@ -435,15 +335,13 @@ def sync(cluster_ref: str | None, source: str | None, delete: bool, as_json: boo
     sys.exit(0 if report.ok else 1)
 
 
-@main.command(context_settings=STOP_AT_COMMAND)
+@command("exec", context_settings=STOP_AT_COMMAND)
 @cluster_option
 @pod_option
 @json_option
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @reports_errors
 def exec(cluster_ref: str | None, pod: int | None, as_json: bool, command: tuple[str, ...]) -> None:
-    """Run COMMAND on every node (or --pod N) in parallel, output prefixed [node-N] (--json: each node's exit code
-    and output at the end)."""
     from mlenv.ops.fanout import exec_all
 
     target = _target(cluster_ref)
@@ -451,19 +349,18 @@ def exec(cluster_ref: str | None, pod: int | None, as_json: bool, command: tuple
     sys.exit(exec_all(target.backend.access, target.handle, argv, only=pod, as_json=as_json))
 
 
-@main.command()
+@command("shell")
 @cluster_option
 @pod_option
 @reports_errors
 def shell(cluster_ref: str | None, pod: int | None) -> None:
-    """Interactive shell on node 0 (or --pod N), in its workspace; stdin not a terminal: runs what it reads."""
     from mlenv.ops.fanout import interactive
 
     target = _target(cluster_ref)
     sys.exit(interactive(target.backend.access, target.handle, pod or 0))
 
 
-@main.command()
+@command("logs")
 @click.argument("run_id", required=False, metavar="[RUN_ID]")
 @cluster_option
 @pod_option
@@ -476,8 +373,6 @@ def shell(cluster_ref: str | None, pod: int | None) -> None:
 @reports_errors
 def logs(run_id: str | None, cluster_ref: str | None, pod: int | None, follow: bool, rank: int | None,
          as_json: bool) -> None:
-    """The latest run's output (or run RUN_ID's, from mlenv runs) on every node (or --pod N): every rank's lines
-    whole, tagged [node-N rR]; every attempt of a restarted run, each under its header."""
     from mlenv.core.capabilities import Feature
     from mlenv.ops.fanout import logs_all
 
@@ -491,27 +386,24 @@ def logs(run_id: str | None, cluster_ref: str | None, pod: int | None, follow: b
                       run_id=run_id, as_json=as_json))
 
 
-@main.command()
+@command("stop")
 @cluster_option
 @json_option
 @reports_errors
 def stop(cluster_ref: str | None, as_json: bool) -> None:
-    """Stop the running job on every node; the environment stays (a finished run is left as it is)."""
     from mlenv.ops.fanout import stop_all
 
     target = _target(cluster_ref)
     sys.exit(stop_all(target.backend.jobs, target.handle, as_json))
 
 
-@main.command()
+@command("clean")
 @cluster_option
 @click.option("--delete-data", is_flag=True, help="Also delete the data volumes (PVCs, workspaces). Asks first.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @json_option
 @reports_errors
 def clean(cluster_ref: str | None, delete_data: bool, yes: bool, as_json: bool) -> None:
-    """Delete everything the deployment created; data volumes are kept unless --delete-data. Twice is fine: with
-    nothing (left) to delete it says so and exits 0."""
     from mlenv import state
     from mlenv.errors import OperationError
     from mlenv.ops.clean import clean as cleaning
@@ -532,7 +424,7 @@ def clean(cluster_ref: str | None, delete_data: bool, yes: bool, as_json: bool) 
         print_json({"ok": True, "name": name, "cleaned": name is not None, "data_deleted": delete_data and bool(name)})
 
 
-@main.command(context_settings=STOP_AT_SCRIPT)
+@command("launch", context_settings=STOP_AT_SCRIPT)
 @cluster_option
 @click.option("--launcher", type=click.Choice(LAUNCHERS), default=DEFAULT_LAUNCHER, show_default=True)
 @click.option("--nproc", type=click.IntRange(1, 64), default=None, help="Processes per node.")
@@ -578,9 +470,7 @@ def launch(cluster_ref: str | None, launcher: str, nproc: int | None, args_text:
            detach: bool, expect_transport: str | None, dry_run: bool, hang_timeout: float | None,
            on_hang: str | None, on_idle: str | None, max_restarts: int | None, max_preemptions: int | None,
            on_straggler: str | None, as_json: bool, script: str, script_args: tuple[str, ...]) -> None:
-    """Start SCRIPT on every node at once through the runtime; fail-fast, logs in runs/.
-
-    Everything after SCRIPT belongs to it: `mlenv launch train.py -c cfg.yaml` passes -c cfg.yaml to train.py.
+    """Everything after SCRIPT belongs to it: `mlenv launch train.py -c cfg.yaml` passes -c cfg.yaml to train.py.
     With --json, prints the run on stdout (its id, cluster, whether detached; an attached run's exit code and first
     failure once it ended), everything else on stderr. Exits with the job's exit code once it started; 124 when
     --on-hang stop stopped a hung job, 125 when --on-idle stop stopped an idle one; 2 while a run of the deployment
@@ -617,7 +507,7 @@ def launch(cluster_ref: str | None, launcher: str, nproc: int | None, args_text:
     sys.exit(result.exit_code)
 
 
-@main.command("nccl-test")
+@command("nccl-test")
 @cluster_option
 @click.option("--nproc", type=click.IntRange(1, 64), default=None, help="Processes per node.")
 @click.option("--sizes", default=None, metavar="MIN:MAX[:F]|A,B",
@@ -641,10 +531,6 @@ def launch(cluster_ref: str | None, launcher: str, nproc: int | None, args_text:
 def nccl_test(cluster_ref: str | None, nproc: int | None, sizes: str | None, expect: str | None, pairs: bool,
               exclude_bad: bool, read_file: str | None, tool: str | None, test_name: str | None,
               as_json: bool) -> None:
-    """The fabric gate: all-reduce busbw per size, NCCL's transport per rank, PASS at >= 80 % of the expected
-    bandwidth (RDMA asked and sockets used: FAIL); results and a plot under runs/. Exit 1 on FAIL, or with
-    --pairs when a node is named slow. --read FILE judges an nccl-tests output instead (exit 1 on FAIL, and on
-    UNKNOWN under --expect)."""
     from mlenv.errors import UsageError
 
     if exclude_bad and not pairs:
@@ -678,7 +564,7 @@ def nccl_test(cluster_ref: str | None, nproc: int | None, sizes: str | None, exp
     sys.exit(run_nccl_test(_target(cluster_ref), nproc=nproc, sizes=sizes, expect=expect, as_json=as_json))
 
 
-@main.command()
+@command("drill")
 @cluster_option
 @click.option("--fault", required=True, metavar="NAME",
               help="What goes wrong: rank-exit (a rank exits 1), rank-kill (SIGKILL), node-loss (the last node's "
@@ -689,38 +575,30 @@ def nccl_test(cluster_ref: str | None, nproc: int | None, sizes: str | None, exp
 @json_option
 @reports_errors
 def drill(cluster_ref: str | None, fault: str, at_step: int, as_json: bool) -> None:
-    """How fast the deployment recovers: a small built-in training job (its own run and checkpoints) under
-    --max-restarts 1, one fault at a step, each phase timed from the runtime's records (detected and named, every
-    rank stopped, next attempt started, training resumed at the checkpointed step) against drill.targets; a table
-    or --json, and runs/<id>/timeline.png. Exit 1 when a phase FAILs; 2 with a run live (nothing started)."""
     from mlenv.ops.drill import run_drill
 
     sys.exit(run_drill(_target(cluster_ref), fault, at_step, as_json))
 
 
-@main.command()
+@command("nodes")
 @cluster_option
 @click.option("--forget-excluded", is_flag=True, help="Clear the excluded nodes: the next runs may use them again.")
 @json_option
 @reports_errors
 def nodes(cluster_ref: str | None, forget_excluded: bool, as_json: bool) -> None:
-    """Where the deployment's nodes run now (a pod's Kubernetes node), and the nodes excluded from its next runs (by
-    nccl-test --pairs --exclude-bad or restarts), and why."""
     from mlenv.ops.nodes import show_excluded
 
     sys.exit(show_excluded(_target(cluster_ref), forget_excluded, as_json))
 
 
-@main.command()
+@command("doctor")
 @click.argument("cluster", required=False)
 @cluster_option
 @mode_option
 @json_option
 @reports_errors
 def doctor(cluster: str | None, cluster_ref: str | None, mode: str | None, as_json: bool) -> None:
-    """Preflight checklist for a cluster: PASS/WARN/FAIL, the evidence and the fix; exit 1 on any FAIL.
-
-    With a live deployment recorded (the current one without CLUSTER), also what every node sees and whether the
+    """With a live deployment recorded (the current one without CLUSTER), also what every node sees and whether the
     nodes agree (HCAs, link rate, GID type, versions, GPUs, clocks).
     """
     from mlenv.ops.doctor import run_doctor
@@ -729,25 +607,22 @@ def doctor(cluster: str | None, cluster_ref: str | None, mode: str | None, as_js
     sys.exit(run_doctor(_plan(ref, mode, None, None), ref, as_json))
 
 
-@main.command()
+@command("discover")
 @click.argument("name")
 @click.option("--namespace", "-n", default=None, help="Namespace to deploy into (default: the context's).")
 @click.option("--force", is_flag=True, help="Overwrite clusters/NAME.yaml if it exists.")
 @reports_errors
 def discover(name: str, namespace: str | None, force: bool) -> None:
-    """Write clusters/NAME.yaml from the logged-in cluster: GPU nodes, storage classes, RDMA networks; TODO
-    comments mark what a person must decide."""
     from mlenv.core.registry import discoverer
 
     discoverer("kubernetes")(name, namespace, force)
 
 
-@main.command()
+@command("demo")
 @click.option("--keep", is_flag=True, help="Leave the local cluster running afterwards.")
 @click.option("--steps", type=click.IntRange(min=1), default=30, show_default=True)
 @reports_errors
 def demo(keep: bool, steps: int) -> None:
-    """Local 2-node cluster -> sync -> DeepSpeed training -> all-reduce bench -> summary -> clean."""
     from mlenv.ops.demo import run_demo
 
     sys.exit(run_demo(keep=keep, steps=steps))
