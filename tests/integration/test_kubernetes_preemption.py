@@ -145,6 +145,6 @@ def test_the_drill_preempts_a_pod_and_times_its_checkpoint_and_the_resumption(
     kube_project.ok("deploy", str(kube_project.cluster_file))
     drill = check_drill(kube_project, "preempt")
     detected, checkpointed = drill["phases"][:2]
-    assert detected["evidence"] == "node-1's share taken away under the run: recorded preempted on node-0, node-1"
+    assert detected["evidence"] == f"pod {APP}-1 deleted (grace 30 s): recorded preempted on node-0, node-1"
     assert re.fullmatch(r"node 1 checkpointed step \d+ after SIGTERM", checkpointed["evidence"]), checkpointed
-    assert checkpointed["target"] == 15.0  # half the default grace of 30 s
+    assert checkpointed["target"] == 15.0  # half the pod's grace (scheduling.grace_period, 30 s by default)

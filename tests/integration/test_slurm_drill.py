@@ -4,12 +4,14 @@
 and PASS on the default targets, and a timeline picture, for each fault the drill puts in from outside (the
 runtime's ``fault`` verb, run on the node through ``srun --overlap`` in the allocation) or lets the job make; an
 attached launch whose node 1 is frozen (its supervisor and ranks SIGSTOPped, found through their cgroup) names node
-1 lost and ends within 60 s; a rank 3x slower per step is named a straggler within 60 s, and a job of equal ranks
-names none."""
+1 lost and ends within 60 s; a batch job of a cluster file with slurm.signal and slurm.requeue drills a
+preemption (the warning signal, the job requeued); a rank 3x slower per step is named a straggler within 60 s, and
+a job of equal ranks names none."""
 
 from __future__ import annotations
 
 import random
+import re
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -50,6 +52,23 @@ def test_the_drill_as_a_batch_job(fault: str, tmp_path_factory: pytest.TempPathF
     batch = make_project(tmp_path_factory.mktemp("slurm-drill-batch"), slurm_clusters.get(2), name="sbdrill")
     batch.ok("sync", "-c", batch.name)
     check_drill(batch, fault, "-c", batch.name)
+
+
+def test_the_drill_preempts_a_batch_job_with_slurm_s_warning(tmp_path_factory: pytest.TempPathFactory,
+                                                              slurm_clusters: SessionClusters) -> None:
+    """slurm.signal and slurm.requeue: the drill sends the batch job its warning (scancel --signal --batch), every
+    node checkpoints and the job requeues itself; Slurm holds a requeued job about 2 minutes (its credential must
+    expire on the nodes first), so this cluster file gives the resumption 300 s."""
+    batch = make_project(tmp_path_factory.mktemp("slurm-drill-preempt"), slurm_clusters.get(2), name="spdrill",
+                         slurm_extra='  signal: "USR1@60"\n  requeue: true\n',
+                         extra="drill: {targets: {resumed: 300}}\n")
+    batch.ok("sync", "-c", batch.name)
+    drill = check_drill(batch, "preempt", "-c", batch.name)
+    detected, checkpointed = drill["phases"][:2]
+    assert re.fullmatch(r"batch job \d+ sent SIGUSR1 \(slurm\.signal\): the run recorded requeued",
+                        detected["evidence"]), detected
+    assert re.fullmatch(r"node 1 checkpointed step \d+ after SIGUSR1", checkpointed["evidence"]), checkpointed
+    assert checkpointed["target"] == 22.5  # half the ranks' grace: three quarters of the warning's 60 s
 
 
 @pytest.mark.parametrize("fault", ["rank-exit", "rank-kill", "node-loss", "node-freeze", "hang"])

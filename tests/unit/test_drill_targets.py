@@ -1,11 +1,12 @@
 """``drill.targets`` of a cluster file: read over the drill's defaults (ops.drill.targets_of, from a recorded
 deployment as ``mlenv drill`` reads it); a value that is not a positive number of seconds, or an unknown target, is
-a validation error naming the field (exit 2); a preemption's checkpoint is due within half the pods' grace; and the
+a validation error naming the field (exit 2); a preemption's checkpoint is due within half its grace; and the
 timeline picture the drill writes is a PNG."""
 
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -39,11 +40,12 @@ def test_the_file_overrides_the_defaults(tmp_path: Path, monkeypatch: pytest.Mon
                                   handle))
     state.succeeded(handle.name)
     targets = targets_of(resolve(None))
-    assert targets == Targets(lost_node=30.0, resumed=60.5, grace=30.0)  # the pods' scheduling.grace_period
+    assert targets == Targets(lost_node=30.0, resumed=60.5)
     assert [targets.of(fault, "detected") for fault in ("rank-kill", "node-freeze", "hang")] == \
         [5.0, 30.0, HANG_TIMEOUT + 30.0]
     assert (targets.of("rank-exit", "resumed"), targets.of("rank-exit", "stopped")) == (60.5, None)
-    assert targets.of("preempt", "checkpointed") == 15.0  # a preemption's checkpoint: within half the grace
+    assert targets.of("preempt", "checkpointed") is None  # the grace is the preemption's, as it was done
+    assert replace(targets, grace=40.0).of("preempt", "checkpointed") == 20.0  # its checkpoint: within half
 
 
 @pytest.mark.parametrize(("drill", "field"), [

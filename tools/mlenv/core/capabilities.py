@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Generic, Literal, NamedTuple, Protocol, TypeVar, runtime_checkable
 
 from mlenv.errors import UsageError
 
@@ -345,14 +345,25 @@ class Jobs(Protocol):
         """Global rank -> the ordinal of the node it ran on, in each node's newest run."""
 
 
+class Preemption(NamedTuple):
+    """What ``Preempts.take_away`` did."""
+
+    said: str
+    """What was done, in words (the drill's evidence)."""
+    grace: float
+    """The seconds the ranks have between the signal and their end: a checkpoint is due within half."""
+
+
 @runtime_checkable
 class Preempts(Protocol):
-    """Take a node away under a run as the backend's scheduler does when it preempts it (``mlenv drill --fault
-    preempt``)."""
+    """Preempt a run from outside as the backend's scheduler does (``mlenv drill --fault preempt``)."""
 
-    def take_away(self, handle: Handle, node: Node) -> None:
-        """Have ``node`` taken away as a preemption would (Kubernetes: its pod deleted, gracefully); not waiting
-        for it to go."""
+    def preemption_refused(self, handle: Handle) -> str | None:
+        """PURE: why a run of ``handle`` cannot be preempted so (the whole line); None where it can."""
+
+    def take_away(self, handle: Handle, node: Node, run_id: str) -> Preemption:
+        """Preempt run ``run_id`` at ``node`` as the scheduler would (Kubernetes: the node's pod deleted,
+        gracefully; Slurm: the batch job's warning signal); not waiting for its end."""
 
 
 @runtime_checkable
@@ -377,6 +388,7 @@ class Feature(Enum):
     DISCOVER = "discover a cluster (mlenv discover)"
     NODE_EXCLUSION = "leave a faulty node out of a run (launch --max-restarts, the excluded nodes of mlenv nodes)"
     PREEMPTION = "resume a run whose nodes were taken away under it (launch --max-preemptions)"
+    TAKE_AWAY = "preempt a run from outside as its scheduler does (mlenv drill --fault preempt)"
 
 
 C = TypeVar("C")
@@ -395,5 +407,5 @@ DEPLOY = Capability(Feature.DEPLOY, Deploy)  # type: ignore[type-abstract]
 NODE_ACCESS = Capability(Feature.NODE_ACCESS, NodeAccess)  # type: ignore[type-abstract]
 JOBS = Capability(Feature.JOBS, Jobs)  # type: ignore[type-abstract]
 CHECKS = Capability(Feature.CHECKS, Checks)  # type: ignore[type-abstract]
-PREEMPTS = Capability(Feature.PREEMPTION, Preempts)  # type: ignore[type-abstract]
+PREEMPTS = Capability(Feature.TAKE_AWAY, Preempts)  # type: ignore[type-abstract]
 CAPABILITIES: tuple[Capability[Any], ...] = (DEPLOY, NODE_ACCESS, JOBS, CHECKS, PREEMPTS)

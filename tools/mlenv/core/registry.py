@@ -119,6 +119,9 @@ class BackendInfo(NamedTuple):
 NO_SPARES = "a Slurm allocation holds spare nodes (an ssh cluster lists its spare hosts in ssh.spares)"
 NO_DISCOVER = "write clusters/NAME.yaml yourself (mlenv discover reads a Kubernetes cluster)"
 NO_PREEMPTION = "its nodes are not taken away under a run by a scheduler (Kubernetes pods are)"
+NOT_TAKEN_AWAY = {Feature.PREEMPTION: NO_PREEMPTION, Feature.TAKE_AWAY: NO_PREEMPTION}
+RUNAI_PREEMPTION = ("its pods are not told when they are taken away under a run (no PID 1 of mlenv's there): the "
+                    "run ends; launch it again")
 KUBERNETES_LACKS = {Feature.SPARE_NODES: NO_SPARES}
 
 BACKENDS: dict[str, BackendInfo] = {
@@ -136,7 +139,7 @@ BACKENDS: dict[str, BackendInfo] = {
                     settings="mlenv.backends.local.settings:parse", cpu_nodes=True,
                     uses=frozenset({"app", "storage"}),
                     unsupported={Feature.SPARE_NODES: NO_SPARES, Feature.DISCOVER: NO_DISCOVER,
-                                 Feature.PREEMPTION: NO_PREEMPTION}),
+                                 **NOT_TAKEN_AWAY}),
         BackendInfo("slurm", "mlenv.backends.slurm.backend:SlurmBackend", section="slurm",
                     settings="mlenv.backends.slurm.settings:parse", cpu_nodes=True, uses=CONTAINER_FIELDS,
                     machines=("slurm", "nodelist"), keeps_records=True, task_launcher="srun",
@@ -153,13 +156,12 @@ BACKENDS: dict[str, BackendInfo] = {
                                      "label (--node-type) only, never away from one node: cordon the node "
                                      "(kubectl cordon NODE) or have it taken out of the project's node pools, then "
                                      "mlenv nodes --forget-excluded"),
-                                 Feature.PREEMPTION: "its pods are not told when they are taken away under a run "
-                                                     "(no PID 1 of mlenv's there): the run ends; launch it again"}),
+                                 Feature.PREEMPTION: RUNAI_PREEMPTION, Feature.TAKE_AWAY: RUNAI_PREEMPTION}),
         BackendInfo("ssh", "mlenv.backends.ssh.backend:SshBackend", section="ssh",
                     settings="mlenv.backends.ssh.settings:parse", cpu_nodes=True, uses=frozenset({"app"}),
                     machines=("ssh", "hosts"),
                     unsupported={Feature.SPARE_NODES: "list spare hosts in the cluster file's ssh.spares instead",
-                                 Feature.DISCOVER: NO_DISCOVER, Feature.PREEMPTION: NO_PREEMPTION}),
+                                 Feature.DISCOVER: NO_DISCOVER, **NOT_TAKEN_AWAY}),
     )
 }
 DEFAULT_BACKEND = "openshift"
@@ -240,7 +242,7 @@ class Backend:
 
     @property
     def preempts(self) -> Preempts:
-        """Where its scheduler takes nodes away under a run (Feature.PREEMPTION): the drill's preemption."""
+        """Where a run can be preempted from outside as its scheduler does (Feature.TAKE_AWAY): the drill's."""
         return self.need(PREEMPTS)
 
     @property

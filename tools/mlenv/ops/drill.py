@@ -16,18 +16,18 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from mlenv.core.capabilities import Feature, LaunchSpec
+from mlenv.core.capabilities import LaunchSpec, Preemption
 from mlenv.core.remote import RUNTIME_DIR
 from mlenv.errors import UsageError
 from mlenv.ops.launch import LaunchResult, launch, run_id
 from mlenv.ops.live import refuse_beside_live
 from mlenv.ops.target import Target, file_cluster
-from mlenv.runtime.records.runlayout import FAILED, HUNG, PREEMPTED, RUNNING, RankRecord
+from mlenv.runtime.records.runlayout import FAILED, HUNG, PREEMPTED, REQUEUED, RUNNING, RankRecord
 from mlenv.runtime.records.runrecord import RunRecord
 
 FAULTS = ("rank-exit", "rank-kill", "node-loss", "node-freeze", "hang", "preempt")
@@ -49,6 +49,8 @@ RESUMED_LINE = re.compile(r"drill: attempt (\d+) resumed at step (\d+) t=([\d.]+
 EXITED_LINE = re.compile(r"drill: rank (\d+) exits with 1 at step \d+ t=([\d.]+)")
 CHECKPOINTED_LINE = re.compile(r"drill: node (\d+) checkpointed step (\d+) after (\w+) t=([\d.]+)")
 PHASES = ("detected", "stopped", "started", "resumed")
+TAKEN = (PREEMPTED, REQUEUED)
+"""A run's (or node's) state once preempted: Kubernetes' pods say preempted, Slurm's batch job requeued."""
 PREEMPT_PHASES = ("detected", "checkpointed", "stopped", "started", "resumed")
 """A preemption's: the preempted node's checkpoint on the signal comes after its detection."""
 
@@ -62,8 +64,8 @@ class Targets:
     hang_extra: float = 30.0
     resumed: float = 120.0
     grace: float | None = None
-    """The seconds between a preemption's signal and its SIGKILL (``scheduling.grace_period``): its checkpoint
-    must be committed within half."""
+    """The seconds a preemption gives the ranks after its signal (``Preemption.grace``, as the backend took the
+    node away): its checkpoint must be committed within half."""
 
     def of(self, fault: str, phase: str) -> float | None:
         """``phase``'s target for ``fault`` (None: none, only that it happens)."""
@@ -81,13 +83,12 @@ def targets_of(target: Target) -> Targets:
     """The deployment's cluster file's ``drill.targets`` over the defaults."""
     cluster = file_cluster(target, "drill.targets")
     given = cluster.drill_targets if cluster is not None else {}
-    grace = float(cluster.scheduling.grace_period) if cluster is not None else None
-    return Targets(**{name: float(value) for name, value in given.items()}, grace=grace)
+    return Targets(**{name: float(value) for name, value in given.items()})
 
 
 def check(target: Target, fault: str) -> list[str]:
     """The faults to drill (``all``: each this backend can), or UsageError (exit 2, nothing started): a live run,
-    a node fault on one node, a preemption where the backend's scheduler takes no nodes away."""
+    a node fault on one node, a preemption where the backend cannot preempt the run as its scheduler does."""
     if fault not in (*FAULTS, ALL):
         raise UsageError(f"--fault {fault}: not a fault the drill knows (one of {', '.join((*FAULTS, ALL))})")
     from mlenv.ui import warn
@@ -96,9 +97,11 @@ def check(target: Target, fault: str) -> list[str]:
     nodes = target.handle.nodes
     cannot = {}
     try:
-        target.backend.info.require(Feature.PREEMPTION)
+        refused = target.backend.preempts.preemption_refused(target.handle)
     except UsageError as exc:
-        cannot["preempt"] = str(exc)
+        refused = str(exc)
+    if refused is not None:
+        cannot["preempt"] = refused
     cannot.update({node_fault: f"--fault {node_fault} needs 2 nodes or more (one of them is lost), and "
                                f"{target.handle.name} has {nodes}" for node_fault in NODE_FAULTS if nodes < 2})
     if fault in cannot:
@@ -121,8 +124,11 @@ class Watch:
     done: threading.Event = field(default_factory=threading.Event)
     fault_at: float | None = None
     detected_at: float | None = None
+    detected_as: str | None = None
+    """The run's state when the drill first saw the fault in its records."""
     stopped_at: float | None = None
     first: RunRecord | None = None
+    preemption: Preemption | None = None
     problem: str | None = None
     ended: bool = False
 
@@ -133,7 +139,8 @@ class Watch:
             if self.fault in SIGNALLED:
                 self.fault_at = self._signal(*SIGNALLED[self.fault])
             elif self.fault == "preempt":
-                self.fault_at = self._take_away()
+                self.fault_at = time.time()
+                self.preemption = self._take_away()
             self._follow()
         except Exception as exc:  # said in the report, never as a thread's traceback
             self.problem = f"{type(exc).__name__}: {exc}"
@@ -160,12 +167,10 @@ class Watch:
             raise RuntimeError(f"the fault did not go in on node {self.node}: {done.stderr.strip()[-300:]}")
         return float(json.loads(lines[-1])["at"])
 
-    def _take_away(self) -> float:
-        """Have the backend's scheduler take the node away (a preemption); when it was asked."""
+    def _take_away(self) -> Preemption:
+        """Preempt the run at the node as the backend's scheduler does."""
         node = next(n for n in self.target.backend.access.nodes(self.target.handle) if n.ordinal == self.node)
-        at = time.time()
-        self.target.backend.preempts.take_away(self.target.handle, node)
-        return at
+        return self.target.backend.preempts.take_away(self.target.handle, node, self.spec.run_id)
 
     def _follow(self) -> None:
         """Read the run's records until its next attempt shows (or the launch ended)."""
@@ -177,9 +182,9 @@ class Watch:
                 self.stopped_at = self.stopped_at or now
                 return
             self.first = run
-            if self.detected_at is None and (run.first_failure or run.node_faults or run.state in (HUNG, PREEMPTED)
+            if self.detected_at is None and (run.first_failure or run.node_faults or run.state in (HUNG, *TAKEN)
                                              or _dead(run) is not None):
-                self.detected_at = now
+                self.detected_at, self.detected_as = now, run.state
             if self.detected_at is not None and self.stopped_at is None and not any(
                     rank.state == RUNNING for rank in run.ranks if rank.node not in run.node_faults):
                 self.stopped_at = now
@@ -241,19 +246,20 @@ def report(fault: str, at_step: int, targets: Targets, watch: Watch, result: Lau
     """The drill's phases, each in seconds from the fault with its target and verdict, from what ``watch`` saw,
     the launch's ``result`` and the run's newest attempt (``final``)."""
     run_dir = _local_runs(result.run_id)
-    earlier = sorted(run_dir.glob("node-*.log"))
-    later = sorted(run_dir.glob("attempt-*/node-*.log"))
+    logs = [*sorted(run_dir.glob("node-*.log")), *sorted(run_dir.glob("attempt-*/node-*.log"))]
     first = watch.first
     fault_at = watch.fault_at
     if fault == "rank-exit":
-        exits = [float(m[2]) for path in earlier for m in EXITED_LINE.finditer(_read(path))]
+        exits = [float(m[2]) for path in logs for m in EXITED_LINE.finditer(_read(path))]
         fault_at = min(exits, default=None)
     detected, named = watch.detected_at, _named(first)
     if fault == "preempt":  # the records' own word, read at the end: the whole attempt may end between two looks
         said_at, nodes = _preempted(final)
         detected = min((t for t in (detected, said_at) if t is not None), default=None)
-        named = f"node-{watch.node}'s share taken away under the run: " + (
-            f"recorded preempted on {', '.join(f'node-{node}' for node in nodes)}" if nodes else named)
+        named = f"{watch.preemption.said if watch.preemption else 'nothing taken away'}: " + (
+            f"recorded preempted on {', '.join(f'node-{node}' for node in nodes)}" if nodes
+            else f"the run recorded {watch.detected_as}" if watch.detected_as in TAKEN else named)
+        targets = replace(targets, grace=watch.preemption.grace if watch.preemption else None)
     dead = _dead(first)
     if dead is not None and fault in ("rank-exit", "rank-kill"):  # the supervisor's own record of the death
         detected = _epoch(dead.ended_at) or detected
@@ -269,13 +275,17 @@ def report(fault: str, at_step: int, targets: Targets, watch: Watch, result: Lau
         stopped = max(end for end in shares if end is not None)  # it ended: its nodes' own records of its end
     restarted = final.attempt > 0
     started = min((t for r in final.ranks if (t := _epoch(r.started_at))), default=None) if restarted else None
-    resumes = [(int(m[2]), float(m[3])) for path in later for m in RESUMED_LINE.finditer(_read(path))]
-    resumed_step = resumes[0][0] if resumes else None
-    after = sorted(t for _, t in _steps(later))
+    # the job's own lines say which attempt a step belongs to (a requeued batch job writes every attempt to one
+    # output): those before the next attempt's resumption are attempt 0's
+    resumes = sorted((float(m[3]), int(m[2])) for path in logs for m in RESUMED_LINE.finditer(_read(path))
+                     if int(m[1]) > 0)
+    resumed_at, resumed_step = resumes[0] if resumes else (None, None)
+    steps = list(_steps(logs))
+    after = sorted(t for _, t in steps if resumed_at is not None and t >= resumed_at)
     resumed = after[0] if after and resumed_step else None
-    last = max((step for step, _ in _steps(earlier)), default=None)
+    last = max((step for step, t in steps if resumed_at is None or t < resumed_at), default=None)
     lost = last - resumed_step if last is not None and resumed_step is not None else None
-    saved_at, saved = _checkpoint(earlier, watch.node)
+    saved_at, saved = _checkpoint(logs, watch.node)
     times = {"detected": detected, "checkpointed": saved_at, "stopped": stopped, "started": started,
              "resumed": resumed}
     evidence = {"detected": named, "checkpointed": saved, "stopped": "every rank of attempt 0 ended" + (
@@ -304,7 +314,7 @@ def report(fault: str, at_step: int, targets: Targets, watch: Watch, result: Lau
 
 def _preempted(final: RunRecord) -> tuple[float | None, list[int]]:
     """When the first node recorded attempt 0 preempted (its share's end), and the nodes that did."""
-    shares = [share for share in final.timeline if share.attempt == 0 and share.state == PREEMPTED]
+    shares = [share for share in final.timeline if share.attempt == 0 and share.state in TAKEN]
     return min((share.ended_at for share in shares if share.ended_at is not None), default=None), \
         sorted(share.node for share in shares)
 

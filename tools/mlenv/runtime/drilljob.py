@@ -7,7 +7,8 @@ newest on the next attempt. Rank 0 prints ``drill: attempt K resumed at step S t
 t=EPOCH`` after each step. With ``--exit-at N`` the highest global rank exits 1 at step N of attempt 0 (the drill's
 rank-exit). With ``--checkpoint-on-signal`` (the drill's preemption), on the checkpoint signal
 (``MLENV_CHECKPOINT_SIGNAL``) each node's local rank 0 checkpoints the last step done and prints ``drill: node N
-checkpointed step S after SIGNAL t=EPOCH``, and its ranks exit 143; without, the signal ends a rank at once, as it
+checkpointed step S after SIGNAL t=EPOCH``, and its ranks end: 143 after SIGTERM (as a stop), 0 after another
+(Slurm's warning: the attempt is done, the job requeues itself); without, the signal ends a rank at once, as it
 ends one that never handles it."""
 
 from __future__ import annotations
@@ -92,12 +93,12 @@ def _save(checkpoint: Path, step: int, weights: Any) -> None:
 
 
 def _checkpointed(checkpoint: Path, step: int, weights: Any, name: str) -> int:
-    """Checkpoint the last step done on the checkpoint signal ``name``, say so (local rank 0), and exit 143."""
+    """Checkpoint the last step done on the checkpoint signal ``name``, say so (local rank 0); the exit code."""
     _save(checkpoint, step, weights)
     if os.environ.get("LOCAL_RANK") == "0":
         print(f"drill: node {_node()} checkpointed step {step} after {name} "
               f"t={time.time():.3f}", flush=True)
-    return 143
+    return 143 if name == "SIGTERM" else 0
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ from mlenv.core.capabilities import (
     Node,
     NodeAccess,
     NodeStatus,
+    Preemption,
     Preempts,
     Recorder,
     Request,
@@ -69,6 +70,10 @@ def _security_warnings(d: KubeDeployment) -> list[str]:
                         "runAsNonRoot; set security.run_as_user to a non-root UID the image supports, or the "
                         "namespace's Pod Security level must be baseline")
     return warnings
+
+
+KUBERNETES_GRACE = 30.0
+"""Kubernetes' terminationGracePeriodSeconds of a pod that sets none."""
 
 
 class KubernetesBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks, Preempts):
@@ -229,14 +234,21 @@ class KubernetesBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks, Preempts):
         with explained(target, client.flavour):
             keep(client, target, request.spec.run_id if request.spec.detach else None, secrets)
 
-    def take_away(self, handle: Handle, node: Node) -> None:
+    def preemption_refused(self, handle: Handle) -> str | None:
+        """PURE: a pod of any run can be deleted under it."""
+        return None
+
+    def take_away(self, handle: Handle, node: Node, run_id: str) -> Preemption:
         """Delete ``node``'s pod as a preemption or a drain does: gracefully, its PID 1 passing SIGTERM to the
-        ranks; the StatefulSet makes it again."""
+        ranks for the pod's grace; the StatefulSet makes it again."""
         from mlenv.backends.kubeapi.preflight import explained
 
         target, client = self._connected(handle)
         with explained(target, client.flavour):
+            grace = client.run("get", ["pod", node.name, "-o", "jsonpath={.spec.terminationGracePeriodSeconds}"])
             client.run("delete", ["pod", node.name, "--wait=false"])
+        seconds = float(grace.strip() or KUBERNETES_GRACE)
+        return Preemption(f"pod {node.name} deleted (grace {seconds:g} s)", seconds)
 
     @staticmethod
     def _pod_uids(client: Client, target: Target) -> dict[int, str]:

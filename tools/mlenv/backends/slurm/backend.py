@@ -37,6 +37,8 @@ from mlenv.core.capabilities import (
     Node,
     NodeAccess,
     NodeStatus,
+    Preemption,
+    Preempts,
     Recorder,
     Request,
 )
@@ -182,7 +184,7 @@ def _hosts(plan: JobPlan, settings: SlurmSettings) -> tuple[str, ...]:
     return settings.nodelist[:plan.nodes]
 
 
-class SlurmBackend(Deploy, NodeAccess, Jobs, Checks):
+class SlurmBackend(Deploy, NodeAccess, Jobs, Checks, Preempts):
     """Slurm through sbatch, squeue, scontrol, srun and scancel, here or on the login host."""
 
     name = "slurm"
@@ -530,6 +532,31 @@ class SlurmBackend(Deploy, NodeAccess, Jobs, Checks):
         """Node ordinal -> its state of run ``run_id`` as ``latest_run`` reads it: ``<state> (N)`` once the node's
         supervisor wrote its exit status, else ``running``, ``hung``, ``failed`` (lost) or ``-``."""
         return dict(self.latest_run(handle, run_id).nodes)
+
+    def preemption_refused(self, handle: Handle) -> str | None:
+        """PURE: Slurm warns a batch job (slurm.signal) and mlenv's script requeues it (slurm.requeue): a run in
+        the allocation gets no warning."""
+        settings = job_from(handle).settings
+        cannot = "the slurm backend cannot preempt this run as Slurm does"
+        if allocation_id(handle) is not None:
+            return (f"{cannot}: Slurm's warning signal (slurm.signal) reaches batch jobs only, and runs of "
+                    f"{handle.name} are steps of its allocation: mlenv clean it, then drill with -c CLUSTER")
+        if settings.signal is None or not settings.requeue:
+            return (f"{cannot}: it needs slurm.signal (the warning before the time limit, SIG@SECONDS such as "
+                    f"USR1@60) and slurm.requeue: true (the job requeues itself after it) in the cluster file")
+        return None
+
+    def take_away(self, handle: Handle, node: Node, run_id: str) -> Preemption:
+        """Send run ``run_id``'s batch job its warning signal (slurm.signal), as Slurm does before the time limit:
+        its script passes it to every rank and requeues the job once they ended (every node: ``node`` is moot)."""
+        login, found, batch = self._jobs(handle)
+        live = [str(entry["id"]) for entry in batch if entry.get("run") == run_id and found[entry["id"]].live]
+        if not live:
+            raise OperationError(f"no batch job of run {run_id} is queued or running")
+        settings = job_from(handle).settings
+        login.ok(["scancel", f"--signal={settings.signal_name}", "--batch", live[-1]])
+        return Preemption(f"batch job {live[-1]} sent SIG{settings.signal_name} (slurm.signal)",
+                          float(script.grace_seconds(settings.signal_seconds)))
 
     def _live(self, handle: Handle, run_id: str) -> tuple[Login, bool, JobInfo | None]:
         """Whether run ``run_id``'s batch job runs (not waiting to start, nor again), or its step runs in the
