@@ -352,6 +352,8 @@ class Preemption(NamedTuple):
     """What was done, in words (the drill's evidence)."""
     grace: float
     """The seconds the ranks have between the signal and their end: a checkpoint is due within half."""
+    at: float
+    """When it was done (epoch seconds): the drill's fault time."""
 
 
 @runtime_checkable

@@ -82,11 +82,16 @@ def _read_json(paths: list[str]) -> tuple[Any, dict[str, Any]]:
     return read(paths[0]), {os.path.basename(path): read(path) for path in paths[1:]}
 
 
-def _file_name(key: str) -> str:
+def checksum_name(key: str) -> str:
+    """A cache file's name for ``key``: two checksums of it (hashlib would cost every cold start ~2 ms)."""
     data = key.encode("utf-8", "surrogatepass")
+    return f"{zlib.crc32(data):08x}{zlib.adler32(data):08x}"
+
+
+def _file_name(key: str) -> str:
     stat = os.stat(COMPILER)
     stamp = zlib.crc32(f"{FORMAT}:{stat.st_size}:{stat.st_mtime_ns}".encode())
-    return f"{zlib.crc32(data):08x}{zlib.adler32(data):08x}-{stamp:08x}.py"
+    return f"{checksum_name(key)}-{stamp:08x}.py"
 
 
 def _usable(directory: str) -> bool:

@@ -139,8 +139,8 @@ class Watch:
             if self.fault in SIGNALLED:
                 self.fault_at = self._signal(*SIGNALLED[self.fault])
             elif self.fault == "preempt":
-                self.fault_at = time.time()
                 self.preemption = self._take_away()
+                self.fault_at = self.preemption.at
             self._follow()
         except Exception as exc:  # said in the report, never as a thread's traceback
             self.problem = f"{type(exc).__name__}: {exc}"

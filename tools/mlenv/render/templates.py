@@ -208,7 +208,7 @@ class Templates:
     def _cache_path(self, names: list[str]) -> str | None:
         from importlib.util import find_spec
 
-        from mlenv.fastschema import cache_directories
+        from mlenv.fastschema import cache_directories, checksum_name
 
         spec = find_spec("jinja2")
         jinja = spec.origin if spec and spec.origin else ""
@@ -219,10 +219,11 @@ class Templates:
                     for st in [os.stat(path)]),
                   repr(sorted(self.options.items())), repr(sorted(self.filters)),
                   f"{self.finalize.__module__}.{self.finalize.__qualname__}"]
-        key = "\0".join(inputs).encode("utf-8", "surrogatepass")
-        for directory in cache_directories():  # named by checksums, as fastschema's (hashlib costs a render 2 ms)
+        key = "\0".join(inputs)
+        name = f"templates-{checksum_name(key)}.marshal"
+        for directory in cache_directories():
             if _usable(directory):
-                return os.path.join(directory, f"templates-{zlib.crc32(key):08x}{zlib.adler32(key):08x}.marshal")
+                return os.path.join(directory, name)
         return None
 
     def _compile(self, names: list[str]) -> dict[str, Any]:

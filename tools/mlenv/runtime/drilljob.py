@@ -23,6 +23,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+SIGNAL_LAG = 1.0
+"""How long a rank whose peer left waits for its own checkpoint signal (a preemption reaches a node's ranks at about
+the same time) before it takes the peer's leaving for a failure."""
+
 
 def main() -> int:
     """Train ``--steps`` steps from the checkpoint's, ``--step-seconds`` each."""
@@ -55,9 +59,8 @@ def main() -> int:
         grad = torch.ones(4)
         try:
             dist.all_reduce(grad)
-        except RuntimeError:  # a peer left: preempted with this node (the signal is on its way here too), or failed
-            time.sleep(1.0)
-            if warned:
+        except RuntimeError:  # a peer left: preempted with this node (its signal is on the way here too), or failed
+            if args.checkpoint_on_signal and _arrives(warned, SIGNAL_LAG):
                 return _checkpointed(checkpoint, done, weights, warned[0])
             raise
         weights += grad / world
@@ -78,6 +81,14 @@ def _warned_by(name: str | None) -> list[str]:
     return warned
 
 
+def _arrives(warned: list[str], within: float) -> bool:
+    """Whether the checkpoint signal is (or comes) in ``warned`` within ``within`` seconds."""
+    until = time.monotonic() + within
+    while not warned and time.monotonic() < until:
+        time.sleep(0.05)
+    return bool(warned)
+
+
 def _node() -> str:
     """This rank's node: torchrun's GROUP_RANK, else mlenv's MLENV_NODE_RANK."""
     return os.environ.get("GROUP_RANK") or os.environ.get("MLENV_NODE_RANK") or "0"
@@ -96,8 +107,7 @@ def _checkpointed(checkpoint: Path, step: int, weights: Any, name: str) -> int:
     """Checkpoint the last step done on the checkpoint signal ``name``, say so (local rank 0); the exit code."""
     _save(checkpoint, step, weights)
     if os.environ.get("LOCAL_RANK") == "0":
-        print(f"drill: node {_node()} checkpointed step {step} after {name} "
-              f"t={time.time():.3f}", flush=True)
+        print(f"drill: node {_node()} checkpointed step {step} after {name} t={time.time():.3f}", flush=True)
     return 143 if name == "SIGTERM" else 0
 
 

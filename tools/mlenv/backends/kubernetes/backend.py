@@ -4,6 +4,7 @@ openshift-client. ``prepare`` renders the manifests; ``apply`` sends exactly tha
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from functools import cached_property
@@ -246,9 +247,10 @@ class KubernetesBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks, Preempts):
         target, client = self._connected(handle)
         with explained(target, client.flavour):
             grace = client.run("get", ["pod", node.name, "-o", "jsonpath={.spec.terminationGracePeriodSeconds}"])
+            at = time.time()
             client.run("delete", ["pod", node.name, "--wait=false"])
         seconds = float(grace.strip() or KUBERNETES_GRACE)
-        return Preemption(f"pod {node.name} deleted (grace {seconds:g} s)", seconds)
+        return Preemption(f"pod {node.name} deleted (grace {seconds:g} s)", seconds, at)
 
     @staticmethod
     def _pod_uids(client: Client, target: Target) -> dict[int, str]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -554,9 +555,10 @@ class SlurmBackend(Deploy, NodeAccess, Jobs, Checks, Preempts):
         if not live:
             raise OperationError(f"no batch job of run {run_id} is queued or running")
         settings = job_from(handle).settings
+        at = time.time()
         login.ok(["scancel", f"--signal={settings.signal_name}", "--batch", live[-1]])
         return Preemption(f"batch job {live[-1]} sent SIG{settings.signal_name} (slurm.signal)",
-                          float(script.grace_seconds(settings.signal_seconds)))
+                          float(script.grace_seconds(settings.signal_seconds)), at)
 
     def _live(self, handle: Handle, run_id: str) -> tuple[Login, bool, JobInfo | None]:
         """Whether run ``run_id``'s batch job runs (not waiting to start, nor again), or its step runs in the
