@@ -24,7 +24,11 @@ def test_nccl_tests_through_srun(tmp_path: Path, slurm_cluster: SlurmCluster) ->
     tools = tmp_path / "nccl-tests" / "build"
     tools.mkdir(parents=True)
     binary = tools / "all_reduce_perf_mpi"
-    binary.write_text(FAKE_TEST)
+    started = tmp_path / "started"  # the two copies meet after their rank lines: side by side, whatever the timing
+    started.mkdir()
+    binary.write_text(FAKE_TEST.replace(
+        'Fake GPU"\n', f'Fake GPU"\ntouch "{started}/$SLURM_PROCID"\n'
+        f'until [ "$(ls "{started}" | wc -l)" -ge 2 ]; do sleep 0.05; done\n', 1))
     binary.chmod(binary.stat().st_mode | stat.S_IXUSR)
     project = make_project(tmp_path, slurm_cluster, name="nct")
     path = project.home / "clusters" / "nct.yaml"
