@@ -107,3 +107,46 @@ def test_forgetting_after_the_statefulset_was_deleted_by_hand_touches_nothing_el
     launched = project.mlenv("launch", "--launcher", "torchrun", "job.py")
     assert launched.returncode == 1 and "Traceback" not in launched.stderr, launched.stderr
     assert f"the StatefulSet {APP} of {project.cluster_file.stem} is not in " in launched.stderr, launched.stderr
+
+
+def test_a_detached_run_moves_its_pods_off_a_faulty_node_by_itself(kube_project: KubeProject) -> None:  # noqa: F811
+    """``scheduling.move_faulty_pods``: no terminal waits. Node 0's supervisor, with its pod's ServiceAccount token
+    and the Role deploy made, keeps the StatefulSet's pods off the faulty Kubernetes node; the StatefulSet makes every
+    pod again, each pod's PID 1 resumes its share as attempt 1, and the run completes there. mlenv records the node
+    when it next looks (status), and a later launch keeps it out."""
+    project = kube_project
+    project.cluster_file.write_text(project.cluster_file.read_text() + "scheduling:\n  move_faulty_pods: true\n")
+    project.ok("deploy", str(project.cluster_file))
+    bad = machines(project)[1]
+    source = project.home / "workspace"
+    source.mkdir()
+    (source / "job.py").write_text(FAILS_ON_BAD)
+    (source / "bad").write_text(bad)
+    project.ok("sync", "--source", str(source))
+
+    launched = project.ok("launch", "--launcher", "torchrun", "--detach", "--max-restarts", "1", "--json", "job.py")
+    run_id = json.loads(launched.stdout)["run_id"]
+    deadline = time.monotonic() + 300
+    run: dict[str, object] = {}
+    said = ""
+    while (run.get("attempt"), run.get("state")) != (1, "succeeded"):
+        assert time.monotonic() < deadline, (run, said)
+        time.sleep(1)
+        looked = project.ok("status", "--json")
+        said += looked.stderr
+        run = json.loads(looked.stdout)["latest_run"] or {}
+    assert f"run {run_id} left {bad} (node-1) out and moved its pod: NCCL network error" in said, said
+    assert kept_off(project) == [bad] and bad not in machines(project)
+    shown = project.ok("logs", run_id).stdout
+    finished = [line for line in shown.splitlines() if "in attempt 1" in line]
+    assert len(finished) == 4 and not any(f"ok on {bad} " in line for line in finished), shown
+    listed = json.loads(project.ok("nodes", "--json").stdout)
+    assert [(entry["node"], entry["host"]) for entry in listed["excluded"]] == [(1, bad)], listed
+    assert "NCCL network error" in listed["excluded"][0]["reason"]
+    sts = json.loads(project.kubectl("get", "statefulset", APP, "-o", "json").stdout)
+    assert "mlenv.io/left-out-unrecorded" not in sts["metadata"].get("annotations", {})  # recorded once
+
+    (source / "bad").write_text("none")
+    project.ok("sync", "--source", str(source))
+    again = project.ok("launch", "--launcher", "torchrun", "job.py", timeout=300)  # keeps the node out
+    assert "letting the pods back" not in again.stderr and kept_off(project) == [bad], again.stderr

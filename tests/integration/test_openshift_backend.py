@@ -24,6 +24,7 @@ from mlenv.core.capabilities import Handle, Node
 from mlenv.core.clusters import load_plan
 from mlenv.core.remote import script
 from mlenv.errors import OperationError
+from mlenv.state import RECORDS
 
 from tests.fakekube.fixtures import FakeCluster, fake_kube_factory  # noqa: F401 - the fixture, re-exported
 from tests.helpers import MLENV
@@ -139,7 +140,7 @@ def test_deploy_status_redeploy_clean(fake: FakeCluster, home: Path) -> None:
     assert converged["metadata"]["generation"] == statefulset["metadata"]["generation"]
     assert sorted(p["metadata"]["uid"] for p in fake.server.objects("pods", NAMESPACE)) == pod_uids
 
-    backend = KubernetesBackend("kubectl")
+    backend = KubernetesBackend("kubectl", RECORDS)
     handle = backend.prepare(load_plan(path)).handle
     pods_seen = backend.nodes(handle)
     assert [(p.ordinal, p.name, p.workspace, p.ready) for p in pods_seen] == [
@@ -291,7 +292,7 @@ def test_missing_cli_says_how_to_install(home: Path, monkeypatch: pytest.MonkeyP
 @pytest.fixture
 def backend(monkeypatch: pytest.MonkeyPatch) -> KubernetesBackend:
     monkeypatch.setenv("OPENSHIFT_CLIENT_PYTHON_DEFAULT_OC_PATH", "/bin/echo")
-    return KubernetesBackend("kubectl")
+    return KubernetesBackend("kubectl", RECORDS)
 
 
 @pytest.fixture
@@ -391,7 +392,7 @@ def test_detached_launch_logs_and_stop_on_kubernetes(fake: FakeCluster, home: Pa
     assert lines[3:] == [f"node-{n}: python3 -m mlenv.runtime launch --launcher torchrun --run-dir "
                          f".mlenv/runs/{run} --detach -- train.py -c cfg.yaml" for n in (0, 1)]
 
-    backend = KubernetesBackend("kubectl")
+    backend = KubernetesBackend("kubectl", RECORDS)
     handle = Handle.from_json(json.loads((home / ".mlenv" / "state.json").read_text())
                               ["deployments"]["fake"]["handle"])
     pod = Node(0, f"{APP}-0", "/workspace")

@@ -348,6 +348,9 @@ class StateRecords:
     def exclude(self, name: str, nodes: dict[int, tuple[str, str]]) -> None:
         exclude(name, nodes)
 
+    def excluded_of(self, name: str) -> tuple[dict[str, Any], ...]:
+        return load().excluded_of(name)
+
 
 RECORDS = StateRecords()
 

@@ -113,6 +113,8 @@ class Scheduling(NamedTuple):
     priority_class: str | None = None
     """The pods' PriorityClass."""
     topology: Topology | None = None
+    move_faulty_pods: bool = False
+    """A detached run's pods may move themselves off a node judged faulty (a Role to patch their StatefulSet)."""
 
 
 @dataclass(frozen=True)

@@ -184,7 +184,8 @@ def _scheduling(reader: ClusterReader) -> Scheduling:
                       admission=reader.get("scheduling", "admission", default="none"),
                       queue=reader.get("scheduling", "queue"),
                       priority_class=reader.get("scheduling", "priority_class"),
-                      topology=None if topology is None else Topology(*next(iter(topology.items()))))
+                      topology=None if topology is None else Topology(*next(iter(topology.items()))),
+                      move_faulty_pods=bool(reader.get("scheduling", "move_faulty_pods", default=False)))
 
 
 def _seconds_or_none(written: int | str | None) -> int | None:

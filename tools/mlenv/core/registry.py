@@ -85,7 +85,8 @@ class BackendInfo(NamedTuple):
     """The features it lacks -> why, and what to do instead (``the X backend cannot <feature>; <this>``); it
     supports every other one (the conformance suite runs each capability it supports)."""
     keeps_records: bool = False
-    """Reads and records what it submitted (batch jobs) itself: its factory takes the ``Records`` it is handed
+    """Reads and records itself what it submitted (batch jobs) or what runs left out without mlenv (nodes a
+    detached run moved its pods off): its factory takes the ``Records`` it is handed
     (``mlenv.state.RECORDS``), as backends never import state."""
     discover: str | None = None
     """``module:function`` writing ``clusters/NAME.yaml`` from the logged-in cluster (``mlenv discover``):
@@ -126,11 +127,11 @@ KUBERNETES_LACKS = {Feature.SPARE_NODES: NO_SPARES}
 
 BACKENDS: dict[str, BackendInfo] = {
     info.name: info for info in (
-        BackendInfo("openshift", "mlenv.backends.kubernetes.backend:openshift", kube_family=True,
+        BackendInfo("openshift", "mlenv.backends.kubernetes.backend:openshift", kube_family=True, keeps_records=True,
                     creates_volumes=True, uses=KUBERNETES_FIELDS, settings="mlenv.backends.kubernetes.rules:parse",
                     rules="mlenv.backends.kubernetes.rules:check_openshift",
                     unsupported={**KUBERNETES_LACKS, Feature.DISCOVER: NO_DISCOVER}),
-        BackendInfo("kubernetes", "mlenv.backends.kubernetes.backend:kubernetes", kube_family=True,
+        BackendInfo("kubernetes", "mlenv.backends.kubernetes.backend:kubernetes", kube_family=True, keeps_records=True,
                     creates_volumes=True, uses=KUBERNETES_FIELDS, settings="mlenv.backends.kubernetes.rules:parse",
                     rules="mlenv.backends.kubernetes.rules:check",
                     discover="mlenv.backends.kubernetes.discover:run_discover",
@@ -206,6 +207,9 @@ class Records(Protocol):
 
     def exclude(self, name: str, nodes: dict[int, tuple[str, str]]) -> None:
         """Record ``nodes`` (node number -> (host, why)) as excluded from the next runs of ``name``."""
+
+    def excluded_of(self, name: str) -> tuple[dict[str, Any], ...]:
+        """The nodes excluded from the next runs of ``name``."""
 
 
 @dataclass(frozen=True)

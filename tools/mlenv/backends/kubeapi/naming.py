@@ -83,6 +83,16 @@ def owned_labels(app: str) -> dict[str, str]:
     return {INSTANCE_LABEL: app, **MANAGED_BY}
 
 
+GRANT_KINDS = ("role", "rolebinding")
+"""What scheduling.move_faulty_pods adds: the Role that lets the pods move themselves, and its binding. Deleted by
+:func:`grant_labels`, never by kind and mlenv's labels alone: an admin's SCC Role carries those too."""
+
+
+def grant_labels(app: str) -> dict[str, str]:
+    """What the Role of scheduling.move_faulty_pods and its binding carry (and are deleted by)."""
+    return {**owned_labels(app), "mlenv.io/grant": "move-pods"}
+
+
 def pod_dns(app: str, namespace: str, ordinal: int) -> str:
     """Stable DNS name of pod ``ordinal`` behind the headless Service."""
     return f"{app}-{ordinal}.{headless_service(app)}.{namespace}.svc.cluster.local"

@@ -3,6 +3,7 @@ openshift-client. ``prepare`` renders the manifests; ``apply`` sends exactly tha
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -13,9 +14,11 @@ from typing import TYPE_CHECKING, Any
 from mlenv.backends.kubeapi.naming import (
     CONTAINER,
     DATA_KIND,
+    GRANT_KINDS,
     WORKSPACE,
     KubeDeployment,
     Target,
+    grant_labels,
     instance,
     kube_deployment,
     owned_labels,
@@ -41,6 +44,7 @@ from mlenv.core.capabilities import (
     Request,
 )
 from mlenv.core.fanout import FanoutJobs
+from mlenv.core.registry import Records
 from mlenv.errors import OperationError, UsageError
 from mlenv.ui import info, warn
 
@@ -80,9 +84,11 @@ KUBERNETES_GRACE = 30.0
 class KubernetesBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks, Preempts):
     """A StatefulSet of GPU pods with ``oc`` (OpenShift) or ``kubectl`` (Kubernetes)."""
 
-    def __init__(self, flavour: str) -> None:
+    def __init__(self, flavour: str, records: Records) -> None:
         self.flavour = flavour
         self.name = "openshift" if flavour == "oc" else "kubernetes"
+        self.records = records
+        """mlenv's records: the nodes a detached run left out (and moved its pods off) are recorded there."""
 
     @cached_property
     def binary(self) -> str:
@@ -146,6 +152,8 @@ class KubernetesBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks, Preempts):
             switched_off = [kind for kind in SWITCHABLE_KINDS if kind not in target.kinds]
             if switched_off:
                 client.delete(switched_off, owned_labels(target.app))
+            if not any(obj["kind"].lower() in GRANT_KINDS for obj in request.payload.objects):
+                client.delete(GRANT_KINDS, grant_labels(target.app))  # scheduling.move_faulty_pods switched off
         info(f"applied {len(applied)} objects to {target.namespace} as {user or 'the current user'} "
              "(server-side, field manager mlenv)")
         return request.handle
@@ -175,10 +183,14 @@ class KubernetesBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks, Preempts):
         from mlenv.backends.kubeapi import pods as podview
         from mlenv.backends.kubeapi.preflight import explained
         from mlenv.backends.kubeapi.queued import queues
+        from mlenv.backends.kubernetes.exclusion import moved_by_a_run, record_moves
 
         target, client = self._connected(handle)
         with explained(target, client.flavour):
             pods = podview.by_ordinal(client.select("pods", instance(target.app)), target.app)
+            if moved_by_a_run(pods.values(), self.records.excluded_of(handle.name)):
+                record_moves(client, target, json.loads(client.run("get", ["statefulset", target.app, "-o=json"])),
+                             self.records)
             return explain.statuses(pods, queues(client, pods.values()))
 
     def nodes(self, handle: Handle) -> list[Node]:
@@ -216,7 +228,7 @@ class KubernetesBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks, Preempts):
 
         target, client = self._connected(handle)
         with explained(target, client.flavour):
-            keep_off(client, target, request.spec.exclude)
+            keep_off(client, target, request.spec.exclude, self.records)
             before = self._pod_uids(client, target)
         outcome = super().launch(handle, request, secrets, log_dir)
         if outcome.exit_code == 0 or outcome.interrupted or request.spec.detach:
@@ -300,7 +312,8 @@ class KubernetesBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks, Preempts):
         kinds = [*dict.fromkeys([*SWITCHABLE_KINDS, RUN_KIND, *target.kinds]),  # RUN_KIND: a detached run's Secret
                  *([DATA_KIND.lower()] if delete_data else [])]
         with explained(target, client.flavour):
-            deleted = client.delete(kinds, owned_labels(target.app))
+            deleted = [*client.delete(kinds, owned_labels(target.app)), *client.delete(GRANT_KINDS,
+                                                                                        grant_labels(target.app))]
             wait_gone(client, target, CLEAN_TIMEOUT)
             kept = [] if delete_data else self._volumes(client, target)
         info(f"deleted {len(deleted)} objects: {', '.join(deleted)}" if deleted
@@ -321,11 +334,11 @@ class KubernetesBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks, Preempts):
         return [Check("cli", "PASS", binary), *before_deploy(self._client(target), target, plan)]
 
 
-def openshift() -> KubernetesBackend:
+def openshift(records: Records) -> KubernetesBackend:
     """The backend of ``backend: openshift`` (``oc``)."""
-    return KubernetesBackend("oc")
+    return KubernetesBackend("oc", records)
 
 
-def kubernetes() -> KubernetesBackend:
+def kubernetes(records: Records) -> KubernetesBackend:
     """The backend of ``backend: kubernetes`` (``kubectl``)."""
-    return KubernetesBackend("kubectl")
+    return KubernetesBackend("kubectl", records)

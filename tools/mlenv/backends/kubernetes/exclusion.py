@@ -2,55 +2,60 @@
 node affinity (``kubernetes.io/hostname NotIn``), beside the pinned nodes' ``In``. ``deploy`` renders it from the
 deployment's excluded nodes; ``launch`` brings the live StatefulSet to the run's exclusions (a node the restart
 policy just left out, or one ``mlenv nodes --forget-excluded`` let back), which replaces its pods, and waits until
-every pod is Ready again; when no node can take a pod, the scheduler's reason ends the launch."""
+every pod is Ready again; when no node can take a pod, the scheduler's reason ends the launch. A detached run
+whose pods may move (``scheduling.move_faulty_pods``) makes the same patch itself (runtime/supervise/kubemove.py);
+mlenv records the nodes it left out when it next looks (:func:`record_moves`)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from mlenv.backends.kubeapi.client import Client
 from mlenv.backends.kubeapi.naming import Target
+from mlenv.core.registry import Records
 from mlenv.errors import OperationError
-from mlenv.ui import info
+from mlenv.runtime.records.runlayout import LEFT_OUT_ANNOTATION, LEFT_OUT_UNRECORDED
+from mlenv.runtime.supervise.kubemove import affinity_patch, kept_off, recorded
+from mlenv.ui import info, warn
 
-HOSTNAME_LABEL = "kubernetes.io/hostname"
 READY_TIMEOUT = 900.0
 """Seconds the pods get to be Ready on other nodes (a reason the scheduler gives that lasts ends it sooner)."""
 
 
-def _expressions(statefulset: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The match expressions of the pod template's first required node-affinity term."""
-    affinity = ((statefulset.get("spec") or {}).get("template") or {}).get("spec", {}).get("affinity") or {}
-    required = (affinity.get("nodeAffinity") or {}).get("requiredDuringSchedulingIgnoredDuringExecution") or {}
-    terms = required.get("nodeSelectorTerms") or [{}]
-    return list(terms[0].get("matchExpressions") or [])
+def record_moves(client: Client, target: Target, statefulset: Mapping[str, Any], records: Records) -> list[str]:
+    """Record on the deployment the nodes that a detached run left out for a node-fault sign and moved its pods off
+    (the StatefulSet's LEFT_OUT_UNRECORDED, removed then), each said; their hosts, which stay kept off."""
+    move = recorded(((statefulset.get("metadata") or {}).get("annotations") or {}).get(LEFT_OUT_UNRECORDED, ""))
+    if move is None:
+        return []
+    nodes = [entry for entry in move["nodes"] if isinstance(entry, dict) and entry.get("host")]
+    for entry in nodes:
+        warn(f"run {move.get('run')} left {entry['host']} (node-{entry.get('node')}) out and moved its pod: "
+             f"{entry.get('reason')}" + ("" if entry.get("saved") else " (for that run only)"))
+    saved = {int(entry.get("node") or 0): (str(entry["host"]), str(entry.get("reason"))) for entry in nodes
+             if entry.get("saved")}
+    if saved:
+        records.exclude(target.cluster_name, saved)
+    client.run("annotate", ["statefulset", target.app, f"{LEFT_OUT_UNRECORDED}-"])
+    return [host for host, _ in saved.values()]
 
 
-def kept_off(statefulset: Mapping[str, Any]) -> list[str]:
-    """The nodes the StatefulSet's pods are kept off now."""
-    return sorted(value for expression in _expressions(statefulset)
-                  if expression.get("key") == HOSTNAME_LABEL and expression.get("operator") == "NotIn"
-                  for value in expression.get("values") or [])
+def moved_by_a_run(pods: Iterable[Mapping[str, Any]], excluded: Iterable[Mapping[str, Any]]) -> bool:
+    """Whether a pod was made again by a detached run's move of a node that the deployment's records lack."""
+    known = {str(entry.get("host")) for entry in excluded}
+    for pod in pods:
+        move = recorded(((pod.get("metadata") or {}).get("annotations") or {}).get(LEFT_OUT_ANNOTATION, ""))
+        if move is not None and any(entry.get("saved") and str(entry.get("host")) not in known
+                                    for entry in move["nodes"] if isinstance(entry, dict)):
+            return True
+    return False
 
 
-def affinity_patch(statefulset: Mapping[str, Any], excluded: Sequence[str]) -> dict[str, Any] | None:
-    """The merge patch that keeps the pods off ``excluded`` (and no other node), the other expressions kept; None
-    when the StatefulSet says so already."""
-    if kept_off(statefulset) == sorted(set(excluded)):
-        return None
-    others = [e for e in _expressions(statefulset)
-              if not (e.get("key") == HOSTNAME_LABEL and e.get("operator") == "NotIn")]
-    expressions = [*others, *([{"key": HOSTNAME_LABEL, "operator": "NotIn", "values": sorted(set(excluded))}]
-                              if excluded else [])]
-    node_affinity = ({"requiredDuringSchedulingIgnoredDuringExecution": {
-        "nodeSelectorTerms": [{"matchExpressions": expressions}]}} if expressions else None)
-    return {"spec": {"template": {"spec": {"affinity": {"nodeAffinity": node_affinity}}}}}
-
-
-def keep_off(client: Client, target: Target, excluded: Sequence[str]) -> None:
-    """Bring the live StatefulSet to ``excluded`` (a merge patch of its node affinity: its pods are replaced) and
+def keep_off(client: Client, target: Target, excluded: Sequence[str], records: Records) -> None:
+    """Bring the live StatefulSet to ``excluded`` and the nodes a detached run moved its pods off since mlenv last
+    looked (recorded then: :func:`record_moves`), a merge patch of its node affinity that replaces its pods, and
     wait until every pod is Ready again; nothing when it is there already."""
     from mlenv.backends.kubeapi.client import KubeError
     from mlenv.backends.kubeapi.waiting import wait_ready
@@ -62,6 +67,7 @@ def keep_off(client: Client, target: Target, excluded: Sequence[str]) -> None:
             raise
         raise OperationError(f"the StatefulSet {target.app} of {target.cluster_name} is not in {target.namespace} "
                              f"(deleted by hand?): nothing to launch on; mlenv deploy makes it again") from None
+    excluded = [*excluded, *record_moves(client, target, statefulset, records)]
     patch = affinity_patch(statefulset, excluded)
     if patch is None:
         return

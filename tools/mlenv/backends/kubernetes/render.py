@@ -11,14 +11,28 @@ from functools import lru_cache
 from typing import Any, NamedTuple
 
 import mlenv
-from mlenv.backends.kubeapi.naming import DATA_KIND, KubeDeployment, run_secret
+from mlenv.backends.kubeapi.naming import (
+    DATA_KIND,
+    GRANT_KINDS,
+    KubeDeployment,
+    grant_labels,
+    owned_labels,
+    run_secret,
+)
 from mlenv.backends.kubernetes import podinit
 from mlenv.backends.kubernetes.admission import admission
 from mlenv.backends.kubernetes.rules import version_of
 from mlenv.errors import OperationError
 from mlenv.render.templates import Templates
 from mlenv.render.yamlsafe import yaml_value
-from mlenv.runtime.records.runlayout import CHECKPOINT_SIGNAL_VARIABLE, PREEMPTED_MARK, RUN_SECRETS
+from mlenv.runtime.records.runlayout import (
+    CHECKPOINT_SIGNAL_VARIABLE,
+    LEFT_OUT,
+    LEFT_OUT_ANNOTATION,
+    MOVES_PODS,
+    PREEMPTED_MARK,
+    RUN_SECRETS,
+)
 
 TEMPLATES = os.path.join(os.path.dirname(mlenv.__file__), "manifests", "kubernetes")
 """In the package: manifests/ links to the checkout's manifests/ and is copied into an installed package."""
@@ -65,8 +79,8 @@ def _container_resources(d: KubeDeployment) -> dict[str, dict[str, Any]]:
 
 
 def render_objects(d: KubeDeployment) -> Rendered:
-    """Unvalidated objects: ServiceAccount, PVCs, Service, NetworkPolicy, Volcano's PodGroup, StatefulSet; SCC+RBAC
-    for admins."""
+    """Unvalidated objects: ServiceAccount, PVCs, Service, NetworkPolicy, Volcano's PodGroup, the Role that lets a
+    detached run move its pods (scheduling.move_faulty_pods), StatefulSet; SCC+RBAC for admins."""
     objects = [_render("serviceaccount.yaml.j2", d=d)]
     if d.storage.shared:
         claims = ((d.storage.workspace_claim, d.storage.workspace_size),
@@ -79,11 +93,19 @@ def render_objects(d: KubeDeployment) -> Rendered:
     gang = admission(d.cluster.scheduling, d.app)
     if gang.pod_group_queue is not None:
         objects.append(_render("podgroup.yaml.j2", d=d, admission=gang))
+    moves = d.cluster.scheduling.move_faulty_pods
+    if moves:
+        grant = {key: value for key, value in grant_labels(d.app).items() if key not in owned_labels(d.app)}
+        objects += [_render(name, d=d, role=f"{d.app}-move-pods", grant=grant,
+                            pod_names=[f"{d.app}-{n}" for n in range(d.nodes)])
+                    for name in ("movepods-role.yaml.j2", "movepods-rolebinding.yaml.j2")]
     objects.append(_render("statefulset.yaml.j2", d=d, resources=_container_resources(d), admission=gang,
                            command=podinit.command(d.cluster.scheduling.grace_period), run_secret=run_secret(d.app),
                            run_secret_dir=podinit.RUN_SECRET_DIR,
                            taken_away={PREEMPTED_MARK: podinit.MARK, CHECKPOINT_SIGNAL_VARIABLE: podinit.SIGNAL,
-                                       RUN_SECRETS: podinit.RUN_SECRET_DIR}))
+                                       RUN_SECRETS: podinit.RUN_SECRET_DIR,
+                                       **({MOVES_PODS: d.app} if moves else {})},
+                           left_out=(LEFT_OUT, f"metadata.annotations['{LEFT_OUT_ANNOTATION}']") if moves else None))
     admin = []
     if d.ipc_lock_scc:
         admin = [_render(name, d=d) for name in
@@ -102,8 +124,10 @@ def render(d: KubeDeployment) -> Rendered:
 
 
 def owned_kinds(objects: list[dict[str, Any]]) -> list[str]:
-    """The kinds ``clean`` deletes, dependants first (PVCs are data: only with --delete-data)."""
-    return list(dict.fromkeys(obj["kind"].lower() for obj in reversed(objects) if obj["kind"] != DATA_KIND))
+    """The kinds ``clean`` deletes by mlenv's labels, dependants first (PVCs are data: only with --delete-data; the
+    Role of scheduling.move_faulty_pods by its own labels: naming.GRANT_KINDS)."""
+    return list(dict.fromkeys(kind for kind in (obj["kind"].lower() for obj in reversed(objects))
+                              if kind != DATA_KIND.lower() and kind not in GRANT_KINDS))
 
 
 def file_name(index: int, obj: dict[str, Any]) -> str:

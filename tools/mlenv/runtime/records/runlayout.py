@@ -44,6 +44,16 @@ PREEMPTED_MARK = "MLENV_PREEMPTED_MARK"
 
 RESUME_RUN = "MLENV_RESUME_RUN"
 """Names the detached run a pod that comes back after a preemption resumes (Kubernetes: a file of the run's Secret)."""
+MOVES_PODS = "MLENV_KUBE_STATEFULSET"
+"""Names the StatefulSet whose pods a detached run may move off a faulty node (Kubernetes: the pod template sets it
+only with scheduling.move_faulty_pods; supervise/kubemove.py)."""
+LEFT_OUT = "MLENV_LEFT_OUT"
+"""The pod template's :data:`LEFT_OUT_ANNOTATION` through the downward API (empty when there is none)."""
+LEFT_OUT_ANNOTATION = "mlenv.io/left-out"
+"""The pod template's record of a detached run's last move of its pods: ``{"run", "attempt", "env", "nodes":
+[{"node", "host", "reason", "saved", "since"}]}``; the same on the StatefulSet's own metadata as
+:data:`LEFT_OUT_UNRECORDED` until mlenv has recorded the nodes on the deployment (a change there replaces no pod)."""
+LEFT_OUT_UNRECORDED = "mlenv.io/left-out-unrecorded"
 RUN_SECRETS = "MLENV_RUN_SECRETS"
 """Names the directory of the run's Secret in a pod (Kubernetes): a file per variable (the control secret, the
 secrets forwarded with --env, RESUME_RUN), which the runtime's ``resume`` reads into the resumed share's environment."""

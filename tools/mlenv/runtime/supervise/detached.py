@@ -12,10 +12,12 @@ import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from ..node.topology import detect_topology, host_name
 from ..records import restartpolicy
 from ..records.runlayout import (
+    MOVES_PODS,
     PREEMPTED,
     PREEMPTED_MARK,
     RESUME_RUN,
@@ -30,7 +32,7 @@ from ..records.runlayout import (
     runs_root,
     write_atomic,
 )
-from . import standby
+from . import kubemove, standby
 from .control import secret_of
 from .jobs import BadInput, start_recorded
 from .launcher import forwarding_signals
@@ -64,6 +66,9 @@ def restart(args: argparse.Namespace, environ: Mapping[str, str], status: int) -
         if rank == 0:
             standby.end_unused(environ, run_id)
         return
+    if verdict.left_out and kubemove.enabled(environ) and not standby.addresses(environ):
+        _move(verdict.left_out, rank, environ, run_id, attempt, verdict.history.environ())
+        return
     for left in verdict.left_out:
         taken = _leave_out(left, rank, following, run_id)
         if taken is None:
@@ -73,6 +78,27 @@ def restart(args: argparse.Namespace, environ: Mapping[str, str], status: int) -
           f"at most {args.max_restarts} restarts (MLENV_RESTART_COUNT={attempt + 1})", flush=True)
     args.detach = True
     start_node(args, following, args.launcher, job, args.run_dir)
+
+
+def _move(left_out: tuple[restartpolicy.LeftOut, ...], rank: int, environ: Mapping[str, str], run_id: str,
+          attempt: int, handed: Mapping[str, str]) -> None:
+    """Nodes ``left_out`` must be left out of a run whose pods may move (kubemove.py): node 0 keeps the StatefulSet's
+    pods off their Kubernetes nodes, which makes every pod again; each new pod resumes the run as attempt
+    ``attempt`` + 1 (:func:`resume`). No node restarts where it is."""
+    names = ", ".join(f"node-{out.node} ({out.reason})" for out in left_out)
+    if rank != 0:
+        print(f"mlenv: {names} must be left out of the run: node 0 moves the pods; this node's share resumes as "
+              f"attempt {attempt + 1} in its new pod", flush=True)
+        return
+    try:
+        away = kubemove.move(environ, left_out, run_id, attempt, handed)
+    except kubemove.MoveError as exc:
+        print(f"mlenv: {names} must be left out of the run: not restarting it: the pods were not moved: {exc}",
+              flush=True)
+        return
+    print(f"mlenv: {names} must be left out of the run: the pods of {environ[MOVES_PODS]} are kept off "
+          f"{', '.join(away)} and made again; the run resumes as attempt {attempt + 1} once every pod is back",
+          flush=True)
 
 
 def preemptions(run_dir: Path, rank: int) -> int:
@@ -118,6 +144,11 @@ def resume(environ: Mapping[str, str], runs: Path | None) -> int:
     if not isinstance(saved, dict) or not isinstance(saved.get("argv"), list) or not mine:
         print(f"mlenv: nothing to resume on node {rank}" + (f" (run {run_id} never ran here)" if run_id else ""))
         return 0
+    handed = kubemove.moved(environ, run_id, mine[-1])
+    if handed is not None:
+        print(f"mlenv: node {rank} is back in a new pod after the run moved off a faulty node: resuming run "
+              f"{run_id} as attempt {mine[-1] + 1}", flush=True)
+        return _resumed(saved, environ, mine[-1] + 1, handed)
     ended = read_state(NodeDir(run_dir, mine[-1], rank)).get("state")
     limit = saved.get("max_preemptions")
     if not restartpolicy.resumes(ended, preemptions(run_dir, rank), limit if isinstance(limit, int) else None,
@@ -127,8 +158,15 @@ def resume(environ: Mapping[str, str], runs: Path | None) -> int:
         return 0
     print(f"mlenv: node {rank} is back after a preemption: resuming run {run_id} as attempt {mine[-1] + 1}",
           flush=True)
-    env = {**environ, **{str(k): str(v) for k, v in dict(saved.get("env") or {}).items()},
-           "MLENV_RESTART_COUNT": str(mine[-1] + 1)}
+    return _resumed(saved, environ, mine[-1] + 1, {})
+
+
+def _resumed(saved: Mapping[str, Any], environ: Mapping[str, str], attempt: int,
+             handed: Mapping[str, str]) -> int:
+    """Start this node's share again as it was started (``saved``: keep_for_resume), as attempt ``attempt``, with
+    the variables ``handed`` to it."""
+    env = {**environ, **{str(k): str(v) for k, v in dict(saved.get("env") or {}).items()}, **handed,
+           "MLENV_RESTART_COUNT": str(attempt)}
     return subprocess.run([str(arg) for arg in saved["argv"]], env=env, cwd=str(saved.get("cwd") or "."),
                           check=False).returncode
 
