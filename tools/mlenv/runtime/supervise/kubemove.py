@@ -18,10 +18,12 @@ import os
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..records.restartpolicy import LeftOut
 from ..records.runlayout import LEFT_OUT, LEFT_OUT_ANNOTATION, LEFT_OUT_UNRECORDED, MOVES_PODS
+
+if TYPE_CHECKING:
+    from ..records.restartpolicy import LeftOut
 
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
