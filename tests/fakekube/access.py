@@ -123,7 +123,7 @@ def granted_rules(user: str, bindings: Iterable[Mapping[str, Any]],
 def rule_allows(rule: Mapping[str, Any], request: Request) -> bool:
     """Whether an RBAC PolicyRule allows ``request``, as RBAC matches one: verbs, apiGroups, resources
     (``pods/log``, ``*/scale``, ``pods/*``), and ``resourceNames``, which only a request naming an object can
-    match (never create, list, watch or deletecollection, which name none)."""
+    match: never create or deletecollection; a list or watch only with a ``metadata.name=`` field selector."""
     resource = f"{request.resource}/{request.subresource}" if request.subresource else request.resource
     resources = rule.get("resources") or []
     names = rule.get("resourceNames") or []

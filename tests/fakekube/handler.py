@@ -19,7 +19,7 @@ from .api import APPLY, PATCHERS, list_document, success_status
 from .errors import ApiError
 from .requestlog import RequestRecord
 from .resources import ResourceType
-from .selectors import labels_match, parse_field_selector, parse_label_selector
+from .selectors import exact_name, labels_match, parse_field_selector, parse_label_selector
 
 if TYPE_CHECKING:
     from .server import FakeKube
@@ -270,10 +270,13 @@ class Handler(BaseHTTPRequestHandler):
             if not self._allowed(asked, rbac=True):
                 raise errors.forbidden(USERS, impersonated, asked.refusal())
         namespace = route.namespace or (route.name if route.rt.plural in ("namespaces", "projects") else "")
-        request = access.Request(self._user(), route.verb, route.rt.group, route.rt.plural, namespace, route.name,
+        name = route.name
+        if route.verb in ("list", "watch"):  # one object asked for by name (``kubectl get pod x -w``), as RBAC sees it
+            name = exact_name(route.query.get("fieldSelector", ""))
+        request = access.Request(self._user(), route.verb, route.rt.group, route.rt.plural, namespace, name,
                                  route.subresource)
         if not self._allowed(request, rbac=self._account is not None):
-            raise errors.forbidden(route.rt, route.name, request.refusal())
+            raise errors.forbidden(route.rt, name, request.refusal())
 
     def _resource(self, route: Route, raw: bytes) -> int:
         """Serve a resource request; return the HTTP status sent."""

@@ -97,9 +97,12 @@ def _bind(root: Path, source: str, path: str, read_only: bool, private: set[Path
     target = _inside(root, path)
     if not target.exists():
         above = next(p for p in target.parents if p.exists())
+        host = Path("/", above.relative_to(root))
         if above != root and above not in private:
+            if not host.is_dir():
+                raise SystemExit(f"mount point {path} does not exist and fakekube cannot make it")
             _mount("-t", "tmpfs", "-o", "mode=0755,size=1m", "private", str(above))
-            _mirror(Path("/", above.relative_to(root)), above)
+            _mirror(host, above)
             private.add(above)
         target.parent.mkdir(parents=True, exist_ok=True)
         if Path(source).is_dir():

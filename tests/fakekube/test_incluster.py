@@ -128,6 +128,9 @@ def test_the_token_of_a_deleted_pod_is_refused(fake_kube_factory: Callable[..., 
     status = get(cluster.server.url, token, "/api/v1/namespaces/ml/pods/p")
     assert status == (403, 'pods "p" is forbidden: User "system:serviceaccount:ml:default" cannot get resource '
                            '"pods" in API group "" in the namespace "ml"')
+    listed = get(cluster.server.url, token, "/api/v1/namespaces/ml/pods?fieldSelector=metadata.name%3Dp")
+    assert listed == (403, 'pods "p" is forbidden: User "system:serviceaccount:ml:default" cannot list resource '
+                           '"pods" in API group "" in the namespace "ml"')  # a list of one object names it
     assert cluster.kubectl("delete", "pod", "p", "--grace-period=1").returncode == 0
     assert get(cluster.server.url, token, "/api/v1/namespaces/ml/pods/p") == (401, "Unauthorized")
 
@@ -152,6 +155,8 @@ def get(url: str, token: str, path: str) -> tuple[int, str]:
      Request("u", "create", "", "pods", "ml"), False),  # resourceNames cannot restrict what names nothing
     ({"verbs": ["list"], "apiGroups": [""], "resources": ["pods"], "resourceNames": ["a"]},
      Request("u", "list", "", "pods", "ml"), False),
+    ({"verbs": ["watch"], "apiGroups": [""], "resources": ["pods"], "resourceNames": ["a"]},
+     Request("u", "watch", "", "pods", "ml", "a"), True),  # a watch with the field selector metadata.name=a
     ({"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"]}, Request("u", "patch", "apps", "statefulsets"), True),
     ({"verbs": ["get"], "apiGroups": [""], "resources": ["pods"]},
      Request("u", "get", "", "pods", "ml", "a", "log"), False),  # a subresource needs its own rule
