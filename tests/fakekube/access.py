@@ -150,5 +150,5 @@ def self_subject_review(user: str) -> dict[str, Any]:
         "kind": "SelfSubjectReview",
         "apiVersion": "authentication.k8s.io/v1",
         "metadata": {"creationTimestamp": now_iso()},
-        "status": {"userInfo": {"username": user, "groups": ["system:authenticated"]}},
+        "status": {"userInfo": {"username": user, "groups": groups(user)}},
     }

@@ -180,7 +180,8 @@ class Handler(BaseHTTPRequestHandler):
         self._account = None
         if (header is None and path in UNAUTHENTICATED_PATHS) or header == f"Bearer {self.fake.token}":
             return
-        self._account = self.fake.incluster.user(header[len("Bearer "):]) if header.startswith("Bearer ") else None
+        token = header.removeprefix("Bearer ") if header and header.startswith("Bearer ") else None
+        self._account = self.fake.incluster.user(token) if token is not None else None
         if self._account is None:
             raise errors.unauthorized()
 

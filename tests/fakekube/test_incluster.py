@@ -67,7 +67,7 @@ def apply(cluster: FakeCluster, *objects: dict[str, Any]) -> None:
 
 
 def log(cluster: FakeCluster, pod: str) -> str:
-    return cluster.kubectl("logs", pod).stdout
+    return str(cluster.kubectl("logs", pod).stdout)
 
 
 ACCOUNT = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "trainer"}}
@@ -123,7 +123,7 @@ def test_the_token_of_a_deleted_pod_is_refused(fake_kube_factory: Callable[..., 
     cluster = fake_kube_factory(run_pods=True, pod_network=False)
     apply(cluster, caller_pod("p", "default", CALLER))
     until(lambda: "403 403 403" in log(cluster, "p"), "the pod's calls on this machine's network")
-    token = cluster.kubectl("exec", "p", "--", "cat", f"{MOUNT_PATH}/token").stdout
+    token = str(cluster.kubectl("exec", "p", "--", "cat", f"{MOUNT_PATH}/token").stdout)
     assert token.startswith("fakekube-sa-")
     status = get(cluster.server.url, token, "/api/v1/namespaces/ml/pods/p")
     assert status == (403, 'pods "p" is forbidden: User "system:serviceaccount:ml:default" cannot get resource '
@@ -133,11 +133,14 @@ def test_the_token_of_a_deleted_pod_is_refused(fake_kube_factory: Callable[..., 
                            '"pods" in API group "" in the namespace "ml"')  # a list of one object names it
     assert cluster.kubectl("delete", "pod", "p", "--grace-period=1").returncode == 0
     assert get(cluster.server.url, token, "/api/v1/namespaces/ml/pods/p") == (401, "Unauthorized")
+    assert get(cluster.server.url, None, "/api/v1/namespaces/ml/pods/p") == (401, "Unauthorized")
 
 
-def get(url: str, token: str, path: str) -> tuple[int, str]:
-    """GET ``path`` with ``token``, verifying the server by the CA: (status, the Status's message)."""
-    request = urllib.request.Request(url + path, headers={"Authorization": f"Bearer {token}"})  # noqa: S310 - https
+def get(url: str, token: str | None, path: str) -> tuple[int, str]:
+    """GET ``path`` with ``token`` (None: no Authorization), verifying the server by the CA: (status, the Status's
+    message)."""
+    headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+    request = urllib.request.Request(url + path, headers=headers)  # noqa: S310 - https
     context = ssl.create_default_context(cafile=CA)
     try:
         with urllib.request.urlopen(request, context=context, timeout=10) as answer:  # noqa: S310 - the fake's https
