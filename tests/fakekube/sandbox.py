@@ -111,7 +111,7 @@ def _bind(root: Path, source: str, path: str, read_only: bool, private: set[Path
             target.touch()
     _mount("--bind", source, str(target))
     if read_only:
-        _mount("-o", "remount,bind,ro", str(target))
+        _remount_read_only(*[m for m in _mount_points(target) if m[0] == str(target)][-1])  # the newest there
 
 
 def _mount_points(root: Path) -> list[tuple[str, str]]:
@@ -132,8 +132,14 @@ def _read_only(root: Path, writable: set[str]) -> None:
     for path, options in _mount_points(root):
         if any(path == k or path.startswith(f"{k}/") for k in kept):
             continue
-        flags = ",".join("ro" if o == "rw" else o for o in options.split(","))
-        _mount("-o", f"remount,bind,{flags}", path)
+        _remount_read_only(path, options)
+
+
+def _remount_read_only(path: str, options: str) -> None:
+    """Make the mount at ``path`` read-only, keeping its other flags (in a user namespace, flags such as nosuid
+    are locked: a remount that dropped them would be refused)."""
+    flags = ",".join("ro" if o == "rw" else o for o in options.split(","))
+    _mount("-o", f"remount,bind,{flags}", path)
 
 
 def _prctl(option: int, value: int) -> None:
