@@ -51,12 +51,12 @@ class Terminated:
 
 @dataclass(frozen=True)
 class Sandbox:
-    """What the container is made of: its root, mounts (source directory or file, container path), hostname,
+    """What the container is made of: its root, mounts (source directory or file, container path, read-only), hostname,
     working directory, command and environment, the network namespace (None: this machine's network), and the
     security context it runs with."""
 
     root: Path
-    mounts: Sequence[tuple[str, str]]
+    mounts: Sequence[tuple[str, str, bool]]
     hostname: str
     workdir: str
     argv: Sequence[str]

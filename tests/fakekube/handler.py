@@ -19,13 +19,15 @@ from .api import APPLY, PATCHERS, list_document, success_status
 from .errors import ApiError
 from .requestlog import RequestRecord
 from .resources import ResourceType
-from .selectors import labels_match, parse_field_selector, parse_label_selector
+from .selectors import exact_name, labels_match, parse_field_selector, parse_label_selector
 
 if TYPE_CHECKING:
     from .server import FakeKube
 
 NAMESPACES = resources.by_kind("Namespace")
 UNAUTHENTICATED_PATHS = ("/version", "/healthz", "/livez", "/readyz")
+USERS = ResourceType("", "v1", "User", "users", False)
+"""What impersonation is authorized on (not a served resource)."""
 VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch"}
 WATCH_POLL_SECONDS = 0.5
 HOLD_SECONDS = 60.0
@@ -103,6 +105,7 @@ class Handler(BaseHTTPRequestHandler):
     server_version = "fakekube"
     disable_nagle_algorithm = True  # headers and body go out in two writes; do not wait 40 ms between them
     _record: dict[str, Any] | None = None  # the request log entry of the request being served
+    _account: str | None = None  # the ServiceAccount a pod's token authenticated, None for the admin token
 
     @property
     def fake(self) -> FakeKube:
@@ -171,10 +174,15 @@ class Handler(BaseHTTPRequestHandler):
             self._record["verb"] = verb
 
     def _authenticate(self, path: str) -> None:
+        """The admin token (the kubeconfig's user), or a token the fake issued to a pod that still exists (its
+        ServiceAccount, authorized by RBAC); 401 for anything else."""
         header = self.headers.get("Authorization")
-        if header is None and path in UNAUTHENTICATED_PATHS:
+        self._account = None
+        if (header is None and path in UNAUTHENTICATED_PATHS) or header == f"Bearer {self.fake.token}":
             return
-        if header != f"Bearer {self.fake.token}":
+        token = header.removeprefix("Bearer ") if header and header.startswith("Bearer ") else None
+        self._account = self.fake.incluster.user(token) if token is not None else None
+        if self._account is None:
             raise errors.unauthorized()
 
     def _discovery(self, path: str) -> bool:
@@ -242,15 +250,34 @@ class Handler(BaseHTTPRequestHandler):
     # --- resources ------------------------------------------------------------------------------------------
 
     def _user(self) -> str:
-        """Who is asking: the token's user, or whom ``kubectl --as`` impersonates."""
-        return self.headers.get("Impersonate-User") or self.fake.user
+        """Who is asking: a pod's ServiceAccount, the admin token's user, or whom ``kubectl --as`` impersonates."""
+        return self._account or self.headers.get("Impersonate-User") or self.fake.user
+
+    def _allowed(self, request: access.Request, rbac: bool) -> bool:
+        """The decision (:mod:`access`): RBAC (``rbac``: about a ServiceAccount that asked), else the admin
+        model."""
+        rules = None
+        if rbac:  # RoleBindings grant in their namespace only (ClusterRoleBindings are not served)
+            store, namespace = self.fake.store, request.namespace
+            bindings = store.list(resources.by_kind("RoleBinding"), namespace) if namespace else []
+            rules = access.granted_rules(request.user, bindings,
+                                         lambda name: store.get(resources.by_kind("Role"), namespace, name))
+        return access.allowed(request, self.fake.forbidden_namespaces, self.fake.denied, rules)
 
     def _authorize(self, route: Route) -> None:
+        impersonated = self.headers.get("Impersonate-User")
+        if self._account is not None and impersonated:  # a ServiceAccount needs RBAC's impersonate on users
+            asked = access.Request(self._account, "impersonate", "", "users", name=impersonated)
+            if not self._allowed(asked, rbac=True):
+                raise errors.forbidden(USERS, impersonated, asked.refusal())
         namespace = route.namespace or (route.name if route.rt.plural in ("namespaces", "projects") else "")
-        request = access.Request(self._user(), route.verb, route.rt.group, route.rt.plural, namespace, route.name,
+        name = route.name
+        if route.verb in ("list", "watch"):  # one object asked for by name (``kubectl get pod x -w``), as RBAC sees it
+            name = exact_name(route.query.get("fieldSelector", ""))
+        request = access.Request(self._user(), route.verb, route.rt.group, route.rt.plural, namespace, name,
                                  route.subresource)
-        if not access.allowed(request, self.fake.forbidden_namespaces, self.fake.denied):
-            raise errors.forbidden(route.rt, route.name, request.refusal())
+        if not self._allowed(request, rbac=self._account is not None):
+            raise errors.forbidden(route.rt, name, request.refusal())
 
     def _resource(self, route: Route, raw: bytes) -> int:
         """Serve a resource request; return the HTTP status sent."""
@@ -337,9 +364,10 @@ class Handler(BaseHTTPRequestHandler):
     def _access_review(self, rt: ResourceType, body: Any) -> dict[str, Any]:
         """Answer a SelfSubjectAccessReview (about the caller) or a SubjectAccessReview (about ``spec.user``)."""
         spec = (body.get("spec") if isinstance(body, dict) else None) or {}
-        user = spec.get("user", "") if rt.kind == "SubjectAccessReview" else self._user()
+        about_caller = rt.kind != "SubjectAccessReview"
+        user = self._user() if about_caller else spec.get("user", "")
         request = access.Request.from_review(user, spec.get("resourceAttributes") or {})
-        return access.review(rt, body, access.allowed(request, self.fake.forbidden_namespaces, self.fake.denied))
+        return access.review(rt, body, self._allowed(request, rbac=about_caller and self._account is not None))
 
     def _subresource(self, route: Route, raw: bytes) -> int:
         api, ns, name = self.fake.api, route.namespace, route.name

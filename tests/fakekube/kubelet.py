@@ -25,7 +25,7 @@ import stat
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +34,7 @@ from mlenv.backends.local import net
 
 from . import security
 from .container import Container, Sandbox, Terminated
+from .incluster import MOUNT_PATH, Access, InCluster, write_files
 
 CLUSTER_DOMAIN = "cluster.local"
 POD_SUBNET_BITS = 16
@@ -95,11 +96,13 @@ def write_secret(directory: Path, secret: dict[str, Any] | None, volume: dict[st
             os.chown(path, 0, group)
 
 
-def container_env(pod: dict[str, Any], container: dict[str, Any], uid: int = 0) -> dict[str, str]:
+def container_env(pod: dict[str, Any], container: dict[str, Any], uid: int = 0,
+                  services: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment: the test environment's PATH (the "image"; this Python's directory first, so ``python3`` is
-    the one running the tests), HOSTNAME, then the container's ``env`` in order."""
+    the one running the tests), HOSTNAME, the ``services`` variables (``KUBERNETES_SERVICE_HOST``...), then the
+    container's ``env`` in order."""
     path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "/usr/bin:/bin")])
-    env = {"PATH": path, "HOME": home(uid), "HOSTNAME": pod["metadata"]["name"]}
+    env = {"PATH": path, "HOME": home(uid), "HOSTNAME": pod["metadata"]["name"], **(services or {})}
     for item in container.get("env") or []:
         source = item.get("valueFrom") or {}
         if "fieldRef" in source:
@@ -128,6 +131,7 @@ class PodRun:
     pod: dict[str, Any]
     directory: Path
     netns: str | None
+    access: Access
     current: Container | None = None
     last: Terminated | None = None
     restarts: int = 0
@@ -149,8 +153,11 @@ class Kubelet:
     ends or a pod finished terminating, so the controller writes the new status at once."""
 
     def __init__(self, root: Path, on_change: Callable[[], None], restart_backoff: float = 10.0,
-                 network: bool | None = None, secret: SecretLookup | None = None) -> None:
+                 network: bool | None = None, secret: SecretLookup | None = None,
+                 cluster: InCluster | None = None) -> None:
         self.root = root
+        self.cluster = cluster
+        """The API server's side of pods' in-cluster access (None: pods get neither its address nor tokens)."""
         self.secret = secret
         """Reads the Secrets of the pods' ``secret`` volumes."""
         self.on_change = on_change
@@ -262,10 +269,15 @@ class Kubelet:
             netns = f"{self.prefix}-{index}"
             ip = (pod.get("status") or {}).get("podIP", "")
             net.ensure_pod(self.bridge, f"p{index}", netns, BRIDGE_NIC, f"{ip}/{POD_SUBNET_BITS}")
-        return PodRun(pod, directory, netns)
+        access = self.cluster.attach(pod, netns) if self.cluster is not None else Access({})
+        if access.files:
+            write_files(directory / "serviceaccount", access.files)
+        return PodRun(pod, directory, netns, access)
 
-    def _mounts(self, run: PodRun, container: dict[str, Any], context: security.Security) -> list[tuple[str, str]]:
-        """(source, container path) of the container's volumeMounts, then /etc/hosts. A new emptyDir is
+    def _mounts(self, run: PodRun, container: dict[str, Any],
+                context: security.Security) -> list[tuple[str, str, bool]]:
+        """(source, container path, read-only) of the container's volumeMounts, /etc/hosts, and the ServiceAccount
+        token's directory (read-only) when the pod has one. A new emptyDir is
         world-writable (0777), a new claim root's (0755, as a provisioner makes it); with an fsGroup every volume
         is made the group's (:func:`own_volume`)."""
         namespace = run.pod["metadata"].get("namespace", "default")
@@ -295,8 +307,9 @@ class Kubelet:
             if sub:
                 source = source / sub
                 source.mkdir(parents=True, exist_ok=True)
-            mounts.append((str(source), str(mount["mountPath"])))
-        return [*mounts, (str(run.directory / "hosts"), "/etc/hosts")]
+            mounts.append((str(source), str(mount["mountPath"]), bool(mount.get("readOnly"))))
+        token = [(str(run.directory / "serviceaccount"), MOUNT_PATH, True)] if run.access.files else []
+        return [*mounts, (str(run.directory / "hosts"), "/etc/hosts", False), *token]
 
     def _write_hosts(self, run: PodRun, peers: Sequence[dict[str, Any]], services: Iterable[dict[str, Any]]) -> None:
         """The pod's /etc/hosts: localhost; for the pods of its headless Service (``subdomain``) their IPs and
@@ -338,7 +351,7 @@ class Kubelet:
         except security.Refused as refused:
             run.failure, run.failure_reason = refused.message, refused.reason
             return
-        env = container_env(pod, container, context.uid)
+        env = container_env(pod, container, context.uid, run.access.env)
         argv = [expand(str(a), env) for a in [*(container.get("command") or []), *(container.get("args") or [])]]
         try:
             if not argv:
@@ -417,6 +430,8 @@ class Kubelet:
         """Forget the pod: its network namespace and directory (claims stay: they are the volumes' data)."""
         with self._lock:
             self._runs.pop(run.uid, None)
+        if self.cluster is not None:
+            self.cluster.detach(run.uid)
         if run.netns:
             net.delete_namespace(run.netns)
         with contextlib.suppress(OSError):

@@ -38,11 +38,12 @@ def _mount(*args: str) -> None:
     subprocess.run(["mount", *args], check=True)
 
 
-def _mirror_host(root: Path) -> None:
-    """Every top-level entry of ``/`` (but /proc) bound, or linked, at the same place under ``root``."""
-    for entry in sorted(os.listdir("/")):
-        source, target = Path("/", entry), root / entry
-        if entry == "proc":
+def _mirror(host: Path, target_dir: Path) -> None:
+    """Every entry of this machine's directory ``host`` (but /proc) bound, or linked, at the same place under
+    ``target_dir``."""
+    for entry in sorted(os.listdir(host)):
+        source, target = host / entry, target_dir / entry
+        if source == Path("/proc"):
             continue
         if source.is_symlink():
             if not target.is_symlink():
@@ -69,18 +70,48 @@ def _expose_python(root: Path) -> None:
     _mount("--rbind", str(prefix), str(inside))
 
 
-def _bind(root: Path, source: str, path: str) -> None:
-    """Bind ``source`` at the container path ``path``; a missing mount point is made only right under the root
-    (so nothing is created in this machine's own directories)."""
-    target = root / path.lstrip("/")
+def _inside(root: Path, path: str) -> Path:
+    """Where the container path ``path`` is under ``root``, its symbolic links followed inside the container
+    (``/var/run`` -> ``/run``)."""
+    current, parts, links = root, list(Path(path).parts[1:]), 0
+    while parts:
+        candidate = current / parts.pop(0)
+        if candidate.is_symlink():
+            links += 1
+            if links > 40:
+                raise SystemExit(f"mount point {path}: too many symbolic links")
+            link = Path(os.readlink(candidate))
+            current, parts = (root if link.is_absolute() else current), [*link.parts[link.is_absolute():], *parts]
+        elif candidate.name == "..":
+            current = current.parent if current != root else root
+        else:
+            current = candidate
+    return current
+
+
+def _bind(root: Path, source: str, path: str, read_only: bool, private: set[Path]) -> None:
+    """Bind ``source`` at the container path ``path`` (then make it read-only if asked). A missing mount point is
+    made right under the root as is; deeper, the nearest directory above it that exists becomes the container's
+    own (a tmpfs holding binds of this machine's entries there, as a container's own /run), so nothing is created
+    in this machine's own directories; ``private`` holds those already made so."""
+    target = _inside(root, path)
     if not target.exists():
-        if target.parent != root:
-            raise SystemExit(f"mount point {path} does not exist on this machine (fakekube makes them only at /)")
+        above = next(p for p in target.parents if p.exists())
+        host = Path("/", above.relative_to(root))
+        if above != root and above not in private:
+            if not host.is_dir():
+                raise SystemExit(f"mount point {path} does not exist and fakekube cannot make it")
+            _mount("-t", "tmpfs", "-o", "mode=0755,size=1m", "private", str(above))
+            _mirror(host, above)
+            private.add(above)
+        target.parent.mkdir(parents=True, exist_ok=True)
         if Path(source).is_dir():
             target.mkdir()
         else:
             target.touch()
     _mount("--bind", source, str(target))
+    if read_only:
+        _remount_read_only(*[m for m in _mount_points(target) if m[0] == str(target)][-1])  # the newest there
 
 
 def _mount_points(root: Path) -> list[tuple[str, str]]:
@@ -101,8 +132,14 @@ def _read_only(root: Path, writable: set[str]) -> None:
     for path, options in _mount_points(root):
         if any(path == k or path.startswith(f"{k}/") for k in kept):
             continue
-        flags = ",".join("ro" if o == "rw" else o for o in options.split(","))
-        _mount("-o", f"remount,bind,{flags}", path)
+        _remount_read_only(path, options)
+
+
+def _remount_read_only(path: str, options: str) -> None:
+    """Make the mount at ``path`` read-only, keeping its other flags (in a user namespace, flags such as nosuid
+    are locked: a remount that dropped them would be refused)."""
+    flags = ",".join("ro" if o == "rw" else o for o in options.split(","))
+    _mount("-o", f"remount,bind,{flags}", path)
 
 
 def _prctl(option: int, value: int) -> None:
@@ -146,16 +183,17 @@ def main(spec_path: str) -> None:
     root, security = Path(spec["root"]), spec["security"]
     root.mkdir(parents=True, exist_ok=True)
     _mount("--bind", str(root), str(root))  # a mount of its own, so that it can be made read-only
-    _mirror_host(root)
+    _mirror(Path("/"), root)
     (root / "proc").mkdir(exist_ok=True)
     _mount("-t", "proc", "proc", str(root / "proc"))
     _mount("-t", "tmpfs", "-o", SHM, "shm", str(root / "dev" / "shm"))
     if security["uid"]:
         _expose_python(root)
-    for source, path in spec["mounts"]:
-        _bind(root, source, path)
+    private: set[Path] = set()
+    for source, path, read_only in spec["mounts"]:
+        _bind(root, source, path, read_only, private)
     if security["read_only_root"]:
-        _read_only(root, {path for _, path in spec["mounts"]})
+        _read_only(root, {path for _, path, read_only in spec["mounts"] if not read_only})
     socket.sethostname(spec["hostname"])
     os.chroot(root)
     _become(security)

@@ -107,6 +107,16 @@ def parse_field_selector(text: str) -> Callable[[Mapping[str, Any]], bool]:
     return predicate
 
 
+def exact_name(text: str) -> str:
+    """The name a field selector requires (``metadata.name=x``, among other terms or not), as RBAC reads it for a
+    list or watch; '' when it requires none."""
+    for term in _split_terms(text):
+        match = _EQ_RE.match(term)
+        if match and match.group(1) == "metadata.name" and match.group(2) != "!=":
+            return match.group(3)
+    return ""
+
+
 def selector_string(labels: Mapping[str, str]) -> str:
     """``a=b,c=d`` for a matchLabels map (what a Scale's status.selector holds)."""
     return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))

@@ -7,11 +7,12 @@ import copy
 import dataclasses
 import os
 import shutil
+import socket
 import ssl
 import sys
 import tempfile
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from http.server import ThreadingHTTPServer
 from pathlib import Path
 from types import TracebackType
@@ -26,6 +27,7 @@ from .api import Api
 from .controller import Controller
 from .faults import Faults
 from .handler import Handler
+from .incluster import CA, TLS_DIR, InCluster
 from .kubelet import Kubelet
 from .requestlog import RequestLog
 from .resources import ADDONS, OPENSHIFT_GROUPS, RESOURCES, ResourceType, by_kind
@@ -35,7 +37,6 @@ from .store import Store
 SECURITY_GROUP = "security.openshift.io"
 
 DEFAULT_TOKEN = "fakekube-token"  # noqa: S105 - a test credential, not a secret
-TLS_DIR = Path(__file__).parent / "tls"
 
 
 def resource_type(name: str) -> ResourceType:
@@ -49,13 +50,17 @@ def resource_type(name: str) -> ResourceType:
 class _HTTPSServer(ThreadingHTTPServer):
     """HTTPS, because kubectl sends a kubeconfig's bearer token to https:// servers only.
 
-    The TLS handshake happens in each connection's thread (on first read), not in the accept loop.
+    The TLS handshake happens in each connection's thread (on first read), not in the accept loop. ``listening``:
+    serve that socket (one made in a pod's network namespace) instead of binding ``address``.
     """
 
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], fake: FakeKube) -> None:
-        super().__init__(address, Handler)
+    def __init__(self, address: tuple[str, int], fake: FakeKube, listening: socket.socket | None = None) -> None:
+        super().__init__(address, Handler, bind_and_activate=listening is None)
+        if listening is not None:
+            self.socket.close()
+            self.socket, self.server_address = listening, listening.getsockname()
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(TLS_DIR / "cert.pem", TLS_DIR / "key.pem")
         self.socket = context.wrap_socket(self.socket, server_side=True, do_handshake_on_connect=False)
@@ -125,6 +130,8 @@ class FakeKube:
         self.store = Store()
         self.api = Api(self.store, Admission(self.faults, self.store,
                                              lambda: SECURITY_GROUP not in self.hidden_groups))
+        self.incluster = InCluster(self.store, lambda: (self._address[0], self.port), self._serve)
+        """Pods' tokens and their way to the API (:mod:`incluster`)."""
         self.kubelet: Kubelet | None = None
         """With ``run_pods``: runs scheduled pods' containers on this machine (see kubelet.py); else None."""
         self._pod_root: Path | None = None
@@ -132,7 +139,7 @@ class FakeKube:
             self._pod_root = Path(tempfile.mkdtemp(prefix="fakekube-pods-"))
             secrets = by_kind("Secret")
             self.kubelet = Kubelet(self._pod_root, lambda: self.controller.reconcile(), restart_backoff, pod_network,
-                                   lambda namespace, name: self.store.get(secrets, namespace, name))
+                                   lambda namespace, name: self.store.get(secrets, namespace, name), self.incluster)
         self.controller = Controller(self.store, self.api, self.faults, self.failures, ready_delay, resync_seconds,
                                      self.kubelet)
         if self.kubelet is not None:
@@ -162,6 +169,18 @@ class FakeKube:
         self._thread.start()
         self.controller.start()
         return self
+
+    def _serve(self, listening: socket.socket) -> Callable[[], None]:
+        """Serve the API on ``listening`` too (in a pod's network namespace); returns what stops that."""
+        httpd = _HTTPSServer(listening.getsockname(), self, listening)
+        thread = threading.Thread(target=httpd.serve_forever, args=(0.05,), name="fakekube-http-pod", daemon=True)
+        thread.start()
+
+        def stop() -> None:
+            httpd.shutdown()
+            httpd.server_close()
+            thread.join()
+        return stop
 
     def stop(self) -> None:
         """Stop serving (open watches end within a second) and stop the controller."""
@@ -202,8 +221,8 @@ class FakeKube:
 
     @property
     def certificate_authority_data(self) -> str:
-        """The server certificate (self-signed, so also its CA), base64, for a kubeconfig."""
-        return base64.b64encode((TLS_DIR / "cert.pem").read_bytes()).decode()
+        """The CA of the server's certificate, base64, for a kubeconfig."""
+        return base64.b64encode(CA.read_bytes()).decode()
 
     def write_kubeconfig(self, path: str | os.PathLike[str], namespace: str = "default") -> Path:
         """Write a kubeconfig for this server: one context ``fakekube``, the bearer token, a default namespace."""
