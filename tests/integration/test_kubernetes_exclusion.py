@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 from mlenv import state
 
 from tests.helpers import assert_shaped, documented_shape
-from tests.integration.kube_pods import APP, KubeProject, kube_project  # noqa: F401 - kube_project is a fixture
+from tests.integration.kube_pods import APP, NAMESPACE, KubeProject, kube_project  # noqa: F401 - kube_project is a fixture
 
 NET_ERROR = ("n1:88:102 [0] transport/net_ib.cc:1296 NCCL WARN NET/IB : Got completion from peer 10.0.0.1<33092> "
              "with error 12, opcode 0, len 0, vendor err 129 (Recv)")
@@ -109,12 +110,9 @@ def test_forgetting_after_the_statefulset_was_deleted_by_hand_touches_nothing_el
     assert f"the StatefulSet {APP} of {project.cluster_file.stem} is not in " in launched.stderr, launched.stderr
 
 
-def test_a_detached_run_moves_its_pods_off_a_faulty_node_by_itself(kube_project: KubeProject) -> None:  # noqa: F811
-    """``scheduling.move_faulty_pods``: no terminal waits. Node 0's supervisor, with its pod's ServiceAccount token
-    and the Role deploy made, keeps the StatefulSet's pods off the faulty Kubernetes node; the StatefulSet makes every
-    pod again, each pod's PID 1 resumes its share as attempt 1, and the run completes there. mlenv records the node
-    when it next looks (status), and a later launch keeps it out."""
-    project = kube_project
+def _moving(project: KubeProject) -> tuple[str, Path]:
+    """Deploy with scheduling.move_faulty_pods and sync FAILS_ON_BAD, failing on node 1's machine; that machine and
+    the synced directory."""
     project.cluster_file.write_text(project.cluster_file.read_text() + "scheduling:\n  move_faulty_pods: true\n")
     project.ok("deploy", str(project.cluster_file))
     bad = machines(project)[1]
@@ -123,18 +121,34 @@ def test_a_detached_run_moves_its_pods_off_a_faulty_node_by_itself(kube_project:
     (source / "job.py").write_text(FAILS_ON_BAD)
     (source / "bad").write_text(bad)
     project.ok("sync", "--source", str(source))
+    return bad, source
 
+
+def _detached_until(project: KubeProject, ended: tuple[int, str]) -> tuple[str, str]:
+    """Launch FAILS_ON_BAD detached with one restart and look (status) until its latest attempt is ``ended``
+    (attempt, state); the run's id and what status said on stderr meanwhile."""
     launched = project.ok("launch", "--launcher", "torchrun", "--detach", "--max-restarts", "1", "--json", "job.py")
     run_id = json.loads(launched.stdout)["run_id"]
     deadline = time.monotonic() + 300
     run: dict[str, object] = {}
     said = ""
-    while (run.get("attempt"), run.get("state")) != (1, "succeeded"):
+    while (run.get("attempt"), run.get("state")) != ended:
         assert time.monotonic() < deadline, (run, said)
         time.sleep(1)
         looked = project.ok("status", "--json")
         said += looked.stderr
         run = json.loads(looked.stdout)["latest_run"] or {}
+    return run_id, said
+
+
+def test_a_detached_run_moves_its_pods_off_a_faulty_node_by_itself(kube_project: KubeProject) -> None:  # noqa: F811
+    """``scheduling.move_faulty_pods``: no terminal waits. Node 0's supervisor, with its pod's ServiceAccount token
+    and the Role deploy made, keeps the StatefulSet's pods off the faulty Kubernetes node; the StatefulSet makes every
+    pod again, each pod's PID 1 resumes its share as attempt 1, and the run completes there. mlenv records the node
+    when it next looks (status), and a later launch keeps it out."""
+    project = kube_project
+    bad, source = _moving(project)
+    run_id, said = _detached_until(project, (1, "succeeded"))
     assert f"run {run_id} left {bad} (node-1) out and moved its pod: NCCL network error" in said, said
     assert kept_off(project) == [bad] and bad not in machines(project)
     shown = project.ok("logs", run_id).stdout
@@ -150,3 +164,16 @@ def test_a_detached_run_moves_its_pods_off_a_faulty_node_by_itself(kube_project:
     project.ok("sync", "--source", str(source))
     again = project.ok("launch", "--launcher", "torchrun", "job.py", timeout=300)  # keeps the node out
     assert "letting the pods back" not in again.stderr and kept_off(project) == [bad], again.stderr
+
+
+def test_without_its_role_a_detached_run_says_the_pods_were_not_moved(kube_project: KubeProject) -> None:  # noqa: F811
+    """The Role deleted by hand: node 0's call is refused (RBAC's 403), no pod is moved, no node restarts, and the
+    run's output says why."""
+    project = kube_project
+    _moving(project)
+    assert project.kubectl("delete", "role", f"{APP}-move-pods").returncode == 0
+    run_id, _ = _detached_until(project, (0, "failed"))
+    shown = project.ok("logs", run_id).stdout
+    assert ("node-1 (NCCL network error: " in shown and "must be left out of the run: not restarting it: the pods "
+            f"were not moved: GET /api/v1/namespaces/{NAMESPACE}/pods/{APP}-1: 403 ") in shown, shown
+    assert kept_off(project) == [] and "in attempt 1" not in shown
