@@ -2,7 +2,8 @@
 ``--run-pods`` on nodes node-0..node-3, the real kubectl and ``mlenv``): a rank on one Kubernetes node prints one of
 NCCL's network failures (a node-fault sign) and fails; the restart policy excludes that node, ``launch`` keeps the
 StatefulSet's pods off it (a required node affinity: the pods move), and the run completes on its next attempt.
-``mlenv nodes`` names the Kubernetes node; ``--forget-excluded`` lets the pods back on the next launch."""
+``mlenv nodes`` names the Kubernetes node; ``--forget-excluded`` lets the pods back on the next launch. A detached run
+with ``scheduling.move_faulty_pods`` moves its pods itself, through the in-cluster API and the Role deploy made."""
 
 from __future__ import annotations
 
@@ -47,8 +48,14 @@ def machines(project: KubeProject) -> list[str]:
     return [pod["host"] for pod in json.loads(project.ok("status", "--json").stdout)["pods"]]
 
 
-def test_a_faulty_kubernetes_node_is_left_out_and_forgotten(kube_project: KubeProject) -> None:  # noqa: F811
-    project = kube_project
+def _moving(project: KubeProject) -> tuple[str, Path]:
+    """:func:`_deployed_failing` with scheduling.move_faulty_pods."""
+    project.cluster_file.write_text(project.cluster_file.read_text() + "scheduling:\n  move_faulty_pods: true\n")
+    return _deployed_failing(project)
+
+
+def _deployed_failing(project: KubeProject) -> tuple[str, Path]:
+    """Deploy and sync FAILS_ON_BAD, failing on node 1's machine; that machine and the synced directory."""
     project.ok("deploy", str(project.cluster_file))
     bad = machines(project)[1]
     source = project.home / "workspace"
@@ -56,7 +63,29 @@ def test_a_faulty_kubernetes_node_is_left_out_and_forgotten(kube_project: KubePr
     (source / "job.py").write_text(FAILS_ON_BAD)
     (source / "bad").write_text(bad)
     project.ok("sync", "--source", str(source))
+    return bad, source
 
+
+def _detached_until(project: KubeProject, ended: tuple[int, str]) -> tuple[str, str]:
+    """Launch FAILS_ON_BAD detached with one restart and look (status) until its latest attempt is ``ended``
+    (attempt, state); the run's id and what status said on stderr meanwhile."""
+    launched = project.ok("launch", "--launcher", "torchrun", "--detach", "--max-restarts", "1", "--json", "job.py")
+    run_id = json.loads(launched.stdout)["run_id"]
+    deadline = time.monotonic() + 300
+    run: dict[str, object] = {}
+    said = ""
+    while (run.get("attempt"), run.get("state")) != ended:
+        assert time.monotonic() < deadline, (run, said)
+        time.sleep(1)
+        looked = project.ok("status", "--json")
+        said += looked.stderr
+        run = json.loads(looked.stdout)["latest_run"] or {}
+    return run_id, said
+
+
+def test_a_faulty_kubernetes_node_is_left_out_and_forgotten(kube_project: KubeProject) -> None:  # noqa: F811
+    project = kube_project
+    bad, source = _deployed_failing(project)
     launched = project.mlenv("launch", "--launcher", "torchrun", "--max-restarts", "1", "job.py", timeout=300)
     assert launched.returncode == 0, launched.stdout + launched.stderr
     assert f"excluding {bad} (node-1) from the next attempts: NCCL network error" in launched.stderr, launched.stderr
@@ -108,37 +137,6 @@ def test_forgetting_after_the_statefulset_was_deleted_by_hand_touches_nothing_el
     launched = project.mlenv("launch", "--launcher", "torchrun", "job.py")
     assert launched.returncode == 1 and "Traceback" not in launched.stderr, launched.stderr
     assert f"the StatefulSet {APP} of {project.cluster_file.stem} is not in " in launched.stderr, launched.stderr
-
-
-def _moving(project: KubeProject) -> tuple[str, Path]:
-    """Deploy with scheduling.move_faulty_pods and sync FAILS_ON_BAD, failing on node 1's machine; that machine and
-    the synced directory."""
-    project.cluster_file.write_text(project.cluster_file.read_text() + "scheduling:\n  move_faulty_pods: true\n")
-    project.ok("deploy", str(project.cluster_file))
-    bad = machines(project)[1]
-    source = project.home / "workspace"
-    source.mkdir()
-    (source / "job.py").write_text(FAILS_ON_BAD)
-    (source / "bad").write_text(bad)
-    project.ok("sync", "--source", str(source))
-    return bad, source
-
-
-def _detached_until(project: KubeProject, ended: tuple[int, str]) -> tuple[str, str]:
-    """Launch FAILS_ON_BAD detached with one restart and look (status) until its latest attempt is ``ended``
-    (attempt, state); the run's id and what status said on stderr meanwhile."""
-    launched = project.ok("launch", "--launcher", "torchrun", "--detach", "--max-restarts", "1", "--json", "job.py")
-    run_id = json.loads(launched.stdout)["run_id"]
-    deadline = time.monotonic() + 300
-    run: dict[str, object] = {}
-    said = ""
-    while (run.get("attempt"), run.get("state")) != ended:
-        assert time.monotonic() < deadline, (run, said)
-        time.sleep(1)
-        looked = project.ok("status", "--json")
-        said += looked.stderr
-        run = json.loads(looked.stdout)["latest_run"] or {}
-    return run_id, said
 
 
 def test_a_detached_run_moves_its_pods_off_a_faulty_node_by_itself(kube_project: KubeProject) -> None:  # noqa: F811
