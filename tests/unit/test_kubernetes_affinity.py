@@ -8,12 +8,14 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from mlenv.backends.kubeapi.naming import kube_deployment
 from mlenv.backends.kubernetes.exclusion import moved_by_a_run
 from mlenv.backends.kubernetes.render import owned_kinds, render
 from mlenv.plan import plan
 from mlenv.runtime.records.runlayout import LEFT_OUT, LEFT_OUT_ANNOTATION, MOVES_PODS
 from mlenv.runtime.supervise.kubemove import affinity_patch, kept_off, moved, recorded
+from mlenv.state import RECORDS
 
 from tests.unit.config.files import BARCELONA, loaded
 
@@ -97,8 +99,9 @@ def test_a_detached_run_may_move_its_pods_only_when_the_cluster_file_says_so(tmp
     assert not {MOVES_PODS, LEFT_OUT} & {item["name"] for item in pod["containers"][0]["env"]}
 
 
-def test_a_pod_made_again_by_a_move_resumes_only_that_runs_next_attempt() -> None:
-    record = {"run": "r1", "attempt": 0, "env": {"MLENV_FAILED_FIRST": "n1"},
+def test_a_pod_made_again_by_a_move_resumes_only_that_runs_next_attempt(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    record: dict[str, Any] = {"run": "r1", "attempt": 0, "env": {"MLENV_FAILED_FIRST": "n1"},
               "nodes": [{"node": 1, "host": "gpu-b", "reason": "NCCL network error", "saved": True, "since": "x"}]}
     environ = {LEFT_OUT: json.dumps(record)}
     assert moved(environ, "r1", 0) == {"MLENV_FAILED_FIRST": "n1"}
@@ -107,8 +110,12 @@ def test_a_pod_made_again_by_a_move_resumes_only_that_runs_next_attempt() -> Non
     assert moved({LEFT_OUT: ""}, "r1", 0) is None and moved({LEFT_OUT: "{not json"}, "r1", 0) is None
     assert recorded(json.dumps({"nodes": "gpu-b"})) is None
 
-    pods = [{"metadata": {"annotations": {LEFT_OUT_ANNOTATION: json.dumps(record)}}}, {"metadata": {}}]
-    assert moved_by_a_run(pods, [])
-    assert not moved_by_a_run(pods, [{"node": 1, "host": "gpu-b"}])  # recorded already
+    pods: list[dict[str, Any]] = [{"metadata": {"annotations": {LEFT_OUT_ANNOTATION: json.dumps(record)}}},
+                                  {"metadata": {}}]
+    monkeypatch.setenv("MLENV_HOME", str(tmp_path))
+    assert moved_by_a_run(pods, RECORDS, "c")
+    RECORDS.exclude("c", {1: ("gpu-b", "NCCL network error")})
+    assert not moved_by_a_run(pods, RECORDS, "c")  # recorded already
     run_only = {**record, "nodes": [{**record["nodes"][0], "saved": False}]}
-    assert not moved_by_a_run([{"metadata": {"annotations": {LEFT_OUT_ANNOTATION: json.dumps(run_only)}}}], [])
+    assert not moved_by_a_run([{"metadata": {"annotations": {LEFT_OUT_ANNOTATION: json.dumps(run_only)}}}],
+                              RECORDS, "d")

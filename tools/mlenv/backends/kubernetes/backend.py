@@ -188,7 +188,7 @@ class KubernetesBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks, Preempts):
         target, client = self._connected(handle)
         with explained(target, client.flavour):
             pods = podview.by_ordinal(client.select("pods", instance(target.app)), target.app)
-            if moved_by_a_run(pods.values(), self.records.excluded_of(handle.name)):
+            if moved_by_a_run(pods.values(), self.records, handle.name):
                 record_moves(client, target, json.loads(client.run("get", ["statefulset", target.app, "-o=json"])),
                              self.records)
             return explain.statuses(pods, queues(client, pods.values()))

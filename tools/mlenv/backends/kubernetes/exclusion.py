@@ -12,7 +12,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from mlenv.backends.kubeapi.client import Client
+from mlenv.backends.kubeapi.client import Client, KubeError
 from mlenv.backends.kubeapi.naming import Target
 from mlenv.core.registry import Records
 from mlenv.errors import OperationError
@@ -38,26 +38,29 @@ def record_moves(client: Client, target: Target, statefulset: Mapping[str, Any],
              if entry.get("saved")}
     if saved:
         records.exclude(target.cluster_name, saved)
-    client.run("annotate", ["statefulset", target.app, f"{LEFT_OUT_UNRECORDED}-"])
+    try:
+        client.run("annotate", ["statefulset", target.app, f"{LEFT_OUT_UNRECORDED}-"])
+    except KubeError as exc:  # recorded here all the same; said, as the next look records it again
+        warn(f"{target.app}: the move could not be marked recorded on the cluster: {exc}")
     return [host for host, _ in saved.values()]
 
 
-def moved_by_a_run(pods: Iterable[Mapping[str, Any]], excluded: Iterable[Mapping[str, Any]]) -> bool:
-    """Whether a pod was made again by a detached run's move of a node that the deployment's records lack."""
-    known = {str(entry.get("host")) for entry in excluded}
+def moved_by_a_run(pods: Iterable[Mapping[str, Any]], records: Records, name: str) -> bool:
+    """Whether a pod was made again by a detached run's move off a node that the records of deployment ``name``
+    lack (read only where a pod says it was moved)."""
+    hosts = set()
     for pod in pods:
         move = recorded(((pod.get("metadata") or {}).get("annotations") or {}).get(LEFT_OUT_ANNOTATION, ""))
-        if move is not None and any(entry.get("saved") and str(entry.get("host")) not in known
-                                    for entry in move["nodes"] if isinstance(entry, dict)):
-            return True
-    return False
+        if move is not None:
+            hosts |= {str(entry.get("host")) for entry in move["nodes"]
+                      if isinstance(entry, dict) and entry.get("saved")}
+    return bool(hosts - {str(entry.get("host")) for entry in (records.excluded_of(name) if hosts else ())})
 
 
 def keep_off(client: Client, target: Target, excluded: Sequence[str], records: Records) -> None:
     """Bring the live StatefulSet to ``excluded`` and the nodes a detached run moved its pods off since mlenv last
     looked (recorded then: :func:`record_moves`), a merge patch of its node affinity that replaces its pods, and
     wait until every pod is Ready again; nothing when it is there already."""
-    from mlenv.backends.kubeapi.client import KubeError
     from mlenv.backends.kubeapi.waiting import wait_ready
 
     try:
