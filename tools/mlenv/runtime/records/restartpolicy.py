@@ -18,7 +18,9 @@ a detached one (runtime/supervise/detached.py), and the Slurm scripts through ``
 4. A node that failed first, without a sign, in :data:`FAULTY_AFTER` attempts of the run is left out of the rest of
    that run only: never recorded on the deployment (a script's failures land on whichever node its rank ran on).
 5. A left-out node's work goes to a spare: attached, the backend places it (core/spares.py); detached, the run's next
-   unused standby (:func:`standby_for`), never for node 0, which holds the rendezvous.
+   unused standby (:func:`standby_for`), never for node 0, which holds the rendezvous; on Kubernetes with
+   ``scheduling.move_faulty_pods``, the pods themselves, kept off the node's machine and made again
+   (supervise/kubemove.py), node 0's as well (its name, the rendezvous, moves with it).
 6. A preemption (a pod of the run deleted or evicted) is no failure: a detached run resumes as its next attempt
    (:func:`resumes`), up to ``--max-preemptions`` times, apart from ``--max-restarts``; mlenv resumes an attached one.
 """
