@@ -3,7 +3,6 @@ openshift-client. ``prepare`` renders the manifests; ``apply`` sends exactly tha
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -178,19 +177,18 @@ class KubernetesBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks, Preempts):
 
     def status(self, handle: Handle) -> list[NodeStatus]:
         """Every pod of the deployment from one list call, in ordinal order; what Kueue or Volcano says about pods
-        they hold back from one more (their Workloads or PodGroups)."""
+        they hold back from one more (their Workloads or PodGroups). A detached run's move of the pods that the
+        records lack is recorded (exclusion.record_seen_moves: a call more only then)."""
         from mlenv.backends.kubeapi import explain
         from mlenv.backends.kubeapi import pods as podview
         from mlenv.backends.kubeapi.preflight import explained
         from mlenv.backends.kubeapi.queued import queues
-        from mlenv.backends.kubernetes.exclusion import moved_by_a_run, record_moves
+        from mlenv.backends.kubernetes.exclusion import record_seen_moves
 
         target, client = self._connected(handle)
         with explained(target, client.flavour):
             pods = podview.by_ordinal(client.select("pods", instance(target.app)), target.app)
-            if moved_by_a_run(pods.values(), self.records, handle.name):
-                record_moves(client, target, json.loads(client.run("get", ["statefulset", target.app, "-o=json"])),
-                             self.records)
+            record_seen_moves(client, target, pods.values(), self.records)
             return explain.statuses(pods, queues(client, pods.values()))
 
     def nodes(self, handle: Handle) -> list[Node]:

@@ -24,18 +24,35 @@ READY_TIMEOUT = 900.0
 """Seconds the pods get to be Ready on other nodes (a reason the scheduler gives that lasts ends it sooner)."""
 
 
+def _annotation(obj: Mapping[str, Any], key: str) -> str:
+    """An object's annotation ``key`` ('' when it has none)."""
+    return str(((obj.get("metadata") or {}).get("annotations") or {}).get(key, ""))
+
+
+def _statefulset(client: Client, target: Target) -> dict[str, Any]:
+    """The live StatefulSet; OperationError saying so where it was deleted by hand."""
+    try:
+        found: dict[str, Any] = json.loads(client.run("get", ["statefulset", target.app, "-o=json"]))
+    except KubeError as exc:
+        if exc.reason != "NotFound":
+            raise
+        raise OperationError(f"the StatefulSet {target.app} of {target.cluster_name} is not in {target.namespace} "
+                             f"(deleted by hand?): nothing to launch on; mlenv deploy makes it again") from None
+    return found
+
+
 def record_moves(client: Client, target: Target, statefulset: Mapping[str, Any], records: Records) -> list[str]:
     """Record on the deployment the nodes that a detached run left out for a node-fault sign and moved its pods off
     (the StatefulSet's LEFT_OUT_UNRECORDED, removed then), each said; their hosts, which stay kept off."""
-    move = recorded(((statefulset.get("metadata") or {}).get("annotations") or {}).get(LEFT_OUT_UNRECORDED, ""))
+    move = recorded(_annotation(statefulset, LEFT_OUT_UNRECORDED))
     if move is None:
         return []
-    nodes = [entry for entry in move["nodes"] if isinstance(entry, dict) and entry.get("host")]
+    nodes = [entry for entry in move["nodes"]
+             if isinstance(entry, dict) and entry.get("host") and isinstance(entry.get("node"), int)]
     for entry in nodes:
-        warn(f"run {move.get('run')} left {entry['host']} (node-{entry.get('node')}) out and moved its pod: "
+        warn(f"run {move.get('run')} left {entry['host']} (node-{entry['node']}) out and moved its pod: "
              f"{entry.get('reason')}" + ("" if entry.get("saved") else " (for that run only)"))
-    saved = {int(entry.get("node") or 0): (str(entry["host"]), str(entry.get("reason"))) for entry in nodes
-             if entry.get("saved")}
+    saved = {entry["node"]: (str(entry["host"]), str(entry.get("reason"))) for entry in nodes if entry.get("saved")}
     if saved:
         records.exclude(target.cluster_name, saved)
     try:
@@ -50,11 +67,18 @@ def moved_by_a_run(pods: Iterable[Mapping[str, Any]], records: Records, name: st
     lack (read only where a pod says it was moved)."""
     hosts = set()
     for pod in pods:
-        move = recorded(((pod.get("metadata") or {}).get("annotations") or {}).get(LEFT_OUT_ANNOTATION, ""))
+        move = recorded(_annotation(pod, LEFT_OUT_ANNOTATION))
         if move is not None:
             hosts |= {str(entry.get("host")) for entry in move["nodes"]
                       if isinstance(entry, dict) and entry.get("saved")}
     return bool(hosts - {str(entry.get("host")) for entry in (records.excluded_of(name) if hosts else ())})
+
+
+def record_seen_moves(client: Client, target: Target, pods: Iterable[Mapping[str, Any]], records: Records) -> None:
+    """What ``status`` does with the pods it listed: where they say a detached run moved them off a node that the
+    records lack, read the StatefulSet and record it (:func:`record_moves`); no call otherwise."""
+    if moved_by_a_run(pods, records, target.cluster_name):
+        record_moves(client, target, _statefulset(client, target), records)
 
 
 def keep_off(client: Client, target: Target, excluded: Sequence[str], records: Records) -> None:
@@ -63,13 +87,7 @@ def keep_off(client: Client, target: Target, excluded: Sequence[str], records: R
     wait until every pod is Ready again; nothing when it is there already."""
     from mlenv.backends.kubeapi.waiting import wait_ready
 
-    try:
-        statefulset = json.loads(client.run("get", ["statefulset", target.app, "-o=json"]))
-    except KubeError as exc:
-        if exc.reason != "NotFound":
-            raise
-        raise OperationError(f"the StatefulSet {target.app} of {target.cluster_name} is not in {target.namespace} "
-                             f"(deleted by hand?): nothing to launch on; mlenv deploy makes it again") from None
+    statefulset = _statefulset(client, target)
     excluded = [*excluded, *record_moves(client, target, statefulset, records)]
     patch = affinity_patch(statefulset, excluded)
     if patch is None:
