@@ -1,9 +1,8 @@
-"""Real nccl-tests outputs from public repositories (tests/fixtures/nccl-tests/corpus.json: each one's repository,
-path, commit, version and what it holds) read right: test, ranks, nodes, rows, the largest size and its
-out-of-place busbw, the footer's average, wrong results, errors, and the verdict at 100 GB/s. The outputs are not
-committed (data from other repositories stays out of this one): they are kept beside the checkout, under the steering
-repository's ``shared/fixtures/nccl-tests/corpus/`` (``git show COMMIT:PATH`` of each entry); a missing one skips,
-its sha256 is checked."""
+"""Real nccl-tests outputs from public repositories read right: test, ranks, nodes, rows, the largest size and its
+out-of-place busbw, the footer's average, wrong results, errors, and the verdict at 100 GB/s. The outputs are committed
+as fixtures, verbatim (``git show COMMIT:PATH`` of each entry), under ``tests/fixtures/nccl-tests/corpus/``; their
+provenance (repository, path, commit, version, what each holds, sha256 and the repository's licence) is in
+``tests/fixtures/nccl-tests/corpus.json``. A missing one fails; its sha256 is checked."""
 
 from __future__ import annotations
 
@@ -20,14 +19,13 @@ from mlenv.runtime.fabric.nccltests import read_lines, read_path
 from tests.helpers import ROOT
 
 FIXTURES = ROOT / "tests" / "fixtures" / "nccl-tests"
-OUTPUTS = ROOT.parent / "shared" / "fixtures" / "nccl-tests" / "corpus"
+OUTPUTS = FIXTURES / "corpus"
 CORPUS: list[dict[str, Any]] = json.loads((FIXTURES / "corpus.json").read_text())
 
 
 def _output(entry: dict[str, Any]) -> Path:
     path = OUTPUTS / entry["file"]
-    if not path.is_file():
-        pytest.skip(f"{entry['file']} is not here: git show {entry['commit']}:{entry['path']} of {entry['repo']}")
+    assert path.is_file(), f"{path} is missing: git show {entry['commit']}:{entry['path']} of {entry['repo']}"
     assert hashlib.sha256(path.read_bytes()).hexdigest() == entry["sha256"], f"{path} is not the published text"
     return path
 
@@ -40,6 +38,7 @@ def test_the_corpus_spans_what_the_issue_asks() -> None:
     assert sum(1 for e in expected if e["error"]) >= 3
     assert any("before 2.13" in entry["nccl_tests_version"] for entry in CORPUS)
     assert any("2.13 or later" in entry["nccl_tests_version"] for entry in CORPUS)
+    assert all(entry.get("licence") for entry in CORPUS), "every entry names its repository's licence (NONE if none)"
 
 
 @pytest.mark.parametrize("entry", CORPUS, ids=[entry["file"] for entry in CORPUS])
