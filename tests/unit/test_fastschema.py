@@ -1,5 +1,6 @@
 """mlenv.fastschema against jsonschema itself: real objects, systematic mutations of them and hypothesis values
-must get the same answer from the compiled validator and from Draft202012Validator; plus the cache's behaviour."""
+must get the same answer from the compiled validator and from jsonschema's Draft202012Validator (with the pattern
+keyword of mlenv.fastschema.patterns, a pattern's $ the end of the value); plus the cache's behaviour."""
 
 from __future__ import annotations
 
@@ -22,12 +23,15 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
+from jsonschema.protocols import Validator
 from kubernetes_validate.utils import VersionNotSupportedError, latest_version
+from mlenv import fastschema
 from mlenv.backends.kubernetes.schemas import crd_schema
 from mlenv.core.clusters import cluster_schema
 from mlenv.fastschema import Unsupported, compiled, compiled_files, forget
 from mlenv.fastschema.compiler import SUPPORTED, UNSUPPORTED, generate
 from mlenv.fastschema.kubernetes import kubernetes_validator, schema_directory
+from mlenv.fastschema.patterns import draft202012
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
@@ -64,7 +68,7 @@ class Case(NamedTuple):
 
     label: str
     fast: Callable[[object], bool]
-    reference: Draft202012Validator
+    reference: Validator
     seed: Any
 
 
@@ -84,8 +88,9 @@ def schema_file(api_version: str, kind: str) -> str:
 
 
 @cache
-def k8s_reference(api_version: str, kind: str, version: str) -> Draft202012Validator:
-    """What kubernetes_validate.validate(obj, version, strict=True) builds for the kind (see its utils.py)."""
+def k8s_reference(api_version: str, kind: str, version: str) -> Validator:
+    """What kubernetes_validate.validate(obj, version, strict=True) builds for the kind (see its utils.py): plain
+    jsonschema, which agrees since those schemas have no pattern (test_schema_patterns)."""
     directory = Path(str(schema_directory(version)))
     root = json.loads((directory / schema_file(api_version, kind)).read_text())
     definitions = json.loads((directory / "_definitions.json").read_text())
@@ -126,7 +131,7 @@ def crd_cases(rendered: list[dict[str, Any]]) -> list[Case]:
     objects = [obj for obj in rendered + HANDWRITTEN if (obj["apiVersion"], obj["kind"]) in CRDS]
     assert {(obj["apiVersion"], obj["kind"]) for obj in objects} == set(CRDS)
     return [Case(obj["kind"], crd_validator(obj["apiVersion"], obj["kind"]),
-                 Draft202012Validator(crd_schema(obj["apiVersion"], obj["kind"])), obj) for obj in objects]
+                 draft202012()(crd_schema(obj["apiVersion"], obj["kind"])), obj) for obj in objects]
 
 
 @pytest.fixture(scope="session")
@@ -135,7 +140,7 @@ def cluster_cases() -> list[Case]:
     assert len(files) >= 4
     schema = cluster_schema()  # cluster.schema.json composed with what the backends add
     fast = compiled("test-cluster-schema", lambda: (schema, {}))
-    reference = Draft202012Validator(schema)
+    reference = draft202012()(schema)
     return [Case(path.name, fast, reference, yaml.safe_load(path.read_text())) for path in files]
 
 
@@ -296,7 +301,7 @@ SMALL_SCHEMAS: list[Any] = [
     {"enum": [0, 1, "a", None, True, 1.5, "b"]}, {"enum": ["only"]}, {"enum": []}, {"const": 0}, {"const": False},
     {"not": {"enum": [0]}}, {"not": {"enum": [""]}}, {"minimum": 1, "exclusiveMaximum": 10},
     {"type": "integer", "maximum": 5, "exclusiveMinimum": -2.5}, {"minLength": 2, "maxLength": 3},
-    {"pattern": "^a+$"}, {"pattern": "b"}, {"format": "ipv4"},
+    {"pattern": "^a+$"}, {"pattern": "b"}, {"pattern": "^[$a]+\\$$"}, {"pattern": "^a$|b"}, {"format": "ipv4"},
     {"items": {"type": "integer"}, "minItems": 1, "maxItems": 3},
     {"items": False}, {"items": {"items": {"type": "string"}}},
     {"properties": {"a": {"type": "string"}, "b": False}, "additionalProperties": {"type": "integer"}},
@@ -318,6 +323,7 @@ SMALL_SCHEMAS: list[Any] = [
 
 
 CORPUS: list[Any] = [*SPECIAL, 2, 3, 5, 10, 10.0, -2.5, -3, "a", "aa", "aaa", "ab", "abcd", "\U0001f600\U0001f600",
+                     "a\n", "aa\n", "\n", "b\n", "\na", "a$", "a$\n", "$a$",
                      [1, 2], [1, "a"], [1, 2, 3, 4], [True], [0.0], [["s"]], [[1]], {"a": "s"}, {"a": 1}, {"b": 1},
                      {"a": "s", "c": 2}, {"x": None}, {"x": 0}, {"abcd": 1}, {"A": 1}, {"name": "n", "kids": []},
                      {"name": "n", "kids": [{"name": "m"}, {"kids": [{"name": 1}]}]}, {"name": "n", "kids": [{"x": 1}]}]
@@ -329,7 +335,7 @@ def small_validator(schema: Any) -> Callable[[object], bool]:
 
 @pytest.mark.parametrize("schema", SMALL_SCHEMAS, ids=lambda schema: json.dumps(schema)[:60])
 def test_each_keyword(schema: Any) -> None:
-    fast, reference = small_validator(schema), Draft202012Validator(schema)
+    fast, reference = small_validator(schema), draft202012()(schema)
     answers = [fast(value) for value in CORPUS]
     assert answers == [reference.is_valid(value) for value in CORPUS]
 
@@ -337,7 +343,7 @@ def test_each_keyword(schema: Any) -> None:
 @settings(max_examples=600, deadline=None)
 @given(schema=st.sampled_from(SMALL_SCHEMAS), value=json_values)
 def test_each_keyword_on_hypothesis_values(schema: Any, value: Any) -> None:
-    assert small_validator(schema)(value) is Draft202012Validator(schema).is_valid(value)
+    assert small_validator(schema)(value) is draft202012()(schema).is_valid(value)
 
 
 def test_refs_into_other_documents() -> None:
@@ -349,8 +355,8 @@ def test_refs_into_other_documents() -> None:
     fast = compiled("docs|test", lambda: (root, documents))
     registry = Registry().with_resource("https://example.com/schemas/common.json",
                                         Resource.from_contents(common, default_specification=DRAFT202012))
-    reference = Draft202012Validator(root, registry=DRAFT202012.create_resource(named) @ registry)
-    for value in ([], [1, "abc"], [0], [65536], ["ABC"], [True], [1.0], [None], "x", [80, "http", 443]):
+    reference = draft202012()(root, registry=DRAFT202012.create_resource(named) @ registry)
+    for value in ([], [1, "abc"], [0], [65536], ["ABC"], ["abc\n"], [True], [1.0], [None], "x", [80, "http", 443]):
         assert fast(value) is reference.is_valid(value), value
 
 
@@ -482,10 +488,28 @@ def test_a_hit_in_a_new_process_reads_no_schema_and_imports_no_jsonschema(cache_
     code = ("import sys; from mlenv.fastschema.kubernetes import kubernetes_validator\n"
             "validator = kubernetes_validator('apps/v1', 'StatefulSet', '1.30')\n"
             f"print(validator({statefulset!r}), validator({{'spec': 1}}), "
-            "[name for name in ('json', 'jsonschema', 'mlenv.fastschema.compiler') if name in sys.modules])")
+            "[name for name in ('json', 'jsonschema', 'mlenv.fastschema.compiler', 'mlenv.fastschema.patterns')"
+            " if name in sys.modules])")
     env = {**os.environ, "MLENV_CACHE_DIR": str(cache_dir)}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     assert done.stdout.split("\n")[0] == "True False []"
+
+
+@pytest.mark.parametrize("changed", ["compiler.py", "patterns.py"])
+def test_a_change_to_the_code_generating_validators_rebuilds_them(cache_dir: Path, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch,
+                                                                   changed: str) -> None:
+    copies = {Path(source).name: tmp_path / Path(source).name for source in fastschema.SOURCES}
+    for source in fastschema.SOURCES:
+        copies[Path(source).name].write_bytes(Path(source).read_bytes())
+    monkeypatch.setattr(fastschema, "SOURCES", tuple(map(str, copies.values())))
+    load = CountingLoad()
+    compiled("port", load)
+    before = cache_file(cache_dir)
+    forget()
+    os.utime(copies[changed], ns=(0, copies[changed].stat().st_mtime_ns + 1))
+    check_port_validator(compiled("port", load))
+    assert load.calls == 2 and cache_file(cache_dir) != before  # rebuilt under a new name; the stale file is gone
 
 
 @pytest.mark.parametrize("corrupt", [

@@ -149,9 +149,9 @@ def schema_problems(loaded: LoadedFile, table: BackendTable) -> list[Problem]:
                         "start from clusters/template.yaml")]
     if _is_valid(table, loaded.data):
         return []
-    from jsonschema import Draft202012Validator
+    from mlenv.fastschema.patterns import draft202012
 
-    validator = Draft202012Validator(cluster_schema(table))
+    validator = draft202012()(cluster_schema(table))
     problems: list[Problem] = []
     for error in validator.iter_errors(loaded.data):
         problems.extend(_problem(loaded, error))

@@ -5,15 +5,17 @@
         ...
 
 ``key`` is a cheap identity of the schema computed by the caller (package version, path, size, mtime...); ``load``
-runs only on a cache miss. ``is_valid`` answers exactly as ``jsonschema.Draft202012Validator(schema,
-registry=...).is_valid`` with default settings (formats are not asserted). A schema using something the compiler
-does not implement raises :class:`Unsupported` on the miss: validate it with jsonschema instead.
+runs only on a cache miss. ``is_valid`` answers exactly as ``patterns.draft202012()(schema, registry=...).is_valid``
+(jsonschema's Draft202012Validator with default settings, formats not asserted, a pattern's ``$`` the end of the
+value as in JSON Schema). A schema using something the compiler does not implement raises :class:`Unsupported` on
+the miss: validate it with jsonschema instead.
 
 The generated module is written atomically to the first usable cache directory of ``$MLENV_CACHE_DIR``,
 ``$XDG_CACHE_HOME/mlenv/validators``, ``~/.cache/mlenv/validators`` (usable: a directory owned by the user and not
 writable by others, since its files are executed) and imported from there, so CPython's bytecode cache applies;
-where none is usable it is compiled in memory. File names hash the key and stamp the compiler; a file whose checksum,
-key or import fails is rebuilt. Validators are cached, never what they are used for.
+where none is usable it is compiled in memory. File names hash the key and stamp the code generating them
+(``SOURCES``); a file whose checksum, key or import fails is rebuilt. Validators are cached, never what they are
+used for.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ if TYPE_CHECKING:
     Loader: TypeAlias = Callable[[], tuple[Any, Mapping[str, Any]]]
 
 FORMAT = 1  # bump when the layout of cache files changes
-COMPILER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "compiler.py")
+HERE = os.path.dirname(os.path.abspath(__file__))
+SOURCES = (os.path.join(HERE, "compiler.py"), os.path.join(HERE, "patterns.py"))  # what generated code depends on
 SEAL = b"# crc32 "
 
 _validators: dict[str, Validator] = {}
@@ -89,8 +92,8 @@ def checksum_name(key: str) -> str:
 
 
 def _file_name(key: str) -> str:
-    stat = os.stat(COMPILER)
-    stamp = zlib.crc32(f"{FORMAT}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    stats = [os.stat(source) for source in SOURCES]
+    stamp = zlib.crc32(":".join([str(FORMAT), *(f"{st.st_size}:{st.st_mtime_ns}" for st in stats)]).encode())
     return f"{checksum_name(key)}-{stamp:08x}.py"
 
 

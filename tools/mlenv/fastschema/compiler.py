@@ -3,8 +3,9 @@
 Imported only on a cache miss. The generated module is plain Python: one function per schema node that is
 the target of a ``$ref`` or has structure of its own (properties, combinators, if), simple subschemas inlined,
 regular expressions and key sets as module constants. Each function returns False at the first violated
-keyword, True otherwise; this equals ``jsonschema.Draft202012Validator(...).is_valid`` because every
-supported keyword is a pure predicate of the instance, so the order of evaluation does not matter.
+keyword, True otherwise; this equals ``is_valid`` of :func:`mlenv.fastschema.patterns.draft202012` (jsonschema's
+Draft202012Validator, a pattern's ``$`` the end of the value) because every supported keyword is a pure predicate
+of the instance, so the order of evaluation does not matter.
 
 Anything the compiler does not implement exactly raises :class:`~mlenv.fastschema.Unsupported`.
 """
@@ -18,6 +19,7 @@ from typing import Any
 from urllib.parse import unquote, urldefrag, urljoin
 
 from mlenv.fastschema import Unsupported
+from mlenv.fastschema.patterns import whole_value
 
 DIALECTS = frozenset({"https://json-schema.org/draft/2020-12/schema", "https://json-schema.org/draft/2020-12/schema#"})
 
@@ -178,6 +180,7 @@ class Generator:
         return self.constants[expression]
 
     def _regex(self, pattern: object) -> str:
+        """The constant holding ``pattern`` as searched for: its ``$`` is the end of the value."""
         if not isinstance(pattern, str):
             raise Unsupported(f"pattern must be a string, got {pattern!r}")
         try:
@@ -185,7 +188,7 @@ class Generator:
         except re.error as exc:
             raise Unsupported(f"pattern {pattern!r} is not a Python regular expression: {exc}") from None
         # compiled on first use through re's own cache: a validator module imports without compiling every pattern
-        return self._constant(repr(pattern), "RE")
+        return self._constant(repr(whole_value(pattern)), "RE")
 
     def _key_set(self, keys: list[str], prefix: str = "KEYS") -> str:
         return self._constant(f"frozenset({sorted(keys)!r})", prefix)

@@ -85,9 +85,11 @@ def validate_object(obj: dict[str, Any], kubernetes_version: str) -> None:
         return
     import jsonschema
 
+    from mlenv.fastschema.patterns import draft202012
+
     try:
         if key in CRD_FILES:
-            jsonschema.Draft202012Validator(crd_schema(*key)).validate(obj)
+            draft202012()(crd_schema(*key)).validate(obj)
         else:
             import kubernetes_validate
 
