@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import threading
@@ -14,6 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from mlenv.backends.local.backend import LocalBackend
+from mlenv.core.capabilities import Handle, Request
 from mlenv.parallel import warning_said
 
 from tests.helpers import MLENV, ROOT
@@ -206,3 +209,38 @@ def test_clean_leaves_nothing_and_twice_is_fine(cluster: LocalProject) -> None:
     cluster.ok("clean", "--cluster", cluster.name, "--delete-data", "--yes")
     assert leftovers(cluster) == []
     assert json.loads(cluster.ok("status", "--cluster", cluster.name, "--json").stdout)["pods"] == []
+
+
+def _namespaces_from(prefix: str) -> list[str]:
+    """The network namespaces (in /run/netns, where ``ip netns`` keeps them; its text listing prints a name with a
+    newline as two) and /etc/netns entries whose names start with ``prefix``."""
+    return [f"{directory}/{name}" for directory in ("/run/netns", "/etc/netns") if os.path.isdir(directory)
+            for name in os.listdir(directory) if name.startswith(prefix)]
+
+
+def test_clean_removes_the_namespaces_of_an_app_name_with_a_newline(tmp_path: Path) -> None:
+    """A deployment recorded before names were matched whole (app "odd\\n app"): clean removes its bridge, pods and
+    /etc/netns entries all the same."""
+    require_local("namespaces")
+    app, owner = "odd\n app", "0dd0dd00"
+    prefix = f"mlenv-{app}-{owner}-"
+    pods = [{"ordinal": n, "name": f"{app}-{n}", "mode": "namespaces", "ip": f"10.77.62.{n + 2}", "nic": "eth0",
+             "netns": f"{prefix}{n}", "prefixlen": 24, "master_port": 29500} for n in (0, 1)]
+    data = {"base": str(tmp_path / "pods"), "app": app, "owner": owner, "namespace": "odd", "pods": pods}
+    handle = Handle("local", "odd", 2, "tcp", False, {}, data)
+    backend = LocalBackend(project=tmp_path, namespaces_available=True)
+    try:
+        backend.apply(Request(handle, "", {}), lambda _: None)
+        made = [f"/run/netns/{prefix}{name}" for name in ("0", "1", "br")] + [f"/etc/netns/{prefix}{n}" for n in "01"]
+        assert sorted(_namespaces_from(prefix)) == sorted(made)
+        backend.apply(Request(handle, "", {}), lambda _: None)  # deploying again finds them: nothing to make
+        assert sorted(_namespaces_from(prefix)) == sorted(made)
+        backend.clean(handle, delete_data=True)
+        assert _namespaces_from(prefix) == []
+        assert not (tmp_path / "pods").exists()
+    finally:
+        for path in _namespaces_from(prefix):
+            if path.startswith("/run/"):
+                subprocess.run(["ip", "netns", "delete", os.path.basename(path)], check=False)
+            else:
+                shutil.rmtree(path, ignore_errors=True)

@@ -31,8 +31,9 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
 
 
 def namespaces() -> set[str]:
-    """Names of every network namespace that ``ip netns`` knows."""
-    return {line.split()[0] for line in _ip("netns", "list").stdout.splitlines() if line.strip()}
+    """Names of every network namespace that ``ip netns`` knows, whole: read from its JSON, since its text listing
+    prints a name holding a space or a newline as something else."""
+    return {entry["name"] for entry in json.loads(_ip("-j", "netns", "list").stdout or "[]")}
 
 
 def delete_namespace(name: str) -> None:
