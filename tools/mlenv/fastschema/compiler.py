@@ -389,7 +389,7 @@ def _inlinable(node: Any, budget: int) -> bool:
 
 
 def generate(key: str, root: Any, documents: Mapping[str, Any]) -> str:
-    """Source of a module whose ``is_valid(instance)`` validates like jsonschema's Draft202012Validator.
+    """Source of a module whose ``is_valid(instance)`` validates like :func:`mlenv.fastschema.patterns.draft202012`.
 
     ``documents`` maps URIs (relative ones resolve against the root's ``$id``) to the documents the
     ``$ref``s point into; a document with an ``$id`` is found under that ``$id`` instead.
