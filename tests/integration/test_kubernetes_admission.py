@@ -1,7 +1,8 @@
 """Gang admission on Kubernetes through the real kubectl against fakekube: the test plays Kueue (its pod webhook,
 its Workload's conditions, the lifted gate; tests/fakekube/kueue.py) and Volcano (its scheduler, which the fake's
-default scheduler leaves its pods to), from their documented behaviour. ``doctor`` names what the cluster lacks,
-``deploy`` and ``status`` quote why the pods wait, ``clean`` deletes the PodGroup mlenv made."""
+default scheduler leaves its pods to), from their documented behaviour. ``doctor`` names what the cluster lacks
+(``deploy`` refuses it in the same words), ``deploy`` and ``status`` quote why the pods wait, ``clean`` deletes the
+PodGroup mlenv made."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from mlenv import state
 
 from tests.fakekube.fixtures import FakeCluster, fake_kube_factory  # noqa: F401 - the fixture, re-exported
 from tests.fakekube.kueue import NO_QUOTA, KueuePlayer, local_queue
@@ -50,6 +52,12 @@ def details(path: str) -> list[str]:
     return [pod["detail"] for pod in json.loads(status.stdout)["pods"]]
 
 
+def volcano_queue(name: str) -> dict[str, object]:
+    """A Volcano Queue (cluster-scoped, what a cluster admin creates)."""
+    return {"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "Queue", "metadata": {"name": name},
+            "spec": {"weight": 1}}
+
+
 def doctor_line(result_output: str, name: str) -> str:
     [line] = [line for line in result_output.splitlines() if name in line]
     return line
@@ -76,10 +84,47 @@ def test_doctor_names_what_kueue_admission_lacks(make: Callable[..., FakeCluster
     assert "PASS" in line and "admitting into ClusterQueue gpu-cq" in line, line
 
 
+def refused_in_doctors_words(home: Path, path: str, fake: FakeCluster, check: str) -> None:
+    """``deploy`` refuses ``path`` (exit 2) in the words of doctor's ``check``, one line, before changing anything:
+    no object of the app in the namespace, nothing recorded; ``--dry-run`` still prints what deploy would send."""
+    doctor = mlenv("doctor", "--cluster", path, "--json")
+    [said] = [f"{c['evidence']}: {c['fix']}" for c in json.loads(doctor.stdout)["checks"] if c["name"] == check]
+    before = len(fake.server.requests.api_calls())
+    refused = mlenv("deploy", path)
+    assert refused.exit_code == 2, refused.output
+    assert refused.stderr.strip().splitlines()[-1] == f"error: {said}", refused.stderr
+    asked = fake.server.requests.api_calls()[before:]
+    assert [r for r in asked if r.method != "GET" and not r.resource.endswith("reviews")] == []  # whoami, can-i
+    assert fake.kubectl("get", "all,pvc,serviceaccounts", "-n", NAMESPACE, "-l",
+                        "app.kubernetes.io/instance=ml-dev-env", "-o", "name").stdout == ""
+    assert not (home / ".mlenv" / "state.json").exists() or "fake" not in state.load().deployments
+    dry = mlenv("deploy", path, "--dry-run")
+    assert dry.exit_code == 0 and "kind: StatefulSet" in dry.stdout, dry.output
+
+
+def test_deploy_refuses_a_cluster_without_the_gang_scheduler_or_its_queue(make: Callable[..., FakeCluster],
+                                                                          home: Path) -> None:
+    bare = make()
+    refused_in_doctors_words(home, admitted_by(home, bare, admission="kueue", queue="team-a"), bare,
+                             "Kueue LocalQueue team-a")
+    refused_in_doctors_words(home, admitted_by(home, bare, admission="volcano"), bare, "Volcano queue default")
+
+    kueue = make("kueue")
+    path = admitted_by(home, kueue, admission="kueue", queue="team-a")
+    kueue.server.add(local_queue(NAMESPACE, "other", "cq-other"))
+    refused_in_doctors_words(home, path, kueue, "Kueue LocalQueue team-a")
+
+    kueue.server.add(local_queue(NAMESPACE, "team-a", "gpu-cq"))
+    deployed = mlenv("deploy", path, "--timeout", "60")
+    assert deployed.exit_code == 0, deployed.output  # nothing plays Kueue here: its pods are not held
+    assert names(kueue, "statefulsets") == ["ml-dev-env"]
+
+
 def test_pods_held_by_kueue_say_why_then_run_once_admitted(make: Callable[..., FakeCluster], home: Path) -> None:
     fake = make()
     player = KueuePlayer(fake.server)
     fake.forget_discovery()
+    fake.server.add(local_queue(NAMESPACE, "team-a", "gpu-cq"))
     path = admitted_by(home, fake, admission="kueue", queue="team-a")
     held = mlenv("deploy", path, "--timeout", "2")
     assert held.exit_code == 1
@@ -106,6 +151,7 @@ def test_pods_held_by_kueue_say_why_then_run_once_admitted(make: Callable[..., F
 
 def test_volcano_starts_the_pod_group_and_clean_deletes_it(make: Callable[..., FakeCluster], home: Path) -> None:
     fake = make("volcano")
+    fake.server.add(volcano_queue("default"))  # what installing Volcano creates
     path = admitted_by(home, fake, admission="volcano")
     waiting = mlenv("deploy", path, "--timeout", "2")
     assert waiting.exit_code == 1

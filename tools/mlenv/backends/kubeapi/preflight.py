@@ -15,7 +15,7 @@ from mlenv.backends.kubeapi.client import Client, KubeError
 from mlenv.backends.kubeapi.naming import Target
 from mlenv.config.quantity import QuantityError, parse_quantity
 from mlenv.core.capabilities import Check
-from mlenv.errors import OperationError
+from mlenv.errors import MlenvError, OperationError
 
 DEFAULT_API_PORT = 6443
 PLURALS = {"serviceaccount": "serviceaccounts", "persistentvolumeclaim": "persistentvolumeclaims",
@@ -218,11 +218,11 @@ def preflight(client: Client, target: Target, kinds: Sequence[str] = ()) -> tupl
     return user, checks
 
 
-def require(checks: Sequence[Check]) -> None:
-    """OperationError listing every failed check (with its fix), if any."""
+def require(checks: Sequence[Check], error: type[MlenvError] = OperationError) -> None:
+    """``error`` (OperationError unless said) listing every failed check (with its fix), if any."""
     failed = [c for c in checks if c.status == "FAIL"]
     if failed:
-        raise OperationError("\n".join(f"{c.evidence}" + (f": {c.fix}" if c.fix else "") for c in failed))
+        raise error("\n".join(f"{c.evidence}" + (f": {c.fix}" if c.fix else "") for c in failed))
 
 
 def _words(exc: KubeError, target: Target, flavour: str) -> str:

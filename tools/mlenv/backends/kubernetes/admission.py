@@ -1,7 +1,7 @@
 """What each gang scheduler needs on the pods mlenv renders, and from the cluster (``scheduling.admission``): Kueue
 admits the StatefulSet through its LocalQueue (the queue label, topology annotations), Volcano through a PodGroup of
 all the pods. Kueue's own objects (ClusterQueue, LocalQueue, ResourceFlavor) are the cluster admin's: mlenv never
-renders them; ``doctor`` says when one is missing."""
+renders them; ``doctor`` says when one is missing, and ``deploy`` refuses in its words."""
 
 from __future__ import annotations
 

@@ -133,15 +133,19 @@ class KubernetesBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks, Preempts):
                        (*rdma_warning(plan), *_security_warnings(d)))
 
     def apply(self, request: Request, record: Recorder) -> Handle:
-        """Check server, login and namespace; record; server-side apply exactly the request's YAML stream."""
+        """Check server, login and namespace, and that the cluster serves the gang scheduler and queue the pods ask
+        for (UsageError in doctor's words when not: the pods would run unadmitted, or never); record; server-side
+        apply exactly the request's YAML stream."""
         from mlenv.backends.kubeapi.client import resolve_binary
         from mlenv.backends.kubeapi.preflight import explained, preflight, require
+        from mlenv.backends.kubernetes.admission import admission_checks
 
         resolve_binary(self.flavour, say_stand_in=True)  # the note, once per deployment: here, not on every command
         target = self.target(request.handle)
         client = self._client(target)
         user, checks = preflight(client, target)
         require(checks)
+        require(admission_checks(client, target.namespace, request.payload.scheduling), UsageError)
         if "admin" in request.extras:
             warn(f"pods add IPC_LOCK: unless done before, a cluster admin must apply the SCC and RBAC once: "
                  f"mlenv render {target.cluster_file} --admin | oc apply -f -")

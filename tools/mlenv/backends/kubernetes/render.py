@@ -22,6 +22,7 @@ from mlenv.backends.kubeapi.naming import (
 from mlenv.backends.kubernetes import podinit
 from mlenv.backends.kubernetes.admission import admission
 from mlenv.backends.kubernetes.rules import version_of
+from mlenv.config.model import Scheduling
 from mlenv.errors import OperationError
 from mlenv.render.templates import Templates
 from mlenv.render.yamlsafe import yaml_value
@@ -39,10 +40,12 @@ TEMPLATES = os.path.join(os.path.dirname(mlenv.__file__), "manifests", "kubernet
 
 
 class Rendered(NamedTuple):
-    """The objects to apply, in dependency order, and those a cluster admin must apply."""
+    """The objects to apply, in dependency order, those a cluster admin must apply, and the gang scheduler that
+    admits the pods (apply refuses a cluster that lacks it)."""
 
     objects: list[dict[str, Any]]
     admin_objects: list[dict[str, Any]]
+    scheduling: Scheduling
 
 
 def templates_dir() -> str:
@@ -110,7 +113,7 @@ def render_objects(d: KubeDeployment) -> Rendered:
     if d.ipc_lock_scc:
         admin = [_render(name, d=d) for name in
                  ("securitycontextconstraints.yaml.j2", "role.yaml.j2", "rolebinding.yaml.j2")]
-    return Rendered(objects, admin)
+    return Rendered(objects, admin, d.cluster.scheduling)
 
 
 def render(d: KubeDeployment) -> Rendered:
