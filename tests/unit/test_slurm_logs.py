@@ -51,6 +51,12 @@ def test_a_run_named_by_its_id_rather_than_the_newest(tmp_path: Path) -> None:
     assert logs(tmp_path, 0).stdout == "[node-0 r0] newer\n"
 
 
+def test_a_run_of_the_same_second_with_its_suffix_is_the_newer(tmp_path: Path) -> None:
+    write(tmp_path, "20261125-200000-a", 0, 0, "[node-0 r0] older")
+    write(tmp_path, "20261125-200000-a-2", 0, 0, "[node-0 r0] newer")
+    assert logs(tmp_path, 0).stdout == "[node-0 r0] newer\n"
+
+
 def test_a_rank_through_every_attempt_wherever_it_ran(tmp_path: Path) -> None:
     """Rank 2 ran on node 1, then (after the restart) on node 0; attempts sort by number, 10 after 9."""
     for attempt in range(11):

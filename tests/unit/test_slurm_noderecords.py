@@ -105,6 +105,12 @@ def test_without_a_run_id_the_newest_run(tmp_path: Path) -> None:
     assert list(read(Login(None), str(tmp_path), None, "a").files) == [0]
 
 
+def test_a_run_of_the_same_second_with_its_suffix_is_the_newer(tmp_path: Path) -> None:
+    write(tmp_path, "20261125-200000-a", 0, 0, ranks_json=[rank(0, 0, "succeeded", 0)])
+    write(tmp_path, "20261125-200000-a-2", 0, 1, ranks_json=[rank(1, 1, "running", None)])
+    assert list(read(Login(None), str(tmp_path), None, "a").files) == [1]
+
+
 def test_a_batch_run_s_state_follows_its_job() -> None:
     """The nodes' records end with each attempt; the job says whether the run goes on, and how it ended."""
     from mlenv.backends.slurm.jobs import JobInfo

@@ -65,8 +65,9 @@ CLEAN_TIMEOUT = 60.0
 SHOWN_JOBS = 10
 """Batch jobs status shows: the newest."""
 LOGS = """runs=$1 node=$2 follow=$3 only=$4 name=$5 run= newest= found= tailing=
-if [ -n "$6" ]; then set -- "$runs/$6/"; else set -- "$runs"/*/; fi  # run $6, else every run
-for dir in "$@"; do  # the deployment's newest run with a log (run ids sort by time); one of another file's: no
+if [ -n "$6" ]; then set -- "$runs/$6/"; else set -- "$runs"/*; fi  # run $6, else every run
+for dir in "$@"; do  # the deployment's newest run with a log (names sort by time, a run's same-second suffix (-2)
+  # after it: no slash after them); one of another file's: no
   dir=${dir%/}
   if [ -f "$dir/DEPLOYMENT_FILE" ] && [ "$(cat "$dir/DEPLOYMENT_FILE")" != "$name" ]; then continue; fi
   for log in "$dir"/attempt-*/node*/output.log; do [ -e "$log" ] && run=$dir && break; done

@@ -33,8 +33,7 @@ SEPARATOR = "\036"
 """Starts each header line of the output: never in a record (JSON escapes control characters; exit is a number)."""
 READ = f"""root=$1 run=$2 name=$3 newest=
 if [ -z "$run" ]; then
-  for dir in "$root"/*/; do
-    dir=${{dir%/}}
+  for dir in "$root"/*; do  # names sort by time, a run's same-second suffix (-2) after it: no slash after them
     [ -d "$dir" ] || continue
     if [ -f "$dir/{DEPLOYMENT_FILE}" ] && [ "$(cat "$dir/{DEPLOYMENT_FILE}")" != "$name" ]; then continue; fi
     run=${{dir##*/}}
