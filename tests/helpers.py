@@ -10,7 +10,8 @@ import shlex
 import socket
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,31 @@ def succeeded(result: subprocess.CompletedProcess[str]) -> subprocess.CompletedP
     assert result.returncode == 0, (f"{shlex.join(map(str, result.args))}: exit {result.returncode}\n"
                                     f"{result.stdout}\n{result.stderr}")
     return result
+
+
+@contextmanager
+def lock_held(path: Path) -> Iterator[None]:
+    """``path`` flock-ed exclusively by another process, as another mlenv holds its lock files, until the block
+    ends."""
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, sys; f = open(sys.argv[1], 'a'); "
+                               "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); sys.stdin.read()", str(path)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # held until its stdin closes
+    assert holder.stdin is not None and holder.stdout is not None
+    try:
+        assert holder.stdout.readline() == "held\n"
+        yield
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=10)
+
+
+def said_until(process: subprocess.Popen[str], text: str) -> list[str]:
+    """``process``'s lines on stderr up to the first holding ``text`` (all of them, should it end first)."""
+    assert process.stderr is not None
+    said = [process.stderr.readline()]
+    while said[-1] and text not in said[-1]:
+        said.append(process.stderr.readline())
+    return said
 
 
 def free_ports(count: int, address: str = "127.0.0.1") -> list[int]:

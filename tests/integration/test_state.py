@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import MLENV, ROOT
+from tests.helpers import MLENV, ROOT, lock_held, said_until
 from tests.integration.local_cluster import LocalProject, make_project, require_local
 
 SECOND = """\
@@ -119,20 +119,13 @@ def test_a_bad_recorded_value_blames_the_record(project: LocalProject) -> None:
 
 def test_two_deploys_at_once_wait_for_each_other(project: LocalProject) -> None:
     env = {"MLENV_HOME": str(project.home)}
-    lock = project.home / ".mlenv" / "deploy-one.lock"
-    holder = subprocess.Popen(["python3", "-c", "import fcntl, sys; f = open(sys.argv[1], 'a'); "
-                               "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); sys.stdin.read()", str(lock)],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # held until its stdin closes
-    assert holder.stdin is not None and holder.stdout is not None and holder.stdout.readline() == "held\n"
-    second = subprocess.Popen([str(MLENV), "deploy", "one"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, env={**os.environ, **env}, stdin=subprocess.DEVNULL)
-    assert second.stderr is not None
-    said = [second.stderr.readline()]  # the deploy says it waits, and waits (never half-way) until the lock is free
-    while said[-1] and "waiting for another mlenv to finish with one" not in said[-1]:
-        said.append(second.stderr.readline())
-    assert second.poll() is None, "".join(said)
-    holder.stdin.close()
-    assert holder.wait(timeout=10) == 0
+    with lock_held(project.home / ".mlenv" / "deploy-one.lock"):
+        second = subprocess.Popen([str(MLENV), "deploy", "one"], cwd=ROOT, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True, env={**os.environ, **env},
+                                  stdin=subprocess.DEVNULL)
+        # the deploy says it waits, and waits (never half-way) until the lock is free
+        said = said_until(second, "waiting for another mlenv to finish with one")
+        assert second.poll() is None, "".join(said)
     _, rest = second.communicate(timeout=120)
     assert second.returncode == 0, "".join(said) + rest
     assert "waiting for another mlenv to finish with one" in said[-1], "".join(said) + rest
