@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from mlenv.core.capabilities import Handle
 from mlenv.errors import OperationError, UsageError, shown
@@ -413,13 +413,7 @@ def locked() -> Iterator[None]:
     """Hold .mlenv/state.lock while reading and writing the state (other mlenv commands wait)."""
     import fcntl
 
-    path = state_file().with_name("state.lock")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        handle = path.open("a")
-    except OSError as exc:
-        raise OperationError(f"cannot lock {shown(str(path))}: {exc.strerror or exc}") from None
-    with handle:
+    with _lock_file("state.lock") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         yield
 
@@ -427,11 +421,60 @@ def locked() -> Iterator[None]:
 @contextlib.contextmanager
 def deploying(name: str) -> Iterator[None]:
     """One deploy or clean of ``name`` at a time: a second one waits, saying so."""
+    with _one_at_a_time(f"deploy-{name}.lock", f"to finish with {name}"):
+        yield
+
+
+@contextlib.contextmanager
+def launching(name: str) -> Iterator[None]:
+    """One launch of ``name`` at a time from its look for a live run until its run is recorded (and ``running``
+    holds it live): a second one waits, saying so, then looks."""
+    with _one_at_a_time(f"launch-{name}.lock", f"to start its run of {name}"):
+        yield
+
+
+@contextlib.contextmanager
+def running(name: str) -> Iterator[None]:
+    """Held by each launch of ``name`` from before its run is recorded until the launch returns (a detached run's
+    nodes started it; an attached run ended): ``run_going`` sees it live before any node records it."""
     import fcntl
 
-    path = state_file().with_name(f"deploy-{name}.lock")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a+") as handle:
+    with _lock_file(f"running-{name}.lock") as handle:
+        fcntl.flock(handle, fcntl.LOCK_SH)
+        yield
+
+
+def run_going(name: str) -> bool:
+    """Whether a launch of ``name`` holds ``running`` (the lock goes with its process, however that ends)."""
+    import fcntl
+
+    with _lock_file(f"running-{name}.lock") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        return False
+
+
+@contextlib.contextmanager
+def _lock_file(name: str) -> Iterator[IO[str]]:
+    """.mlenv/``name``, open (made when missing); OperationError naming it when it cannot be."""
+    path = state_file().with_name(name)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle = path.open("a+")
+    except OSError as exc:
+        raise OperationError(f"cannot lock {shown(str(path))}: {exc.strerror or exc}") from None
+    with handle:
+        yield handle
+
+
+@contextlib.contextmanager
+def _one_at_a_time(name: str, doing: str) -> Iterator[None]:
+    """Hold the lock file .mlenv/``name``, waiting for its holder (said: ``waiting for mlenv pid N {doing}``)."""
+    import fcntl
+
+    with _lock_file(name) as handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -439,7 +482,7 @@ def deploying(name: str) -> Iterator[None]:
 
             handle.seek(0)
             holder = handle.read().strip() or "another mlenv"
-            info(f"waiting for {holder} to finish with {name} ({shown(str(path))})")
+            info(f"waiting for {shown(holder)} {doing} ({shown(str(handle.name))})")
             fcntl.flock(handle, fcntl.LOCK_EX)
         handle.seek(0)
         handle.truncate()

@@ -7,7 +7,8 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
+from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Any
 
 from mlenv import state
 from mlenv.core.capabilities import Feature, LaunchOutcome, LaunchSpec
-from mlenv.errors import MlenvError, OperationError, UsageError
+from mlenv.errors import MlenvError, OperationError, UsageError, shown
 from mlenv.ops.live import refuse_while_live
 from mlenv.ops.target import Target
 from mlenv.runtime.records import restartpolicy
@@ -68,24 +69,34 @@ class LaunchResult:
 
 
 def run_id(app: str) -> str:
-    """``<UTC time>-<app>``, unique among the runs of this project."""
+    """``<UTC time>-<app>``: the run's id, unless a run of the same second has it (``_new_run`` then adds a
+    suffix)."""
+    return f"{datetime.now(timezone.utc).strftime('%Y%m%d-%H%M%S')}-{app}"
+
+
+SAME_SECOND = 9
+"""The runs of one id's second: the plain id, then ``-2`` to ``-9``, one digit, so that names sort by time."""
+
+
+def _new_run(spec: LaunchSpec) -> tuple[LaunchSpec, Path]:
+    """``spec`` with a run id of its own and that run's local directory, made here: ``runs/<run id>``, else the
+    first of ``<run id>-2`` to ``-9`` not taken (each made atomically, so two launches never get the same)."""
     from mlenv.config.discover import project_root
 
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     runs = project_root() / "runs"
-    for attempt in range(1, 1000):
-        candidate = f"{stamp}-{app}" if attempt == 1 else f"{stamp}-{app}-{attempt}"
-        if not (runs / candidate).exists():
-            return candidate
-    raise UsageError(f"too many runs named {stamp}-{app}-N under {runs}")
-
-
-def _run_dir(run: str) -> Path:
-    from mlenv.config.discover import project_root
-
-    directory = project_root() / "runs" / run
-    directory.mkdir(parents=True, exist_ok=False)
-    return directory
+    try:
+        runs.mkdir(parents=True, exist_ok=True)
+        for suffix in ("", *(f"-{number}" for number in range(2, SAME_SECOND + 1))):
+            try:
+                (runs / f"{spec.run_id}{suffix}").mkdir()
+            except FileExistsError:
+                continue
+            return replace(spec, run_id=f"{spec.run_id}{suffix}"), runs / f"{spec.run_id}{suffix}"
+    except OSError as exc:
+        raise OperationError(f"cannot make the run's directory under {shown(str(runs))}: "
+                             f"{exc.strerror or exc}") from None
+    raise OperationError(f"{spec.run_id} and {spec.run_id}-2 to -{SAME_SECOND} are taken under {shown(str(runs))}: "
+                         "launch again in a second")
 
 
 def _secrets(names: tuple[str, ...]) -> dict[str, str]:
@@ -197,18 +208,34 @@ def launch(target: Target, spec: LaunchSpec, keep: Collection[int] = ()) -> Laun
     deployment's, or the cluster's when it is not deployed) and from the nodes the policy leaves out
     (``judge_faulty``), but for the nodes ``keep`` (``mlenv drill``: its own fault left the node sound); the last
     attempt's result. A detached run is restarted from the nodes (local and ssh: their
-    supervisors; Slurm: the run's script), where the backend can."""
+    supervisors; Slurm: the run's script), where the backend can. One launch of a deployment at a time looks for a
+    live run (``refuse_while_live``) and records its own, with an id of its own (``_new_run``), under the
+    deployment's launch lock; ``state.running`` then holds the run live for the next launch until this one returns
+    (a detached run's nodes started it, an attached run ended)."""
+    launched = time.time()
+    name = target.handle.name
+    with ExitStack() as going, ExitStack() as looking:
+        looking.enter_context(state.launching(name))  # until this run is recorded: the next launch then sees it
+        if target.recorded is not None:  # as it is now, with the runs other launches recorded
+            target = replace(target, recorded=state.load().deployments.get(name))
+        refuse_while_live(target)
+        check_script(target, spec.script)
+        spec = without_excluded(target, spec)
+        check_supported(target, spec)
+        spec, run_dir = _new_run(spec)
+        going.enter_context(state.running(name))  # live for the next launch until its nodes say so or it ended
+        return _attempts(target, spec, run_dir, keep, launched, recorded=looking.close)
+
+
+def _attempts(target: Target, spec: LaunchSpec, run_dir: Path, keep: Collection[int], launched: float,
+              recorded: Callable[[], None]) -> LaunchResult:
+    """``launch``'s attempts of its run, ``recorded`` called once the first is recorded; the last one's result,
+    with its goodput (``launched``: when the launch began)."""
     from mlenv.ui import error, warn
 
-    launched = time.time()
-    refuse_while_live(target)
-    check_script(target, spec.script)
-    spec = without_excluded(target, spec)
-    check_supported(target, spec)
-    run_dir = _run_dir(spec.run_id)
     run_only: dict[str, str] = {}  # host -> why, for the nodes left out of this run only
     saved = _reasons(target.recorded.excluded if target.recorded else ())  # host -> why, as the deployment records
-    result = _attempt(target, spec, run_dir, {**run_only, **saved})
+    result = _attempt(target, spec, run_dir, {**run_only, **saved}, recorded)
     history = restartpolicy.History()
     preemptions = 0
     while True:
@@ -361,10 +388,11 @@ def _exclude(target: Target, outcome: LaunchOutcome, left_out: tuple[restartpoli
     return [outcome.hosts[out.node] for out in left_out]
 
 
-def _attempt(target: Target, spec: LaunchSpec, run_dir: Path, reasons: Mapping[str, str]) -> LaunchResult:
+def _attempt(target: Target, spec: LaunchSpec, run_dir: Path, reasons: Mapping[str, str],
+             recorded: Callable[[], None] = lambda: None) -> LaunchResult:
     """One start of ``spec`` through the backend, its local logs in ``run_dir`` (the run's, or attempt-K/ in it); a
     summary and, on failure, the failing node's last log lines. ``reasons``: why the hosts left out are (the
-    spares that take their place say it)."""
+    spares that take their place say it); ``recorded``: called once the run is recorded on the deployment."""
     from mlenv.ops.spares import announce
     from mlenv.ui import error, info
 
@@ -375,6 +403,7 @@ def _attempt(target: Target, spec: LaunchSpec, run_dir: Path, reasons: Mapping[s
          f"{' (detached)' if spec.detach else ''}; logs in {run_dir}")
     started = time.monotonic()
     _remember(target, spec)  # before it starts: status, stacks and the hang watchdog's state see it while it runs
+    recorded()
     announce(target, request, reasons)  # the nodes on spare hosts, and why
     outcome = target.backend.jobs.launch(target.handle, request, secrets, str(run_dir))
     result = LaunchResult(outcome, spec.run_id, run_dir, round(time.monotonic() - started, 1), attempt=spec.attempt)

@@ -1,23 +1,30 @@
 """The one launch of a deployment at a time: a launch while a run of the deployment is live is refused, where the
 backend gives every run the same ports (a second run would meet the first one's rendezvous and control channel);
-``mlenv drill`` refuses on any backend while a run is live (it never shares a deployment with the user's run)."""
+``mlenv drill`` refuses on any backend while a run is live (it never shares a deployment with the user's run). A
+launch looks for a live run and records its own under the deployment's launch lock (``state.launching``), so two
+launches never both find none."""
 
 from __future__ import annotations
 
+from mlenv import state
 from mlenv.errors import UsageError
 from mlenv.ops.target import Target
 from mlenv.runtime.records.runlayout import HUNG, REQUEUED, RESTARTING, RUNNING
 
 
-def live_run(target: Target) -> tuple[str, list[int]] | None:
-    """The deployment's latest run and the nodes it still runs on (its backend's ``run_states``), when it is live."""
+def live_run(target: Target) -> tuple[str, str] | None:
+    """The deployment's latest run and where it is live, when it is: the nodes it still runs on (its backend's
+    ``run_states``), else the launch that holds it (``state.running``: recorded, its nodes not yet told, or
+    attached)."""
     if target.recorded is None or not target.recorded.runs:
         return None
     latest = str(target.recorded.runs[-1].get("id"))
     states = target.backend.jobs.run_states(target.handle, latest)
     live = sorted(node for node, state in states.items()
                   if state.split(" ")[0] in (RUNNING, HUNG, RESTARTING, REQUEUED))
-    return (latest, live) if live else None
+    if live:
+        return latest, f"node {', '.join(map(str, live))}"
+    return (latest, "its mlenv launch goes on") if state.run_going(target.handle.name) else None
 
 
 def refuse_while_live(target: Target) -> None:
@@ -32,5 +39,5 @@ def refuse_beside_live(target: Target, why: str) -> None:
     found = live_run(target)
     if found is not None:
         name = target.handle.name
-        raise UsageError(f"run {found[0]} of {name} is still running (node {', '.join(map(str, found[1]))}), and "
+        raise UsageError(f"run {found[0]} of {name} is still running ({found[1]}), and "
                          f"{why}: wait for it to end, or stop it first (mlenv stop -c {name})")
