@@ -4,6 +4,7 @@ UNKNOWN 1 only under --expect, bad input 2), wrong results FAIL first whatever t
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -78,6 +79,10 @@ def test_the_table_plot_and_verdict_for_a_person(output: Path) -> None:
 
 @pytest.mark.parametrize(("args", "said"), [
     (["--read", "/nonexistent/out.txt"], "--read: no file /nonexistent/out.txt"),
+    (["--read", "/dev/zero"], "--read: /dev/zero is not a regular file (a character device): give an nccl-tests "
+                              "output file"),
+    (["--read", str(ROOT / "docs")], f"--read: {ROOT / 'docs'} is not a regular file (a directory): give an "
+                                     "nccl-tests output file"),
     (["--read", str(ROOT / "Makefile"), "--pairs"], "it does not go with --pairs"),
     (["--read", str(ROOT / "Makefile"), "--tool", "nccl-tests"], "it does not go with --tool"),
     (["--read", str(ROOT / "Makefile"), "--expect", "fast"], "--expect"),
@@ -87,6 +92,15 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], said: str) -> None:
     assert result.returncode == 2, result.stdout + result.stderr
     assert said in result.stderr and len(result.stderr.splitlines()) == 1, result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_named_pipe_is_refused_unopened(tmp_path: Path) -> None:
+    """No writer ever comes: opening it to read would wait for one forever."""
+    fifo = tmp_path / "out.fifo"
+    os.mkfifo(fifo)
+    result = run_mlenv("nccl-test", "--read", str(fifo), timeout=30)
+    assert (result.returncode, result.stderr) == (2, f"error: --read: {fifo} is not a regular file (a named pipe): "
+                                                     "give an nccl-tests output file\n")
 
 
 def test_a_large_table_is_judged_on_its_first_rows_or_not_at_all(tmp_path: Path) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +21,7 @@ import yaml
 
 from mlenv.config.positions import JsonPath, format_path, nearest_position
 from mlenv.errors import ConfigError, Problem, shown
+from mlenv.runtime.regularfile import NotRegularFile, open_regular
 
 MAX_BYTES = 1 << 20
 MAX_DEPTH = 64
@@ -31,8 +31,6 @@ _TAG = "tag:yaml.org,2002:"
 _MAP, _SEQ, _INT, _FLOAT, _MERGE = (_TAG + name for name in ("map", "seq", "int", "float", "merge"))
 _SCALAR_TAGS = frozenset(_TAG + name for name in ("str", "int", "float", "bool", "null"))
 _LEADING_ZERO = re.compile(r"[-+]?0[0-9_]+")
-_FILE_KINDS = {stat.S_IFDIR: "a directory", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
-               stat.S_IFIFO: "a named pipe", stat.S_IFSOCK: "a socket"}
 
 
 @dataclass
@@ -333,14 +331,6 @@ def _file_problem(display_path: str, message: str) -> ConfigError:
     return ConfigError([Problem(display_path, None, None, "", message)])
 
 
-def _check_regular(info: os.stat_result, display_path: str) -> None:
-    if not stat.S_ISREG(info.st_mode):
-        kind = _FILE_KINDS.get(stat.S_IFMT(info.st_mode), "not a file")
-        raise _file_problem(display_path, f"not a regular file ({kind}); give the path of a cluster YAML file")
-    if info.st_size > MAX_BYTES:
-        raise _too_big(display_path, info.st_size)
-
-
 def _too_big(display_path: str, size: int | None) -> ConfigError:
     amount = f"{size:,} bytes" if size is not None else "still growing"
     return _file_problem(display_path, f"file is larger than 1 MiB ({amount}); a cluster file is a few KiB, "
@@ -350,10 +340,14 @@ def _too_big(display_path: str, size: int | None) -> ConfigError:
 def read_capped(path: str | os.PathLike[str], display_path: str) -> bytes:
     """The bytes of a regular file of at most MAX_BYTES, never blocking on (or reading) pipes and devices."""
     try:
-        _check_regular(os.stat(path), display_path)
-        with open(path, "rb", opener=lambda name, flags: os.open(name, flags | os.O_NONBLOCK)) as handle:
-            _check_regular(os.fstat(handle.fileno()), display_path)  # it may have been replaced since the stat
+        with open_regular(path) as handle:
+            size = os.fstat(handle.fileno()).st_size
+            if size > MAX_BYTES:
+                raise _too_big(display_path, size)
             data = handle.read(MAX_BYTES + 1)
+    except NotRegularFile as exc:
+        raise _file_problem(display_path, f"not a regular file ({exc.kind}); give the path of a cluster YAML "
+                                          "file") from None
     except FileNotFoundError:
         raise _file_problem(display_path, "file not found") from None
     except OSError as exc:

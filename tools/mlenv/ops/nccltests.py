@@ -22,6 +22,7 @@ from mlenv.ops.nccltest import Expectation, gate_bandwidth, parse_bandwidth
 from mlenv.ops.target import Target
 from mlenv.runtime.fabric.nccltests import MAX_ROWS, NcclTestsReport, read_path
 from mlenv.runtime.fabric.nccltestsrun import TESTS
+from mlenv.runtime.regularfile import NotRegularFile
 
 RUNNER = "nccl_tests_run.py"
 """Shipped to the top of every node's workspace: runs the runtime's nccl-tests runner (nccltestsrun.main)."""
@@ -61,11 +62,15 @@ def summary(report: NcclTestsReport, verdict: str, reason: str) -> dict[str, Any
 
 
 def read_output(path: Path) -> NcclTestsReport:
-    """The report of the nccl-tests output at ``path``; UsageError (exit 2) naming a file that cannot be read."""
-    if not path.is_file():
-        raise UsageError(f"--read: no file {path}")
+    """The report of the nccl-tests output at ``path``; UsageError (exit 2) naming a path that is no file or cannot
+    be read."""
     try:
         return read_path(path)
+    except FileNotFoundError:
+        raise UsageError(f"--read: no file {path}") from None
+    except NotRegularFile as exc:
+        raise UsageError(f"--read: {path} is not a regular file ({exc.kind}): give an nccl-tests output "
+                         "file") from None
     except OSError as exc:
         raise UsageError(f"--read: cannot read {path}: {exc.strerror or exc}") from None
 

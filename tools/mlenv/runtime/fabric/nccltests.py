@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
+from ..regularfile import open_regular
 from .ncclines import iter_lines
 
 MAX_LINE = 4096
@@ -317,6 +318,7 @@ def read_stream(stream: BinaryIO) -> NcclTestsReport:
 
 
 def read_path(path: Path) -> NcclTestsReport:
-    """The report of an nccl-tests output file; OSError if it cannot be opened."""
-    with path.open("rb") as stream:
+    """The report of an nccl-tests output file; NotRegularFile when ``path`` is a directory, a device or a named pipe
+    (never read: /dev/zero has no end), OSError when it cannot be opened."""
+    with open_regular(path) as stream:
         return read_stream(stream)
