@@ -1,8 +1,8 @@
 """One launch of a deployment at a time, atomically, on a local cluster (processes), through the real `mlenv`
 command: launches at once start one run and refuse the others (exit 2, their error as JSON under --json); an
 attached launch holds its run live from its record on, whatever its nodes say; a launch waits while another starts
-its run, saying so; a run id taken in the same second gets the next free suffix, which the readers of run ids
-take."""
+its run, saying so (interrupted there, it says so in JSON too); a run id taken in the same second gets the next
+free suffix, which the readers of run ids take."""
 
 from __future__ import annotations
 
@@ -146,3 +146,16 @@ def test_a_run_id_taken_in_the_same_second_gets_the_next_suffix(project: LocalPr
     assert report["ok"] is False and re.fullmatch(taken, report["errors"][0]["message"]), report
     assert run_ids(project) == before
 
+
+def test_a_launch_interrupted_while_it_waits_says_so_in_json(project: LocalProject) -> None:
+    before = run_ids(project)
+    with lock_held(project.home / ".mlenv" / f"launch-{project.name}.lock"):
+        launch = started(project, *LAUNCH, "--json", "job.py", "ok")
+        said = said_until(launch, f"waiting for another mlenv to start its run of {project.name}")
+        launch.send_signal(signal.SIGINT)
+        code, out, err = ended(launch)
+    assert code == 130 and "error: interrupted" in err and "Traceback" not in err, "".join(said) + err
+    report = json.loads(out)
+    assert_shaped(report, documented_shape("error"))
+    assert (report["ok"], [error["message"] for error in report["errors"]]) == (False, ["interrupted"]), report
+    assert run_ids(project) == before

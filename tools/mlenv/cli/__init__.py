@@ -59,12 +59,13 @@ adds the rest of each command's help: its docstring)."""
 
 
 def reports_errors(func: F) -> F:
-    """Turn mlenv errors into one-line messages and exit codes (2 bad input, 1 failed); never a traceback. A
-    command run with ``--json`` also prints them on stdout as ``{"ok": false, "errors": [...]}`` (docs/json.md)."""
+    """Turn mlenv errors into one-line messages and exit codes (2 bad input, 1 failed, 130 interrupted); never a
+    traceback. A command run with ``--json`` also prints them on stdout as ``{"ok": false, "errors": [...]}``
+    (docs/json.md)."""
 
     @wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from mlenv.errors import MlenvError
+        from mlenv.errors import MlenvError, OperationError
         from mlenv.ui import error
 
         try:
@@ -74,7 +75,7 @@ def reports_errors(func: F) -> F:
             _exit_failed(exc.errors(), exc.exit_code, bool(kwargs.get("as_json")))
         except KeyboardInterrupt:
             error("interrupted")
-            sys.exit(130)
+            _exit_failed(OperationError("interrupted").errors(), 130, bool(kwargs.get("as_json")))
 
     return wrapper  # type: ignore[return-value]
 
