@@ -134,6 +134,6 @@ def test_a_live_run_is_left_alone_by_a_second_launch_and_by_strangers(project: L
         (rank, "succeeded", 0) for rank in range(4)], run
     assert json.loads(project.ok("nodes", "--json").stdout)["excluded"] == []
     logs = project.ok("logs", timeout=60).stdout
-    assert "dropped a control message from 127.0.0.1: bad secret" in logs, logs
+    assert "dropped a control connection from 127.0.0.1: bad secret (said once)" in logs, logs
     assert "forged" not in logs and "stopping the job" not in logs, logs
     assert run_processes(project) == []

@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 from mlenv.runtime.records import restartpolicy
-from mlenv.runtime.supervise import control
+from mlenv.runtime.supervise import control, proofs
 from mlenv.runtime.supervise.control import ControlChannel
+from mlenv.runtime.supervise.door import HELLO_LIMIT
 
 from tests.helpers import free_port
 
@@ -58,8 +59,8 @@ def test_a_node_of_the_next_attempt_retries_until_its_own_node_0_listens() -> No
     early.close()
 
 
-def connected(port: int, stops: list[Any]) -> tuple[ControlChannel, ControlChannel]:
-    hub, other = channel(0, 0, port, stops), channel(1, 0, port, stops)
+def connected(port: int, stops: list[Any], notes: list[str] | None = None) -> tuple[ControlChannel, ControlChannel]:
+    hub, other = channel(0, 0, port, stops, notes), channel(1, 0, port, stops, notes)
     pump([hub, other], lambda: any(peer.node == 1 for peer in hub.peers) and other.connected)
     return hub, other
 
@@ -100,7 +101,7 @@ def test_a_node_whose_ranks_succeeded_stays_until_node_0_ends_and_hears_of_a_lat
 def test_node_0_listens_on_the_master_s_address_only() -> None:
     port, stops = free_port(), list[Any]()
     hub = channel(0, 0, port, stops)
-    assert hub.server is not None and hub.server.getsockname()[:2] == ("127.0.0.1", port)
+    assert hub.door is not None and hub.door.server.getsockname()[:2] == ("127.0.0.1", port)
     hub.close()
 
 
@@ -116,8 +117,8 @@ def test_a_stranger_without_the_secret_is_dropped_noted_and_never_obeyed(lines: 
     with socket.create_connection(("127.0.0.1", port)) as stranger:
         stranger.sendall(b"".join(json.dumps(line).encode() + b"\n" for line in lines))
         pump([hub], lambda: bool(notes))
-    assert notes == ["dropped a control message from 127.0.0.1: bad secret"]
-    pump([hub], lambda: not hub.peers)
+    assert notes == ["dropped a control connection from 127.0.0.1: bad secret (said once)"]
+    assert hub.door is not None and not hub.door.callers and not hub.peers
     assert stops == [] and not hub.waiting_for_peers()
     hub.close()
 
@@ -126,27 +127,34 @@ def test_a_connection_that_closes_or_stays_silent_is_no_lost_node() -> None:
     port, stops, notes = free_port(), list[Any](), list[str]()
     hub = channel(0, 0, port, stops, notes)
     socket.create_connection(("127.0.0.1", port)).close()  # connect and close
+    assert hub.door is not None
     with socket.create_connection(("127.0.0.1", port)) as silent:
-        pump([hub], lambda: len(hub.peers) == 1)
+        pump([hub], lambda: len(hub.door.callers) == 1)
         assert not hub.waiting_for_peers()  # a connection that said nothing keeps no run going
         hub.done()
         assert not hub.waiting_for_peers()
         assert stops == []
-        silent.sendall(b"x" * (control.HELLO_LIMIT + 1))  # no line within the hello's limit: dropped
-        pump([hub], lambda: not hub.peers)
-    assert stops == [] and notes == [f"dropped a control message from 127.0.0.1: longer than {control.HELLO_LIMIT} "
-                                     "bytes"]
+        silent.sendall(b"x" * (HELLO_LIMIT + 1))  # no line within the hello's limit: dropped
+        pump([hub], lambda: not hub.door.callers)
+    assert stops == [] and notes == [f"dropped a control connection from 127.0.0.1: longer than {HELLO_LIMIT} "
+                                     "bytes (said once)"]
     hub.close()
 
 
-def test_a_silent_connection_is_dropped_after_the_hello_time(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(control, "HELLO_SECONDS", 0.0)
+def test_a_connection_that_never_says_hello_is_closed_within_the_deadline() -> None:
     port, stops, notes = free_port(), list[Any](), list[str]()
     hub = channel(0, 0, port, stops, notes)
-    with socket.create_connection(("127.0.0.1", port)):
+    assert hub.door is not None
+    hub.door.deadline = 0.5
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as silent, silent.makefile("rb") as lines:
+        pump([hub], lambda: bool(hub.door and hub.door.callers))
+        assert b'"challenge"' in lines.readline()
+        started = time.monotonic()
         pump([hub], lambda: bool(notes))
-    assert notes == ["dropped a control connection from 127.0.0.1: no proof of the secret in 0 s"] and stops == []
-    assert not hub.peers
+        assert lines.readline() == b""  # closed by node 0
+        assert 0.5 <= time.monotonic() - started < 2.5
+    assert notes == ["dropped a control connection from 127.0.0.1: no answer to its challenge in 0.5 s (said once)"]
+    assert stops == [] and not hub.door.callers and not hub.peers
     hub.close()
 
 
@@ -177,7 +185,7 @@ def test_a_stranger_holding_node_0_s_port_learns_no_secret_and_stops_no_node() -
             pump([node], lambda: node.upstream is not None)
             connection, _ = squatter.accept()
             with connection:
-                connection.sendall(b'{"challenge": "c0ffee"}\n')
+                connection.sendall(json.dumps({"challenge": proofs.nonce()}).encode() + b"\n")
                 connection.settimeout(0.05)
 
                 def hello(connection: socket.socket = connection) -> bool:
@@ -236,3 +244,67 @@ def test_a_node_whose_connection_closes_before_its_job_ended_is_lost() -> None:
     assert lost == [(1, restartpolicy.CLOSED)]
     assert stops[0][0] == "lost node 1"
     hub.close()
+
+
+FORGED = {"replay": "out of sequence (line '", "alter": "bad MAC"}
+"""How node 0 names each forgery of ``forge`` (the start of its words)."""
+
+
+def forge(node: ControlChannel, how: str) -> None:
+    """``node`` sends node 0 a true line, then that line again (``replay``) or a forged stop under the next line's
+    MAC (``alter``)."""
+    upstream = node.upstream
+    assert upstream is not None and upstream.seal is not None
+    with node.sending:  # not between the heartbeat thread's lines
+        beat, following = upstream.seal.seal(b'{"beat": true}'), upstream.seal.seal(b'{"beat": true}')
+        forged = beat if how == "replay" else following.replace(b'{"beat": true}', b'{"stop": "forged"}')
+        upstream.sock.sendall(beat + forged)
+
+
+@pytest.mark.parametrize("how", sorted(FORGED))
+def test_a_replayed_or_altered_line_closes_the_connection_and_is_never_obeyed(how: str) -> None:
+    """Node 1's line sent twice, or another body under its MAC: node 0 drops the connection (node 1 is lost, as when
+    its connection breaks), never obeys the line."""
+    port, stops, notes = free_port(), list[Any](), list[str]()
+    hub, other = connected(port, stops)
+    hub.note = notes.append
+    forge(other, how)
+    pump([hub], lambda: bool(stops))
+    assert stops[0][:2] == ("lost node 1", 1) and not hub.peers
+    (note,) = notes
+    assert note.startswith(f"dropped a control message from 127.0.0.1: {FORGED[how]}"), note
+    hub.close()
+    other.close()
+
+
+def test_an_altered_line_from_node_0_stops_the_node() -> None:
+    port, stops, notes = free_port(), list[Any](), list[str]()
+    hub, other = connected(port, stops)
+    other.note = notes.append
+    (peer,) = hub.peers
+    assert peer.seal is not None
+    with hub.sending:
+        peer.sock.sendall(peer.seal.seal(b'{"beat": true}').replace(b'{"beat": true}', b'{"stop": "forged"}'))
+    pump([other], lambda: bool(stops))
+    assert stops[0][:2] == ("lost the control channel to node 0", 1)
+    assert notes == ["dropped a control message from 127.0.0.1: bad MAC"]
+    hub.close()
+    other.close()
+
+
+def test_an_error_in_handling_a_node_s_message_drops_its_connection_not_node_0() -> None:
+    """An exception of node 0's own handling (here an observer's) ends that connection, noted with the peer, and
+    never the supervisor's loop."""
+    port, stops, notes = free_port(), list[Any](), list[str]()
+    hub, other = connected(port, stops, notes)
+
+    def observer(message: dict[str, Any]) -> None:
+        raise RuntimeError(f"cannot take {message}")
+
+    hub.on_message = observer
+    other.relay({"stack": 1})
+    pump([hub, other], lambda: len(stops) == 2)
+    assert "dropped a control message from 127.0.0.1: RuntimeError cannot take {'stack': 1}" in notes
+    assert stops[0][0] == "lost node 1"
+    hub.close()
+    other.close()

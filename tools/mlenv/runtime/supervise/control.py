@@ -3,25 +3,27 @@
 Node 0's supervisor listens on ``MASTER_PORT + 1`` of the master's address only; the others connect and stay
 connected while their job runs. Messages are JSON lines, each carrying the run id and attempt. The two ends of a
 connection prove to each other that they hold the run's secret (``MLENV_CONTROL_SECRET``: random per run, handed to
-the nodes in their environment), which never travels: node 0 sends a ``challenge``, the node answers with its
-``hello``, a nonce and the HMAC of the challenge, and node 0 with a ``welcome``, the HMAC of the nonce (compared in
-constant time). A connection without the right proof is dropped and noted, never obeyed; one that has not said hello
-within ``HELLO_SECONDS`` is dropped and counts for nothing. A node reports a rank failure (``failure``), a stop it
-needs (``stop``) and its end (``done``); both ends say they are alive (``beat``) every ``BEAT_SECONDS`` from a
-thread of their own, and an end silent for ``SILENCE_SECONDS`` is lost (a frozen node closes no connection). Node 0
-turns a node of another run away (``refused``), and sends a node of another attempt away (``retry``: the previous
-attempt's node 0 is still waiting for its peers), and that node tries again. Node 0 collects the failures of
-``DECIDE_SECONDS`` (ranks that die of the first one's death come later), names the earliest as the job's first
-failure and broadcasts one ``stop`` to every node. A connection lost before ``done`` counts as that node's failure,
-on both sides (once it said hello)."""
+the nodes in their environment), which never travels: node 0 sends a ``challenge`` (a nonce), the node answers with
+its ``hello``, a nonce of its own and the HMAC of the challenge, and node 0 with a ``welcome``, the HMAC of both
+nonces (compared in constant time). From then on every line of the connection, both ways, is sealed (proofs.py):
+its MAC binds it to both nonces, its direction and its turn, so that a line altered, replayed or out of its turn
+closes the connection. Strangers wait at node 0's door (door.py): a connection that has not said hello with the
+right proof within ``HELLO_SECONDS`` is dropped and counts for nothing, at most ``UNPROVEN_LIMIT`` wait at once
+(the oldest dropped first), and a connection that cannot be accepted (out of descriptors) is refused, said once; a
+node gives node 0 ``PROOF_SECONDS`` to prove itself (node 0 may be busy starting its job), then tries again. A
+node reports a rank failure (``failure``), a stop it needs (``stop``) and its end (``done``); both ends say they
+are alive (``beat``) every ``BEAT_SECONDS`` from a thread of their own, and an end silent for ``SILENCE_SECONDS`` is
+lost (a frozen node closes no connection). Node 0 turns a node of another run away (``refused``), and sends a node
+of another attempt away (``retry``: the previous attempt's node 0 is still waiting for its peers), and that node
+tries again. Node 0 collects the failures of ``DECIDE_SECONDS`` (ranks that die of the first one's death come
+later), names the earliest as the job's first failure and broadcasts one ``stop`` to every node. A connection lost
+before ``done`` counts as that node's failure, on both sides (once it said hello). No error in handling a connection
+ends the supervisor: that connection is dropped, noted."""
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import hmac
 import json
-import secrets
 import selectors
 import socket
 import threading
@@ -31,7 +33,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..records.restartpolicy import CLOSED
+from .door import HELLO_LIMIT, SEND_TIMEOUT, Caller, Door
 from .listener import listen
+from .proofs import DOWN, UP, Seal, Unsealed, is_nonce, nonce, proof, proves
 
 DECIDE_SECONDS = 1.0
 CONNECT_SECONDS = 300.0
@@ -39,11 +43,9 @@ CONNECT_SECONDS = 300.0
 CONNECT_TIMEOUT = 0.5
 UNPROVEN_TRIES = 3
 """How many times a node tries a node 0 that never proves the secret (another run's?) before it runs without it."""
-SEND_TIMEOUT = 5.0
-HELLO_SECONDS = 10.0
-"""How long a connection may stay without saying hello (with the run's secret) before node 0 drops it."""
-HELLO_LIMIT = 4096
-"""The most bytes read from a connection before its hello: a longer first line is dropped."""
+PROOF_SECONDS = 10.0
+"""How long a node waits for node 0 to prove the secret (its challenge, then its welcome) before it drops the
+connection, an unproven try: longer than node 0 gives strangers, as node 0's loop may be busy starting its job."""
 MESSAGE_LIMIT = 64 << 20
 """The longest message of a node that said hello (observers' messages carry stacks)."""
 BEAT_SECONDS = 2.0
@@ -62,19 +64,28 @@ Note = Callable[[str], None]
 
 @dataclass
 class _Peer:
+    """The other end of a connection: on node 0 a node that proved the secret, on the others node 0."""
+
     sock: socket.socket
-    address: str = "?"
-    node: int | None = None
-    """The node it said it is in its hello (None until then: it counts for nothing)."""
+    address: str
+    node: int
+    """The node it said it is in its hello (node 0 for the others' connection)."""
     buffer: bytes = b""
     done: bool = False
     since: float = field(default_factory=time.monotonic)
     heard: float = field(default_factory=time.monotonic)
     """When anything last came from it (its heartbeat comes every BEAT_SECONDS)."""
-    nonce: str = field(default_factory=lambda: secrets.token_hex(16))
-    """Node 0: the challenge it sent; the others: the nonce node 0 must prove the secret with."""
-    proven: bool = False
-    """It proved that it holds the run's secret."""
+    nonce: str = field(default_factory=nonce)
+    """The others: the nonce node 0 must prove the secret with."""
+    challenge: str | None = None
+    """The others: node 0's challenge, once it came."""
+    seal: Seal | None = None
+    """Both ends proved the secret: every line from now on is sealed."""
+
+    @property
+    def proven(self) -> bool:
+        """It proved that it holds the run's secret."""
+        return self.seal is not None
 
 
 @dataclass
@@ -88,8 +99,10 @@ class ControlChannel:
     on_stop: StopHandler
     note: Note
     selector: selectors.BaseSelector
-    server: socket.socket | None = None
+    door: Door | None = None
+    """Node 0: where connections wait until they prove the secret."""
     peers: list[_Peer] = field(default_factory=list)
+    """Node 0: the connected nodes."""
     upstream: _Peer | None = None
     connect_until: float = 0.0
     failures: list[tuple[float, dict[str, Any]]] = field(default_factory=list)
@@ -120,26 +133,14 @@ class ControlChannel:
         """Listen on the master's address (node 0) or start trying to connect (the others)."""
         if self.node == 0:
             try:
-                self.server = listen(self.address, self.port)
+                server = listen(self.address, self.port)
             except OSError as exc:
                 self.note(f"warning: no control channel on {self.address}:{self.port} ({exc.strerror}): a failure "
                           "on another node will not stop this one")
                 return
-            self.server.setblocking(False)
-            self.selector.register(self.server, selectors.EVENT_READ, self._accept)
+            self.door = Door(server, self.selector, self.note, self._answered, what="control connection")
         else:
             self.connect_until = time.monotonic() + CONNECT_SECONDS
-
-    def _accept(self) -> None:
-        if self.server is None:
-            return
-        with contextlib.suppress(BlockingIOError):
-            sock, address = self.server.accept()
-            sock.settimeout(SEND_TIMEOUT)  # a peer that reads nothing holds no send for long
-            peer = _Peer(sock, str(address[0]) if isinstance(address, tuple) else "?")
-            self.peers.append(peer)
-            self.selector.register(sock, selectors.EVENT_READ, lambda: self._read(peer))
-            self._send(peer, {"challenge": peer.nonce})
 
     def _try_connect(self) -> None:
         try:
@@ -152,11 +153,20 @@ class ControlChannel:
             return
         sock.settimeout(SEND_TIMEOUT)
         self.upstream = _Peer(sock, self.address, node=0)
-        self.selector.register(sock, selectors.EVENT_READ, lambda: self._read(self.upstream))
+        self.selector.register(sock, selectors.EVENT_READ, self._reader(self.upstream))
 
-    def _read(self, peer: _Peer | None) -> None:
-        if peer is None:
-            return
+    def _reader(self, peer: _Peer) -> Callable[[], None]:
+        """The selector's callback for ``peer``: an error in handling what it sent drops that connection, noted,
+        never the supervisor."""
+        def read() -> None:
+            try:
+                self._read(peer)
+            except Exception as err:  # noted with the peer; the supervisor goes on
+                if self._ours(peer):
+                    self._refuse(peer, f"dropped a control message from {peer.address}: {type(err).__name__} {err}")
+        return read
+
+    def _read(self, peer: _Peer) -> None:
         try:
             chunk = peer.sock.recv(65536)
         except OSError:
@@ -177,21 +187,23 @@ class ControlChannel:
         return peer is self.upstream or peer in self.peers
 
     def _line(self, peer: _Peer, line: bytes) -> None:
-        """One message: obeyed only from a peer that proved it holds the run's secret (the handshake first)."""
+        """One message: opened when the connection is sealed, and obeyed only from a peer that proved it holds the
+        run's secret (node 0's handshake first)."""
         try:
-            message = json.loads(line)
+            body = line if peer.seal is None else peer.seal.open(line)
+        except Unsealed as why:
+            self._refuse(peer, f"dropped a control message from {peer.address}: {why}")
+            return
+        try:
+            message = json.loads(body)
         except ValueError:
             message = None
         if not isinstance(message, dict):
             self._refuse(peer, f"dropped a control message from {peer.address}: not a JSON object")
-            return
-        try:
-            if not peer.proven:
-                self._handshake(peer, message)
-            else:
-                self._handle(peer, message)
-        except (KeyError, TypeError, ValueError) as err:
-            self._refuse(peer, f"dropped a control message from {peer.address}: {type(err).__name__} {err}")
+        elif peer.proven:
+            self._handle(peer, message)
+        else:
+            self._handshake(peer, message)
 
     def _proof(self, *parts: object) -> str:
         return proof(self.secret, *parts)
@@ -200,54 +212,51 @@ class ControlChannel:
         return proves(self.secret, message.get(key), *parts)
 
     def _handshake(self, peer: _Peer, message: Mapping[str, Any]) -> None:
-        """Node 0: a hello with the HMAC of its challenge (then a welcome with the HMAC of the node's nonce, and the
-        node is turned away when of another run or attempt); the others: node 0's challenge, then its welcome."""
-        bad = f"dropped a control message from {peer.address}: bad secret"
-        if peer is self.upstream:
-            if "challenge" in message:
-                self._send(peer, {"hello": self.node, "nonce": peer.nonce,
-                                  "proof": self._proof("hello", str(message["challenge"]), self.run_id, self.attempt,
-                                                       self.node)})
-            elif self._proves(message, "welcome", "welcome", peer.nonce):
-                peer.proven = True
-                if self.finished:
-                    self._send(peer, {"done": True})
-            else:
-                self._refuse(peer, bad)
-            return
-        if "hello" not in message or not self._proves(message, "proof", "hello", peer.nonce, message.get("run"),
-                                                      message.get("attempt"), message["hello"]):
-            self._refuse(peer, bad)
-            return
-        peer.proven = True
-        self._send(peer, {"welcome": self._proof("welcome", str(message.get("nonce")))})
+        """A node other than 0: node 0's challenge (answered with the hello), then its welcome (the connection is
+        sealed from then on)."""
+        if peer.challenge is None and is_nonce(message.get("challenge")):
+            peer.challenge = str(message["challenge"])
+            self._send(peer, {"hello": self.node, "nonce": peer.nonce,
+                              "proof": self._proof("hello", peer.challenge, self.run_id, self.attempt, self.node)})
+        elif peer.challenge is not None and self._proves(message, "welcome", "welcome", peer.challenge, peer.nonce):
+            peer.seal = Seal(self.secret, peer.challenge, peer.nonce, UP)
+            if self.finished:
+                self._send(peer, {"done": True})
+        else:
+            self._refuse(peer, f"dropped a control message from {peer.address}: bad secret")
+
+    def _answered(self, caller: Caller, message: dict[str, Any], rest: bytes) -> str | None:
+        """Node 0: a connection's hello, with the HMAC of its challenge: a welcome with the HMAC of both nonces
+        (the connection is sealed from then on), then the node is connected, or turned away when of another run,
+        or sent away to retry when of another attempt."""
+        client = message.get("nonce")
+        if "hello" not in message or not is_nonce(client) or not self._proves(
+                message, "proof", "hello", caller.challenge, message.get("run"), message.get("attempt"),
+                message["hello"]):
+            return "bad secret"
+        peer = _Peer(caller.sock, caller.address, node=int(message["hello"]), buffer=rest)  # read with its next lines
+        self._send(peer, {"welcome": self._proof("welcome", caller.challenge, client)})
+        peer.seal = Seal(self.secret, caller.challenge, str(client), DOWN)
         if message.get("run") != self.run_id:
             self._send(peer, {"refused": f"this is run {self.run_id}"})
-            self._refuse(peer, f"turned away node {shown(message['hello'])} of run {shown(message.get('run'))} from "
-                               f"{peer.address} (this is run {self.run_id})")
+            self.note(f"turned away node {shown(message['hello'])} of run {shown(message.get('run'))} from "
+                      f"{peer.address} (this is run {self.run_id})")
+            self._drop(peer)
         elif message.get("attempt") != self.attempt:  # a node of the next attempt, early: not ours
             self._send(peer, {"retry": f"node 0 of attempt {self.attempt} is ending"})
             self._drop(peer)
-            self.peers.remove(peer)
         else:
-            peer.node = int(message["hello"])
+            self.peers.append(peer)
+            self.selector.register(peer.sock, selectors.EVENT_READ, self._reader(peer))
+        return None
 
     def _refuse(self, peer: _Peer, why: str) -> None:
-        """Drop ``peer``'s connection, noted; a node that said hello (or node 0, once it proved the secret) is then
-        lost (as when its connection breaks); any other counts for nothing (node 0 is tried again)."""
+        """Drop ``peer``'s connection, noted, as when it breaks."""
         self.note(why)
-        if peer.proven and peer.node is not None:
-            self._lost(peer)
-        else:
-            self._drop(peer)
-            if peer is self.upstream:
-                self._unproven_upstream()
-            elif peer in self.peers:
-                self.peers.remove(peer)
+        self._lost(peer)
 
     def _unproven_upstream(self) -> None:
         """The connection to node 0's address ended before node 0 proved the secret: try again, a few times."""
-        self.upstream = None
         self.unproven += 1
         if self.unproven >= UNPROVEN_TRIES:
             self.connect_until = 0.0  # no more tries
@@ -284,17 +293,19 @@ class ControlChannel:
         peer.sock.close()
 
     def _lost(self, peer: _Peer) -> None:
+        """``peer``'s connection ended: node 0 not yet proven is tried again; node 0 proven, lost (this node stops
+        unless its job ended); on node 0, a node that had not said its job ended is lost (the job stops)."""
         self._drop(peer)
-        if peer is self.upstream and not peer.proven:
-            self._unproven_upstream()
-        elif peer is self.upstream:
+        if peer is self.upstream:
             self.upstream = None
-            if not self.finished:
+            if not peer.proven:
+                self._unproven_upstream()
+            elif not self.finished:
                 self._stop("lost the control channel to node 0", 1, None)
         elif peer in self.peers:
             self.peers.remove(peer)
-            if not peer.done and peer.node is not None and not self.stopped:
-                self._lost_node(int(peer.node), CLOSED)
+            if not peer.done and not self.stopped:
+                self._lost_node(peer.node, CLOSED)
                 self._broadcast(f"lost node {peer.node}", 1, None)
 
     def _lost_node(self, node: int, why: str) -> None:
@@ -313,7 +324,7 @@ class ControlChannel:
         """Node 0: stop every node (once)."""
         if self.stopped:
             return
-        for peer in self._nodes():
+        for peer in self.peers:
             self._send(peer, {"stop": reason, "exit_code": exit_code, "first_failure": first})
         self._stop(reason, exit_code, first)
 
@@ -322,20 +333,18 @@ class ControlChannel:
             self.stopped = True
             self.on_stop(reason, exit_code, first)
 
-    def _nodes(self) -> list[_Peer]:
-        """The connected nodes: the peers that said hello."""
-        return [peer for peer in self.peers if peer.node is not None]
-
     def _send(self, peer: _Peer, message: Mapping[str, Any]) -> None:
+        """Send ``message`` (with the run id and attempt), sealed once the connection is."""
+        body = json.dumps({**message, "run": self.run_id, "attempt": self.attempt}).encode()
         with self.sending, contextlib.suppress(OSError):
-            peer.sock.sendall(json.dumps({**message, "run": self.run_id, "attempt": self.attempt}).encode() + b"\n")
+            peer.sock.sendall(body + b"\n" if peer.seal is None else peer.seal.seal(body))
 
     def _beat(self, stop: threading.Event) -> None:
         """The heartbeat thread: every BEAT_SECONDS, a beat to node 0 (or, on node 0, to every connected node)."""
         while not stop.wait(BEAT_SECONDS):
             upstream = self.upstream
             for peer in ([upstream] if upstream is not None and upstream.proven else []) if self.node != 0 \
-                    else list(self._nodes()):
+                    else list(self.peers):
                 self._send(peer, {"beat": True})
 
     def _silent(self, now: float) -> None:
@@ -347,9 +356,9 @@ class ControlChannel:
         self.ticked = now
         quiet = f"nothing heard for {self.silence:g} s: frozen, or cut off"
         if self.node == 0:
-            for peer in [p for p in self._nodes() if not p.done and now - p.heard > self.silence]:
+            for peer in [p for p in self.peers if not p.done and now - p.heard > self.silence]:
                 self.note(f"node {peer.node} stopped answering ({quiet})")
-                self._lost_node(int(peer.node or 0), f"node 0 heard nothing from it for {self.silence:g} s")
+                self._lost_node(peer.node, f"node 0 heard nothing from it for {self.silence:g} s")
                 self.peers.remove(peer)
                 self._drop(peer)
                 self._broadcast(f"lost node {peer.node} ({quiet})", 1, None)
@@ -365,14 +374,16 @@ class ControlChannel:
         return self.upstream is not None and self.upstream.proven
 
     def tick(self) -> None:
-        """Connect when not yet connected; drop connections silent past HELLO_SECONDS; after the decision window,
-        name the first failure."""
-        if self.node != 0 and self.upstream is None and time.monotonic() < self.connect_until and not self.finished:
+        """Connect when not yet connected; drop a connection to node 0 that did not prove the secret within
+        PROOF_SECONDS (node 0's door drops its own strangers); after the decision window, name the first failure."""
+        now = time.monotonic()
+        if self.node != 0 and self.upstream is None and now < self.connect_until and not self.finished:
             self._try_connect()
-        for peer in [p for p in [*self.peers, *([self.upstream] if self.upstream else [])]
-                     if not p.proven and time.monotonic() - p.since > HELLO_SECONDS]:
-            self._refuse(peer, f"dropped a control connection from {peer.address}: no proof of the secret in "
-                               f"{HELLO_SECONDS:g} s")
+        if self.upstream is not None and not self.upstream.proven and now - self.upstream.since > PROOF_SECONDS:
+            self._refuse(self.upstream, f"dropped the control connection to {self.address}: no proof of the secret "
+                                        f"in {PROOF_SECONDS:g} s")
+        if self.door is not None:
+            self.door.tick(now)
         if self.beating is None:
             self.beating = threading.Event()
             threading.Thread(target=self._beat, args=(self.beating,), name="mlenv-heartbeat", daemon=True).start()
@@ -398,7 +409,7 @@ class ControlChannel:
     def relay(self, message: Mapping[str, Any]) -> None:
         """An observer's message: from node 0 to every other node, from another node to node 0."""
         for peer in ([self.upstream] if self.upstream is not None and self.upstream.proven else []) if self.node != 0 \
-                else self._nodes():
+                else self.peers:
             self._send(peer, {"observer": message})
 
     def done(self) -> None:
@@ -414,26 +425,15 @@ class ControlChannel:
         detached run's restart starts on every node)."""
         if self.node != 0:
             return self.upstream is not None
-        return any(not peer.done for peer in self._nodes()) or (self.decide_at is not None and not self.stopped)
+        return any(not peer.done for peer in self.peers) or (self.decide_at is not None and not self.stopped)
 
     def close(self) -> None:
         if self.beating is not None:
             self.beating.set()
-        for sock in [*(p.sock for p in self.peers), *([self.upstream.sock] if self.upstream else []),
-                     *([self.server] if self.server else [])]:
-            with contextlib.suppress(KeyError, ValueError):
-                self.selector.unregister(sock)
-            sock.close()
-
-
-def proof(secret: str, *parts: object) -> str:
-    """The HMAC-SHA256 of ``parts`` (as JSON) under ``secret``: what proves the secret without sending it."""
-    return hmac.new(secret.encode(), json.dumps(parts).encode(), hashlib.sha256).hexdigest()
-
-
-def proves(secret: str, given: object, *parts: object) -> bool:
-    """Whether ``given`` is the proof of ``parts`` under ``secret`` (compared in constant time)."""
-    return hmac.compare_digest(str(given or "").encode(), proof(secret, *parts).encode())
+        for peer in [*self.peers, *([self.upstream] if self.upstream else [])]:
+            self._drop(peer)
+        if self.door is not None:
+            self.door.close()
 
 
 def shown(value: object) -> str:

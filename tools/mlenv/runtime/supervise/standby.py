@@ -22,7 +22,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .control import SECRET_VARIABLE, proof, proves
+from .control import SECRET_VARIABLE
+from .proofs import proof, proves
 
 STANDBYS = "MLENV_STANDBYS"
 """The run's standbys: their hosts' addresses, comma-separated, in slot order."""
