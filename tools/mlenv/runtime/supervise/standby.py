@@ -2,13 +2,17 @@
 until node 0's supervisor hands it a node that must be left out of the run, then runs that node's share from the
 next attempt on, as the node's own host would have.
 
-A standby listens on ``MASTER_PORT + 2 + SLOT`` of its host (MASTER_PORT is the rendezvous, + 1 the supervisors'
-control channel). The nodes know the standbys from ``MLENV_STANDBYS`` (their addresses, in slot order) and how many
-the run has used from ``MLENV_STANDBYS_USED``; every node decides alike from the first failures it recorded, and only
-node 0 talks to the standby. A message is one JSON line: ``{"run_id", "node", "attempt", "used"}`` hands the node
-over, ``{"run_id", "end": true}`` ends the standby (the run needs it no more); the standby answers ``ok``. Every
-message carries its proof: the HMAC of its fields under the run's control secret (``MLENV_CONTROL_SECRET``,
-control.py), which itself never travels; one without the right proof is ignored.
+A standby listens on ``MASTER_PORT + 2 + SLOT`` of its own address among the run's standbys (``MLENV_STANDBYS``),
+never on every interface (MASTER_PORT is the rendezvous, + 1 the supervisors' control channel). The nodes know the
+standbys from ``MLENV_STANDBYS`` (their addresses, in slot order) and how many the run has used from
+``MLENV_STANDBYS_USED``; every node decides alike from the first failures it recorded, and only node 0 talks to the
+standby. The standby sends each connection a challenge (a nonce) at its door (door.py: connections served together,
+at most UNPROVEN_LIMIT waiting, each for HELLO_SECONDS); node 0 answers with one JSON line: ``{"run_id", "node",
+"attempt", "used"}`` hands the node over, ``{"run_id", "end": true}`` ends the standby (the run needs it no more),
+with a nonce of its own and its proof, the HMAC of the challenge, that nonce and its fields under the run's control
+secret (``MLENV_CONTROL_SECRET``, control.py), which itself never travels. The standby's answer (``ok``, or why
+not) carries the HMAC of both nonces and the answer, so that neither a message nor an answer can be replayed, nor an
+answer be made without the secret. A message without the right proof is dropped, unanswered.
 """
 
 from __future__ import annotations
@@ -16,14 +20,18 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import selectors
 import signal
 import socket
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from . import listener
 from .control import SECRET_VARIABLE
-from .proofs import proof, proves
+from .door import Caller, Door
+from .proofs import is_nonce, nonce, proof, proves
 
 STANDBYS = "MLENV_STANDBYS"
 """The run's standbys: their hosts' addresses, comma-separated, in slot order."""
@@ -33,6 +41,7 @@ MARKER = "MLENV_STANDBY"
 """In a standby's environment: its pid file, so that ``stop`` finds it."""
 TIMEOUT = 10.0
 MESSAGE_LIMIT = 4096
+TICK = 0.2
 
 
 def addresses(environ: Mapping[str, str]) -> list[str]:
@@ -57,48 +66,66 @@ def pid_file(run_dir: Path, slot: int) -> Path:
 
 
 def listen(environ: Mapping[str, str], slot: int) -> socket.socket:
-    """The standby's listening socket (OSError when the port is taken)."""
-    listener = socket.create_server(("", port(environ, slot)))
-    listener.set_inheritable(True)
-    return listener
+    """The standby's listening socket on its own address among the run's standbys (OSError when the port is taken,
+    or the run names no standby ``slot``)."""
+    spares = addresses(environ)
+    if slot >= len(spares):
+        raise OSError(f"{STANDBYS} names no standby {slot}")
+    server = listener.listen(spares[slot], port(environ, slot))
+    server.set_inheritable(True)
+    return server
 
 
-def wait(listener: socket.socket, run_id: str, secret: str) -> dict[str, Any] | None:
-    """Block until node 0 hands a node over (its message) or ends the standby (None); a message without the run's
-    ``secret`` is ignored, one of another run, or one that is not one, is answered and ignored."""
-    while True:
-        connection, _ = listener.accept()
-        with connection:
-            connection.settimeout(TIMEOUT)
-            try:
-                message = json.loads(_line(connection))
-            except (OSError, ValueError):
-                continue
-            if not isinstance(message, dict) or not proves(secret, message.pop("proof", None), _fields(message)):
-                print(f"mlenv: dropped a message from {_peer(connection)}: bad secret", flush=True)
-                continue
-            if message.get("run_id") != run_id:
-                with contextlib.suppress(OSError):
-                    connection.sendall(b"not this run\n")
-                continue
-            if not message.get("end") and not all(isinstance(message.get(key), int)
-                                                   for key in ("node", "attempt", "used")):
-                continue
-            with contextlib.suppress(OSError):
-                connection.sendall(b"ok\n")
-            return None if message.get("end") else message
+def wait(server: socket.socket, run_id: str, secret: str) -> dict[str, Any] | None:
+    """Serve connections until node 0 hands a node over (its message) or ends the standby (None); a message
+    without the proof of the run's ``secret`` is dropped, one of another run, or one that is not one, is answered
+    and ignored."""
+    taken: list[dict[str, Any] | None] = []
+
+    def answered(caller: Caller, message: dict[str, Any], _rest: bytes) -> str | None:
+        given, theirs = message.pop("proof", None), message.pop("nonce", None)
+        if not is_nonce(theirs) or not proves(secret, given, "handover", caller.challenge, theirs, _fields(message)):
+            return "bad secret"
+        handover = message.get("end") is True or all(isinstance(message.get(key), int)
+                                                      for key in ("node", "attempt", "used"))
+        answer = "not this run" if message.get("run_id") != run_id else "ok" if handover else "no handover"
+        with caller.sock, contextlib.suppress(OSError):
+            caller.sock.sendall(json.dumps({"answer": answer, "proof": proof(secret, "answer", caller.challenge,
+                                                                              theirs, answer)}).encode() + b"\n")
+        if answer == "ok":
+            taken.append(None if message.get("end") else message)
+        return None
+
+    with selectors.DefaultSelector() as selector:
+        door = Door(server, selector, lambda text: print(f"mlenv: {text}", flush=True), answered)
+        try:
+            while not taken:
+                for key, _ in selector.select(TICK):
+                    key.data()
+                door.tick(time.monotonic())
+        finally:
+            door.close()
+    return taken[0]
 
 
 def send(address: str, slot: int, environ: Mapping[str, str], message: Mapping[str, Any]) -> str | None:
     """Send ``message`` to standby ``slot`` at ``address``; why it failed, or None."""
+    secret, ours = environ.get(SECRET_VARIABLE, ""), nonce()
     try:
-        with socket.create_connection((address, port(environ, slot)), timeout=TIMEOUT) as connection:
-            signed = {**message, "proof": proof(environ.get(SECRET_VARIABLE, ""), _fields(message))}
+        with socket.create_connection((address, port(environ, slot)), timeout=TIMEOUT) as connection, \
+                connection.makefile("rb") as lines:
+            challenge = _reply(lines.readline(MESSAGE_LIMIT)).get("challenge")
+            signed = {**message, "nonce": ours, "proof": proof(secret, "handover", challenge, ours, _fields(message))}
             connection.sendall(json.dumps(signed).encode() + b"\n")
-            answer = _line(connection).strip()
+            reply = _reply(lines.readline(MESSAGE_LIMIT))
     except OSError as err:
         return f"cannot reach the standby at {address}:{port(environ, slot)}: {err}"
-    return None if answer == "ok" else f"the standby at {address} answered {answer or 'nothing'}"
+    answer = reply.get("answer")
+    if not reply:
+        return f"the standby at {address} answered nothing"
+    if not proves(secret, reply.get("proof"), "answer", challenge, ours, answer):
+        return f"the standby at {address} answered without the run's secret"
+    return None if answer == "ok" else f"the standby at {address} answered {answer}"
 
 
 def end_unused(environ: Mapping[str, str], run_id: str) -> None:
@@ -129,19 +156,10 @@ def _fields(message: Mapping[str, Any]) -> list[list[Any]]:
     return [[key, message[key]] for key in sorted(message)]
 
 
-def _peer(connection: socket.socket) -> str:
-    """The address ``connection`` comes from."""
-    with contextlib.suppress(OSError):
-        return str(connection.getpeername()[0])
-    return "?"
-
-
-def _line(connection: socket.socket) -> str:
-    """One line from ``connection`` (at most MESSAGE_LIMIT bytes)."""
-    data = b""
-    while b"\n" not in data and len(data) < MESSAGE_LIMIT:
-        chunk = connection.recv(MESSAGE_LIMIT - len(data))
-        if not chunk:
-            break
-        data += chunk
-    return data.split(b"\n", 1)[0].decode(errors="replace")
+def _reply(line: bytes) -> dict[str, Any]:
+    """A line of the standby's as a JSON object; empty when it is none."""
+    try:
+        reply = json.loads(line)
+    except ValueError:
+        return {}
+    return reply if isinstance(reply, dict) else {}
