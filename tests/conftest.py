@@ -3,7 +3,9 @@ each test is marked by what it needs (tests/tiers.py)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
+from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
@@ -12,6 +14,14 @@ import pytest
 from tests import tiers
 from tests.helpers import ROOT
 from tests.helpers import run_mlenv as run
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """On an xdist worker, forget the 80x24 terminal that execnet gives it ($COLUMNS, $LINES): a table that the
+    `mlenv` command prints to a pipe is then as wide as in a serial run, not cut to 80 columns."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        for name in ("COLUMNS", "LINES"):
+            os.environ.pop(name, None)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -28,6 +38,40 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         params = item.callspec.params.values() if hasattr(item, "callspec") else ()
         for name in sorted(tiers.markers(item.function, fixtures, fixture, params)):
             item.add_marker(name)
+
+
+class TierTimes:
+    """Seconds spent per tier (setup, call and teardown of every test), for the summary ``make test`` ends with.
+    Fed by every report, those of xdist's workers included; a test of several tiers counts in each."""
+
+    def __init__(self) -> None:
+        self.seconds: defaultdict[str, float] = defaultdict(float)
+        self.tests: defaultdict[str, set[str]] = defaultdict(set)
+
+    def add(self, report: pytest.TestReport) -> None:
+        for tier in sorted(tiers.TIERS & set(report.keywords)) or [tiers.FAST]:
+            self.seconds[tier] += report.duration
+            self.tests[tier].add(report.nodeid)
+
+    def lines(self) -> list[str]:
+        rows = sorted(self.seconds.items(), key=lambda row: -row[1])
+        return [f"{tier:<10} {len(self.tests[tier]):>6} {seconds:>10.1f}" for tier, seconds in rows]
+
+
+TIER_TIMES = TierTimes()
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    TIER_TIMES.add(report)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The time per tier (``--durations`` lists the slowest tests)."""
+    if TIER_TIMES.seconds:
+        terminalreporter.section("seconds per tier (a test in several tiers counts in each)")
+        terminalreporter.write_line(f"{'tier':<10} {'tests':>6} {'seconds':>10}")
+        for line in TIER_TIMES.lines():
+            terminalreporter.write_line(line)
 
 
 @pytest.fixture

@@ -29,12 +29,14 @@ def invoke(*args: str) -> Result:
 
 
 def run_mlenv(*args: str, home: Path | None = None, cwd: Path = ROOT, env: Mapping[str, str] | None = None,
-              input: str | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+              input: str | None = None, timeout: float = 120,
+              python: Path | None = None) -> subprocess.CompletedProcess[str]:
     """Run the installed `mlenv` console script as a user would: from ``cwd``, in ``env`` (default: this
-    process's environment) with MLENV_HOME=``home`` when given, ``input`` on its stdin."""
+    process's environment) with MLENV_HOME=``home`` when given, ``input`` on its stdin, by ``python`` when given
+    (else by its own, the virtualenv's)."""
     environ = {**(os.environ if env is None else env), **({"MLENV_HOME": str(home)} if home is not None else {})}
-    return subprocess.run([str(MLENV), *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                          env=environ, input=input, check=False)
+    return subprocess.run([*([str(python)] if python else []), str(MLENV), *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout, env=environ, input=input, check=False)
 
 
 def succeeded(result: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
@@ -79,6 +81,13 @@ def free_ports(count: int, address: str = "127.0.0.1") -> list[int]:
     finally:
         for probe in probes:
             probe.close()
+
+
+def worker_index() -> int:
+    """This pytest-xdist worker's number (``gw3``: 3; 0 in a serial run): a harness that needs its own share of
+    something machine-wide that is not picked free (Slurm's job ids, which its jobs' ports derive from) derives it
+    from this."""
+    return int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
 
 
 def free_port(address: str = "127.0.0.1") -> int:

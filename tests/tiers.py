@@ -29,6 +29,8 @@ MODULES = {
     "venv": {"release"},  # a fresh virtualenv to install the package into
 }
 HARNESS = {*MODULES, LOCAL, PREREQ}
+TIERS = frozenset({"slurm", "sshd", "fakekube", "torch", "netns", "release"})  # pyproject.toml's markers
+FAST = "fast"  # the tier of a test with none of them: what `make test-fast` runs
 TORCH = {"torch", "deepspeed"}  # prerequisites that mean torch
 INSTALLING = {"install", "install-train", "install-system", "demo"}  # make targets that install (the demo does)
 

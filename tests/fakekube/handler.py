@@ -227,6 +227,7 @@ class Handler(BaseHTTPRequestHandler):
         return True
 
     def _send(self, code: int, body: bytes, content_type: str) -> None:
+        self._log(code)  # logged before the client can read the answer: a test that asks next sees the request
         self.send_response(code)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))

@@ -39,9 +39,10 @@ from pathlib import Path
 import pytest
 
 from tests._prereq import clean_environ, require
-from tests.helpers import free_ports, succeeded
+from tests.helpers import free_ports, succeeded, worker_index
 
 DEFAULT_NODES = 2
+JOBS_PER_WORKER = 1000  # ten workers' blocks fit in the 10000 job ids after which MASTER_PORT repeats
 PARTITIONS = ("debug", "down")
 CPUS_PER_NODE = 4
 GPUS_PER_NODE = 2
@@ -55,6 +56,7 @@ PACKAGES = ("slurm-wlm", "munge")
 
 SLURM_CONF = """\
 ClusterName=mlenv
+FirstJobId={first_job_id}
 SlurmctldHost=localhost(127.0.0.1)
 SlurmctldPort={ctld_port}
 SlurmdPort={default_port}
@@ -237,6 +239,13 @@ class SlurmCluster:
         return result.returncode == 0 and set(result.stdout.splitlines()) == {f"{n} idle" for n in self.nodes}
 
 
+def first_job_id() -> int:
+    """The first job id of this worker's Slurms: 1, 1001, 2001, ... A job's MASTER_PORT derives from its id
+    (``backends/slurm/script.py``), and every worker's Slurm runs its jobs on this machine's one loopback: job 6 of
+    two Slurms would listen on the same port."""
+    return 1 + JOBS_PER_WORKER * worker_index()
+
+
 def node_names(count: int) -> tuple[str, ...]:
     """``n1`` ... ``n<count>``."""
     return tuple(f"n{number}" for number in range(1, count + 1))
@@ -264,6 +273,7 @@ def create_cluster(count: int = DEFAULT_NODES) -> SlurmCluster:
     lines = "\n".join(NODE_LINE.format(name=node, port=ports[node], cpus=CPUS_PER_NODE, gpus=GPUS_PER_NODE)
                       for node in nodes)
     (tmp / "slurm.conf").write_text(SLURM_CONF.format(tmp=tmp, ctld_port=ctld_port, default_port=node_ports[0],
+                                                      first_job_id=first_job_id(),
                                                       nodes=lines, node_list=",".join(nodes)))
     return SlurmCluster(tmp, ports, nodes=nodes)
 

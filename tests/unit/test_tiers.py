@@ -6,11 +6,11 @@ import subprocess
 import sys
 
 from tests.helpers import ROOT
+from tests.tiers import TIERS
 
 FILES = ("tests/integration/test_slurm_harness.py", "tests/integration/test_ssh_spares.py",
          "tests/integration/test_conformance.py", "tests/integration/test_local_namespaces.py",
          "tests/integration/test_local_processes.py", "tests/integration/test_packaging.py")
-TIERS = {"slurm", "sshd", "fakekube", "torch", "netns", "release"}
 SHOW = """\
 import sys, pytest
 class Show:
@@ -41,3 +41,4 @@ def test_a_test_is_marked_by_its_fixtures_its_helpers_and_the_prerequisites_it_n
     assert marked["tests/integration/test_local_processes.py::test_processes_mode_end_to_end"] == {"torch"}
     assert marked["tests/integration/test_packaging.py::test_pip_install_dot_renders_outside_the_checkout"] == {
         "release"}  # a fresh virtualenv
+
