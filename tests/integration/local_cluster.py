@@ -6,7 +6,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
+import sys
+import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,9 +71,9 @@ class LocalProject:
     name: str
     app: str
 
-    def mlenv(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        """Run the real `mlenv` command against this project."""
-        return run_mlenv(*args, home=self.home, timeout=timeout)
+    def mlenv(self, *args: str, timeout: float = 120, python: Path | None = None) -> subprocess.CompletedProcess[str]:
+        """Run the real `mlenv` command against this project (by ``python``: ``run_mlenv``)."""
+        return run_mlenv(*args, home=self.home, timeout=timeout, python=python)
 
     def ok(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         """Run `mlenv` and insist that it succeeded."""
@@ -121,6 +124,22 @@ local:
   subnet: {subnet}
 """)
     return LocalProject(tmp_path, name, app)
+
+
+def torchless_nodes(directory: Path) -> tuple[Path, Path]:
+    """(a Python that runs mlenv, the Python without torch its local nodes then run). The local backend runs the
+    nodes with the ``python3`` beside mlenv's own interpreter (its virtualenv's bin/ first on their PATH): here a
+    virtualenv that reaches mlenv's packages through a .pth file, whose ``python3`` starts a bare virtualenv's."""
+    bare, runner = directory / "bare", directory / "runner"
+    for venv in (bare, runner):
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    [site] = runner.glob("lib/python*/site-packages")
+    (site / "mlenv-packages.pth").write_text(f"import site; site.addsitedir({sysconfig.get_paths()['purelib']!r})\n")
+    nodes = runner / "bin" / "python3"
+    nodes.unlink()
+    nodes.write_text(f'#!/bin/sh\nexec {shlex.quote(str(bare / "bin" / "python3"))} "$@"\n')
+    nodes.chmod(0o755)
+    return runner / "bin" / "python", bare / "bin" / "python3"
 
 
 def leftovers(project: LocalProject) -> list[str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.integration.local_cluster import DONE, TINY_JOB, leftovers, make_project, require_local
+from tests.integration.local_cluster import DONE, TINY_JOB, leftovers, make_project, require_local, torchless_nodes
 
 
 def test_processes_mode_end_to_end(tmp_path: Path) -> None:
@@ -24,3 +24,23 @@ def test_processes_mode_end_to_end(tmp_path: Path) -> None:
     project.ok("clean", "--delete-data", "--yes")
     assert leftovers(project) == []
     assert json.loads((tmp_path / ".mlenv" / "state.json").read_text())["deployments"] == {}
+
+
+def test_a_launch_on_nodes_without_torch_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    require_local("processes")
+    project = make_project(tmp_path, "lnt", "10.77.63.0/24", "processes")
+    runner, nodes = torchless_nodes(tmp_path / "pythons")
+    project.ok("deploy", project.name)
+    unsynced = project.mlenv("launch", "tiny.py", python=runner)  # no runtime on the nodes to answer: test -f does
+    assert (unsynced.returncode, unsynced.stderr) == (2, f"error: tiny.py: no such file in the workspace of node-0 "
+                                                         f"({project.app}-0), node-1 ({project.app}-1): mlenv sync "
+                                                         "copies workspace/ (or --source DIR) to the nodes\n")
+    project.ok("sync", "--source", str(project.source({"tiny.py": TINY_JOB})))
+    for launcher, lacking in (("torchrun", "torch is"), ("deepspeed", "torch and deepspeed are")):
+        refused = project.mlenv("launch", "--launcher", launcher, "tiny.py", python=runner)
+        assert (refused.returncode, refused.stdout, refused.stderr) == (
+            2, "", f"error: {lacking} not installed in node-0's and node-1's Python ({nodes}): make install-train\n")
+    assert not (tmp_path / "runs").exists() and json.loads(project.ok("status", "--json").stdout)["runs"] == []
+    assert not list(project.pod_dir(0).glob("workspace/.mlenv/runs/*"))  # nothing started on a node
+    project.ok("clean", "--delete-data", "--yes")
+    assert leftovers(project) == []

@@ -15,7 +15,7 @@ from tests._prereq import clean_environ
 
 
 @pytest.mark.parametrize("command", [[], ["topology"], ["nccl-env"], ["launch"], ["nccl-log-check"], ["jobs"],
-                                     ["stop"], ["logs"], ["doctor"]])
+                                     ["stop"], ["logs"], ["doctor"], ["launchable"]])
 def test_every_command_has_help(command: list[str], run_runtime: Runner) -> None:
     result = run_runtime(*command, "--help")
     assert (result.returncode, result.stderr) == (0, "")
@@ -156,6 +156,21 @@ def test_nccl_log_check_json_from_stdin(run_runtime: Runner, fixtures: Path) -> 
 
 NODE1 = {"MLENV_NODE_RANK": "1", "MLENV_NUM_NODES": "2", "MLENV_PROCS_PER_NODE": "2", "MASTER_ADDR": "127.0.0.1",
          "MASTER_PORT": "29555", "MLENV_RUN_ID": "run-7"}
+
+
+def test_launchable_says_whether_the_script_is_there_and_what_this_python_lacks(tmp_path: Path) -> None:
+    """Run by a Python without site-packages (so without torch and DeepSpeed), from the workspace."""
+    (tmp_path / "train.py").write_text("")
+    env = clean_environ({"PYTHONPATH": str(Path(__file__).resolve().parents[3] / "tools"),
+                         "MLENV_TORCH_FIX": "make install-train"})
+    said = {}
+    for script in ("train.py", "nowhere.py"):
+        done = subprocess.run([sys.executable, "-S", "-m", "mlenv.runtime", "launchable", "--launcher", "deepspeed",
+                               "--", script], cwd=tmp_path, env=env, capture_output=True, text=True, check=True)
+        said[script] = json.loads(done.stdout)
+    assert said["train.py"] == {"kind": "mlenv-launchable", "python": sys.executable, "script": True,
+                                "missing": ["torch", "deepspeed"], "fix": "make install-train"}
+    assert said["nowhere.py"]["script"] is False
 
 
 def test_launch_dry_run_torchrun(run_runtime: Runner) -> None:

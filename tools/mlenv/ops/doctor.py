@@ -84,37 +84,49 @@ def ship_runtime(backend: NodeAccess, handle: Handle, extra: Mapping[str, Path] 
     return [f"{row.pod}: {row.result}" for row in report.pods if not row.ok]
 
 
-def _as_launched(backend: NodeAccess, handle: Handle, node: Node, args: Sequence[str]) -> list[str]:
-    """The runtime with ``args`` on ``node``, in the software a launch there gets (``runtime_as_launched``); a
-    missing torch is blamed on the field the backend takes its software from (``torch_fix``)."""
+def ask_nodes(backend: NodeAccess, handle: Handle, nodes: Sequence[Node],
+              args: Sequence[str]) -> dict[int, list[tuple[float, str]]]:
+    """The lines (with the time each arrived) of the runtime with ``args`` on every node at once, in the software
+    a launch there gets (``runtime_as_launched``); a missing torch is blamed on the field the backend takes its
+    software from (``torch_fix``)."""
     fix = backend.torch_fix
-    return backend.runtime_as_launched(handle, node, args, {TORCH_FIX_VARIABLE: fix} if fix else {})
+    env = {TORCH_FIX_VARIABLE: fix} if fix else {}
+    commands = {n.ordinal: backend.runtime_as_launched(handle, n, args, env) for n in nodes}
+    lines: dict[int, list[tuple[float, str]]] = {n.ordinal: [] for n in nodes}
+    run_parallel(commands, echo=False, on_line=lambda node, line: lines[node].append((time.time(), line)))
+    return lines
+
+
+def answer(lines: Sequence[tuple[float, str]], kind: str) -> tuple[dict[str, Any], float, str] | None:
+    """The last JSON line of ``kind`` among a node's ``lines``: (it read, when it arrived, the line), or None."""
+    for arrived, line in reversed(lines):
+        if not line.startswith("{"):
+            continue
+        try:
+            found = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(found, dict) and found.get("kind") == kind:
+            return found, arrived, line
+    return None
 
 
 def node_reports(backend: NodeAccess, handle: Handle, nodes: Sequence[Node],
                  rendezvous: float | None = None) -> dict[int, NodeReport]:
     """The runtime's ``doctor --json`` on every node at once (with ``rendezvous``: node 0 listens that long)."""
-    args = ["doctor", "--json", *(["--rendezvous", str(rendezvous)] if rendezvous else [])]
-    commands = {n.ordinal: _as_launched(backend, handle, n, args) for n in nodes}
-    lines: dict[int, list[tuple[float, str]]] = {}
-    run_parallel(commands, echo=False, on_line=lambda node, line: lines.setdefault(node, []).append((time.time(),
-                                                                                                      line)))
-    return {n.ordinal: _read_report(n, lines.get(n.ordinal, [])) for n in nodes}
+    said = ask_nodes(backend, handle, nodes, ["doctor", "--json", *(["--rendezvous", str(rendezvous)]
+                                                                    if rendezvous else [])])
+    return {n.ordinal: _read_report(n, said[n.ordinal]) for n in nodes}
 
 
 def _read_report(node: Node, lines: Sequence[tuple[float, str]]) -> NodeReport:
-    for arrived, line in reversed(lines):
-        if not line.startswith("{"):
-            continue
-        try:
-            report = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(report, dict) and report.get("kind") == KIND:
-            clock = report.get("clock")
-            offset = clock - arrived if isinstance(clock, (int, float)) else None
-            return NodeReport(node, report, offset, [text for _, text in lines if text != line])
-    return NodeReport(node, None, None, [text for _, text in lines])
+    found = answer(lines, KIND)
+    if found is None:
+        return NodeReport(node, None, None, [text for _, text in lines])
+    report, arrived, line = found
+    clock = report.get("clock")
+    offset = clock - arrived if isinstance(clock, (int, float)) else None
+    return NodeReport(node, report, offset, [text for _, text in lines if text != line])
 
 
 def node_checks(reports: Mapping[int, NodeReport], mode: str, gpus_per_node: int) -> list[Check]:

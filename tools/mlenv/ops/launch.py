@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
@@ -219,7 +219,7 @@ def launch(target: Target, spec: LaunchSpec, keep: Collection[int] = ()) -> Laun
         if target.recorded is not None:  # as it is now, with the runs other launches recorded
             target = replace(target, recorded=state.load().deployments.get(name))
         refuse_while_live(target)
-        check_script(target, spec.script)
+        check_nodes(target, spec)
         spec = without_excluded(target, spec)
         check_supported(target, spec)
         spec, run_dir = _new_run(spec)
@@ -292,12 +292,16 @@ def _with_goodput(target: Target, result: LaunchResult, launched: float) -> Laun
     return replace(result, goodput=found)
 
 
-def check_script(target: Target, script: str) -> None:
-    """UsageError naming ``script`` and a node whose workspace lacks it (``test -f`` there says 1), before anything
-    is started or recorded; a node that cannot tell (not running, exec failing) is left to the launch to judge. A
-    backend that cannot launch says so first."""
+def check_nodes(target: Target, spec: LaunchSpec) -> None:
+    """UsageError (exit 2) before anything is started or recorded: a node whose workspace lacks the script, or whose
+    Python, as a launch there gets it, lacks the launcher's modules (torch; DeepSpeed's too), from one runtime
+    command on every node at once (``launchable``). A node whose runtime does not answer (never synced) is asked
+    whether its workspace has the script (``test -f`` says 1); a node that cannot tell (not running, exec failing)
+    is left to the launch to judge. A backend that cannot launch says so first."""
     from mlenv.core.capabilities import Feature
+    from mlenv.ops.doctor import answer, ask_nodes
     from mlenv.parallel import run_parallel
+    from mlenv.runtime.launchers import LAUNCHABLE
 
     target.backend.info.require(Feature.JOBS)
     access = target.backend.access
@@ -305,17 +309,34 @@ def check_script(target: Target, script: str) -> None:
         nodes = [node for node in access.nodes(target.handle) if node.ready]
     except OperationError:  # no node to ask (none running, the cluster out of reach): the launch says why
         return
-    nodes = nodes[:1] if target.handle.shared_workspace else nodes
-    found = run_parallel({n.ordinal: access.exec_argv(target.handle, n, ["test", "-f", script]) for n in nodes},
-                         echo=False)
-    missing = [f"node-{n.ordinal} ({n.name})" for n in nodes if found.exit_codes.get(n.ordinal) == 1]
+    lines = ask_nodes(access, target.handle, nodes, ["launchable", "--launcher", spec.launcher, "--", spec.script])
+    answers = {n.ordinal: found[0] for n in nodes if (found := answer(lines[n.ordinal], LAUNCHABLE)) is not None}
+    holding = nodes[:1] if target.handle.shared_workspace else nodes  # the workspaces the script must be in
+    unanswered = [n for n in holding if n.ordinal not in answers]
+    asked = run_parallel({n.ordinal: access.exec_argv(target.handle, n, ["test", "-f", spec.script])
+                          for n in unanswered}, echo=False).exit_codes if unanswered else {}
+    missing = [f"node-{n.ordinal} ({n.name})" for n in holding
+               if (not answers[n.ordinal]["script"] if n.ordinal in answers else asked.get(n.ordinal) == 1)]
     if missing:
         from mlenv.config.discover import project_root
 
-        local = project_root() / "workspace" / script
-        raise UsageError(f"{script}: no such file in the workspace of {', '.join(missing)}: "
+        local = project_root() / "workspace" / spec.script
+        raise UsageError(f"{spec.script}: no such file in the workspace of {', '.join(missing)}: "
                          + ("not synced yet: mlenv sync copies workspace/ to the nodes" if local.is_file() else
                             "mlenv sync copies workspace/ (or --source DIR) to the nodes"))
+    lacking = {ordinal: said for ordinal, said in answers.items() if said["missing"]}
+    groups: dict[tuple[tuple[str, ...], str], list[str]] = {}  # (the modules, the Python) -> the nodes
+    for ordinal, said in lacking.items():
+        groups.setdefault((tuple(said["missing"]), shown(said["python"])), []).append(f"node-{ordinal}'s")
+    if groups:
+        raise UsageError("; ".join(f"{_listed(modules)} {'are' if len(modules) > 1 else 'is'} not installed in "
+                                   f"{_listed(names)} Python ({python})" for (modules, python), names in groups.items())
+                         + f": {next(iter(lacking.values()))['fix']}")
+
+
+def _listed(words: Sequence[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return " and ".join(filter(None, (", ".join(words[:-1]), words[-1])))
 
 
 def preempted(outcome: LaunchOutcome) -> bool:

@@ -16,11 +16,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from .doctor import examine, render
+from .doctor import examine, render, torch_fix
 from .fabric.nccl import detect_nccl_env
 from .fabric.ncclog import EXPECTATIONS, LogReport, NcclLogReader, iter_lines, judge
 from .forensics.stacks import METHODS
-from .launchers import DEFAULT_LAUNCHER, LAUNCHERS
+from .launchers import DEFAULT_LAUNCHER, LAUNCHABLE, LAUNCHERS, missing_modules
 from .node.topology import TopologyError, detect_topology
 from .records import restartpolicy
 from .records.restartpolicy import IDLE_EXIT_CODE
@@ -197,6 +197,11 @@ def build_parser() -> argparse.ArgumentParser:
     logs.add_argument("--wait", type=_seconds, default=LOG_WAIT_SECONDS, metavar="SECONDS",
                       help="with --follow, how long to wait for a job that is just starting (default: %(default)s)")
 
+    launchable = commands.add_parser("launchable", help="whether this node can launch SCRIPT: one JSON line (the "
+                                                        "script, the launcher's modules missing from this Python)")
+    launchable.add_argument("--launcher", choices=LAUNCHERS, default=DEFAULT_LAUNCHER)
+    launchable.add_argument("script", metavar="SCRIPT")
+
     doctor = commands.add_parser("doctor", help="check what this node sees: RDMA, GID, memlock, /dev/shm, master")
     doctor.add_argument("--sysfs-root", default="/sys", help="sysfs mount (default: %(default)s)")
     doctor.add_argument("--proc-root", default="/proc", help="procfs mount (default: %(default)s)")
@@ -346,6 +351,12 @@ def _launch(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
                   node_silence=args.node_silence)
 
 
+def _launchable(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    print(json.dumps({"kind": LAUNCHABLE, "python": sys.executable, "script": Path(args.script).is_file(),
+                      "missing": missing_modules(args.launcher), "fix": torch_fix(environ)}))
+    return 0
+
+
 def _doctor(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     for root in (args.sysfs_root, args.proc_root):
         if not Path(root).is_dir():
@@ -422,6 +433,7 @@ _COMMANDS = {
     "stacks": show_stacks,
     "fault": inject,
     "doctor": _doctor,
+    "launchable": _launchable,
     "jobs": show_jobs,
     "stop": stop,
     "logs": show_logs,

@@ -246,10 +246,14 @@ def _nccl_tests(environ: Mapping[str, str]) -> dict[str, Any]:
     return {"nccl_tests": tool.path if tool else None, "nccl_tests_mpi": tool.mpi if tool else None}
 
 
+def torch_fix(environ: Mapping[str, str]) -> str:
+    """What to do about a node without torch: where the backend takes the launches' software from."""
+    return environ.get(TORCH_FIX_VARIABLE) or "use an image with PyTorch (image: in the cluster file)"
+
+
 def _torch_check(versions: Mapping[str, Any], environ: Mapping[str, str]) -> NodeCheck:
     if "error" in versions:
-        return NodeCheck("torch", "WARN", f"torch cannot be imported: {versions['error']}",
-                         environ.get(TORCH_FIX_VARIABLE) or "use an image with PyTorch (image: in the cluster file)")
+        return NodeCheck("torch", "WARN", f"torch cannot be imported: {versions['error']}", torch_fix(environ))
     return NodeCheck("torch", "PASS", f"torch {versions.get('torch')}, CUDA {versions.get('cuda') or '-'}, "
                                       f"NCCL {versions.get('nccl') or '-'}, {versions.get('gpus', 0)} GPUs visible")
 

@@ -7,3 +7,14 @@ torchrun's RANK/LOCAL_RANK/WORLD_SIZE). ``--launcher deepspeed`` keeps seed 002'
 
 LAUNCHERS = ("torchrun", "deepspeed")
 DEFAULT_LAUNCHER = "torchrun"
+LAUNCHABLE = "mlenv-launchable"
+"""Marks the JSON line of ``python3 -m mlenv.runtime launchable`` among whatever else a remote shell prints."""
+MODULES = {"torchrun": ("torch",), "deepspeed": ("torch", "deepspeed")}
+"""What each launcher needs in the Python that starts it (torchrun is torch's; DeepSpeed's runner starts torch)."""
+
+
+def missing_modules(launcher: str) -> list[str]:
+    """The modules ``launcher`` needs that this Python does not have (found, not imported: torch takes seconds)."""
+    from importlib.util import find_spec
+
+    return [module for module in MODULES[launcher] if find_spec(module) is None]

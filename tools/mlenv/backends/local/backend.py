@@ -140,6 +140,9 @@ class LocalBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks):
     """Pods on this machine: network namespaces (root) or plain directories and processes."""
 
     name = "local"
+    torch_fix = "make install-train"
+    """What doctor and launch name when a node cannot import torch: the nodes run the Python of mlenv's virtualenv,
+    which that installs PyTorch and DeepSpeed into."""
 
     def __init__(self, project: Path | None = None, namespaces_available: bool | None = None) -> None:
         from mlenv.config.discover import project_root
