@@ -24,8 +24,10 @@ def pytest_configure(config: pytest.Config) -> None:
             os.environ.pop(name, None)
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by these marks and xdist reads its groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark each test by what it and its fixtures need (tests/tiers.py), so that ``-m`` picks a tier."""
+    """Mark each test by what it and its fixtures need (tests/tiers.py), so that ``-m`` picks a tier; then
+    group and order them for xdist's workers (:func:`tiers.schedule`)."""
     for item in items:
         if not isinstance(item, pytest.Function):
             continue
@@ -38,6 +40,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         params = item.callspec.params.values() if hasattr(item, "callspec") else ()
         for name in sorted(tiers.markers(item.function, fixtures, fixture, params)):
             item.add_marker(name)
+    items[:] = tiers.schedule(items)
 
 
 class TierTimes:

@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
 PREREQ = "tests._prereq"
@@ -31,6 +33,12 @@ MODULES = {
 HARNESS = {*MODULES, LOCAL, PREREQ}
 TIERS = frozenset({"slurm", "sshd", "fakekube", "torch", "netns", "release"})  # pyproject.toml's markers
 FAST = "fast"  # the tier of a test with none of them: what `make test-fast` runs
+# What a test of a tier typically costs, in seconds on the 2-core machine (a test of several: its costliest); only
+# to start the longest work first (:func:`schedule`), never asserted.
+COST = {"fakekube": 60, "release": 60, "slurm": 45, "sshd": 45, "torch": 30, "netns": 10}
+SPLIT = "SPLIT_ACROSS_WORKERS"
+"""A test module that sets this global to True has its tests spread over xdist's workers one by one (they share no
+module fixture, project name or run id); any other module's tests run together on one worker."""
 TORCH = {"torch", "deepspeed"}  # prerequisites that mean torch
 INSTALLING = {"install", "install-train", "install-system", "demo"}  # make targets that install (the demo does)
 
@@ -58,6 +66,26 @@ def markers(test: Callable[..., Any], fixtures: Iterable[Callable[..., Any]],
     if (MAKEFILE in modules or "make" in words) and words & INSTALLING and "-n" not in words:  # not a dry run
         found.add("release")
     return found
+
+
+def schedule(items: list[pytest.Item]) -> list[pytest.Item]:
+    """``items`` (marked) for ``--dist loadgroup --no-loadscope-reorder``: each module's tests in one xdist group
+    (its module fixtures are made once, and its tests, which may share a project name and so run ids, never run side
+    by side), unless the module sets :data:`SPLIT`; the groups of the costliest tests first, so that the longest
+    work does not start last. The order is the same on every worker, as xdist needs."""
+    groups: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        split = getattr(getattr(item, "module", None), SPLIT, False)
+        group = item.nodeid if split else item.nodeid.split("::")[0]
+        if not split:
+            item.add_marker(pytest.mark.xdist_group(group))
+        groups.setdefault(group, []).append(item)
+
+    def cost(item: pytest.Item) -> int:
+        return max((COST[marker.name] for marker in item.iter_markers() if marker.name in COST), default=0)
+
+    ordered = sorted(groups.values(), key=lambda members: -sum(cost(item) for item in members))  # stable
+    return [item for members in ordered for item in members]
 
 
 def _reached(functions: list[Callable[..., Any]], keys: set[str]) -> Iterator[tuple[str, set[str]]]:

@@ -43,6 +43,7 @@ if TYPE_CHECKING:  # imported at run time as plugins, so that pytest rewrites th
     from tests.integration.ssh_hosts import SshHostsFactory
 
 pytest_plugins = ["tests.integration.slurm_cluster", "tests.integration.ssh_hosts"]
+SPLIT_ACROSS_WORKERS = True  # each backend's run is its own, on its own harness: the longest module, spread out
 
 JOB = "conformance_job.py"
 JOB_TEXT = """\
