@@ -1,10 +1,12 @@
 """A run's end ends every process its ranks started, however they detached: a double-forked ``setsid`` daemon, a
 child started with ``env -i`` (which the job's MLENV_JOB marker cannot find). The runtime runs for real (torchrun,
 one node of two ranks), its supervisor in a cgroup of its own (runtime/supervise/reaping.py), also in a network
-namespace, whose own /sys shows no cgroup until the supervisor mounts one, as the local backend's pods run."""
+namespace, whose own /sys shows no cgroup until the supervisor mounts one, as the local backend's pods run. What a
+supervisor killed outright leaves in the temporary directory goes with the next supervisor's start."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -18,12 +20,15 @@ from pathlib import Path
 import pytest
 from mlenv.runtime.records.runlayout import NodeDir, read_state
 from mlenv.runtime.supervise import reaping
+from mlenv.runtime.supervise.tempdirs import MARK
 
 from tests._prereq import require
 from tests.integration.test_runtime_launch import (
     WORKSPACE,
     detached_env,
+    job_processes,
     runtime,
+    start_detached,
     wait_for_line,
 )
 
@@ -264,3 +269,40 @@ def test_in_a_network_namespace_its_own_cgroup2_mount_ends_both(tmp_path: Path, 
         assert cgroup_mounts() == host_cgroups
     finally:
         subprocess.run(["ip", "netns", "delete", namespace], check=False)
+
+
+def marked_dirs(temp: Path) -> dict[int, Path]:
+    """The supervisor's pid -> its directory, of the directories under ``temp`` that a supervisor marked."""
+    return {int((path / MARK).read_text()): path for path in temp.iterdir() if (path / MARK).is_file()}
+
+
+def test_the_socket_directory_of_a_supervisor_killed_outright_goes_with_the_next_start(tmp_path: Path) -> None:
+    """Never a live supervisor's directory, nor one without mlenv's mark."""
+    require("torch")
+    temp, sleeps = tmp_path / "tmp", tmp_path / "sleeps.py"
+    (temp / "mlenv-not-marked").mkdir(parents=True)
+    sleeps.write_text("import time\nprint('sleeping', flush=True)\ntime.sleep(300)\n")
+    envs = {run: detached_env(tmp_path, run, TMPDIR=str(temp)) for run in ("run-killed", "run-live", "run-next")}
+    killed, live = (start_detached(envs[run], sleeps) for run in ("run-killed", "run-live"))
+    try:
+        for run in ("run-killed", "run-live"):
+            wait_for_line(NodeDir(Path(envs[run]["MLENV_RUN_DIR"]), 0, 0).log, "sleeping")
+        dirs = marked_dirs(temp)
+        assert sorted(dirs) == sorted((killed, live)), dirs
+        os.kill(killed, signal.SIGKILL)
+        deadline = time.monotonic() + 15
+        while reaping.start_ticks(killed) is not None:
+            assert time.monotonic() < deadline, "the killed supervisor is still there"
+            time.sleep(0.1)
+        assert dirs[killed].is_dir()  # nobody removed it
+        (tmp_path / "ok.py").write_text("print('ok')\n")
+        result = runtime(envs["run-next"], "launch", "--", str(tmp_path / "ok.py"))
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert f"mlenv: removed 1 directory of supervisors that are gone from {temp}\n" in result.stderr
+        assert marked_dirs(temp) == {live: dirs[live]}  # the next run's own went with it
+        assert (temp / "mlenv-not-marked").is_dir()
+    finally:
+        runtime(envs["run-live"], "stop")
+        for pid in job_processes("run-killed"):  # its torchrun and rank, where no cgroup ended them
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

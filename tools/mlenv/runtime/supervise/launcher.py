@@ -14,7 +14,6 @@ import shlex
 import socket
 import subprocess
 import sys
-import tempfile
 import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager, suppress
@@ -36,6 +35,7 @@ from ..watch.transportproof import Expectation, debug_env, expectation
 from .control import SILENCE_SECONDS
 from .rankoutput import Sinks
 from .supervisor import Supervisor, handling_user_signals
+from .tempdirs import held_tempdir
 
 RANK_MODULE = "mlenv.runtime.rank"
 """What torchrun and DeepSpeed start for each rank (``-m``/``--module``): the wrapper that runs the script."""
@@ -166,7 +166,7 @@ def launch(
                 _refused(NodeDir(run_dir, attempt_of(environ), topology.node_rank), check.refusal)
             return 1
     with ExitStack() as stack:
-        workdir = run_dir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mlenv-launch-")))
+        workdir = run_dir or stack.enter_context(held_tempdir("mlenv-launch-"))
         node_dir = NodeDir(workdir, attempt_of(environ), topology.node_rank)
         job = _prepare(command, launcher, topology, nproc, environ, nccl, node_dir.path, expected,
                        node_dir.path if run_dir else None)

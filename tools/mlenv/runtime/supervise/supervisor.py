@@ -8,8 +8,9 @@ each state tagged again after its ``\\r``; in the logs and to the observers each
 its own. Any bytes from a rank are output (its ``last_output_at``, ``Observer.output``), a whole line or not. The
 first rank of the job to fail is named; the job stops on every node (control channel); the node exits with that
 rank's own code.
-What the ranks leave behind ends with the node's share (reaping.py: the share's cgroup). All work happens in one
-thread, around one selector.
+What the ranks leave behind ends with the node's share (reaping.py: the share's cgroup), and what a supervisor killed
+outright left in the temporary directory with the next one's start (tempdirs.py). All work happens in one thread,
+around one selector.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import selectors
 import signal
 import socket
 import subprocess
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -47,6 +47,7 @@ from ..watch.protocol import Observer, RankInfo
 from .control import SECRET_VARIABLE, SILENCE_SECONDS, ControlChannel, secret_of
 from .rankoutput import Connection, RankOutput, RankState, Reader, Sinks, utc_now
 from .reaping import Reaper, marked_processes
+from .tempdirs import held_tempdir, remove_stale
 
 STOP_GRACE = 3.0
 """Seconds between the launcher's SIGTERM and SIGKILL for everything of the job, when it must stop (less than
@@ -152,8 +153,8 @@ class Supervisor:
         """Start the launcher, serve the ranks until everything has ended, return the node's exit status."""
         self.node_dir.path.mkdir(parents=True, exist_ok=True)
         self.oom_before = oom_kills()
-        with Reaper.start(self.env, self.note) as reaper, tempfile.TemporaryDirectory(prefix="mlenv-") as sockets, \
-                self._signals():
+        remove_stale(self.note)  # the directories of supervisors killed outright
+        with Reaper.start(self.env, self.note) as reaper, held_tempdir() as sockets, self._signals():
             self.extra_state["cgroup"] = str(reaper.cgroup.path) if reaper.cgroup else None
             path = str(Path(sockets, "ranks"))
             server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
