@@ -1,7 +1,7 @@
 """The runtime's job supervisor on a local cluster of 2 nodes x 2 ranks under torchrun: the first failing rank is
-named and its own exit code is launch's, attached or detached, the job stops on every node; every line of every
-rank arrives whole and tagged; bad ranks (forks, ignored SIGTERM, closed stdout, 10 MB lines, binary) lose no
-other rank's lines."""
+named and its own exit code is launch's, attached or detached, the job stops on every node, torchrun's traceback for
+the signal that stopped it goes to the logs only (a rank's traceback is shown); every line of every rank arrives whole
+and tagged; bad ranks (forks, ignored SIGTERM, closed stdout, 10 MB lines, binary) lose no other rank's lines."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from datetime import datetime
+from pathlib import Path
 
 import pytest
 
@@ -22,6 +23,8 @@ import os, sys, time
 if os.environ["RANK"] == sys.argv[1]:
     print("about to fail", flush=True)
     time.sleep(2)  # the other ranks are up and waiting
+    if sys.argv[2:] == ["raise"]:
+        raise RuntimeError("failing on purpose")
     sys.exit(7)
 print("waiting", flush=True)
 time.sleep(300)
@@ -110,6 +113,21 @@ def test_attached_launch_exits_with_the_failing_rank_s_code_and_names_it(cluster
                       result.stdout)
     assert named, result.stdout
     assert f"[node-{named.group(1)} r{rank}] about to fail" in result.stdout
+    assert job_processes(cluster) == []
+
+
+def test_a_failed_launch_shows_the_rank_s_traceback_and_not_the_launchers_teardown(cluster: LocalProject) -> None:
+    """torchrun's traceback for the SIGTERM its node's supervisor stopped it with goes to the node's log only."""
+    rank = secrets.randbelow(4)
+    result = cluster.mlenv("launch", "--cluster", cluster.name, "--launcher", "torchrun", "fails.py", str(rank),
+                           "raise", timeout=120)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert re.search(rf"^\[node-\d r{rank}\] Traceback \(most recent call last\):$(\n.*)*"
+                     rf"^\[node-\d r{rank}\] RuntimeError: failing on purpose$", result.stdout, re.MULTILINE), \
+        result.stdout
+    assert "SignalException" not in result.stdout and "stopping the launcher" not in result.stdout, result.stdout
+    logs = "".join(path.read_text() for path in Path(result.stderr.split("logs in ")[1].split()[0]).glob("*.log"))
+    assert "mlenv: stopping the launcher with SIGTERM" in logs and "SignalException: Process" in logs, logs
     assert job_processes(cluster) == []
 
 

@@ -1,6 +1,7 @@
 """What mlenv's fan-out (``run_parallel``) shows of the nodes' lines: one tag a line (a line its node's runtime tagged
 already keeps that tag alone), a warning every process repeats once (``warnings_once``, as a launch asks), and
-nothing of a node it is stopping (fail-fast): those lines go to the node's log only."""
+nothing of a node it is stopping (fail-fast), nor torchrun's traceback for the signal once a node's supervisor said
+it stops its launcher: those lines go to the node's log only."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from mlenv.parallel import node_line, run_parallel, warning_said
+from mlenv.runtime.launchers import STOPPING
 
 C10D = ("[W1127 20:05:04.798000 {pid} socket.cpp:752] [c10d] The hostname of the client socket cannot be retrieved. "
         "err=-3")
@@ -66,3 +68,25 @@ def test_a_node_stopped_by_fail_fast_says_nothing_more(tmp_path: Path, capfd: py
     shown = capfd.readouterr().out
     assert "[node-0] failing" in shown and "Traceback" not in shown, shown
     assert "teardown" in logs[1].read_text()
+
+
+def _traceback(tag: str, last: str) -> list[str]:
+    return [f"{tag} Traceback (most recent call last):", f'{tag}   File "run.py", line 9, in main',
+            f"{tag}     time.sleep(monitor_interval)", f"{tag} {last}"]
+
+
+def test_only_torchrun_s_traceback_for_the_signal_after_its_supervisor_stops_it_is_kept_off_the_terminal(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    signalled = "torch.distributed.elastic.multiprocessing.api.SignalException: Process 7 got signal: 15"
+    child_failed = "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: rank 1 failed"
+    rank = _traceback("[node-0 r1]", "RuntimeError: failing on purpose")
+    before = _traceback("[node-0]", signalled)  # not after a stop of the supervisor's: shown
+    after = _traceback("[node-0]", signalled)
+    real = _traceback("[node-0]", child_failed)
+    lines = [*rank, *before, f"{STOPPING} with SIGTERM", *after[:2], "[node-0 r0] a rank's line meanwhile",
+             *after[2:], *real, *after[:3]]  # the last traceback cut short: shown as it is
+    log = tmp_path / "node-0.log"
+    assert run_parallel({0: _node(*lines)}, logs={0: log}).exit_code == 0
+    assert capfd.readouterr().out.splitlines() == [*rank, *before, "[node-0 r0] a rank's line meanwhile", *real,
+                                                  *after[:3]]
+    assert log.read_text().splitlines() == lines

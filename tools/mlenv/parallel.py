@@ -15,10 +15,11 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from mlenv.errors import OperationError
+from mlenv.runtime.launchers import STOPPING, TEARDOWN
 
 STOP_GRACE = 5.0
 """Seconds between SIGTERM and SIGKILL when stopping a command."""
@@ -47,6 +48,44 @@ def warning_said(line: str) -> str | None:
     if match is None:
         return None
     return match["python"] or f"{match['where'].split(':')[0]} {match['said']}"
+
+
+TRACEBACK = "Traceback (most recent call last):"
+
+
+@dataclass
+class Teardown:
+    """Keeps what a launcher says as its node's supervisor stops it off the terminal: once a node said that it
+    stops its launcher (launchers.STOPPING), a traceback of that launcher (its ``[node-N]`` lines) is held back
+    until its last line, and shown only when that is not torchrun's for the signal (launchers.TEARDOWN). A rank's
+    lines, mlenv's and any other traceback are shown."""
+
+    stopping: set[int] = field(default_factory=set)
+    held: dict[int, list[str]] = field(default_factory=dict)  # node -> the traceback held back so far
+
+    def shown(self, ordinal: int, line: str) -> list[str]:
+        """The lines of node ``ordinal`` to show now that it said ``line``."""
+        tag = f"[node-{ordinal}] "
+        if line.startswith(STOPPING):
+            self.stopping.add(ordinal)
+            return []
+        if ordinal not in self.stopping or not line.startswith(tag):
+            return [line]
+        text, held = line[len(tag):], self.held.get(ordinal)
+        if held is None:
+            if text != TRACEBACK:
+                return [line]
+            self.held[ordinal] = [line]
+            return []
+        held.append(line)
+        if text[:1].isspace():  # a frame: the traceback goes on
+            return []
+        del self.held[ordinal]
+        return [] if TEARDOWN.match(text) else held
+
+    def rest(self, ordinal: int) -> list[str]:
+        """What is still held back of node ``ordinal`` once it has ended (a traceback cut short): shown."""
+        return self.held.pop(ordinal, [])
 
 
 @dataclass(frozen=True)
@@ -168,13 +207,15 @@ def run_parallel(commands: Mapping[int, Sequence[str]], *, fail_fast: bool = Fal
     ``keep_stdin`` their stdin then stays open until they end (remote commands that watch it stop when it
     closes). With ``fail_fast`` the first non-zero exit stops the rest. Ctrl-C (or SIGTERM) stops everything
     and is reported as ``interrupted``; a closed stdout stops everything too, and raises BrokenPipeError. What a
-    command says once it is being stopped (a launcher's teardown traceback) goes to its log only; with
-    ``warnings_once`` a warning every process repeats (``warning_said``) is shown the first time only."""
+    command says once it is being stopped (a launcher's teardown traceback) goes to its log only, as does
+    torchrun's traceback for the signal once its node's supervisor stops it (``Teardown``); with ``warnings_once``
+    a warning every process repeats (``warning_said``) is shown the first time only."""
     lock = threading.Lock()
     files = {n: path.open("a", encoding="utf-8") for n, path in (logs or {}).items()}
     shown: int | None = None  # the node whose unfinished line stdout shows
     hushed: set[int] = set()  # the nodes being stopped: their lines go to their logs only
     warned: set[str] = set()  # the warnings shown (warnings_once)
+    teardown = Teardown()  # what launchers say as they are stopped: not shown
     closed = threading.Event()  # stdout's reader has gone (``mlenv logs | head -1``): everything stops
 
     def write(text: str) -> None:
@@ -187,16 +228,21 @@ def run_parallel(commands: Mapping[int, Sequence[str]], *, fail_fast: bool = Fal
         except BrokenPipeError:
             closed.set()
 
-    def emit(ordinal: int, line: str) -> None:
+    def display(ordinal: int, line: str) -> None:
+        """``line`` on stdout, unless the node is hushed or it is a warning said before."""
         nonlocal shown
+        if echo and ordinal not in hushed and _first(line, warned if warnings_once else None):
+            last = line[line.rfind("\r") + 1:]  # a line updated in place: its last state, tagged
+            if last != line and last.startswith(f"[node-{ordinal} r"):
+                write(("\r" if shown == ordinal else "\n" if shown is not None else "") + last + "\n")
+            else:
+                write(("\n" if shown is not None else "") + node_line(ordinal, line) + "\n")
+            shown = None
+
+    def emit(ordinal: int, line: str) -> None:
         with lock:
-            if echo and ordinal not in hushed and _first(line, warned if warnings_once else None):
-                last = line[line.rfind("\r") + 1:]  # a line updated in place: its last state, tagged
-                if last != line and last.startswith(f"[node-{ordinal} r"):
-                    write(("\r" if shown == ordinal else "\n" if shown is not None else "") + last + "\n")
-                else:
-                    write(("\n" if shown is not None else "") + node_line(ordinal, line) + "\n")
-                shown = None
+            for each in teardown.shown(ordinal, line):
+                display(ordinal, each)
             if ordinal in files:
                 files[ordinal].write(line + "\n")
                 files[ordinal].flush()
@@ -246,6 +292,10 @@ def run_parallel(commands: Mapping[int, Sequence[str]], *, fail_fast: bool = Fal
         deadline = time.monotonic() + READER_GRACE
         for node in nodes:  # output still buffered in the pipes; orphans that keep a pipe open are not awaited
             node.reader.join(timeout=max(0.0, deadline - time.monotonic()))
+        with lock:
+            for node in nodes:
+                for line in teardown.rest(node.ordinal):
+                    display(node.ordinal, line)
         for handle in files.values():
             handle.close()
     if closed.is_set():

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
 
+from ..launchers import STOPPING
 from ..node.oom import kernel_killed, oom_kills
 from ..rank import SOCKET_VARIABLE, signal_name
 from ..records.runlayout import (
@@ -101,6 +102,8 @@ class Supervisor:
     current_state: str = RUNNING  # as state.json has it
     oom_before: int | None = None
     marker: bytes = b""  # MLENV_JOB=...: in the environment of every process of the job
+    launcher_stopped: int | None = None  # the signal the launcher was first sent to stop it
+    stopping_said: bool = False  # launchers.STOPPING was written
     written_ranks: list[dict[str, Any]] | None = None
     run_dir: Path = field(init=False)  # JobControl: this node's attempt directory
     output: RankOutput = field(init=False)
@@ -191,7 +194,7 @@ class Supervisor:
         status = 0
         while True:
             for key, _ in self.selector.select(TICK):
-                key.data()
+                self._dispatch(key)
             now = time.monotonic()
             if self.channel is not None:
                 if self.user_signal is not None and not self.user_stop_told:  # stop every node, as the user's
@@ -229,7 +232,15 @@ class Supervisor:
             if not ready:
                 return
             for key, _ in ready:
-                key.data()
+                self._dispatch(key)
+
+    def _dispatch(self, key: selectors.SelectorKey) -> None:
+        """Handle what one connection holds; first, once the launcher is being stopped, say so (launchers.STOPPING)
+        on stdout, ahead of anything it says after the signal (its teardown), which is read only after this."""
+        if self.launcher_stopped is not None and not self.stopping_said:
+            self.stopping_said = True
+            self.sinks.write(f"{STOPPING} with {signal_name(self.launcher_stopped)}")
+        key.data()
 
     def _open_channel(self) -> None:
         if self.control_address is None or self.num_nodes < 2:
@@ -374,8 +385,11 @@ class Supervisor:
             self._terminate(signal.SIGTERM)
 
     def _terminate(self, signum: int) -> None:
-        """SIGTERM (or the user's signal) to the launcher's group; SIGKILL to the whole job after the grace."""
+        """SIGTERM (or the user's signal) to the launcher's group; SIGKILL to the whole job after the grace. Only
+        signals (a signal handler may call it): ``_dispatch`` says that the launcher is being stopped."""
         if self.process is not None and self.process.poll() is None:
+            if self.launcher_stopped is None:
+                self.launcher_stopped = signum
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.process.pid, signum)
         if self.kill_at is None:
