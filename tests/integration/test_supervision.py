@@ -1,13 +1,17 @@
 """The runtime's job supervisor on a local cluster of 2 nodes x 2 ranks under torchrun: the first failing rank is
-named and its own exit code is launch's, attached or detached, the job stops on every node, torchrun's traceback for
-the signal that stopped it goes to the logs only (a rank's traceback is shown); every line of every rank arrives whole
-and tagged; bad ranks (forks, ignored SIGTERM, closed stdout, 10 MB lines, binary) lose no other rank's lines."""
+named and its own exit code is launch's, attached or detached, the job stops on every node (also when an attached
+launch is killed outright), torchrun's traceback for the signal that stopped it goes to the logs only (a rank's
+traceback is shown); every line of every rank arrives whole and tagged; bad ranks (forks, ignored SIGTERM, closed
+stdout, 10 MB lines, binary) lose no other rank's lines."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import secrets
+import select
+import subprocess
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -16,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import MLENV
 from tests.integration.local_cluster import LocalProject, leftovers, make_project, require_local
 
 RANK_FAILS = """\
@@ -129,6 +134,29 @@ def test_a_failed_launch_shows_the_rank_s_traceback_and_not_the_launchers_teardo
     logs = "".join(path.read_text() for path in Path(result.stderr.split("logs in ")[1].split()[0]).glob("*.log"))
     assert "mlenv: stopping the launcher with SIGTERM" in logs and "SignalException: Process" in logs, logs
     assert job_processes(cluster) == []
+
+
+def test_an_attached_launch_killed_outright_stops_the_run_on_every_node(cluster: LocalProject) -> None:
+    """mlenv SIGKILLed stops nothing itself: each node's supervisor gets SIGTERM as mlenv dies (local: its
+    parent-death signal; elsewhere: its stdin closes), stops its share and records the run stopped."""
+    launch = subprocess.Popen([str(MLENV), "launch", "--cluster", cluster.name, "--launcher", "torchrun", "fails.py",
+                               "-1"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True,
+                              env={**os.environ, "MLENV_HOME": str(cluster.home)})  # no rank -1: every rank waits
+    assert launch.stdout is not None
+    seen = b""
+    while seen.count(b"] waiting") < 4:
+        assert select.select([launch.stdout], [], [], 90)[0] and launch.poll() is None, seen
+        seen += os.read(launch.stdout.fileno(), 1 << 16)
+    launch.kill()
+    launch.wait()
+    launch.stdout.close()  # nobody reads the nodes' output any more
+    deadline = time.monotonic() + 30
+    while left := job_processes(cluster):
+        assert time.monotonic() < deadline, left
+        time.sleep(0.2)
+    run = status(cluster)["latest_run"]
+    assert isinstance(run, dict) and run["state"] == "stopped", run
+    assert [rank["state"] for rank in run["ranks"]] == ["stopped"] * 4, run
 
 
 def test_detached_failure_is_the_run_s_state_and_first_failure(cluster: LocalProject) -> None:

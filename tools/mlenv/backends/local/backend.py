@@ -2,8 +2,8 @@
 and /etc/hosts on a private bridge (``namespaces``, root with iproute2), or a plain directory whose
 processes share loopback (``processes``). Each pod has a directory whose ``workspace/`` is its /workspace.
 
-What this machine can do (root, iproute2) and where the project lives are read once, when the backend is made;
-``prepare`` is then pure. Deploy marks every directory it makes as its own; clean deletes only marked ones.
+What this machine can do (root, iproute2, setpriv) and where the project lives are read once, when the backend is
+made; ``prepare`` is then pure. Deploy marks every directory it makes as its own; clean deletes only marked ones.
 """
 
 from __future__ import annotations
@@ -153,6 +153,7 @@ class LocalBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks):
         self.path = os.pathsep.join([_venv_bin(), os.environ.get("PATH", os.defpath)])
         self.torch_extensions = os.environ.get("TORCH_EXTENSIONS_DIR",
                                                str(self.project / ".cache" / "torch_extensions"))
+        self.setpriv = shutil.which("setpriv") is not None
 
     def _isolation(self, settings: LocalSettings) -> str:
         if settings.isolation == PROCESSES or (settings.isolation == "auto" and not self.namespaces_available):
@@ -312,7 +313,9 @@ class LocalBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks):
         """PURE: ``env -C <workspace> K=V... sh -c <record PID> argv``, inside the pod's network namespace and a UTS
         namespace of its own, named as the pod (``hostname``), when it has one (its /etc/hosts knows the name).
 
-        Local processes are stopped through their recorded process groups, so ``stop_on_stdin_eof`` needs nothing.
+        mlenv stops local processes through their recorded process groups while it lives; with ``stop_on_stdin_eof``
+        the command also gets SIGTERM when mlenv dies however it dies (SIGKILL), as a remote one when its stdin closes:
+        its parent-death signal (``setpriv --pdeathsig``; mlenv starts it, and every wrapper execs).
         """
         layout = self.layout(handle)
         pod = layout.pods[node.ordinal]
@@ -328,6 +331,8 @@ class LocalBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks):
             **(env or {}),
         }
         command = list(argv)
+        if stop_on_stdin_eof and not interactive and self.setpriv:
+            command = ["setpriv", "--pdeathsig", "TERM", "--", *command]
         if secrets:
             command = ["sh", "-c", f'{read_secrets(secrets)}exec "$@"', "sh", *command]
         wrapped = ["env", "-C", node.workspace, *(f"{k}={v}" for k, v in variables.items()),
@@ -395,13 +400,13 @@ class LocalBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks):
                  "--delete-data deletes them)")
 
     def checks(self, plan: JobPlan) -> list[Check]:
-        """Root (for namespaces), iproute2 and rsync."""
+        """Root (for namespaces), iproute2, rsync and setpriv (an attached launch's nodes stop when mlenv dies)."""
         checks = []
         root = os.geteuid() == 0
         checks.append(Check("root", "PASS" if root else "WARN",
                             "running as root" if root else "not root: pods are processes sharing loopback",
                             None if root else "run as root for network-namespace pods"))
-        for tool, package in (("ip", "iproute2"), ("rsync", "rsync")):
+        for tool, package in (("ip", "iproute2"), ("rsync", "rsync"), ("setpriv", "util-linux")):
             found = shutil.which(tool)
             checks.append(Check(tool, "PASS" if found else ("FAIL" if tool == "rsync" else "WARN"),
                                 found or f"{tool} not found", None if found else f"apt-get install {package}"))
