@@ -10,8 +10,11 @@ from typing import Any
 
 from mlenv.core.capabilities import LaunchOutcome
 from mlenv.ops.launch import judge_faulty
-from mlenv.runtime.records.restartpolicy import CLOSED, History
+from mlenv.runtime.records.restartpolicy import History
 from mlenv.runtime.records.runrecord import RunRecord
+from mlenv.runtime.supervise.control import CLOSED
+
+FAILED_1, FAILED_3, FAILED_255 = ({"state": "failed", "exit_code": code} for code in (1, 3, 255))
 
 HOSTS = {0: "gpu-a", 1: "gpu-b"}
 LINE = "n1:88:102 [0] NCCL WARN NET/IB : Got completion from peer 10.0.0.1<4242> with error 12, opcode 0, len 0"
@@ -26,7 +29,7 @@ def run(first_node: int | None = 1, node_fault: dict[str, str] | None = None, ta
     first = None if first_node is None else {"rank": 2, "node": first_node, "exit_code": 3, "signal": None,
                                              "reason": "exited with 3", "log_tail": [tail], "node_fault": node_fault}
     return RunRecord.from_dict({"id": "r", "state": "failed", "first_failure": first,
-                                "nodes": {0: "failed (3)", 1: "failed (3)"}, "node_faults": {}, **extra})
+                                "nodes": {0: FAILED_3, 1: FAILED_3}, "node_faults": {}, **extra})
 
 
 def judged(outcome: LaunchOutcome, run: RunRecord | None, history: History | None = None,
@@ -91,11 +94,12 @@ def test_a_node_s_own_sign_excludes_it_whoever_failed_first() -> None:
 
 
 def test_ssh_s_255_is_unreachable_only_where_the_node_has_no_record_of_the_run() -> None:
-    nowhere = run(None, nodes={0: "failed (1)", 1: "-"})
+    nowhere = run(None, nodes={0: FAILED_1, 1: None})
     assert judged(outcome({0: 1, 1: 255}), nowhere)[0] == {
         1: ("unreachable: exit 255 and no record of the run there", True)}
-    closed = run(None, nodes={0: "failed (1)", 1: "-"}, node_faults={"1": {"sign": "unreachable", "evidence": CLOSED}})
+    closed = run(None, nodes={0: FAILED_1, 1: None},
+                 node_faults={"1": {"sign": "unreachable", "evidence": CLOSED, "closed": True}})
     assert judged(outcome({0: 1, 1: 255}), closed)[0] == {  # says more than node 0's closed channel
         1: ("unreachable: exit 255 and no record of the run there", True)}
-    its_own = run(1, nodes={0: "failed (255)", 1: "failed (255)"})  # the script's own exit(-1)
+    its_own = run(1, nodes={0: FAILED_255, 1: FAILED_255})  # the script's own exit(-1)
     assert judged(outcome({0: 255, 1: 255}), its_own)[0] == {}

@@ -9,6 +9,7 @@ from datetime import datetime, timezone
 from mlenv.ops.runs import cells, distinct, duration, entry
 from mlenv.runtime.records.runlayout import FirstFailure
 from mlenv.runtime.records.runrecord import RunRecord
+from mlenv.runtime.records.states import NodeEnd, RunState
 
 RECORDED = {"id": "20261127-200000-out", "script": "train.py", "detached": True, "started": "2026-11-27T20:00:00+00:00"}
 NOW = datetime(2026, 11, 27, 20, 10, tzinfo=timezone.utc)
@@ -16,8 +17,9 @@ NOW = datetime(2026, 11, 27, 20, 10, tzinfo=timezone.utc)
 
 def test_an_ended_run_lasts_until_its_last_rank_ended() -> None:
     failure = FirstFailure(3, 1, 3, None, "exited with 3", ["Traceback", "ValueError: bad batch", ""])
-    record = RunRecord("20261127-200000-out", "failed", 1, first_failure=failure, nodes={0: "stopped (143)",
-                       1: "failed (3)"}, exit_code=3, ended_at="2026-11-27T20:01:05.500+00:00")
+    record = RunRecord("20261127-200000-out", RunState.FAILED, 1, first_failure=failure,
+                       nodes={0: NodeEnd(RunState.STOPPED, 143), 1: NodeEnd(RunState.FAILED, 3)}, exit_code=3,
+                       ended_at="2026-11-27T20:01:05.500+00:00")
     row = entry("out", RECORDED, record, NOW)
     assert (row["state"], row["exit_code"], row["attempts"], row["duration"], row["nodes"]) == ("failed", 3, 2, 65.5, 2)
     assert row["node_states"] == {"0": "stopped (143)", "1": "failed (3)"} and row["first_failure"]["rank"] == 3
@@ -26,7 +28,8 @@ def test_an_ended_run_lasts_until_its_last_rank_ended() -> None:
 
 
 def test_a_running_run_lasts_until_now_and_an_unknown_one_is_said_so() -> None:
-    going = entry("out", RECORDED, RunRecord("20261127-200000-out", "running", 0, nodes={0: "running", 1: "-"}), NOW)
+    going = entry("out", RECORDED, RunRecord("20261127-200000-out", RunState.RUNNING, 0,
+                                             nodes={0: NodeEnd(RunState.RUNNING), 1: None}), NOW)
     assert (going["state"], going["exit_code"], going["attempts"], going["duration"], going["nodes"]) == (
         "running", None, 1, 600.0, 1)
     unknown = entry("out", RECORDED, None, NOW)

@@ -7,9 +7,10 @@ from __future__ import annotations
 from typing import Any
 
 from mlenv.core.runrecords import latest_run, node_state
-from mlenv.runtime.records.restartpolicy import CLOSED
-from mlenv.runtime.records.runlayout import FirstFailure, NodeFault
+from mlenv.runtime.records.runlayout import FirstFailure
 from mlenv.runtime.records.runrecord import RunRecord
+from mlenv.runtime.records.states import FaultSign, NodeEnd, NodeFault, RunState, end_text
+from mlenv.runtime.supervise.control import CLOSED
 
 
 def rank(number: int, node: int, state: str, exit_code: int | None = None) -> dict[str, Any]:
@@ -35,30 +36,43 @@ def test_a_failed_run_names_its_first_failure_and_every_rank_in_order() -> None:
         (0, 100, "stopped"), (1, 101, "stopped"), (2, 102, "stopped"), (3, 103, "failed")]
     assert run.transport == {"node-0": {"verdict": "TCP", "plugin": None, "devices": [], "nccl_version": None}}
     assert (run.stacks, run.idle) == (None, None)
-    assert run.nodes == {0: "stopped (143)", 1: "failed (3)"}  # node 0 was stopped for node 1's failure
+    assert run.nodes == {0: NodeEnd(RunState.STOPPED, 143), 1: NodeEnd(RunState.FAILED, 3)}  # stopped for node 1's
+    assert {node: end_text(end) for node, end in run.nodes.items()} == {0: "stopped (143)", 1: "failed (3)"}
     shown = run.to_dict()  # status --json's latest_run: what the nodes recorded, as they recorded it
     assert shown["first_failure"] == FAILURE and shown["ranks"][3] == rank(3, 1, "failed", 3) and "nodes" not in shown
-    assert RunRecord.from_dict({**shown, "nodes": run.nodes}) == run
+    nodes = {node: end.to_dict() if end is not None else None for node, end in run.nodes.items()}
+    assert RunRecord.from_dict({**shown, "nodes": nodes}) == run
 
 
 def test_a_node_s_own_sign_is_typed() -> None:
     lost = {"sign": "unreachable", "evidence": "the node's supervisor (pid 7) is gone without an exit status"}
     run = latest_run("r4", {0: {"state": "failed", "exit_code": 1, "node_fault": None},
                             1: {"state": "failed", "exit_code": None, "node_fault": lost}})
-    assert run.node_faults == {1: NodeFault("unreachable", lost["evidence"])}
+    assert run.node_faults == {1: NodeFault(FaultSign.UNREACHABLE, lost["evidence"])}
     assert run.to_dict()["node_faults"] == {1: lost}
 
 
 def test_a_node_node_0_lost_is_unreachable_in_the_words_that_say_more() -> None:
-    """Node 0's words name a node lost to silence or a closed connection; over the node's own ``unreachable`` only
+    """Node 0's sign names a node lost to silence or a closed connection; over the node's own ``unreachable`` only
     for a silence (its own says more of a supervisor that is gone)."""
     gone = {"sign": "unreachable", "evidence": "the node's supervisor (pid 7) is gone without an exit status"}
-    for lost, own, evidence in (("node 0 heard nothing from it for 8 s", None, "node 0 heard nothing from it for 8 s"),
-                                ("node 0 heard nothing from it for 8 s", gone, "node 0 heard nothing from it for 8 s"),
-                                (CLOSED, None, CLOSED), (CLOSED, gone, gone["evidence"])):
-        run = latest_run("r5", {0: {"state": "failed", "exit_code": 1, "lost_nodes": {"1": lost}},
+    silent = NodeFault(FaultSign.UNREACHABLE, "node 0 heard nothing from it for 8 s")
+    closed = NodeFault(FaultSign.UNREACHABLE, CLOSED, closed=True)
+    for lost, own, found in ((silent, None, silent), (silent, gone, silent), (closed, None, closed),
+                             (closed, gone, NodeFault.parse(gone))):
+        run = latest_run("r5", {0: {"state": "failed", "exit_code": 1, "lost_nodes": {"1": lost.to_dict()}},
                                 1: {"state": "failed" if own else "running", "exit_code": None, "node_fault": own}})
-        assert run.node_faults == {1: NodeFault("unreachable", evidence)}, (lost, own)
+        assert run.node_faults == {1: found}, (lost, own)
+
+
+def test_lost_nodes_an_earlier_version_recorded_in_words_read_as_a_silence() -> None:
+    """Before the signs were typed node 0 recorded its words alone (``{"1": "..."}``): still read, as the
+    ``unreachable`` sign of a silence (the words decide nothing)."""
+    run = latest_run("r6", {0: {"state": "failed", "exit_code": 1,
+                                "lost_nodes": {"1": "its control channel to node 0 closed before its job ended"}},
+                            1: {"state": "running", "exit_code": None}})
+    assert run.node_faults == {
+        1: NodeFault(FaultSign.UNREACHABLE, "its control channel to node 0 closed before its job ended")}
 
 
 def test_nodes_without_a_share_are_unknown_and_a_hung_node_makes_the_run_hung() -> None:
@@ -67,13 +81,14 @@ def test_nodes_without_a_share_are_unknown_and_a_hung_node_makes_the_run_hung() 
                             1: {"state": "running", "exit_code": None, "ranks": []}, 2: None})
     assert (run.state, run.attempt, run.first_failure) == ("hung", 0, None)
     assert (run.stacks, run.idle) == ("/runs/r2/stacks/t1", {"node-0": {"node": 0}})
-    assert run.nodes == {0: "hung", 1: "running", 2: "-"}
+    assert run.nodes == {0: NodeEnd(RunState.HUNG), 1: NodeEnd(RunState.RUNNING), 2: None}
+    assert [end_text(end) for end in run.nodes.values()] == ["hung", "running", "-"]
 
 
 def test_no_share_anywhere_is_no_state() -> None:
     run = latest_run("r3", {0: None, 1: None})
-    assert (run.state, run.ranks, run.transport, run.nodes) == (None, (), {}, {0: "-", 1: "-"})
-    assert node_state(None) == "-"
+    assert (run.state, run.ranks, run.transport, run.nodes) == (None, (), {}, {0: None, 1: None})
+    assert node_state(None) is None and node_state({"state": "not a state"}) is None
 
 
 def ended_rank(number: int, node: int, state: str, code: int, ended_at: str) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from typing import Any
 
 from mlenv.backends.slurm.login import Login
 from mlenv.backends.slurm.noderecords import node_job, read
-from mlenv.runtime.records.runlayout import NodeFault
+from mlenv.runtime.records.states import NodeFault, RunState
 
 FAILURE = {"rank": 3, "node": 1, "exit_code": 3, "signal": None, "reason": "exited with 3",
            "log_tail": ["a line with \x1e, \"quotes\"", "[node-1 r3] failing"]}
@@ -118,8 +118,9 @@ def test_a_batch_run_s_state_follows_its_job() -> None:
 
     assert reconcile("succeeded", JobInfo("7", "PENDING", "BeginTime")) == "requeued"  # after the warning
     assert reconcile("failed", JobInfo("7", "PREEMPTED")) == "preempted"
-    assert reconcile("succeeded", JobInfo("7", "FAILED", exit_code=1)) == "failed"  # the requeue was refused
-    assert reconcile("succeeded", JobInfo("7", "COMPLETED", exit_code=0)) == "succeeded"
+    assert reconcile(RunState.SUCCEEDED, JobInfo("7", "FAILED", exit_code=1)) == "failed"  # the requeue was refused
+    assert reconcile(RunState.SUCCEEDED, JobInfo("7", "COMPLETED", exit_code=0)) == "succeeded"
+    assert reconcile(RunState.SUCCEEDED, JobInfo("7", "CANCELLED", exit_code=143)) == "stopped"  # scancel: a stop
     assert reconcile("running", JobInfo("7", "RUNNING")) == "running"
     assert reconcile(None, JobInfo("7", "PENDING")) is None  # never started: nothing to say
     assert reconcile("succeeded", None) == "succeeded"  # a run inside the allocation

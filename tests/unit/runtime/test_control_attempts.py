@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 import pytest
-from mlenv.runtime.records import restartpolicy
+from mlenv.runtime.records.states import FaultSign, NodeFault
 from mlenv.runtime.supervise import control, proofs
 from mlenv.runtime.supervise.control import ControlChannel
 from mlenv.runtime.supervise.door import HELLO_LIMIT
@@ -219,10 +219,10 @@ def test_a_silent_node_is_lost_and_a_busy_loop_is_not_silence(monkeypatch: pytes
     assert stops == [] and any(peer.node == 1 for peer in hub.peers)
     assert other.beating is not None
     other.beating.set()  # node 1 freezes: no more beats, no more reading
-    silent: list[tuple[int, str]] = []
-    hub.on_lost = lambda node, why: silent.append((node, why))
+    silent: list[tuple[int, NodeFault]] = []
+    hub.on_lost = lambda node, sign: silent.append((node, sign))
     pump([hub], lambda: bool(stops), seconds=5)
-    assert silent == [(1, "node 0 heard nothing from it for 1 s")]
+    assert silent == [(1, NodeFault(FaultSign.UNREACHABLE, "node 0 heard nothing from it for 1 s"))]
     assert stops[0][0] == "lost node 1 (nothing heard for 1 s: frozen, or cut off)"
     assert "node 1 stopped answering (nothing heard for 1 s: frozen, or cut off)" in notes
     assert not hub.waiting_for_peers()  # node 0 does not wait for a node it lost
@@ -231,19 +231,63 @@ def test_a_silent_node_is_lost_and_a_busy_loop_is_not_silence(monkeypatch: pytes
 
 
 def test_a_node_whose_connection_closes_before_its_job_ended_is_lost() -> None:
-    """Node 1's supervisor is killed (its connection closes without its job's end): node 0 records it lost, in its
-    words, and stops."""
+    """Node 1's supervisor is killed (its connection closes without its job's end): node 0 records it lost, its
+    ``unreachable`` sign marked ``closed`` (a node's own record says more), and stops."""
     port, stops = free_port(), list[Any]()
     hub = channel(0, 0, port, stops)
     other = channel(1, 0, port, stops)
-    lost: list[tuple[int, str]] = []
-    hub.on_lost = lambda node, why: lost.append((node, why))
+    lost: list[tuple[int, NodeFault]] = []
+    hub.on_lost = lambda node, sign: lost.append((node, sign))
     pump([hub, other], lambda: any(peer.node == 1 for peer in hub.peers) and other.connected)
     other.close()
     pump([hub], lambda: bool(stops), seconds=5)
-    assert lost == [(1, restartpolicy.CLOSED)]
+    assert lost == [(1, NodeFault(FaultSign.UNREACHABLE, control.CLOSED, closed=True))]
     assert stops[0][0] == "lost node 1"
     hub.close()
+
+
+def test_the_closed_channel_s_words_decide_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Node 0's words for a closed connection are only shown: in other words the node's own record still says more
+    (status, the restart policy), and ssh's 255 without a record of the run still replaces it; a silence in the very
+    same words is still a silence."""
+    from mlenv.core.capabilities import LaunchOutcome
+    from mlenv.core.runrecords import latest_run
+    from mlenv.ops.launch import judge_faulty
+    from mlenv.runtime.records.restartpolicy import History
+
+    monkeypatch.setattr(control, "CLOSED", "node 1 hung up on node 0")
+    port, stops = free_port(), list[Any]()
+    hub, other = connected(port, stops)
+    lost: list[tuple[int, NodeFault]] = []
+    hub.on_lost = lambda node, sign: lost.append((node, sign))
+    other.close()
+    pump([hub], lambda: bool(stops), seconds=5)
+    hub.close()
+    ((_, closed),) = lost
+    assert (closed.evidence, closed.closed) == ("node 1 hung up on node 0", True)
+    gone = NodeFault(FaultSign.UNREACHABLE, "the node's supervisor (pid 7) is gone without an exit status")
+    silent = NodeFault(FaultSign.UNREACHABLE, "node 1 hung up on node 0")  # a silence, whatever its words
+    for sign, found in ((closed, gone), (silent, silent)):
+        run = latest_run("r", {0: {"state": "failed", "exit_code": 1, "lost_nodes": {"1": sign.to_dict()}},
+                               1: {"state": "failed", "exit_code": None, "node_fault": gone.to_dict()}})
+        assert run.node_faults == {1: found}
+    run = latest_run("r", {0: {"state": "failed", "exit_code": 1, "lost_nodes": {"1": closed.to_dict()}}, 1: None})
+    verdict = judge_faulty(LaunchOutcome(1, {0: 1, 1: 255}, {}, 0, hosts={0: "a", 1: "b"}), run, 0, History())
+    assert [(out.node, out.reason) for out in verdict.left_out] == [
+        (1, "unreachable: exit 255 and no record of the run there")]
+
+
+def test_a_preemption_reaches_every_node_as_one() -> None:
+    """A node whose pod is taken away stops the job as a preemption: every node is told so, typed (never by the
+    reason's words), and a user's stop is no preemption."""
+    for preempted in (True, False):
+        port, stops = free_port(), list[Any]()
+        hub, other = connected(port, stops)
+        other.stop("the pod was taken away, in any words", 143, preempted)
+        pump([hub, other], lambda told=stops: len(told) == 2)
+        assert [(stop[1], stop[3]) for stop in stops] == [(143, preempted)] * 2
+        hub.close()
+        other.close()
 
 
 FORGED = {"replay": "out of sequence (line '", "alter": "bad MAC"}

@@ -15,13 +15,13 @@ from pathlib import Path
 from mlenv.runtime.records.restartpolicy import (
     FAULTY_AFTER,
     History,
-    attempt_state,
     failed_first,
     judge,
     may_restart,
     standby_for,
 )
-from mlenv.runtime.records.runlayout import LOST_FILE, FirstFailure, NodeDir, NodeFault, read_state
+from mlenv.runtime.records.runlayout import LOST_FILE, FirstFailure, NodeDir, read_state
+from mlenv.runtime.records.states import Ending, NodeFault, exit_state
 from mlenv.runtime.supervise.launcher import RUNTIME_PARENT, Job, run_job
 from mlenv.runtime.watch.faultsigns import NodeFaultWatch
 
@@ -158,9 +158,9 @@ def test_a_node_slurm_lost_is_a_node_fault_never_a_user_s_stop(tmp_path: Path) -
 
 
 def test_how_an_attempt_ended() -> None:
-    assert [attempt_state(code, lost=False) for code in (0, 1, 137, 143, 130)] == [
+    assert [exit_state(code) for code in (0, 1, 137, 143, 130)] == [
         "succeeded", "failed", "failed", "stopped", "stopped"]
-    assert attempt_state(143, lost=True) == attempt_state(0, lost=True) == "node-failure"
+    assert exit_state(143, Ending.LOST) == exit_state(0, Ending.LOST) == "node-failure"
 
 
 def test_the_rule_is_written_in_the_policy_alone() -> None:

@@ -99,13 +99,15 @@ def test_states_hosts_and_table(runtime: Runner, tmp_path: Path, unrelated: subp
     write_record(runs / "r1", pid=unrelated.pid, exit_code=0, started_at="2030-01-01T00:00:00.000+00:00")
     write_record(runs / "r2", rank=1, pid=unrelated.pid, exit_code=137, started_at="2030-01-02T00:00:00.000+00:00")
     write_record(runs / "r2", rank=0, pid=unrelated.pid, host="ml-dev-env-1")  # another host's node, shared FS
+    write_record(runs / "r4", pid=unrelated.pid, exit_code=143, started_at="2030-01-03T00:00:00.000+00:00")
     NodeDir(runs / "r3", 0, 0).path.mkdir(parents=True)
     NodeDir(runs / "r3", 0, 0).record.write_text("{not json")  # unreadable: skipped
     lines = runtime("jobs").stdout.splitlines()
     assert [line.split()[:5] for line in lines] == [
         ["RUN", "NODE", "STATE", "PID", "STARTED"],
         ["r1", "0", "succeeded", "(0)", str(unrelated.pid)],
-        ["r2", "1", "stopped", "(137)", str(unrelated.pid)],  # killed, with no state of its own: stopped
+        ["r2", "1", "failed", "(137)", str(unrelated.pid)],  # SIGKILLed, no state of its own: not mlenv's stop
+        ["r4", "0", "stopped", "(143)", str(unrelated.pid)],  # SIGTERM's code alone: a stop (docs/runs.md)
     ]
     assert lines[1].endswith(str(NodeDir(runs / "r1", 0, 0).log))
     other = json.loads(runtime("jobs", "--json", env={"HOSTNAME": "ml-dev-env-1"}).stdout)

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 from mlenv.runtime.node.gpus import Ecc, Gpu
-from mlenv.runtime.records.runlayout import NodeDir, NodeFault, read_state
+from mlenv.runtime.records.runlayout import NodeDir, read_state
+from mlenv.runtime.records.states import NodeFault
 from mlenv.runtime.supervise.launcher import RUNTIME_PARENT, Job, launch, run_job
 from mlenv.runtime.watch.faultsigns import (
     NodeFaultWatch,

@@ -27,6 +27,7 @@ from mlenv.errors import UsageError
 if TYPE_CHECKING:
     from mlenv.plan import JobPlan
     from mlenv.runtime.records.runrecord import RunRecord
+    from mlenv.runtime.records.states import NodeEnd
 
 CheckStatus = Literal["PASS", "WARN", "FAIL"]
 T = TypeVar("T")
@@ -325,9 +326,9 @@ class Jobs(Protocol):
     def stop(self, handle: Handle) -> int:
         """Stop the running job on every node (the environment stays); exit code."""
 
-    def run_states(self, handle: Handle, run_id: str) -> dict[int, str]:
+    def run_states(self, handle: Handle, run_id: str) -> dict[int, NodeEnd | None]:
         """Node ordinal -> what became of run ``run_id`` there: its state (docs/runs.md) with the exit code once it
-        ended (``failed (7)``), or - (unknown)."""
+        ended, or None (unknown)."""
 
     def latest_run(self, handle: Handle, run_id: str) -> RunRecord:
         """Run ``run_id`` as its nodes' supervisors recorded it (its ``to_dict`` is ``status --json``'s

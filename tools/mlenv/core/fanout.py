@@ -19,6 +19,7 @@ from mlenv.ui import info
 
 if TYPE_CHECKING:
     from mlenv.runtime.records.runrecord import RunRecord
+    from mlenv.runtime.records.states import NodeEnd
 
 RUNS_DIR = f"{RUNTIME_DIR}/runs"
 """Where each node keeps its runs, relative to its workspace: ``.mlenv/runs/<run id>/attempt-<K>/node<R>/``."""
@@ -198,8 +199,8 @@ class FanoutJobs(ABC):
         commands = {n.ordinal: self.exec_argv(handle, n, self.runtime(handle, "stop")) for n in nodes}
         return run_parallel(commands).exit_code
 
-    def run_states(self, handle: Handle, run_id: str) -> dict[int, str]:
-        """Node ordinal -> its state of run ``run_id`` (``failed (7)`` once it ended), or ``-``."""
+    def run_states(self, handle: Handle, run_id: str) -> dict[int, NodeEnd | None]:
+        """Node ordinal -> its end of run ``run_id`` (its exit code once it ended), or None (unknown)."""
         return dict(self.latest_run(handle, run_id).nodes)
 
     def latest_run(self, handle: Handle, run_id: str) -> RunRecord:

@@ -9,42 +9,33 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from mlenv.runtime.records.restartpolicy import CLOSED, UNREACHABLE
-from mlenv.runtime.records.runlayout import (
-    FAILED,
-    PREEMPTED,
-    RUNNING,
-    STOPPED,
-    SUCCEEDED,
-    FirstFailure,
-    NodeFault,
-    RankRecord,
-    parse_ranks,
-    run_state,
-)
+from mlenv.runtime.records.runlayout import FirstFailure, RankRecord, parse_ranks
 from mlenv.runtime.records.runrecord import RunRecord
+from mlenv.runtime.records.states import ENDED, FaultSign, NodeEnd, NodeFault, RunState, parse_faults, run_state
 from mlenv.runtime.records.timeline import NodeAttempt
 
 NodeJob = Mapping[str, Any]
 """One node's share of a run in the shape of an entry of the runtime's ``jobs --json``: ``state``, ``exit_code``,
 ``attempt``, ``ranks``, ``first_failure``, ``transport``, ``stacks``, ``idle``, ``stragglers``, ``node_fault``,
-``lost_nodes`` (node 0's: the nodes it lost to silence) and ``attempts`` (the node's share of each attempt,
-runtime/records/timeline.py)."""
+``lost_nodes`` (node 0's: the nodes it lost, each with its ``unreachable`` sign) and ``attempts`` (the node's share
+of each attempt, runtime/records/timeline.py)."""
 
 
-def node_state(job: NodeJob | None, ordinal: int | None = None, first: FirstFailure | None = None) -> str:
-    """A node's entry of ``run_states``, the one wording of a node's end everywhere (status, launch's summary): its
-    state, with the exit code once it ended (``failed (7)``, ``stopped (143)``: 128+N for a signal N), or ``-``. A
-    node ``ordinal`` that ended failed for the ``first`` failure of another node, with no fault of its own, was
-    stopped for it (fail-fast): ``stopped (143)``, as mlenv's SIGTERM stopped it, whichever came first there (the
-    failure's news, which its supervisor records with the job's exit code, or the launch's own stop)."""
-    if job is None:
-        return "-"
-    state, code = str(job.get("state", "?")), job.get("exit_code")
-    if state == FAILED and first is not None and ordinal is not None and ordinal != first.node \
+def node_state(job: NodeJob | None, ordinal: int | None = None, first: FirstFailure | None = None) -> NodeEnd | None:
+    """A node's entry of ``run_states``: its state, with the exit code once it ended (128+N for a signal N); None
+    where nothing is known of it. A node ``ordinal`` that ended failed for the ``first`` failure of another node,
+    with no fault of its own, was stopped for it (fail-fast): ``stopped (143)``, as mlenv's SIGTERM stopped it,
+    whichever came first there (the failure's news, which its supervisor records with the job's exit code, or the
+    launch's own stop)."""
+    state = RunState.parse(job.get("state")) if job is not None else None
+    if job is None or state is None:
+        return None
+    code = job.get("exit_code")
+    code = code if isinstance(code, int) and not isinstance(code, bool) else None
+    if state is RunState.FAILED and first is not None and ordinal is not None and ordinal != first.node \
             and code is not None and NodeFault.parse(job.get("node_fault")) is None:
-        state, code = STOPPED, STOPPED_BY_MLENV
-    return f"{state} ({code})" if code is not None else state
+        return NodeEnd(RunState.STOPPED, STOPPED_BY_MLENV)
+    return NodeEnd(state, code)
 
 
 def latest_run(run_id: str, jobs: Mapping[int, NodeJob | None]) -> RunRecord:
@@ -58,7 +49,7 @@ def latest_run(run_id: str, jobs: Mapping[int, NodeJob | None]) -> RunRecord:
     failures = [job["first_failure"] for job in known if job.get("first_failure")]
     first = FirstFailure.parse(failures[0]) if failures else None
     ranks = tuple(sorted((rank for job in known for rank in parse_ranks(job.get("ranks"))), key=lambda r: r.rank))
-    state = run_state([str(job.get("state")) for job in known])
+    state = run_state(RunState.parse(job.get("state")) for job in known)
     code, ended_at = ended(state, first, {ordinal: job for ordinal, job in jobs.items() if job is not None}, ranks)
     timeline = tuple(share for job in known for item in job.get("attempts") or ()
                      if (share := NodeAttempt.parse(item)) is not None)
@@ -76,22 +67,20 @@ def latest_run(run_id: str, jobs: Mapping[int, NodeJob | None]) -> RunRecord:
         node_faults(jobs),
         {ordinal: node_state(job, ordinal, first) for ordinal, job in jobs.items()}, exit_code=code,
         ended_at=ended_at, timeline=timeline,
-        preemptions=len({share.attempt for share in timeline if share.state == PREEMPTED and share.attempt < newest}),
+        preemptions=len({share.attempt for share in timeline
+                         if share.state == RunState.PREEMPTED and share.attempt < newest}),
     ).launched(None, time.time())
 
 
 STOPPED_BY_MLENV = 128 + signal.SIGTERM
 """How a node stopped for another node's failure ended: mlenv's fail-fast stop is a SIGTERM (exit codes 128+N)."""
 
-ENDED = (SUCCEEDED, FAILED, STOPPED, PREEMPTED)
-"""The states of a run none of whose nodes runs any more."""
 
-
-def ended(state: str | None, first: FirstFailure | None, jobs: Mapping[int, NodeJob],
+def ended(state: RunState | None, first: FirstFailure | None, jobs: Mapping[int, NodeJob],
           ranks: tuple[RankRecord, ...]) -> tuple[int | None, str | None]:
     """How a run in ``state`` ended: its exit code (the node that failed ``first``'s, else the first other node's
     that is not 0, else 0) and when its last rank did; (None, None) while it has not (a node still runs)."""
-    if state not in ENDED or any(job.get("state") == RUNNING for job in jobs.values()):
+    if state not in ENDED or any(job.get("state") == RunState.RUNNING for job in jobs.values()):
         return None, None
     numbers = {ordinal: job["exit_code"] for ordinal, job in sorted(jobs.items())
                if isinstance(job.get("exit_code"), int)}
@@ -105,11 +94,22 @@ def ended(state: str | None, first: FirstFailure | None, jobs: Mapping[int, Node
 
 def node_faults(jobs: Mapping[int, NodeJob | None]) -> dict[int, NodeFault]:
     """Each node's own fault sign; for a node without one that node 0 lost (``lost_nodes``: to silence, as a frozen
-    node records nothing, or as its connection closed), ``unreachable`` with node 0's words (over the node's own
-    ``unreachable`` too, but for a closed connection)."""
+    node records nothing, or as its connection closed), node 0's ``unreachable`` sign (over the node's own
+    ``unreachable`` too, but for a closed connection: the node's own record says more of a supervisor that is
+    gone)."""
     own = {ordinal: fault for ordinal, job in sorted(jobs.items())
            if job is not None and (fault := NodeFault.parse(job.get("node_fault"))) is not None}
-    silent = {int(node): str(why) for job in jobs.values() if job is not None
-              for node, why in (job.get("lost_nodes") or {}).items()}
-    return {**own, **{node: NodeFault(UNREACHABLE, why) for node, why in silent.items()  # node 0's words say more,
-                      if node not in own or (own[node].sign == UNREACHABLE and why != CLOSED)}}  # but of a silence
+    lost = {node: fault for job in jobs.values() if job is not None for node, fault in _lost_nodes(job).items()}
+    return {**own, **{node: fault for node, fault in lost.items()
+                      if node not in own or (own[node].sign is FaultSign.UNREACHABLE and not fault.closed)}}
+
+
+def _lost_nodes(job: NodeJob) -> dict[int, NodeFault]:
+    """The nodes node 0 lost, as its share records them (``lost_nodes``: node -> its sign; before the signs were
+    typed, node -> node 0's words, read as a silence's ``unreachable``)."""
+    recorded = job.get("lost_nodes")
+    if not isinstance(recorded, Mapping):
+        return {}
+    older = {int(node): NodeFault(FaultSign.UNREACHABLE, why) for node, why in recorded.items()
+             if str(node).isdigit() and isinstance(why, str)}
+    return {**older, **parse_faults(recorded)}

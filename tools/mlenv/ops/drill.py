@@ -27,8 +27,9 @@ from mlenv.errors import UsageError
 from mlenv.ops.launch import LaunchResult, launch, run_id
 from mlenv.ops.live import refuse_beside_live
 from mlenv.ops.target import Target, file_cluster
-from mlenv.runtime.records.runlayout import FAILED, HUNG, PREEMPTED, REQUEUED, RUNNING, RankRecord
+from mlenv.runtime.records.runlayout import RankRecord
 from mlenv.runtime.records.runrecord import RunRecord
+from mlenv.runtime.records.states import RunState
 
 FAULTS = ("rank-exit", "rank-kill", "node-loss", "node-freeze", "hang", "preempt")
 ALL = "all"
@@ -49,7 +50,7 @@ RESUMED_LINE = re.compile(r"drill: attempt (\d+) resumed at step (\d+) t=([\d.]+
 EXITED_LINE = re.compile(r"drill: rank (\d+) exits with 1 at step \d+ t=([\d.]+)")
 CHECKPOINTED_LINE = re.compile(r"drill: node (\d+) checkpointed step (\d+) after (\w+) t=([\d.]+)")
 PHASES = ("detected", "stopped", "started", "resumed")
-TAKEN = (PREEMPTED, REQUEUED)
+TAKEN = (RunState.PREEMPTED, RunState.REQUEUED)
 """A run's (or node's) state once preempted: Kubernetes' pods say preempted, Slurm's batch job requeued."""
 PREEMPT_PHASES = ("detected", "checkpointed", "stopped", "started", "resumed")
 """A preemption's: the preempted node's checkpoint on the signal comes after its detection."""
@@ -182,11 +183,11 @@ class Watch:
                 self.stopped_at = self.stopped_at or now
                 return
             self.first = run
-            if self.detected_at is None and (run.first_failure or run.node_faults or run.state in (HUNG, *TAKEN)
-                                             or _dead(run) is not None):
+            if self.detected_at is None and (run.first_failure or run.node_faults
+                                             or run.state in (RunState.HUNG, *TAKEN) or _dead(run) is not None):
                 self.detected_at, self.detected_as = now, run.state
             if self.detected_at is not None and self.stopped_at is None and not any(
-                    rank.state == RUNNING for rank in run.ranks if rank.node not in run.node_faults):
+                    rank.state == RunState.RUNNING for rank in run.ranks if rank.node not in run.node_faults):
                 self.stopped_at = now
                 self._end_fault()
             self.done.wait(POLL_SECONDS)
@@ -271,7 +272,7 @@ def report(fault: str, at_step: int, targets: Targets, watch: Watch, result: Lau
             if fault not in ("rank-exit", "rank-kill") and detected is not None:  # seen late by polling: the
                 detected = min(detected, *(e for e in ends if e is not None))  # stop it caused came first
     shares = [share.ended_at for share in final.timeline if share.attempt == 0]
-    if (first is None or first.state == RUNNING) and shares and None not in shares:  # attempt 0 last read before
+    if (first is None or first.state is RunState.RUNNING) and shares and None not in shares:  # attempt 0 read before
         stopped = max(end for end in shares if end is not None)  # it ended: its nodes' own records of its end
     restarted = final.attempt > 0
     started = min((t for r in final.ranks if (t := _epoch(r.started_at))), default=None) if restarted else None
@@ -339,7 +340,7 @@ def _dead(run: RunRecord | None) -> RankRecord | None:
     """The rank of attempt 0 that failed first (its own failure, not a stop), as its supervisor recorded it: the
     run's first failure, else the earliest to end failed (node 0 may not have named it yet when the drill last read
     attempt 0)."""
-    ranks = sorted((r for r in (run.ranks if run is not None else ()) if r.state == FAILED and r.ended_at),
+    ranks = sorted((r for r in (run.ranks if run is not None else ()) if r.state == RunState.FAILED and r.ended_at),
                    key=lambda r: r.ended_at or "")
     failure = run.first_failure if run is not None else None
     return next((r for r in ranks if failure is None or r.rank == failure.rank), None)

@@ -20,9 +20,10 @@ from mlenv.errors import MlenvError, OperationError, UsageError, shown
 from mlenv.ops.live import refuse_while_live
 from mlenv.ops.target import Target
 from mlenv.runtime.records import restartpolicy
-from mlenv.runtime.records.restartpolicy import CLOSED, IDLE_EXIT_CODE, LOST, UNREACHABLE, why_faulty
-from mlenv.runtime.records.runlayout import FAILED, STOPPED, SUCCEEDED, FirstFailure, NodeFault
+from mlenv.runtime.records.restartpolicy import IDLE_EXIT_CODE, LOST, why_faulty
+from mlenv.runtime.records.runlayout import FirstFailure
 from mlenv.runtime.records.runrecord import RunRecord
+from mlenv.runtime.records.states import Ending, FaultSign, LeftOut, NodeEnd, NodeFault, RunState, end_text, exit_state
 
 STEP = re.compile(r"\bstep (\d+)/(\d+)\b")
 TAIL_LINES = 15
@@ -372,9 +373,9 @@ def judge_faulty(outcome: LaunchOutcome, run: RunRecord | None, attempt: int,
     node has no record of the run."""
     signs = dict(run.node_faults) if run is not None else {}
     for ordinal, code in outcome.node_exit_codes.items():
-        if run is not None and code == SSH_UNREACHABLE and run.nodes.get(ordinal, "-") == "-" and (
-                ordinal not in signs or signs[ordinal].evidence == CLOSED):  # says more than node 0's closed channel
-            signs[ordinal] = NodeFault(UNREACHABLE, f"exit {code} and no record of the run there")
+        if run is not None and code == SSH_UNREACHABLE and run.nodes.get(ordinal) is None and (
+                ordinal not in signs or signs[ordinal].closed):  # says more than node 0's closed channel
+            signs[ordinal] = NodeFault(FaultSign.UNREACHABLE, f"exit {code} and no record of the run there")
     first = run.first_failure if run is not None else None
     # a run stopped without a rank's failure (an observer, a lost node) has no node that failed first
     node = first.node if first is not None else outcome.failed_node if run is None else None
@@ -389,7 +390,7 @@ def _reasons(excluded: Iterable[Mapping[str, object]]) -> dict[str, str]:
     return {str(entry.get("host")): str(entry.get("reason")) for entry in excluded}
 
 
-def _exclude(target: Target, outcome: LaunchOutcome, left_out: tuple[restartpolicy.LeftOut, ...],
+def _exclude(target: Target, outcome: LaunchOutcome, left_out: tuple[LeftOut, ...],
              run_only: dict[str, str], saved: dict[str, str]) -> list[str]:
     """The hosts of the nodes the policy leaves out: named with why; recorded as excluded on the deployment, or on
     the cluster when it is not deployed (mlenv nodes shows them), where a node-fault sign says so (the deployment's
@@ -524,19 +525,18 @@ def _summary(result: LaunchResult, failed_first: tuple[int, int, FirstFailure | 
     outcome = result.outcome
     recorded = result.latest_run.nodes if result.latest_run is not None else {}
 
-    def verdict(node: int) -> str:
+    def verdict(node: int) -> NodeEnd:
         code = exit_status(outcome.node_exit_codes.get(node, -1))
-        if recorded.get(node, "-") != "-":
-            return recorded[node]
+        if (end := recorded.get(node)) is not None:
+            return end
         if failed_first is not None and node == failed_first[0]:
-            return f"{FAILED} ({failed_first[1]})"
-        if code == 0:
-            return f"{SUCCEEDED} (0)"
-        return f"{STOPPED if node in outcome.stopped or failed_first is not None else FAILED} ({code})"
+            return NodeEnd(RunState.FAILED, failed_first[1])
+        stopped = node in outcome.stopped or failed_first is not None  # by mlenv: fail-fast, Ctrl-C
+        return NodeEnd(exit_state(code, Ending.COLLATERAL if stopped else Ending.OWN), code)
 
     table(f"launch finished in {result.seconds} s (exit {result.exit_code})",
           ["NODE", "RESULT", "LAST STEP", "LOG"],
-          [[f"node-{n}", verdict(n), _last_step(result.log(n)), result.log(n)]
+          [[f"node-{n}", end_text(verdict(n)), _last_step(result.log(n)), result.log(n)]
            for n in sorted(outcome.node_exit_codes)])
 
 

@@ -9,7 +9,10 @@ from __future__ import annotations
 from mlenv import state
 from mlenv.errors import UsageError
 from mlenv.ops.target import Target
-from mlenv.runtime.records.runlayout import HUNG, REQUEUED, RESTARTING, RUNNING
+from mlenv.runtime.records.states import RunState
+
+LIVE = frozenset({RunState.RUNNING, RunState.HUNG, RunState.RESTARTING, RunState.REQUEUED})
+"""The states of a node's share that runs, or will again (a restart, a requeue)."""
 
 
 def live_run(target: Target) -> tuple[str, str] | None:
@@ -20,8 +23,7 @@ def live_run(target: Target) -> tuple[str, str] | None:
         return None
     latest = str(target.recorded.runs[-1].get("id"))
     states = target.backend.jobs.run_states(target.handle, latest)
-    live = sorted(node for node, state in states.items()
-                  if state.split(" ")[0] in (RUNNING, HUNG, RESTARTING, REQUEUED))
+    live = sorted(node for node, end in states.items() if end is not None and end.state in LIVE)
     if live:
         return latest, f"node {', '.join(map(str, live))}"
     return (latest, "its mlenv launch goes on") if state.run_going(target.handle.name) else None

@@ -13,6 +13,7 @@ from mlenv.errors import MlenvError, UsageError
 from mlenv.ops.target import Target, backend_of, resolve
 from mlenv.runtime.records.runlayout import FirstFailure
 from mlenv.runtime.records.runrecord import RunRecord
+from mlenv.runtime.records.states import end_text
 
 COLUMNS = ["RUN", "STATE", "EXIT", "ATTEMPTS", "DURATION", "START", "NODES", "SCRIPT", "FAILURE"]
 """The table's columns, the most wanted first: a narrow terminal cuts them from the last (ui.layout), so that at 80
@@ -78,8 +79,8 @@ def entry(cluster: str, run: dict[str, Any], record: RunRecord | None, now: date
         "attempts": record.attempt + 1 if record is not None and known else None,
         "started": run.get("started"), "ended": ended_at,
         "duration": _seconds(run.get("started"), ended_at, now, record),
-        "nodes": sum(shown != "-" for shown in record.nodes.values()) if record is not None else None,
-        "node_states": {str(node): shown for node, shown in sorted(record.nodes.items())} if record else {},
+        "nodes": sum(end is not None for end in record.nodes.values()) if record is not None else None,
+        "node_states": {str(node): end_text(end) for node, end in sorted(record.nodes.items())} if record else {},
         "first_failure": record.first_failure.to_dict() if record is not None and record.first_failure else None,
     }
 

@@ -10,9 +10,9 @@ from mlenv.errors import OperationError, UsageError
 from mlenv.ops.fanout import runtime_json, select_nodes
 from mlenv.runtime.forensics.culprit import culprit_of
 from mlenv.runtime.forensics.stacks import group, render
-from mlenv.runtime.records.runlayout import FAILED, STOPPED, SUCCEEDED
+from mlenv.runtime.records.states import RunState
 
-OVER = (SUCCEEDED, FAILED, STOPPED)
+OVER = (RunState.SUCCEEDED, RunState.FAILED, RunState.STOPPED)
 
 
 def take(backend: NodeAccess, handle: Handle, only: int | None = None, *, native: bool = False,

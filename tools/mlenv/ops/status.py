@@ -14,18 +14,19 @@ from mlenv.core.registry import Backend
 from mlenv.errors import MlenvError, UsageError
 from mlenv.ops.runs import distinct, entry, find, launched_at, recorded_runs
 from mlenv.ops.target import backend_of, resolve
-from mlenv.runtime.records.runlayout import FAILED, HUNG, RUNNING, STOPPED, SUCCEEDED
 from mlenv.runtime.records.runrecord import RunRecord
+from mlenv.runtime.records.states import RunState, end_text
 from mlenv.ui import error, print_json, say, table
 
 
 def _report(handle: Handle, recorded: state.Deployment | None, current: str | None, tolerant: bool,
-            backend: Callable[[], Backend], gpus: bool = False, run_id: str | None = None) -> dict[str, Any]:
-    """What status shows of ``handle``, asking the ``backend()``; with ``tolerant`` any failure (an unknown backend
-    included) becomes the report's error; with ``gpus`` each node's GPU state too (``gpu_state``); with ``run_id``
-    that run in place of the latest (``latest_run``, ``run_states``). Each of ``runs`` is what the deployment
-    recorded of the run with its state, exit code, attempts and duration as ``mlenv runs`` reads them (unknown
-    where the backend was not asked)."""
+            backend: Callable[[], Backend], gpus: bool = False, run_id: str | None = None
+            ) -> tuple[dict[str, Any], RunRecord | None]:
+    """What status shows of ``handle``, asking the ``backend()``, and the run it shows, typed (None: none); with
+    ``tolerant`` any failure (an unknown backend included) becomes the report's error; with ``gpus`` each node's
+    GPU state too (``gpu_state``); with ``run_id`` that run in place of the latest (``latest_run``,
+    ``run_states``). Each of ``runs`` is what the deployment recorded of the run with its state, exit code, attempts
+    and duration as ``mlenv runs`` reads them (unknown where the backend was not asked)."""
     listed = distinct(recorded_runs(handle.name, recorded))
     report: dict[str, Any] = {
         "name": handle.name, "cluster": handle.name, "backend": handle.backend, "mode": handle.mode,
@@ -39,6 +40,7 @@ def _report(handle: Handle, recorded: state.Deployment | None, current: str | No
         # an undeployed cluster's once the backend has answered: it may record some (Slurm batch runs' scripts)
         "excluded": list(recorded.excluded) if recorded else [],
     }
+    run: RunRecord | None = None
     try:
         made = backend()
         never_ready = recorded is not None and recorded.deploy["state"] == state.FAILED
@@ -48,7 +50,7 @@ def _report(handle: Handle, recorded: state.Deployment | None, current: str | No
             report["runs"] = _described(handle.name, listed, records)
             wanted = run_id or str(listed[-1]["id"])
             run = records[wanted].launched(launched_at(listed, wanted), time.time())  # run_id: one of listed
-            report["run_states"] = {str(n): s for n, s in run.nodes.items()}
+            report["run_states"] = {str(n): end_text(end) for n, end in run.nodes.items()}
             report["latest_run"] = run.to_dict()
         if gpus and report["pods"]:
             from mlenv.ops.gpus import gather
@@ -64,7 +66,7 @@ def _report(handle: Handle, recorded: state.Deployment | None, current: str | No
         report["pods"], report["error"] = [], f"cannot query it: {type(exc).__name__}: {exc}"
     if recorded is None:
         report["excluded"] = list(state.load().excluded_of(handle.name))
-    return report
+    return report, run
 
 
 def _described(name: str, listed: list[dict[str, Any]], records: dict[str, RunRecord]) -> list[dict[str, Any]]:
@@ -81,7 +83,7 @@ def pod_row(row: NodeStatus, never_ready: bool = False) -> dict[str, Any]:
             "rdma_devices": row.rdma_devices, "detail": row.detail, "extra": dict(row.extra)}
 
 
-def _print(report: dict[str, Any]) -> None:
+def _print(report: dict[str, Any], run: RunRecord | None = None) -> None:
     where = f", namespace {report['namespace']}" if report.get("namespace") else ""
     title = f"{report['name']} ({report['backend']}, {report['mode']}{where}{', current' if report['current'] else ''})"
     if report.get("error"):
@@ -110,30 +112,31 @@ def _print(report: dict[str, Any]) -> None:
         print(f"excluded: node-{excluded['node']} ({excluded.get('host', '-')}) since {excluded.get('since', '-')}: "
               f"{excluded.get('reason', '-')}; mlenv nodes --forget-excluded clears")
     if report["runs"]:
-        run = report.get("latest_run") or {}
-        latest = next((r for r in reversed(report["runs"]) if r.get("id") == run.get("id")), report["runs"][-1])
+        latest = next((r for r in reversed(report["runs"]) if run is not None and r.get("id") == run.id),
+                      report["runs"][-1])
         kind = "detached run" if latest.get("detached", True) else "run"
         say(f"{'run' if latest is not report['runs'][-1] else f'latest {kind}'}: {latest['id']} ({latest['script']}, "
-            f"started {latest['started']}): {summary(run, latest, report.get('run_states', {}))}")
+            f"started {latest['started']}): {summary(run, latest)}")
         if latest.get("spares"):
             say("on spare hosts: " + ", ".join(f"node-{used['node']} on {used['spare']} (in place of {used['host']})"
                                                for used in latest["spares"]))
-        transport = run.get("transport") or {}
+        recorded_run = report.get("latest_run") or {}  # as the nodes recorded it
+        transport = recorded_run.get("transport") or {}
         if transport:
             say("transport: " + ", ".join(f"{node} {found['verdict']} ({found.get('plugin') or 'no network'})"
                                           for node, found in transport.items()))
-        if run.get("idle"):
+        if recorded_run.get("idle"):
             from mlenv.runtime.watch.idle import describe
 
-            say("GPUs idle: " + "; ".join(describe(report) for report in run["idle"].values()))
-        for straggler in run.get("stragglers") or []:
+            say("GPUs idle: " + "; ".join(describe(report) for report in recorded_run["idle"].values()))
+        for straggler in recorded_run.get("stragglers") or []:
             say(straggler["text"])
-        if run.get("goodput"):
+        if recorded_run.get("goodput"):
             from mlenv.runtime.records.goodput import describe as goodput_line
 
-            say(goodput_line(run["goodput"]))
-        if run.get("first_failure"):
-            failure = run["first_failure"]
+            say(goodput_line(recorded_run["goodput"]))
+        if recorded_run.get("first_failure"):
+            failure = recorded_run["first_failure"]
             say(f"first failure: rank {failure['rank']} (node-{failure['node']}) {failure['reason']}")
     if "gpu_state" in report:
         from mlenv.ops.gpus import render
@@ -141,25 +144,28 @@ def _print(report: dict[str, Any]) -> None:
         say(render(report["gpu_state"]))
 
 
-def summary(run: dict[str, Any], recorded: dict[str, Any], states: dict[str, str]) -> str:
-    """What became of a run (``latest_run``, the deployment's record of it, its state on each node), truthfully:
-    running or hung on how many nodes, and how to follow or stop it; once it ended, its state and exit code, and
-    where its output is."""
-    state_now = run.get("state")
-    preemptions = max(int(recorded.get("preemptions", 0)), int(run.get("preemptions") or 0))  # attached, detached
-    restarted = (f", attempt {run['attempt']} (restarted {run['attempt'] - preemptions}x"
+def summary(run: RunRecord | None, recorded: dict[str, Any]) -> str:
+    """What became of a run (``latest_run``, typed; None where its nodes were not asked) and the deployment's record
+    of it, truthfully: running or hung on how many nodes, and how to follow or stop it; once it ended, its state and
+    exit code, and where its output is."""
+    state_now = run.state if run is not None else None
+    ends = dict(run.nodes) if run is not None else {}
+    attempt = run.attempt if run is not None else 0
+    # an attached run's resumptions are recorded on the deployment, a detached one's by its nodes
+    preemptions = max(int(recorded.get("preemptions", 0)), run.preemptions if run is not None else 0)
+    restarted = (f", attempt {attempt} (restarted {attempt - preemptions}x"
                  + (f", preempted {preemptions}x" if preemptions else "")
-                 + "; mlenv logs shows every attempt)") if run.get("attempt") else ""
-    nodes = f"({', '.join(f'node-{n} {s}' for n, s in sorted(states.items()))})"
-    if state_now in (SUCCEEDED, FAILED, STOPPED):  # nothing of it runs any more
-        code = run.get("exit_code")
+                 + "; mlenv logs shows every attempt)") if attempt else ""
+    nodes = f"({', '.join(f'node-{n} {end_text(end)}' for n, end in sorted(ends.items()))})"
+    if run is not None and state_now in (RunState.SUCCEEDED, RunState.FAILED, RunState.STOPPED):  # nothing runs
+        code = run.exit_code
         return (f"{state_now}{restarted}{'' if code is None else f', exit code {code}'} {nodes}; "
                 f"mlenv logs {recorded['id']} shows it")
-    if state_now in (RUNNING, HUNG):
-        on = sum(shown.split(" ")[0] == state_now for shown in states.values())
-        hint = "mlenv stacks shows where, mlenv stop stops it" if state_now == HUNG else \
+    if state_now in (RunState.RUNNING, RunState.HUNG):
+        on = sum(end is not None and end.state is state_now for end in ends.values())
+        hint = "mlenv stacks shows where, mlenv stop stops it" if state_now is RunState.HUNG else \
             "mlenv logs -f follows it, mlenv stop stops it"
-        return f"{state_now}{restarted} on {on}/{len(states)} nodes {nodes}; {hint}"
+        return f"{state_now}{restarted} on {on}/{len(ends)} nodes {nodes}; {hint}"
     return f"{state_now or 'state unknown'}{restarted} {nodes}; mlenv logs -f follows it, mlenv stop stops it"
 
 
@@ -170,20 +176,21 @@ def show(cluster_ref: str | None, every: bool, as_json: bool, gpus: bool = False
     if every and run_id is not None:
         raise UsageError("a RUN_ID names a run of one deployment: give it without --all")
     if every:
-        reports = [_report(d.handle, d, recorded.current, True, partial(backend_of, d.backend), gpus)
-                   for _, d in sorted(recorded.deployments.items())]
+        found = [_report(d.handle, d, recorded.current, True, partial(backend_of, d.backend), gpus)
+                 for _, d in sorted(recorded.deployments.items())]
     else:
         target = resolve(cluster_ref)
         if run_id is not None:
             find(target, run_id)
-        reports = [_report(target.handle, target.recorded, recorded.current, False, lambda: target.backend, gpus,
-                           run_id)]
+        found = [_report(target.handle, target.recorded, recorded.current, False, lambda: target.backend, gpus,
+                         run_id)]
+    reports = [report for report, _ in found]
     if as_json:
         print_json({"deployments": reports} if every else reports[0])
     else:
         if every and not reports:
             print("no deployments recorded")
-        for report in reports:
-            _print(report)
+        for report, run in found:
+            _print(report, run)
     unanswered = any("error" in node for r in reports for node in r.get("gpu_state", []))
     return 1 if unanswered or any(r.get("error") for r in reports) else 0

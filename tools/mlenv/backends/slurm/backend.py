@@ -50,6 +50,7 @@ from mlenv.core.spares import place
 from mlenv.errors import ConfigError, OperationError, Problem, UsageError
 from mlenv.plan import JobPlan
 from mlenv.runtime.records.runrecord import RunRecord
+from mlenv.runtime.records.states import NodeEnd
 from mlenv.ui import info
 
 _SECRETS_REFUSED = (
@@ -530,9 +531,9 @@ class SlurmBackend(Deploy, NodeAccess, Jobs, Checks, Preempts):
         files = noderecords.read(Login.of(job.settings), f"{job.workdir}/{RUNS_DIR}", None, handle.name).files
         return {rank["rank"]: node for node, mine in files.items() for rank in noderecords.ranks(mine)}
 
-    def run_states(self, handle: Handle, run_id: str) -> dict[int, str]:
-        """Node ordinal -> its state of run ``run_id`` as ``latest_run`` reads it: ``<state> (N)`` once the node's
-        supervisor wrote its exit status, else ``running``, ``hung``, ``failed`` (lost) or ``-``."""
+    def run_states(self, handle: Handle, run_id: str) -> dict[int, NodeEnd | None]:
+        """Node ordinal -> its end of run ``run_id`` as ``latest_run`` reads it: its state with its exit code once the
+        node's supervisor wrote its exit status, else ``running``, ``hung``, ``failed`` (lost), or None (unknown)."""
         return dict(self.latest_run(handle, run_id).nodes)
 
     def preemption_refused(self, handle: Handle) -> str | None:

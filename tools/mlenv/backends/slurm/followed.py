@@ -15,7 +15,6 @@ from mlenv.backends.slurm.login import Login
 from mlenv.backends.slurm.script import RESUBMITTED_FILE, SlurmJob
 from mlenv.core.capabilities import Handle
 from mlenv.core.registry import Records
-from mlenv.runtime.records.restartpolicy import saved
 
 SEPARATOR = "\036"
 READ = f'for path; do printf "{SEPARATOR}%s\\n" "$path"; cat -- "$path" 2>/dev/null || :; done'
@@ -44,11 +43,11 @@ def follow(login: Login, records: Records, handle: Handle, job: SlurmJob, found:
         lines = [parsed for parsed in map(_parse, text.splitlines()) if parsed is not None]
         chain = [str(origin["id"]), *(job_id for job_id, *_ in lines)]
         handed.update(pairwise(chain))
-        for job_id, host, node, why in lines:
+        for job_id, host, node, saved, why in lines:
             if job_id not in known:
                 record.remember(records, handle, job_id, run_id, str(origin.get("script", "")), True,
                                 int(origin["restarts"]))
-                if saved(why):  # a node-fault sign; a node that failed first twice is left out of this run only
+                if saved:  # a node-fault sign; a node that failed first twice is left out of this run only
                     records.exclude(handle.name, {node: (host, why)})
                 known.add(job_id)
     since = datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -58,7 +57,16 @@ def follow(login: Login, records: Records, handle: Handle, job: SlurmJob, found:
     return len(known) > len(recorded)
 
 
-def _parse(line: str) -> tuple[str, str, int, str] | None:
-    """``<job id> <host> <node> <why>``; None for a line that is not one."""
-    job_id, host, node, why = (*line.split(" ", 3), "", "", "")[:4]
-    return (job_id, host, int(node), why) if job_id.isdigit() and host and node.isdigit() else None
+SAVED = {"saved=1": True, "saved=0": False}
+"""The policy's word on the left-out node, as the script writes it: recorded as excluded for later runs, or not."""
+
+
+def _parse(line: str) -> tuple[str, str, int, bool, str] | None:
+    """``<job id> <host> <node> saved=<0|1> <why>``; None for a line that is not one. A line an earlier version
+    wrote, ``<job id> <host> <node> <why>``, says nothing typed of the node: it is not recorded as excluded."""
+    job_id, host, node, rest = (*line.split(" ", 3), "", "", "")[:4]
+    flag, _, why = rest.partition(" ")
+    saved = SAVED.get(flag)
+    if saved is None:
+        saved, why = False, rest
+    return (job_id, host, int(node), saved, why) if job_id.isdigit() and host and node.isdigit() else None

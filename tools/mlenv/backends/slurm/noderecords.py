@@ -11,16 +11,8 @@ from typing import Any, NamedTuple
 from mlenv.backends.slurm.login import Login
 from mlenv.backends.slurm.script import DEPLOYMENT_FILE, ENDED_FILE, STOP_FILE
 from mlenv.runtime.records.restartpolicy import why_faulty
-from mlenv.runtime.records.runlayout import (
-    FAILED,
-    HUNG,
-    LOST_FILE,
-    RUNNING,
-    STOPPED,
-    NodeFault,
-    parse_faults,
-    parse_ranks,
-)
+from mlenv.runtime.records.runlayout import LOST_FILE, parse_ranks
+from mlenv.runtime.records.states import Ending, NodeFault, RunState, exit_state, parse_faults
 from mlenv.runtime.records.timeline import NodeAttempt, share
 from mlenv.runtime.supervise.jobs import LOST, ended_state
 
@@ -145,21 +137,19 @@ def node_job(files: Mapping[str, str], attempt: int, live: bool, stopped: bool =
     code = int(text) if text.isdigit() else None
     recorded = _json(files.get("state.json"))
     recorded = recorded if isinstance(recorded, dict) else {}
-    if code is not None:
-        state = ended_state(str(recorded.get("state") or ""), code)
-    elif live:
-        state = HUNG if recorded.get("state") == HUNG else RUNNING
-    elif "record.json" in files or lost is not None:
-        state = FAILED
+    if live and code is None:
+        state = RunState.HUNG if recorded.get("state") == RunState.HUNG else RunState.RUNNING
+    elif code is not None or "record.json" in files or lost is not None:
+        state = ended_state(recorded.get("state"), code)
     else:
         return None
     reason = recorded.get("reason") or (None if code is not None or live else LOST)
     if lost is not None:
-        state, reason = FAILED, why_faulty(lost)
-    elif stopped and state == FAILED:
-        state, reason = STOPPED, "stopped by mlenv stop"
+        state, reason = RunState.FAILED, why_faulty(lost)
+    elif stopped and state is RunState.FAILED:
+        state, reason = exit_state(code, Ending.COLLATERAL), "stopped by mlenv stop"
     return {"attempt": attempt, "state": state, "exit_code": code, "reason": reason,
-            "first_failure": None if stopped and state == STOPPED else recorded.get("first_failure"),
+            "first_failure": None if stopped and state is RunState.STOPPED else recorded.get("first_failure"),
             "transport": recorded.get("transport"),
             "stacks": recorded.get("stacks"), "idle": recorded.get("idle"), "stragglers": recorded.get("stragglers"),
             "lost_nodes": recorded.get("lost_nodes"), "ranks": ranks(files),

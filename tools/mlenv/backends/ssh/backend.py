@@ -49,7 +49,7 @@ from mlenv.core.fanout import FanoutJobs
 from mlenv.errors import OperationError, UsageError, shown
 from mlenv.parallel import run_parallel
 from mlenv.plan import JobPlan
-from mlenv.runtime.records.runlayout import HUNG, RUNNING
+from mlenv.runtime.records.states import RunState
 from mlenv.ui import info, warn
 
 PORT_NOTE = "MASTER_PORT=<picked free on host 0 at launch>"
@@ -272,7 +272,8 @@ def _status_row(target: SshTarget, ordinal: int, answer: Reply) -> NodeStatus:
     if facts is None:
         return NodeStatus(label, ordinal, None, "Unreachable", False, 0, 0, None, detail=answer.error, extra=spare)
     jobs = facts.get("jobs")  # unknown (the host could not tell): no JOBS count rather than a made-up one
-    running = {} if jobs is None else {"jobs": sum(1 for job in jobs if job.get("state") in (RUNNING, HUNG))}
+    running = {} if jobs is None else {
+        "jobs": sum(1 for job in jobs if job.get("state") in (RunState.RUNNING, RunState.HUNG))}
     detail = None if facts["exists"] else "workspace missing: mlenv deploy makes it again"
     detail = detail or facts.get("gpu_error") or facts.get("jobs_error")
     return NodeStatus(label, ordinal, str(facts["hostname"]), "Reachable" if facts["exists"] else "NoWorkspace",

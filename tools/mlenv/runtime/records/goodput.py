@@ -19,11 +19,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .runlayout import FAILED, HUNG, PREEMPTED, RUNNING
+from .states import RunState
 from .timeline import NodeAttempt
 
 PHASES = ("queued", "starting", "productive", "lost", "restarting")
-_FAILED = (FAILED, HUNG, PREEMPTED)
+_FAILED = (RunState.FAILED, RunState.HUNG, RunState.PREEMPTED)
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,7 @@ def _attempts(shares: Sequence[NodeAttempt]) -> list[_Attempt]:
             continue
         later = index < len(numbers) - 1
         ends = [share.ended_at for share in mine if share.ended_at is not None]
-        going = any(share.state in (RUNNING, HUNG) and share.ended_at is None for share in mine)
+        going = any(share.state in (RunState.RUNNING, RunState.HUNG) and share.ended_at is None for share in mine)
         end = max(ends) if ends and (later or not going) else None
         failures = [share.failed_at for share in mine if share.failed_at is not None]
         failed = later or any(share.state in _FAILED for share in mine)

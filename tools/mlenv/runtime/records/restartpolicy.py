@@ -6,7 +6,8 @@ a detached one (runtime/supervise/detached.py), and the Slurm scripts through ``
 (their bash only acts on its verdict). The rules (docs/runs.md, "Restarts"):
 
 1. A run is started again only while ``--max-restarts`` allows, and never after a success, a stop by the user
-   (:data:`USER_STOPS`: Ctrl-C, ``mlenv stop``, scancel) or an idle stop (``--on-idle stop``: it would idle again).
+   (states.py's :data:`STOP_CODES`: Ctrl-C, ``mlenv stop``, scancel) or an idle stop (``--on-idle stop``: it would
+   idle again).
    A stop's exit code where a node was lost to the infrastructure (:data:`LOST`: the scheduler's node failure,
    drain or reclaim delivers SIGTERM too) is no user's stop: such a run is restarted.
 2. A node whose failure carries a node-fault sign (:data:`SIGNS`: unreachable, lost to a node failure, an NCCL network
@@ -33,47 +34,28 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .runlayout import (
-    FAILED,
-    NODE_FAILED,
-    PREEMPTED,
-    PREEMPTED_MARK,
-    REQUEUED,
-    STOPPED,
-    SUCCEEDED,
-    USER_STOPS,
-    FirstFailure,
-    NodeDir,
-    NodeFault,
-    read_state,
-)
+from .runlayout import PREEMPTED_MARK, FirstFailure, NodeDir, read_state
+from .states import STOP_CODES, Ending, FaultSign, LeftOut, NodeFault, RunState, exit_state
 
-UNREACHABLE, NODE_FAILURE, NCCL_NET, XID, ECC, NODE_CHECK, STRAGGLER = (
-    "unreachable", "node-failure", "nccl-net", "xid", "ecc", "node-check", "straggler")
 SIGNS = {
-    UNREACHABLE: "unreachable",
-    NODE_FAILURE: "node failure",
-    NCCL_NET: "NCCL network error",
-    XID: "GPU Xid event",
-    ECC: "GPU ECC errors",
-    NODE_CHECK: "in-node check failed",
-    STRAGGLER: "straggler",
+    FaultSign.UNREACHABLE: "unreachable",
+    FaultSign.NODE_FAILURE: "node failure",
+    FaultSign.NCCL_NET: "NCCL network error",
+    FaultSign.XID: "GPU Xid event",
+    FaultSign.ECC: "GPU ECC errors",
+    FaultSign.NODE_CHECK: "in-node check failed",
+    FaultSign.STRAGGLER: "straggler",
 }
-"""Every node-fault sign and how it reads: ``unreachable`` (ssh exit 255 where the node has no record of the run, or
-its supervisor gone without an exit status), ``node-failure`` (the scheduler lost the node: down, failed, drained),
-``nccl-net``, ``xid``, ``ecc`` and ``node-check`` (runtime/watch/faultsigns.py detects them on the node), and
-``straggler`` (under ``--on-straggler exclude``: the node enters collectives last, runtime/watch/stragglers.py)."""
+"""How every node-fault sign reads (states.py's :class:`FaultSign`; runtime/watch/faultsigns.py detects ``nccl-net``,
+``xid``, ``ecc`` and ``node-check`` on the node)."""
 IDLE_EXIT_CODE = 125
 """What ``--on-idle stop`` exits with (watch/idle.py): the code after the hang stop's 124, used by nothing else of
 mlenv; never restarted (an idle job would idle again)."""
 FAULTY_AFTER = 2
 """A node that failed first (without a sign) in this many attempts of a run is left out of the rest of the run."""
-CLOSED = "its control channel to node 0 closed before its job ended"
-"""Node 0's words (``lost_nodes``) for a node whose connection closed unannounced: where the node's own record says
-it is lost (its supervisor gone without an exit status), that says more."""
-LOST = frozenset({UNREACHABLE, NODE_FAILURE})
+LOST = frozenset({FaultSign.UNREACHABLE, FaultSign.NODE_FAILURE})
 """The signs of a node lost to the infrastructure: a stop of the job then is not the user's."""
-FINAL_CODES = frozenset({0, IDLE_EXIT_CODE, *USER_STOPS})
+FINAL_CODES = frozenset({0, IDLE_EXIT_CODE, *STOP_CODES})
 """Exit codes of an attempt that is never run again: success, an idle stop, a stop by the user."""
 
 FAILED_FIRST = "MLENV_FAILED_FIRST"
@@ -91,7 +73,7 @@ def final(exit_code: int) -> bool:
 def may_restart(exit_code: int, attempt: int, max_restarts: int, signs: Iterable[NodeFault] = ()) -> bool:
     """Whether attempt ``attempt`` (0 for the first), ended with ``exit_code``, may be followed by another; ``signs``:
     the nodes' own node-fault signs (a node :data:`LOST` makes a stop's exit code restartable)."""
-    lost = exit_code in USER_STOPS and any(sign.sign in LOST for sign in signs)
+    lost = exit_code in STOP_CODES and any(sign.sign in LOST for sign in signs)
     return (lost or not final(exit_code)) and attempt < max_restarts
 
 
@@ -101,21 +83,13 @@ def resumes(state: object, preemptions: int, max_preemptions: int | None, enviro
     node whose own pod stays (its PID 1 marked nothing). The pod taken away resumes its share once it is back (its
     PID 1 runs the runtime's ``resume``)."""
     mark = environ.get(PREEMPTED_MARK)
-    return (state == PREEMPTED and bool(mark) and not Path(str(mark)).exists()
+    return (state == RunState.PREEMPTED and bool(mark) and not Path(str(mark)).exists()
             and (max_preemptions is None or preemptions <= max_preemptions))
-
-
-def attempt_state(exit_code: int, lost: bool) -> str:
-    """How an attempt ended (runlayout's ATTEMPT_STATES) with ``exit_code``: ``node-failure`` where the scheduler
-    ``lost`` a node of it (never a user's stop), else succeeded, stopped (a user's stop) or failed."""
-    if lost:
-        return NODE_FAILED
-    return SUCCEEDED if exit_code == 0 else STOPPED if exit_code in USER_STOPS else FAILED
 
 
 def why_faulty(fault: NodeFault) -> str:
     """How a recorded sign reads: ``NCCL network error: <the line>``."""
-    return f"{SIGNS.get(fault.sign, fault.sign)}: {fault.evidence}"
+    return f"{SIGNS[fault.sign]}: {fault.evidence}"
 
 
 def failed_first(first: FirstFailure | None) -> str:
@@ -165,27 +139,9 @@ class History:
         return {FAILED_FIRST: ",".join(self.failed_first), LAST_ERROR: self.last_error}
 
 
-RUN_ONLY = "it failed first in"
-"""How the reason of a node left out of the rest of its run only begins (rule 4)."""
-
-
-def saved(reason: str) -> bool:
-    """Whether a node left out for ``reason`` is recorded on the deployment, so that later runs leave it out too: a
-    node-fault sign's reason (rule 2), not a failed-first count (rule 4)."""
-    return not reason.startswith(RUN_ONLY)
-
-
-@dataclass(frozen=True)
-class LeftOut:
-    """A node left out of the next attempts, and why."""
-
-    node: int
-    reason: str
-
-    @property
-    def saved(self) -> bool:
-        """Recorded on the deployment (a node-fault sign); else left out of this run only."""
-        return saved(self.reason)
+def run_only(count: int) -> str:
+    """Why a node that failed first in ``count`` attempts of the run is left out of the rest of it only (rule 4)."""
+    return f"it failed first in {count} attempts of the run"
 
 
 @dataclass(frozen=True)
@@ -213,7 +169,7 @@ def judge(attempt: int, history: History, first: FirstFailure | None, node: int 
         found.setdefault(node, first.node_fault)
     error = error_of(first) if node is not None and node not in found else ""
     following = history.after(who, error)
-    left = [LeftOut(faulty, why_faulty(sign)) for faulty, sign in sorted(found.items())]
+    left = [LeftOut(faulty, why_faulty(sign), saved=True) for faulty, sign in sorted(found.items())]
     if node is not None and node not in found:
         if not found and error and error == history.last_error:
             said = f"rank {first.rank} (node-{node}) {first.reason}: " if first is not None else ""
@@ -221,7 +177,7 @@ def judge(attempt: int, history: History, first: FirstFailure | None, node: int 
                                            "restarting (a bug in the script is not a node fault: no node is left out)")
         count = following.failed_first.count(who)
         if count >= FAULTY_AFTER:
-            left.append(LeftOut(node, f"{RUN_ONLY} {count} attempts of the run"))
+            left.append(LeftOut(node, run_only(count), saved=False))
     return Verdict(following, tuple(left))
 
 
@@ -239,14 +195,15 @@ def for_script(run_dir: Path, attempt: int, exit_code: int, max_restarts: int, h
     ``left_node`` on ``host`` must be left out of the rest of the run, ``why``; ``saved``: 1 when it is recorded for
     later runs too); ``failed_first`` and ``last_error``: the history to hand the next attempt's question; ``lost``
     (when the scheduler ``lost`` nodes: their ``node-failure`` signs, which count as the nodes' own): who, and why;
-    ``ended``: how the attempt ended (:func:`attempt_state`), for its directory's record."""
+    ``ended``: how the attempt ended (states.py's :func:`exit_state` of its code, ``node-failure`` where the
+    scheduler ``lost`` a node), for its directory's record."""
     first = FirstFailure.parse(read_state(NodeDir(run_dir, attempt, 0)).get("first_failure"))
     node, code = (first.node, first.exit_code) if first is not None else (None, exit_code)
     found = failed_file.read_text().split() if first is None and failed_file and failed_file.is_file() else []
     if len(found) == 2 and all(word.isdigit() for word in found):
         node, code = int(found[0]), int(found[1])
     answer: dict[str, object] = {"node": "" if node is None else node, "code": code, "verdict": "end",
-                                 "ended": attempt_state(code, bool(lost))}
+                                 "ended": exit_state(code, Ending.LOST if lost else Ending.CODE_ONLY).value}
     signs = {rank: fault for rank in range(len(hosts))
              if (fault := NodeFault.parse(read_state(NodeDir(run_dir, attempt, rank)).get("node_fault")))}
     for rank, fault in sorted((lost or {}).items()):
@@ -255,7 +212,7 @@ def for_script(run_dir: Path, attempt: int, exit_code: int, max_restarts: int, h
         answer["lost"] = "; ".join(f"{hosts[rank] if rank < len(hosts) else f'node-{rank}'} (node-{rank}): "
                                    f"{why_faulty(fault)}" for rank, fault in sorted(lost.items()))
     if warned and requeued < requeues:
-        answer.update(verdict="requeue", ended=REQUEUED)
+        answer.update(verdict="requeue", ended=RunState.REQUEUED.value)
     if warned or not may_restart(code, attempt, max_restarts, signs.values()):
         return answer
     host = hosts[node] if node is not None and node < len(hosts) else None

@@ -17,6 +17,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from .states import NodeFault, RunState
+
 DEFAULT_RUNS_ROOT = Path(".mlenv", "runs")
 ATTEMPT_VARIABLE = "MLENV_RESTART_COUNT"
 CHECKPOINT_VARIABLE = "MLENV_CHECKPOINT_DIR"
@@ -24,20 +26,9 @@ CHECKPOINT_SIGNAL_VARIABLE = "MLENV_CHECKPOINT_SIGNAL"
 """Names the signal the ranks get before the run is taken away (``SIGTERM`` from a pod's PID 1 on Kubernetes;
 slurm.signal's on a Slurm batch job), so that one handler in the training script saves the checkpoint everywhere."""
 
-RUNNING, SUCCEEDED, FAILED, STOPPED = "running", "succeeded", "failed", "stopped"
-HUNG, RESTARTING, REQUEUED, PREEMPTED = "hung", "restarting", "requeued", "preempted"
-RUN_STATES = (RUNNING, SUCCEEDED, FAILED, STOPPED, HUNG, RESTARTING, REQUEUED, PREEMPTED)
-"""The states of a run (and of a node's share of it), one set everywhere; docs/runs.md says what each means."""
-RANK_STATES = (RUNNING, SUCCEEDED, FAILED, STOPPED)
-NODE_FAILED = "node-failure"
-ATTEMPT_STATES = (SUCCEEDED, FAILED, STOPPED, REQUEUED, PREEMPTED, NODE_FAILED)
-"""How an attempt ended, as its directory records it (on Slurm its ``ended`` file): ``node-failure`` where the
-scheduler lost a node of it (the run reads ``failed`` then, and goes on without the node), else a run state."""
 LOST_FILE = "lost.json"
 """In an attempt's directory (Slurm): ``{"<node>": {"sign", "evidence"}}``, the nodes the scheduler lost while the
 attempt ran (written by the run's script, through the runtime's ``policy``)."""
-USER_STOPS = frozenset({129, 130, 143})
-"""Exit statuses of a job the user stopped (SIGHUP, SIGINT, SIGTERM: Ctrl-C, mlenv stop, scancel): never restarted."""
 PREEMPTED_MARK = "MLENV_PREEMPTED_MARK"
 """Names a file that the pod's PID 1 writes when the pod is deleted or evicted, before it passes the SIGTERM on
 (Kubernetes: the pod template sets it): a stop while it exists is a preemption, recorded ``preempted``."""
@@ -165,7 +156,7 @@ class RankRecord:
     node: int
     host: str
     pid: int  # the user's training process
-    state: str  # one of RANK_STATES
+    state: RunState  # running, succeeded, failed or stopped
     exit_code: int | None  # 128 + N when killed by signal N
     signal: str | None  # "SIGKILL", or None
     started_at: str  # ISO 8601, UTC
@@ -179,36 +170,9 @@ class RankRecord:
     def from_dict(cls, data: Mapping[str, Any]) -> RankRecord:
         """ValueError/KeyError/TypeError on another shape."""
         return cls(int(data["rank"]), int(data["local_rank"]), int(data["node"]), str(data["host"]),
-                   int(data["pid"]), str(data["state"]), _int_or_none(data["exit_code"]),
+                   int(data["pid"]), RunState(data["state"]), _int_or_none(data["exit_code"]),
                    _str_or_none(data["signal"]), str(data["started_at"]), _str_or_none(data["ended_at"]),
                    _str_or_none(data["last_output_at"]))
-
-
-@dataclass(frozen=True)
-class NodeFault:
-    """A node-fault sign (restartpolicy.py's SIGNS) and the line or figures that show it."""
-
-    sign: str
-    evidence: str
-
-    def to_dict(self) -> dict[str, str]:
-        return asdict(self)
-
-    @classmethod
-    def parse(cls, data: object) -> NodeFault | None:
-        """The sign recorded as ``{"sign", "evidence"}``; None for anything else."""
-        if not isinstance(data, Mapping) or "sign" not in data:
-            return None
-        return cls(str(data["sign"]), str(data.get("evidence")))
-
-
-def parse_faults(data: object) -> dict[int, NodeFault]:
-    """Node ordinal -> its sign, from ``{"<node>": {"sign", "evidence"}}`` (``latest_run.node_faults``,
-    :data:`LOST_FILE`); a part that is not one is left out."""
-    if not isinstance(data, Mapping):
-        return {}
-    return {int(node): fault for node, value in data.items()
-            if str(node).isdigit() and (fault := NodeFault.parse(value)) is not None}
 
 
 @dataclass(frozen=True)
@@ -227,7 +191,7 @@ class FirstFailure:
     """The failing rank's host (a spare host may run a node in a later attempt)."""
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "node_fault": self.node_fault.to_dict() if self.node_fault is not None else None}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> FirstFailure:
@@ -290,13 +254,3 @@ def read_state(node_dir: NodeDir) -> dict[str, Any]:
     """The node's state.json (empty when missing or unreadable)."""
     data = read_json(node_dir.state)
     return data if isinstance(data, dict) else {}
-
-
-_PRECEDENCE = (HUNG, RESTARTING, REQUEUED, PREEMPTED, FAILED, RUNNING, STOPPED, SUCCEEDED)
-
-
-def run_state(node_states: list[str]) -> str | None:
-    """The state of a run from its nodes' states: hung, restarting, requeued or preempted on any node, else failed
-    on any (the others are being stopped), else running on any, else stopped, else succeeded; None when none is
-    known."""
-    return next((state for state in _PRECEDENCE if state in node_states), None)

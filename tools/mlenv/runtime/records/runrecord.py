@@ -1,6 +1,6 @@
 """A run as its nodes' supervisors recorded it, typed: read once from their records (runlayout.py's
-:class:`RankRecord`, :class:`FirstFailure` and :class:`NodeFault`), and written as ``status --json``'s ``latest_run``
-(docs/runs.md)."""
+:class:`RankRecord` and :class:`FirstFailure`, states.py's :class:`NodeFault` and :class:`NodeEnd`), and written as
+``status --json``'s ``latest_run`` (docs/runs.md)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .goodput import goodput
-from .runlayout import FirstFailure, NodeFault, RankRecord, parse_faults, parse_ranks
+from .runlayout import FirstFailure, RankRecord, parse_ranks
+from .states import NodeEnd, NodeFault, RunState, parse_faults
 from .timeline import NodeAttempt
 
 
@@ -18,8 +19,8 @@ class RunRecord:
     """One run (its newest attempt) across its nodes."""
 
     id: str
-    state: str | None
-    """The run's state (runlayout.py's RUN_STATES), from its nodes' states; None when none is known."""
+    state: RunState | None
+    """The run's state, from its nodes' states; None when none is known."""
     attempt: int
     ranks: tuple[RankRecord, ...] = ()
     """Every rank of every node, by global rank."""
@@ -34,8 +35,8 @@ class RunRecord:
     """The straggler watch's verdict (node 0's): the ranks or nodes that enter collectives last; None without."""
     node_faults: Mapping[int, NodeFault] = field(default_factory=dict)
     """Node ordinal -> the node's own fault sign (a failed in-node check, a lost supervisor)."""
-    nodes: Mapping[int, str] = field(default_factory=dict)
-    """Node ordinal -> its state (``failed (7)`` once it ended, ``-`` unknown): ``status``'s ``run_states``."""
+    nodes: Mapping[int, NodeEnd | None] = field(default_factory=dict)
+    """Node ordinal -> its end (None: unknown): ``status``'s ``run_states``, as states.py's ``end_text`` words it."""
     exit_code: int | None = None
     """How the run ended (its newest attempt): the exit code of the node that failed first, else the first other
     node's that is not 0, else 0; None while any node of it runs, or where none is known."""
@@ -68,15 +69,17 @@ class RunRecord:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RunRecord:
-        """The record :meth:`to_dict` wrote (``nodes`` too, when given); a part that is not one is left out."""
+        """The record :meth:`to_dict` wrote (``nodes`` too, when given: node -> ``NodeEnd.to_dict``, or null); a part
+        that is not one is left out."""
         nodes = data.get("nodes")
-        return cls(str(data.get("id", "")), _str_or_none(data.get("state")), int(data.get("attempt") or 0),
+        return cls(str(data.get("id", "")), RunState.parse(data.get("state")), int(data.get("attempt") or 0),
                    tuple(parse_ranks(data.get("ranks"))), FirstFailure.parse(data.get("first_failure")),
                    dict(data.get("transport") or {}), data.get("stacks"),
                    dict(data["idle"]) if isinstance(data.get("idle"), Mapping) else None,
                    list(data["stragglers"]) if isinstance(data.get("stragglers"), list) else None,
                    parse_faults(data.get("node_faults")),
-                   {int(node): str(state) for node, state in (nodes.items() if isinstance(nodes, Mapping) else ())},
+                   {int(node): NodeEnd.parse(end)
+                    for node, end in (nodes.items() if isinstance(nodes, Mapping) else ())},
                    exit_code=_int_or_none(data.get("exit_code")), ended_at=_str_or_none(data.get("ended_at")),
                    preemptions=_int_or_none(data.get("preemptions")) or 0,
                    goodput=dict(data["goodput"]) if isinstance(data.get("goodput"), Mapping) else None)

@@ -11,7 +11,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .runlayout import FAILED, NodeDir, RankRecord, attempts, read_json, read_ranks, read_state
+from .runlayout import NodeDir, RankRecord, attempts, read_json, read_ranks, read_state
+from .states import RunState
 
 PROGRESS = "progress"
 """state.json's key for the progress facts (runtime/watch/progress.py)."""
@@ -30,7 +31,7 @@ class NodeAttempt:
     it runs."""
     failed_at: float | None
     """When its first rank failed (ranks.json), where one did."""
-    state: str | None
+    state: RunState | None
     first_collective_at: float | None = None
     first_output_at: float | None = None
     checkpoint_at: float | None = None
@@ -46,7 +47,7 @@ class NodeAttempt:
         try:
             return cls(int(data["attempt"]), int(data["node"]), _seconds(data.get("started_at")),
                        _seconds(data.get("ended_at")), _seconds(data.get("failed_at")),
-                       None if data.get("state") is None else str(data["state"]), **_progress(data))
+                       RunState.parse(data.get("state")), **_progress(data))
         except (KeyError, TypeError, ValueError):
             return None
 
@@ -66,12 +67,12 @@ def share(attempt: int, node: int, record: object, state: Mapping[str, Any], ran
         return None
     recorded = state.get(PROGRESS)
     progress: Mapping[str, Any] = recorded if isinstance(recorded, Mapping) else {}
-    failed = [at for rank in ranks if rank.state == FAILED and (at := iso_seconds(rank.ended_at)) is not None]
+    failed = [at for rank in ranks if rank.state is RunState.FAILED and (at := iso_seconds(rank.ended_at)) is not None]
     ended = _seconds(progress.get("ended_at")) or exit_at
     if ended is None and ranks and all(rank.ended_at for rank in ranks):
         ended = max(iso_seconds(rank.ended_at) or 0.0 for rank in ranks) or None
     return NodeAttempt(attempt, node, iso_seconds(record.get("started_at")), ended, min(failed) if failed else None,
-                       None if state.get("state") is None else str(state["state"]), **_progress(progress))
+                       RunState.parse(state.get("state")), **_progress(progress))
 
 
 def _progress(data: Mapping[str, Any]) -> dict[str, float | None]:

@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..records.restartpolicy import CLOSED
+from ..records.states import FaultSign, NodeFault
 from .door import HELLO_LIMIT, SEND_TIMEOUT, Caller, Door
 from .listener import listen
 from .proofs import DOWN, UP, Seal, Unsealed, is_nonce, nonce, proof, proves
@@ -57,8 +57,10 @@ connection."""
 SECRET_VARIABLE = "MLENV_CONTROL_SECRET"  # noqa: S105 (the name of a variable)
 """The run's control secret, in every node's environment (never on a command line, in a file or a log)."""
 
-StopHandler = Callable[[str, int, "dict[str, Any] | None"], None]
-"""Called with (reason, exit code, the job's first failure or None) when the job must stop."""
+StopHandler = Callable[[str, int, "dict[str, Any] | None", bool], None]
+"""Called with (reason, exit code, the job's first failure or None, whether it is a preemption) when the job stops."""
+CLOSED = "its control channel to node 0 closed before its job ended"
+"""Node 0's words for a node whose connection closed unannounced (the evidence of its ``closed`` sign)."""
 Note = Callable[[str], None]
 
 
@@ -111,9 +113,9 @@ class ControlChannel:
     finished: bool = False
     on_message: Callable[[dict[str, Any]], None] | None = None
     """Observers' messages (``relay``) that reach this node."""
-    on_lost: Callable[[int, str], None] | None = None
-    """Node 0: called with (node, why) for a node lost to silence or whose connection closed before it said its job
-    ended (its supervisor killed with it: its own records cannot say so)."""
+    on_lost: Callable[[int, NodeFault], None] | None = None
+    """Node 0: called with (node, its ``unreachable`` sign) for a node lost to silence or whose connection closed
+    before it said its job ended (its supervisor killed with it: its own records cannot say so)."""
     attempt: int = 0
     """The run's attempt this node runs: only nodes of the same attempt are connected."""
     run_id: str = ""
@@ -282,10 +284,11 @@ class ControlChannel:
         elif "observer" in message and isinstance(message["observer"], dict) and self.on_message is not None:
             self.on_message(dict(message["observer"]))
         elif "stop" in message:
+            reason, code, preempted = str(message["stop"]), int(message.get("exit_code", 1)), message.get("preempted")
             if self.node == 0:
-                self._broadcast(str(message["stop"]), int(message.get("exit_code", 1)), None)
+                self._broadcast(reason, code, None, preempted is True)
             else:
-                self._stop(str(message["stop"]), int(message.get("exit_code", 1)), message.get("first_failure"))
+                self._stop(reason, code, message.get("first_failure"), preempted is True)
 
     def _drop(self, peer: _Peer) -> None:
         with contextlib.suppress(KeyError, ValueError):
@@ -305,12 +308,12 @@ class ControlChannel:
         elif peer in self.peers:
             self.peers.remove(peer)
             if not peer.done and not self.stopped:
-                self._lost_node(peer.node, CLOSED)
+                self._lost_node(peer.node, CLOSED, closed=True)
                 self._broadcast(f"lost node {peer.node}", 1, None)
 
-    def _lost_node(self, node: int, why: str) -> None:
+    def _lost_node(self, node: int, evidence: str, closed: bool = False) -> None:
         if self.on_lost is not None:
-            self.on_lost(node, why)
+            self.on_lost(node, NodeFault(FaultSign.UNREACHABLE, evidence, closed))
 
     def _failure(self, ended: float, failure: dict[str, Any]) -> None:
         """Node 0: one more failure to decide between."""
@@ -320,18 +323,18 @@ class ControlChannel:
         if self.decide_at is None:
             self.decide_at = time.monotonic() + DECIDE_SECONDS
 
-    def _broadcast(self, reason: str, exit_code: int, first: dict[str, Any] | None) -> None:
+    def _broadcast(self, reason: str, exit_code: int, first: dict[str, Any] | None, preempted: bool = False) -> None:
         """Node 0: stop every node (once)."""
         if self.stopped:
             return
         for peer in self.peers:
-            self._send(peer, {"stop": reason, "exit_code": exit_code, "first_failure": first})
-        self._stop(reason, exit_code, first)
+            self._send(peer, {"stop": reason, "exit_code": exit_code, "first_failure": first, "preempted": preempted})
+        self._stop(reason, exit_code, first, preempted)
 
-    def _stop(self, reason: str, exit_code: int, first: dict[str, Any] | None) -> None:
+    def _stop(self, reason: str, exit_code: int, first: dict[str, Any] | None, preempted: bool = False) -> None:
         if not self.stopped:
             self.stopped = True
-            self.on_stop(reason, exit_code, first)
+            self.on_stop(reason, exit_code, first, preempted)
 
     def _send(self, peer: _Peer, message: Mapping[str, Any]) -> None:
         """Send ``message`` (with the run id and attempt), sealed once the connection is."""
@@ -399,12 +402,12 @@ class ControlChannel:
         else:
             self._send(self.upstream, {"failure": failure, "ended": ended})
 
-    def stop(self, reason: str, exit_code: int) -> None:
-        """This node needs the whole job stopped (an observer, a launcher that failed on its own)."""
+    def stop(self, reason: str, exit_code: int, preempted: bool = False) -> None:
+        """This node needs the whole job stopped (an observer, a launcher that failed on its own, a stop here)."""
         if self.node == 0 or self.upstream is None or not self.upstream.proven:
-            self._broadcast(reason, exit_code, None)
+            self._broadcast(reason, exit_code, None, preempted)
         else:
-            self._send(self.upstream, {"stop": reason, "exit_code": exit_code})
+            self._send(self.upstream, {"stop": reason, "exit_code": exit_code, "preempted": preempted})
 
     def relay(self, message: Mapping[str, Any]) -> None:
         """An observer's message: from node 0 to every other node, from another node to node 0."""

@@ -18,7 +18,6 @@ from ..node.topology import detect_topology, host_name
 from ..records import restartpolicy
 from ..records.runlayout import (
     MOVES_PODS,
-    PREEMPTED,
     PREEMPTED_MARK,
     RESUME_RUN,
     RUN_SECRETS,
@@ -32,6 +31,7 @@ from ..records.runlayout import (
     runs_root,
     write_atomic,
 )
+from ..records.states import LeftOut, RunState
 from . import kubemove, standby
 from .control import secret_of
 from .jobs import BadInput, start_recorded
@@ -80,7 +80,7 @@ def restart(args: argparse.Namespace, environ: Mapping[str, str], status: int) -
     start_node(args, following, args.launcher, job, args.run_dir)
 
 
-def _move(left_out: tuple[restartpolicy.LeftOut, ...], rank: int, environ: Mapping[str, str], run_id: str,
+def _move(left_out: tuple[LeftOut, ...], rank: int, environ: Mapping[str, str], run_id: str,
           attempt: int, handed: Mapping[str, str]) -> None:
     """Nodes ``left_out`` must be left out of a run whose pods may move (kubemove.py): node 0 keeps the StatefulSet's
     pods off their Kubernetes nodes, which makes every pod again; each new pod resumes the run as attempt
@@ -103,7 +103,8 @@ def _move(left_out: tuple[restartpolicy.LeftOut, ...], rank: int, environ: Mappi
 
 def preemptions(run_dir: Path, rank: int) -> int:
     """How many attempts of the run ended preempted on this node."""
-    return sum(read_state(NodeDir(run_dir, attempt, rank)).get("state") == PREEMPTED for attempt in attempts(run_dir))
+    return sum(read_state(NodeDir(run_dir, attempt, rank)).get("state") == RunState.PREEMPTED
+               for attempt in attempts(run_dir))
 
 
 RUN_VARIABLES = ("MLENV_RUN_ID", "MLENV_CHECKPOINT_DIR", "MLENV_RUN_DIR", "PYTHONPATH", "PYTHONUNBUFFERED",
@@ -154,7 +155,7 @@ def resume(environ: Mapping[str, str], runs: Path | None) -> int:
     if not restartpolicy.resumes(ended, preemptions(run_dir, rank), limit if isinstance(limit, int) else None,
                                  environ):
         print(f"mlenv: run {run_id} is not resumed on node {rank}: its attempt {mine[-1]} here is {ended or 'unknown'}"
-              + (f" (at most {limit} preemptions)" if ended == PREEMPTED else ""))
+              + (f" (at most {limit} preemptions)" if ended == RunState.PREEMPTED else ""))
         return 0
     print(f"mlenv: node {rank} is back after a preemption: resuming run {run_id} as attempt {mine[-1] + 1}",
           flush=True)
@@ -171,7 +172,7 @@ def _resumed(saved: Mapping[str, Any], environ: Mapping[str, str], attempt: int,
                           check=False).returncode
 
 
-def _leave_out(left: restartpolicy.LeftOut, rank: int, following: Mapping[str, str], run_id: str) -> int | None:
+def _leave_out(left: LeftOut, rank: int, following: Mapping[str, str], run_id: str) -> int | None:
     """Node ``left.node`` must be left out of the next attempt: the standby the policy names takes its place (node 0
     hands it over; the node itself does not restart) and how many standbys are used then, or None where this node
     does not restart: it is the one left out, or no standby can take the place (then no node restarts)."""

@@ -24,20 +24,8 @@ from pathlib import Path
 from typing import IO, NamedTuple
 
 from ..node.readfs import read_int
-from ..records.restartpolicy import UNREACHABLE
-from ..records.runlayout import (
-    FAILED,
-    HUNG,
-    RUNNING,
-    STOPPED,
-    SUCCEEDED,
-    NodeDir,
-    NodeFault,
-    latest_node_dirs,
-    read_ranks,
-    read_state,
-    write_atomic,
-)
+from ..records.runlayout import NodeDir, latest_node_dirs, read_ranks, read_state, write_atomic
+from ..records.states import Ending, FaultSign, NodeFault, RunState, exit_state
 from ..records.timeline import node_attempts
 from .reaping import procs_of, recorded_cgroup, remove_cgroup
 from .supervisor import JOB_VARIABLE
@@ -95,7 +83,7 @@ class NodeJob:
 
     files: NodeDir
     record: Record
-    state: str  # a run state (runlayout.RUN_STATES)
+    state: RunState
     exit_code: int | None
 
     def to_dict(self) -> dict[str, object]:
@@ -115,13 +103,13 @@ class NodeJob:
         """This node's own fault sign (faultsigns.py): an in-node check's refusal, or ``unreachable`` when its
         supervisor is gone without an exit status; None without one."""
         if self.lost:
-            return NodeFault(UNREACHABLE, f"the node's supervisor (pid {self.record.pid}) is gone without an exit "
-                                          "status").to_dict()
+            return NodeFault(FaultSign.UNREACHABLE, f"the node's supervisor (pid {self.record.pid}) is gone without "
+                                                    "an exit status").to_dict()
         return recorded.get("node_fault")
 
     @property
     def lost(self) -> bool:
-        return self.state == FAILED and self.exit_code is None
+        return self.state is RunState.FAILED and self.exit_code is None
 
     def describe(self) -> str:
         return f"node {self.record.node_rank} of run {self.record.run_id} (pid {self.record.pid})"
@@ -159,7 +147,7 @@ def start_recorded(
     session with this process's stdout (the caller waits for it)."""
     files.path.mkdir(parents=True, exist_ok=True)
     previous = node_job(files, proc_root)
-    if previous is not None and previous.state == RUNNING:
+    if previous is not None and previous.state is RunState.RUNNING:
         raise JobError(f"{previous.describe()} is still running; stop it first")
     files.exit.unlink(missing_ok=True)
     env = {**environ, "MLENV_RUN_ID": run_id, JOB_VARIABLE: str(files.record.resolve())}
@@ -191,21 +179,18 @@ def node_job(files: NodeDir, proc_root: str | Path = "/proc") -> NodeJob | None:
         return None
     code = read_exit(files.exit)
     if code is None and is_running(record, files, proc_root):
-        hung = read_state(files).get("state") == HUNG  # a watchdog's verdict on a job still running
-        return NodeJob(files, record, HUNG if hung else RUNNING, None)
+        hung = read_state(files).get("state") == RunState.HUNG  # a watchdog's verdict on a job still running
+        return NodeJob(files, record, RunState.HUNG if hung else RunState.RUNNING, None)
     if code is None:
         code = read_exit(files.exit)  # it may have ended since the first look
-    if code is None:
-        return NodeJob(files, record, FAILED, None)
-    return NodeJob(files, record, ended_state(str(read_state(files).get("state") or ""), code), code)
+    return NodeJob(files, record, ended_state(read_state(files).get("state"), code), code)
 
 
-def ended_state(recorded: str, code: int) -> str:
-    """The state of a node's share that ended with ``code``: the one its state.json records, else (killed before
-    writing it) the one the exit code says."""
-    if recorded and recorded != RUNNING:
-        return recorded
-    return SUCCEEDED if code == 0 else STOPPED if code in (128 + signal.SIGTERM, 128 + signal.SIGKILL) else FAILED
+def ended_state(recorded: object, code: int | None) -> RunState:
+    """The state of a node's share that ended with ``code`` (None: its supervisor gone without an exit status): the
+    one its state.json records, else (killed before writing it) the one the exit code alone says."""
+    state = RunState.parse(recorded) if code is not None else None
+    return state if state is not None and state is not RunState.RUNNING else exit_state(code, Ending.CODE_ONLY)
 
 
 def host_jobs(root: Path, host: str, run_id: str | None = None, proc_root: str | Path = "/proc") -> list[NodeJob]:
@@ -244,7 +229,8 @@ def stop_jobs(jobs: Sequence[NodeJob], grace: float, proc_root: str | Path = "/p
             remove_cgroup(cgroup)  # its supervisor is gone
         if not remaining and read_exit(job.files.exit) is None:
             write_atomic(job.files.exit, f"{128 + last}\n")
-            write_atomic(job.files.state, json.dumps({**read_state(job.files), "state": STOPPED,
+            ending = Ending.KILLED if last is signal.SIGKILL else Ending.STOP
+            write_atomic(job.files.state, json.dumps({**read_state(job.files), "state": exit_state(128 + last, ending),
                                                       "reason": f"stopped by {last.name}"}) + "\n")
         stopped.append(Stopped(job, last, remaining))
     return stopped

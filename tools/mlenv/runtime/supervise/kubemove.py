@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from ..records.runlayout import LEFT_OUT, LEFT_OUT_ANNOTATION, LEFT_OUT_UNRECORDED, MOVES_PODS
 
 if TYPE_CHECKING:
-    from ..records.restartpolicy import LeftOut
+    from ..records.states import LeftOut
 
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")

@@ -28,8 +28,8 @@ from ..forensics.flightrecorder import flight_recorder_env, torch_version
 from ..forensics.stacks import FAULTHANDLER_DIR
 from ..node.host import visible_gpu_count
 from ..node.topology import DEFAULT_APP_NAME, Topology, detect_topology, host_name
-from ..records.restartpolicy import NODE_CHECK
-from ..records.runlayout import FAILED, NodeDir, NodeFault, attempt_of, write_json
+from ..records.runlayout import NodeDir, attempt_of, write_json
+from ..records.states import FaultSign, NodeFault, RunState
 from ..watch.protocol import Observer
 from ..watch.transportproof import Expectation, debug_env, expectation
 from .control import SILENCE_SECONDS
@@ -191,8 +191,8 @@ def launch(
 def _refused(node_dir: NodeDir, refusal: str) -> None:
     """Record that an in-node check refused to start this node's share: a node-fault sign (faultsigns.py)."""
     node_dir.path.mkdir(parents=True, exist_ok=True)
-    write_json(node_dir.state, {"state": FAILED, "reason": refusal, "first_failure": None,
-                                "node_fault": NodeFault(NODE_CHECK, refusal).to_dict()})
+    write_json(node_dir.state, {"state": RunState.FAILED, "reason": refusal, "first_failure": None,
+                                "node_fault": NodeFault(FaultSign.NODE_CHECK, refusal).to_dict()})
 
 
 def _prepare(

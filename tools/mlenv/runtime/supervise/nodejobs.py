@@ -22,6 +22,7 @@ from ..forensics.stacks import render as render_stacks
 from ..node.gpus import read_node, render_node
 from ..node.topology import TopologyError, detect_topology, host_name
 from ..records.runlayout import NodeDir, read_ranks, runs_root
+from ..records.states import NodeEnd, RunState, end_text
 from . import standby
 from .jobs import POLL_SECONDS, BadInput, JobError, NodeJob, follow_log, host_jobs, next_attempt, stop_jobs
 
@@ -126,16 +127,12 @@ def show_jobs(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         print(f"no jobs of {host} under {root}")
     else:
         rows = [("RUN", "NODE", "STATE", "PID", "STARTED", "LOG")]
-        rows += [(j.record.run_id, str(j.record.node_rank), _state(j), str(j.record.pid), j.record.started_at,
-                  str(j.files.log)) for j in found]
+        rows += [(j.record.run_id, str(j.record.node_rank), end_text(NodeEnd(j.state, j.exit_code)), str(j.record.pid),
+                  j.record.started_at, str(j.files.log)) for j in found]
         widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
         print("".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)) + f"  {row[-1]}\n"
                       for row in rows), end="")
     return 0
-
-
-def _state(job: NodeJob) -> str:
-    return f"{job.state} ({job.exit_code})" if job.exit_code is not None else job.state
 
 
 def stop(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
@@ -161,7 +158,7 @@ def stop(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
 def _nothing_to_stop(jobs: Sequence[NodeJob]) -> str:
     """``nothing to stop``, naming the newest run here when it has finished (its supervisors ended what it left)."""
     newest = [job for job in jobs if jobs and job.record.run_id == jobs[-1].record.run_id]
-    states = sorted({job.state for job in newest if job.exit_code is not None})
+    states = sorted({job.state.value for job in newest if job.exit_code is not None})
     return f"run {newest[0].record.run_id} already finished ({', '.join(states)}): nothing to stop" if states \
         else "nothing to stop"
 
@@ -183,7 +180,7 @@ def show_stacks(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     if job is None:
         found: dict[str, object] = {"run": None, "host": host}
     else:
-        ranks = [r.to_dict() for r in read_ranks(job.files) if r.state == "running"]
+        ranks = [r.to_dict() for r in read_ranks(job.files) if r.state is RunState.RUNNING]
         records = job.files.stacks / "collectives"
         token = collectives.ask(records) if ranks else None  # answered while the stacks are taken
         taken = sample(ranks, native=args.native, method=args.method, dumps=job.files.stacks / "faulthandler",

@@ -30,20 +30,8 @@ from typing import Any, cast
 from ..launchers import STOPPING
 from ..node.oom import kernel_killed, oom_kills
 from ..rank import SOCKET_VARIABLE, signal_name
-from ..records.runlayout import (
-    FAILED,
-    PREEMPTED,
-    PREEMPTED_MARK,
-    RUNNING,
-    STOPPED,
-    SUCCEEDED,
-    USER_STOPS,
-    FirstFailure,
-    NodeDir,
-    NodeFault,
-    RankRecord,
-    write_json,
-)
+from ..records.runlayout import PREEMPTED_MARK, FirstFailure, NodeDir, RankRecord, write_json
+from ..records.states import STOP_CODES, Ending, NodeFault, RunState, exit_state
 from ..watch.protocol import Observer, RankInfo
 from .control import SECRET_VARIABLE, SILENCE_SECONDS, ControlChannel, secret_of
 from .rankoutput import Connection, RankOutput, RankState, Reader, Sinks, utc_now
@@ -95,11 +83,12 @@ class Supervisor:
     kill_at: float | None = None
     user_signal: int | None = None  # the user stopped the job: with this signal here, or on another node
     user_stop_told: bool = False  # the other nodes were told of the user's stop here
+    preempted: bool = False  # the stop it took (stop_reason) is a preemption: a pod of the run taken away
     first_failure: FirstFailure | None = None
     local_failure: FirstFailure | None = None
     channel: ControlChannel | None = None
     extra_state: dict[str, object] = field(default_factory=dict)
-    current_state: str = RUNNING  # as state.json has it
+    current_state: RunState = RunState.RUNNING  # as state.json has it
     oom_before: int | None = None
     marker: bytes = b""  # MLENV_JOB=...: in the environment of every process of the job
     launcher_stopped: int | None = None  # the signal the launcher was first sent to stop it
@@ -119,7 +108,7 @@ class Supervisor:
     def note(self, message: str) -> None:
         self.sinks.write(f"mlenv: {message}", note=True)
 
-    def set_state(self, state: str, **fields: object) -> None:
+    def set_state(self, state: RunState, **fields: object) -> None:
         self.extra_state.update(fields)
         self._write_state(state, str(self.extra_state.get("reason") or ""))
 
@@ -167,7 +156,7 @@ class Supervisor:
             self.selector.register(server, selectors.EVENT_READ, lambda: self._accept(server))
             self._open_channel()
             self._write_ranks()
-            self._write_state(RUNNING, "")
+            self._write_state(RunState.RUNNING, "")
             for observer in self.observers:
                 observer.started(self)
             env = {name: value for name, value in self.env.items() if name != SECRET_VARIABLE}  # not the ranks'
@@ -199,7 +188,8 @@ class Supervisor:
             if self.channel is not None:
                 if self.user_signal is not None and not self.user_stop_told:  # stop every node, as the user's
                     self.user_stop_told = True
-                    self.channel.stop(self._user_stop(), 128 + self.user_signal)
+                    reason, preempted = self._user_stop()
+                    self.channel.stop(reason, 128 + self.user_signal, preempted)
                 self.channel.tick()
             if now >= next_tick:
                 next_tick = now + 1.0
@@ -257,10 +247,10 @@ class Supervisor:
                                       secret=secret, on_lost=self._lost_node, silence=self.silence)
         self.channel.open()
 
-    def _lost_node(self, node: int, why: str) -> None:
-        """Node 0 lost ``node`` (silent, or closed unannounced): ``lost_nodes``, judged as its ``unreachable`` sign."""
-        lost = dict(cast(Mapping[str, str], self.extra_state.get("lost_nodes") or {}))
-        self.record(lost_nodes={**lost, str(node): why})
+    def _lost_node(self, node: int, fault: NodeFault) -> None:
+        """Node 0 lost ``node`` (silent, or closed unannounced): ``lost_nodes``, its ``unreachable`` sign."""
+        lost = dict(cast(Mapping[str, object], self.extra_state.get("lost_nodes") or {}))
+        self.record(lost_nodes={**lost, str(node): fault.to_dict()})
 
     @contextlib.contextmanager
     def _signals(self) -> Iterator[None]:
@@ -289,7 +279,7 @@ class Supervisor:
             self.selector.unregister(connection.sock)
         connection.sock.close()
         rank = self.ranks_by_number.get(connection.rank) if connection.rank is not None else None
-        if connection.kind == "control" and rank is not None and rank.record.state == RUNNING:
+        if connection.kind == "control" and rank is not None and rank.record.state is RunState.RUNNING:
             self._rank_exited(rank, 128 + signal.SIGKILL, "SIGKILL")  # the wrapper died without a word
 
     def on_header(self, connection: Connection, header: dict[str, Any]) -> None:
@@ -298,8 +288,8 @@ class Supervisor:
         connection.rank = number
         if number not in self.ranks_by_number:
             info = RankInfo(number, int(header.get("local_rank", 0)), self.node, self.host, 0)
-            record = RankRecord(number, info.local_rank, self.node, self.host, 0, RUNNING, None, None, utc_now(),
-                                None, None)
+            record = RankRecord(number, info.local_rank, self.node, self.host, 0, RunState.RUNNING, None, None,
+                                utc_now(), None, None)
             self.ranks_by_number[number] = RankState(info, record)
 
     def on_message(self, connection: Connection, message: dict[str, Any]) -> None:
@@ -325,11 +315,11 @@ class Supervisor:
 
     # rank events ------------------------------------------------------------------------------------------------
     def _rank_exited(self, rank: RankState, exit_code: int, signame: str | None) -> None:
-        if rank.record.state != RUNNING:
+        if rank.record.state is not RunState.RUNNING:
             return
-        failed = exit_code != 0 and self.stop_reason is None and self.first_failure is None \
-            and self.user_signal is None
-        state = SUCCEEDED if exit_code == 0 else FAILED if failed else STOPPED
+        stopping = self.stop_reason is not None or self.first_failure is not None or self.user_signal is not None
+        state = exit_state(exit_code, Ending.COLLATERAL if stopping else Ending.OWN)
+        failed = state is RunState.FAILED
         rank.record = replace(rank.record, state=state, exit_code=exit_code, signal=signame, ended_at=utc_now())
         self._write_ranks()
         for observer in self.observers:
@@ -361,23 +351,23 @@ class Supervisor:
         name = Path(self.argv[2] if len(self.argv) > 2 and self.argv[1] == "-m" else self.argv[0]).name
         self.stop(f"the launcher ({name}) exited with {status}", status)
 
-    def _stop_here(self, reason: str, exit_code: int, first: dict[str, Any] | None) -> None:
-        """Stop this node's share (once); the control channel calls this on every node."""
+    def _stop_here(self, reason: str, exit_code: int, first: dict[str, Any] | None, preempted: bool = False) -> None:
+        """Stop this node's share (once); the control channel calls this on every node (``preempted``: a pod's)."""
         if first is not None:
             decided = FirstFailure.from_dict(first)
             if self.first_failure is None or self.first_failure.rank != decided.rank:
                 self.first_failure = decided
                 for rank in self.ranks_by_number.values():  # ranks that died of it were not the cause
-                    if rank.record.state == FAILED and rank.info.rank != decided.rank:
-                        rank.record = replace(rank.record, state=STOPPED)
+                    if rank.record.state is RunState.FAILED and rank.info.rank != decided.rank:
+                        rank.record = replace(rank.record, state=RunState.STOPPED)
                 if decided.node != self.node:
                     self.note(f"stopping: rank {decided.rank} on node-{decided.node} {decided.reason}")
-        if first is None and reason.startswith(PREEMPTED) and self.user_signal is None:  # a rank failed here of it
+        if first is None and preempted and self.user_signal is None:  # a rank failed here of it
             self.stop_reason, self.user_signal, self.user_stop_told = None, exit_code - 128, True  # first: preempted
         if self.stop_reason is not None:
             return
-        self.stop_reason, self.stop_code = reason, exit_code
-        if first is None and exit_code in USER_STOPS and self.user_signal is None:
+        self.stop_reason, self.stop_code, self.preempted = reason, exit_code, preempted
+        if first is None and exit_code in STOP_CODES and self.user_signal is None:
             self.user_signal, self.user_stop_told = exit_code - 128, True  # the user stopped it on another node
         if first is None:
             self.note(f"stopping the job: {reason}")
@@ -407,39 +397,39 @@ class Supervisor:
     # records ----------------------------------------------------------------------------------------------------
     def _finish(self, status: int) -> int:
         for rank in self.ranks_by_number.values():
-            if rank.record.state == RUNNING:  # its wrapper never reported: killed with the launcher
-                rank.record = replace(rank.record, state=STOPPED, ended_at=utc_now())
+            if rank.record.state is RunState.RUNNING:  # its wrapper never reported: killed with the launcher
+                rank.record = replace(rank.record, state=RunState.STOPPED, ended_at=utc_now())
         if self.user_signal is not None:  # the user's stop, even when a rank failed of it first somewhere
-            reason, code = self._user_stop(), 128 + self.user_signal
-            state = PREEMPTED if reason.startswith(PREEMPTED) else STOPPED
+            (reason, preempted), code = self._user_stop(), 128 + self.user_signal
+            state = exit_state(code, Ending.PREEMPTION if preempted else Ending.STOP)
         elif self.first_failure is not None:
             ff = self.first_failure
-            state, code = FAILED, ff.exit_code
+            state, code = RunState.FAILED, ff.exit_code
             reason = f"rank {ff.rank} {ff.reason}" if ff.node == self.node and self.local_failure == ff \
                 else f"stopped after rank {ff.rank} failed"
         elif self.stop_reason is not None:
-            state, reason, code = FAILED, self.stop_reason, self.stop_code or 1
+            state, reason, code = RunState.FAILED, self.stop_reason, self.stop_code or 1
         else:
-            state, reason, code = (SUCCEEDED, "", 0) if status == 0 else (FAILED, f"exited with {status}", status)
+            state, reason, code = exit_state(status, Ending.OWN), f"exited with {status}" if status else "", status
         for observer in self.observers:
             code = observer.finished(code)
-        if code != 0 and state == SUCCEEDED:
-            state, reason = FAILED, str(self.extra_state.get("reason") or f"exited with {code}")
+        if code != 0 and state is RunState.SUCCEEDED:  # an observer's verdict on a job that ended well
+            state, reason = exit_state(code, Ending.OWN), str(self.extra_state.get("reason") or f"exited with {code}")
         if self.channel is not None:
             self.channel.close()
         self._write_ranks()
         self._write_state(state, reason)
         return code
 
-    def _user_stop(self) -> str:
-        """Why the stop signal came: a preemption where this node's pod is being taken away (its PID 1 marked it)
-        or another node's was (its stop said so), else the user's stop."""
+    def _user_stop(self) -> tuple[str, bool]:
+        """Why the stop signal came and whether it is a preemption: this node's pod being taken away (its PID 1
+        marked it) or another node's (its stop said so); else the user's stop."""
         mark = self.env.get(PREEMPTED_MARK)
         if mark and Path(mark).exists():
-            return f"{PREEMPTED}: the pod of node-{self.node} was deleted or evicted"
-        if (self.stop_reason or "").startswith(PREEMPTED):
-            return str(self.stop_reason)
-        return f"stopped by {signal_name(self.user_signal or signal.SIGTERM)}"
+            return f"{RunState.PREEMPTED}: the pod of node-{self.node} was deleted or evicted", True
+        if self.preempted:
+            return str(self.stop_reason), True
+        return f"stopped by {signal_name(self.user_signal or signal.SIGTERM)}", False
 
     def _write_ranks(self) -> None:
         records = [self.ranks_by_number[number].record.to_dict() for number in sorted(self.ranks_by_number)]
@@ -448,7 +438,7 @@ class Supervisor:
                 write_json(self.node_dir.ranks, records)
             self.written_ranks = records
 
-    def _write_state(self, state: str, reason: str) -> None:
+    def _write_state(self, state: RunState, reason: str) -> None:
         self.current_state = state
         data = {**self.extra_state, "state": state, "reason": reason,
                 "first_failure": self.first_failure.to_dict() if self.first_failure else None}

@@ -22,8 +22,7 @@ from pathlib import Path
 
 from ..node.gpus import Gpu, Xid, boot_time, bus_key, parse_kmsg, read_gpus, read_kmsg
 from ..node.nodelist import expand_nodelist
-from ..records.restartpolicy import ECC, NCCL_NET, NODE_FAILURE, XID
-from ..records.runlayout import NodeFault
+from ..records.states import FaultSign, NodeFault
 from .protocol import BaseObserver, JobControl, RankInfo
 
 NCCL_NET_ERRORS = re.compile("|".join([
@@ -53,7 +52,7 @@ def nccl_net_error(text: str) -> NodeFault | None:
     """The ``nccl-net`` sign when ``text`` (one output line) is one of NCCL's network failures."""
     if NCCL_NET_ERRORS.search(text) is None:
         return None
-    return NodeFault(NCCL_NET, text.strip()[:EVIDENCE_WIDTH])
+    return NodeFault(FaultSign.NCCL_NET, text.strip()[:EVIDENCE_WIDTH])
 
 
 def gpu_fault(before: list[Gpu], after: list[Gpu], xids: list[Xid]) -> NodeFault | None:
@@ -62,7 +61,8 @@ def gpu_fault(before: list[Gpu], after: list[Gpu], xids: list[Xid]) -> NodeFault
     if xids:
         event = xids[0]
         index = {bus_key(gpu.bus_id): gpu.index for gpu in after or before}.get(bus_key(event.bus_id), "?")
-        return NodeFault(XID, f"Xid {event.code} on GPU {index} ({event.bus_id}): {event.message}"[:EVIDENCE_WIDTH])
+        return NodeFault(FaultSign.XID,
+                         f"Xid {event.code} on GPU {index} ({event.bus_id}): {event.message}"[:EVIDENCE_WIDTH])
     earlier = {gpu.uuid: gpu.ecc for gpu in before}
     for gpu in after:
         was, now = earlier.get(gpu.uuid), gpu.ecc
@@ -75,7 +75,7 @@ def gpu_fault(before: list[Gpu], after: list[Gpu], xids: list[Xid]) -> NodeFault
         if now.retirement_pending and not was.retirement_pending:
             grew.append("a page retirement pending")
         if grew:
-            return NodeFault(ECC, f"GPU {gpu.index} ({gpu.bus_id}): {', '.join(grew)}")
+            return NodeFault(FaultSign.ECC, f"GPU {gpu.index} ({gpu.bus_id}): {', '.join(grew)}")
     return None
 
 
@@ -109,7 +109,7 @@ def scheduler_lost(hosts: Sequence[str], job_nodes: str, node_states: str) -> di
         if state.rstrip(STATE_FLAGS) in LOST_STATES or state.endswith("*"):
             said.append(f"Slurm says it is {state}" + (f" ({reason})" if reason and reason != "none" else ""))
         if said:
-            found[node] = NodeFault(NODE_FAILURE, "; ".join(said)[:EVIDENCE_WIDTH])
+            found[node] = NodeFault(FaultSign.NODE_FAILURE, "; ".join(said)[:EVIDENCE_WIDTH])
     return found
 
 

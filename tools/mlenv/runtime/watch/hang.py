@@ -25,7 +25,8 @@ from ..forensics import collectives
 from ..forensics.culprit import culprit_of
 from ..forensics.flightrecorder import flight_dumps, keep_ras_answer
 from ..forensics.stacks import group, render, sample
-from ..records.runlayout import HUNG, RUNNING, write_atomic
+from ..records.runlayout import write_atomic
+from ..records.states import RunState
 from .protocol import BaseObserver, JobControl, RankInfo
 
 HANG_EXIT_CODE = 124
@@ -92,11 +93,11 @@ class HangWatchdog(BaseObserver):
                       f"{message['stacks']}")
             for line in str(message.get("text") or "").splitlines():
                 self.note(f"  {line}")
-            self.control.set_state(HUNG, stacks=message["stacks"])
+            self.control.set_state(RunState.HUNG, stacks=message["stacks"])
         elif event == "resumed" and self.hung:
             self.hung = False
             self.note("output again: the job is no longer hung")
-            self.control.set_state(RUNNING)
+            self.control.set_state(RunState.RUNNING)
 
     # what node 0 does -------------------------------------------------------------------------------------------
     def tick(self, now: float) -> None:

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from ..records.states import RunState
+
 
 @dataclass(frozen=True)
 class RankInfo:
@@ -50,9 +52,8 @@ class JobControl(Protocol):
     def note(self, message: str) -> None:
         """``mlenv: message`` to the attached user and output.log."""
 
-    def set_state(self, state: str, **fields: object) -> None:
-        """Set this node's state (one of runlayout.RUN_STATES) and extra fields of state.json, e.g.
-        ``set_state("hung", stacks=path)``."""
+    def set_state(self, state: RunState, **fields: object) -> None:
+        """Set this node's state and extra fields of state.json, e.g. ``set_state(RunState.HUNG, stacks=path)``."""
 
     def record(self, **fields: object) -> None:
         """Set extra fields of state.json (``None`` clears one); the state stays what it is."""

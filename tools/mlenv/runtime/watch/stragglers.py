@@ -20,7 +20,7 @@ from typing import Any
 
 from ..forensics import collectives
 from ..forensics.arrivals import entries_of, shifted, stragglers
-from ..records.restartpolicy import STRAGGLER
+from ..records.states import FaultSign
 from .protocol import BaseObserver, JobControl
 
 EVERY_SECONDS = 10.0
@@ -87,7 +87,7 @@ class StragglerWatch(BaseObserver):
     def node_fault(self) -> dict[str, str] | None:
         """Under ``--on-straggler exclude``, this node's sign while it is named a straggler: the restart rules leave
         it out at the next restart."""
-        return {"sign": STRAGGLER, "evidence": self.mine} if self.mine else None
+        return {"sign": FaultSign.STRAGGLER, "evidence": self.mine} if self.mine else None
 
     @staticmethod
     def _report(control: JobControl, token: int) -> None:

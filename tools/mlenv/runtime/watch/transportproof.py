@@ -24,7 +24,7 @@ from typing import Any
 from ..fabric.ncclines import nccl_record
 from ..fabric.ncclog import UNKNOWN, LogReport, NcclLogReader, NodeReport, combine, contradicts, judge_verdict
 from ..node.readfs import read_text
-from ..records.runlayout import RUNNING
+from ..records.states import RunState
 from .protocol import BaseObserver, RankInfo
 
 KIND = "transport"
@@ -225,7 +225,7 @@ class TransportProof(BaseObserver):
             self.shown = shown
             self.note(node.line())
             if self.control is not None:
-                self.control.set_state(RUNNING, transport=transport_record(node))
+                self.control.set_state(RunState.RUNNING, transport=transport_record(node))
                 self.control.tell_hub({"kind": KIND, "event": "node", "node": node.node, "verdict": node.verdict,
                                        "reason": node.reason, "evidence": node.evidence})
         return report
