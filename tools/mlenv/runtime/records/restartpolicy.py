@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .runlayout import PREEMPTED_MARK, FirstFailure, NodeDir, read_state
-from .states import STOP_CODES, Ending, FaultSign, LeftOut, NodeFault, RunState, exit_state
+from .states import ENDED, STOP_CODES, Ending, FaultSign, LeftOut, NodeFault, RunState, exit_state, run_state
 
 SIGNS = {
     FaultSign.UNREACHABLE: "unreachable",
@@ -195,17 +195,16 @@ def for_script(run_dir: Path, attempt: int, exit_code: int, max_restarts: int, h
     ``left_node`` on ``host`` must be left out of the rest of the run, ``why``; ``saved``: 1 when it is recorded for
     later runs too); ``failed_first`` and ``last_error``: the history to hand the next attempt's question; ``lost``
     (when the scheduler ``lost`` nodes: their ``node-failure`` signs, which count as the nodes' own): who, and why;
-    ``ended``: how the attempt ended (states.py's :func:`exit_state` of its code, ``node-failure`` where the
-    scheduler ``lost`` a node), for its directory's record."""
-    first = FirstFailure.parse(read_state(NodeDir(run_dir, attempt, 0)).get("first_failure"))
+    ``ended``: how the attempt ended (:func:`attempt_end`), for its directory's record."""
+    shares = [read_state(NodeDir(run_dir, attempt, rank)) for rank in range(max(len(hosts), 1))]
+    first = FirstFailure.parse(shares[0].get("first_failure"))
     node, code = (first.node, first.exit_code) if first is not None else (None, exit_code)
     found = failed_file.read_text().split() if first is None and failed_file and failed_file.is_file() else []
     if len(found) == 2 and all(word.isdigit() for word in found):
         node, code = int(found[0]), int(found[1])
     answer: dict[str, object] = {"node": "" if node is None else node, "code": code, "verdict": "end",
-                                 "ended": exit_state(code, Ending.LOST if lost else Ending.CODE_ONLY).value}
-    signs = {rank: fault for rank in range(len(hosts))
-             if (fault := NodeFault.parse(read_state(NodeDir(run_dir, attempt, rank)).get("node_fault")))}
+                                 "ended": attempt_end(shares, code, bool(lost)).value}
+    signs = {rank: fault for rank, share in enumerate(shares) if (fault := NodeFault.parse(share.get("node_fault")))}
     for rank, fault in sorted((lost or {}).items()):
         signs.setdefault(rank, fault)
     if lost:
@@ -226,6 +225,17 @@ def for_script(run_dir: Path, attempt: int, exit_code: int, max_restarts: int, h
         answer.update(verdict="leave-out", left_node=left.node, why=left.reason, saved=int(left.saved),
                       host=hosts[left.node] if left.node < len(hosts) else f"node-{left.node}")
     return answer
+
+
+def attempt_end(shares: Sequence[Mapping[str, object]], code: int, lost: bool) -> RunState:
+    """How an attempt ended: ``node-failure`` where the scheduler ``lost`` a node of it; else as its nodes'
+    supervisors recorded it where each recorded its share's end (``shares``: their state.json, in node order); else
+    as its exit ``code`` alone says (states.py's :func:`exit_state`)."""
+    if lost:
+        return exit_state(code, Ending.LOST)
+    ends = [RunState.parse(share.get("state")) for share in shares]
+    recorded = run_state(ends) if ends and all(end in ENDED for end in ends) else None
+    return recorded if recorded is not None else exit_state(code, Ending.CODE_ONLY)
 
 
 def standby_for(node: int, spares: Sequence[str], used: int) -> tuple[int | None, str]:
