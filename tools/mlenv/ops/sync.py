@@ -528,9 +528,10 @@ def _print(report: SyncReport, as_json: bool) -> None:
           [[r.pod, r.method, _cell(r.files), _cell(r.bytes), r.seconds, r.result] for r in report.pods])
     for note in report.notes:
         info(f"note: {note}")
+    sharing = report.pods[1:] if report.shared else []  # the nodes that share the first one's copy
     for row in report.pods:
-        if row.deleted and not row.method.startswith(SHARED_WITH):
+        if row.deleted and row not in sharing:
             info(f"deleted on node-{row.node} ({row.pod}): {_names(row.deleted)}")
     for row in report.pods:  # a node that shares a failed copy is not blamed for it again
-        if not row.ok and not (row.method.startswith(SHARED_WITH) and row.result == report.pods[0].result):
+        if not row.ok and not (row in sharing and row.result == report.pods[0].result):
             error(f"sync to {row.pod}: {row.result}")
