@@ -1,20 +1,25 @@
 """``mlenv drill`` on a local cluster of 2 nodes x 2 ranks (processes): a rank that exits and a frozen node are each
 detected, named, stopped, restarted and resumed at the checkpointed step within the default targets; every phase has
 a time and PASS, the timeline picture is written, the deployment's excluded nodes are as before; bad input (an
-unknown fault, no deployment, a live run) exits 2 and starts nothing."""
+unknown fault, no deployment, a live run) exits 2 and starts nothing; a drill interrupted while its node is frozen
+(Ctrl-C, SIGTERM) exits 130 and its run is recorded stopped, no node blamed."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol
 
 import pytest
 
-from tests.helpers import assert_shaped, documented_shape
-from tests.integration.local_cluster import FAILING_JOB, LocalProject, make_project, require_local
+from tests.helpers import MLENV, assert_shaped, documented_shape
+from tests.integration.local_cluster import FAILING_JOB, LocalProject, leftovers, make_project, require_local
 
 PHASES = ["detected", "stopped", "started", "resumed"]
 PREEMPT_PHASES = ["detected", "checkpointed", "stopped", "started", "resumed"]
@@ -92,3 +97,48 @@ def test_a_rank_that_exits(project: LocalProject) -> None:
 def test_a_frozen_node(project: LocalProject) -> None:
     drill = check_drill(project, "node-freeze")
     assert "node-1 unreachable" in drill["phases"][0]["evidence"]
+
+
+def _frozen_supervisor(project: LocalProject, ordinal: int) -> bool:
+    """Whether the supervisor of node ``ordinal`` is stopped (SIGSTOP: state T)."""
+    marker = f"MLENV_POD_DIR={project.pod_dir(ordinal)}".encode()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            text, command = stat.read_text(), (stat.parent / "cmdline").read_bytes()
+            if text[text.rindex(")") + 2] == "T" and b"mlenv.runtime\0launch" in command \
+                    and marker in (stat.parent / "environ").read_bytes().split(b"\0"):
+                return True
+    return False
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+def test_an_interrupted_drill_is_recorded_stopped_and_blames_nobody(project: LocalProject, tmp_path: Path,
+                                                                    how: str) -> None:
+    """Ctrl-C (SIGINT to the drill's process group, as a terminal sends it) or SIGTERM while node 1 is frozen: the
+    node is thawed first, so that its supervisor stops its share as node 0's does."""
+    with (tmp_path / "out").open("w") as out, (tmp_path / "err").open("w") as err:
+        drill = subprocess.Popen([str(MLENV), "drill", "--fault", "node-freeze"], stdout=out, stderr=err,
+                                 env={**os.environ, "MLENV_HOME": str(project.home)}, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not _frozen_supervisor(project, 1):
+            assert drill.poll() is None and time.monotonic() < deadline, (tmp_path / "err").read_text()[-3000:]
+            time.sleep(0.1)
+        if how == "ctrl-c":
+            os.killpg(drill.pid, signal.SIGINT)
+        else:
+            drill.send_signal(signal.SIGTERM)
+        assert drill.wait(timeout=120) == 130
+    finally:
+        if drill.poll() is None:
+            os.killpg(drill.pid, signal.SIGKILL)
+            drill.wait()
+    said = (tmp_path / "err").read_text()
+    assert said.splitlines()[-1] == "error: interrupted" and "Traceback" not in said, said[-3000:]
+    deadline = time.monotonic() + 30
+    while left := [item for item in leftovers(project) if item.startswith("process")]:
+        assert time.monotonic() < deadline, left
+        time.sleep(0.2)
+    run = json.loads(project.ok("status", "--json").stdout)["latest_run"]
+    assert (run["state"], run["exit_code"], run["first_failure"], run["node_faults"]) == ("stopped", 143, None, {}), run
+    assert json.loads(project.ok("nodes", "--json").stdout)["excluded"] == []

@@ -187,8 +187,9 @@ def _raise_interrupt(signum: int, frame: object) -> None:
 
 @contextlib.contextmanager
 def interrupted_by_sigterm() -> Iterator[None]:
-    """SIGTERM (a killed session, a CI timeout) stops what runs as Ctrl-C does (main thread only)."""
-    if threading.current_thread() is not threading.main_thread():
+    """SIGTERM (a killed session, a CI timeout) stops what runs as Ctrl-C does (main thread only), unless the caller
+    handles SIGTERM itself (a handler of its own: ``mlenv drill`` thaws its fault first)."""
+    if threading.current_thread() is not threading.main_thread() or callable(signal.getsignal(signal.SIGTERM)):
         yield
         return
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)

@@ -30,6 +30,7 @@ from mlenv.ops.target import Target, file_cluster
 from mlenv.runtime.records.runlayout import RankRecord
 from mlenv.runtime.records.runrecord import RunRecord
 from mlenv.runtime.records.states import RunState
+from mlenv.runtime.supervise.supervisor import handling_user_signals
 
 FAULTS = ("rank-exit", "rank-kill", "node-loss", "node-freeze", "hang", "preempt")
 ALL = "all"
@@ -132,6 +133,7 @@ class Watch:
     preemption: Preemption | None = None
     problem: str | None = None
     ended: bool = False
+    interrupted: bool = False
 
     def run(self) -> None:
         try:
@@ -149,8 +151,9 @@ class Watch:
             self._end_fault()
 
     def _reached(self) -> bool:
-        """Whether the job reached the step (its lines in the launch's local logs) before the launch ended."""
-        while not self.done.wait(POLL_SECONDS / 2):
+        """Whether the job reached the step (its lines in the launch's local logs) before the launch ended or the
+        drill was interrupted."""
+        while not self.done.wait(POLL_SECONDS / 2) and not self.interrupted:
             logs = sorted(_local_runs(self.spec.run_id).glob("node-*.log"))
             if max((step for step, _ in _steps(logs)), default=0) >= self.at_step:
                 return True
@@ -162,7 +165,8 @@ class Watch:
         argv = access.exec_argv(self.target.handle, node, access.runtime(
             self.target.handle, "fault", "--run", self.spec.run_id, "--attempt", "0", "--node", str(self.node),
             "--target", what, "--signal", name))
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+        # a session of its own: a Ctrl-C meant for the drill never cuts a fault (or its thaw) short
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False, start_new_session=True)
         lines = done.stdout.strip().splitlines()
         if done.returncode != 0 or not lines:
             raise RuntimeError(f"the fault did not go in on node {self.node}: {done.stderr.strip()[-300:]}")
@@ -174,9 +178,9 @@ class Watch:
         return self.target.backend.preempts.take_away(self.target.handle, node, self.spec.run_id)
 
     def _follow(self) -> None:
-        """Read the run's records until its next attempt shows (or the launch ended)."""
+        """Read the run's records until its next attempt shows (or the launch ended, or the drill was interrupted)."""
         jobs = self.target.backend.jobs
-        while not self.done.is_set():
+        while not self.done.is_set() and not self.interrupted:
             run = jobs.latest_run(self.target.handle, self.spec.run_id)
             now = time.time()
             if run.attempt > 0:
@@ -194,11 +198,22 @@ class Watch:
 
     def _end_fault(self) -> None:
         """SIGKILL what the fault froze (a frozen node's share, a stopped rank), once: nothing of it outlives
-        attempt 0, and the node takes part in the next attempt."""
+        attempt 0, and the node takes part in the next attempt. After an interrupt SIGCONT instead (``interrupt``:
+        a fault that went in meanwhile is thawed too)."""
         if not self.ended and (self.fault in NODE_FAULTS or self.fault == "hang"):
             self.ended = True
             with contextlib.suppress(Exception):
-                self._signal("node" if self.fault in NODE_FAULTS else "rank", "KILL")
+                self._signal("node" if self.fault in NODE_FAULTS else "rank", "CONT" if self.interrupted else "KILL")
+
+    def interrupt(self) -> None:
+        """The drill is interrupted (Ctrl-C, SIGTERM) and its launch is about to stop the nodes: first thaw what the
+        fault froze, so that the frozen node's supervisor stops its share as the others do (the run is recorded
+        stopped, no node blamed); no fault goes in after this, nothing is killed."""
+        self.interrupted = True
+        what, how = SIGNALLED.get(self.fault, ("", ""))
+        if how == "STOP":
+            with contextlib.suppress(Exception):
+                self._signal(what, "CONT")
 
 
 def _local_runs(run: str) -> Path:
@@ -233,12 +248,20 @@ def drill_one(target: Target, fault: str, at_step: int, targets: Targets) -> dic
                       on_hang="stop" if fault == "hang" else None)
     watch = Watch(target, spec, fault, at_step, target.handle.nodes - 1)
     thread = threading.Thread(target=watch.run, name="drill", daemon=True)
+
+    def interrupted(_signum: int, _frame: object) -> None:
+        watch.interrupt()
+        raise KeyboardInterrupt
+
     thread.start()
     try:
-        result = launch(target, spec, keep=(watch.node,) if fault in NODE_FAULTS else ())
+        with handling_user_signals(interrupted):  # the launch's own SIGTERM handling leaves this one in place
+            result = launch(target, spec, keep=(watch.node,) if fault in NODE_FAULTS else ())
     finally:
         watch.done.set()
         thread.join(timeout=90)
+    if result.outcome.interrupted:  # every node stopped: no report, no further drill
+        raise KeyboardInterrupt
     return report(fault, at_step, targets, watch, result, target.backend.jobs.latest_run(target.handle, spec.run_id))
 
 
