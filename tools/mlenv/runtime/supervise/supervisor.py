@@ -7,10 +7,8 @@ place with ``\\r`` (a progress bar: tqdm writes no newline until its loop ends) 
 each state tagged again after its ``\\r``; in the logs and to the observers each finished state is a whole line of
 its own. Any bytes from a rank are output (its ``last_output_at``, ``Observer.output``), a whole line or not. The
 first rank of the job to fail is named; the job stops on every node (control channel); the node exits with that
-rank's own code.
-What the ranks leave behind ends with the node's share (reaping.py: the share's cgroup), and what a supervisor killed
-outright left in the temporary directory with the next one's start (tempdirs.py). All work happens in one thread,
-around one selector.
+rank's own code. What the ranks leave behind ends with the node's share (reaping.py: the share's cgroup), and what
+a supervisor killed outright left in $TMPDIR with the next one's start (tempdirs.py). One thread, one selector.
 """
 
 from __future__ import annotations
@@ -225,8 +223,7 @@ class Supervisor:
                 self._dispatch(key)
 
     def _dispatch(self, key: selectors.SelectorKey) -> None:
-        """Handle what one connection holds; first, once the launcher is being stopped, say so (launchers.STOPPING)
-        on stdout, ahead of anything it says after the signal (its teardown), which is read only after this."""
+        """Handle what one connection holds, after saying once that the launcher is being stopped (STOPPING)."""
         if self.launcher_stopped is not None and not self.stopping_said:
             self.stopping_said = True
             self.sinks.write(f"{STOPPING} with {signal_name(self.launcher_stopped)}")
