@@ -24,10 +24,15 @@ def pytest_configure(config: pytest.Config) -> None:
             os.environ.pop(name, None)
 
 
-@pytest.hookimpl(tryfirst=True)  # before -m deselects by these marks and xdist reads its groups
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Each test in its module's xdist group (:func:`tiers.group`)."""
+    tiers.group(item)
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by these marks
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark each test by what it and its fixtures need (tests/tiers.py), so that ``-m`` picks a tier; then
-    group and order them for xdist's workers (:func:`tiers.schedule`)."""
+    order them for xdist's workers (:func:`tiers.schedule`)."""
     for item in items:
         if not isinstance(item, pytest.Function):
             continue

@@ -68,18 +68,23 @@ def markers(test: Callable[..., Any], fixtures: Iterable[Callable[..., Any]],
     return found
 
 
+def group(item: pytest.Item) -> None:
+    """Put ``item`` in its module's xdist group (``--dist loadgroup``): a module's tests run on one worker, so its
+    module fixtures are made once and its tests, which may share a project name and so run ids, never run side by
+    side; unless the module sets :data:`SPLIT`. Called as each test is collected: xdist names a test by its group
+    in a collection hook of its own, which runs before any conftest's."""
+    if not getattr(getattr(item, "module", None), SPLIT, False):
+        item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+
+
 def schedule(items: list[pytest.Item]) -> list[pytest.Item]:
-    """``items`` (marked) for ``--dist loadgroup --no-loadscope-reorder``: each module's tests in one xdist group
-    (its module fixtures are made once, and its tests, which may share a project name and so run ids, never run side
-    by side), unless the module sets :data:`SPLIT`; the groups of the costliest tests first, so that the longest
-    work does not start last. The order is the same on every worker, as xdist needs."""
+    """``items`` (marked and grouped) in the order xdist hands their groups out (``--no-loadscope-reorder``): the
+    groups of the costliest tests first, so that the longest work does not start last. The order is the same on
+    every worker, as xdist needs."""
     groups: dict[str, list[pytest.Item]] = {}
     for item in items:
-        split = getattr(getattr(item, "module", None), SPLIT, False)
-        group = item.nodeid if split else item.nodeid.split("::")[0]
-        if not split:
-            item.add_marker(pytest.mark.xdist_group(group))
-        groups.setdefault(group, []).append(item)
+        names = [marker.args[0] for marker in item.iter_markers("xdist_group")]
+        groups.setdefault(names[0] if names else item.nodeid, []).append(item)
 
     def cost(item: pytest.Item) -> int:
         return max((COST[marker.name] for marker in item.iter_markers() if marker.name in COST), default=0)

@@ -42,3 +42,19 @@ def test_a_test_is_marked_by_its_fixtures_its_helpers_and_the_prerequisites_it_n
     assert marked["tests/integration/test_packaging.py::test_pip_install_dot_renders_outside_the_checkout"] == {
         "release"}  # a fresh virtualenv
 
+
+
+def test_a_module_s_tests_run_on_one_worker() -> None:
+    """What scripts/test.sh asks of xdist holds: each module's tests run on one worker, named by its group."""
+    files = ("tests/unit/test_spares.py", "tests/unit/test_ui_table.py")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "--no-loadscope-reorder",
+                           "-v", "-p", "no:cacheprovider", *files], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    workers: dict[str, set[str]] = {}
+    for line in done.stdout.splitlines():
+        if line.startswith("[gw") and " PASSED " in line:
+            test = line.split(" PASSED ")[1].strip()
+            assert test.endswith(f"@{test.split('::')[0]}"), test  # named by its module's group
+            workers.setdefault(test.split("::")[0], set()).add(line.split()[0])
+    assert set(workers) == set(files) and all(len(ran_on) == 1 for ran_on in workers.values()), workers
