@@ -33,6 +33,17 @@ for what in "$@"; do
         "$VENV/bin/pip" install --quiet --disable-pip-version-check 'torch==2.13.0' 'deepspeed==0.19.8' \
           'py-spy==0.4.3'
       fi
+      # DeepSpeed's CPU collectives are a C++ extension built on first use in TORCH_EXTENSIONS_DIR behind a lock file:
+      # a build killed half-way leaves the lock, and every DeepSpeed job after it waits on it for ever. Built once
+      # here, before any job (a lock without the built module is such a leftover: nothing else builds it now).
+      extensions=${TORCH_EXTENSIONS_DIR:-$PWD/.cache/torch_extensions}
+      if ! ls "$extensions"/deepspeed_shm_comm/*.so >/dev/null 2>&1; then
+        step "building DeepSpeed's CPU collectives (once, about a minute)"
+        rm -f "$extensions/deepspeed_shm_comm/lock"
+        TORCH_EXTENSIONS_DIR=$extensions "$VENV/bin/python" -c \
+          'from deepspeed.accelerator import get_accelerator; get_accelerator().create_op_builder("ShareMemCommBuilder").load()' \
+          >/dev/null
+      fi
       ;;
     system)
       missing=()
