@@ -10,6 +10,8 @@ import shlex
 import subprocess
 import sys
 import sysconfig
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -124,6 +126,17 @@ local:
   subnet: {subnet}
 """)
     return LocalProject(tmp_path, name, app)
+
+
+@contextmanager
+def deployed(directory: Path, name: str, subnet: str, files: dict[str, str]) -> Iterator[LocalProject]:
+    """A local cluster of processes ``name``, deployed and synced with ``files``; cleaned, data and all, after."""
+    require_local("processes")
+    made = make_project(directory, name, subnet, "processes")
+    made.ok("deploy", made.name)
+    made.ok("sync", "--source", str(made.source(files)))
+    yield made
+    made.mlenv("clean", "--cluster", made.name, "--delete-data", "--yes")
 
 
 def torchless_nodes(directory: Path) -> tuple[Path, Path]:

@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 import pytest
 
 from tests.helpers import MLENV, ROOT, assert_shaped, documented_shape, lock_held, said_until
-from tests.integration.local_cluster import LocalProject, make_project, require_local
+from tests.integration.local_cluster import LocalProject, deployed
 
 # No torch: "sleep" waits (until stopped), "ok" says so and ends.
 JOB = """\
@@ -34,12 +34,8 @@ TIMEOUT = 240
 @pytest.fixture(scope="module")
 def project(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalProject]:
     """A deployed 2 x 2 local cluster (processes) holding job.py."""
-    require_local("processes")
-    made = make_project(tmp_path_factory.mktemp("onelaunch"), "once", "10.77.94.0/24", "processes")
-    made.ok("deploy", made.name)
-    made.ok("sync", "--source", str(made.source({"job.py": JOB})))
-    yield made
-    made.mlenv("clean", "--cluster", made.name, "--delete-data", "--yes")
+    with deployed(tmp_path_factory.mktemp("onelaunch"), "once", "10.77.94.0/24", {"job.py": JOB}) as made:
+        yield made
 
 
 def started(project: LocalProject, *args: str) -> subprocess.Popen[str]:

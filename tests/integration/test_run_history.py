@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.helpers import assert_shaped, documented_shape
-from tests.integration.local_cluster import LocalProject, make_project, require_local
+from tests.integration.local_cluster import LocalProject, deployed
 
 pytestmark = pytest.mark.torch
 
@@ -34,12 +34,8 @@ if sys.argv[1] == "sleep":
 @pytest.fixture(scope="module")
 def project(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalProject]:
     """A deployed 2 x 2 local cluster (processes) holding job.py."""
-    require_local("processes")
-    made = make_project(tmp_path_factory.mktemp("history"), "hist", "10.77.93.0/24", "processes")
-    made.ok("deploy", made.name)
-    made.ok("sync", "--source", str(made.source({"job.py": JOB})))
-    yield made
-    made.mlenv("clean", "--cluster", made.name, "--delete-data", "--yes")
+    with deployed(tmp_path_factory.mktemp("history"), "hist", "10.77.93.0/24", {"job.py": JOB}) as made:
+        yield made
 
 
 def launched(project: LocalProject, *args: str, code: int = 0) -> dict[str, object]:
