@@ -30,9 +30,10 @@ def pytest_itemcollected(item: pytest.Item) -> None:
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by these marks
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark each test by what it and its fixtures need (tests/tiers.py), so that ``-m`` picks a tier; then
-    order them for xdist's workers (:func:`tiers.schedule`)."""
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark each test by what it and its fixtures need (tests/tiers.py), so that ``-m`` picks a tier; keep the
+    tests of this run's phase (:func:`tiers.in_phase`); then order them for xdist's workers
+    (:func:`tiers.schedule`)."""
     for item in items:
         if not isinstance(item, pytest.Function):
             continue
@@ -45,7 +46,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         params = item.callspec.params.values() if hasattr(item, "callspec") else ()
         for name in sorted(tiers.markers(item.function, fixtures, fixture, params)):
             item.add_marker(name)
-    items[:] = tiers.schedule(items)
+    phase = os.environ.get("TEST_PHASE", "")
+    left = [item for item in items if not tiers.in_phase(item, phase)]
+    if left:
+        config.hook.pytest_deselected(items=left)
+    items[:] = tiers.schedule([item for item in items if tiers.in_phase(item, phase)])
 
 
 class TierTimes:

@@ -77,6 +77,18 @@ def group(item: pytest.Item) -> None:
         item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
 
 
+TIMING = "timing"
+"""The marker of a test that judges relative speed (which rank is slower): with xdist's workers it runs afterwards,
+in one process with nothing beside it (scripts/test.sh), since busy neighbours make a rank slower for real. Put on
+by hand, as what a test asserts cannot be read from what it calls."""
+PHASES = {"parallel": False, "timing": True}  # $TEST_PHASE -> whether its tests are the timing ones
+
+
+def in_phase(item: pytest.Item, phase: str) -> bool:
+    """Whether ``item`` runs in the phase ``phase`` of scripts/test.sh (every test when there is none)."""
+    return phase not in PHASES or PHASES[phase] == (item.get_closest_marker(TIMING) is not None)
+
+
 def schedule(items: list[pytest.Item]) -> list[pytest.Item]:
     """``items`` (marked and grouped) in the order xdist hands their groups out (``--no-loadscope-reorder``): the
     groups of the costliest tests first, so that the longest work does not start last. The order is the same on

@@ -16,6 +16,8 @@ import pytest
 
 from tests.integration.local_cluster import LocalProject, make_project, require_local
 
+pytestmark = pytest.mark.timing  # judges which rank is slower (tests/tiers.py: TIMING)
+
 JOB = """\
 import time
 import torch
