@@ -243,6 +243,8 @@ def test_one_process_driving_every_gpu_of_the_job_is_one_node_whatever_it_set_up
     lines += [f"dgx:7:9 [{r}] NCCL INFO comm 0x1{r} rank {r} nranks 4 cudaDev {r} busId {r}000 - Init COMPLETE"
               for r in range(4)]
     assert (parse_nccl_log(lines).verdict, parse_nccl_log(lines[:3]).verdict) == (INTRA_NODE, RDMA_UNSHOWN)
+    init_all = "dgx:7:9 [1] NCCL INFO ncclCommInitAll comm 0x11 rank 1 nranks 4 cudaDev 1 busId 1000 - Init COMPLETE"
+    assert parse_nccl_log([*lines[:2], init_all]).verdict == INTRA_NODE  # one comm line of it says as much
 
 
 def test_one_host_whose_communicators_say_one_node_used_no_network() -> None:

@@ -323,8 +323,7 @@ def _read_message(ev: Evidence, level: str, message: str) -> bool:
         ev.gdr_summary = summary[1] == "1"
         return True
     if comm := _COMM.search(message):
-        _read_comm(ev, message, comm)
-        return bool(_NNODES.search(message) or _MNNVL_COMM.search(message))
+        return _read_comm(ev, message, comm)
     if plugin := _P2P_PLUGIN.match(message):
         ev.inits.append(plugin[1])
         return True
@@ -346,8 +345,11 @@ def _read_net_using(ev: Evidence, name: str, rest: str, message: str) -> bool:
     return False
 
 
-def _read_comm(ev: Evidence, message: str, comm: re.Match[str]) -> None:
+def _read_comm(ev: Evidence, message: str, comm: re.Match[str]) -> bool:
+    """Fold a communicator's line in; True when it says how many nodes (``nNodes``, ``MNNVL``, or
+    ``ncclCommInitAll``: one process made every rank, so one node)."""
     rank, nranks = int(comm[1]), int(comm[2])
+    init_all = message.startswith("ncclCommInitAll ")
     ev.top_rank = max(ev.top_rank, nranks - 1)
     if ev.nranks is None or nranks > ev.nranks:
         ev.rank = ev.rank if ev.rank is not None and ev.nranks == nranks else rank
@@ -361,8 +363,11 @@ def _read_comm(ev: Evidence, message: str, comm: re.Match[str]) -> None:
         ev.single_node_comm |= nnodes[1] == "1"
     elif local and int(local[1]) == nranks:
         ev.single_node_comm = True
-    if (mnnvl := _MNNVL_COMM.search(message)) and mnnvl[1] == "1":
-        ev.mnnvl = True
+    elif init_all:
+        ev.nnodes, ev.single_node_comm = max(ev.nnodes or 0, 1), True
+    mnnvl = _MNNVL_COMM.search(message)
+    ev.mnnvl |= bool(mnnvl and mnnvl[1] == "1")
+    return bool(nnodes or mnnvl or init_all)
 
 
 def _read_channel(ev: Evidence, via: str, path: str) -> bool:
