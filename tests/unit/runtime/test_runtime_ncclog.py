@@ -1,5 +1,6 @@
 """Reading NCCL_DEBUG=INFO logs: per-rank, per-node and overall verdicts, on real logs of public bug reports
-(tests/fixtures/nccl_logs/corpus.json gives each one's source and the label read from it) and on bad input."""
+(tests/fixtures/nccl_logs/corpus.json gives each one's source and the label read from it; heldback.json a set the
+reader had not seen when it was gathered) and on bad input."""
 
 from __future__ import annotations
 
@@ -28,15 +29,17 @@ from mlenv.runtime.fabric.ncclog import (
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "nccl_logs"
 CORPUS = json.loads((FIXTURES / "corpus.json").read_text())
+HELDBACK = json.loads((FIXTURES / "heldback.json").read_text())
+REAL = [("corpus", entry) for entry in CORPUS] + [("heldback", entry) for entry in HELDBACK]
 
 
 def read_log(fixtures: Path, name: str) -> list[str]:
     return (fixtures / "nccl_logs" / f"{name}.log").read_text().splitlines()
 
 
-@pytest.mark.parametrize("entry", CORPUS, ids=[entry["file"] for entry in CORPUS])
-def test_real_logs_get_the_verdict_read_from_them(entry: dict[str, str]) -> None:
-    with (FIXTURES / "corpus" / entry["file"]).open("rb") as stream:
+@pytest.mark.parametrize(("folder", "entry"), REAL, ids=[entry["file"] for _, entry in REAL])
+def test_real_logs_get_the_verdict_read_from_them(folder: str, entry: dict[str, str]) -> None:
+    with (FIXTURES / folder / entry["file"]).open("rb") as stream:
         report = parse_nccl_log(iter_lines(stream), entry["file"])
     assert report.verdict == entry["expected"], report.reason
     assert report.reason
@@ -72,6 +75,18 @@ def test_the_corpus_spans_versions_plugins_and_verdicts() -> None:
     assert {entry["expected"] for entry in CORPUS} == {RDMA_GDR, RDMA, RDMA_UNSHOWN, SOCKETS, INTRA_NODE, UNKNOWN}
     versions = " ".join(entry["nccl_version"] for entry in CORPUS)
     assert all(version in versions for version in ("2.3.", "2.4", "2.5", "2.1", "2.2"))
+
+
+def test_the_held_back_set_spans_old_formats_and_single_hosts_and_cites_its_sources() -> None:
+    """Issue 39, item 9: NCCL 2.2's records without the word NCCL, 2.3 to 2.5, 2.2x; one host that set up a
+    network, one process driving several GPUs; every log with its thread and a licence note."""
+    assert len(HELDBACK) >= 10
+    assert all(e["url"].startswith(f"https://github.com/{e['repository']}/") and e["licence"] for e in HELDBACK)
+    versions = " ".join(entry["nccl_version"] for entry in HELDBACK)
+    assert all(version in versions for version in ("2.2.", "2.3.", "2.4", "2.5", "2.2x"))
+    notes = " ".join(entry["notes"] for entry in HELDBACK)
+    assert "without the word NCCL" in notes and "one process" in notes and "set up NET/" in notes
+    assert {entry["expected"] for entry in HELDBACK} >= {INTRA_NODE, RDMA_UNSHOWN, RDMA_GDR, SOCKETS}
 
 
 @pytest.mark.parametrize("entry", [e for e in CORPUS if e["expected"] in (SOCKETS, UNKNOWN)],
@@ -219,6 +234,24 @@ def test_a_single_node_used_no_network_even_when_nccl_set_one_up() -> None:
     assert report.verdict == INTRA_NODE
     assert judge(report, "rdma") == (True, "INTRA-NODE: a single node, no network was used, nothing to prove")
     assert judge(report, "sockets")[0]
+
+
+def test_one_process_driving_every_gpu_of_the_job_is_one_node_whatever_it_set_up() -> None:
+    """ncclCommInitAll: one process, one comm line per GPU; NET/IB set up and named, no channel line."""
+    lines = ["dgx:7:7 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB ; OOB eth0:10.0.0.1<0>",
+             "dgx:7:7 [0] NCCL INFO Using network IB"]
+    lines += [f"dgx:7:9 [{r}] NCCL INFO comm 0x1{r} rank {r} nranks 4 cudaDev {r} busId {r}000 - Init COMPLETE"
+              for r in range(4)]
+    assert (parse_nccl_log(lines).verdict, parse_nccl_log(lines[:3]).verdict) == (INTRA_NODE, RDMA_UNSHOWN)
+    init_all = "dgx:7:9 [1] NCCL INFO ncclCommInitAll comm 0x11 rank 1 nranks 4 cudaDev 1 busId 1000 - Init COMPLETE"
+    assert parse_nccl_log([*lines[:2], init_all]).verdict == INTRA_NODE  # one comm line of it says as much
+
+
+def test_one_host_whose_communicators_say_one_node_used_no_network() -> None:
+    lines = ["h:1:1 [0] NCCL INFO NET/Socket : Using [0]eth0:10.0.0.1<0>", "h:1:1 [0] NCCL INFO Using network Socket",
+             "h:2:2 [1] NCCL INFO comm 0x2 rank 1 nRanks 4 nNodes 1 localRanks 4 localRank 1 MNNVL 0"]
+    assert parse_nccl_log(lines).verdict == INTRA_NODE
+    assert parse_nccl_log([*lines, "g:3:3 [0] NCCL INFO Using network Socket"]).verdict == SOCKETS  # two hosts
 
 
 def test_multi_node_nvlink_is_a_network_transport() -> None:

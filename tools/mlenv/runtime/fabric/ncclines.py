@@ -1,10 +1,12 @@
-"""NCCL's ``NCCL_DEBUG=INFO`` lines, NCCL 2.3 to today: records and what each says about the transport.
+"""NCCL's ``NCCL_DEBUG=INFO`` lines, NCCL 2.0 to today: records and what each says about the transport.
 
 NCCL writes a record as ``host:pid:tid [cudaDev] NCCL INFO message``, a warning as ``host:pid:tid [cudaDev]
 file.cc:123 [(function) ]NCCL WARN message`` (src/debug.cc; the host cut at its first dot; a ``[%F %T] ``
 timestamp where NCCL_DEBUG_TIMESTAMP_LEVELS asks, warnings by default since 2.21) and its version alone, as
-``NCCL version 2.21.5+cuda12.4``. A launcher may put its tag first: mlenv's ``[node-1 r3] ``, torchrun's
-``[default0]:`` or ``[rank0]:``, mpirun's ``[1,0]<stdout>:``, srun's ``0: ``, DeepSpeed's and pdsh's ``host: ``.
+``NCCL version 2.21.5+cuda12.4``. NCCL 2.0 to 2.2 wrote no ``NCCL`` before the level (``host:pid:tid [0] INFO
+Using internal Network IB``): :func:`records` reads those as the same records. A launcher may put its tag
+first: mlenv's ``[node-1 r3] ``, torchrun's ``[default0]:`` or ``[rank0]:``, mpirun's ``[1,0]<stdout>:``, srun's
+``0: ``, DeepSpeed's and pdsh's ``host: ``.
 
 :func:`nccl_record` takes only a line in that exact shape (what a running job's proof may believe);
 :func:`records` reads logs as people paste them (host redacted or missing, other prefixes, two records on one
@@ -28,6 +30,8 @@ _MESSAGE_CHARS = 2048  # of a record's message that is read
 
 _TIMESTAMP = re.compile(r"\[?\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\]?")
 _MARKER = re.compile(r"NCCL (INFO|WARN)\b:? ?")
+_BARE_LEVEL = re.compile(r"(?P<head>:\d+:\d+ \[-?\d+\] (?:[\w./-]+\.\w+:\d+ )?)(?P<level>INFO|WARN) ")
+"""NCCL 2.0-2.2's header (``host:pid:tid [0] `` and a warning's ``file.cu:12 ``), then its level without ``NCCL``."""
 _SOURCE_LINE = re.compile(r"[\w./-]+\.\w+:\d+")  # transport/net_ib.cc:1295, before a WARN
 _DEVICE_TAG = re.compile(r"\[(\d+)\]")
 _MLENV_TAG = re.compile(r"\s*\[node-(?P<node>\d+) r(?P<rank>\d+)\]")
@@ -91,7 +95,10 @@ def nccl_record(text: str) -> Record | None:
 
 
 def records(text: str) -> list[Record]:
-    """Every record of a line as logs are pasted: each ``NCCL INFO|WARN`` with the header found before it."""
+    """Every record of a line as logs are pasted: each ``NCCL INFO|WARN`` (NCCL 2.0-2.2: a bare ``INFO|WARN``
+    after a header) with the header found before it."""
+    if "NCCL INFO" not in text and "NCCL WARN" not in text and ("INFO " in text or "WARN " in text):
+        text = _BARE_LEVEL.sub(r"\g<head>NCCL \g<level> ", text)
     if "NCCL" not in text:
         return []
     launcher = LAUNCHER_TAG.match(text)
@@ -188,6 +195,8 @@ class Evidence:
     mnnvl: bool = False
     rank: int | None = None
     nranks: int | None = None
+    comm_ranks: set[int] = field(default_factory=set)  # ranks of its largest communicator (several: one process,
+    # several GPUs)
     warnings: list[str] = field(default_factory=list)
     evidence: list[str] = field(default_factory=list)
     hosts: set[str] = field(default_factory=set)
@@ -314,8 +323,7 @@ def _read_message(ev: Evidence, level: str, message: str) -> bool:
         ev.gdr_summary = summary[1] == "1"
         return True
     if comm := _COMM.search(message):
-        _read_comm(ev, message, comm)
-        return bool(_NNODES.search(message) or _MNNVL_COMM.search(message))
+        return _read_comm(ev, message, comm)
     if plugin := _P2P_PLUGIN.match(message):
         ev.inits.append(plugin[1])
         return True
@@ -337,12 +345,17 @@ def _read_net_using(ev: Evidence, name: str, rest: str, message: str) -> bool:
     return False
 
 
-def _read_comm(ev: Evidence, message: str, comm: re.Match[str]) -> None:
+def _read_comm(ev: Evidence, message: str, comm: re.Match[str]) -> bool:
+    """Fold a communicator's line in; True when it says how many nodes (``nNodes``, ``MNNVL``, or
+    ``ncclCommInitAll``: one process made every rank, so one node)."""
     rank, nranks = int(comm[1]), int(comm[2])
+    init_all = message.startswith("ncclCommInitAll ")
     ev.top_rank = max(ev.top_rank, nranks - 1)
     if ev.nranks is None or nranks > ev.nranks:
         ev.rank = ev.rank if ev.rank is not None and ev.nranks == nranks else rank
-        ev.nranks = nranks
+        ev.nranks, ev.comm_ranks = nranks, set()
+    if nranks == ev.nranks:
+        ev.comm_ranks.add(rank)
     nnodes = _NNODES.search(message)
     local = _LOCAL_RANKS.search(message)
     if nnodes:
@@ -350,8 +363,11 @@ def _read_comm(ev: Evidence, message: str, comm: re.Match[str]) -> None:
         ev.single_node_comm |= nnodes[1] == "1"
     elif local and int(local[1]) == nranks:
         ev.single_node_comm = True
-    if (mnnvl := _MNNVL_COMM.search(message)) and mnnvl[1] == "1":
-        ev.mnnvl = True
+    elif init_all:
+        ev.nnodes, ev.single_node_comm = max(ev.nnodes or 0, 1), True
+    mnnvl = _MNNVL_COMM.search(message)
+    ev.mnnvl |= bool(mnnvl and mnnvl[1] == "1")
+    return bool(nnodes or mnnvl or init_all)
 
 
 def _read_channel(ev: Evidence, via: str, path: str) -> bool:

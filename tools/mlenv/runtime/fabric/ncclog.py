@@ -240,7 +240,7 @@ class NcclLogReader:
         the caller knows. True when it said something about the transport (worth a new report)."""
         self.lines += 1
         found = False
-        for record in records(text[:MAX_LINE]) if "NCCL" in text else ():
+        for record in records(text[:MAX_LINE]):
             found |= self.add(record, where, node=node, rank=rank)
         return found
 
@@ -284,10 +284,14 @@ class NcclLogReader:
         named = [name for name in nodes if name != "?"]
         if len(named) > 1 or any(ev.net_channels() or (ev.nnodes or 0) > 1 for ev in nodes.values()):
             return True
-        if len(named) == 1 and "?" not in nodes:  # one host: single-node when it ran every rank of the job
-            ranks = max((p.evidence_.nranks or 0 for p in self._processes.values()), default=0)
-            running = {p.evidence_.rank for p in self._processes.values() if p.evidence_.rank is not None}
-            if ranks and (len(self._processes) >= ranks or len(running) >= ranks):
+        if len(named) == 1 and "?" not in nodes:  # one host: single-node when its communicators say one node ...
+            if nodes[named[0]].single_node_comm and nodes[named[0]].nnodes == 1:
+                return False
+            processes = [p.evidence_ for p in self._processes.values()]  # ... or it ran every rank of the job
+            ranks = max((ev.nranks or 0 for ev in processes), default=0)
+            running = {ev.rank for ev in processes if ev.rank is not None}
+            running.update(r for ev in processes if ev.nranks == ranks for r in ev.comm_ranks)
+            if ranks and (len(processes) >= ranks or len(running) >= ranks):
                 return False
         return None
 
