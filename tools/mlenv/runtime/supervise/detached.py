@@ -42,9 +42,9 @@ def restart(args: argparse.Namespace, environ: Mapping[str, str], status: int) -
     """A detached attempt ended: start the next one on this node, in the background, where the restart policy
     (restartpolicy.py) allows (every node of the run sees the same first failure, which the control channel spreads,
     and decides alike). A node left out has a standby take its place (node 0 hands it over), else no node
-    restarts. The nodes this node lost (``lost_nodes``: silent, or closed unannounced; node 0 too, on the others)
-    are left out as the policy says: node 0, which holds the rendezvous, never restarts elsewhere, so a run that lost
-    it is not restarted."""
+    restarts. The nodes this node lost to silence (``lost_nodes``: frozen, cut off; node 0 too, on the others) are
+    left out as the policy says: node 0, which holds the rendezvous, never restarts elsewhere, so a run that lost it
+    is not restarted."""
     attempt = attempt_of(environ)
     rank = detect_topology(environ).node_rank
     run_id = environ.get("MLENV_RUN_ID") or args.run_dir.name
@@ -62,7 +62,8 @@ def restart(args: argparse.Namespace, environ: Mapping[str, str], status: int) -
         return
     recorded = read_state(NodeDir(args.run_dir, attempt, rank))
     first = FirstFailure.parse(recorded.get("first_failure"))
-    lost = parse_faults(recorded.get("lost_nodes"))
+    # lost to silence (frozen, cut off); a closed connection is a supervisor's end, which its own records say
+    lost = {node: fault for node, fault in parse_faults(recorded.get("lost_nodes")).items() if not fault.closed}
     refused = restartpolicy.without_rendezvous(lost)
     if refused is not None:
         print(f"mlenv: {refused}", flush=True)
