@@ -140,8 +140,8 @@ stop: install ## Stop the running job on every node (the environment stays)
 nccl-test: install ## Fabric gate: all-reduce busbw [SIZES=1M:1G:4 on GPUs, 4K:4M:4 on CPUs] [EXPECT=network.expected_busbw] (e.g. 8M:1G, 180GB/s) [TOOL=nccl-tests [TEST=all_reduce_perf]], transport per rank, PASS/FAIL/NO GATE, plot; READ=FILE judges an nccl-tests output
 	@$(MLENV) nccl-test $(if $(READ),--read "$$READ",$(CLUSTER_OPT) $(if $(SIZES),--sizes "$$SIZES") $(if $(TOOL),--tool "$$TOOL") $(if $(TEST),--test "$$TEST")) $(if $(EXPECT),--expect "$$EXPECT")
 
-drill: install ## Recovery drill [FAULT=rank-exit] (or rank-kill node-loss node-freeze hang preempt all) [AT_STEP=10]: each phase timed, PASS/FAIL, timeline in runs/
-	@$(MLENV) drill $(CLUSTER_OPT) --fault "$${FAULT:-rank-exit}" $(if $(AT_STEP),--at-step "$$AT_STEP")
+drill: install ## Recovery drill [FAULT=rank-exit] (or rank-kill node-loss node-freeze hang preempt all) [AT_STEP=10] [NODE=N, default the last]: each phase timed, PASS/FAIL, timeline in runs/
+	@$(MLENV) drill $(CLUSTER_OPT) --fault "$${FAULT:-rank-exit}" $(if $(AT_STEP),--at-step "$$AT_STEP") $(if $(NODE),--node "$$NODE")
 
 doctor: install ## Preflight checklist for CLUSTER= [MODE=]: PASS/WARN/FAIL, evidence and fix
 	@$(MLENV) doctor $(CLUSTER_OPT) $(if $(MODE),--mode "$$MODE")

@@ -1,7 +1,8 @@
 """``mlenv drill`` on a local cluster of 2 nodes x 2 ranks (processes): a rank that exits and a frozen node are each
 detected, named, stopped, restarted and resumed at the checkpointed step within the default targets; every phase has
-a time and PASS, the timeline picture is written, the deployment's excluded nodes are as before; bad input (an
-unknown fault, no deployment, a live run) exits 2 and starts nothing; a drill interrupted while its node is frozen
+a time and PASS, the timeline picture is written, the deployment's excluded nodes are as before (a frozen node 0
+too, ``--node 0``); bad input (an unknown fault, a node the deployment lacks, no deployment, a live run) exits 2 and
+starts nothing; a drill interrupted while its node is frozen
 (Ctrl-C, SIGTERM) exits 130 and its run is recorded stopped, no node blamed."""
 
 from __future__ import annotations
@@ -48,10 +49,11 @@ def _runs(project: LocalProject) -> list[str]:
     return sorted(path.name for path in (project.home / "runs").glob("*")) if (project.home / "runs").is_dir() else []
 
 
-def check_drill(project: Deployed, fault: str, *cluster: str) -> dict[str, object]:
-    """``mlenv drill --fault FAULT --json`` on ``project`` (``cluster``: ``-c NAME``, else its deployment): every
-    phase timed and PASS, the timeline written, no node left excluded; the one drill's report."""
-    result = project.mlenv("drill", *cluster, "--fault", fault, "--json", timeout=400)
+def check_drill(project: Deployed, fault: str, *cluster: str, node: int | None = None) -> dict[str, object]:
+    """``mlenv drill --fault FAULT --json`` on ``project`` (``cluster``: ``-c NAME``, else its deployment; ``node``:
+    ``--node N``): every phase timed and PASS, the timeline written, no node left excluded; the one drill's report."""
+    at = ("--node", str(node)) if node is not None else ()
+    result = project.mlenv("drill", *cluster, "--fault", fault, *at, "--json", timeout=400)
     report = json.loads(result.stdout)
     assert result.returncode == 0 and report["ok"], (result.stdout, result.stderr[-4000:])
     assert_shaped(report, documented_shape("drill"))
@@ -74,6 +76,10 @@ def check_drill(project: Deployed, fault: str, *cluster: str) -> dict[str, objec
 def test_bad_input_starts_nothing(project: LocalProject, tmp_path: Path) -> None:
     unknown = project.mlenv("drill", "--fault", "meteor")
     assert unknown.returncode == 2 and "--fault meteor: not a fault the drill knows" in unknown.stderr
+    beyond = project.mlenv("drill", "--fault", "node-freeze", "--node", "2")
+    assert beyond.returncode == 2 and "has 2 nodes (0 to 1)" in beyond.stderr, beyond.stderr
+    own = project.mlenv("drill", "--fault", "rank-exit", "--node", "0")
+    assert own.returncode == 2 and "--node: rank-exit's fault is the job's own" in own.stderr, own.stderr
     preempt = project.mlenv("drill", "--fault", "preempt")
     assert preempt.returncode == 2 and "the local backend cannot" in preempt.stderr, preempt.stderr
     undeployed = make_project(tmp_path, "lnd", "10.77.79.0/24", "processes")
@@ -97,6 +103,13 @@ def test_a_rank_that_exits(project: LocalProject) -> None:
 def test_a_frozen_node(project: LocalProject) -> None:
     drill = check_drill(project, "node-freeze")
     assert "node-1 unreachable" in drill["phases"][0]["evidence"]
+
+
+def test_a_frozen_node_0(project: LocalProject) -> None:
+    """Node 0 holds the rendezvous and the control channel: node 1 names it, from its silence."""
+    drill = check_drill(project, "node-freeze", node=0)
+    assert drill["node"] == 0
+    assert "node-0 unreachable: node 1 heard nothing from it" in drill["phases"][0]["evidence"], drill["phases"]
 
 
 def _frozen_supervisor(project: LocalProject, ordinal: int) -> bool:

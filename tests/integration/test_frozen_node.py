@@ -1,7 +1,9 @@
 """A node that stops answering without closing a connection (its supervisor and ranks SIGSTOPped, as a hung kernel
 or a cut cable): on a local cluster of 2 nodes x 2 ranks, an attached launch names node 1 lost within the control
 channel's silence (the cluster file's ``launch.node_silence``, 8 s here), stops node 0, and ends within 60 s of the
-freeze; the run records node 1 unreachable."""
+freeze; the run records node 1 unreachable. A detached run whose node 0 freezes names node 0 within 30 s, node 1
+stops for it (not the failure named) and does not restart into a rendezvous that cannot happen: the run never reads
+``running`` again."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -115,3 +118,34 @@ def test_a_frozen_node_is_named_lost_and_the_launch_ends(project: LocalProject) 
     assert "node 1 stopped answering (nothing heard for 8 s: frozen, or cut off)" in out + err
     run = json.loads(project.ok("status", "--json").stdout)["latest_run"]
     assert run["node_faults"]["1"]["sign"] == "unreachable", run["node_faults"]
+
+
+def test_a_frozen_node_0_of_a_detached_run_is_named_and_the_run_reads_running_no_more(project: LocalProject) -> None:
+    since = time.time()
+    project.ok("launch", "--launcher", "torchrun", "--detach", "--max-restarts", "1", "steps.py")
+    share = node_share(project.home, 0, since)
+    try:
+        signal_share(share, signal.SIGSTOP)
+        froze = time.monotonic()
+        while "0" not in (run := latest_run(project))["node_faults"]:
+            assert time.monotonic() - froze < 30, run
+            time.sleep(0.5)
+        assert run["node_faults"]["0"] == {"sign": "unreachable", "evidence": "node 1 heard nothing from it for 8 s"}
+        (log,) = [path for path in project.home.rglob("attempt-0/node1/output.log") if path.stat().st_mtime >= since]
+        refused = ("mlenv: node-0 must be left out of the run (unreachable: node 1 heard nothing from it for 8 s): not "
+                   "restarting it (node 0 holds the rendezvous, which a standby cannot take over: no rendezvous host "
+                   "is left)")
+        while refused not in log.read_text():  # node 1 ended and decided: every read meanwhile is not running
+            assert run["state"] == "failed" and time.monotonic() - froze < 90, (run, log.read_text()[-2000:])
+            run = latest_run(project)
+        said = json.loads(project.ok("status", "--json").stdout)
+        assert (said["latest_run"]["state"], said["latest_run"]["attempt"]) == ("failed", 0), said["latest_run"]
+        assert said["run_states"] == {"0": "failed", "1": "stopped (1)"}, said["run_states"]
+        assert not list(project.home.rglob("attempt-1/node*/record.json"))  # no node restarted
+    finally:
+        signal_share(share, signal.SIGKILL)
+
+
+def latest_run(project: LocalProject) -> dict[str, Any]:
+    """``status --json``'s ``latest_run``."""
+    return dict(json.loads(project.ok("status", "--json").stdout)["latest_run"] or {"node_faults": {}})

@@ -65,6 +65,20 @@ def test_a_node_node_0_lost_is_unreachable_in_the_words_that_say_more() -> None:
         assert run.node_faults == {1: found}, (lost, own)
 
 
+def test_a_node_lost_in_its_attempt_fails_the_run_and_the_node_that_lost_it_stopped_for_it() -> None:
+    """A node another node lost in the same attempt reads failed although its own record runs (frozen: it records
+    nothing), the run too, and the healthy node that stopped for the loss is no failure; a node lost in an earlier
+    attempt that runs a later one runs."""
+    silent = NodeFault(FaultSign.UNREACHABLE, "node 1 heard nothing from it for 8 s").to_dict()
+    run = latest_run("r7", {0: {"state": "running", "exit_code": None, "attempt": 0},
+                            1: {"state": "failed", "exit_code": 1, "attempt": 0, "lost_nodes": {"0": silent}}})
+    assert run.state is RunState.FAILED and run.exit_code is None
+    assert run.nodes == {0: NodeEnd(RunState.FAILED), 1: NodeEnd(RunState.STOPPED, 1)}
+    later = latest_run("r8", {0: {"state": "failed", "exit_code": 1, "attempt": 0, "lost_nodes": {"1": silent}},
+                              1: {"state": "running", "exit_code": None, "attempt": 1}})
+    assert later.nodes[1] == NodeEnd(RunState.RUNNING) and later.state is RunState.FAILED
+
+
 def test_lost_nodes_an_earlier_version_recorded_in_words_read_as_a_silence() -> None:
     """Before the signs were typed node 0 recorded its words alone (``{"1": "..."}``): still read, as the
     ``unreachable`` sign of a silence (the words decide nothing)."""

@@ -230,6 +230,33 @@ def test_a_silent_node_is_lost_and_a_busy_loop_is_not_silence(monkeypatch: pytes
     other.close()
 
 
+def test_a_silent_node_0_is_named_lost_by_the_node_that_stops(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Node 0 stops beating and reading (frozen): node 1 records node 0 lost (node 0 records nothing of its own)
+    and stops; status names node 0, and node 1, which stopped for it, is not the failure."""
+    from mlenv.core.runrecords import latest_run
+    from mlenv.runtime.records.states import NodeEnd, RunState
+
+    monkeypatch.setattr(control, "BEAT_SECONDS", 0.1)
+    port, stops = free_port(), list[Any]()
+    hub, other = connected(port, stops)
+    other.silence = 1.0
+    lost: list[tuple[int, NodeFault]] = []
+    other.on_lost = lambda node, sign: lost.append((node, sign))
+    pump([hub, other], lambda: other.beating is not None and hub.beating is not None)
+    assert hub.beating is not None
+    hub.beating.set()  # node 0 freezes: no more beats, no more reading
+    pump([other], lambda: bool(stops), seconds=5)
+    sign = NodeFault(FaultSign.UNREACHABLE, "node 1 heard nothing from it for 1 s")
+    assert lost == [(0, sign)] and stops[0][:2] == ("lost the control channel to node 0 (nothing heard for 1 s: "
+                                                    "frozen, or cut off)", 1)
+    run = latest_run("r", {0: {"state": "running", "exit_code": None},
+                           1: {"state": "failed", "exit_code": 1, "lost_nodes": {"0": sign.to_dict()}}})
+    assert run.node_faults == {0: sign} and run.state is RunState.FAILED
+    assert run.nodes == {0: NodeEnd(RunState.FAILED), 1: NodeEnd(RunState.STOPPED, 1)}
+    hub.close()
+    other.close()
+
+
 def test_a_node_whose_connection_closes_before_its_job_ended_is_lost() -> None:
     """Node 1's supervisor is killed (its connection closes without its job's end): node 0 records it lost, its
     ``unreachable`` sign marked ``closed`` (a node's own record says more), and stops."""

@@ -19,9 +19,10 @@ from mlenv.runtime.records.restartpolicy import (
     judge,
     may_restart,
     standby_for,
+    without_rendezvous,
 )
 from mlenv.runtime.records.runlayout import LOST_FILE, FirstFailure, NodeDir, read_state
-from mlenv.runtime.records.states import Ending, NodeFault, exit_state
+from mlenv.runtime.records.states import Ending, FaultSign, NodeFault, exit_state
 from mlenv.runtime.supervise.launcher import RUNTIME_PARENT, Job, run_job
 from mlenv.runtime.watch.faultsigns import NodeFaultWatch
 
@@ -90,6 +91,20 @@ def test_which_standby_takes_a_node_s_place() -> None:
     assert standby_for(1, ["10.0.0.9"], 1) == (None, "no standby host is left")
     assert standby_for(0, ["10.0.0.9"], 0)[0] is None  # node 0 holds the rendezvous
     assert standby_for(1, [], 0)[0] is None
+
+
+def test_a_run_whose_node_0_was_lost_is_not_restarted_without_a_rendezvous_host() -> None:
+    """Node 1 heard nothing from node 0 (frozen): node 0 is left out, recorded, and no standby can take the
+    rendezvous, so the run is not restarted, said in one line; a lost node 1 leaves node 0 to restart it."""
+    silent = NodeFault(FaultSign.UNREACHABLE, "node 1 heard nothing from it for 8 s")
+    (out,) = judge(0, History(), None, signs={0: silent}).left_out
+    assert (out.node, out.saved) == (0, True) and out.reason == "unreachable: node 1 heard nothing from it for 8 s"
+    assert standby_for(0, ["10.0.0.9"], 0)[0] is None and standby_for(0, [], 0)[0] is None
+    said = without_rendezvous({0: silent})
+    assert said == ("node-0 must be left out of the run (unreachable: node 1 heard nothing from it for 8 s): not "
+                    "restarting it (node 0 holds the rendezvous, which a standby cannot take over: no rendezvous "
+                    "host is left)")
+    assert without_rendezvous({1: silent}) is None and without_rendezvous({}) is None
 
 
 def _ask(run_dir: Path, attempt: int, code: int, history: dict[str, str] | None = None,

@@ -567,17 +567,21 @@ def nccl_test(cluster_ref: str | None, nproc: int | None, sizes: str | None, exp
 @command("drill")
 @cluster_option
 @click.option("--fault", required=True, metavar="NAME",
-              help="What goes wrong: rank-exit (a rank exits 1), rank-kill (SIGKILL), node-loss (the last node's "
-                   "supervisor and ranks SIGKILLed), node-freeze (SIGSTOPped), hang (one rank SIGSTOPped, a 10 s "
-                   "hang timeout), preempt (where the backend can be preempted), all (each in turn).")
+              help="What goes wrong: rank-exit (the highest rank exits 1), rank-kill (the node's highest rank "
+                   "SIGKILLed), node-loss (the node's supervisor and ranks SIGKILLed), node-freeze (SIGSTOPped), "
+                   "hang (one rank SIGSTOPped, a 10 s hang timeout), preempt (where the backend can be preempted), "
+                   "all (each in turn).")
 @click.option("--at-step", type=click.IntRange(1, 50), default=10, show_default=True,
               help="The training step the fault comes at.")
+@click.option("--node", type=click.IntRange(min=0), default=None, metavar="N",
+              help="The node the fault goes in at, node 0 (the rendezvous) included; default: the last node. Not "
+                   "for rank-exit.")
 @json_option
 @reports_errors
-def drill(cluster_ref: str | None, fault: str, at_step: int, as_json: bool) -> None:
+def drill(cluster_ref: str | None, fault: str, at_step: int, node: int | None, as_json: bool) -> None:
     from mlenv.ops.drill import run_drill
 
-    sys.exit(run_drill(_target(cluster_ref), fault, at_step, as_json))
+    sys.exit(run_drill(_target(cluster_ref), fault, at_step, as_json, node))
 
 
 @command("nodes")

@@ -11,7 +11,17 @@ from typing import Any
 
 from mlenv.runtime.records.runlayout import FirstFailure, RankRecord, parse_ranks
 from mlenv.runtime.records.runrecord import RunRecord
-from mlenv.runtime.records.states import ENDED, FaultSign, NodeEnd, NodeFault, RunState, parse_faults, run_state
+from mlenv.runtime.records.states import (
+    ENDED,
+    Ending,
+    FaultSign,
+    NodeEnd,
+    NodeFault,
+    RunState,
+    exit_state,
+    parse_faults,
+    run_state,
+)
 from mlenv.runtime.records.timeline import NodeAttempt
 
 NodeJob = Mapping[str, Any]
@@ -21,21 +31,35 @@ NodeJob = Mapping[str, Any]
 of each attempt, runtime/records/timeline.py)."""
 
 
-def node_state(job: NodeJob | None, ordinal: int | None = None, first: FirstFailure | None = None) -> NodeEnd | None:
+def node_state(job: NodeJob | None, ordinal: int | None = None, first: FirstFailure | None = None,
+               lost: frozenset[int] = frozenset()) -> NodeEnd | None:
     """A node's entry of ``run_states``: its state, with the exit code once it ended (128+N for a signal N); None
     where nothing is known of it. A node ``ordinal`` that ended failed for the ``first`` failure of another node,
     with no fault of its own, was stopped for it (fail-fast): ``stopped (143)``, as mlenv's SIGTERM stopped it,
     whichever came first there (the failure's news, which its supervisor records with the job's exit code, or the
-    launch's own stop)."""
+    launch's own stop). Where another node was ``lost`` (:func:`lost_in_attempt`) and none failed first, such a
+    node stopped for that loss (its own exit code kept), and the lost node itself, whose record still reads running
+    (frozen), failed."""
     state = RunState.parse(job.get("state")) if job is not None else None
     if job is None or state is None:
         return None
     code = job.get("exit_code")
     code = code if isinstance(code, int) and not isinstance(code, bool) else None
-    if state is RunState.FAILED and first is not None and ordinal is not None and ordinal != first.node \
-            and code is not None and NodeFault.parse(job.get("node_fault")) is None:
+    if ordinal in lost and state is RunState.RUNNING:
+        return NodeEnd(RunState.FAILED)
+    healthy = ordinal is not None and code is not None and NodeFault.parse(job.get("node_fault")) is None
+    if state is RunState.FAILED and healthy and first is not None and ordinal != first.node:
         return NodeEnd(RunState.STOPPED, STOPPED_BY_MLENV)
+    if state is RunState.FAILED and healthy and first is None and lost - {ordinal}:
+        return NodeEnd(exit_state(code, Ending.COLLATERAL), code)
     return NodeEnd(state, code)
+
+
+def lost_in_attempt(jobs: Mapping[int, NodeJob | None]) -> frozenset[int]:
+    """The nodes another node recorded lost (``lost_nodes``: to silence, as a frozen node records nothing of it, or
+    as its connection closed) in the attempt that the lost node's newest share belongs to."""
+    return frozenset(node for job in jobs.values() if job is not None for node in _lost_nodes(job)
+                     if (lost := jobs.get(node)) is not None and lost.get("attempt", 0) == job.get("attempt", 0))
 
 
 def latest_run(run_id: str, jobs: Mapping[int, NodeJob | None]) -> RunRecord:
@@ -49,7 +73,10 @@ def latest_run(run_id: str, jobs: Mapping[int, NodeJob | None]) -> RunRecord:
     failures = [job["first_failure"] for job in known if job.get("first_failure")]
     first = FirstFailure.parse(failures[0]) if failures else None
     ranks = tuple(sorted((rank for job in known for rank in parse_ranks(job.get("ranks"))), key=lambda r: r.rank))
-    state = run_state(RunState.parse(job.get("state")) for job in known)
+    lost = lost_in_attempt(jobs)
+    states = {ordinal: node_state(job, ordinal, first, lost) for ordinal, job in jobs.items()}
+    state = run_state(RunState.FAILED if ordinal in lost and job.get("state") == RunState.RUNNING  # frozen
+                      else RunState.parse(job.get("state")) for ordinal, job in jobs.items() if job is not None)
     code, ended_at = ended(state, first, {ordinal: job for ordinal, job in jobs.items() if job is not None}, ranks)
     timeline = tuple(share for job in known for item in job.get("attempts") or ()
                      if (share := NodeAttempt.parse(item)) is not None)
@@ -65,7 +92,7 @@ def latest_run(run_id: str, jobs: Mapping[int, NodeJob | None]) -> RunRecord:
          if job is not None and job.get("idle")} or None,
         next((list(job["stragglers"]) for job in known if isinstance(job.get("stragglers"), list)), None),
         node_faults(jobs),
-        {ordinal: node_state(job, ordinal, first) for ordinal, job in jobs.items()}, exit_code=code,
+        states, exit_code=code,
         ended_at=ended_at, timeline=timeline,
         preemptions=len({share.attempt for share in timeline
                          if share.state == RunState.PREEMPTED and share.attempt < newest}),

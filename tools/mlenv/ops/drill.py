@@ -88,11 +88,17 @@ def targets_of(target: Target) -> Targets:
     return Targets(**{name: float(value) for name, value in given.items()})
 
 
-def check(target: Target, fault: str) -> list[str]:
+def check(target: Target, fault: str, node: int | None = None) -> list[str]:
     """The faults to drill (``all``: each this backend can), or UsageError (exit 2, nothing started): a live run,
-    a node fault on one node, a preemption where the backend cannot preempt the run as its scheduler does."""
+    a node fault on one node, a preemption where the backend cannot preempt the run as its scheduler does, a
+    ``node`` the deployment does not have or for a fault that goes in at no node (``rank-exit``)."""
     if fault not in (*FAULTS, ALL):
         raise UsageError(f"--fault {fault}: not a fault the drill knows (one of {', '.join((*FAULTS, ALL))})")
+    if node is not None and node >= target.handle.nodes:
+        raise UsageError(f"--node {node}: {target.handle.name} has {target.handle.nodes} nodes "
+                         f"(0 to {target.handle.nodes - 1})")
+    if node is not None and fault == "rank-exit":
+        raise UsageError("--node: rank-exit's fault is the job's own (its highest global rank exits), at no node")
     from mlenv.ui import warn
 
     refuse_beside_live(target, "the drill runs only where nothing else does")
@@ -240,13 +246,14 @@ def _job_args(fault: str, at_step: int) -> tuple[str, ...]:
         (*args, "--checkpoint-on-signal") if fault == "preempt" else args
 
 
-def drill_one(target: Target, fault: str, at_step: int, targets: Targets) -> dict[str, Any]:
-    """Launch the job, put ``fault`` in at ``at_step``, and report each phase (``--json``'s ``drills`` entry)."""
+def drill_one(target: Target, fault: str, at_step: int, targets: Targets, node: int | None = None) -> dict[str, Any]:
+    """Launch the job, put ``fault`` in at ``at_step`` on ``node`` (None: the last), and report each phase
+    (``--json``'s ``drills`` entry)."""
     name = target.handle.name
     spec = LaunchSpec("torchrun", JOB, _job_args(fault, at_step), run_id=run_id(f"{name}-drill"), max_restarts=1,
                       hang_timeout=HANG_TIMEOUT if fault == "hang" else None,
                       on_hang="stop" if fault == "hang" else None)
-    watch = Watch(target, spec, fault, at_step, target.handle.nodes - 1)
+    watch = Watch(target, spec, fault, at_step, target.handle.nodes - 1 if node is None else node)
     thread = threading.Thread(target=watch.run, name="drill", daemon=True)
 
     def interrupted(_signum: int, _frame: object) -> None:
@@ -401,14 +408,16 @@ def _spans(first: RunRecord | None, final: RunRecord, fault_at: float | None) ->
     return [{"rank": rank, "attempts": spans} for rank, spans in sorted(rows.items())]
 
 
-def run_drill(target: Target, fault: str, at_step: int = AT_STEP, as_json: bool = False) -> int:
-    """Drill ``fault`` (or each, ``all``) on ``target``; print the table or JSON; 1 when a phase FAILed."""
+def run_drill(target: Target, fault: str, at_step: int = AT_STEP, as_json: bool = False,
+              node: int | None = None) -> int:
+    """Drill ``fault`` (or each, ``all``) on ``target``, at ``node`` (None: the last); print the table or JSON; 1
+    when a phase FAILed."""
     from mlenv.errors import OperationError
     from mlenv.ops.doctor import ship_runtime
     from mlenv.ops.plot import write_timeline
     from mlenv.ui import print_json
 
-    faults = check(target, fault)
+    faults = check(target, fault, node)
     targets = targets_of(target)
     drills = []
     with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():
@@ -416,7 +425,7 @@ def run_drill(target: Target, fault: str, at_step: int = AT_STEP, as_json: bool 
         if failed:
             raise OperationError(f"cannot copy the drill's job to the nodes: {'; '.join(failed)}")
         for name in faults:
-            drill = drill_one(target, name, at_step, targets)
+            drill = drill_one(target, name, at_step, targets, None if name == "rank-exit" else node)
             run_dir = Path(drill["run_dir"])
             marks = [("FAULT", 0.0), *((p["phase"].upper(), p["seconds"]) for p in drill["phases"]
                                        if p["seconds"] is not None)]

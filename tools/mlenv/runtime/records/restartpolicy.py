@@ -19,7 +19,8 @@ a detached one (runtime/supervise/detached.py), and the Slurm scripts through ``
 4. A node that failed first, without a sign, in :data:`FAULTY_AFTER` attempts of the run is left out of the rest of
    that run only: never recorded on the deployment (a script's failures land on whichever node its rank ran on).
 5. A left-out node's work goes to a spare: attached, the backend places it (core/spares.py); detached, the run's next
-   unused standby (:func:`standby_for`), never for node 0, which holds the rendezvous; on Kubernetes with
+   unused standby (:func:`standby_for`), never for node 0, which holds the rendezvous (a detached run whose node 0
+   the other nodes lost, frozen or cut off, is not restarted: :data:`RENDEZVOUS_LOST`); on Kubernetes with
    ``scheduling.move_faulty_pods``, the pods themselves, kept off the node's machine and made again
    (supervise/kubemove.py), node 0's as well (its name, the rendezvous, moves with it).
 6. A preemption (a pod of the run deleted or evicted) is no failure: a detached run resumes as its next attempt
@@ -243,7 +244,20 @@ def standby_for(node: int, spares: Sequence[str], used: int) -> tuple[int | None
     order), ``used`` of them taken so far, else None and why none can."""
     if node != 0 and used < len(spares):
         return used, ""
-    return None, ("node 0 holds the rendezvous, which a standby cannot take over" if node == 0 and spares
+    return None, (RENDEZVOUS_LOST if node == 0
                   else "no standby host is left" if spares
                   else "the nodes of a detached run restart it where it ran; ssh.spares, or a launch attached, "
                        "leave the node out")
+
+
+RENDEZVOUS_LOST = "node 0 holds the rendezvous, which a standby cannot take over: no rendezvous host is left"
+"""Why a detached run that must leave node 0 out (lost: frozen, cut off) is not restarted."""
+
+
+def without_rendezvous(lost: Mapping[int, NodeFault]) -> str | None:
+    """Why a detached run is not restarted by a node that lost node 0 (``lost``: the nodes it lost, each with its
+    sign): node 0, frozen or cut off, neither hands its place over nor moves the pods, and the next attempt has no
+    rendezvous host; None where node 0 is not among them."""
+    if 0 not in lost:
+        return None
+    return f"node-0 must be left out of the run ({why_faulty(lost[0])}): not restarting it ({RENDEZVOUS_LOST})"

@@ -114,8 +114,9 @@ class ControlChannel:
     on_message: Callable[[dict[str, Any]], None] | None = None
     """Observers' messages (``relay``) that reach this node."""
     on_lost: Callable[[int, NodeFault], None] | None = None
-    """Node 0: called with (node, its ``unreachable`` sign) for a node lost to silence or whose connection closed
-    before it said its job ended (its supervisor killed with it: its own records cannot say so)."""
+    """Called with (node, its ``unreachable`` sign) for a node lost: on node 0, a node lost to silence or whose
+    connection closed before it said its job ended (its supervisor killed with it: its own records cannot say so);
+    on the others, node 0 lost to silence (frozen: it records nothing, and the node that stops is not the cause)."""
     attempt: int = 0
     """The run's attempt this node runs: only nodes of the same attempt are connected."""
     run_id: str = ""
@@ -368,7 +369,8 @@ class ControlChannel:
         elif self.connected and self.upstream is not None and now - self.upstream.heard > self.silence:
             self._drop(self.upstream)
             self.upstream = None  # no longer waited for, once this node's job ended too
-            if not self.finished:
+            if not self.finished and not self.stopped:  # node 0 is the one lost: it cannot record itself
+                self._lost_node(0, f"node {self.node} heard nothing from it for {self.silence:g} s")
                 self._stop(f"lost the control channel to node 0 ({quiet})", 1, None)
 
     @property

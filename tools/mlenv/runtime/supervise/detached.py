@@ -31,7 +31,7 @@ from ..records.runlayout import (
     runs_root,
     write_atomic,
 )
-from ..records.states import LeftOut, RunState
+from ..records.states import LeftOut, RunState, parse_faults
 from . import kubemove, standby
 from .control import secret_of
 from .jobs import BadInput, start_recorded
@@ -42,7 +42,9 @@ def restart(args: argparse.Namespace, environ: Mapping[str, str], status: int) -
     """A detached attempt ended: start the next one on this node, in the background, where the restart policy
     (restartpolicy.py) allows (every node of the run sees the same first failure, which the control channel spreads,
     and decides alike). A node left out has a standby take its place (node 0 hands it over), else no node
-    restarts."""
+    restarts. The nodes this node lost to silence (``lost_nodes``: frozen, cut off; node 0 too, on the others) are
+    left out as the policy says: node 0, which holds the rendezvous, never restarts elsewhere, so a run that lost it
+    is not restarted."""
     attempt = attempt_of(environ)
     rank = detect_topology(environ).node_rank
     run_id = environ.get("MLENV_RUN_ID") or args.run_dir.name
@@ -58,8 +60,15 @@ def restart(args: argparse.Namespace, environ: Mapping[str, str], status: int) -
         if rank == 0:
             standby.end_unused(environ, run_id)
         return
-    first = FirstFailure.parse(read_state(NodeDir(args.run_dir, attempt, rank)).get("first_failure"))
-    verdict = restartpolicy.judge(attempt, restartpolicy.History.of(environ, attempt), first)
+    recorded = read_state(NodeDir(args.run_dir, attempt, rank))
+    first = FirstFailure.parse(recorded.get("first_failure"))
+    # lost to silence (frozen, cut off); a closed connection is a supervisor's end, which its own records say
+    lost = {node: fault for node, fault in parse_faults(recorded.get("lost_nodes")).items() if not fault.closed}
+    refused = restartpolicy.without_rendezvous(lost)
+    if refused is not None:
+        print(f"mlenv: {refused}", flush=True)
+        return
+    verdict = restartpolicy.judge(attempt, restartpolicy.History.of(environ, attempt), first, signs=lost)
     following = {**environ, "MLENV_RESTART_COUNT": str(attempt + 1), **verdict.history.environ()}
     if verdict.stop is not None:
         print(f"mlenv: {verdict.stop}", flush=True)

@@ -245,7 +245,7 @@ class Supervisor:
         self.channel.open()
 
     def _lost_node(self, node: int, fault: NodeFault) -> None:
-        """Node 0 lost ``node`` (silent, or closed unannounced): ``lost_nodes``, its ``unreachable`` sign."""
+        """This node lost ``node`` (silent, closed unannounced; node 0 silent): ``lost_nodes``, its sign."""
         lost = dict(cast(Mapping[str, object], self.extra_state.get("lost_nodes") or {}))
         self.record(lost_nodes={**lost, str(node): fault.to_dict()})
 
