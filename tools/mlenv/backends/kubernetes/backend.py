@@ -40,6 +40,7 @@ from mlenv.core.capabilities import (
     Preemption,
     Preempts,
     Recorder,
+    Refused,
     Request,
 )
 from mlenv.core.fanout import FanoutJobs
@@ -249,7 +250,7 @@ class KubernetesBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks, Preempts):
         with explained(target, client.flavour):
             keep(client, target, request.spec.run_id if request.spec.detach else None, secrets)
 
-    def preemption_refused(self, handle: Handle) -> str | None:
+    def preemption_refused(self, handle: Handle) -> Refused | None:
         """PURE: a pod of any run can be deleted under it."""
         return None
 
