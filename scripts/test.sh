@@ -4,7 +4,7 @@
 # the 15 slowest tests and the seconds per tier. Arguments go to pytest (a later -n wins). pytest's exit code 5
 # ("no tests collected") is a failure here too.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$PWD/.cache/torch_extensions}"
 "${VENV:-.venv}/bin/python" -m pytest -n "${TEST_WORKERS:-0}" --dist loadgroup --no-loadscope-reorder --durations=15 "$@"
 rc=$?
