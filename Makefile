@@ -57,7 +57,7 @@ install: ## Create .venv and install mlenv with dev tools (idempotent)
 install-train: ## install + torch (CPU) and deepspeed
 	@scripts/install.sh train
 
-install-system: ## install + Debian packages (rsync, iproute2, slurm, munge, openssh) and kubectl when missing
+install-system: ## install + what is missing of rsync, iproute2, slurm, munge, openssh, shellcheck (Debian), kubectl
 	@scripts/install.sh system
 
 # Workers (TEST_WORKERS, pytest-xdist): the whole suite in one process by default, since its timing judgments
@@ -71,10 +71,13 @@ SLOW_TIERS := slurm or sshd or fakekube or torch or netns or release
 test-fast: install ## The tests that need no Slurm, sshd, fakekube pods, torch, netns or release (4 workers; no lint)
 	@TEST_WORKERS="$${TEST_WORKERS:-4}" scripts/test.sh -m "not ($(SLOW_TIERS))"
 
-lint: install ## ruff (with bandit S rules), mypy --strict and import-linter (the layers of docs/architecture.md)
+# shellcheck is Debian's, installed on first use (as root; else the script says what to install).
+lint: install ## ruff (bandit S rules), mypy --strict, import-linter (docs/architecture.md's layers), shellcheck
 	"$$VENV/bin/ruff" check .
 	"$$VENV/bin/mypy"
 	"$$VENV/bin/lint-imports"
+	@scripts/install.sh shellcheck
+	scripts/shellcheck.sh
 
 bench: ## Benchmarks (ratios against a reference run in the same process)
 	@scripts/install.sh train system

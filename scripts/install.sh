@@ -3,7 +3,8 @@
 #   scripts/install.sh            venv + mlenv (editable) + dev tools
 #   scripts/install.sh train      ... + torch (CPU) + deepspeed
 #   scripts/install.sh system     ... + Debian packages (rsync, iproute2; Slurm, munge and sshd for the tests of
-#                                 those backends) and kubectl when missing
+#                                 those backends; shellcheck for make lint) and kubectl when missing
+#   scripts/install.sh shellcheck ... + Debian's shellcheck alone (what make lint needs beyond the venv)
 #   scripts/install.sh scan       ... + checkov (the manifest security scanner) in its own venv, .cache/venv-scan
 # Each step is skipped when already done.
 set -euo pipefail
@@ -12,6 +13,16 @@ VENV=${VENV:-.venv}
 PY=${PYTHON:-python3}
 
 step() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+
+# apt_install PACKAGE...: the Debian packages, as root; otherwise a line asking for them
+apt_install() {
+  if [ "$(id -u)" = 0 ]; then
+    step "installing Debian packages: $*"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+  else
+    echo "mlenv: please install $* (not root, cannot apt-get)" >&2
+  fi
+}
 
 if [ ! -x "$VENV/bin/python" ]; then
   step "creating $VENV"
@@ -53,15 +64,12 @@ for what in "$@"; do
       [ -x /usr/sbin/sshd ] || missing+=(openssh-server)
       command -v slurmctld >/dev/null || missing+=(slurm-wlm)
       command -v munged >/dev/null || [ -x /usr/sbin/munged ] || missing+=(munge)
-      if [ ${#missing[@]} -gt 0 ]; then
-        if [ "$(id -u)" = 0 ]; then
-          step "installing Debian packages: ${missing[*]}"
-          apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
-        else
-          echo "mlenv: please install ${missing[*]} (not root, cannot apt-get)" >&2
-        fi
-      fi
+      command -v shellcheck >/dev/null || missing+=(shellcheck)
+      [ ${#missing[@]} -eq 0 ] || apt_install "${missing[@]}"
       scripts/install-kubectl.sh "$VENV"
+      ;;
+    shellcheck)
+      command -v shellcheck >/dev/null || apt_install shellcheck
       ;;
     scan)
       # its own venv: checkov's many pinned dependencies never touch mlenv's
@@ -73,6 +81,6 @@ for what in "$@"; do
         touch "$scan_venv/.checkov-3.3.30"
       fi
       ;;
-    *) echo "install.sh: unknown extra '$what' (train, system, scan)" >&2; exit 2 ;;
+    *) echo "install.sh: unknown extra '$what' (train, system, shellcheck, scan)" >&2; exit 2 ;;
   esac
 done

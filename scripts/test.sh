@@ -6,7 +6,7 @@
 # two runs, a summary each. pytest's exit code 5 ("no tests collected") is a failure, unless only the second run
 # found none.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$PWD/.cache/torch_extensions}"
 workers="${TEST_WORKERS:-0}"
 pytest=("${VENV:-.venv}/bin/python" -m pytest --dist loadgroup --no-loadscope-reorder --durations=15)

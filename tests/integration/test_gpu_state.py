@@ -92,6 +92,7 @@ def test_a_node_without_nvidia_smi_is_named(project: LocalProject, monkeypatch: 
         pytest.skip("this machine has nvidia-smi")
     monkeypatch.setenv("PATH", path)
     states = json.loads(project.ok("status", "--gpus", "--json").stdout)["gpu_state"]
-    assert [state["errors"][0] for state in states] == [f"nvidia-smi not found on node-{n}" for n in (0, 1)]
+    said = [(state["node"], state["errors"][0]) for state in states]
+    assert said == [(n, "GPUs: nvidia-smi not found") for n in (0, 1)]
     text = project.ok("status", "--gpus").stdout
-    assert "nvidia-smi not found on node-1" in text and "No such file" not in text
+    assert "node-1 " in text and "GPUs: nvidia-smi not found" in text and "No such file" not in text

@@ -85,7 +85,8 @@ def test_make_test_lints_once_and_test_fast_not_at_all() -> None:
     """Lint runs once, as make test's first step (CI fails on it); no test runs it again, test-fast skips it."""
     require("make")
     planned = ok("-n", "test").stdout
-    assert [planned.count(tool) for tool in ("bin/ruff\" check", "bin/mypy", "bin/lint-imports")] == [1, 1, 1]
+    tools = ("bin/ruff\" check", "bin/mypy", "bin/lint-imports", "scripts/shellcheck.sh")
+    assert [planned.count(tool) for tool in tools] == [1, 1, 1, 1]
     fast = ok("-n", "test-fast").stdout
     assert "bin/ruff" not in fast and "bin/mypy" not in fast and 'scripts/test.sh -m "not (' in fast, fast
     again = [f'{runner}("lint")' for runner in ("ok", "make")]
@@ -96,7 +97,8 @@ def test_make_test_runs_lint_first_ruff_strict_mypy_and_import_linter() -> None:
     require("make")
     planned = ok("-n", "test").stdout.splitlines()  # what make would run, in order, without running it
     steps = [next(i for i, line in enumerate(planned) if needle in line)
-             for needle in ("bin/ruff\" check", "bin/mypy", "bin/lint-imports", "scripts/test.sh")]
+             for needle in ("bin/ruff\" check", "bin/mypy", "bin/lint-imports", "scripts/shellcheck.sh",
+                            "scripts/test.sh")]
     assert steps == sorted(steps), planned
     assert tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mypy"]["strict"] is True
 

@@ -12,7 +12,7 @@ from itertools import combinations
 from pathlib import Path
 
 import pytest
-from mlenv.ops.nccltest import Expectation
+from mlenv.ops.nccltest import ExpectedBandwidth
 from mlenv.ops.pairs import PairResult, judge, threshold
 from mlenv.runtime.fabric.pairs import rounds
 
@@ -64,7 +64,7 @@ def test_a_node_is_named_when_all_its_pairs_are_slow(pairs: list[PairResult], be
 
 def test_no_node_is_named_when_every_pair_is_slow_or_a_slow_node_had_a_fast_pair() -> None:
     slow_everywhere = [pair(0, 1, 1.0), pair(2, 3, 1.0), pair(0, 2, 1.0), pair(1, 3, 1.0)]
-    below, why = threshold(slow_everywhere, Expectation(10.0, "network.expected_busbw"))
+    below, why = threshold(slow_everywhere, ExpectedBandwidth(10.0, "network.expected_busbw"))
     assert below == 8.0 and why.startswith("80% of the expected 10 GB/s")
     assert judge(slow_everywhere, below)[1] == []
     one_bad_link = [pair(0, 1, 1.0), pair(2, 3, 10.0), pair(0, 2, 10.0), pair(1, 3, 10.0)]

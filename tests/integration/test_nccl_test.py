@@ -14,7 +14,7 @@ from mlenv.errors import UsageError
 from mlenv.ops.nccltest import (
     NO_GATE,
     NO_NCCL,
-    Expectation,
+    ExpectedBandwidth,
     SizeResult,
     evaluate,
     expected_from_links,
@@ -37,7 +37,7 @@ def results(*busbw: float) -> list[SizeResult]:
 
 def test_rdma_asked_and_sockets_seen_fails_whatever_the_number() -> None:
     verdict = evaluate(results(900.0, 1000.0), nccl_report([LOGS / "socket_fallback.log"]), "rdma",
-                       Expectation(180.0, "network.expected_busbw"))
+                       ExpectedBandwidth(180.0, "network.expected_busbw"))
     assert verdict.status == "FAIL"
     assert verdict.reasons[0] == ("the cluster file asks for RDMA but NCCL used sockets (ranks 0, 1): a FAIL "
                                   "whatever the bandwidth")
@@ -46,7 +46,7 @@ def test_rdma_asked_and_sockets_seen_fails_whatever_the_number() -> None:
 
 def test_rdma_with_gpudirect_passes_from_80_percent_at_the_largest_size() -> None:
     report = nccl_report([LOGS / "roce_gdrdma.log"])
-    expected = Expectation(180.0, "network.expected_busbw")
+    expected = ExpectedBandwidth(180.0, "network.expected_busbw")
     passed = evaluate(results(20.0, 144.0), report, "rdma", expected)
     assert passed.status == "PASS"
     assert passed.reasons == ("NCCL used RDMA+GDR, as the cluster file asks",
@@ -71,7 +71,7 @@ def test_rdma_asked_without_an_nccl_log_to_prove_it_fails() -> None:
 
 def test_sockets_are_fine_in_tcp_mode_and_no_result_fails() -> None:
     report = nccl_report([LOGS / "socket_fallback.log"])
-    assert evaluate(results(2.0), report, "tcp", Expectation(2.5, "--expect 20Gb/s")).status == "PASS"
+    assert evaluate(results(2.0), report, "tcp", ExpectedBandwidth(2.5, "--expect 20Gb/s")).status == "PASS"
     assert evaluate([], report, "tcp", None).reasons == ("the benchmark printed no result",)
 
 
@@ -79,7 +79,7 @@ def test_nothing_compared_is_no_gate_not_pass() -> None:
     report = nccl_report([LOGS / "socket_fallback.log"])
     ungated = evaluate(results(2.0), report, "tcp", None)
     assert ungated.status == NO_GATE and ungated.reasons[-1].endswith("bandwidth not gated")
-    assert evaluate(results(2.0), report, "tcp", Expectation(2.5, "--expect 20Gb/s")).status == "PASS"
+    assert evaluate(results(2.0), report, "tcp", ExpectedBandwidth(2.5, "--expect 20Gb/s")).status == "PASS"
 
 
 @pytest.mark.parametrize(("text", "gbytes"), [("180GB/s", 180.0), ("1440Gb/s", 180.0), ("400 Gb/s", 50.0),
@@ -100,7 +100,7 @@ def test_a_bandwidth_without_a_unit_is_bad_input(text: str, why: str) -> None:
 
 def test_expectation_from_the_slowest_nodes_links() -> None:
     links = {"pod-0": {"link_gbps": 800.0, "hca_count": 4}, "pod-1": {"link_gbps": 400.0, "hca_count": 2}}
-    assert expected_from_links(links) == Expectation(50.0, "link rate in sysfs: 2 HCAs, 400 Gb/s on pod-1")
+    assert expected_from_links(links) == ExpectedBandwidth(50.0, "link rate in sysfs: 2 HCAs, 400 Gb/s on pod-1")
     assert expected_from_links({**links, "pod-2": {"link_gbps": 0, "hca_count": 0}}) is None
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from mlenv.core import capabilities
 
 PACKAGE = Path(__file__).resolve().parents[2] / "tools" / "mlenv"
-CLASSES = {"FanoutJobs", *(capability.protocol.__name__ for capability in capabilities.CAPABILITIES)}
+CLASSES = {"FanoutJobs", "FanoutHooks", *(capability.protocol.__name__ for capability in capabilities.CAPABILITIES)}
 
 
 def _probes(path: Path) -> list[str]:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from mlenv import state
 from mlenv.core.capabilities import Handle
+from mlenv.ops.status import UNFINISHED, deploy_shown
 
 
 @pytest.fixture(autouse=True)
@@ -82,3 +83,15 @@ def test_every_failed_attempt_stays_in_reach_of_clean() -> None:
     kept = state.load().deployments["lab"]
     assert kept.handle == learned and kept.deploy["state"] == "partial"
     assert kept.handles == (learned, third.handle, first.handle)
+
+
+def test_a_deploy_under_way_is_unfinished_by_its_record_and_said_so_only_where_shown() -> None:
+    state.record(_deployment())
+    recorded = state.load().deployments["lab"]
+    assert recorded.unfinished and recorded.deploy == {"state": "failed", "error": None}
+    assert deploy_shown(recorded) == {"state": "failed", "error": UNFINISHED}
+    state.failed("lab", UNFINISHED)  # an error worded as the display text is still an error
+    failed = state.load().deployments["lab"]
+    assert not failed.unfinished and deploy_shown(failed)["error"] == UNFINISHED
+    state.record(_deployment(hosts=["c", "d"]))  # so the failed attempt is a leftover, in reach of clean
+    assert state.load().deployments["lab"].handles == (_deployment(hosts=["c", "d"]).handle, _deployment().handle)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mlenv.ops.nccltest import Expectation
+from mlenv.ops.nccltest import ExpectedBandwidth
 from mlenv.ops.nccltests import judge
 from mlenv.runtime.fabric.nccltests import read_lines, read_path
 
@@ -52,7 +52,7 @@ def test_a_real_output_is_read_right(entry: dict[str, Any]) -> None:
     largest = report.largest()
     got = {"size": largest.size, "busbw_GBps": largest.out_of_place.busbw_gbps} if largest else None
     assert got == want["largest"]
-    verdict, reason = judge(report, Expectation(100.0, "--expect 100GB/s"))
+    verdict, reason = judge(report, ExpectedBandwidth(100.0, "--expect 100GB/s"))
     assert verdict == want["verdict_at_100GBps"], reason
     if want["error"]:
         assert want["error"] in reason
@@ -66,7 +66,7 @@ def test_a_real_output_cut_short_or_hung_is_unknown(entry: dict[str, Any]) -> No
     last_row = max(i for i, line in enumerate(lines[:footer]) if size in f" {line} " and "NCCL" not in line)
     cut = read_lines(lines[:last_row])  # the last row and the footer missing
     assert len(cut.rows) == entry["expected"]["rows"] - 1
-    assert judge(cut, Expectation(1.0, "--expect 1GB/s"))[0] == "UNKNOWN"
+    assert judge(cut, ExpectedBandwidth(1.0, "--expect 1GB/s"))[0] == "UNKNOWN"
     last_rank = max(i for i, line in enumerate(lines[:footer]) if " device " in line and "Rank" in line)
     hung = read_lines(lines[:last_rank + 1])
     verdict, reason = judge(hung, None)

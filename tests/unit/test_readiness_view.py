@@ -7,12 +7,12 @@ import re
 
 import pytest
 from mlenv.backends.kubeapi.explain import Trouble
-from mlenv.backends.kubeapi.naming import Target
+from mlenv.backends.kubeapi.naming import KubeHandle
 from mlenv.backends.kubeapi.waiting import _view, statefulset_pods
 from mlenv.ui import ELLIPSIS
 from rich.cells import cell_len
 
-TARGET = Target("ml-dev-env", "team-ml", 3, "oc", None, "bench", "clusters/bench.yaml", (), "ml-dev-env", None)
+TARGET = KubeHandle("ml-dev-env", "team-ml", 3, "oc", None, "bench", "clusters/bench.yaml", (), "ml-dev-env", None)
 
 
 def _pod(index: int, node: str, phase: str) -> dict[str, object]:

@@ -24,7 +24,7 @@ from mlenv.backends.slurm.login import Login
 from mlenv.backends.slurm.script import grace_seconds, task_wrapper
 from mlenv.backends.slurm.settings import SlurmSettings, owned_option
 from mlenv.config.model import Bind, Container
-from mlenv.core.capabilities import LaunchSpec
+from mlenv.core.capabilities import Feature, LaunchSpec, Refused
 from mlenv.core.clusters import load_plan
 
 from tests.helpers import invoke as mlenv
@@ -114,6 +114,18 @@ def test_the_launch_inside_an_allocation(project: Path) -> None:
     task = ["python3", "-m", "mlenv.runtime", "launch", "--launcher", "torchrun", "--run-dir", ".mlenv/runs/RUN", "--",
             "train_multi_node.py", "--steps", "5"]
     assert dict(request.commands) == {0: task, 1: task}
+
+
+def test_what_slurm_refuses_for_one_deployment_is_a_refusal_of_a_feature(project: Path) -> None:
+    backend = SlurmBackend(state.RECORDS)
+    handle = backend.prepare(load_plan("olivia")).handle
+    spec = LaunchSpec("torchrun", "train_multi_node.py", run_id="RUN", secrets=("HF_TOKEN",))
+    with pytest.raises(Refused) as refused:  # a batch job would need the secret after mlenv is gone
+        backend.prepare_launch(handle, spec)
+    assert refused.value.feature is Feature.JOBS and str(refused.value).startswith("--env HF_TOKEN: on Slurm, a batch")
+    allocated = replace(handle, data={**handle.data, "allocation": {"id": "4242", "digest": "x"}})
+    preempt = backend.preemption_refused(allocated)
+    assert preempt is not None and preempt.feature is Feature.TAKE_AWAY and "steps of its allocation" in str(preempt)
 
 
 def test_request_and_handle(project: Path) -> None:

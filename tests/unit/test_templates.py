@@ -15,7 +15,7 @@ from mlenv.config.discover import cluster_names
 from mlenv.core.clusters import load_plan
 from mlenv.core.registry import get
 from mlenv.render import templates
-from mlenv.render.templates import Templates, Unsupported
+from mlenv.render.templates import Templates, UnsupportedTemplate
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATED = ("openshift", "kubernetes", "slurm")
@@ -54,7 +54,7 @@ def test_compiled_templates_render_what_jinja2_renders(name: str, monkeypatch: p
 def test_a_template_needing_more_is_rendered_by_jinja2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MLENV_CACHE_DIR", str(tmp_path / "cache"))
     (tmp_path / "loop.j2").write_text("{% for x in items %}{{ loop.index }}={{ x }} {% endfor %}")
-    with pytest.raises(Unsupported, match=r"LoopContext"):
+    with pytest.raises(UnsupportedTemplate, match=r"LoopContext"):
         Templates(str(tmp_path), str)._compile(["loop.j2"])
     assert Templates(str(tmp_path), str).render("loop.j2", items=["a", "b"]) == "1=a 2=b "
 

@@ -23,7 +23,6 @@ VERSION = 2
 MAX_BYTES = 4 * 1024 * 1024
 READY, FAILED, PARTIAL = "ready", "failed", "partial"
 DEPLOY_STATES = (READY, FAILED, PARTIAL)
-UNFINISHED = "the deploy did not finish (interrupted?)"
 Runs = tuple[dict[str, Any], ...]
 """A deployment's recorded runs, oldest first."""
 
@@ -48,12 +47,18 @@ class Deployment:
     them (nccl-test --pairs --exclude-bad and restarts add, ``mlenv nodes --forget-excluded`` clears)."""
     deploy: dict[str, Any] = field(default_factory=lambda: {"state": READY, "error": None})
     """How the last deploy ended: ``state`` ready, failed (none succeeded yet) or partial (a re-deploy failed; the
-    deployment before it is still the one operated), ``error`` why not ready."""
+    deployment before it is still the one operated), ``error`` why not ready (None while not ready: that deploy has
+    not finished, see ``unfinished``)."""
     attempt: Deployment | None = None
     """A re-deploy that did not (yet) succeed: what it created, for clean; the record above stays operated."""
     leftovers: tuple[Handle, ...] = ()
     """The handles of earlier deploy attempts that failed and were replaced by a later attempt: clean reaches what
     they created too."""
+
+    @property
+    def unfinished(self) -> bool:
+        """Whether the last deploy is still under way or was interrupted: not ready, and no error recorded."""
+        return self.deploy["state"] != READY and self.deploy["error"] is None
 
     @property
     def handles(self) -> tuple[Handle, ...]:
@@ -210,17 +215,17 @@ def record(deployment: Deployment) -> None:
     with locked():
         state = load()
         known = state.deployments.get(deployment.name)
-        ended = known is not None and known.deploy["error"] not in (None, UNFINISHED)  # an earlier attempt failed
+        ended = known is not None and known.deploy["error"] is not None  # an earlier attempt failed
         if known is not None and known.deploy["state"] != FAILED:
             earlier = [known.attempt.handle] if ended and known.attempt is not None else []
             state.deployments[deployment.name] = replace(known, attempt=deployment,
-                                                         deploy={"state": PARTIAL, "error": UNFINISHED},
+                                                         deploy={"state": PARTIAL, "error": None},
                                                          leftovers=(*known.leftovers, *earlier))
         else:
             earlier = [*known.leftovers, *([known.handle] if ended else [])] if known is not None else []
             state.deployments[deployment.name] = replace(deployment, runs=known.runs if known else (),
                                                          excluded=known.excluded if known else (),
-                                                         deploy={"state": FAILED, "error": UNFINISHED},
+                                                         deploy={"state": FAILED, "error": None},
                                                          leftovers=tuple(earlier))
         save(state)
 
@@ -259,7 +264,7 @@ def update(name: str, *, runs: Callable[[Runs], Runs] | None = None, handle: Han
         known = state.deployments.get(name)
         if known is None:
             return
-        if handle is not None and known.attempt is not None and known.deploy["error"] == UNFINISHED:
+        if handle is not None and known.attempt is not None and known.unfinished:
             known = replace(known, attempt=replace(known.attempt, handle=handle))
         elif handle is not None:
             known = replace(known, handle=handle)

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from mlenv.backends.slurm.backend import SlurmBackend
 from mlenv.runtime.doctor import KIND, examine
+from mlenv.runtime.fabric.nccl import Concern, detect_nccl_env
 from runtime_support import Runner
 
 from tests.helpers import free_port
@@ -72,6 +73,13 @@ def test_roce_node_reports_the_gid_type_and_what_breaks_rdma(fixtures: Path, pyt
     # the memlock and /dev/shm warnings of nccl-env are reported once, by their own checks
     assert found["NCCL settings"][0] == "WARN" and "RLIMIT_MEMLOCK" not in found["NCCL settings"][1]
     assert "DOWN" in found["NCCL settings"][1]
+
+
+def test_the_host_limit_warnings_are_known_by_what_they_are_about_not_by_their_words(fixtures: Path) -> None:
+    found = detect_nccl_env({}, sysfs_root=fixtures / "sysfs" / "sriov_vfs",
+                            proc_root=fixtures / "proc" / "pod_defaults")
+    assert [w.concern for w in found.warned] == [Concern.SETTINGS, Concern.MEMLOCK, Concern.SHM]
+    assert found.warnings == [w.text for w in found.warned]  # nccl-env --json and the launcher show every one
 
 
 def test_no_rdma_port_in_rdma_mode_fails_with_the_fix(fixtures: Path, python: str) -> None:

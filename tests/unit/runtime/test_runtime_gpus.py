@@ -155,3 +155,9 @@ def test_runtime_gpus_command_finds_this_nodes_latest_run(run_runtime: Runner, s
     assert [g["uuid"] for g in report["gpus"]] == ["GPU-aaaa", "GPU-bbbb"]
     text = run_runtime("gpus", "--kmsg", str(kmsg), "--proc-root", str(proc), env=env)
     assert "NVIDIA H100 80GB HBM3" in text.stdout and "RANK" in text.stdout
+
+
+def test_a_node_without_nvidia_smi_says_so_where_it_is_found_missing(tmp_path: Path) -> None:
+    report = read_node("h", run=None, nvidia_smi=str(tmp_path / "nvidia-smi"), kmsg=tmp_path / "missing",
+                       proc_root=_proc(tmp_path))
+    assert report.gpus == [] and report.errors[0] == f"GPUs: {tmp_path / 'nvidia-smi'} not found"

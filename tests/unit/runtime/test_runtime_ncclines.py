@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from mlenv.runtime.fabric.ncclines import Record, nccl_record, records
+from mlenv.runtime.fabric.ncclines import NcclRecord, nccl_record, records
 from mlenv.runtime.fabric.ncclog import NcclLogReader, parse_nccl_log
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "nccl_logs"
@@ -15,30 +15,30 @@ CORPUS = json.loads((FIXTURES / "corpus.json").read_text())
 
 
 @pytest.mark.parametrize(("line", "record"), [
-    ("gpu7:4242:4250 [3] NCCL INFO Using network IB", Record("INFO", "Using network IB", "gpu7", "4242", "3")),
+    ("gpu7:4242:4250 [3] NCCL INFO Using network IB", NcclRecord("INFO", "Using network IB", "gpu7", "4242", "3")),
     ("gpu7:4242:4250 [3] misc/ibvwrap.cc:160 NCCL WARN Call to ibv_open_device failed",  # 2.4 to 2.1x
-     Record("WARN", "Call to ibv_open_device failed", "gpu7", "4242", "3")),
+     NcclRecord("WARN", "Call to ibv_open_device failed", "gpu7", "4242", "3")),
     ("[2025-10-16 22:16:08] gpu7:4242:4250 [3] transport/net_ib/p2p.cc:1295 (ncclIbTest) NCCL WARN NET/IB: Got "
-     "completion from peer 10.0.0.2<45678> with status=12", Record("WARN", "NET/IB: Got completion from peer "
+     "completion from peer 10.0.0.2<45678> with status=12", NcclRecord("WARN", "NET/IB: Got completion from peer "
                                                                    "10.0.0.2<45678> with status=12", "gpu7", "4242",
                                                                    "3")),  # 2.2x: function and timestamp
     ("gpu7:4242:4250 [3] create_nccl_ofi_component:459 NCCL WARN NET/OFI Couldn't open AV",  # a plugin's WARN
-     Record("WARN", "NET/OFI Couldn't open AV", "gpu7", "4242", "3")),
-    ("NCCL version 2.21.5+cuda12.4", Record("VERSION", "NCCL version 2.21.5+cuda12.4", version="2.21.5+cuda12.4")),
+     NcclRecord("WARN", "NET/OFI Couldn't open AV", "gpu7", "4242", "3")),
+    ("NCCL version 2.21.5+cuda12.4", NcclRecord("VERSION", "NCCL version 2.21.5+cuda12.4", version="2.21.5+cuda12.4")),
     ("[node-1 r3] gpu7:4242:4250 [3] NCCL INFO Using network IB",
-     Record("INFO", "Using network IB", "gpu7", "4242", "3", node="node-1", rank=3)),
+     NcclRecord("INFO", "Using network IB", "gpu7", "4242", "3", node="node-1", rank=3)),
     ("[default3]:gpu7:4242:4250 [3] NCCL INFO Using network IB",
-     Record("INFO", "Using network IB", "gpu7", "4242", "3", tag="[default3]")),
+     NcclRecord("INFO", "Using network IB", "gpu7", "4242", "3", tag="[default3]")),
     ("[rank3]:gpu7:4242:4250 [3] NCCL INFO Using network IB",
-     Record("INFO", "Using network IB", "gpu7", "4242", "3", tag="[rank3]")),
+     NcclRecord("INFO", "Using network IB", "gpu7", "4242", "3", tag="[rank3]")),
     ("[1,3]<stdout>:gpu7:4242:4250 [3] NCCL INFO Using network IB",
-     Record("INFO", "Using network IB", "gpu7", "4242", "3", tag="[1,3]")),
-    ("3: gpu7:4242:4250 [3] NCCL INFO Using network IB", Record("INFO", "Using network IB", "gpu7", "4242", "3",
+     NcclRecord("INFO", "Using network IB", "gpu7", "4242", "3", tag="[1,3]")),
+    ("3: gpu7:4242:4250 [3] NCCL INFO Using network IB", NcclRecord("INFO", "Using network IB", "gpu7", "4242", "3",
                                                                 tag="[3]")),
     ("10.0.0.7: gpu7:4242:4250 [3] NCCL INFO Using network IB",  # DeepSpeed's (pdsh's) host prefix
-     Record("INFO", "Using network IB", "gpu7", "4242", "3")),
+     NcclRecord("INFO", "Using network IB", "gpu7", "4242", "3")),
 ])
-def test_nccl_s_own_shape(line: str, record: Record) -> None:
+def test_nccl_s_own_shape(line: str, record: NcclRecord) -> None:
     assert nccl_record(line) == record
 
 

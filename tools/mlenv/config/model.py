@@ -89,7 +89,7 @@ DEFAULT_GRACE_SECONDS = 30
 """Kubernetes' own default terminationGracePeriodSeconds."""
 
 
-class Topology(NamedTuple):
+class TopologyRequest(NamedTuple):
     """Kueue's topology-aware placement: every pod in one domain of a node label (``required``), or as few as fit
     (``preferred``)."""
 
@@ -112,7 +112,7 @@ class Scheduling(NamedTuple):
     """Kueue's LocalQueue or Volcano's queue."""
     priority_class: str | None = None
     """The pods' PriorityClass."""
-    topology: Topology | None = None
+    topology: TopologyRequest | None = None
     move_faulty_pods: bool = False
     """A detached run's pods may move themselves off a node judged faulty (a Role to patch their StatefulSet)."""
 

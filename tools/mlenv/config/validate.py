@@ -25,7 +25,7 @@ from mlenv.config.model import (
     Security,
     Storage,
     Tcp,
-    Topology,
+    TopologyRequest,
 )
 from mlenv.config.quantity import QuantityError, half_of, parse_bandwidth, parse_quantity, parse_seconds
 from mlenv.config.reader import BackendTable, ClusterReader, env_text
@@ -184,7 +184,7 @@ def _scheduling(reader: ClusterReader) -> Scheduling:
                       admission=reader.get("scheduling", "admission", default="none"),
                       queue=reader.get("scheduling", "queue"),
                       priority_class=reader.get("scheduling", "priority_class"),
-                      topology=None if topology is None else Topology(*next(iter(topology.items()))),
+                      topology=None if topology is None else TopologyRequest(*next(iter(topology.items()))),
                       move_faulty_pods=bool(reader.get("scheduling", "move_faulty_pods", default=False)))
 
 

@@ -11,8 +11,10 @@ What a backend cannot do is said one way, in the spirit of SkyPilot's ``CloudImp
 ``Feature`` enum below, and each backend's registry entry declaring the features it lacks with the reason
 (``BackendInfo.unsupported``); an operation checks what it needs once, before acting (``BackendInfo.require``,
 ``Backend.need`` for a capability), and a lacking backend is one line, exit 2, naming the backend, the feature and
-what to do instead. A backend implements the capabilities it supports (``Deploy``, ``NodeAccess``, ``Jobs``,
-``Checks``); its class declares their Protocols, so mypy checks each signature.
+what to do instead. What a backend supports but refuses for one deployment or run (its settings, its allocation) is
+the one other refusal, ``Refused``. A backend implements the capabilities it supports (``Deploy``, ``NodeAccess``,
+``Jobs``, ``Checks``); its class declares their Protocols, so mypy checks each signature. The hooks a fan-out
+backend (``core.fanout.FanoutJobs``) may override are ``FanoutHooks``, which ``FanoutJobs`` declares.
 """
 
 from __future__ import annotations
@@ -357,12 +359,37 @@ class Preemption(NamedTuple):
     """When it was done (epoch seconds): the drill's fault time."""
 
 
+class FanoutHooks(Protocol):
+    """What a backend that inherits ``core.fanout.FanoutJobs`` may override (FanoutJobs declares this Protocol, so
+    mypy checks every backend's override against it); FanoutJobs gives each a default."""
+
+    def python(self, handle: Handle) -> str:
+        """The Python that runs the runtime on the nodes (default: the handle's ``python``, else python3)."""
+
+    def node_names(self, handle: Handle) -> list[str]:
+        """The nodes' names in ordinal order, what a spare takes the place of (default: ``nodes``' names); PURE
+        where the backend keeps spares."""
+
+    def placement(self, handle: Handle, exclude: Sequence[str]) -> dict[int, tuple[str, str]]:
+        """PURE: node ordinal -> (its excluded host, the spare that runs it instead); OperationError when the spares
+        are too few (default: ``core.spares.place`` over ``spares``; none where the scheduler places pods
+        elsewhere)."""
+
+    def standbys(self, handle: Handle, spec: LaunchSpec, placed: Mapping[int, tuple[str, str]]) -> list[Node]:
+        """PURE: the spare hosts a detached run under --max-restarts keeps waiting (default: the spares that run no
+        node)."""
+
+    def keep_for_resume(self, handle: Handle, request: LaunchRequest, secrets: Mapping[str, str]) -> None:
+        """Before the nodes start: keep what a node that comes back on its own needs to resume a detached run
+        (Kubernetes: the run's Secret); default nothing."""
+
+
 @runtime_checkable
 class Preempts(Protocol):
     """Preempt a run from outside as the backend's scheduler does (``mlenv drill --fault preempt``)."""
 
-    def preemption_refused(self, handle: Handle) -> str | None:
-        """PURE: why a run of ``handle`` cannot be preempted so (the whole line); None where it can."""
+    def preemption_refused(self, handle: Handle) -> Refused | None:
+        """PURE: why a run of ``handle`` cannot be preempted so (``Feature.TAKE_AWAY``); None where it can."""
 
     def take_away(self, handle: Handle, node: Node, run_id: str) -> Preemption:
         """Preempt run ``run_id`` at ``node`` as the scheduler would (Kubernetes: the node's pod deleted,
@@ -392,6 +419,16 @@ class Feature(Enum):
     NODE_EXCLUSION = "leave a faulty node out of a run (launch --max-restarts, the excluded nodes of mlenv nodes)"
     PREEMPTION = "resume a run whose nodes were taken away under it (launch --max-preemptions)"
     TAKE_AWAY = "preempt a run from outside as its scheduler does (mlenv drill --fault preempt)"
+
+
+class Refused(UsageError):
+    """A backend's refusal of ``feature``, which it supports, for one deployment or run: its settings or its state
+    (Slurm: forwarded secrets outside an attached run in an allocation, a preemption without slurm.signal): one line
+    naming why and what to do instead, exit 2. The one refusal beside an unsupported ``Feature``."""
+
+    def __init__(self, feature: Feature, message: str) -> None:
+        super().__init__(message)
+        self.feature = feature
 
 
 C = TypeVar("C")

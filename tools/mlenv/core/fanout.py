@@ -1,6 +1,7 @@
 """Launch, stop and run logs for backends that start a command on each node through their exec (pods, local
 "pods", ssh hosts): the runtime's ``launch``/``stop``/``logs`` on every node at once. A backend gets all of it by
-inheriting :class:`FanoutJobs` and providing ``nodes`` and ``exec_argv``."""
+inheriting :class:`FanoutJobs` and providing ``nodes`` and ``exec_argv``; what else it may override is
+``core.capabilities.FanoutHooks``."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from mlenv.core.capabilities import Handle, LaunchOutcome, LaunchRequest, LaunchSpec, Node
+from mlenv.core.capabilities import FanoutHooks, Handle, LaunchOutcome, LaunchRequest, LaunchSpec, Node
 from mlenv.core.remote import RUNTIME_DIR, secrets_input
 from mlenv.core.spares import described, place
 from mlenv.errors import OperationError
@@ -31,9 +32,9 @@ def run_dir(run_id: str) -> str:
     return f"{RUNS_DIR}/{run_id}"
 
 
-class FanoutJobs(ABC):
+class FanoutJobs(FanoutHooks, ABC):
     """``prepare_launch``/``launch``/``stop``/``logs_argv`` on top of ``nodes`` and ``exec_argv``, which the backend
-    provides."""
+    provides, and the hooks of ``FanoutHooks``, which it may override."""
 
     @abstractmethod
     def nodes(self, handle: Handle) -> list[Node]:

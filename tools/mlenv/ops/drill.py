@@ -104,12 +104,13 @@ def check(target: Target, fault: str, node: int | None = None) -> list[str]:
     refuse_beside_live(target, "the drill runs only where nothing else does")
     nodes = target.handle.nodes
     cannot = {}
+    refused: UsageError | None
     try:
         refused = target.backend.preempts.preemption_refused(target.handle)
-    except UsageError as exc:
-        refused = str(exc)
+    except UsageError as exc:  # a recorded deployment of another shape
+        refused = exc
     if refused is not None:
-        cannot["preempt"] = refused
+        cannot["preempt"] = str(refused)
     cannot.update({node_fault: f"--fault {node_fault} needs 2 nodes or more (one of them is lost), and "
                                f"{target.handle.name} has {nodes}" for node_fault in NODE_FAULTS if nodes < 2})
     if fault in cannot:

@@ -3,8 +3,6 @@ at once through the backend's exec; a node that cannot be reached is named while
 
 from __future__ import annotations
 
-import errno
-import os
 import sys
 import time
 from collections.abc import Sequence
@@ -13,9 +11,6 @@ from typing import Any
 from mlenv.core.capabilities import Handle, NodeAccess
 from mlenv.ops.fanout import runtime_json, select_nodes
 from mlenv.runtime.node.gpus import render_node
-
-NO_NVIDIA_SMI = f"GPUs: {os.strerror(errno.ENOENT)}"
-"""What the runtime's ``gpus`` reports of a node without nvidia-smi (the OSError of running it, runtime/gpus.py)."""
 
 
 def gather(backend: NodeAccess, handle: Handle, only: int | None = None) -> list[dict[str, Any]]:
@@ -29,10 +24,7 @@ def gather(backend: NodeAccess, handle: Handle, only: int | None = None) -> list
         if answer.data is None:
             reports.append({**head, "error": answer.error})
             continue
-        said = answer.data.get("errors")
-        errors = {"errors": [f"nvidia-smi not found on node-{ordinal}" if error == NO_NVIDIA_SMI else error
-                             for error in said]} if isinstance(said, list) else {}
-        reports.append({**head, **answer.data, **errors})
+        reports.append({**head, **answer.data})
     if only is None:
         seen = {node.ordinal for node in nodes}
         reports += [{"node": n, "pod": f"node-{n}", "error": "not running"} for n in range(handle.nodes)

@@ -20,7 +20,7 @@ from mlenv.errors import MlenvError, OperationError, UsageError, shown
 from mlenv.ops.live import refuse_while_live
 from mlenv.ops.target import Target
 from mlenv.runtime.records import restartpolicy
-from mlenv.runtime.records.restartpolicy import IDLE_EXIT_CODE, LOST, why_faulty
+from mlenv.runtime.records.restartpolicy import IDLE_EXIT_CODE, LOST_SIGNS, why_faulty
 from mlenv.runtime.records.runlayout import FirstFailure
 from mlenv.runtime.records.runrecord import RunRecord
 from mlenv.runtime.records.states import Ending, FaultSign, LeftOut, NodeEnd, NodeFault, RunState, end_text, exit_state
@@ -468,7 +468,7 @@ def _attempt(target: Target, spec: LaunchSpec, run_dir: Path, reasons: Mapping[s
 def _lost(run: RunRecord | None, node: int) -> NodeFault | None:
     """``node``'s sign where it was lost to the infrastructure (unreachable, the scheduler lost it)."""
     fault = run.node_faults.get(node) if run is not None else None
-    return fault if fault is not None and fault.sign in LOST else None
+    return fault if fault is not None and fault.sign in LOST_SIGNS else None
 
 
 def _failed_first(run: RunRecord | None, outcome: LaunchOutcome,

@@ -47,7 +47,7 @@ class SizeResult:
 
 
 @dataclass(frozen=True)
-class Expectation:
+class ExpectedBandwidth:
     """The bus bandwidth to reach, in GB/s, and where it comes from."""
 
     gbps: float
@@ -55,7 +55,7 @@ class Expectation:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class BandwidthVerdict:
     """PASS or FAIL, and why."""
 
     status: str
@@ -112,7 +112,7 @@ def parse_bandwidth(text: str) -> float:
         raise UsageError(f"--expect: {exc}") from None
 
 
-def expected_from_links(facts: Mapping[str, Mapping[str, Any]]) -> Expectation | None:
+def expected_from_links(facts: Mapping[str, Mapping[str, Any]]) -> ExpectedBandwidth | None:
     """The bus bandwidth the slowest node's RDMA links allow: the rates of its ACTIVE ports (sysfs
     ``ports/*/rate``, Gb/s) summed over its HCAs, / 8; None when a node has no RDMA link."""
     links = [(name, float(found.get("link_gbps") or 0), int(found.get("hca_count") or 0))
@@ -120,11 +120,11 @@ def expected_from_links(facts: Mapping[str, Mapping[str, Any]]) -> Expectation |
     if not links or any(gbps <= 0 for _, gbps, _ in links):
         return None
     name, gbps, hcas = min(links, key=lambda link: link[1])
-    return Expectation(gbps / 8, f"link rate in sysfs: {hcas} HCAs, {gbps:g} Gb/s on {name}")
+    return ExpectedBandwidth(gbps / 8, f"link rate in sysfs: {hcas} HCAs, {gbps:g} Gb/s on {name}")
 
 
 def evaluate(results: Sequence[SizeResult], report: LogReport, mode: str,
-             expected: Expectation | None) -> Verdict:
+             expected: ExpectedBandwidth | None) -> BandwidthVerdict:
     """PASS at >= 80 % of ``expected`` at the largest size; RDMA asked and sockets seen FAILs whatever the number,
     and so does RDMA asked and no NCCL log to prove it; NO GATE when nothing was compared (no expected bandwidth,
     no transport to prove)."""
@@ -147,14 +147,14 @@ def evaluate(results: Sequence[SizeResult], report: LogReport, mode: str,
             compared = True
             reasons.append(f"NCCL used {report.verdict}, as the cluster file asks")
     if not results:
-        return Verdict("FAIL", (*reasons, "the benchmark printed no result"))
+        return BandwidthVerdict("FAIL", (*reasons, "the benchmark printed no result"))
     largest = results[-1]
     enough, reason = gate_bandwidth(largest.busbw_gbps, largest.size_bytes, expected)
     reasons.append(reason)
-    return Verdict("FAIL" if failed or not enough else "PASS" if compared else NO_GATE, tuple(reasons))
+    return BandwidthVerdict("FAIL" if failed or not enough else "PASS" if compared else NO_GATE, tuple(reasons))
 
 
-def gate_bandwidth(busbw_gbps: float, size_bytes: int, expected: Expectation | None) -> tuple[bool, str]:
+def gate_bandwidth(busbw_gbps: float, size_bytes: int, expected: ExpectedBandwidth | None) -> tuple[bool, str]:
     """(whether ``busbw_gbps`` at the largest size is at least 80 % of ``expected``, why); no expectation passes,
     saying the bandwidth was not gated."""
     if expected is None:
@@ -176,13 +176,13 @@ def bench_source() -> Path:
     raise UsageError(f"no workspace/{BENCH} in {project_root()} to run")
 
 
-def _file_expectation(target: Target) -> Expectation | None:
+def _file_expectation(target: Target) -> ExpectedBandwidth | None:
     """network.expected_busbw of the deployment's cluster file, if it still loads."""
     from mlenv.ops.target import file_cluster
 
     cluster = file_cluster(target, "network.expected_busbw")
     gbps = cluster.expected_busbw_gbytes if cluster else None
-    return Expectation(gbps, "network.expected_busbw") if gbps else None
+    return ExpectedBandwidth(gbps, "network.expected_busbw") if gbps else None
 
 
 def _link_facts(target: Target) -> dict[str, Mapping[str, Any]]:
@@ -195,7 +195,7 @@ def _link_facts(target: Target) -> dict[str, Mapping[str, Any]]:
 
 
 def _summary(target: Target, result: LaunchResult, results: Sequence[SizeResult], report: LogReport,
-             expected: Expectation | None, verdict: Verdict) -> dict[str, Any]:
+             expected: ExpectedBandwidth | None, verdict: BandwidthVerdict) -> dict[str, Any]:
     keys = ("rank", "process", "verdict", "network", "devices", "gdr", "nccl_version")
     ranks = [{key: value for key, value in rank.to_dict().items() if key in keys} for rank in report.ranks]
     return {
@@ -233,7 +233,7 @@ def _print(summary: Mapping[str, Any], plot: str) -> None:
         error(f"nccl-test FAILED; the node logs are in {summary['files']['logs']}")
 
 
-def prepare(target: Target, sizes: str | None, expect: str | None) -> Expectation | None:
+def prepare(target: Target, sizes: str | None, expect: str | None) -> ExpectedBandwidth | None:
     """Check ``--sizes``, ship the benchmark, and find the bandwidth to expect (None: none known). Prints to
     stdout: call it with stdout redirected for --json."""
     from mlenv.ops.doctor import ship_runtime
@@ -244,7 +244,7 @@ def prepare(target: Target, sizes: str | None, expect: str | None) -> Expectatio
             parse_sizes(sizes)
         except ValueError as exc:
             raise UsageError(f"--sizes: {exc} (e.g. 8M:1G, 8M:1G:4 or 1M,64M,1G)") from None
-    expected = Expectation(parse_bandwidth(expect), f"--expect {expect}") if expect is not None else None
+    expected = ExpectedBandwidth(parse_bandwidth(expect), f"--expect {expect}") if expect is not None else None
     failed = ship_runtime(target.backend.access, target.handle, {BENCH: bench_source()})
     if failed:
         raise OperationError(f"cannot copy {BENCH} to the nodes: {'; '.join(failed)}")

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from mlenv.errors import OperationError, UsageError
-from mlenv.ops.nccltest import Expectation, gate_bandwidth, parse_bandwidth
+from mlenv.ops.nccltest import ExpectedBandwidth, gate_bandwidth, parse_bandwidth
 from mlenv.ops.target import Target
 from mlenv.runtime.fabric.nccltests import MAX_ROWS, NcclTestsReport, read_path
 from mlenv.runtime.fabric.nccltestsrun import TESTS
@@ -33,7 +33,7 @@ DEFAULT_SIZES = "1M:1G:4"
 PASS, FAIL, UNKNOWN = "PASS", "FAIL", "UNKNOWN"
 
 
-def judge(report: NcclTestsReport, expected: Expectation | None) -> tuple[str, str]:
+def judge(report: NcclTestsReport, expected: ExpectedBandwidth | None) -> tuple[str, str]:
     """(PASS, FAIL or UNKNOWN, why): wrong results first, then what keeps the bandwidth from being judged, then the
     bandwidth at the largest size against ``expected`` (as the benchmark's gate)."""
     more = "; the file goes on with another run, not read" if report.more_runs else ""
@@ -89,7 +89,7 @@ def run_read(path: Path, expect: str | None = None, as_json: bool = False) -> in
     from mlenv.ops.plot import terminal_plot
     from mlenv.ui import print_json
 
-    expected = Expectation(parse_bandwidth(expect), f"--expect {expect}") if expect is not None else None
+    expected = ExpectedBandwidth(parse_bandwidth(expect), f"--expect {expect}") if expect is not None else None
     report = read_output(path)
     verdict, reason = judge(report, expected)
     result = summary(report, verdict, reason)
@@ -177,7 +177,7 @@ def run_tool(target: Target, test: str | None = None, nproc: int | None = None, 
         chosen = parse_sizes(sizes or DEFAULT_SIZES)
     except ValueError as exc:
         raise UsageError(f"--sizes: {exc} (e.g. 8M:1G, 8M:1G:4 or 1M,64M,1G)") from None
-    expected = Expectation(parse_bandwidth(expect), f"--expect {expect}") if expect is not None else None
+    expected = ExpectedBandwidth(parse_bandwidth(expect), f"--expect {expect}") if expect is not None else None
     setting, per_node = _setting(target)
     with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():
         nodes = target.backend.access.nodes(target.handle)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from mlenv.errors import UsageError
-from mlenv.ops.nccltest import PASS_RATIO, Expectation, node_logs, prepare, run_bench
+from mlenv.ops.nccltest import PASS_RATIO, ExpectedBandwidth, node_logs, prepare, run_bench
 from mlenv.ops.target import Target
 from mlenv.runtime.fabric.pairs import MIN_NODES
 
@@ -54,7 +54,7 @@ def read_pairs(logs: Sequence[Path]) -> list[PairResult]:
     return [found[key] for key in sorted(found)]
 
 
-def threshold(pairs: Sequence[PairResult], expected: Expectation | None) -> tuple[float, str]:
+def threshold(pairs: Sequence[PairResult], expected: ExpectedBandwidth | None) -> tuple[float, str]:
     """The bus bandwidth under which a pair is slow, and why that figure."""
     if expected is not None:
         return expected.gbps * PASS_RATIO, f"{PASS_RATIO:.0%} of the expected {expected.gbps:.4g} GB/s " \

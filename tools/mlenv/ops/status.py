@@ -18,6 +18,14 @@ from mlenv.runtime.records.runrecord import RunRecord
 from mlenv.runtime.records.states import RunState, end_text
 from mlenv.ui import error, print_json, say, table
 
+UNFINISHED = "the deploy did not finish (interrupted?)"
+"""The error shown of a deploy that recorded none: it is under way, or was interrupted."""
+
+
+def deploy_shown(recorded: state.Deployment) -> dict[str, Any]:
+    """How the last deploy of ``recorded`` ended, as status shows it: an unfinished one's error is ``UNFINISHED``."""
+    return {**recorded.deploy, "error": UNFINISHED} if recorded.unfinished else dict(recorded.deploy)
+
 
 def _report(handle: Handle, recorded: state.Deployment | None, current: str | None, tolerant: bool,
             backend: Callable[[], Backend], gpus: bool = False, run_id: str | None = None
@@ -34,7 +42,7 @@ def _report(handle: Handle, recorded: state.Deployment | None, current: str | No
         "deployed": recorded is not None,
         "cluster_file": recorded.cluster_file if recorded else None,
         "runs": _described(handle.name, listed, {}),
-        "deploy": dict(recorded.deploy) if recorded else None,
+        "deploy": deploy_shown(recorded) if recorded else None,
         "latest_run": None,  # the latest detached run, as its nodes' supervisors recorded it (docs/runs.md)
         "run_states": {},  # its state on each node, by ordinal
         # an undeployed cluster's once the backend has answered: it may record some (Slurm batch runs' scripts)

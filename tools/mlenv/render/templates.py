@@ -38,7 +38,7 @@ missing: Any = type("MissingType", (), {"__repr__": lambda self: "missing"})()
 """What a name the template never set resolves to (identity-compared by the compiled code)."""
 
 
-class Unsupported(Exception):
+class UnsupportedTemplate(Exception):
     """The compiled template needs a part of jinja2's runtime that this one does not implement."""
 
 
@@ -199,7 +199,7 @@ class Templates:
         if codes is None or set(codes) != set(names):
             try:
                 codes = self._compile(names)
-            except Unsupported:
+            except UnsupportedTemplate:
                 return self.jinja2_environment()
             if path:
                 _write(path, codes)
@@ -230,7 +230,7 @@ class Templates:
         environment = self.jinja2_environment()
         for name, passed in FILTERS.items():  # the compiled code passes what jinja2's own filter asks for
             if getattr(getattr(environment.filters[name], "jinja_pass_arg", None), "name", None) != passed:
-                raise Unsupported(f"jinja2's {name} filter no longer takes the {passed} first")
+                raise UnsupportedTemplate(f"jinja2's {name} filter no longer takes the {passed} first")
         codes = {}
         for name in names:
             source, filename, _ = environment.loader.get_source(environment, name)
@@ -243,14 +243,14 @@ class Templates:
 def _check(name: str, python: str, filters: set[str]) -> None:
     """Unsupported when the compiled code of ``name`` calls what the runtime does not implement."""
     if not _IMPORT.match(python):
-        raise Unsupported(f"{name}: unexpected compiled code")
+        raise UnsupportedTemplate(f"{name}: unexpected compiled code")
     known = {"filters": set(FILTERS) | filters, "tests": set(TESTS)}
     needed = [f"environment.{attr}" for attr in _ENVIRONMENT.findall(python) if attr not in ENVIRONMENT_CALLS]
     needed += [f"context.{attr}" for attr in _CONTEXT.findall(python) if attr not in CONTEXT_CALLS]
     needed += [f"{kind} {which}" for kind, which in _LOOKUP.findall(python) if which not in known[kind]]
     needed += _UNSUPPORTED.findall(python)
     if needed:
-        raise Unsupported(f"{name} needs {', '.join(sorted(set(needed)))}")
+        raise UnsupportedTemplate(f"{name} needs {', '.join(sorted(set(needed)))}")
 
 
 def _usable(directory: str) -> bool:

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .fabric.nccl import AUTO, MIN_SHM_BYTES, NcclEnv, detect_nccl_env
+from .fabric.nccl import AUTO, MIN_SHM_BYTES, Concern, NcclEnv, detect_nccl_env
 from .fabric.nccltestsrun import NCCL_TESTS_VARIABLE, find_tool
 from .fabric.rendezvous import PortProbe, connect, serve
 from .node.host import SHM_MOUNT, dmabuf_support, memlock_limit, peer_memory, shm_size, visible_gpu_count
@@ -46,8 +46,8 @@ else:
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     print(json.dumps({"torch": torch.__version__, "cuda": torch.version.cuda, "nccl": nccl, "gpus": gpus}))
 """
-COVERED = ("RLIMIT_MEMLOCK ", f"{SHM_MOUNT} ")
-"""How the nccl-env warnings that the memlock and /dev/shm checks report begin."""
+COVERED = frozenset({Concern.MEMLOCK, Concern.SHM})
+"""What the nccl-env warnings are about that the memlock and /dev/shm checks report."""
 RDMA_FIX = ("give the pods RDMA devices: network.rdma.networks and network.rdma.resources in the cluster file "
             "(mlenv doctor CLUSTER --mode rdma checks them before deploy)")
 
@@ -116,7 +116,7 @@ def examine(environ: Mapping[str, str], *, sysfs_root: str | Path = "/sys", proc
                   for link in links],
         "link_layers": sorted({link.port.link_layer for link in links}),
         "rates_gbps": sorted({link.rate_gbps for link in links if link.rate_gbps is not None}),
-        "link_gbps": sum(link.rate_gbps or 0 for link in links), "gid_type": gid[1] if gid else None,
+        "link_gbps": sum(link.rate_gbps or 0 for link in links), "gid_type": gid.kind if gid else None,
         "interface": interface, "gpus": gpus,
         "driver": _driver(proc_root), "torch": versions.get("torch"), "cuda": versions.get("cuda"),
         "nccl": versions.get("nccl"), "nccl_env": nccl.env, "warnings": nccl.warnings,
@@ -172,22 +172,32 @@ def _rate(path: Path) -> float | None:
     return float(match[1]) if match else None
 
 
-def _gid(environ: Mapping[str, str], nccl: NcclEnv, links: list[LinkPort]) -> tuple[str, str] | None:
-    """(the GID index NCCL will use, its type) on the RoCE ports; None without RoCE ports."""
+@dataclass(frozen=True)
+class GidChoice:
+    """The GID index NCCL will use on the RoCE ports ("": NCCL picks one itself), what it is there, as shown, and
+    whether it is the IPv4 RoCE v2 entry on every one of them."""
+
+    index: str
+    kind: str
+    good: bool
+
+
+def _gid(environ: Mapping[str, str], nccl: NcclEnv, links: list[LinkPort]) -> GidChoice | None:
+    """The GID index NCCL will use on the RoCE ports; None without RoCE ports."""
     roce = [link.port for link in links if link.port.is_roce]
     if not roce:
         return None
     index = nccl.env.get("NCCL_IB_GID_INDEX") or environ.get("NCCL_IB_GID_INDEX", "").strip()
     if not index or index.lower() == AUTO:
-        return "", "none"
+        return GidChoice("", "none", False)
     entries = [gid for port in roce for gid in port.gids if str(gid.index) == index]
     if len(entries) < len(roce):
-        return index, "missing on some ports"
+        return GidChoice(index, "missing on some ports", False)
     kinds = {f"{gid.type} {'IPv4' if gid.value.startswith(IPV4_MAPPED_PREFIX) else 'IPv6'}" for gid in entries}
-    return index, " / ".join(sorted(kinds))
+    return GidChoice(index, " / ".join(sorted(kinds)), all(gid.is_ipv4_roce_v2 for gid in entries))
 
 
-def _rdma_checks(links: list[LinkPort], gid: tuple[str, str] | None, sysfs_root: str | Path,
+def _rdma_checks(links: list[LinkPort], gid: GidChoice | None, sysfs_root: str | Path,
                  proc_root: str | Path, gpus: int) -> list[NodeCheck]:
     base = Path(sysfs_root, "class", "infiniband")
     if not links:
@@ -198,12 +208,10 @@ def _rdma_checks(links: list[LinkPort], gid: tuple[str, str] | None, sysfs_root:
     checks = [NodeCheck("RDMA ports", "PASS", f"{len(links)} ACTIVE ({total:g} Gb/s in all): "
                                               f"{', '.join(link.describe() for link in links)}")]
     if gid is not None:
-        index, kind = gid
-        good = kind == "RoCE v2 IPv4"
         ports = ", ".join(link.port.name for link in links if link.port.is_roce)
-        evidence = (f"NCCL_IB_GID_INDEX={index}: {kind} on {ports}" if index
+        evidence = (f"NCCL_IB_GID_INDEX={gid.index}: {gid.kind} on {ports}" if gid.index
                     else f"no IPv4 RoCE v2 GID index common to {ports}: NCCL picks one itself")
-        checks.append(NodeCheck("GID index", "PASS" if good else "WARN", evidence, None if good else
+        checks.append(NodeCheck("GID index", "PASS" if gid.good else "WARN", evidence, None if gid.good else
                                 "give the RoCE interfaces an IPv4 address, or set network.rdma.gid_index "
                                 "(python3 -m mlenv.runtime nccl-env --explain lists the GIDs)"))
     limit = memlock_limit(proc_root)
@@ -260,7 +268,7 @@ def _torch_check(versions: Mapping[str, Any], environ: Mapping[str, str]) -> Nod
 
 def _nccl_check(nccl: NcclEnv) -> NodeCheck:
     """nccl-env's decisions, or its warnings but those the memlock and /dev/shm checks already report."""
-    warnings = [w for w in nccl.warnings if not w.startswith(COVERED)]
+    warnings = [w.text for w in nccl.warned if w.concern not in COVERED]
     if warnings:
         return NodeCheck("NCCL settings", "WARN", "; ".join(warnings),
                          "python3 -m mlenv.runtime nccl-env --explain on the node shows the reasoning")

@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from mlenv.backends.kubeapi import pods as podview
-from mlenv.backends.kubeapi.naming import Target
+from mlenv.backends.kubeapi.naming import KubeHandle
 from mlenv.backends.kubeapi.queued import Queues
 from mlenv.core.capabilities import NodeStatus
 
@@ -119,7 +119,7 @@ def pod_trouble(pod: dict[str, Any], events: list[dict[str, Any]], queues: Queue
     return Trouble(meta["name"], phase, "running, not Ready yet" if phase == "Running" else "waiting to start")
 
 
-def _failed_create_words(message: str, d: Target) -> str:
+def _failed_create_words(message: str, d: KubeHandle) -> str:
     """A FailedCreate message in plain words; for a forbidden capability, the command an admin must run."""
     if "capabilit" in message or "security context constraint" in message:
         if d.ipc_lock_scc:
@@ -132,7 +132,7 @@ def _failed_create_words(message: str, d: Target) -> str:
     return f"the StatefulSet cannot create pods: {message}"
 
 
-def statefulset_trouble(events: list[dict[str, Any]], d: Target, since: datetime) -> Trouble | None:
+def statefulset_trouble(events: list[dict[str, Any]], d: KubeHandle, since: datetime) -> Trouble | None:
     """The newest FailedCreate of the deployment's StatefulSet seen after ``since``, in plain words."""
     failed = _latest(
         e for e in events

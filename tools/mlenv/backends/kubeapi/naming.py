@@ -21,7 +21,7 @@ IPC_LOCK_SCC = "mlenv-ipc-lock"
 INSTANCE_LABEL = "app.kubernetes.io/instance"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "mlenv"}
 DATA_KIND = "PersistentVolumeClaim"
-class Storage(NamedTuple):
+class StorageClaims(NamedTuple):
     """The plan's storage intent with the claim names."""
 
     shared: bool
@@ -50,7 +50,7 @@ class KubeDeployment(NamedTuple):
     selector: Mapping[str, str]
     annotations: Mapping[str, str]
     env: Mapping[str, str]
-    storage: Storage
+    storage: StorageClaims
     rdma_networks: tuple[str, ...]
     rdma_resources: Mapping[str, int]
     ipc_lock: bool
@@ -127,7 +127,7 @@ def kube_deployment(plan: JobPlan, openshift: bool) -> KubeDeployment:
         selector=match_labels(app),
         annotations=annotations,
         env={"MASTER_ADDR": pod_dns(app, namespace, 0), **plan.env},
-        storage=Storage(intent.shared, intent.storage_class, intent.workspace_size, intent.datasets_size,
+        storage=StorageClaims(intent.shared, intent.storage_class, intent.workspace_size, intent.datasets_size,
                         intent.shm_size),
         rdma_networks=plan.rdma_networks,
         rdma_resources=plan.rdma_resources,
@@ -140,7 +140,7 @@ def kube_deployment(plan: JobPlan, openshift: bool) -> KubeDeployment:
     )
 
 
-class Target(NamedTuple):
+class KubeHandle(NamedTuple):
     """A deployment on a cluster, as its recorded handle names it: enough to operate it without the cluster file."""
 
     app: str
@@ -168,7 +168,7 @@ class Target(NamedTuple):
                 "service_account": self.service_account, "ipc_lock_scc": self.ipc_lock_scc}
 
     @classmethod
-    def from_data(cls, data: Mapping[str, object], nodes: int) -> Target:
+    def from_data(cls, data: Mapping[str, object], nodes: int) -> KubeHandle:
         """Inverse of ``to_data``; TypeError/KeyError on a record of another shape."""
         kinds = data["kinds"]
         if not isinstance(kinds, list):

@@ -12,7 +12,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from mlenv.backends.kubeapi.client import Client, KubeError
-from mlenv.backends.kubeapi.naming import Target
+from mlenv.backends.kubeapi.naming import KubeHandle
 from mlenv.config.quantity import QuantityError, parse_quantity
 from mlenv.core.capabilities import Check
 from mlenv.errors import MlenvError, OperationError
@@ -48,7 +48,7 @@ def login_url(api: str) -> str:
     return f"https://{host}:{port or DEFAULT_API_PORT}"
 
 
-def login_hint(target: Target, flavour: str) -> str:
+def login_hint(target: KubeHandle, flavour: str) -> str:
     """How to log in to the cluster with the CLI in use."""
     if flavour == "oc":
         server = login_url(target.api) if target.api else "https://API:6443"
@@ -72,7 +72,7 @@ def _contexts_for(config: dict[str, Any], api: str) -> list[str]:
             if same_server(api, clusters.get((c.get("context") or {}).get("cluster"), ""))]
 
 
-def check_server(client: Client, target: Target) -> Check:
+def check_server(client: Client, target: KubeHandle) -> Check:
     """The CLI's current context must point at the file's ``api`` (PASS when the file names none)."""
     if not target.api:
         return Check("server", "PASS", "the cluster file names no api: the current context is used")
@@ -91,7 +91,7 @@ def check_server(client: Client, target: Target) -> Check:
     return Check("server", "FAIL", f"{target.cluster_file} is for {target.api} but {where}", fix)
 
 
-def check_login(client: Client, target: Target) -> tuple[str | None, Check]:
+def check_login(client: Client, target: KubeHandle) -> tuple[str | None, Check]:
     """(the user the CLI is logged in as, or None; the check), from one authenticated call."""
     if client.flavour == "kubectl":
         verb, args = "auth", ["whoami", "-o", "jsonpath={.status.userInfo.username}"]
@@ -104,7 +104,7 @@ def check_login(client: Client, target: Target) -> tuple[str | None, Check]:
     return user, Check("login", "PASS", f"logged in as {user or 'the current user'}")
 
 
-def check_namespace(client: Client, target: Target, user: str | None) -> Check:
+def check_namespace(client: Client, target: KubeHandle, user: str | None) -> Check:
     """The namespace must exist (or at least be usable: project members may not read the object)."""
     namespace, who = target.namespace, user or "USER"
     if client.flavour == "oc":
@@ -135,7 +135,7 @@ def can_i(client: Client, verb: str, resource: str, namespace: str, subresource:
         return False
 
 
-def check_permissions(client: Client, target: Target, kinds: Sequence[str]) -> list[Check]:
+def check_permissions(client: Client, target: KubeHandle, kinds: Sequence[str]) -> list[Check]:
     """``auth can-i create`` and ``delete`` for every kind mlenv creates."""
     checks = []
     for kind in kinds:
@@ -206,7 +206,7 @@ def check_allocatable(client: Client, wanted: Mapping[str, int]) -> list[Check]:
     return checks
 
 
-def preflight(client: Client, target: Target, kinds: Sequence[str] = ()) -> tuple[str | None, list[Check]]:
+def preflight(client: Client, target: KubeHandle, kinds: Sequence[str] = ()) -> tuple[str | None, list[Check]]:
     """Server, login, namespace and (with ``kinds``) permissions: (user, every check)."""
     server = check_server(client, target)
     user, login = check_login(client, target)
@@ -225,7 +225,7 @@ def require(checks: Sequence[Check], error: type[MlenvError] = OperationError) -
         raise error("\n".join(f"{c.evidence}" + (f": {c.fix}" if c.fix else "") for c in failed))
 
 
-def _words(exc: KubeError, target: Target, flavour: str) -> str:
+def _words(exc: KubeError, target: KubeHandle, flavour: str) -> str:
     return {
         "Unauthorized": f"not logged in to {target.api or 'the cluster'} (the credentials were rejected or have "
                         f"expired): {login_hint(target, flavour)}",
@@ -235,7 +235,7 @@ def _words(exc: KubeError, target: Target, flavour: str) -> str:
 
 
 @contextmanager
-def explained(target: Target, flavour: str) -> Iterator[None]:
+def explained(target: KubeHandle, flavour: str) -> Iterator[None]:
     """Re-raise access failures (not logged in, unreachable, forbidden) of CLI calls in plain words."""
     try:
         yield

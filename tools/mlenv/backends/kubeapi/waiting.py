@@ -14,7 +14,7 @@ from typing import Any
 from mlenv.backends.kubeapi import pods as podview
 from mlenv.backends.kubeapi.client import Client
 from mlenv.backends.kubeapi.explain import Trouble, pod_trouble, statefulset_trouble
-from mlenv.backends.kubeapi.naming import Target, instance
+from mlenv.backends.kubeapi.naming import KubeHandle, instance
 from mlenv.backends.kubeapi.queued import queues
 from mlenv.errors import OperationError
 from mlenv.ui import View, cut, layout, live_view
@@ -30,7 +30,7 @@ REVISION_LABEL = "controller-revision-hash"
 class PodSet:
     """The pods a wait follows: how to list them, their node order, and what explains the ones not there yet."""
 
-    target: Target
+    target: KubeHandle
     """The deployment they belong to (namespace, name, node count, cluster file) as messages name it."""
     selector: Mapping[str, str]
     """The labels that list them (one list call per tick)."""
@@ -51,7 +51,7 @@ class PodSet:
         return ",".join(f"{key}={value}" for key, value in self.selector.items())
 
 
-def statefulset_pods(d: Target) -> PodSet:
+def statefulset_pods(d: KubeHandle) -> PodSet:
     """The pods of the Kubernetes backend's StatefulSet ``d.app``: ``<app>-N`` with ordinal N."""
     return PodSet(d, instance(d.app), lambda pods: podview.by_ordinal(pods, d.app), lambda index: f"{d.app}-{index}",
                   lambda events, since: statefulset_trouble(events, d, since), statefulset=True)
@@ -119,7 +119,7 @@ def _observe(client: Client, pods: PodSet, since: datetime
     return found, ready, {t.subject: t for t in troubles if t is not None}
 
 
-def wait_ready(client: Client, d: Target, timeout: float) -> None:
+def wait_ready(client: Client, d: KubeHandle, timeout: float) -> None:
     """:func:`wait_pods_ready` for the StatefulSet's pods."""
     wait_pods_ready(client, statefulset_pods(d), timeout)
 
@@ -163,7 +163,7 @@ def _failure(pods: PodSet, ready: set[int], troubles: list[Trouble], what: str) 
     return "\n".join(lines)
 
 
-def wait_gone(client: Client, d: Target, timeout: float) -> None:
+def wait_gone(client: Client, d: KubeHandle, timeout: float) -> None:
     """:func:`wait_pods_gone` for the StatefulSet's pods."""
     wait_pods_gone(client, statefulset_pods(d), timeout)
 

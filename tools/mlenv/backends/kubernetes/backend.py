@@ -16,7 +16,7 @@ from mlenv.backends.kubeapi.naming import (
     GRANT_KINDS,
     WORKSPACE,
     KubeDeployment,
-    Target,
+    KubeHandle,
     grant_labels,
     instance,
     kube_deployment,
@@ -40,6 +40,7 @@ from mlenv.core.capabilities import (
     Preemption,
     Preempts,
     Recorder,
+    Refused,
     Request,
 )
 from mlenv.core.fanout import FanoutJobs
@@ -96,17 +97,17 @@ class KubernetesBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks, Preempts):
 
         return resolve_binary(self.flavour)
 
-    def _client(self, target: Target) -> Client:
+    def _client(self, target: KubeHandle) -> Client:
         from mlenv.backends.kubeapi.client import Client
 
         return Client(self.binary, target.namespace)
 
     @staticmethod
-    def target(handle: Handle) -> Target:
+    def target(handle: Handle) -> KubeHandle:
         """The cluster-side names recorded in ``handle``."""
-        return handle.decoded(Target.from_data, handle.nodes)
+        return handle.decoded(KubeHandle.from_data, handle.nodes)
 
-    def _connected(self, handle: Handle) -> tuple[Target, Client]:
+    def _connected(self, handle: Handle) -> tuple[KubeHandle, Client]:
         target = self.target(handle)
         client = self._client(target)
         from mlenv.backends.kubeapi.preflight import check_server, require
@@ -121,7 +122,7 @@ class KubernetesBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks, Preempts):
 
         d = kube_deployment(plan, openshift=self.flavour == "oc")
         rendered = render(d)
-        target = Target(app=d.app, namespace=d.namespace, nodes=d.nodes, flavour=self.flavour,
+        target = KubeHandle(app=d.app, namespace=d.namespace, nodes=d.nodes, flavour=self.flavour,
                         api=plan.cluster.info.api, cluster_name=plan.name, cluster_file=plan.cluster.source,
                         kinds=tuple(owned_kinds(rendered.objects)), service_account=d.service_account,
                         ipc_lock_scc=d.ipc_lock_scc)
@@ -171,7 +172,7 @@ class KubernetesBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks, Preempts):
             wait_ready(client, target, timeout)
         info(f"{target.app}: {target.nodes}/{target.nodes} pods ready in {target.namespace}")
 
-    def _pods(self, handle: Handle) -> tuple[Target, dict[int, dict[str, Any]]]:
+    def _pods(self, handle: Handle) -> tuple[KubeHandle, dict[int, dict[str, Any]]]:
         from mlenv.backends.kubeapi import pods as podview
         from mlenv.backends.kubeapi.preflight import explained
 
@@ -249,7 +250,7 @@ class KubernetesBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks, Preempts):
         with explained(target, client.flavour):
             keep(client, target, request.spec.run_id if request.spec.detach else None, secrets)
 
-    def preemption_refused(self, handle: Handle) -> str | None:
+    def preemption_refused(self, handle: Handle) -> Refused | None:
         """PURE: a pod of any run can be deleted under it."""
         return None
 
@@ -267,7 +268,7 @@ class KubernetesBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks, Preempts):
         return Preemption(f"pod {node.name} deleted (grace {seconds:g} s)", seconds, at)
 
     @staticmethod
-    def _pod_uids(client: Client, target: Target) -> dict[int, str]:
+    def _pod_uids(client: Client, target: KubeHandle) -> dict[int, str]:
         """Ordinal -> uid of each pod that is not being deleted."""
         from mlenv.backends.kubeapi import pods as podview
 
@@ -292,7 +293,7 @@ class KubernetesBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks, Preempts):
                           rsh=[sys.executable, "-m", "mlenv.backends.kubernetes.rsh", self.binary,
                                self.target(handle).namespace])
 
-    def _volumes(self, client: Client, target: Target) -> list[str]:
+    def _volumes(self, client: Client, target: KubeHandle) -> list[str]:
         return sorted(claim["metadata"]["name"]
                       for claim in client.select("persistentvolumeclaims", owned_labels(target.app)))
 

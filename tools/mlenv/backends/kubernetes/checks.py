@@ -14,7 +14,7 @@ from decimal import Decimal
 from typing import Any
 
 from mlenv.backends.kubeapi.client import Client, KubeError
-from mlenv.backends.kubeapi.naming import DATA_KIND, Target
+from mlenv.backends.kubeapi.naming import DATA_KIND, KubeHandle
 from mlenv.backends.kubeapi.preflight import check_networks, preflight
 from mlenv.backends.kubernetes.admission import admission_checks
 from mlenv.config.quantity import QuantityError, parse_quantity
@@ -59,7 +59,7 @@ def is_default_class(storage_class: Mapping[str, Any]) -> bool:
     return annotations.get(DEFAULT_CLASS) == "true"
 
 
-def before_deploy(client: Client, target: Target, plan: JobPlan) -> list[Check]:
+def before_deploy(client: Client, target: KubeHandle, plan: JobPlan) -> list[Check]:
     """Every check; the cluster is asked only once logged in."""
     _, checks = preflight(client, target, [*target.kinds, DATA_KIND.lower()])
     checks.append(image_check(plan.image))
@@ -197,7 +197,7 @@ def _can_use_as(client: Client, resource: str, namespace: str, user: str) -> boo
         return None if exc.reason == "Forbidden" else False
 
 
-def scc_check(client: Client, target: Target) -> Check:
+def scc_check(client: Client, target: KubeHandle) -> Check:
     """OpenShift: mlenv's IPC_LOCK SCC exists, allows IPC_LOCK, and the ServiceAccount may use it."""
     scc = str(target.ipc_lock_scc)
     name = "IPC_LOCK SCC"
@@ -225,7 +225,7 @@ def scc_check(client: Client, target: Target) -> Check:
     return Check(name, "PASS", f"ServiceAccount {target.service_account} may use SCC {scc}, which allows IPC_LOCK")
 
 
-def pod_security_check(client: Client, target: Target) -> Check:
+def pod_security_check(client: Client, target: KubeHandle) -> Check:
     """Kubernetes: IPC_LOCK needs the namespace's Pod Security level to be privileged."""
     namespace = target.namespace
     fix = (f"a namespace admin: kubectl label namespace {namespace} {ENFORCE}=privileged --overwrite; or "
@@ -273,7 +273,7 @@ def image_check(image: str) -> Check:
     return Check("image", "PASS", f"{image} is a well-formed reference")
 
 
-def image_stream_checks(client: Client, target: Target, image: str) -> list[Check]:
+def image_stream_checks(client: Client, target: KubeHandle, image: str) -> list[Check]:
     """An image from OpenShift's internal registry names an ImageStream tag: it must exist."""
     registry, _, rest = image.partition("/")
     if not INTERNAL_REGISTRY.fullmatch(registry) or "@" in rest:

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from mlenv.backends.kubeapi.client import Client, KubeError
-from mlenv.backends.kubeapi.naming import Target
+from mlenv.backends.kubeapi.naming import KubeHandle
 from mlenv.core.registry import Records
 from mlenv.errors import OperationError
 from mlenv.runtime.records.runlayout import LEFT_OUT_ANNOTATION, LEFT_OUT_UNRECORDED
@@ -29,7 +29,7 @@ def _annotation(obj: Mapping[str, Any], key: str) -> str:
     return str(((obj.get("metadata") or {}).get("annotations") or {}).get(key, ""))
 
 
-def _statefulset(client: Client, target: Target) -> dict[str, Any]:
+def _statefulset(client: Client, target: KubeHandle) -> dict[str, Any]:
     """The live StatefulSet; OperationError saying so where it was deleted by hand."""
     try:
         found: dict[str, Any] = json.loads(client.run("get", ["statefulset", target.app, "-o=json"]))
@@ -41,7 +41,7 @@ def _statefulset(client: Client, target: Target) -> dict[str, Any]:
     return found
 
 
-def record_moves(client: Client, target: Target, statefulset: Mapping[str, Any], records: Records) -> list[str]:
+def record_moves(client: Client, target: KubeHandle, statefulset: Mapping[str, Any], records: Records) -> list[str]:
     """Record on the deployment the nodes that a detached run left out for a node-fault sign and moved its pods off
     (the StatefulSet's LEFT_OUT_UNRECORDED, removed then), each said; their hosts, which stay kept off."""
     move = recorded(_annotation(statefulset, LEFT_OUT_UNRECORDED))
@@ -74,14 +74,14 @@ def moved_by_a_run(pods: Iterable[Mapping[str, Any]], records: Records, name: st
     return bool(hosts - {str(entry.get("host")) for entry in (records.excluded_of(name) if hosts else ())})
 
 
-def record_seen_moves(client: Client, target: Target, pods: Iterable[Mapping[str, Any]], records: Records) -> None:
+def record_seen_moves(client: Client, target: KubeHandle, pods: Iterable[Mapping[str, Any]], records: Records) -> None:
     """What ``status`` does with the pods it listed: where they say a detached run moved them off a node that the
     records lack, read the StatefulSet and record it (:func:`record_moves`); no call otherwise."""
     if moved_by_a_run(pods, records, target.cluster_name):
         record_moves(client, target, _statefulset(client, target), records)
 
 
-def keep_off(client: Client, target: Target, excluded: Sequence[str], records: Records) -> None:
+def keep_off(client: Client, target: KubeHandle, excluded: Sequence[str], records: Records) -> None:
     """Bring the live StatefulSet to ``excluded`` and the nodes a detached run moved its pods off since mlenv last
     looked (recorded then: :func:`record_moves`), a merge patch of its node affinity that replaces its pods, and
     wait until every pod is Ready again; nothing when it is there already."""

@@ -13,14 +13,14 @@ import json
 from collections.abc import Mapping
 
 from mlenv.backends.kubeapi.client import Client
-from mlenv.backends.kubeapi.naming import Target, owned_labels, run_secret
+from mlenv.backends.kubeapi.naming import KubeHandle, owned_labels, run_secret
 from mlenv.runtime.records.runlayout import RESUME_RUN
 
 KIND = "secret"
 """What a launch makes beside the deployment's objects: clean deletes it by mlenv's labels."""
 
 
-def manifest(target: Target, run_id: str, secrets: Mapping[str, str]) -> str:
+def manifest(target: KubeHandle, run_id: str, secrets: Mapping[str, str]) -> str:
     """The Secret of detached run ``run_id`` with ``secrets`` (variable -> value), as JSON (a YAML document)."""
     values = {**secrets, RESUME_RUN: run_id}
     return json.dumps({
@@ -30,7 +30,7 @@ def manifest(target: Target, run_id: str, secrets: Mapping[str, str]) -> str:
     })
 
 
-def keep(client: Client, target: Target, run_id: str | None, secrets: Mapping[str, str]) -> None:
+def keep(client: Client, target: KubeHandle, run_id: str | None, secrets: Mapping[str, str]) -> None:
     """Before a run starts: its Secret for a detached run (``run_id``), none for an attached one (None)."""
     if run_id is not None:
         client.apply(manifest(target, run_id, secrets))

@@ -14,7 +14,7 @@ from typing import Any
 
 from mlenv.backends.kubeapi import pods as podview
 from mlenv.backends.kubeapi.explain import owner_trouble
-from mlenv.backends.kubeapi.naming import Target
+from mlenv.backends.kubeapi.naming import KubeHandle
 from mlenv.backends.kubeapi.waiting import PodSet
 
 WORKLOAD_LABEL = "workloadName"
@@ -67,9 +67,9 @@ class Workload:
         """The labels that list the workload's pods."""
         return {WORKLOAD_LABEL: self.name}
 
-    def target(self, flavour: str) -> Target:
+    def target(self, flavour: str) -> KubeHandle:
         """The workload in the Kubernetes backend's terms, for its preflight checks, waits and explanations."""
-        return Target(app=self.name, namespace=self.namespace, nodes=self.nodes, flavour=flavour, api=self.api,
+        return KubeHandle(app=self.name, namespace=self.namespace, nodes=self.nodes, flavour=flavour, api=self.api,
                       cluster_name=self.cluster_name, cluster_file=self.cluster_file, kinds=(), service_account="",
                       ipc_lock_scc=None)
 

@@ -30,6 +30,7 @@ from mlenv.core.capabilities import (
     Checks,
     CopyTarget,
     Deploy,
+    Feature,
     Handle,
     Jobs,
     LaunchOutcome,
@@ -41,6 +42,7 @@ from mlenv.core.capabilities import (
     Preemption,
     Preempts,
     Recorder,
+    Refused,
     Request,
 )
 from mlenv.core.fanout import RUNS_DIR
@@ -452,8 +454,8 @@ class SlurmBackend(Deploy, NodeAccess, Jobs, Checks, Preempts):
                                    spec.expect_transport, spec.watchdog_options())
         allocation = allocation_id(handle)
         if spec.secrets and (allocation is None or spec.detach):
-            raise UsageError(_SECRETS_REFUSED.format(names=" ".join(spec.secrets), name=handle.name,
-                                                     run="a detached run" if allocation else "a batch job"))
+            raise Refused(Feature.JOBS, _SECRETS_REFUSED.format(names=" ".join(spec.secrets), name=handle.name,
+                                                                run="a detached run" if allocation else "a batch job"))
         forwarded = f"; forwarded from your environment: {', '.join(spec.secrets)}" if spec.secrets else ""
         where = f"inside allocation {allocation}" if allocation else "as a batch job"
         title = (f"mlenv launch: run {spec.run_id} of {handle.name}, {spec.script} with {spec.launcher} on "
@@ -536,17 +538,19 @@ class SlurmBackend(Deploy, NodeAccess, Jobs, Checks, Preempts):
         node's supervisor wrote its exit status, else ``running``, ``hung``, ``failed`` (lost), or None (unknown)."""
         return dict(self.latest_run(handle, run_id).nodes)
 
-    def preemption_refused(self, handle: Handle) -> str | None:
+    def preemption_refused(self, handle: Handle) -> Refused | None:
         """PURE: Slurm warns a batch job (slurm.signal) and mlenv's script requeues it (slurm.requeue): a run in
         the allocation gets no warning."""
         settings = job_from(handle).settings
         cannot = "the slurm backend cannot preempt this run as Slurm does"
         if allocation_id(handle) is not None:
-            return (f"{cannot}: Slurm's warning signal (slurm.signal) reaches batch jobs only, and runs of "
-                    f"{handle.name} are steps of its allocation: mlenv clean it, then drill with -c CLUSTER")
+            return Refused(Feature.TAKE_AWAY, f"{cannot}: Slurm's warning signal (slurm.signal) reaches batch jobs "
+                           f"only, and runs of {handle.name} are steps of its allocation: mlenv clean it, then drill "
+                           "with -c CLUSTER")
         if settings.signal is None or not settings.requeue:
-            return (f"{cannot}: it needs slurm.signal (the warning before the time limit, SIG@SECONDS such as "
-                    f"USR1@60) and slurm.requeue: true (the job requeues itself after it) in the cluster file")
+            return Refused(Feature.TAKE_AWAY, f"{cannot}: it needs slurm.signal (the warning before the time limit, "
+                           "SIG@SECONDS such as USR1@60) and slurm.requeue: true (the job requeues itself after it) "
+                           "in the cluster file")
         return None
 
     def take_away(self, handle: Handle, node: Node, run_id: str) -> Preemption:

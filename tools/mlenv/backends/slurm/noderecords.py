@@ -14,7 +14,7 @@ from mlenv.runtime.records.restartpolicy import why_faulty
 from mlenv.runtime.records.runlayout import LOST_FILE, parse_ranks
 from mlenv.runtime.records.states import Ending, NodeFault, RunState, exit_state, parse_faults
 from mlenv.runtime.records.timeline import NodeAttempt, share
-from mlenv.runtime.supervise.jobs import LOST, ended_state
+from mlenv.runtime.supervise.jobs import GONE_REASON, ended_state
 
 FILES = ("exit", "state.json", "ranks.json", "record.json")
 """A node's records, read in this order: the exit file first, so that a node that has ended is read with its final
@@ -143,7 +143,7 @@ def node_job(files: Mapping[str, str], attempt: int, live: bool, stopped: bool =
         state = ended_state(recorded.get("state"), code)
     else:
         return None
-    reason = recorded.get("reason") or (None if code is not None or live else LOST)
+    reason = recorded.get("reason") or (None if code is not None or live else GONE_REASON)
     if lost is not None:
         state, reason = RunState.FAILED, why_faulty(lost)
     elif stopped and state is RunState.FAILED:

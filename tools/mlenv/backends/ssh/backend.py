@@ -118,7 +118,7 @@ class SshBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks):
             result = subprocess.run(target.transport.ssh_argv(host, ["true"]), capture_output=True, text=True,
                                     stdin=subprocess.DEVNULL, timeout=target.transport.connect_timeout + timeout,
                                     check=False)
-            return failure(target.transport, host, result.stderr) if result.returncode else None
+            return failure(target.transport, host, result.stderr).message if result.returncode else None
 
         errors = [e for e in parallel(reach, {i: i for i in range(len(target.machines))}).values() if e]
         if errors:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
+from dataclasses import dataclass
 
 from mlenv.backends.sshlink.hosts import HostSpec, Resolved, resolve
 from mlenv.backends.sshlink.transport import Transport
@@ -16,6 +17,15 @@ CHANGED = "REMOTE HOST IDENTIFICATION HAS CHANGED"
 ADDED = "Permanently added"
 KEYGEN_TIMEOUT = 10.0
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
+
+
+@dataclass(frozen=True)
+class SshFailure:
+    """Why a host could not be reached, in one line that names it, and the command that fixes it where there is
+    one."""
+
+    message: str
+    fix: str | None = None
 
 
 def _lines(stderr: str) -> list[str]:
@@ -48,18 +58,14 @@ def needs_passphrase(key: str) -> bool:
     return result is not None and result.returncode != 0 and "passphrase" in result.stderr
 
 
-def _passphrase_hint(transport: Transport, resolved: Resolved | None) -> str:
+def _locked_key(transport: Transport, resolved: Resolved | None) -> str | None:
+    """The first key ssh would offer that needs a passphrase; None when none does."""
     keys = [transport.identity_file] if transport.identity_file else list(resolved.identity_files if resolved else [])
-    locked = [key for key in keys if needs_passphrase(key)]
-    if not locked:
-        return ""
-    key = shlex.quote(locked[0])
-    return (f"; the key {shown(locked[0])} needs a passphrase, which ssh cannot ask for here (BatchMode): load it "
-            f"into an ssh-agent first (eval \"$(ssh-agent)\"; ssh-add {key}) and run mlenv from that shell")
+    return next((key for key in keys if needs_passphrase(key)), None)
 
 
-def failure(transport: Transport, host: HostSpec, stderr: str) -> str:
-    """What went wrong reaching ``host``, in one line that names it."""
+def failure(transport: Transport, host: HostSpec, stderr: str) -> SshFailure:
+    """What went wrong reaching ``host``, in one line that names it, with its fix where there is one."""
     label = host.display(transport.user)
     lines = _lines(stderr)
     last = shown(lines[-1]) if lines else "no message from ssh"
@@ -67,25 +73,32 @@ def failure(transport: Transport, host: HostSpec, stderr: str) -> str:
         resolved = resolve(transport.ssh_base(host), host.destination(transport.user))
         name = resolved.known_hosts_name if resolved else host.display()
         known = os.path.expanduser(_known_hosts(transport, resolved))
-        return (f"{label}: its host key has changed ({CHANGED}): ssh refuses to connect, as someone could be "
-                f"in between. If the machine was reinstalled, check its new key with its admin, then remove the "
-                f"old one and try again: ssh-keygen -R {shlex.quote(name)} -f {shlex.quote(known)}")
+        fix = f"ssh-keygen -R {shlex.quote(name)} -f {shlex.quote(known)}"
+        return SshFailure(f"{label}: its host key has changed ({CHANGED}): ssh refuses to connect, as someone could "
+                          f"be in between. If the machine was reinstalled, check its new key with its admin, then "
+                          f"remove the old one and try again: {fix}", fix)
     if "Permission denied" in stderr:
-        resolved = resolve(transport.ssh_base(host), host.destination(transport.user))
-        return f"{label}: login refused ({last}){_passphrase_hint(transport, resolved)}"
+        locked = _locked_key(transport, resolve(transport.ssh_base(host), host.destination(transport.user)))
+        if locked is None:
+            return SshFailure(f"{label}: login refused ({last})")
+        fix = f"ssh-add {shlex.quote(locked)}"
+        return SshFailure(f"{label}: login refused ({last}); the key {shown(locked)} needs a passphrase, which ssh "
+                          f"cannot ask for here (BatchMode): load it into an ssh-agent first (eval \"$(ssh-agent)\"; "
+                          f"{fix}) and run mlenv from that shell", fix)
     if "Host key verification failed" in stderr:
-        return f"{label}: host key verification failed ({last}); compare the host's key with your known_hosts"
+        return SshFailure(f"{label}: host key verification failed ({last}); compare the host's key with your "
+                          "known_hosts")
     if "Connection refused" in stderr:
-        return f"{label}: connection refused: no ssh server listens there ({last})"
+        return SshFailure(f"{label}: connection refused: no ssh server listens there ({last})")
     if "timed out" in stderr:
-        return (f"{label}: no answer within {transport.connect_timeout} s (ssh.connect_timeout): the machine is "
-                f"down, or a firewall drops the connection ({last})")
+        return SshFailure(f"{label}: no answer within {transport.connect_timeout} s (ssh.connect_timeout): the "
+                          f"machine is down, or a firewall drops the connection ({last})")
     if transport.jump and ("UNKNOWN port 65535" in stderr or "kex_exchange_identification" in stderr):
-        return (f"{label}: the connection through the jump host failed ({last}); check that "
-                f"ssh {shlex.quote(transport.jump)} works from here (ssh.jump)")
+        return SshFailure(f"{label}: the connection through the jump host failed ({last}); check that "
+                          f"ssh {shlex.quote(transport.jump)} works from here (ssh.jump)")
     if "Could not resolve hostname" in stderr:
-        return f"{label}: unknown host name ({last}); a typo, or an alias missing from ~/.ssh/config?"
-    return f"{label}: ssh failed: {last}"
+        return SshFailure(f"{label}: unknown host name ({last}); a typo, or an alias missing from ~/.ssh/config?")
+    return SshFailure(f"{label}: ssh failed: {last}")
 
 
 def first_contact(transport: Transport, host: HostSpec, stderr: str) -> str | None:

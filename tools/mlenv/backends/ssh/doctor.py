@@ -63,13 +63,7 @@ def _host_key(target: SshTarget, host: HostSpec) -> Check:
 def _host_checks(target: SshTarget, ordinal: int, answer: Reply) -> list[Check]:
     label = target.label(ordinal)
     if answer.facts is None:
-        error = answer.error or "no answer"
-        fix = None
-        if "ssh-keygen -R" in error:
-            fix = error[error.index("ssh-keygen -R"):]
-        elif "ssh-add" in error:
-            fix = "ssh-add " + shlex.quote(target.transport.identity_file or "KEY")
-        return [Check(f"{label}: reachable", "FAIL", error, fix)]
+        return [Check(f"{label}: reachable", "FAIL", answer.error or "no answer", answer.fix)]
     facts = answer.facts
     version = tuple(facts["python"])
     python_ok = version >= MIN_PYTHON

@@ -40,6 +40,8 @@ class Reply:
     error: str | None = None
     note: str | None = None
     """What first contact recorded (the host key's fingerprint)."""
+    fix: str | None = None
+    """The command that fixes what ``error`` says, where there is one."""
 
 
 def probe_argv(transport: Transport, host: HostSpec, python: str, request: Mapping[str, Any]) -> list[str]:
@@ -63,7 +65,8 @@ def _reply(transport: Transport, host: HostSpec, python: str, returncode: int, s
     """Read one finished probe."""
     label = host.display(transport.user)
     if returncode == SSH_FAILED:
-        return Reply(None, failure(transport, host, stderr))
+        failed = failure(transport, host, stderr)
+        return Reply(None, failed.message, fix=failed.fix)
     found = answers(stdout)
     note = first_contact(transport, host, stderr)
     if found:

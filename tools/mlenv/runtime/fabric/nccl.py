@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import Enum
 from ipaddress import IPv4Address
 from pathlib import Path
 
@@ -30,6 +31,22 @@ AUTO = "auto"
 """A value that asks for detection (the cluster file's ``gdr_level: auto``); never passed on to NCCL."""
 
 
+class Concern(Enum):
+    """What a warning is about: the host limits (MEMLOCK, SHM) have checks of their own in the node doctor."""
+
+    SETTINGS = "settings"
+    MEMLOCK = "memlock"
+    SHM = "shm"
+
+
+@dataclass(frozen=True)
+class NcclWarning:
+    """One warning and what it is about."""
+
+    text: str
+    concern: Concern = Concern.SETTINGS
+
+
 @dataclass
 class NcclEnv:
     """Variables to set, ``auto`` ones to remove, warnings about what will break or slow training, and the
@@ -37,8 +54,13 @@ class NcclEnv:
 
     env: dict[str, str] = field(default_factory=dict)
     unset: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
+    warned: list[NcclWarning] = field(default_factory=list)
     explain: list[str] = field(default_factory=list)
+
+    @property
+    def warnings(self) -> list[str]:
+        """The warnings' text, in the order they were made."""
+        return [warning.text for warning in self.warned]
 
     def to_dict(self) -> dict[str, object]:
         """The JSON shape of ``nccl-env --json``."""
@@ -59,8 +81,8 @@ class _Decisions:
             self.result.env[name] = value
             self.note(f"{name}={value}: {evidence}")
 
-    def warn(self, message: str) -> None:
-        self.result.warnings.append(message)
+    def warn(self, message: str, concern: Concern = Concern.SETTINGS) -> None:
+        self.result.warned.append(NcclWarning(message, concern))
         self.note(f"warning: {message}")
 
     def note(self, message: str) -> None:
@@ -236,7 +258,7 @@ def _rdma_host_warnings(
     limit = memlock_limit(proc_root)
     if limit is not None and limit.value != "unlimited":
         d.warn(f"RLIMIT_MEMLOCK is {limit.value} bytes, not unlimited ({limit.path}): RDMA memory "
-               "registration will fail; give the container IPC_LOCK and an unlimited memlock limit")
+               "registration will fail; give the container IPC_LOCK and an unlimited memlock limit", Concern.MEMLOCK)
     gpu_nodes = sorted(set(gpu_numa_nodes(sysfs_root).values()))
     for hca in hcas:
         if gpu_nodes and hca.numa_node is not None and hca.numa_node >= 0 and hca.numa_node not in gpu_nodes:
@@ -279,7 +301,7 @@ def _shm_warning(d: _Decisions, proc_root: str | Path) -> None:
     if found is not None and found[1] < MIN_SHM_BYTES:
         evidence, size = found
         d.warn(f"{SHM_MOUNT} is only {size >> 20} MiB ({evidence.path}: {evidence.value}): NCCL and data "
-               f"loader workers need more; mount a memory-backed volume of at least 1 GiB on {SHM_MOUNT}")
+               f"loader workers need more; mount a memory-backed volume of at least 1 GiB on {SHM_MOUNT}", Concern.SHM)
 
 
 def _unresolved_auto(d: _Decisions) -> None:

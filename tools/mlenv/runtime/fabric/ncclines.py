@@ -64,7 +64,7 @@ _TCP_PLUGINS = ("tcpx", "fastrak", "tcpxo")
 
 
 @dataclass(frozen=True)
-class Record:
+class NcclRecord:
     """One record: who wrote it (``host``/``pid``/``dev`` as its header says, ``tag`` the launcher's) and what.
     ``level`` is INFO, WARN or VERSION (a bare ``NCCL version`` line, without a header)."""
 
@@ -79,7 +79,7 @@ class Record:
     rank: int | None = None  # ... and the global rank
 
 
-def nccl_record(text: str) -> Record | None:
+def nccl_record(text: str) -> NcclRecord | None:
     """The record of a line in NCCL's own shape, after at most one launcher tag; None for anything else (text that
     merely contains NCCL's words, a header cut or moved, two records on a line)."""
     tag = LAUNCHER_TAG.match(text)
@@ -87,14 +87,14 @@ def nccl_record(text: str) -> Record | None:
     if (own := _OWN.fullmatch(rest.strip())) and not _MARKER.search(own["message"]):  # not two records joined
         message = own["message"][:_MESSAGE_CHARS].strip()
         version = _VERSION.match(message)
-        return Record(own["level"], message, own["host"], own["pid"], own["dev"], _tag(tag),
+        return NcclRecord(own["level"], message, own["host"], own["pid"], own["dev"], _tag(tag),
                       version[1] if version else None, *_mlenv(text))
     if version := _OWN_VERSION.fullmatch(rest.strip()):
-        return Record("VERSION", rest.strip(), None, None, None, _tag(tag), version[1], *_mlenv(text))
+        return NcclRecord("VERSION", rest.strip(), None, None, None, _tag(tag), version[1], *_mlenv(text))
     return None
 
 
-def records(text: str) -> list[Record]:
+def records(text: str) -> list[NcclRecord]:
     """Every record of a line as logs are pasted: each ``NCCL INFO|WARN`` (NCCL 2.0-2.2: a bare ``INFO|WARN``
     after a header) with the header found before it."""
     if "NCCL INFO" not in text and "NCCL WARN" not in text and ("INFO " in text or "WARN " in text):
@@ -113,10 +113,10 @@ def records(text: str) -> list[Record]:
         host, pid, dev, _ = headers[index]
         end = headers[index + 1][3] if index + 1 < len(markers) else len(text)
         message = text[marker.end():min(end, marker.end() + _MESSAGE_CHARS)].strip()
-        found.append(Record(marker[1], message, host, pid, dev, _tag(launcher), version[1] if version else None,
+        found.append(NcclRecord(marker[1], message, host, pid, dev, _tag(launcher), version[1] if version else None,
                             *_mlenv(text)))
     if version and not found:
-        found.append(Record("VERSION", text.strip()[:_MESSAGE_CHARS], None, None, None, _tag(launcher), version[1],
+        found.append(NcclRecord("VERSION", text.strip()[:_MESSAGE_CHARS], None, None, None, _tag(launcher), version[1],
                             *_mlenv(text)))
     return found
 
@@ -269,7 +269,7 @@ class Evidence:
         self.warnings += other.warnings[: MAX_KEPT - len(self.warnings)]
         self.hosts |= other.hosts
 
-    def read(self, record: Record, where: str) -> bool:
+    def read(self, record: NcclRecord, where: str) -> bool:
         """Fold one record in; True when it bears on the transport (``where`` is then kept as evidence)."""
         self.nccl_version = self.nccl_version or record.version
         if record.host:

@@ -22,7 +22,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from .ncclines import MAX_KEPT, MAX_LINE, Evidence, Record, is_socket_network, net_name, records
+from .ncclines import MAX_KEPT, MAX_LINE, Evidence, NcclRecord, is_socket_network, net_name, records
 from .ncclines import iter_lines as iter_lines  # the public reading of a log file, as callers know it
 
 RDMA_GDR = "RDMA+GDR"
@@ -168,7 +168,7 @@ class RankReport:
 
 
 @dataclass(frozen=True)
-class NodeReport:
+class NodeTransportReport:
     """One node's verdict, from all its processes."""
 
     node: str
@@ -201,12 +201,12 @@ class LogReport:
     """All ranks and nodes found in the logs and the overall verdict."""
 
     ranks: list[RankReport]
-    nodes: list[NodeReport]
+    nodes: list[NodeTransportReport]
     verdict: str
     reason: str
     nccl_version: str | None = None
 
-    def node(self, name: str) -> NodeReport | None:
+    def node(self, name: str) -> NodeTransportReport | None:
         return next((n for n in self.nodes if n.node == name), None)
 
     def to_dict(self) -> dict[str, object]:
@@ -244,7 +244,7 @@ class NcclLogReader:
             found |= self.add(record, where, node=node, rank=rank)
         return found
 
-    def add(self, record: Record, where: str = "", *, node: str | None = None, rank: int | None = None) -> bool:
+    def add(self, record: NcclRecord, where: str = "", *, node: str | None = None, rank: int | None = None) -> bool:
         """Take one record; True when it bears on the transport."""
         node, rank = (node, rank) if node is not None else (record.node, record.rank if rank is None else rank)
         self._version = self._version or record.version
@@ -296,7 +296,7 @@ class NcclLogReader:
         return None
 
 
-def _key(record: Record, node: str | None, rank: int | None) -> str:
+def _key(record: NcclRecord, node: str | None, rank: int | None) -> str:
     """The process a record belongs to: host:pid, else who the caller or the launcher's tag says wrote it."""
     if record.host and record.pid:
         return f"{record.host}:{record.pid}"
@@ -329,9 +329,9 @@ def _node_decision(ev: Evidence, multi: bool | None, processes: list[RankReport]
     return on_sockets[0] if on_sockets else decide(ev, _multi_for(ev, multi, ev))
 
 
-def _node_report(name: str, ev: Evidence, decision: Decision) -> NodeReport:
+def _node_report(name: str, ev: Evidence, decision: Decision) -> NodeTransportReport:
     network = ev.network()
-    return NodeReport(name, decision.verdict, decision.reason, network, f"NET/{network}" if network else None,
+    return NodeTransportReport(name, decision.verdict, decision.reason, network, f"NET/{network}" if network else None,
                       ev.devices(), ev.nccl_version, ev.provider, ev.evidence)
 
 

@@ -303,6 +303,8 @@ def read_node(host: str, *, run: NodeDir | None, nvidia_smi: str = "nvidia-smi",
     gpus: list[Gpu] = []
     try:
         gpus = read_gpus(nvidia_smi)
+    except FileNotFoundError:
+        errors.append(f"GPUs: {nvidia_smi} not found")
     except OSError as err:
         errors.append(f"GPUs: {err.strerror or err}")
     ranks = read_ranks(run) if run else []

@@ -17,7 +17,7 @@ SHM_MOUNT = "/dev/shm"  # noqa: S108 - read, never written
 
 
 @dataclass(frozen=True)
-class Evidence:
+class FileFact:
     """A fact and the file it was read from."""
 
     path: Path
@@ -80,16 +80,16 @@ def dmabuf_support(sysfs_root: str | Path, proc_root: str | Path) -> tuple[bool,
     return True, f"{taint_path} = {taint or '(empty)'}: NVIDIA's open kernel module"
 
 
-def memlock_limit(proc_root: str | Path) -> Evidence | None:
+def memlock_limit(proc_root: str | Path) -> FileFact | None:
     """Soft RLIMIT_MEMLOCK of this process (``unlimited`` or bytes), from ``<proc>/self/limits``."""
     path = Path(proc_root, "self", "limits")
     for line in (read_text(path) or "").splitlines():
         if line.startswith("Max locked memory"):
-            return Evidence(path, line.split()[3])
+            return FileFact(path, line.split()[3])
     return None
 
 
-def shm_size(proc_root: str | Path) -> tuple[Evidence, int] | None:
+def shm_size(proc_root: str | Path) -> tuple[FileFact, int] | None:
     """Size in bytes of the /dev/shm mount when the mount sets one, from ``<proc>/mounts``."""
     path = Path(proc_root, "mounts")
     for line in (read_text(path) or "").splitlines():
@@ -99,7 +99,7 @@ def shm_size(proc_root: str | Path) -> tuple[Evidence, int] | None:
         for option in fields[3].split(","):
             size = _parse_size(option.removeprefix("size=")) if option.startswith("size=") else None
             if size is not None:
-                return Evidence(path, option), size
+                return FileFact(path, option), size
     return None
 
 

@@ -8,7 +8,7 @@ a detached one (runtime/supervise/detached.py), and the Slurm scripts through ``
 1. A run is started again only while ``--max-restarts`` allows, and never after a success, a stop by the user
    (states.py's :data:`STOP_CODES`: Ctrl-C, ``mlenv stop``, scancel) or an idle stop (``--on-idle stop``: it would
    idle again).
-   A stop's exit code where a node was lost to the infrastructure (:data:`LOST`: the scheduler's node failure,
+   A stop's exit code where a node was lost to the infrastructure (:data:`LOST_SIGNS`: the scheduler's node failure,
    drain or reclaim delivers SIGTERM too) is no user's stop: such a run is restarted.
 2. A node whose failure carries a node-fault sign (:data:`SIGNS`: unreachable, lost to a node failure, an NCCL network
    error, a GPU Xid or ECC event, a failed in-node check) is left out of the next attempts at once, and recorded on
@@ -54,7 +54,7 @@ IDLE_EXIT_CODE = 125
 mlenv; never restarted (an idle job would idle again)."""
 FAULTY_AFTER = 2
 """A node that failed first (without a sign) in this many attempts of a run is left out of the rest of the run."""
-LOST = frozenset({FaultSign.UNREACHABLE, FaultSign.NODE_FAILURE})
+LOST_SIGNS = frozenset({FaultSign.UNREACHABLE, FaultSign.NODE_FAILURE})
 """The signs of a node lost to the infrastructure: a stop of the job then is not the user's."""
 FINAL_CODES = frozenset({0, IDLE_EXIT_CODE, *STOP_CODES})
 """Exit codes of an attempt that is never run again: success, an idle stop, a stop by the user."""
@@ -73,8 +73,8 @@ def final(exit_code: int) -> bool:
 
 def may_restart(exit_code: int, attempt: int, max_restarts: int, signs: Iterable[NodeFault] = ()) -> bool:
     """Whether attempt ``attempt`` (0 for the first), ended with ``exit_code``, may be followed by another; ``signs``:
-    the nodes' own node-fault signs (a node :data:`LOST` makes a stop's exit code restartable)."""
-    lost = exit_code in STOP_CODES and any(sign.sign in LOST for sign in signs)
+    the nodes' own node-fault signs (a node :data:`LOST_SIGNS` makes a stop's exit code restartable)."""
+    lost = exit_code in STOP_CODES and any(sign.sign in LOST_SIGNS for sign in signs)
     return (lost or not final(exit_code)) and attempt < max_restarts
 
 

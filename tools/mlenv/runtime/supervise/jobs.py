@@ -32,7 +32,7 @@ from .supervisor import JOB_VARIABLE
 
 POLL_SECONDS = 0.2
 KILL_WAIT_SECONDS = 5.0
-LOST = "gone without an exit status"
+GONE_REASON = "gone without an exit status"
 """The reason of a node's share whose supervisor is gone without writing its exit status (state failed)."""
 
 
@@ -91,7 +91,7 @@ class NodeJob:
         first failure of the job as this node knows it, and the node's share of every attempt (its goodput's)."""
         recorded = read_state(self.files)
         return {**self.record.to_dict(), "state": self.state, "exit_code": self.exit_code,
-                "reason": recorded.get("reason") or (LOST if self.lost else None),
+                "reason": recorded.get("reason") or (GONE_REASON if self.lost else None),
                 "first_failure": recorded.get("first_failure"), "node_fault": self.node_fault(recorded),
                 "transport": recorded.get("transport"), "stacks": recorded.get("stacks"), "idle": recorded.get("idle"),
                 "stragglers": recorded.get("stragglers"), "lost_nodes": recorded.get("lost_nodes"),

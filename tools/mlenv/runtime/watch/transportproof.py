@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..fabric.ncclines import nccl_record
-from ..fabric.ncclog import UNKNOWN, LogReport, NcclLogReader, NodeReport, combine, contradicts, judge_verdict
+from ..fabric.ncclog import UNKNOWN, LogReport, NcclLogReader, NodeTransportReport, combine, contradicts, judge_verdict
 from ..node.readfs import read_text
 from ..records.states import RunState
 from .protocol import BaseObserver, RankInfo
@@ -242,7 +242,7 @@ def _ancestry(pid: int, proc_root: Path) -> list[int]:
     return found
 
 
-def transport_record(node: NodeReport) -> dict[str, object]:
+def transport_record(node: NodeTransportReport) -> dict[str, object]:
     """What state.json keeps of a node's verdict (``latest_run.transport`` of ``mlenv status --json``)."""
     return {"verdict": node.verdict, "plugin": node.plugin, "devices": node.devices,
             "nccl_version": node.nccl_version}
