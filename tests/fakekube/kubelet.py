@@ -1,13 +1,13 @@
 """A kubelet that really runs pods on this machine (``FakeKube(run_pods=True)``).
 
-A scheduled pod's containers run with their command and args, env (downward API fields included), working
-directory and volumes (claims as directories shared by every pod that mounts them, emptyDirs per pod, projected
-volumes of ServiceAccount tokens, ConfigMaps and downward API fields), each in PID and mount namespaces of its own
-(the pod's network shared), and their security context (:mod:`security`: user, groups, capabilities, no_new_privs, a read-only root; volumes group-owned
-by the fsGroup as the kubelet makes them); see :mod:`container`. As root with iproute2 each pod gets a network
-namespace with its pod IP on a bridge of its own (the local backend's plumbing, :mod:`mlenv.backends.local.net`);
-otherwise pods share this machine's network and their pod IP is 127.0.0.1. Every pod's /etc/hosts names the pods
-of its headless Service.
+A scheduled pod's containers run with their command and args, env (downward API fields included), working directory
+and volumes (claims as directories shared by every pod that mounts them, emptyDirs per pod, projected volumes of
+ServiceAccount tokens, ConfigMaps and downward API fields), each in PID and mount namespaces of its own (the pod's
+network shared), and their security context (:mod:`security`: user, groups, capabilities, no_new_privs, a read-only
+root; volumes group-owned by the fsGroup as the kubelet makes them); see :mod:`container`. As root with iproute2
+each pod gets a network namespace with its pod IP on a bridge of its own (the local backend's plumbing,
+:mod:`mlenv.backends.local.net`); otherwise pods share this machine's network and their pod IP is 127.0.0.1. Every
+pod's /etc/hosts names the pods of its headless Service.
 
 Restarts follow ``restartPolicy`` with the kubelet's doubling back-off (CrashLoopBackOff while waiting). The first
 container is the pod's status; the others (sidecars) start once it runs and are started again, after the first

@@ -183,7 +183,7 @@ def test_the_pods_automount_field_wins_over_its_accounts(pod_field: bool | None,
 
 
 
-SIDE_TOKEN = "/var/run/secrets/side"
+SIDE_TOKEN = "/var/run/secrets/side"  # noqa: S105 - a directory
 PROJECTED = {"name": "side-token", "projected": {"defaultMode": 0o444, "sources": [
     {"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}},
     {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
@@ -214,7 +214,8 @@ def test_a_projected_token_is_only_in_the_container_that_mounts_it(
     assert cluster.server.kubelet is not None
     kubelet = cluster.server.kubelet.root  # every pod's volumes, the sidecar's token among them: hidden in a pod
     looked = cluster.kubectl("exec", "p", "-c", "main", "--", "sh", "-c", f"ls {MOUNT_PATH} {SIDE_TOKEN} 2>&1; "
-                             f"ls -A {kubelet} | wc -l; for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done")
+                             f"ls -A {kubelet} | wc -l; "
+                             "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done")
     assert looked.stdout.count("No such file") == 2 and "time.sleep(3600)" in looked.stdout, looked.stdout
     assert any(kubelet.iterdir()) and looked.stdout.splitlines()[2] == "0", looked.stdout
     assert "urlopen" not in looked.stdout  # the sidecar's command: not a process main can see
