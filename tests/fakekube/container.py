@@ -52,8 +52,9 @@ class Terminated:
 @dataclass(frozen=True)
 class Sandbox:
     """What the container is made of: its root, mounts (source directory or file, container path, read-only), hostname,
-    working directory, command and environment, the network namespace (None: this machine's network), and the
-    security context it runs with."""
+    working directory, command and environment, the network namespace (None: this machine's network), the
+    security context it runs with, and the kubelet's own directory (hidden from it, as a node's /var/lib/kubelet
+    is from a real container: no pod reads another's volumes, or another container's token, there)."""
 
     root: Path
     mounts: Sequence[tuple[str, str, bool]]
@@ -64,6 +65,7 @@ class Sandbox:
     netns: str | None
     user_namespace: bool
     security: Security
+    kubelet_dir: str
 
 
 def exit_status(returncode: int) -> int:
@@ -141,7 +143,7 @@ def _sandbox_argv(sandbox: Sandbox, spec_path: Path, remove: bool = False) -> li
     it once read)."""
     spec = {"root": str(sandbox.root), "mounts": [list(m) for m in sandbox.mounts], "hostname": sandbox.hostname,
             "workdir": sandbox.workdir, "argv": list(sandbox.argv), "env": dict(sandbox.env), "remove": remove,
-            "security": sandbox.security.document()}
+            "security": sandbox.security.document(), "hidden": sandbox.kubelet_dir}
     spec_path.write_text(json.dumps(spec))
     return ["unshare", "--mount", "--uts", "--", sys.executable, "-I", str(SANDBOX), str(spec_path)]
 

@@ -24,6 +24,7 @@ from . import scheduler
 from .api import Api
 from .errors import ApiError
 from .faults import Faults
+from .incluster import CA
 from .resources import RESOURCES, ResourceType, by_kind
 from .store import Store, now_iso
 
@@ -39,6 +40,9 @@ EVENTS = by_kind("Event")
 NAMESPACES = by_kind("Namespace")
 STATEFULSETS = by_kind("StatefulSet")
 SERVICES = by_kind("Service")
+CONFIG_MAPS = by_kind("ConfigMap")
+ROOT_CA = "kube-root-ca.crt"
+"""The ConfigMap of the cluster's CA that Kubernetes' root CA publisher keeps in every namespace."""
 POD_NAME_LABEL = "statefulset.kubernetes.io/pod-name"
 POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"
 REVISION_LABEL = "controller-revision-hash"
@@ -127,6 +131,7 @@ class Controller:
         with self.store.lock:
             before = (self.store.resource_version, astuple(self.faults))
             self._collect_garbage()
+            self._publish_root_ca()
             for sts in self.store.list(STATEFULSETS):
                 self._sync_statefulset(sts)
             self._bind_claims()
@@ -185,6 +190,16 @@ class Controller:
                 else:
                     self.store.delete(rt, meta.get("namespace", ""), meta["name"])
                 self._scheduled_at.pop(meta["uid"], None)
+
+    def _publish_root_ca(self) -> None:
+        """Every namespace has :data:`ROOT_CA` with the CA the API server's certificate verifies against (its
+        ``ca.crt``), as kube-controller-manager's root CA publisher makes it."""
+        for namespace in self.store.list(NAMESPACES):
+            name = namespace["metadata"]["name"]
+            if self.store.get(CONFIG_MAPS, name, ROOT_CA) is None:
+                self.store.create(CONFIG_MAPS, {"apiVersion": "v1", "kind": "ConfigMap",
+                                                "metadata": {"name": ROOT_CA, "namespace": name},
+                                                "data": {"ca.crt": CA.read_text()}})
 
     def _bind_claims(self) -> None:
         for claim in self.store.list(PVCS):

@@ -430,7 +430,7 @@ class Handler(BaseHTTPRequestHandler):
         not run, as the kubelet answers (kubectl then says ``unable to upgrade connection: ...``)."""
         assert self.fake.kubelet is not None
         name = self._container(pod, route)
-        container = self.fake.kubelet.running(pod["metadata"]["uid"])
+        container = self.fake.kubelet.running(pod["metadata"]["uid"], name)
         if container is None:
             raise errors.bad_request(f'container not found ("{name}")')
         if self.headers.get("Upgrade", "").lower() != "websocket":
@@ -459,8 +459,8 @@ class Handler(BaseHTTPRequestHandler):
         """Serve ``pods/log`` from the container's real output (``follow``: until it ends); False when the
         container never started (the caller says why)."""
         assert self.fake.kubelet is not None
-        self._container(pod, route)
-        found = self.fake.kubelet.log(pod["metadata"]["uid"], route.query.get("previous") in ("true", "1"))
+        name = self._container(pod, route)
+        found = self.fake.kubelet.log(pod["metadata"]["uid"], route.query.get("previous") in ("true", "1"), name)
         if found is None:
             return False
         path, ended = found

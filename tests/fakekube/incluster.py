@@ -130,10 +130,19 @@ class InCluster:
         account_name = str((pod.get("spec") or {}).get("serviceAccountName") or "default")
         if not automount(pod, self.store.get(by_kind("ServiceAccount"), namespace, account_name)):
             return Access(env)
+        token = self.issue(pod)
+        return Access(env, {"token": token.encode(), "ca.crt": CA.read_bytes(), "namespace": namespace.encode()})
+
+    def issue(self, pod: dict[str, Any]) -> str:
+        """A new token of the pod's ServiceAccount bound to the pod (what automount and a projected
+        ``serviceAccountToken`` source get)."""
+        meta = pod["metadata"]
+        account_name = str((pod.get("spec") or {}).get("serviceAccountName") or "default")
         token = f"fakekube-sa-{secrets.token_urlsafe(24)}"
         with self._lock:
-            self._tokens[token] = Bound(namespace, account_name, str(meta["name"]), uid)
-        return Access(env, {"token": token.encode(), "ca.crt": CA.read_bytes(), "namespace": namespace.encode()})
+            self._tokens[token] = Bound(meta.get("namespace", "default"), account_name, str(meta["name"]),
+                                        str(meta["uid"]))
+        return token
 
     def detach(self, uid: str) -> None:
         """The pod is gone: forget its tokens and stop serving in its namespace."""

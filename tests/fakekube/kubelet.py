@@ -1,14 +1,17 @@
 """A kubelet that really runs pods on this machine (``FakeKube(run_pods=True)``).
 
-A scheduled pod's first container runs with its command and args, env (downward API fields included), working
-directory and volumes (claims as directories shared by every pod that mounts them, emptyDirs per pod), and its
-security context (:mod:`security`: user, groups, capabilities, no_new_privs, a read-only root; volumes group-owned
-by the fsGroup as the kubelet makes them); see :mod:`container`. As root with iproute2 each pod gets a network
-namespace with its pod IP on a bridge of its own (the local backend's plumbing, :mod:`mlenv.backends.local.net`);
-otherwise pods share this machine's network and their pod IP is 127.0.0.1. Every pod's /etc/hosts names the pods
-of its headless Service.
+A scheduled pod's containers run with their command and args, env (downward API fields included), working directory
+and volumes (claims as directories shared by every pod that mounts them, emptyDirs per pod, projected volumes of
+ServiceAccount tokens, ConfigMaps and downward API fields), each in PID and mount namespaces of its own (the pod's
+network shared), and their security context (:mod:`security`: user, groups, capabilities, no_new_privs, a read-only
+root; volumes group-owned by the fsGroup as the kubelet makes them); see :mod:`container`. As root with iproute2
+each pod gets a network namespace with its pod IP on a bridge of its own (the local backend's plumbing,
+:mod:`mlenv.backends.local.net`); otherwise pods share this machine's network and their pod IP is 127.0.0.1. Every
+pod's /etc/hosts names the pods of its headless Service.
 
-Restarts follow ``restartPolicy`` with the kubelet's doubling back-off (CrashLoopBackOff while waiting).
+Restarts follow ``restartPolicy`` with the kubelet's doubling back-off (CrashLoopBackOff while waiting). The first
+container is the pod's status; the others (sidecars) start once it runs and are started again, after the first
+back-off, whenever they end while it does.
 ``delete`` is graceful: SIGTERM to PID 1, SIGKILL after the grace period. ``shutdown`` ends everything.
 """
 
@@ -21,6 +24,7 @@ import pwd
 import re
 import secrets
 import shutil
+import signal
 import stat
 import sys
 import threading
@@ -76,6 +80,16 @@ SecretLookup = Callable[[str, str], "dict[str, Any] | None"]
 
 class MountError(Exception):
     """A volume that cannot be set up (the kubelet's ``FailedMount``: the pod stays ContainerCreating)."""
+
+
+def write_projected(directory: Path, files: Mapping[str, bytes], mode: int) -> None:
+    """A projected volume's files in ``directory`` (its earlier files removed), owned by root, mode ``mode``."""
+    for old in directory.iterdir():
+        old.unlink()
+    for name, content in files.items():
+        path = directory / name
+        path.write_bytes(content)
+        path.chmod(mode)
 
 
 def write_secret(directory: Path, secret: dict[str, Any] | None, volume: dict[str, Any], group: int | None) -> None:
@@ -141,6 +155,12 @@ class PodRun:
     failure: str = ""
     failure_reason: str = "CreateContainerError"
     done: threading.Event = field(default_factory=threading.Event)
+    sidecars: dict[str, Container] = field(default_factory=dict)
+    """The running (or ended) containers after the first, by name."""
+    sidecar_starts: dict[str, int] = field(default_factory=dict)
+    """How often each was started (its log's number)."""
+    sidecar_next: dict[str, float] = field(default_factory=dict)
+    """When each may be started again once it ended (monotonic)."""
 
     @property
     def uid(self) -> str:
@@ -154,12 +174,14 @@ class Kubelet:
 
     def __init__(self, root: Path, on_change: Callable[[], None], restart_backoff: float = 10.0,
                  network: bool | None = None, secret: SecretLookup | None = None,
-                 cluster: InCluster | None = None) -> None:
+                 cluster: InCluster | None = None, config_map: SecretLookup | None = None) -> None:
         self.root = root
         self.cluster = cluster
         """The API server's side of pods' in-cluster access (None: pods get neither its address nor tokens)."""
         self.secret = secret
         """Reads the Secrets of the pods' ``secret`` volumes."""
+        self.config_map = config_map
+        """Reads the ConfigMaps of the pods' ``projected`` volumes."""
         self.on_change = on_change
         self.restart_backoff = restart_backoff
         self.network = net.available() if network is None else network and net.available()
@@ -195,6 +217,8 @@ class Kubelet:
             self._write_hosts(run, peers, services)
             if run.current is None and not run.failure and not run.stopping and time.monotonic() >= run.next_start:
                 self._start(run)
+            if run.current is not None and not run.stopping:
+                self._start_sidecars(run)
             return self._view(run)
 
     def waiting(self) -> bool:
@@ -229,27 +253,31 @@ class Kubelet:
             runs = list(self._runs.values())
         for run in runs:
             run.stopping = True
-            if run.current is not None:
-                run.current.stop(0)
+            for container in [run.current, *run.sidecars.values()]:
+                if container is not None:
+                    container.stop(0)
             self._release(run)
         if self.network:
             net.delete_namespace(self.bridge)
 
     # --- what the API server asks -----------------------------------------------------------------------------
 
-    def running(self, uid: str) -> Container | None:
-        """The running container of pod ``uid``, or None."""
+    def running(self, uid: str, name: str | None = None) -> Container | None:
+        """The running container of pod ``uid`` (its first, or the sidecar ``name``), or None."""
         with self._lock:
             run = self._runs.get(uid)
-            current = run.current if run else None
+            current = None if run is None else run.sidecars.get(name) if name in run.sidecars else run.current
         return current if current is not None and not current.ended.is_set() else None
 
-    def log(self, uid: str, previous: bool) -> tuple[Path, threading.Event] | None:
-        """(log file, set once that container ended) of the current or ``previous`` container, or None."""
+    def log(self, uid: str, previous: bool, name: str | None = None) -> tuple[Path, threading.Event] | None:
+        """(log file, set once that container ended) of the current or ``previous`` container (the first, or the
+        sidecar ``name``: its current one), or None."""
         with self._lock:
             run = self._runs.get(uid)
             if run is None:
                 return None
+            if name in run.sidecars:
+                return (None if previous else (run.sidecars[name].log, run.sidecars[name].ended))
             waits = run.current is None and not run.stopping  # to be restarted: its last log is the previous one
             index = run.restarts - (1 if previous or waits else 0)
             if index < 0:
@@ -289,6 +317,12 @@ class Kubelet:
                 source.mkdir(parents=True, exist_ok=True)
                 found = self.secret(namespace, str(volume["secret"].get("secretName"))) if self.secret else None
                 write_secret(source, found, volume, context.fs_group)
+                sources[volume["name"]] = source
+                continue
+            if "projected" in volume:
+                source.mkdir(parents=True, exist_ok=True)
+                write_projected(source, self._projected(run.pod, volume), int(volume["projected"].get(
+                    "defaultMode", 0o644)))
                 sources[volume["name"]] = source
                 continue
             if not source.exists():
@@ -343,6 +377,64 @@ class Kubelet:
                 out.write(text)
                 out.truncate()
 
+    def _projected(self, pod: dict[str, Any], volume: dict[str, Any]) -> dict[str, bytes]:
+        """A ``projected`` volume's files: a token bound to the pod (``serviceAccountToken``, whatever
+        ``automountServiceAccountToken`` says), ConfigMap keys, downward-API fields; MountError for a missing
+        ConfigMap (or key) that is not optional, or a source fakekube cannot honour."""
+        namespace, files = pod["metadata"].get("namespace", "default"), {}
+        for source in volume["projected"].get("sources") or []:
+            if "serviceAccountToken" in source and self.cluster is not None:
+                files[str(source["serviceAccountToken"].get("path", "token"))] = self.cluster.issue(pod).encode()
+            elif "configMap" in source:
+                wanted = source["configMap"]
+                found = self.config_map(namespace, str(wanted.get("name"))) if self.config_map else None
+                if found is None and not wanted.get("optional"):
+                    raise MountError(f'MountVolume.SetUp failed for volume "{volume["name"]}" : configmap '
+                                     f'"{wanted.get("name")}" not found')
+                data = (found or {}).get("data") or {}
+                for item in wanted.get("items") or [{"key": key, "path": key} for key in data]:
+                    if item["key"] in data:
+                        files[str(item["path"])] = str(data[item["key"]]).encode()
+            elif "downwardAPI" in source:
+                for item in source["downwardAPI"].get("items") or []:
+                    files[str(item["path"])] = field_value(pod, item["fieldRef"]["fieldPath"]).encode()
+            else:
+                raise MountError(f'fakekube cannot honour the projected source {sorted(source)} of volume '
+                                 f'"{volume["name"]}"')
+        return files
+
+    def _launch(self, run: PodRun, container: dict[str, Any], context: security.Security, name: str,
+                log: Path) -> Container:
+        """Start ``container`` of the pod in a root of its own (``name``); OSError or MountError when it cannot."""
+        pod = run.pod
+        env = container_env(pod, container, context.uid, run.access.env)
+        argv = [expand(str(a), env) for a in [*(container.get("command") or []), *(container.get("args") or [])]]
+        if not argv:
+            raise OSError("no command: fakekube does not pull images, so the container must name its command")
+        sandbox = Sandbox(run.directory / name, self._mounts(run, container, context),
+                          str((pod.get("spec") or {}).get("hostname") or pod["metadata"]["name"]),
+                          str(container.get("workingDir") or "/"), argv, env, run.netns, self.user_namespace,
+                          context, str(self.root))
+        return Container.start(sandbox, log, run.directory / f"{name}.json")
+
+    def _start_sidecars(self, run: PodRun) -> None:
+        """Start the pod's containers after the first that do not run (one that ended: after the first back-off);
+        one that cannot start says why in its log."""
+        for container in ((run.pod.get("spec") or {}).get("containers") or [])[1:]:
+            name = str(container.get("name", ""))
+            running = run.sidecars.get(name)
+            if (running is not None and not running.ended.is_set()) or time.monotonic() < run.sidecar_next.get(name, 0):
+                continue
+            count = run.sidecar_starts[name] = run.sidecar_starts.get(name, -1) + 1
+            log = run.directory / f"{name}-{count}.log"
+            try:
+                started = self._launch(run, container, self._security(run.pod, container), f"rootfs-{name}", log)
+            except (security.Refused, MountError, OSError) as exc:
+                log.write_text(f"fakekube: container {name} did not start: {exc}\n")
+                run.sidecar_next[name] = time.monotonic() + self.restart_backoff
+                continue
+            run.sidecars[name], run.sidecar_next[name] = started, time.monotonic() + self.restart_backoff
+
     def _start(self, run: PodRun) -> None:
         pod = run.pod
         container = (pod.get("spec") or {}).get("containers", [{}])[0]
@@ -351,17 +443,9 @@ class Kubelet:
         except security.Refused as refused:
             run.failure, run.failure_reason = refused.message, refused.reason
             return
-        env = container_env(pod, container, context.uid, run.access.env)
-        argv = [expand(str(a), env) for a in [*(container.get("command") or []), *(container.get("args") or [])]]
         try:
-            if not argv:
-                raise OSError("no command: fakekube does not pull images, so the container must name its command")
-            sandbox = Sandbox(run.directory / "rootfs", self._mounts(run, container, context),
-                              str((pod.get("spec") or {}).get("hostname") or pod["metadata"]["name"]),
-                              str(container.get("workingDir") or "/"), argv, env, run.netns, self.user_namespace,
-                              context)
-            run.current = Container.start(sandbox, run.directory / f"container-{run.restarts}.log",
-                                          run.directory / "sandbox.json")
+            run.current = self._launch(run, container, context, "rootfs",
+                                       run.directory / f"container-{run.restarts}.log")
         except MountError as exc:
             run.failure, run.failure_reason = str(exc), "ContainerCreating"
             return
@@ -419,9 +503,11 @@ class Kubelet:
                     "Running", run.last.container_id)
 
     def _terminate(self, run: PodRun, grace: float, gone: Callable[[], None]) -> None:
-        container = run.current
-        if container is not None:
-            container.stop(grace)
+        for sidecar in run.sidecars.values():
+            sidecar.signal(signal.SIGTERM)
+        for container in [run.current, *run.sidecars.values()]:
+            if container is not None:
+                container.stop(grace)
         self._release(run)
         gone()
         self.on_change()

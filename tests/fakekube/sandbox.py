@@ -4,9 +4,10 @@ The kubelet starts this under ``unshare --pid --fork unshare --mount --uts`` (an
 pod's network); ``exec`` sessions under ``nsenter`` into the pod's PID and network namespaces, then the same. It
 builds the container's root from this machine's own top-level directories (the image is not pulled: the container
 runs this machine's programs), mounts a fresh /proc for the PID namespace, binds the pod's volumes and /etc/hosts
-at their mount paths, sets the hostname, changes root, applies the security context (the host's directories
-read-only for ``readOnlyRootFilesystem``; the capability bounding set, groups, gid and uid; no_new_privs), changes
-to the working directory as that user, and then *becomes* the command, so the container's command is PID 1.
+at their mount paths, hides the kubelet's own directory (every pod's volumes) under an empty one, sets the
+hostname, changes root, applies the security context (the host's directories read-only for
+``readOnlyRootFilesystem``; the capability bounding set, groups, gid and uid; no_new_privs), changes to the
+working directory as that user, and then *becomes* the command, so the container's command is PID 1.
 Standard library only; it runs before anything else exists.
 """
 
@@ -194,6 +195,9 @@ def main(spec_path: str) -> None:
         _bind(root, source, path, read_only, private)
     if security["read_only_root"]:
         _read_only(root, {path for _, path, read_only in spec["mounts"] if not read_only})
+    hidden = root / Path(spec["hidden"]).relative_to("/")
+    if hidden.is_dir():  # the kubelet's directory (every pod's volumes): an empty one here, after the remounts
+        _mount("-t", "tmpfs", "-o", "ro,mode=0755,size=4k", "kubelet", str(hidden))
     socket.sethostname(spec["hostname"])
     os.chroot(root)
     _become(security)

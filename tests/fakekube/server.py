@@ -138,8 +138,10 @@ class FakeKube:
         if run_pods:
             self._pod_root = Path(tempfile.mkdtemp(prefix="fakekube-pods-"))
             secrets = by_kind("Secret")
+            config_maps = by_kind("ConfigMap")
             self.kubelet = Kubelet(self._pod_root, lambda: self.controller.reconcile(), restart_backoff, pod_network,
-                                   lambda namespace, name: self.store.get(secrets, namespace, name), self.incluster)
+                                   lambda namespace, name: self.store.get(secrets, namespace, name), self.incluster,
+                                   lambda namespace, name: self.store.get(config_maps, namespace, name))
         self.controller = Controller(self.store, self.api, self.faults, self.failures, ready_delay, resync_seconds,
                                      self.kubelet)
         if self.kubelet is not None:

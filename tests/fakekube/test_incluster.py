@@ -181,3 +181,44 @@ def test_the_pods_automount_field_wins_over_its_accounts(pod_field: bool | None,
     account = None if account_field is None else {"automountServiceAccountToken": account_field}
     assert automount(caller_pod("p", "a", "", pod_field), account) is mounted
 
+
+
+SIDE_TOKEN = "/var/run/secrets/side"  # noqa: S105 - a directory
+PROJECTED = {"name": "side-token", "projected": {"defaultMode": 0o444, "sources": [
+    {"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}},
+    {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+    {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"fieldPath": "metadata.namespace"}}]}}]}}
+"""What Kubernetes itself mounts for automount (``kube-api-access-*``), as a volume of its own."""
+
+
+def test_a_projected_token_is_only_in_the_container_that_mounts_it(
+        fake_kube_factory: Callable[..., FakeCluster]) -> None:
+    """automountServiceAccountToken false and a projected token mounted in the sidecar only: the first container has
+    no token and cannot see the sidecar's processes; the sidecar runs as its own user (plain Kubernetes: OpenShift's
+    SCC refuses a user outside the namespace's range) with its ServiceAccount's token, for RBAC."""
+    cluster = fake_kube_factory(run_pods=True, openshift=False)
+    main = "import time; time.sleep(3600)"
+    pod = caller_pod("p", "trainer", main, automount=False)
+    pod["spec"]["volumes"] = [PROJECTED]
+    pod["spec"]["containers"].append({"name": "side", "image": "python",
+                                      "command": ["python3", "-c", CALLER.replace(MOUNT_PATH, SIDE_TOKEN)],
+                                      "securityContext": {"runAsUser": 65532, "runAsNonRoot": True},
+                                      "volumeMounts": [{"name": "side-token", "mountPath": SIDE_TOKEN,
+                                                        "readOnly": True}]})
+    apply(cluster, ACCOUNT, STATEFULSET, ROLE, BINDING, pod)
+    running(cluster, "p")
+    until(lambda: "200 403 200" in str(cluster.kubectl("logs", "p", "-c", "side").stdout),
+          "the sidecar's own pod and the StatefulSet's patch allowed")
+    root_ca = json.loads(cluster.kubectl("get", "configmap", "kube-root-ca.crt", "-o", "json").stdout)
+    assert root_ca["data"]["ca.crt"] == CA.read_text()  # the root CA publisher's, in every namespace
+    assert cluster.server.kubelet is not None
+    kubelet = cluster.server.kubelet.root  # every pod's volumes, the sidecar's token among them: hidden in a pod
+    looked = cluster.kubectl("exec", "p", "-c", "main", "--", "sh", "-c", f"ls {MOUNT_PATH} {SIDE_TOKEN} 2>&1; "
+                             f"ls -A {kubelet} | wc -l; "
+                             "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done")
+    assert looked.stdout.count("No such file") == 2 and "time.sleep(3600)" in looked.stdout, looked.stdout
+    assert any(kubelet.iterdir()) and looked.stdout.splitlines()[2] == "0", looked.stdout
+    assert "urlopen" not in looked.stdout  # the sidecar's command: not a process main can see
+    side = cluster.kubectl("exec", "p", "-c", "side", "--", "sh", "-c", f"id -u; ls {SIDE_TOKEN}; cat /proc/1/cmdline")
+    lines = side.stdout.splitlines()
+    assert lines[:4] == ["65532", "ca.crt", "namespace", "token"] and "urlopen" in "".join(lines[4:]), side.stdout

@@ -7,6 +7,7 @@ with ``scheduling.move_faulty_pods`` moves its pods itself, through the in-clust
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -15,7 +16,13 @@ import pytest
 from mlenv import state
 
 from tests.helpers import assert_shaped, documented_shape
-from tests.integration.kube_pods import APP, NAMESPACE, KubeProject, kube_project  # noqa: F401 - kube_project is a fixture
+from tests.integration.kube_pods import (  # noqa: F401 - kube_project is a fixture
+    APP,
+    NAMESPACE,
+    KubeProject,
+    kube_project,
+    pod_processes,
+)
 
 NET_ERROR = ("n1:88:102 [0] transport/net_ib.cc:1296 NCCL WARN NET/IB : Got completion from peer 10.0.0.1<33092> "
              "with error 12, opcode 0, len 0, vendor err 129 (Recv)")
@@ -28,6 +35,65 @@ if machine == open("bad").read().strip() and os.environ["LOCAL_RANK"] == "0":
     sys.exit(1)
 print(f"rank {{os.environ['RANK']}} ok on {{machine}} in attempt {{os.environ['MLENV_RESTART_COUNT']}}", flush=True)
 """
+
+
+HOSTILE = f"""\
+import json, os, ssl, time, urllib.error, urllib.request
+found = {{"automounted": os.path.exists("/var/run/secrets/kubernetes.io/serviceaccount"),
+         "token_files": [os.path.join(d, f) for top in ("/var/run/secrets", "/run/secrets") for d, _, fs in os.walk(top)
+                         for f in fs]}}
+url = ("https://" + os.environ["KUBERNETES_SERVICE_HOST"] + ":" + os.environ["KUBERNETES_SERVICE_PORT"]
+       + "/apis/apps/v1/namespaces/{NAMESPACE}/statefulsets/{APP}")
+takeover = {{"spec": {{"template": {{"spec": {{"serviceAccountName": "default", "containers": [
+    {{"name": "ml-dev", "securityContext": {{"privileged": True, "runAsUser": 0}}}}]}}}}}}}}
+try:  # no token to send: anonymous
+    urllib.request.urlopen(urllib.request.Request(url, data=json.dumps(takeover).encode(), method="PATCH", headers={{
+        "Content-Type": "application/merge-patch+json"}}), context=ssl._create_unverified_context(), timeout=10)
+    found["patched"] = 200
+except urllib.error.HTTPError as error:
+    found["patched"] = error.code
+moves = os.environ["MLENV_MOVE_DIR"]
+def ask(request):
+    if os.path.exists(moves + "/answer.json"):
+        os.unlink(moves + "/answer.json")
+    with open(moves + "/.forged", "w") as out:
+        json.dump(request, out)
+    os.replace(moves + "/.forged", moves + "/request.json")
+    while not os.path.exists(moves + "/answer.json"):
+        time.sleep(0.1)
+    return json.load(open(moves + "/answer.json"))["error"].split(":")[0]
+verdict = {{"id": "x", "run": "r", "attempt": 0, "env": {{}}, "nodes": [{{"node": 0, "reason": "x", "saved": False}}]}}
+found["forged"] = [ask({{**verdict, "patch": takeover}}),
+                   ask({{**verdict, "env": {{"LD_PRELOAD": "/workspace/x.so"}}}})]
+print(json.dumps(found))
+"""
+"""What a package imported by the user's code in pod 0's training container tries (docs/security.md): find a
+token, patch the StatefulSet without one, have the mover patch what a move does not."""
+
+
+def _pod_code_cannot_change_the_statefulset(project: KubeProject) -> None:
+    """HOSTILE finds no token, its patch is refused (401: no identity at all), the mover refuses its forged
+    requests, and the StatefulSet is unchanged. The one binding to a Role that may patch names the deployment's own
+    ServiceAccount alone (not the namespace's default, nor another deployment's), and the mover's token is in no
+    pod process's argv or environment."""
+    version = "jsonpath={.metadata.resourceVersion}"
+    before = project.kubectl("get", "statefulset", APP, "-o", version).stdout
+    probed = project.kubectl("exec", f"{APP}-0", "-c", "ml-dev", "--", "python3", "-c", HOSTILE, timeout=120)
+    assert json.loads(probed.stdout) == {"automounted": False, "token_files": [], "patched": 401,
+                                         "forged": ["refused", "refused"]}, probed.stdout + probed.stderr
+    assert project.kubectl("get", "statefulset", APP, "-o", version).stdout == before
+    roles, bindings = (json.loads(project.kubectl("get", kind, "-o", "json").stdout)["items"]
+                       for kind in ("roles", "rolebindings"))
+    rules = {role["metadata"]["name"]: role["rules"] for role in roles}
+    writers = [binding["subjects"] for binding in bindings
+               if any("patch" in rule["verbs"] for rule in rules[binding["roleRef"]["name"]])]
+    assert writers == [[{"kind": "ServiceAccount", "name": f"{APP}-move-pods", "namespace": NAMESPACE}]], writers
+    token = project.kubectl("exec", f"{APP}-0", "-c", "mover", "--", "cat", "/var/run/secrets/mlenv-mover/token")
+    assert token.returncode == 0 and token.stdout.strip(), token.stderr
+    for pid in pod_processes(project.pods_root):
+        for shown in ("cmdline", "environ"):
+            with contextlib.suppress(OSError):  # a process that ended meanwhile
+                assert token.stdout.strip().encode() not in (Path("/proc") / str(pid) / shown).read_bytes()
 
 
 def kept_off(project: KubeProject) -> list[str]:
@@ -140,12 +206,14 @@ def test_forgetting_after_the_statefulset_was_deleted_by_hand_touches_nothing_el
 
 
 def test_a_detached_run_moves_its_pods_off_a_faulty_node_by_itself(kube_project: KubeProject) -> None:  # noqa: F811
-    """``scheduling.move_faulty_pods``: no terminal waits. Node 0's supervisor, with its pod's ServiceAccount token
-    and the Role deploy made, keeps the StatefulSet's pods off the faulty Kubernetes node; the StatefulSet makes every
-    pod again, each pod's PID 1 resumes its share as attempt 1, and the run completes there. mlenv records the node
-    when it next looks (status), and a later launch keeps it out."""
+    """``scheduling.move_faulty_pods``: no terminal waits. Code in the training container cannot change the
+    StatefulSet (:func:`_pod_code_cannot_change_the_statefulset`); node 0's supervisor, through the pod's mover with
+    its ServiceAccount token and the Role deploy made, keeps the StatefulSet's pods off the faulty Kubernetes node;
+    the StatefulSet makes every pod again, each pod's PID 1 resumes its share as attempt 1, and the run completes
+    there. mlenv records the node when it next looks (status), and a later launch keeps it out."""
     project = kube_project
     bad, source = _moving(project)
+    _pod_code_cannot_change_the_statefulset(project)
     run_id, said = _detached_until(project, (1, "succeeded"))
     assert f"run {run_id} left {bad} (node-1) out and moved its pod: NCCL network error" in said, said
     assert kept_off(project) == [bad] and bad not in machines(project)

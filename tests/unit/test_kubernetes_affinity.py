@@ -14,7 +14,8 @@ from mlenv.backends.kubernetes.exclusion import moved_by_a_run
 from mlenv.backends.kubernetes.render import owned_kinds, render
 from mlenv.plan import plan
 from mlenv.runtime.records.runlayout import LEFT_OUT, LEFT_OUT_ANNOTATION, MOVES_PODS
-from mlenv.runtime.supervise.kubemove import affinity_patch, kept_off, moved, recorded
+from mlenv.runtime.supervise.kubemove import moved, recorded
+from mlenv.runtime.supervise.podmover import affinity_patch, kept_off
 from mlenv.state import RECORDS
 
 from tests.unit.config.files import BARCELONA, loaded
@@ -69,8 +70,9 @@ def test_deploy_renders_the_deployments_exclusions(tmp_path: Path) -> None:
 
 def test_a_detached_run_may_move_its_pods_only_when_the_cluster_file_says_so(tmp_path: Path) -> None:
     """scheduling.move_faulty_pods: a Role granting get on the StatefulSet's own pods and get/patch on the
-    StatefulSet, by name and nothing else, bound to the pods' ServiceAccount, whose token is then mounted; the pods
-    learn the StatefulSet's name and read the last move through the downward API. Without it: none of that."""
+    StatefulSet, by name and nothing else, bound to the deployment's own ServiceAccount, whose token only the mover
+    mounts (test_kubernetes_mover.py); the pods learn the StatefulSet's name and read the last move through the
+    downward API. Without it: none of that."""
     job = plan(loaded(tmp_path / "x.yaml", BARCELONA + "scheduling:\n  move_faulty_pods: true\n"), "tcp")
     d = kube_deployment(job, openshift=True)
     objects = render(d).objects
@@ -85,7 +87,7 @@ def test_a_detached_run_may_move_its_pods_only_when_the_cluster_file_says_so(tmp
     assert role["metadata"]["labels"]["mlenv.io/grant"] == binding["metadata"]["labels"]["mlenv.io/grant"]
     [sts] = [obj for obj in objects if obj["kind"] == "StatefulSet"]
     pod = sts["spec"]["template"]["spec"]
-    assert pod["automountServiceAccountToken"] is True
+    assert pod["automountServiceAccountToken"] is False and d.service_account == f"{d.app}-move-pods"
     env = {item["name"]: item for item in pod["containers"][0]["env"]}
     assert env[MOVES_PODS]["value"] == d.app
     assert env[LEFT_OUT]["valueFrom"]["fieldRef"]["fieldPath"] == f"metadata.annotations['{LEFT_OUT_ANNOTATION}']"
@@ -95,7 +97,7 @@ def test_a_detached_run_may_move_its_pods_only_when_the_cluster_file_says_so(tmp
     assert not [obj for obj in plain if obj["kind"] in ("Role", "RoleBinding")]
     [sts] = [obj for obj in plain if obj["kind"] == "StatefulSet"]
     pod = sts["spec"]["template"]["spec"]
-    assert pod["automountServiceAccountToken"] is False
+    assert pod["automountServiceAccountToken"] is False and [c["name"] for c in pod["containers"]] == ["ml-dev"]
     assert not {MOVES_PODS, LEFT_OUT} & {item["name"] for item in pod["containers"][0]["env"]}
 
 

@@ -93,6 +93,12 @@ def grant_labels(app: str) -> dict[str, str]:
     return {**owned_labels(app), "mlenv.io/grant": "move-pods"}
 
 
+def mover_account(app: str) -> str:
+    """The ServiceAccount of a deployment whose pods may move (scheduling.move_faulty_pods): its own, never one
+    another deployment's pods run as, bound to its Role alone; only the pods' mover mounts its token."""
+    return f"{app}-move-pods"
+
+
 def pod_dns(app: str, namespace: str, ordinal: int) -> str:
     """Stable DNS name of pod ``ordinal`` behind the headless Service."""
     return f"{app}-{ordinal}.{headless_service(app)}.{namespace}.svc.cluster.local"
@@ -120,7 +126,7 @@ def kube_deployment(plan: JobPlan, openshift: bool) -> KubeDeployment:
         namespace=namespace,
         nodes=plan.nodes,
         image=plan.image,
-        service_account=cluster.security.service_account,
+        service_account=mover_account(app) if cluster.scheduling.move_faulty_pods else cluster.security.service_account,
         headless_service=headless_service(app),
         master_port=int(plan.env["MASTER_PORT"]),
         labels=labels,

@@ -3,8 +3,8 @@ node affinity (``kubernetes.io/hostname NotIn``), beside the pinned nodes' ``In`
 deployment's excluded nodes; ``launch`` brings the live StatefulSet to the run's exclusions (a node the restart
 policy just left out, or one ``mlenv nodes --forget-excluded`` let back), which replaces its pods, and waits until
 every pod is Ready again; when no node can take a pod, the scheduler's reason ends the launch. A detached run
-whose pods may move (``scheduling.move_faulty_pods``) makes the same patch itself (runtime/supervise/kubemove.py);
-mlenv records the nodes it left out when it next looks (:func:`record_moves`)."""
+whose pods may move (``scheduling.move_faulty_pods``) makes the same patch itself, through its pods' mover
+(runtime/supervise/podmover.py); mlenv records the nodes it left out when it next looks (:func:`record_moves`)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ from mlenv.backends.kubeapi.naming import KubeHandle
 from mlenv.core.registry import Records
 from mlenv.errors import OperationError
 from mlenv.runtime.records.runlayout import LEFT_OUT_ANNOTATION, LEFT_OUT_UNRECORDED
-from mlenv.runtime.supervise.kubemove import affinity_patch, kept_off, recorded
+from mlenv.runtime.supervise.kubemove import recorded
+from mlenv.runtime.supervise.podmover import affinity_patch, kept_off
 from mlenv.ui import info, warn
 
 READY_TIMEOUT = 900.0

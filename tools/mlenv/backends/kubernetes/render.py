@@ -16,6 +16,7 @@ from mlenv.backends.kubeapi.naming import (
     GRANT_KINDS,
     KubeDeployment,
     grant_labels,
+    mover_account,
     owned_labels,
     run_secret,
 )
@@ -30,13 +31,20 @@ from mlenv.runtime.records.runlayout import (
     CHECKPOINT_SIGNAL_VARIABLE,
     LEFT_OUT,
     LEFT_OUT_ANNOTATION,
+    MOVE_DIR,
     MOVES_PODS,
     PREEMPTED_MARK,
     RUN_SECRETS,
 )
+from mlenv.runtime.supervise import podmover
 
 TEMPLATES = os.path.join(os.path.dirname(mlenv.__file__), "manifests", "kubernetes")
 """In the package: manifests/ links to the checkout's manifests/ and is copied into an installed package."""
+MOVER_UID = 65532
+"""The mover container's user (scheduling.move_faulty_pods), unless the pods run as it (then the next one)."""
+MOVER_REQUESTS = "/mlenv-move"
+MOVER_TOKEN = "/var/run/secrets/mlenv-mover"  # noqa: S105 - a directory
+"""Where the mover takes node 0's requests (a memory volume the training container mounts too) and its token."""
 
 
 class Rendered(NamedTuple):
@@ -99,7 +107,7 @@ def render_objects(d: KubeDeployment) -> Rendered:
     moves = d.cluster.scheduling.move_faulty_pods
     if moves:
         grant = {key: value for key, value in grant_labels(d.app).items() if key not in owned_labels(d.app)}
-        objects += [_render(name, d=d, role=f"{d.app}-move-pods", grant=grant,
+        objects += [_render(name, d=d, role=mover_account(d.app), grant=grant,
                             pod_names=[f"{d.app}-{n}" for n in range(d.nodes)])
                     for name in ("movepods-role.yaml.j2", "movepods-rolebinding.yaml.j2")]
     objects.append(_render("statefulset.yaml.j2", d=d, resources=_container_resources(d), admission=gang,
@@ -108,12 +116,22 @@ def render_objects(d: KubeDeployment) -> Rendered:
                            taken_away={PREEMPTED_MARK: podinit.MARK, CHECKPOINT_SIGNAL_VARIABLE: podinit.SIGNAL,
                                        RUN_SECRETS: podinit.RUN_SECRET_DIR,
                                        **({MOVES_PODS: d.app} if moves else {})},
-                           left_out=(LEFT_OUT, f"metadata.annotations['{LEFT_OUT_ANNOTATION}']") if moves else None))
+                           left_out=(LEFT_OUT, f"metadata.annotations['{LEFT_OUT_ANNOTATION}']") if moves else None,
+                           mover=_mover(d) if moves else None))
     admin = []
     if d.ipc_lock_scc:
         admin = [_render(name, d=d) for name in
                  ("securitycontextconstraints.yaml.j2", "role.yaml.j2", "rolebinding.yaml.j2")]
     return Rendered(objects, admin, d.cluster.scheduling)
+
+
+def _mover(d: KubeDeployment) -> dict[str, Any]:
+    """The pod's mover container (scheduling.move_faulty_pods): where it takes requests and mounts its token, its
+    command, and its user: another than the training container's (OpenShift assigns one from the namespace's range
+    to every container: None)."""
+    uid = None if d.openshift else (MOVER_UID + 1 if d.run_as_user == MOVER_UID else MOVER_UID)
+    return {"variable": MOVE_DIR, "requests": MOVER_REQUESTS, "token": MOVER_TOKEN, "uid": uid,
+            "command": podmover.command(MOVER_REQUESTS, d.app, MOVER_TOKEN)}
 
 
 def render(d: KubeDeployment) -> Rendered:

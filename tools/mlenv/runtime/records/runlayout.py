@@ -38,6 +38,9 @@ RESUME_RUN = "MLENV_RESUME_RUN"
 MOVES_PODS = "MLENV_KUBE_STATEFULSET"
 """Names the StatefulSet whose pods a detached run may move off a faulty node (Kubernetes: the pod template sets it
 only with scheduling.move_faulty_pods; supervise/kubemove.py)."""
+MOVE_DIR = "MLENV_MOVE_DIR"
+"""Names the directory where node 0's supervisor asks the pod's mover to move the run's pods (Kubernetes: the pod
+template sets it only with scheduling.move_faulty_pods; supervise/podmover.py)."""
 LEFT_OUT = "MLENV_LEFT_OUT"
 """The pod template's :data:`LEFT_OUT_ANNOTATION` through the downward API (empty when there is none)."""
 LEFT_OUT_ANNOTATION = "mlenv.io/left-out"

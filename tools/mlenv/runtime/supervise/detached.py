@@ -91,9 +91,9 @@ def restart(args: argparse.Namespace, environ: Mapping[str, str], status: int) -
 
 def _move(left_out: tuple[LeftOut, ...], rank: int, environ: Mapping[str, str], run_id: str,
           attempt: int, handed: Mapping[str, str]) -> None:
-    """Nodes ``left_out`` must be left out of a run whose pods may move (kubemove.py): node 0 keeps the StatefulSet's
-    pods off their Kubernetes nodes, which makes every pod again; each new pod resumes the run as attempt
-    ``attempt`` + 1 (:func:`resume`). No node restarts where it is."""
+    """Nodes ``left_out`` must be left out of a run whose pods may move (kubemove.py): node 0 has the pod's mover
+    keep the StatefulSet's pods off their Kubernetes nodes, which makes every pod again; each new pod resumes the
+    run as attempt ``attempt`` + 1 (:func:`resume`). No node restarts where it is."""
     names = ", ".join(f"node-{out.node} ({out.reason})" for out in left_out)
     if rank != 0:
         print(f"mlenv: {names} must be left out of the run: node 0 moves the pods; this node's share resumes as "
