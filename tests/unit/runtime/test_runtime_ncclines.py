@@ -60,7 +60,7 @@ def test_not_nccl_s_shape(line: str) -> None:
 
 def test_nccl_2_0_to_2_2_records_have_no_nccl_word_before_their_level() -> None:
     assert records("[1,0]<stdout>:cx50:18926:19004 [1] INFO Using internal Network Socket") == [
-        Record("INFO", "Using internal Network Socket", "cx50", "18926", "1", tag="[1,0]")]
+        NcclRecord("INFO", "Using internal Network Socket", "cx50", "18926", "1", tag="[1,0]")]
     assert [(r.level, r.host, r.message) for r in records("gpu2:7:9 [0] include/socket.h:185 WARN Call to connect "
                                                            "failed")] == [("WARN", "gpu2", "Call to connect failed")]
     assert records("2019-01-01 12:00:00 INFO root: Using internal Network IB") == []  # a logger's INFO
