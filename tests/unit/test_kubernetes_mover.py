@@ -108,7 +108,7 @@ def test_the_mover_carries_out_a_verdict() -> None:
     {"attempt": True},
 ])
 def test_the_mover_refuses_anything_else(bad: dict[str, Any]) -> None:
-    with pytest.raises(podmover.Refused):
+    with pytest.raises(podmover.MoveRefused):
         podmover.parse_request(json.dumps(request(**bad)))
     said = podmover.answer(json.dumps(request(**bad)), "app", Path("/nonexistent"))
     assert said["id"] is None and said["error"].startswith("refused: ")

@@ -52,8 +52,7 @@ BEAT_SECONDS = 2.0
 """How often each end of a connection says it is alive (from a thread of its own: a supervisor busy sampling stacks
 still beats)."""
 SILENCE_SECONDS = 15.0
-"""A connected node (or node 0) heard nothing from this long is lost: frozen, or cut off without a closed
-connection."""
+"""A connected node (or node 0) heard nothing from this long is lost: frozen, or cut off without a closing."""
 SECRET_VARIABLE = "MLENV_CONTROL_SECRET"  # noqa: S105 (the name of a variable)
 """The run's control secret, in every node's environment (never on a command line, in a file or a log)."""
 
@@ -114,9 +113,9 @@ class ControlChannel:
     on_message: Callable[[dict[str, Any]], None] | None = None
     """Observers' messages (``relay``) that reach this node."""
     on_lost: Callable[[int, NodeFault], None] | None = None
-    """Called with (node, its ``unreachable`` sign) for a node lost: on node 0, a node lost to silence or whose
-    connection closed before it said its job ended (its supervisor killed with it: its own records cannot say so);
-    on the others, node 0 lost to silence (frozen: it records nothing, and the node that stops is not the cause)."""
+    """Called with (node, its ``unreachable`` sign) for a node lost: on node 0, one silent or whose connection closed
+    before it said its job ended (its supervisor killed with it: its records cannot say so); on the others, node 0
+    silent (frozen: it records nothing, and the node that stops is not the cause)."""
     attempt: int = 0
     """The run's attempt this node runs: only nodes of the same attempt are connected."""
     run_id: str = ""

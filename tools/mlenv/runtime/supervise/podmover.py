@@ -43,7 +43,7 @@ POLL_SECONDS = 0.5
 TIMEOUT = 10.0
 
 
-class Refused(Exception):
+class MoveRefused(Exception):
     """A request the mover does not carry out, or an API answer it could not: what it says."""
 
 
@@ -60,35 +60,35 @@ def handed_env(env: object) -> dict[str, str] | None:
 
 def _text(value: object, what: str) -> str:
     if not isinstance(value, str) or len(value) > MAX_TEXT or not HANDED["MLENV_LAST_ERROR"].fullmatch(value):
-        raise Refused(f"{what} is not one line of text")
+        raise MoveRefused(f"{what} is not one line of text")
     return value
 
 
 def parse_request(text: str) -> dict[str, Any]:
     """A verdict as the supervisor writes it: ``{"id", "run", "attempt", "nodes": [{"node", "reason", "saved"}],
-    "env"}`` and nothing else; Refused, saying what is wrong, for anything else."""
+    "env"}`` and nothing else; MoveRefused, saying what is wrong, for anything else."""
     try:
         request = json.loads(text)
     except ValueError:
-        raise Refused("the request is not JSON") from None
+        raise MoveRefused("the request is not JSON") from None
     if not isinstance(request, dict) or set(request) != {"id", "run", "attempt", "nodes", "env"}:
-        raise Refused("the request has other fields than id, run, attempt, nodes, env")
+        raise MoveRefused("the request has other fields than id, run, attempt, nodes, env")
     if not isinstance(request["run"], str) or not RUN_ID.fullmatch(request["run"]):
-        raise Refused("the request's run is not a run id")
+        raise MoveRefused("the request's run is not a run id")
     if type(request["attempt"]) is not int or not 0 <= request["attempt"] < MAX_NODE:
-        raise Refused("the request's attempt is not an attempt number")
+        raise MoveRefused("the request's attempt is not an attempt number")
     _text(request["id"], "the request's id")
     nodes = request["nodes"]
     if not isinstance(nodes, list) or not nodes or len(nodes) > MAX_NODE:
-        raise Refused("the request's nodes are not a list of nodes")
+        raise MoveRefused("the request's nodes are not a list of nodes")
     for entry in nodes:
         if not isinstance(entry, dict) or set(entry) != {"node", "reason", "saved"} or \
                 type(entry["node"]) is not int or not 0 <= entry["node"] < MAX_NODE or \
                 type(entry["saved"]) is not bool:
-            raise Refused("a node of the request is not {node, reason, saved}")
+            raise MoveRefused("a node of the request is not {node, reason, saved}")
         _text(entry["reason"], "a node's reason")
     if handed_env(request["env"]) is None:
-        raise Refused(f"the request's env hands on other variables than {', '.join(HANDED)} or values of another "
+        raise MoveRefused(f"the request's env hands on other variables than {', '.join(HANDED)} or values of another "
                       "shape")
     return request
 
@@ -133,9 +133,9 @@ def _call(token_dir: Path, method: str, path: str, body: Mapping[str, Any] | Non
         token = (token_dir / "token").read_text().strip()
         context = ssl.create_default_context(cafile=str(token_dir / "ca.crt"))
     except OSError as exc:
-        raise Refused(f"the mover has no ServiceAccount token ({exc.strerror}: {exc.filename})") from None
+        raise MoveRefused(f"the mover has no ServiceAccount token ({exc.strerror}: {exc.filename})") from None
     if not host:
-        raise Refused("KUBERNETES_SERVICE_HOST is not set: not in a pod")
+        raise MoveRefused("KUBERNETES_SERVICE_HOST is not set: not in a pod")
     request = urllib.request.Request(
         f"https://{host}:{port}{path}", method=method, data=None if body is None else json.dumps(body).encode(),
         headers={"Authorization": f"Bearer {token}", "Accept": "application/json",
@@ -148,19 +148,19 @@ def _call(token_dir: Path, method: str, path: str, body: Mapping[str, Any] | Non
         said = exc.read().decode(errors="replace")
         with contextlib.suppress(ValueError, AttributeError):  # a Status object says it in its message
             said = str(json.loads(said).get("message") or said)
-        raise Refused(f"{method} {path}: {exc.code} {said.strip()[:300]}") from None
+        raise MoveRefused(f"{method} {path}: {exc.code} {said.strip()[:300]}") from None
     except (OSError, ValueError) as exc:
-        raise Refused(f"{method} {path}: {exc}") from None
+        raise MoveRefused(f"{method} {path}: {exc}") from None
 
 
 def apply(request: Mapping[str, Any], app: str, token_dir: Path) -> list[str]:
     """Carry out a checked ``request`` on StatefulSet ``app``: its pods kept off the Kubernetes nodes of the
-    request's nodes' pods, the move recorded in mlenv's annotations. The nodes kept off; Refused where the API
+    request's nodes' pods, the move recorded in mlenv's annotations. The nodes kept off; MoveRefused where the API
     refused."""
     try:
         namespace = (token_dir / "namespace").read_text().strip()
     except OSError as exc:
-        raise Refused(f"the mover has no namespace file ({exc.strerror})") from None
+        raise MoveRefused(f"the mover has no namespace file ({exc.strerror})") from None
     base = f"/apis/apps/v1/namespaces/{namespace}/statefulsets/{app}"
     hosts = {entry["node"]: str(_call(token_dir, "GET", f"/api/v1/namespaces/{namespace}/pods/{app}-{entry['node']}")
                                 .get("spec", {}).get("nodeName") or "") for entry in request["nodes"]}
@@ -182,11 +182,11 @@ def answer(text: str, app: str, token_dir: Path) -> dict[str, Any]:
     """The answer to one request's ``text``: ``{"id", "away"}`` or ``{"id", "error"}``."""
     try:
         request = parse_request(text)
-    except Refused as refused:
+    except MoveRefused as refused:
         return {"id": None, "error": f"refused: {refused}"}
     try:
         return {"id": request["id"], "away": apply(request, app, token_dir)}
-    except Refused as refused:
+    except MoveRefused as refused:
         return {"id": request["id"], "error": str(refused)}
 
 
