@@ -2,13 +2,14 @@
 (again only when a test asks for another number of nodes: a ``slurm_nodes`` fixture of its module's returning 3).
 
 One temporary directory holds everything: a fresh munge key and a ``munged`` on its own socket; ``slurm.conf``,
-whose ``AuthInfo=socket=...`` points the daemons and every client at that munged; ``gres.conf``; state, spool,
-pid and log files. ``slurmctld`` and a ``slurmd`` per node (``n1``, ``n2`` and, when asked, ``n3``...: all
-``localhost``, 127.0.0.1, each on its own free port, with 4 CPUs and 2 GPUs) run in the foreground as children of
-this process, so the fixture owns their PIDs. Partition ``debug`` (the default, up) holds every node; partition
-``down`` holds them too but is DOWN, so a job sent there stays PENDING with reason ``PartitionDown``. There is no
-accounting: ``sacct`` does not work, ``scontrol show job`` does (for MinJobAge, 300 s, after the job ends). The GPUs
-are symlinks to /dev/null: enough for ``--gpus-per-node`` and for CUDA_VISIBLE_DEVICES in steps.
+whose ``AuthInfo=socket=...`` points the daemons and every client at that munged (and holds a requeued job 10 s, not
+120); ``gres.conf``; state, spool, pid and log files. ``slurmctld`` and a ``slurmd`` per node (``n1``, ``n2`` and,
+when asked, ``n3``...: all ``localhost``, 127.0.0.1, each on its own free port, with 4 CPUs and 2 GPUs) run in the
+foreground as children of this process, so the fixture owns their PIDs. Partition ``debug`` (the default, up) holds
+every node; partition ``down`` holds them too but is DOWN, so a job sent there stays PENDING with reason
+``PartitionDown``. There is no accounting: ``sacct`` does not work, ``scontrol show job`` does (for MinJobAge, 300
+s, after the job ends). The GPUs are symlinks to /dev/null: enough for ``--gpus-per-node`` and for
+CUDA_VISIBLE_DEVICES in steps.
 
 Use it from a test module with ``pytest_plugins = ["tests.integration.slurm_cluster"]``::
 
@@ -62,7 +63,9 @@ SlurmctldPort={ctld_port}
 SlurmdPort={default_port}
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket={tmp}/munge.socket
+# a requeued job waits until its first credential has expired (default 120 s): 10 s here, so that the tests
+# that requeue wait seconds, not minutes (the man page asks only for time enough to start a step)
+AuthInfo=socket={tmp}/munge.socket,cred_expire=10
 SlurmUser=root
 SlurmdUser=root
 StateSaveLocation={tmp}/state

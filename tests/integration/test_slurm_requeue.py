@@ -93,8 +93,8 @@ def test_the_warning_signal_checkpoints_requeues_and_resumes(tmp_path: Path, slu
     assert (run / "attempt-0" / "exit").read_text() == "0\n"  # torchrun's agent and the runtime lived on
     assert (run / "attempt-0" / "ended").read_text() == "requeued\n"  # the attempt's own record: not succeeded
     # Slurm holds a requeued job back (Reason=BeginTime) until the first attempt's job credential has expired on
-    # the nodes (about 2 minutes): starting it earlier (scontrol update StartTime=now) only gets it killed with
-    # "Job credential revoked"
+    # the nodes (AuthInfo's cred_expire: 120 s by default, 10 s in tests/integration/slurm_cluster.py): starting it
+    # earlier (scontrol update StartTime=now) only gets it killed with "Job credential revoked"
     slurm_cluster.wait(lambda: slurm_cluster.job(job_id).get("Reason") == "BeginTime", "the requeued job to wait", 60)
     waiting = project.latest_run()  # the ranks checkpointed and exited 0, but the run is not done
     assert (waiting["state"], waiting["attempt"]) == ("requeued", 0), waiting
