@@ -60,11 +60,10 @@ install-train: ## install + torch (CPU) and deepspeed
 install-system: ## install + what is missing of rsync, iproute2, slurm, munge, openssh, shellcheck (Debian), kubectl
 	@scripts/install.sh system
 
-# Workers (TEST_WORKERS, pytest-xdist): the whole suite in one process by default, since its timing judgments
-# (stragglers among equal ranks) read CPU contention as a slow node; the fast tier on 4 (docs/testing.md).
-test: lint ## make lint, install everything the tests need, then run every test (what CI runs) [TEST_WORKERS=0]
+# Workers (TEST_WORKERS, pytest-xdist; 0: one process): 4, then the timing tests alone (docs/testing.md).
+test: lint ## make lint, install everything the tests need, then run every test (what CI runs) [TEST_WORKERS=4]
 	@scripts/install.sh train system scan
-	@TEST_WORKERS="$${TEST_WORKERS:-0}" scripts/test.sh
+	@TEST_WORKERS="$${TEST_WORKERS:-4}" scripts/test.sh
 
 # The tiers a test may need (pyproject.toml's markers, applied by tests/conftest.py); test-fast runs none of them.
 SLOW_TIERS := slurm or sshd or fakekube or torch or netns or release
