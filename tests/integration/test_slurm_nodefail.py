@@ -19,6 +19,7 @@ import pytest
 
 from tests.helpers import MLENV
 from tests.integration.test_slurm_backend import Project, make_project
+from tests.integration.test_slurm_requeue import PICKY_JOB
 
 if TYPE_CHECKING:
     from tests.integration.slurm_cluster import SlurmCluster
@@ -176,3 +177,19 @@ def test_a_detached_batch_run_that_lost_a_node_goes_on_in_a_batch_job_without_it
     assert project.recorded_jobs() == [first, second]
     assert status["latest_run"]["state"] == "succeeded", status["latest_run"]
     _lost_recorded(project)
+
+
+def test_a_spare_takes_the_node_rank_of_the_node_it_replaces(tmp_path: Path, slurm_cluster: SlurmCluster) -> None:
+    """n1 (node 0) fails first twice; attempt 2 runs with the spare n3 as node 0, and n2 stays node 1, though Slurm
+    numbers n2 first in the step (its SLURM_NODEID 0): each node's ranks, and checkpoints, stay where they were."""
+    project = make_project(tmp_path, slurm_cluster)
+    (project.home / "workspace" / "picky.py").write_text(PICKY_JOB)
+    project.ok("deploy", project.name, "--spares", "1", "--timeout", "60", timeout=120)
+    project.ok("sync", "-c", project.name)
+    result = project.mlenv("launch", "-c", project.name, "--launcher", "torchrun", "--nproc", "1", "--max-restarts",
+                           "3", "picky.py", "n1", timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "node-0: n1 excluded (it failed first in 2 attempts of the run), using spare n3" in result.stderr
+    assert "[node-0 r0] attempt 2: ok on n3 as node 0" in result.stdout, result.stdout
+    assert "[node-1 r1] attempt 2: ok on n2 as node 1" in result.stdout, result.stdout
+    project.ok("clean", "-c", project.name, timeout=120)

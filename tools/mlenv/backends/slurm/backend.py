@@ -593,11 +593,10 @@ def _placement(handle: Handle, job: SlurmJob, exclude: Sequence[str]) -> dict[in
 
 
 def _step_hosts(handle: Handle, job: SlurmJob, placed: Mapping[int, tuple[str, str]]) -> tuple[str, ...]:
-    """The run's nodes inside the allocation, in the allocation's order (the order of their node ranks, which
-    Slurm numbers so): its first ``job.nodes`` nodes with the spares of ``placed`` in the excluded ones' place."""
-    held = _held(handle)
-    chosen = {placed[index][1] if index in placed else host for index, host in enumerate(held[:job.nodes])}
-    return tuple(host for host in held if host in chosen)
+    """The run's nodes inside the allocation, in the order of their node ranks: its first ``job.nodes`` nodes with
+    the spares of ``placed`` in the excluded ones' place, so that a spare takes the node rank of the node it replaces
+    (the run's tasks take their rank from this order, not from Slurm's, script.task_wrapper)."""
+    return tuple(placed[index][1] if index in placed else host for index, host in enumerate(_held(handle)[:job.nodes]))
 
 
 def _job_detail(login: Login, job: SlurmJob, submitted: Mapping[str, Any], current: JobInfo) -> str | None:
