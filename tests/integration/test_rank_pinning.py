@@ -37,7 +37,8 @@ if attempt == 0:
         sys.exit(3)
     time.sleep(300)
 """
-SAID = re.compile(r"^\[node-(\d) r(\d)\] attempt (\d) node (\d) group (\d) rank (\d) resumed (\S+) in (\S+)$", re.MULTILINE)
+SAID = re.compile(r"^\[node-(\d) r(\d)\] attempt (\d) node (\d) group (\d) rank (\d) resumed (\S+) in (\S+)$",
+                  re.MULTILINE)
 
 
 @pytest.fixture

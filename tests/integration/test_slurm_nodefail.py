@@ -5,6 +5,7 @@ run's step; the run's script asks the restart policy with the job's nodes and n2
 ``node-failure`` sign (the attempt's ``lost.json``, ``latest_run.node_faults``); the run is restarted without n2
 (exit 0), never taken for a user's stop, and ``mlenv nodes`` names n2: inside an allocation deployed with a spare
 on the spare (n3), as a batch job on the third node (``--exclude=n2``); detached, the run's script does the same.
+A spare takes the node rank of the node it replaces.
 Each attempt's directory records how it ended (``node-failure``, then ``succeeded``)."""
 
 from __future__ import annotations
@@ -150,6 +151,28 @@ def test_a_detached_run_in_an_allocation_that_lost_a_node_reads_failed_with_its_
     assert latest["state"] == "failed", latest
     assert latest["node_faults"]["1"]["sign"] == "node-failure", latest["node_faults"]
     assert str(latest["node_faults"]["1"]["evidence"]).startswith(f"Slurm took {LOST} out of the job"), latest
+    project.ok("clean", "-c", project.name, timeout=120)
+
+
+def test_a_detached_run_in_an_allocation_that_lost_a_node_goes_on_on_the_spare_and_nodes_names_it(
+        losing: Project, slurm_cluster: SlurmCluster) -> None:
+    """The run's launch script moves node 1 onto the spare (n3), which takes node 1's rank; ``mlenv nodes``, the
+    first command after, records and names n2 (read once: forgotten, it stays forgotten)."""
+    project = losing
+    project.ok("deploy", project.name, "--spares", "1", "--timeout", "60", timeout=120)
+    project.ok("sync", "-c", project.name)
+    project.ok("launch", "-c", project.name, "--launcher", "torchrun", "--nproc", "1", "--detach", "--max-restarts",
+               "1", "losing.py", timeout=120)
+    (run,) = (project.workdir / ".mlenv" / "runs").glob("2*")
+    slurm_cluster.wait(lambda: (run / "output.log").exists()
+                       and (run / "output.log").read_text().count("attempt 0 training on") == 2, "both to train", 120)
+    slurm_cluster.ok("scontrol", "update", f"nodename={LOST}", "state=down", "reason=mlenv-test")
+    slurm_cluster.wait(lambda: (run / "attempt-1" / "exit").exists(), "attempt 1 to end", 120)
+    output = (run / "output.log").read_text()
+    assert "attempt 1: ok on n3 as node 1" in output and "attempt 1: ok on n1 as node 0" in output, output
+    _lost_recorded(project)
+    project.ok("nodes", "-c", project.name, "--forget-excluded")
+    assert json.loads(project.ok("nodes", "-c", project.name, "--json").stdout)["excluded"] == []
     project.ok("clean", "-c", project.name, timeout=120)
 
 

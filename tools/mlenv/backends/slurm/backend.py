@@ -291,12 +291,14 @@ class SlurmBackend(Deploy, NodeAccess, Jobs, Checks, Preempts):
 
     def status(self, handle: Handle) -> list[NodeStatus]:
         """The allocation's nodes (or its pending reason), then the newest batch jobs mlenv submitted for the
-        file: pending with the reason, running, or ended with the exit code."""
+        file: pending with the reason, running, or ended with the exit code. The nodes that detached runs' scripts
+        inside the allocation left out since it was last asked are recorded as excluded first (``mlenv nodes``)."""
         job = job_from(handle)
         login, found, batch = self._jobs(handle, exit_codes=True)
         rows: list[NodeStatus] = []
         allocation = allocation_id(handle)
         if allocation is not None:
+            followed.left_out(login, self.records, handle, f"{job.workdir}/{RUNS_DIR}")
             rows += self._allocation_rows(handle, job, found[allocation])
         for index, submitted in enumerate(batch):
             current = found[submitted["id"]]

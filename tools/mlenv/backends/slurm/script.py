@@ -45,6 +45,10 @@ ATTEMPT_FILE = "attempt"
 RESUBMITTED_FILE = "resubmitted"
 """In a run directory: ``<job id> <host> <node> <why>`` for each batch job that a detached run's script submitted to
 go on without a node the restart policy left out (one line each, appended)."""
+LEFT_FILE = "left"
+"""In a run directory: ``<host> <node> saved=<0|1> <why>`` for each node that a detached run's script inside an
+allocation left out (onto a spare, or stopping without one), appended; mlenv records it as excluded where saved=1
+when it next looks at the allocation (followed.left_out), then keeps the lines in ``left.read``."""
 DEPLOYMENT_FILE = "deployment"
 """In a run directory: the name of the deployment (cluster file) that ran it, so that logs and status find its own
 runs where another file's share the workdir."""
@@ -246,7 +250,7 @@ def _run_context(job: SlurmJob, title: str, run_id: str, task: Sequence[str], ba
             "runtime_path": job.runtime_path, "port_base": PORT_BASE, "port_span": PORT_SPAN,
             "srun": srun_line(job, run_id, task, secrets, nodelist), "attempt": attempt, "exclude": ",".join(exclude),
             "nodelist": list(nodelist), "restarts": restarts, "resubmitted_file": RESUBMITTED_FILE,
-            "stop_file": STOP_FILE, "deployment_file": DEPLOYMENT_FILE,
+            "left_file": LEFT_FILE, "stop_file": STOP_FILE, "deployment_file": DEPLOYMENT_FILE,
             "resubmit_export": ",".join([*job.settings.export, "MLENV_RESUBMITTED=1"]),
             "python": PYTHON, "failed_file": FAILED_FILE, "ended_file": ENDED_FILE, "exit_file": EXIT_FILE,
             "next_file": NEXT_FILE,
