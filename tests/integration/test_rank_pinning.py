@@ -1,7 +1,7 @@
 """A node keeps its global ranks across the attempts of a run, on a local cluster (processes) whose nodes each keep
 their checkpoints in their own workspace (per-node storage, as a pod's volumeClaimTemplates volume): after node 1
 fails attempt 0, every rank of attempt 1 runs on the same node with the same RANK and GROUP_RANK and resumes from the
-checkpoint it wrote itself."""
+checkpoint it wrote itself; with torchrun and with DeepSpeed's launcher."""
 
 from __future__ import annotations
 
@@ -11,11 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from tests._prereq import require
 from tests.integration.local_cluster import LocalProject, deployed
 
-# No torch import (torchrun still gives each rank its RANK). Each rank resumes from its own checkpoint file in its
-# node's MLENV_CHECKPOINT_DIR, says who it is and where it resumed from, then saves its own next one. In attempt 0
-# each rank also marks, in the shared directory argv[1], that it saved; node 1's first rank fails once all four did.
+# No torch import (the launcher still gives each rank its RANK; DeepSpeed's gives no GROUP_RANK). Each rank resumes
+# from its own checkpoint file in its node's MLENV_CHECKPOINT_DIR, says who it is and where it resumed from, then
+# saves its own next one. In attempt 0 each rank also marks, in the shared directory argv[1], that it saved; node 1's
+# first rank fails once all four did.
 JOB = """\
 import json, os, sys, time
 attempt, rank, node = int(os.environ["MLENV_RESTART_COUNT"]), int(os.environ["RANK"]), os.environ["MLENV_NODE_RANK"]
@@ -24,7 +26,7 @@ os.makedirs(checkpoints, exist_ok=True)
 mine = os.path.join(checkpoints, f"rank{rank}.json")
 saved = json.load(open(mine)) if os.path.exists(mine) else None
 resumed = "none" if saved is None else f"{saved['rank']}@{saved['attempt']}"
-print(f"attempt {attempt} node {node} group {os.environ['GROUP_RANK']} rank {rank} resumed {resumed} "
+print(f"attempt {attempt} node {node} group {os.environ.get('GROUP_RANK', node)} rank {rank} resumed {resumed} "
       f"in {checkpoints}", flush=True)
 with open(mine, "w") as out:
     json.dump({"rank": rank, "attempt": attempt}, out)
@@ -48,11 +50,13 @@ def project(tmp_path: Path) -> Iterator[LocalProject]:
         yield made
 
 
+@pytest.mark.parametrize("launcher", ["torchrun", "deepspeed"])
 def test_a_restarted_run_keeps_each_node_s_ranks_and_each_rank_resumes_from_its_own_checkpoint(
-        project: LocalProject, tmp_path: Path) -> None:
+        project: LocalProject, tmp_path: Path, launcher: str) -> None:
+    require(*(["deepspeed"] if launcher == "deepspeed" else []))
     marks = tmp_path / "marks"
     marks.mkdir()
-    result = project.mlenv("launch", "--launcher", "torchrun", "--max-restarts", "1", "job.py", str(marks),
+    result = project.mlenv("launch", "--launcher", launcher, "--max-restarts", "1", "job.py", str(marks),
                            timeout=240)
     assert result.returncode == 0 and "restarting it, attempt 1" in result.stderr, result.stdout + result.stderr
     said = {(int(attempt), int(rank)): (int(tag_node), int(tag_rank), int(node), int(group), resumed)
