@@ -50,8 +50,7 @@ time.sleep(300)
 """
 
 
-# torchrun's c10d rendezvous hands out global ranks in join order: rank 0 may run on either node, and its
-# lines must carry that node's prefix (the node's MLENV_NODE_RANK).
+# Global rank 0's lines carry its node's prefix, the node's MLENV_NODE_RANK (node 0: ranks are pinned to nodes).
 DONE = re.compile(r"^\[node-(\d) r\d\] done world_size=4 node_rank=\1$", re.MULTILINE)
 
 

@@ -86,7 +86,7 @@ def test_demo_trains_and_leaves_what_it_found(tmp_path: Path) -> None:
     (done,) = DONE.findall("".join(logs))
     steps, first, last, world = int(done[0]), float(done[1]), float(done[2]), int(done[3])
     assert (steps, world) == (5, 4) and last < first, done
-    # c10d gives global rank 0, which prints the result, to whichever node joins first
+    # global rank 0, on node 0, prints the result
     assert "peak_busbw_gbps=" in "".join(p.read_text() for p in (tmp_path / "runs").glob("*/node-*.log"))
     assert "gloo over TCP sockets" in demo.stdout
     assert "clean up (the pod workspaces an earlier clean kept stay)" in demo.stderr

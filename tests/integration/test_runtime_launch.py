@@ -90,7 +90,7 @@ def check_training(results: list[NodeResult], run_dir: Path) -> str:
     output = "".join(r.out for r in results)
     ranks = [re.findall(r"\brank (\d)/4 local_rank (\d) ", r.out) for r in results]
     assert [sorted(local for _, local in node) for node in ranks] == [["0", "1"], ["0", "1"]]
-    assert sorted(rank for node in ranks for rank, _ in node) == ["0", "1", "2", "3"]
+    assert [sorted(rank for rank, _ in node) for node in ranks] == [["0", "1"], ["2", "3"]]  # node N: 2N, 2N+1
     (done,) = DONE.findall(output)
     steps, first, last, world = int(done[0]), float(done[1]), float(done[2]), int(done[3])
     assert (steps, world) == (30, 4)
@@ -107,7 +107,7 @@ def test_torchrun_two_nodes_train_to_a_falling_loss(tmp_path: Path) -> None:
     results = launch_nodes(tmp_path, "torchrun", [TRAIN, "--engine", "ddp"])
     output = check_training(results, tmp_path / "run")
     assert "engine ddp backend gloo world_size 4" in output
-    assert "--rdzv-conf is_host=true" in results[0].err and "--rdzv-conf is_host=false" in results[1].err
+    assert "--node-rank 0" in results[0].err and "--node-rank 1" in results[1].err
 
 
 # Runs a workspace script as __main__, then counts the gloo threads (pt_gloo_runloop, gloo_tcp_loop) still alive.

@@ -5,6 +5,7 @@ run's step; the run's script asks the restart policy with the job's nodes and n2
 ``node-failure`` sign (the attempt's ``lost.json``, ``latest_run.node_faults``); the run is restarted without n2
 (exit 0), never taken for a user's stop, and ``mlenv nodes`` names n2: inside an allocation deployed with a spare
 on the spare (n3), as a batch job on the third node (``--exclude=n2``); detached, the run's script does the same.
+A spare takes the node rank of the node it replaces.
 Each attempt's directory records how it ended (``node-failure``, then ``succeeded``)."""
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import pytest
 
 from tests.helpers import MLENV
 from tests.integration.test_slurm_backend import Project, make_project
+from tests.integration.test_slurm_requeue import PICKY_JOB
 
 if TYPE_CHECKING:
     from tests.integration.slurm_cluster import SlurmCluster
@@ -152,6 +154,28 @@ def test_a_detached_run_in_an_allocation_that_lost_a_node_reads_failed_with_its_
     project.ok("clean", "-c", project.name, timeout=120)
 
 
+def test_a_detached_run_in_an_allocation_that_lost_a_node_goes_on_on_the_spare_and_nodes_names_it(
+        losing: Project, slurm_cluster: SlurmCluster) -> None:
+    """The run's launch script moves node 1 onto the spare (n3), which takes node 1's rank; ``mlenv nodes``, the
+    first command after, records and names n2 (read once: forgotten, it stays forgotten)."""
+    project = losing
+    project.ok("deploy", project.name, "--spares", "1", "--timeout", "60", timeout=120)
+    project.ok("sync", "-c", project.name)
+    project.ok("launch", "-c", project.name, "--launcher", "torchrun", "--nproc", "1", "--detach", "--max-restarts",
+               "1", "losing.py", timeout=120)
+    (run,) = (project.workdir / ".mlenv" / "runs").glob("2*")
+    slurm_cluster.wait(lambda: (run / "output.log").exists()
+                       and (run / "output.log").read_text().count("attempt 0 training on") == 2, "both to train", 120)
+    slurm_cluster.ok("scontrol", "update", f"nodename={LOST}", "state=down", "reason=mlenv-test")
+    slurm_cluster.wait(lambda: (run / "attempt-1" / "exit").exists(), "attempt 1 to end", 120)
+    output = (run / "output.log").read_text()
+    assert "attempt 1: ok on n3 as node 1" in output and "attempt 1: ok on n1 as node 0" in output, output
+    _lost_recorded(project)
+    project.ok("nodes", "-c", project.name, "--forget-excluded")
+    assert json.loads(project.ok("nodes", "-c", project.name, "--json").stdout)["excluded"] == []
+    project.ok("clean", "-c", project.name, timeout=120)
+
+
 def test_a_detached_batch_run_that_lost_a_node_goes_on_in_a_batch_job_without_it(
         losing: Project, slurm_cluster: SlurmCluster) -> None:
     """Detached, no terminal waits: the run's script submits the next attempt as a batch job with --exclude=n2, and
@@ -176,3 +200,19 @@ def test_a_detached_batch_run_that_lost_a_node_goes_on_in_a_batch_job_without_it
     assert project.recorded_jobs() == [first, second]
     assert status["latest_run"]["state"] == "succeeded", status["latest_run"]
     _lost_recorded(project)
+
+
+def test_a_spare_takes_the_node_rank_of_the_node_it_replaces(tmp_path: Path, slurm_cluster: SlurmCluster) -> None:
+    """n1 (node 0) fails first twice; attempt 2 runs with the spare n3 as node 0, and n2 stays node 1, though Slurm
+    numbers n2 first in the step (its SLURM_NODEID 0): each node's ranks, and checkpoints, stay where they were."""
+    project = make_project(tmp_path, slurm_cluster)
+    (project.home / "workspace" / "picky.py").write_text(PICKY_JOB)
+    project.ok("deploy", project.name, "--spares", "1", "--timeout", "60", timeout=120)
+    project.ok("sync", "-c", project.name)
+    result = project.mlenv("launch", "-c", project.name, "--launcher", "torchrun", "--nproc", "1", "--max-restarts",
+                           "3", "picky.py", "n1", timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "node-0: n1 excluded (it failed first in 2 attempts of the run), using spare n3" in result.stderr
+    assert "[node-0 r0] attempt 2: ok on n3 as node 0" in result.stdout, result.stdout
+    assert "[node-1 r1] attempt 2: ok on n2 as node 1" in result.stdout, result.stdout
+    project.ok("clean", "-c", project.name, timeout=120)

@@ -13,10 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from mlenv import state
 from mlenv.backends.slurm import followed
+from mlenv.backends.slurm.login import Login
 from mlenv.backends.slurm.noderecords import node_job as slurm_node_job
 from mlenv.backends.slurm.runstate import reconcile
-from mlenv.core.capabilities import LaunchOutcome
+from mlenv.core.capabilities import Handle, LaunchOutcome
 from mlenv.core.runrecords import latest_run, node_state
 from mlenv.ops.launch import judge_faulty
 from mlenv.runtime.records import restartpolicy
@@ -137,3 +139,24 @@ def test_the_words_of_a_node_left_out_decide_nothing(monkeypatch: pytest.MonkeyP
                                                                            "node 1 misbehaved 2 times")
     assert followed._parse("12 n2 1 node failure: Slurm took n2 out of the job") == (  # an earlier version's line
         "12", "n2", 1, False, "node failure: Slurm took n2 out of the job")
+
+
+def test_the_nodes_a_script_inside_an_allocation_left_out_are_recorded_once(tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MLENV_HOME", str(tmp_path))
+    runs = tmp_path / "runs"
+    for run, deployment, lines in (("r1", "hpc", ["n2 1 saved=1 node failure: Slurm took n2 out of the job",
+                                                  "n1 0 saved=0 it failed first in 2 attempts of the run"]),
+                                   ("r2", "other", ["n5 1 saved=1 node failure: Slurm took n5 out of the job"])):
+        (runs / run).mkdir(parents=True)
+        (runs / run / "deployment").write_text(f"{deployment}\n")
+        (runs / run / "left").write_text("".join(f"{line}\n" for line in lines))
+    handle = Handle("slurm", "hpc", 2, "tcp", True, {}, {})
+    followed.left_out(Login(None), state.RECORDS, handle, str(runs))
+    assert [(e["node"], e["host"], e["reason"]) for e in state.RECORDS.excluded_of("hpc")] == [
+        (1, "n2", "node failure: Slurm took n2 out of the job")]  # saved=1 only, the deployment's own runs only
+    assert not (runs / "r1" / "left").exists() and (runs / "r2" / "left").exists()
+    assert (runs / "r1" / "left.read").read_text().count("\n") == 2
+    state.forget_excluded("hpc")
+    followed.left_out(Login(None), state.RECORDS, handle, str(runs))  # read once: forgotten stays forgotten
+    assert state.RECORDS.excluded_of("hpc") == ()

@@ -7,6 +7,7 @@ the ``slurm:`` section; quoting that a shell really reads back; the parsers of s
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import shutil
@@ -422,3 +423,19 @@ def test_the_warning_is_ignored_by_the_task_and_passed_on_by_the_batch_shell() -
     assert wrapper.startswith("export MLENV_NODE_RANK=\"$SLURM_NODEID\"; trap '' USR1; ")
     assert "trap" not in task_wrapper({})
     assert grace_seconds(120) == 90 and grace_seconds(1) == 1
+
+
+@pytest.mark.parametrize(("placed", "rank"), [(False, "0"), (True, "1")])
+def test_a_task_s_node_rank_is_its_place_in_the_nodelist_when_srun_placed_it_there(tmp_path: Path, placed: bool,
+                                                                                     rank: str) -> None:
+    """n2, second in the run's --nodelist (a spare in node 1's place) but first in Slurm's order (SLURM_NODEID 0):
+    node 1 where srun placed the tasks in the order of the list (SLURM_PROCID), else Slurm's order; the failed file
+    names the same node."""
+    (tmp_path / "attempt-0").mkdir()
+    env = {"PATH": os.environ["PATH"], "SLURM_NODEID": "0", "SLURM_PROCID": "1", "SLURMD_NODENAME": "n2",
+           "MLENV_RUN_DIR": str(tmp_path), "MLENV_RESTART_COUNT": "0"}
+    wrapper = task_wrapper({}, placed=placed)
+    said = subprocess.run(["sh", "-c", wrapper, "sh", "sh", "-c", 'echo "$MLENV_NODE_RANK"; exit 3'], env=env,
+                          capture_output=True, text=True, check=False)
+    assert (said.returncode, said.stdout) == (3, f"{rank}\n"), said.stderr
+    assert (tmp_path / "attempt-0" / "failed").read_text() == f"{rank} 3\n"

@@ -52,8 +52,9 @@ def test_a_launch_inside_an_allocation_with_spares_names_its_nodes(olivia: Path)
     launch = backend.prepare_launch(handle, spec)
     assert launch == backend.prepare_launch(handle, spec)  # pure
     assert launch.spares == {0: ("gpu-0", held[-1])}
-    nodes = ",".join(held[1:])
-    assert ' --nodelist="$nodes" ' in launch.text and f"\nnodes={nodes} head=gpu-1\n" in launch.text
+    nodes = ",".join([held[-1], *held[1:-1]])  # the spare in node 0's place, with its node rank
+    assert ' --nodelist="$nodes" ' in launch.text and f"\nnodes={nodes} head={held[-1]}\n" in launch.text
+    assert "--distribution=arbitrary" in launch.text and 'export MLENV_NODE_RANK="$SLURM_PROCID"' in launch.text
     assert 'echo "mlenv: job $SLURM_JOB_ID on $nodes, master $head' in launch.text
     assert "move()" not in launch.text  # attached: mlenv itself restarts, onto spares
     detached = backend.prepare_launch(handle, replace(spec, detach=True, max_restarts=2))

@@ -180,8 +180,8 @@ def test_launch_dry_run_torchrun(run_runtime: Runner) -> None:
     assert variables == ["GLOO_SOCKET_IFNAME=lo", "NCCL_IB_DISABLE=1", "NCCL_SOCKET_IFNAME=lo", "PYTHONUNBUFFERED=1",
                          "TORCH_FR_BUFFER_SIZE=2000", "TORCH_NCCL_DUMP_ON_TIMEOUT=1"]
     assert shlex.split(command)[1:] == [
-        "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
-        "--rdzv-endpoint", "127.0.0.1:29555", "--rdzv-id", "run-7", "--rdzv-conf", "is_host=false",
+        "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "static",
+        "--rdzv-endpoint", "127.0.0.1:29555", "--rdzv-id", "run-7", "--node-rank", "1",
         "--max-restarts", "0", "--local-addr", "127.0.0.1", "-m", "mlenv.runtime.rank", __file__, "--steps", "3",
     ]
     assert "mlenv: node 1/2 (mlenv), 2 processes, master 127.0.0.1:29555" in result.stderr

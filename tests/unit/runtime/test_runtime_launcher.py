@@ -34,16 +34,16 @@ def test_torchrun_node0_hosts_the_rendezvous() -> None:
     argv = torchrun_argv(NODE0, 4, ["train.py", "--steps", "5"], rdzv_id="ml-dev-env-1a2b", local_addr="10.128.2.15")
     assert argv == [
         sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "4",
-        "--rdzv-backend", "c10d", "--rdzv-endpoint", "ml-dev-env-0.ml-dev-env-headless:29500",
-        "--rdzv-id", "ml-dev-env-1a2b", "--rdzv-conf", "is_host=true", "--max-restarts", "0",
+        "--rdzv-backend", "static", "--rdzv-endpoint", "ml-dev-env-0.ml-dev-env-headless:29500",
+        "--rdzv-id", "ml-dev-env-1a2b", "--node-rank", "0", "--max-restarts", "0",
         "--local-addr", "10.128.2.15", "-m", "mlenv.runtime.rank", "train.py", "--steps", "5",
     ]
 
 
-def test_torchrun_other_nodes_join_and_ipv6_endpoints_are_bracketed() -> None:
+def test_torchrun_other_nodes_keep_their_rank_and_ipv6_endpoints_are_bracketed() -> None:
     topology = Topology(1, 2, None, "fd00::5", 29400, "mlenv")
     argv = torchrun_argv(topology, 2, ["t.py"], rdzv_id="r", local_addr=None)
-    assert argv[argv.index("--rdzv-conf") + 1] == "is_host=false"
+    assert argv[argv.index("--node-rank") + 1] == "1"
     assert argv[argv.index("--rdzv-endpoint") + 1] == "[fd00::5]:29400"
     assert "--local-addr" not in argv
 

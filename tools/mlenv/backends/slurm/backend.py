@@ -293,12 +293,14 @@ class SlurmBackend(Deploy, NodeAccess, Jobs, Checks, Preempts):
 
     def status(self, handle: Handle) -> list[NodeStatus]:
         """The allocation's nodes (or its pending reason), then the newest batch jobs mlenv submitted for the
-        file: pending with the reason, running, or ended with the exit code."""
+        file: pending with the reason, running, or ended with the exit code. The nodes that detached runs' scripts
+        inside the allocation left out since it was last asked are recorded as excluded first (``mlenv nodes``)."""
         job = job_from(handle)
         login, found, batch = self._jobs(handle, exit_codes=True)
         rows: list[NodeStatus] = []
         allocation = allocation_id(handle)
         if allocation is not None:
+            followed.left_out(login, self.records, handle, f"{job.workdir}/{RUNS_DIR}")
             rows += self._allocation_rows(handle, job, found[allocation])
         for index, submitted in enumerate(batch):
             current = found[submitted["id"]]
@@ -597,11 +599,10 @@ def _placement(handle: Handle, job: SlurmJob, exclude: Sequence[str]) -> dict[in
 
 
 def _step_hosts(handle: Handle, job: SlurmJob, placed: Mapping[int, tuple[str, str]]) -> tuple[str, ...]:
-    """The run's nodes inside the allocation, in the allocation's order (the order of their node ranks, which
-    Slurm numbers so): its first ``job.nodes`` nodes with the spares of ``placed`` in the excluded ones' place."""
-    held = _held(handle)
-    chosen = {placed[index][1] if index in placed else host for index, host in enumerate(held[:job.nodes])}
-    return tuple(host for host in held if host in chosen)
+    """The run's nodes inside the allocation, in the order of their node ranks: its first ``job.nodes`` nodes with
+    the spares of ``placed`` in the excluded ones' place, so that a spare takes the node rank of the node it replaces
+    (the run's tasks take their rank from this order, not from Slurm's, script.task_wrapper)."""
+    return tuple(placed[index][1] if index in placed else host for index, host in enumerate(_held(handle)[:job.nodes]))
 
 
 def _job_detail(login: Login, job: SlurmJob, submitted: Mapping[str, Any], current: JobInfo) -> str | None:

@@ -45,6 +45,10 @@ ATTEMPT_FILE = "attempt"
 RESUBMITTED_FILE = "resubmitted"
 """In a run directory: ``<job id> <host> <node> <why>`` for each batch job that a detached run's script submitted to
 go on without a node the restart policy left out (one line each, appended)."""
+LEFT_FILE = "left"
+"""In a run directory: ``<host> <node> saved=<0|1> <why>`` for each node that a detached run's script inside an
+allocation left out (onto a spare, or stopping without one), appended; mlenv records it as excluded where saved=1
+when it next looks at the allocation (followed.left_out), then keeps the lines in ``left.read``."""
 DEPLOYMENT_FILE = "deployment"
 """In a run directory: the name of the deployment (cluster file) that ran it, so that logs and status find its own
 runs where another file's share the workdir."""
@@ -187,20 +191,24 @@ def runtime_argv(launcher: str, run_id: str, script: str, args: Sequence[str], n
             *(["--expect-transport", expect_transport] if expect_transport else []), *options, "--", script, *args]
 
 
-def task_wrapper(interfaces: Mapping[str, str], secrets: Sequence[str] = (), warning: str | None = None) -> str:
+def task_wrapper(interfaces: Mapping[str, str], secrets: Sequence[str] = (), warning: str | None = None,
+                 placed: bool = False) -> str:
     """The ``sh -c`` script around each node's task: the forwarded ``secrets`` from the step's stdin, the node's
-    rank (its SLURM_NODEID in the step, which spans every node) and socket interface when the file names one, then
-    the task; a failing node records ``<node> <code>`` in the attempt's ``failed`` file, the first one only. With a
-    ``warning`` signal, this shell and what it starts ignore it (the runtime, apptainer, torchrun's agent,
-    DeepSpeed's launchers), unless they catch it: the ranks that checkpoint on it install their own handler."""
-    steps = [*([read_secrets(secrets).rstrip("; ")] if secrets else []), 'export MLENV_NODE_RANK="$SLURM_NODEID"',
+    rank (its SLURM_NODEID in the step, which spans every node, in Slurm's order; ``placed``, on a step whose tasks
+    srun placed in the order of its --nodelist, one a node: the task's SLURM_PROCID, its node's place there) and
+    socket interface when the file names one, then the task; a failing node records ``<node> <code>`` in the
+    attempt's ``failed`` file, the first one only. With a ``warning`` signal, this shell and what it starts ignore
+    it (the runtime, apptainer, torchrun's agent, DeepSpeed's launchers), unless they catch it: the ranks that
+    checkpoint on it install their own handler."""
+    rank = "$SLURM_PROCID" if placed else "$SLURM_NODEID"
+    steps = [*([read_secrets(secrets).rstrip("; ")] if secrets else []), f'export MLENV_NODE_RANK="{rank}"',
              *([f"trap '' {warning}"] if warning else [])]
     if interfaces:
         cases = " ".join(f"{shlex.quote(host)}) export NCCL_SOCKET_IFNAME={shlex.quote(nic)} "
                          f"GLOO_SOCKET_IFNAME={shlex.quote(nic)} ;;" for host, nic in sorted(interfaces.items()))
         steps.append(f'case "$SLURMD_NODENAME" in {cases} esac')
     steps += ['"$@"; code=$?',
-              f'[ "$code" -eq 0 ] || (set -C; echo "$SLURM_NODEID $code" > '
+              f'[ "$code" -eq 0 ] || (set -C; echo "$MLENV_NODE_RANK $code" > '
               f'"$MLENV_RUN_DIR/attempt-$MLENV_RESTART_COUNT/{FAILED_FILE}") 2>/dev/null',
               'exit "$code"']
     return "; ".join(steps)
@@ -213,14 +221,17 @@ def step_name(run_id: str) -> str:
 
 def srun_line(job: SlurmJob, run_id: str, task: Sequence[str], secrets: Sequence[str] = (),
               nodelist: Sequence[str] = ()) -> Shell:
-    """The srun of a run: one task per node (on ``nodelist`` when given), fail-fast, every line labelled with its
-    node. Forwarded ``secrets`` (shell variables of the launch script, exported to nothing) reach every task on the
-    step's stdin, which Slurm hands over and never saves, unlike a job's or a step's environment."""
+    """The srun of a run: one task per node (on ``nodelist`` when given, in its order: node N runs on its N-th
+    host, also where that is not Slurm's order, as a spare in an excluded node's place), fail-fast, every line
+    labelled with its node. Forwarded ``secrets`` (shell variables of the launch script, exported to nothing) reach
+    every task on the step's stdin, which Slurm hands over and never saves, unlike a job's or a step's environment."""
     options = ["srun", "--overlap", f"--job-name={step_name(run_id)}", f"--nodes={job.nodes}", "--ntasks-per-node=1",
                *([f"--cpus-per-task={job.settings.cpus_per_task}"] if job.settings.cpus_per_task else []),
-               "--kill-on-bad-exit=1", "--label", *(["--input=all"] if secrets else [])]
+               "--kill-on-bad-exit=1", "--label", *(["--input=all"] if secrets else []),
+               *(["--distribution=arbitrary"] if nodelist else [])]
+    wrapper = task_wrapper(job.interfaces, secrets, job.settings.signal_name, placed=bool(nodelist))
     parts = [shlex.join(options) + (' --nodelist="$nodes"' if nodelist else ""),  # the script's $nodes: nodelist
-             shlex.join(["sh", "-c", task_wrapper(job.interfaces, secrets, job.settings.signal_name), "sh"])]
+             shlex.join(["sh", "-c", wrapper, "sh"])]
     if job.container is not None:
         parts.append(shlex.join(container_argv(job)))
     parts.append(shlex.join(task))
@@ -239,7 +250,7 @@ def _run_context(job: SlurmJob, title: str, run_id: str, task: Sequence[str], ba
             "runtime_path": job.runtime_path, "port_base": PORT_BASE, "port_span": PORT_SPAN,
             "srun": srun_line(job, run_id, task, secrets, nodelist), "attempt": attempt, "exclude": ",".join(exclude),
             "nodelist": list(nodelist), "restarts": restarts, "resubmitted_file": RESUBMITTED_FILE,
-            "stop_file": STOP_FILE, "deployment_file": DEPLOYMENT_FILE,
+            "left_file": LEFT_FILE, "stop_file": STOP_FILE, "deployment_file": DEPLOYMENT_FILE,
             "resubmit_export": ",".join([*job.settings.export, "MLENV_RESUBMITTED=1"]),
             "python": PYTHON, "failed_file": FAILED_FILE, "ended_file": ENDED_FILE, "exit_file": EXIT_FILE,
             "next_file": NEXT_FILE,

@@ -1,4 +1,6 @@
-"""Start the job on this node: torchrun with a c10d rendezvous, or DeepSpeed's launcher without ssh.
+"""Start the job on this node: torchrun with a static rendezvous, or DeepSpeed's launcher without ssh; either way
+node N runs global ranks N*k ... N*k+k-1 (k processes per node) in every attempt, so that a rank finds its own
+checkpoint again on its node's storage.
 
 Run the same command on every node. Each rank runs through ``mlenv.runtime.rank`` under this node's supervisor
 (supervisor.py): its lines go, whole and tagged, to stdout and, with a run directory, to
@@ -62,16 +64,17 @@ class Job:
 def torchrun_argv(
     topology: Topology, nproc: int, command: list[str], *, rdzv_id: str, local_addr: str | None
 ) -> list[str]:
-    """torchrun with a c10d rendezvous at the master; node 0 hosts the store (``is_host``); every worker runs
-    through the rank wrapper."""
+    """torchrun with a static rendezvous at the master, which node 0 hosts: this node's rank is the topology's
+    (``--node-rank``), not its place in a join order as with c10d, so its global ranks are the same in every attempt;
+    every worker runs through the rank wrapper."""
     argv = [
         sys.executable, "-m", "torch.distributed.run",
         "--nnodes", str(topology.num_nodes),
         "--nproc-per-node", str(nproc),
-        "--rdzv-backend", "c10d",
+        "--rdzv-backend", "static",
         "--rdzv-endpoint", f"{_host_for_url(topology.master_addr)}:{topology.master_port}",
         "--rdzv-id", rdzv_id,
-        "--rdzv-conf", f"is_host={str(topology.node_rank == 0).lower()}",
+        "--node-rank", str(topology.node_rank),
         "--max-restarts", "0",
     ]  # fmt: skip
     if local_addr:
