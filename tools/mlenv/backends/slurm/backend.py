@@ -46,6 +46,7 @@ from mlenv.core.capabilities import (
     Request,
 )
 from mlenv.core.fanout import RUNS_DIR
+from mlenv.core.recorded import SubmittedJob
 from mlenv.core.registry import Records
 from mlenv.core.runrecords import latest_run
 from mlenv.core.spares import place
@@ -277,7 +278,7 @@ class SlurmBackend(Deploy, NodeAccess, Jobs, Checks, Preempts):
         return job_id
 
     def _jobs(self, handle: Handle, exit_codes: bool = False
-              ) -> tuple[Login, dict[str, JobInfo], list[dict[str, Any]]]:
+              ) -> tuple[Login, dict[str, JobInfo], list[SubmittedJob]]:
         """The allocation and the recorded batch jobs of ``handle`` (the newest SHOWN_JOBS with ``exit_codes``),
         as Slurm knows them now, with the jobs that detached runs' scripts submitted to go on without a node."""
         job = job_from(handle)
@@ -286,7 +287,7 @@ class SlurmBackend(Deploy, NodeAccess, Jobs, Checks, Preempts):
             submitted = recorded.jobs(self.records, handle.name)
             batch = submitted[-SHOWN_JOBS:] if exit_codes else submitted
             allocation = allocation_id(handle)
-            ids = [*([allocation] if allocation else []), *(entry["id"] for entry in batch)]
+            ids = [*([allocation] if allocation else []), *(entry.id for entry in batch)]
             found = jobs.query(login, ids, exit_codes)
             if not followed.follow(login, self.records, handle, job, found):
                 return login, found, batch
@@ -301,8 +302,8 @@ class SlurmBackend(Deploy, NodeAccess, Jobs, Checks, Preempts):
         if allocation is not None:
             rows += self._allocation_rows(handle, job, found[allocation])
         for index, submitted in enumerate(batch):
-            current = found[submitted["id"]]
-            run_id = str(submitted.get("run", ""))
+            current = found[submitted.id]
+            run_id = submitted.run or ""
             rows.append(NodeStatus(f"job-{current.id}", index, current.nodelist, current.state,
                                    current.state == "RUNNING", 0, job.gpus_per_node * job.nodes, None,
                                    detail=_job_detail(login, job, submitted, current),
@@ -341,7 +342,7 @@ class SlurmBackend(Deploy, NodeAccess, Jobs, Checks, Preempts):
         if allocation is not None:
             current = jobs.state(login, allocation)
             return current if current.state == "RUNNING" else None
-        submitted = [entry["id"] for entry in recorded.jobs(self.records, handle.name)][-SHOWN_JOBS:]
+        submitted = [entry.id for entry in recorded.jobs(self.records, handle.name)][-SHOWN_JOBS:]
         found = jobs.query(login, submitted, exit_codes=False) if submitted else {}
         return next((found[job_id] for job_id in reversed(submitted) if found[job_id].state == "RUNNING"), None)
 
@@ -485,7 +486,7 @@ class SlurmBackend(Deploy, NodeAccess, Jobs, Checks, Preempts):
         login, found, batch = self._jobs(handle)
         allocation = allocation_id(handle)
         targets = [job_id for job_id, current in found.items() if current.live and job_id != allocation]
-        runs = {str(entry["run"]) for entry in batch if entry.get("run") and found[entry["id"]].live}
+        runs = {entry.run for entry in batch if entry.run and found[entry.id].live}
         if allocation is not None and found[allocation].state == "RUNNING":
             listed = login.ok(["squeue", "-h", "-s", f"--jobs={allocation}", "-o", "%i %j"]).splitlines()
             for step, _, name in (line.partition(" ") for line in listed):
@@ -557,7 +558,7 @@ class SlurmBackend(Deploy, NodeAccess, Jobs, Checks, Preempts):
         """Send run ``run_id``'s batch job its warning signal (slurm.signal), as Slurm does before the time limit:
         its script passes it to every rank and requeues the job once they ended (every node: ``node`` is moot)."""
         login, found, batch = self._jobs(handle)
-        live = [str(entry["id"]) for entry in batch if entry.get("run") == run_id and found[entry["id"]].live]
+        live = [entry.id for entry in batch if entry.run == run_id and found[entry.id].live]
         if not live:
             raise OperationError(f"no batch job of run {run_id} is queued or running")
         settings = job_from(handle).settings
@@ -570,7 +571,7 @@ class SlurmBackend(Deploy, NodeAccess, Jobs, Checks, Preempts):
         """Whether run ``run_id``'s batch job runs (not waiting to start, nor again), or its step runs in the
         allocation; and its newest batch job (its exit code once ended), None for a run inside the allocation."""
         login, found, batch = self._jobs(handle)
-        mine = [found[submitted["id"]] for submitted in batch if submitted.get("run") == run_id]
+        mine = [found[submitted.id] for submitted in batch if submitted.run == run_id]
         job = mine[-1] if mine else None
         live = job is not None and job.live and job.state not in runstate.WAITING
         if job is not None and not job.live:
@@ -604,16 +605,16 @@ def _step_hosts(handle: Handle, job: SlurmJob, placed: Mapping[int, tuple[str, s
     return tuple(host for host in held if host in chosen)
 
 
-def _job_detail(login: Login, job: SlurmJob, submitted: Mapping[str, Any], current: JobInfo) -> str | None:
+def _job_detail(login: Login, job: SlurmJob, submitted: SubmittedJob, current: JobInfo) -> str | None:
     """A batch job's reason while pending, its exit code once ended (from its run's exit file once Slurm has
     forgotten it), or the job it handed its run on to."""
-    run_id = str(submitted.get("run", ""))
+    run_id = submitted.run or ""
     if current.state == "PENDING":
         return current.reason_words()
     if current.live:
         return None
-    if submitted.get("next"):
-        return f"its run went on as job {submitted['next']}, without a node the restart policy left out"
+    if submitted.next:
+        return f"its run went on as job {submitted.next}, without a node the restart policy left out"
     code = current.exit_code
     if current.state == jobs.GONE and run_id:
         code = run.exit_file(login, job.run_path(run_id))
