@@ -39,7 +39,7 @@ def _report(handle: Handle, recorded: state.Deployment | None, current: str | No
     listed = distinct(recorded_runs(handle.name, recorded))
     report: dict[str, Any] = {
         "name": handle.name, "cluster": handle.name, "backend": handle.backend, "mode": handle.mode,
-        "nodes": handle.nodes, "namespace": handle.data.get("namespace"), "current": handle.name == current,
+        "nodes": handle.nodes, "namespace": handle.namespace, "current": handle.name == current,
         "deployed": recorded is not None,
         "cluster_file": recorded.cluster_file if recorded else None,
         "runs": _described(handle.name, listed, {}),
