@@ -79,11 +79,11 @@ class Deployment:
         """Inverse of ``to_json``; TypeError/ValueError/KeyError on a record of another shape."""
         if not isinstance(record, dict):
             raise TypeError("a deployment is not a mapping")
-        attempt = record.get("attempt")
+        attempt, deploy = record.get("attempt"), record.get("deploy")
         fields = {**record, "handle": Handle.from_json(record["handle"]),
                   "runs": tuple(RecordedRun.from_json(run) for run in record.get("runs") or ()),
                   "excluded": tuple(ExcludedNode.from_json(entry) for entry in record.get("excluded") or ()),
-                  "deploy": DeployOutcome.from_json(record.get("deploy") or DeployOutcome().to_json()),
+                  "deploy": DeployOutcome.from_json(deploy) if deploy else DeployOutcome(),
                   "attempt": None if attempt is None else cls.from_json(attempt),
                   "leftovers": tuple(Handle.from_json(handle) for handle in record.get("leftovers") or ())}
         deployment = cls(**fields)
