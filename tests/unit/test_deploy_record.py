@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from mlenv import state
 from mlenv.core.capabilities import Handle
+from mlenv.core.recorded import DeployOutcome, RecordedRun
 from mlenv.ops.status import UNFINISHED, deploy_shown
 
 
@@ -30,7 +31,7 @@ def test_a_failed_first_deploy_is_recorded_but_not_current() -> None:
     state.failed("lab", "deploy failed on 1 of 2 hosts")
     recorded = state.load()
     assert recorded.current is None
-    assert recorded.deployments["lab"].deploy == {"state": "failed", "error": "deploy failed on 1 of 2 hosts"}
+    assert recorded.deployments["lab"].deploy == DeployOutcome("failed", "deploy failed on 1 of 2 hosts")
     assert recorded.deployments["lab"].handles == (_deployment().handle,)  # clean finds it
 
 
@@ -38,15 +39,15 @@ def test_a_failed_redeploy_keeps_the_deployment_before_it_and_the_attempt() -> N
     before = _deployment(workspaces=["/w", "/w"])
     state.record(before)
     state.succeeded("lab")
-    state.update("lab", runs=lambda runs: (*runs, {"id": "r1"}))
+    state.update("lab", runs=lambda runs: (*runs, RecordedRun("r1")))
     attempt = _deployment(workspaces=[])
     state.record(attempt)
     state.update("lab", handle=replace(attempt.handle, env={"MASTER_ADDR": "10.0.0.1"}))  # learned meanwhile
     state.failed("lab", "host b: connection refused")
     kept = state.load().deployments["lab"]
     assert state.load().current == "lab"
-    assert kept.handle == before.handle and kept.runs == ({"id": "r1"},)
-    assert kept.deploy == {"state": "partial", "error": "host b: connection refused"}
+    assert kept.handle == before.handle and kept.runs == (RecordedRun("r1"),)
+    assert kept.deploy == DeployOutcome("partial", "host b: connection refused")
     assert kept.attempt is not None and kept.attempt.handle.env == {"MASTER_ADDR": "10.0.0.1"}
     assert kept.handles == (before.handle, kept.attempt.handle)
     state.update("lab", handle=replace(before.handle, env={"MASTER_PORT": "1"}))  # a later launch: the operated one
@@ -55,8 +56,8 @@ def test_a_failed_redeploy_keeps_the_deployment_before_it_and_the_attempt() -> N
     state.update("lab", handle=replace(attempt.handle, env={"MASTER_ADDR": "10.0.0.2"}))
     state.succeeded("lab")
     done = state.load().deployments["lab"]
-    assert done.handle.env == {"MASTER_ADDR": "10.0.0.2"} and done.runs == ({"id": "r1"},)
-    assert done.deploy == {"state": "ready", "error": None} and done.attempt is None
+    assert done.handle.env == {"MASTER_ADDR": "10.0.0.2"} and done.runs == (RecordedRun("r1"),)
+    assert done.deploy == DeployOutcome("ready", None) and done.attempt is None
 
 
 def test_a_record_of_an_earlier_mlenv_reads_as_ready(home: Path) -> None:
@@ -65,7 +66,7 @@ def test_a_record_of_an_earlier_mlenv_reads_as_ready(home: Path) -> None:
     (home / ".mlenv").mkdir()
     (home / ".mlenv" / "state.json").write_text(json.dumps({"version": 2, "current": "lab",
                                                             "deployments": {"lab": record}}))
-    assert state.load().deployments["lab"].deploy == {"state": "ready", "error": None}
+    assert state.load().deployments["lab"].deploy == DeployOutcome("ready", None)
 
 
 def test_every_failed_attempt_stays_in_reach_of_clean() -> None:
@@ -81,14 +82,14 @@ def test_every_failed_attempt_stays_in_reach_of_clean() -> None:
     state.failed("lab", "host f: connection refused")
     state.record(third)  # a third try of the same re-deploy
     kept = state.load().deployments["lab"]
-    assert kept.handle == learned and kept.deploy["state"] == "partial"
+    assert kept.handle == learned and kept.deploy.state == "partial"
     assert kept.handles == (learned, third.handle, first.handle)
 
 
 def test_a_deploy_under_way_is_unfinished_by_its_record_and_said_so_only_where_shown() -> None:
     state.record(_deployment())
     recorded = state.load().deployments["lab"]
-    assert recorded.unfinished and recorded.deploy == {"state": "failed", "error": None}
+    assert recorded.unfinished and recorded.deploy == DeployOutcome("failed", None)
     assert deploy_shown(recorded) == {"state": "failed", "error": UNFINISHED}
     state.failed("lab", UNFINISHED)  # an error worded as the display text is still an error
     failed = state.load().deployments["lab"]

@@ -4,14 +4,16 @@ with the first failure in one line."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime, timezone
 
+from mlenv.core.recorded import RecordedRun, SpareUse
 from mlenv.ops.runs import cells, distinct, duration, entry
 from mlenv.runtime.records.runlayout import FirstFailure
 from mlenv.runtime.records.runrecord import RunRecord
 from mlenv.runtime.records.states import NodeEnd, RunState
 
-RECORDED = {"id": "20261127-200000-out", "script": "train.py", "detached": True, "started": "2026-11-27T20:00:00+00:00"}
+RECORDED = RecordedRun("20261127-200000-out", "train.py", detached=True, started="2026-11-27T20:00:00+00:00")
 NOW = datetime(2026, 11, 27, 20, 10, tzinfo=timezone.utc)
 
 
@@ -43,6 +45,6 @@ def test_durations_read_as_a_person_says_them() -> None:
 
 
 def test_a_run_restarted_attached_is_one_run_from_its_first_start() -> None:
-    again = {**RECORDED, "started": "2026-11-27T20:05:00+00:00", "spares": [{"node": 1}]}
-    other = {**RECORDED, "id": "20261127-200700-out", "started": "2026-11-27T20:07:00+00:00"}
-    assert distinct([RECORDED, again, other]) == [{**again, "started": RECORDED["started"]}, other]
+    again = replace(RECORDED, started="2026-11-27T20:05:00+00:00", spares=(SpareUse(1, "gpu-1", "gpu-9"),))
+    other = replace(RECORDED, id="20261127-200700-out", started="2026-11-27T20:07:00+00:00")
+    assert distinct([RECORDED, again, other]) == [replace(again, started=RECORDED.started), other]

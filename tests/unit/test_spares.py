@@ -12,6 +12,7 @@ from mlenv import state
 from mlenv.backends.slurm.backend import SlurmBackend
 from mlenv.core.capabilities import LaunchRequest, LaunchSpec
 from mlenv.core.clusters import load_plan
+from mlenv.core.recorded import RecordedRun, SpareUse
 from mlenv.core.spares import place
 from mlenv.errors import OperationError
 
@@ -79,7 +80,7 @@ def test_the_nodes_on_spares_are_said_with_why_and_kept_on_the_run(olivia: Path,
     state.record(state.Deployment(handle.name, handle.backend, str(olivia / "clusters" / "olivia.yaml"), "tcp", 2,
                                   None, handle))
     state.succeeded(handle.name)
-    state.update(handle.name, runs=lambda runs: (*runs, {"id": "RUN"}))
+    state.update(handle.name, runs=lambda runs: (*runs, RecordedRun("RUN")))
     target = resolve("olivia")
     spec = LaunchSpec("torchrun", "train.py", run_id="RUN")
     request = LaunchRequest(spec, "", {}, {}, spares={0: ("gpu-0", "gpu-9"), 1: ("gpu-1", "gpu-8")})
@@ -87,8 +88,8 @@ def test_the_nodes_on_spares_are_said_with_why_and_kept_on_the_run(olivia: Path,
     assert capsys.readouterr().err.splitlines() == [
         "WARNING: node-0: gpu-0 excluded (a node fault), using spare gpu-9",
         "WARNING: node-1: gpu-1 excluded (mlenv nodes says why), using spare gpu-8"]
-    assert state.load().deployments[handle.name].runs == ({"id": "RUN", "spares": [
-        {"node": 0, "host": "gpu-0", "spare": "gpu-9"}, {"node": 1, "host": "gpu-1", "spare": "gpu-8"}]},)
+    assert state.load().deployments[handle.name].runs == (RecordedRun("RUN", spares=(
+        SpareUse(0, "gpu-0", "gpu-9"), SpareUse(1, "gpu-1", "gpu-8"))),)
     announce(target, replace(request, spec=replace(spec, run_id="OTHER")), {})  # not the latest run: not recorded
-    assert state.load().deployments[handle.name].runs[-1]["id"] == "RUN"
+    assert state.load().deployments[handle.name].runs[-1].id == "RUN"
     assert len(state.load().deployments[handle.name].runs) == 1

@@ -17,13 +17,12 @@ from pathlib import Path
 from typing import IO, Any
 
 from mlenv.core.capabilities import Handle
+from mlenv.core.recorded import FAILED, PARTIAL, READY, DeployOutcome, ExcludedNode, RecordedRun, SubmittedJob
 from mlenv.errors import OperationError, UsageError, shown
 
 VERSION = 2
 MAX_BYTES = 4 * 1024 * 1024
-READY, FAILED, PARTIAL = "ready", "failed", "partial"
-DEPLOY_STATES = (READY, FAILED, PARTIAL)
-Runs = tuple[dict[str, Any], ...]
+Runs = tuple[RecordedRun, ...]
 """A deployment's recorded runs, oldest first."""
 
 
@@ -40,15 +39,13 @@ class Deployment:
     image: str | None
     """The --image override, if any."""
     handle: Handle
-    runs: tuple[dict[str, Any], ...] = ()
-    """Launches started with --detach: run id, when, what; newest last."""
-    excluded: tuple[dict[str, Any], ...] = ()
-    """Nodes left out of the next runs: ``{"node", "host", "reason", "since"}``, by node number; the one record of
-    them (nccl-test --pairs --exclude-bad and restarts add, ``mlenv nodes --forget-excluded`` clears)."""
-    deploy: dict[str, Any] = field(default_factory=lambda: {"state": READY, "error": None})
-    """How the last deploy ended: ``state`` ready, failed (none succeeded yet) or partial (a re-deploy failed; the
-    deployment before it is still the one operated), ``error`` why not ready (None while not ready: that deploy has
-    not finished, see ``unfinished``)."""
+    runs: Runs = ()
+    """Launches: run id, when, what; newest last."""
+    excluded: tuple[ExcludedNode, ...] = ()
+    """Nodes left out of the next runs, by node number; the one record of them (nccl-test --pairs --exclude-bad and
+    restarts add, ``mlenv nodes --forget-excluded`` clears)."""
+    deploy: DeployOutcome = field(default_factory=DeployOutcome)
+    """How the last deploy ended (see ``unfinished``)."""
     attempt: Deployment | None = None
     """A re-deploy that did not (yet) succeed: what it created, for clean; the record above stays operated."""
     leftovers: tuple[Handle, ...] = ()
@@ -58,7 +55,7 @@ class Deployment:
     @property
     def unfinished(self) -> bool:
         """Whether the last deploy is still under way or was interrupted: not ready, and no error recorded."""
-        return self.deploy["state"] != READY and self.deploy["error"] is None
+        return self.deploy.unfinished
 
     @property
     def handles(self) -> tuple[Handle, ...]:
@@ -69,11 +66,11 @@ class Deployment:
     def to_json(self) -> dict[str, Any]:
         """The record in state.json; a ready deployment's reads as an earlier mlenv wrote it (no deploy, attempt,
         leftovers or excluded nodes)."""
-        record = {**asdict(self), "handle": self.handle.to_json(), "runs": list(self.runs),
-                  "excluded": list(self.excluded), "deploy": self.deploy,
+        record = {**asdict(self), "handle": self.handle.to_json(), "runs": [run.to_json() for run in self.runs],
+                  "excluded": [entry.to_json() for entry in self.excluded], "deploy": self.deploy.to_json(),
                   "attempt": None if self.attempt is None else self.attempt.to_json(),
                   "leftovers": [handle.to_json() for handle in self.leftovers]}
-        unset: dict[str, Any] = {"deploy": {"state": READY, "error": None}, "attempt": None, "leftovers": [],
+        unset: dict[str, Any] = {"deploy": DeployOutcome().to_json(), "attempt": None, "leftovers": [],
                                  "excluded": []}
         return {key: value for key, value in record.items() if key not in unset or value != unset[key]}
 
@@ -82,17 +79,16 @@ class Deployment:
         """Inverse of ``to_json``; TypeError/ValueError/KeyError on a record of another shape."""
         if not isinstance(record, dict):
             raise TypeError("a deployment is not a mapping")
-        attempt = record.get("attempt")
-        fields = {**record, "handle": Handle.from_json(record["handle"]), "runs": tuple(record.get("runs") or ()),
-                  "excluded": tuple(record.get("excluded") or ()),
-                  "deploy": record.get("deploy") or {"state": READY, "error": None},
+        attempt, deploy = record.get("attempt"), record.get("deploy")
+        fields = {**record, "handle": Handle.from_json(record["handle"]),
+                  "runs": tuple(RecordedRun.from_json(run) for run in record.get("runs") or ()),
+                  "excluded": tuple(ExcludedNode.from_json(entry) for entry in record.get("excluded") or ()),
+                  "deploy": DeployOutcome.from_json(deploy) if deploy else DeployOutcome(),
                   "attempt": None if attempt is None else cls.from_json(attempt),
                   "leftovers": tuple(Handle.from_json(handle) for handle in record.get("leftovers") or ())}
         deployment = cls(**fields)
         if not (isinstance(deployment.name, str) and isinstance(deployment.cluster_file, str)
-                and isinstance(deployment.mode, str) and isinstance(deployment.nodes, int)
-                and all(isinstance(item, dict) for item in (*deployment.runs, *deployment.excluded))
-                and isinstance(deployment.deploy, dict) and deployment.deploy.get("state") in DEPLOY_STATES):
+                and isinstance(deployment.mode, str) and isinstance(deployment.nodes, int)):
             raise TypeError("a deployment field has the wrong type")
         return deployment
 
@@ -103,14 +99,14 @@ class State:
 
     deployments: dict[str, Deployment] = field(default_factory=dict)
     current: str | None = None
-    jobs: dict[str, tuple[dict[str, Any], ...]] = field(default_factory=dict)
+    jobs: dict[str, tuple[SubmittedJob, ...]] = field(default_factory=dict)
     """Batch jobs mlenv submitted, by deployment (cluster) name, whether or not it is deployed: status and clean
     touch only these."""
-    excluded: dict[str, tuple[dict[str, Any], ...]] = field(default_factory=dict)
+    excluded: dict[str, tuple[ExcludedNode, ...]] = field(default_factory=dict)
     """Nodes left out of the next runs of a cluster that is not deployed (its Slurm batch jobs), by cluster name;
     a deployment keeps its own (``Deployment.excluded``)."""
 
-    def excluded_of(self, name: str) -> tuple[dict[str, Any], ...]:
+    def excluded_of(self, name: str) -> tuple[ExcludedNode, ...]:
         """The nodes excluded from the next runs of ``name``: its deployment's, else the undeployed cluster's."""
         known = self.deployments.get(name)
         return known.excluded if known is not None else self.excluded.get(name, ())
@@ -162,11 +158,10 @@ def load() -> State:
         current = data.get("current")
         if current is not None and current not in deployments:
             raise ValueError(f"current deployment {current!r} is not recorded")
-        jobs = {str(name): tuple(listed) for name, listed in dict(data.get("jobs") or {}).items()}
-        excluded = {str(name): tuple(listed) for name, listed in dict(data.get("excluded") or {}).items()}
-        if not all(isinstance(item, dict) for by_name in (jobs, excluded) for listed in by_name.values()
-                   for item in listed):
-            raise TypeError("a job or an excluded node is not a mapping")
+        jobs = {str(name): tuple(map(SubmittedJob.from_json, listed))
+                for name, listed in dict(data.get("jobs") or {}).items()}
+        excluded = {str(name): tuple(map(ExcludedNode.from_json, listed))
+                    for name, listed in dict(data.get("excluded") or {}).items()}
     except (KeyError, TypeError, ValueError) as exc:
         raise _corrupt(path, f"unexpected shape: {exc}") from None
     return State(deployments, current, jobs, excluded)
@@ -196,9 +191,10 @@ def save(state: State) -> None:
     path = state_file()
     data = {"version": VERSION, "current": state.current,
             "deployments": {name: d.to_json() for name, d in sorted(state.deployments.items())},
-            "jobs": {name: list(listed) for name, listed in sorted(state.jobs.items()) if listed}}
+            "jobs": {name: [job.to_json() for job in listed] for name, listed in sorted(state.jobs.items()) if listed}}
     if any(state.excluded.values()):  # written only when some undeployed cluster has excluded nodes
-        data["excluded"] = {name: list(listed) for name, listed in sorted(state.excluded.items()) if listed}
+        data["excluded"] = {name: [entry.to_json() for entry in listed]
+                            for name, listed in sorted(state.excluded.items()) if listed}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".state.json.{os.getpid()}.tmp")
@@ -215,17 +211,17 @@ def record(deployment: Deployment) -> None:
     with locked():
         state = load()
         known = state.deployments.get(deployment.name)
-        ended = known is not None and known.deploy["error"] is not None  # an earlier attempt failed
-        if known is not None and known.deploy["state"] != FAILED:
+        ended = known is not None and known.deploy.error is not None  # an earlier attempt failed
+        if known is not None and known.deploy.state != FAILED:
             earlier = [known.attempt.handle] if ended and known.attempt is not None else []
             state.deployments[deployment.name] = replace(known, attempt=deployment,
-                                                         deploy={"state": PARTIAL, "error": None},
+                                                         deploy=DeployOutcome(PARTIAL),
                                                          leftovers=(*known.leftovers, *earlier))
         else:
             earlier = [*known.leftovers, *([known.handle] if ended else [])] if known is not None else []
             state.deployments[deployment.name] = replace(deployment, runs=known.runs if known else (),
                                                          excluded=known.excluded if known else (),
-                                                         deploy={"state": FAILED, "error": None},
+                                                         deploy=DeployOutcome(FAILED),
                                                          leftovers=tuple(earlier))
         save(state)
 
@@ -238,7 +234,7 @@ def succeeded(name: str) -> None:
         known = state.deployments[name]
         latest = known.attempt or known
         state.deployments[name] = replace(latest, runs=known.runs, excluded=known.excluded,
-                                          deploy={"state": READY, "error": None},
+                                          deploy=DeployOutcome(READY),
                                           attempt=None, leftovers=known.leftovers)
         state.current = name
         save(state)
@@ -251,7 +247,7 @@ def failed(name: str, why: str) -> None:
         known = state.deployments.get(name)
         if known is None:
             return
-        state.deployments[name] = replace(known, deploy={**known.deploy, "error": why})
+        state.deployments[name] = replace(known, deploy=replace(known.deploy, error=why))
         save(state)
 
 
@@ -272,7 +268,7 @@ def update(name: str, *, runs: Callable[[Runs], Runs] | None = None, handle: Han
         save(state)
 
 
-def exclude(name: str, nodes: dict[int, tuple[str, str]]) -> tuple[dict[str, Any], ...]:
+def exclude(name: str, nodes: dict[int, tuple[str, str]]) -> tuple[ExcludedNode, ...]:
     """Record ``nodes`` (node number -> (host, why)) as excluded from the next runs of ``name`` (its deployment,
     or the cluster when it is not deployed); a host already excluded keeps its first reason (a spare host that ran a
     node is excluded apart from the node's own host). The excluded nodes afterwards."""
@@ -281,16 +277,16 @@ def exclude(name: str, nodes: dict[int, tuple[str, str]]) -> tuple[dict[str, Any
     since = datetime.now(timezone.utc).isoformat(timespec="seconds")
     with locked():
         state = load()
-        listed = {str(entry["host"]): entry for entry in state.excluded_of(name)}
+        listed = {entry.host: entry for entry in state.excluded_of(name)}
         for node, (host, reason) in nodes.items():
-            listed.setdefault(host, {"node": node, "host": host, "reason": reason, "since": since})
-        excluded = tuple(sorted(listed.values(), key=lambda entry: (int(entry["node"]), str(entry["host"]))))
+            listed.setdefault(host, ExcludedNode(node, host, reason, since))
+        excluded = tuple(sorted(listed.values(), key=lambda entry: (entry.node, entry.host)))
         _set_excluded(state, name, excluded)
         save(state)
         return excluded
 
 
-def forget_excluded(name: str) -> tuple[dict[str, Any], ...]:
+def forget_excluded(name: str) -> tuple[ExcludedNode, ...]:
     """Clear the excluded nodes of ``name`` (its deployment, or the cluster when it is not deployed); those it
     had."""
     with locked():
@@ -303,7 +299,7 @@ def forget_excluded(name: str) -> tuple[dict[str, Any], ...]:
         return had
 
 
-def _set_excluded(state: State, name: str, excluded: tuple[dict[str, Any], ...]) -> None:
+def _set_excluded(state: State, name: str, excluded: tuple[ExcludedNode, ...]) -> None:
     known = state.deployments.get(name)
     if known is not None:
         state.deployments[name] = replace(known, excluded=excluded)
@@ -311,7 +307,7 @@ def _set_excluded(state: State, name: str, excluded: tuple[dict[str, Any], ...])
         state.excluded[name] = excluded
 
 
-def add_job(name: str, job: dict[str, Any], keep: int) -> None:
+def add_job(name: str, job: SubmittedJob, keep: int) -> None:
     """Record a batch job submitted for the cluster ``name`` (the newest ``keep`` are kept)."""
     with locked():
         state = load()
@@ -319,17 +315,18 @@ def add_job(name: str, job: dict[str, Any], keep: int) -> None:
         save(state)
 
 
-def update_job(name: str, job_id: str, fields: dict[str, Any]) -> None:
-    """Add ``fields`` to the recorded batch job ``job_id`` of the cluster ``name`` (nothing when not recorded)."""
+def update_job(name: str, job: SubmittedJob) -> None:
+    """Record ``job`` in place of the recorded batch job with its id of the cluster ``name`` (nothing when none is
+    recorded)."""
     with locked():
         state = load()
         listed = state.jobs.get(name, ())
-        if any(job.get("id") == job_id for job in listed):
-            state.jobs[name] = tuple({**job, **fields} if job.get("id") == job_id else job for job in listed)
+        if any(known.id == job.id for known in listed):
+            state.jobs[name] = tuple(job if known.id == job.id else known for known in listed)
             save(state)
 
 
-def jobs_of(name: str) -> tuple[dict[str, Any], ...]:
+def jobs_of(name: str) -> tuple[SubmittedJob, ...]:
     """The batch jobs recorded for the cluster ``name``, oldest first."""
     return load().jobs.get(name, ())
 
@@ -341,19 +338,19 @@ class StateRecords:
         known = load().deployments.get(name)
         return known.handle if known is not None else None
 
-    def jobs_of(self, name: str) -> tuple[dict[str, Any], ...]:
+    def jobs_of(self, name: str) -> tuple[SubmittedJob, ...]:
         return jobs_of(name)
 
-    def add_job(self, name: str, job: dict[str, Any], keep: int) -> None:
+    def add_job(self, name: str, job: SubmittedJob, keep: int) -> None:
         add_job(name, job, keep)
 
-    def update_job(self, name: str, job_id: str, fields: dict[str, Any]) -> None:
-        update_job(name, job_id, fields)
+    def update_job(self, name: str, job: SubmittedJob) -> None:
+        update_job(name, job)
 
     def exclude(self, name: str, nodes: dict[int, tuple[str, str]]) -> None:
         exclude(name, nodes)
 
-    def excluded_of(self, name: str) -> tuple[dict[str, Any], ...]:
+    def excluded_of(self, name: str) -> tuple[ExcludedNode, ...]:
         return load().excluded_of(name)
 
 

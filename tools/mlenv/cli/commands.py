@@ -233,7 +233,7 @@ def deploy(cluster: str | None, cluster_ref: str | None, mode: str | None, nodes
 
         rows = backend_of(handle.backend).deploy.status(handle)
         print_json({"ok": True, "name": handle.name, "backend": handle.backend, "mode": handle.mode,
-                    "nodes": handle.nodes, "namespace": handle.data.get("namespace"),
+                    "nodes": handle.nodes, "namespace": handle.namespace,
                     "pods": [pod_row(row) for row in rows]})
 
 

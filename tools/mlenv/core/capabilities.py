@@ -54,6 +54,13 @@ class Handle:
         """The record kept in state."""
         return asdict(self)
 
+    @property
+    def namespace(self) -> str | None:
+        """The namespace the deployment is in, where its backend records one (Kubernetes, Run:ai, local): what
+        ``status`` and ``deploy --json`` show, read here only."""
+        namespace = self.data.get("namespace")
+        return None if namespace is None else str(namespace)
+
     @classmethod
     def from_json(cls, record: Mapping[str, Any]) -> Handle:
         """Inverse of ``to_json``; TypeError/ValueError on a record of another shape."""

@@ -34,6 +34,7 @@ from mlenv.core.capabilities import (
     NodeAccess,
     Preempts,
 )
+from mlenv.core.recorded import ExcludedNode, SubmittedJob
 from mlenv.errors import UsageError
 
 if TYPE_CHECKING:
@@ -196,19 +197,19 @@ class Records(Protocol):
     def handle_of(self, name: str) -> Handle | None:
         """The recorded deployment's handle, if ``name`` is recorded."""
 
-    def jobs_of(self, name: str) -> tuple[dict[str, Any], ...]:
+    def jobs_of(self, name: str) -> tuple[SubmittedJob, ...]:
         """The jobs recorded for ``name``, oldest first."""
 
-    def add_job(self, name: str, job: dict[str, Any], keep: int) -> None:
+    def add_job(self, name: str, job: SubmittedJob, keep: int) -> None:
         """Record ``job`` for ``name``, keeping the newest ``keep``."""
 
-    def update_job(self, name: str, job_id: str, fields: dict[str, Any]) -> None:
-        """Add ``fields`` to the recorded job ``job_id`` of ``name`` (nothing when it is not recorded)."""
+    def update_job(self, name: str, job: SubmittedJob) -> None:
+        """Record ``job`` in place of the recorded job with its id of ``name`` (nothing when none is recorded)."""
 
     def exclude(self, name: str, nodes: dict[int, tuple[str, str]]) -> None:
         """Record ``nodes`` (node number -> (host, why)) as excluded from the next runs of ``name``."""
 
-    def excluded_of(self, name: str) -> tuple[dict[str, Any], ...]:
+    def excluded_of(self, name: str) -> tuple[ExcludedNode, ...]:
         """The nodes excluded from the next runs of ``name``."""
 
 

@@ -42,7 +42,7 @@ def with_excluded(job: JobPlan) -> JobPlan:
     deployment's pods get a node affinity against them, so deploying again keeps them off)."""
     from mlenv import state
 
-    excluded = {str(entry["host"]) for entry in state.load().excluded_of(job.name) if "host" in entry}
+    excluded = {entry.host for entry in state.load().excluded_of(job.name)}
     return job._replace(excluded=tuple(sorted(excluded)))
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from mlenv import state
 from mlenv.core.capabilities import Feature, LaunchOutcome, LaunchSpec
+from mlenv.core.recorded import ExcludedNode, RecordedRun
 from mlenv.errors import MlenvError, OperationError, UsageError, shown
 from mlenv.ops.live import refuse_while_live
 from mlenv.ops.target import Target
@@ -185,7 +186,7 @@ def without_excluded(target: Target, spec: LaunchSpec) -> LaunchSpec:
     """``spec`` away from the hosts recorded as excluded on the deployment (as read with it), or on the cluster
     when it is not deployed (mlenv nodes lists them)."""
     recorded = target.recorded.excluded if target.recorded else state.load().excluded_of(target.handle.name)
-    excluded = {str(entry["host"]) for entry in recorded if "host" in entry}
+    excluded = {entry.host for entry in recorded}
     return replace(spec, exclude=tuple(sorted({*spec.exclude, *excluded})))
 
 
@@ -358,7 +359,7 @@ def _resume(target: Target, spec: LaunchSpec, outcome: LaunchOutcome, preemption
          f"{spec.attempt + 1}, the same MLENV_CHECKPOINT_DIR)")
     if target.recorded is not None:  # status counts the resumptions apart from the restarts
         state.update(target.recorded.name, runs=lambda runs: tuple(
-            {**run, "preemptions": preemptions} if run.get("id") == spec.run_id else run for run in runs))
+            replace(run, preemptions=preemptions) if run.id == spec.run_id else run for run in runs))
     target.backend.deploy.wait_ready(target.handle, RESUME_TIMEOUT, lambda handle: None)
     return replace(spec, attempt=spec.attempt + 1)
 
@@ -385,9 +386,9 @@ def judge_faulty(outcome: LaunchOutcome, run: RunRecord | None, attempt: int,
                                {faulty: sign for faulty, sign in signs.items() if faulty in outcome.hosts})
 
 
-def _reasons(excluded: Iterable[Mapping[str, object]]) -> dict[str, str]:
+def _reasons(excluded: Iterable[ExcludedNode]) -> dict[str, str]:
     """host -> why, of the excluded nodes ``excluded`` as state.json records them."""
-    return {str(entry.get("host")): str(entry.get("reason")) for entry in excluded}
+    return {entry.host: entry.reason for entry in excluded}
 
 
 def _exclude(target: Target, outcome: LaunchOutcome, left_out: tuple[LeftOut, ...],
@@ -491,12 +492,12 @@ def _remember(target: Target, spec: LaunchSpec) -> None:
     may ask while it runs)."""
     if target.recorded is None:
         return
-    run = {"id": spec.run_id, "script": spec.script, "launcher": spec.launcher, "detached": spec.detach,
-           "started": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    run = RecordedRun(spec.run_id, spec.script, spec.launcher, spec.detach,
+                      datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
     def added(runs: state.Runs) -> state.Runs:
-        counted = [r["preemptions"] for r in runs if r.get("id") == spec.run_id and "preemptions" in r]
-        return (*runs, {**run, **({"preemptions": counted[-1]} if counted else {})})[-KEPT_RUNS:]
+        counted = [r.preemptions for r in runs if r.id == spec.run_id and r.preemptions is not None]
+        return (*runs, replace(run, preemptions=counted[-1] if counted else None))[-KEPT_RUNS:]
 
     state.update(target.recorded.name, runs=added)
 

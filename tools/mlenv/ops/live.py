@@ -21,7 +21,7 @@ def live_run(target: Target) -> tuple[str, str] | None:
     attached)."""
     if target.recorded is None or not target.recorded.runs:
         return None
-    latest = str(target.recorded.runs[-1].get("id"))
+    latest = target.recorded.runs[-1].id
     states = target.backend.jobs.run_states(target.handle, latest)
     live = sorted(node for node, end in states.items() if end is not None and end.state in LIVE)
     if live:

@@ -22,8 +22,8 @@ def show_excluded(target: Target, forget: bool, as_json: bool) -> int:
     placed = _placed(target)
     listed = state.forget_excluded(name) if forget else state.load().excluded_of(name)
     if as_json:
-        print_json({"cluster": name, "excluded": [] if forget else list(listed),
-                    "forgotten": list(listed) if forget else None,
+        shown = [entry.to_json() for entry in listed]
+        print_json({"cluster": name, "excluded": [] if forget else shown, "forgotten": shown if forget else None,
                     "nodes": None if placed is None else [_node(status) for status in placed]})
         return 0
     if placed:
@@ -33,7 +33,7 @@ def show_excluded(target: Target, forget: bool, as_json: bool) -> int:
         info(f"{name}: none of its nodes is on the cluster (deleted by hand?): nothing there to keep off or let back; "
              "mlenv deploy makes them again")
     if forget:
-        nodes = ", ".join(f"node-{entry['node']}" for entry in listed)
+        nodes = ", ".join(f"node-{entry.node}" for entry in listed)
         info(f"{name}: {len(listed)} excluded node{'' if len(listed) == 1 else 's'} forgotten"
              + (f" ({nodes})" if listed else ""))
         return 0
@@ -41,7 +41,7 @@ def show_excluded(target: Target, forget: bool, as_json: bool) -> int:
         print(f"{name}: no node is excluded")
         return 0
     table(f"{name}: excluded from the next runs", ["NODE", "HOST", "SINCE", "WHY"],
-          [[f"node-{e['node']}", e.get("host", "-"), e.get("since", "-"), e.get("reason", "-")] for e in listed])
+          [[f"node-{e.node}", e.host, e.since or "-", e.reason or "-"] for e in listed])
     return 0
 
 

@@ -116,7 +116,8 @@ def _exclude(target: Target, named: Sequence[int], run: str) -> list[dict[str, A
                          "excluded nodes in")
     hosts = {node.ordinal: node.name for node in target.backend.access.nodes(target.handle)}
     reason = f"nccl-test --pairs (run {run}): every pair with it was slow"
-    return list(state.exclude(target.recorded.name, {n: (hosts.get(n, f"node-{n}"), reason) for n in named}))
+    excluded = state.exclude(target.recorded.name, {n: (hosts.get(n, f"node-{n}"), reason) for n in named})
+    return [entry.to_json() for entry in excluded]
 
 
 def run_pairs(target: Target, nproc: int | None = None, sizes: str | None = None, expect: str | None = None,

@@ -4,11 +4,13 @@ looked up (``logs``, ``stacks``, ``status RUN_ID``)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
 from mlenv import state
 from mlenv.core.capabilities import Feature
+from mlenv.core.recorded import RecordedRun
 from mlenv.errors import MlenvError, UsageError
 from mlenv.ops.target import Target, backend_of, resolve
 from mlenv.runtime.records.runlayout import FirstFailure
@@ -20,38 +22,37 @@ COLUMNS = ["RUN", "STATE", "EXIT", "ATTEMPTS", "DURATION", "START", "NODES", "SC
 columns the run id and its state stay whole."""
 
 
-def recorded_runs(name: str, recorded: state.Deployment | None) -> list[dict[str, Any]]:
+def recorded_runs(name: str, recorded: state.Deployment | None) -> list[RecordedRun]:
     """The runs recorded of ``name``, oldest first: the deployment's launches, or, for a cluster file that is not
     deployed, the runs of the batch jobs submitted for it (Slurm), in the same shape."""
     if recorded is not None:
         return list(recorded.runs)
-    return [{"id": job["run"], "script": job.get("script", "-"), "started": job.get("submitted", "-"),
-             "detached": bool(job.get("detached", True))}
-            for job in state.jobs_of(name) if isinstance(job.get("run"), str) and job["run"]]
+    return [RecordedRun(job.run, job.script or "-", started=job.submitted or "-", detached=job.detached)
+            for job in state.jobs_of(name) if job.run]
 
 
-def distinct(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def distinct(runs: list[RecordedRun]) -> list[RecordedRun]:
     """One entry per run, oldest first: a run restarted attached is recorded again at each attempt; its entry is the
     last one's (its spares, preemptions) with the first one's start."""
-    merged: dict[str, dict[str, Any]] = {}
+    merged: dict[str, RecordedRun] = {}
     for run in runs:
-        first = merged.get(str(run.get("id")))
-        merged[str(run.get("id"))] = {**run, "started": first["started"]} if first and "started" in first else run
+        first = merged.get(run.id)
+        merged[run.id] = replace(run, started=first.started) if first and first.started is not None else run
     return list(merged.values())
 
 
-def launched_at(runs: list[dict[str, Any]], run_id: str) -> float | None:
+def launched_at(runs: list[RecordedRun], run_id: str) -> float | None:
     """When run ``run_id`` of the recorded ``runs`` was first launched (epoch seconds): its goodput's start; None
     where unknown."""
-    started = next((_time(run.get("started")) for run in runs if run.get("id") == run_id), None)
+    started = next((_time(run.started) for run in runs if run.id == run_id), None)
     return started.timestamp() if started is not None else None
 
 
-def find(target: Target, run_id: str) -> dict[str, Any]:
+def find(target: Target, run_id: str) -> RecordedRun:
     """The recorded run ``run_id`` of ``target``; UsageError naming it and how to list the runs when there is
     none."""
     for run in recorded_runs(target.handle.name, target.recorded):
-        if run.get("id") == run_id:
+        if run.id == run_id:
             return run
     raise UsageError(f"no run {run_id!r} of {target.handle.name}: mlenv runs lists its runs "
                      "(mlenv runs --all, every deployment's)")
@@ -63,22 +64,22 @@ def listing(target: Target) -> list[dict[str, Any]]:
     listed = distinct(recorded_runs(target.handle.name, target.recorded))
     records: dict[str, RunRecord] = {}
     if listed and target.backend.info.supports(Feature.JOBS):
-        records = target.backend.jobs.runs(target.handle, [str(run["id"]) for run in listed])
+        records = target.backend.jobs.runs(target.handle, [run.id for run in listed])
     now = datetime.now(timezone.utc)
-    return [entry(target.handle.name, run, records.get(str(run["id"])), now) for run in reversed(listed)]
+    return [entry(target.handle.name, run, records.get(run.id), now) for run in reversed(listed)]
 
 
-def entry(cluster: str, run: dict[str, Any], record: RunRecord | None, now: datetime) -> dict[str, Any]:
+def entry(cluster: str, run: RecordedRun, record: RunRecord | None, now: datetime) -> dict[str, Any]:
     """One run: what the deployment recorded of it (id, script, start) and what its nodes did (``record``)."""
     known = record is not None and record.state is not None
     ended_at = record.ended_at if record is not None else None
     return {
-        "id": run["id"], "cluster": cluster, "script": run.get("script"), "detached": bool(run.get("detached", True)),
+        "id": run.id, "cluster": cluster, "script": run.script, "detached": run.detached,
         "state": record.state if record is not None else None,
         "exit_code": record.exit_code if record is not None else None,
         "attempts": record.attempt + 1 if record is not None and known else None,
-        "started": run.get("started"), "ended": ended_at,
-        "duration": _seconds(run.get("started"), ended_at, now, record),
+        "started": run.started, "ended": ended_at,
+        "duration": _seconds(run.started, ended_at, now, record),
         "nodes": sum(end is not None for end in record.nodes.values()) if record is not None else None,
         "node_states": {str(node): end_text(end) for node, end in sorted(record.nodes.items())} if record else {},
         "first_failure": record.first_failure.to_dict() if record is not None and record.first_failure else None,

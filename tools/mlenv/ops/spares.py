@@ -4,9 +4,11 @@ kept on the run's record (status shows them)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 from mlenv import state
 from mlenv.core.capabilities import LaunchRequest
+from mlenv.core.recorded import SpareUse
 from mlenv.ops.target import Target
 
 
@@ -21,12 +23,11 @@ def announce(target: Target, request: LaunchRequest, reasons: Mapping[str, str])
         warn(f"node-{ordinal}: {host} excluded ({reasons.get(host, 'mlenv nodes says why')}), using spare {spare}")
     if target.recorded is None:
         return
-    used = [{"node": ordinal, "host": host, "spare": spare}
-            for ordinal, (host, spare) in sorted(request.spares.items())]
+    used = tuple(SpareUse(ordinal, host, spare) for ordinal, (host, spare) in sorted(request.spares.items()))
 
     def with_spares(runs: state.Runs) -> state.Runs:
-        if runs and runs[-1].get("id") == request.spec.run_id:
-            return (*runs[:-1], {**runs[-1], "spares": used})
+        if runs and runs[-1].id == request.spec.run_id:
+            return (*runs[:-1], replace(runs[-1], spares=used))
         return runs
 
     state.update(target.recorded.name, runs=with_spares)

@@ -10,6 +10,7 @@ from typing import Any
 
 from mlenv import state
 from mlenv.core.capabilities import Feature, Handle, NodeStatus
+from mlenv.core.recorded import FAILED, PARTIAL, READY, RecordedRun
 from mlenv.core.registry import Backend
 from mlenv.errors import MlenvError, UsageError
 from mlenv.ops.runs import distinct, entry, find, launched_at, recorded_runs
@@ -24,7 +25,7 @@ UNFINISHED = "the deploy did not finish (interrupted?)"
 
 def deploy_shown(recorded: state.Deployment) -> dict[str, Any]:
     """How the last deploy of ``recorded`` ended, as status shows it: an unfinished one's error is ``UNFINISHED``."""
-    return {**recorded.deploy, "error": UNFINISHED} if recorded.unfinished else dict(recorded.deploy)
+    return {**recorded.deploy.to_json(), **({"error": UNFINISHED} if recorded.unfinished else {})}
 
 
 def _report(handle: Handle, recorded: state.Deployment | None, current: str | None, tolerant: bool,
@@ -38,7 +39,7 @@ def _report(handle: Handle, recorded: state.Deployment | None, current: str | No
     listed = distinct(recorded_runs(handle.name, recorded))
     report: dict[str, Any] = {
         "name": handle.name, "cluster": handle.name, "backend": handle.backend, "mode": handle.mode,
-        "nodes": handle.nodes, "namespace": handle.data.get("namespace"), "current": handle.name == current,
+        "nodes": handle.nodes, "namespace": handle.namespace, "current": handle.name == current,
         "deployed": recorded is not None,
         "cluster_file": recorded.cluster_file if recorded else None,
         "runs": _described(handle.name, listed, {}),
@@ -46,17 +47,17 @@ def _report(handle: Handle, recorded: state.Deployment | None, current: str | No
         "latest_run": None,  # the latest detached run, as its nodes' supervisors recorded it (docs/runs.md)
         "run_states": {},  # its state on each node, by ordinal
         # an undeployed cluster's once the backend has answered: it may record some (Slurm batch runs' scripts)
-        "excluded": list(recorded.excluded) if recorded else [],
+        "excluded": [entry.to_json() for entry in recorded.excluded] if recorded else [],
     }
     run: RunRecord | None = None
     try:
         made = backend()
-        never_ready = recorded is not None and recorded.deploy["state"] == state.FAILED
+        never_ready = recorded is not None and recorded.deploy.state == FAILED
         report["pods"] = [pod_row(row, never_ready) for row in made.deploy.status(handle)]
         if listed and report["pods"] and made.info.supports(Feature.JOBS):
-            records = made.jobs.runs(handle, [str(run["id"]) for run in listed])  # as their nodes' supervisors said
+            records = made.jobs.runs(handle, [run.id for run in listed])  # as their nodes' supervisors said
             report["runs"] = _described(handle.name, listed, records)
-            wanted = run_id or str(listed[-1]["id"])
+            wanted = run_id or listed[-1].id
             run = records[wanted].launched(launched_at(listed, wanted), time.time())  # run_id: one of listed
             report["run_states"] = {str(n): end_text(end) for n, end in run.nodes.items()}
             report["latest_run"] = run.to_dict()
@@ -73,14 +74,14 @@ def _report(handle: Handle, recorded: state.Deployment | None, current: str | No
             raise
         report["pods"], report["error"] = [], f"cannot query it: {type(exc).__name__}: {exc}"
     if recorded is None:
-        report["excluded"] = list(state.load().excluded_of(handle.name))
+        report["excluded"] = [entry.to_json() for entry in state.load().excluded_of(handle.name)]
     return report, run
 
 
-def _described(name: str, listed: list[dict[str, Any]], records: dict[str, RunRecord]) -> list[dict[str, Any]]:
+def _described(name: str, listed: list[RecordedRun], records: dict[str, RunRecord]) -> list[dict[str, Any]]:
     """``runs`` of status: each recorded run (oldest first) with what its nodes did (``mlenv runs``' fields)."""
     now = datetime.now(timezone.utc)
-    return [{**run, **entry(name, run, records.get(str(run["id"])), now)} for run in listed]
+    return [{**run.to_json(), **entry(name, run, records.get(run.id), now)} for run in listed]
 
 
 def pod_row(row: NodeStatus, never_ready: bool = False) -> dict[str, Any]:
@@ -97,10 +98,10 @@ def _print(report: dict[str, Any], run: RunRecord | None = None) -> None:
     if report.get("error"):
         error(f"{report['name']}: {report['error']}")
         return
-    deploy = report["deploy"] or {"state": state.READY}
-    if deploy["state"] == state.FAILED:
+    deploy = report["deploy"] or {"state": READY}
+    if deploy["state"] == FAILED:
         say(f"{report['name']}: deploy failed: {deploy['error']}; not ready (mlenv deploy again, or mlenv clean)")
-    elif deploy["state"] == state.PARTIAL:
+    elif deploy["state"] == PARTIAL:
         say(f"{report['name']}: the last deploy failed: {deploy['error']}; shown is the deployment before it, "
             "which is still operated (mlenv deploy again, or mlenv clean)")
     rows = report["pods"]

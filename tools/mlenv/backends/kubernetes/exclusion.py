@@ -72,7 +72,7 @@ def moved_by_a_run(pods: Iterable[Mapping[str, Any]], records: Records, name: st
         if move is not None:
             hosts |= {str(entry.get("host")) for entry in move["nodes"]
                       if isinstance(entry, dict) and entry.get("saved")}
-    return bool(hosts - {str(entry.get("host")) for entry in (records.excluded_of(name) if hosts else ())})
+    return bool(hosts - {entry.host for entry in (records.excluded_of(name) if hosts else ())})
 
 
 def record_seen_moves(client: Client, target: KubeHandle, pods: Iterable[Mapping[str, Any]], records: Records) -> None:

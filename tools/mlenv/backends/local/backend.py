@@ -79,6 +79,8 @@ class Layout:
     owner: str
     shared: bool
     pods: tuple[LocalPod, ...]
+    namespace: str = ""
+    """The namespace its pods' DNS names are in (none while it is being planned)."""
 
     def pod_dir(self, ordinal: int) -> Path:
         """The directory of pod ``ordinal``."""
@@ -122,7 +124,7 @@ def _marked(directory: Path, marker: str, layout: Layout) -> bool:
 def _layout(data: Mapping[str, Any], shared: bool) -> Layout:
     """A handle's recorded directories and pods."""
     return Layout(Path(str(data["base"])), str(data["app"]), str(data["owner"]), shared,
-                  tuple(LocalPod(**pod) for pod in data["pods"]))
+                  tuple(LocalPod(**pod) for pod in data["pods"]), str(data["namespace"]))
 
 
 def _read_pod(directory: Path) -> LocalPod | None:
@@ -226,8 +228,7 @@ class LocalBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks):
         extra = sorted(o for o in self._existing(layout) if o >= len(layout.pods))
         if extra:  # scaled down: like a StatefulSet, the pods go and their data stays
             self._remove(layout, extra, delete_data=False)
-        namespace = str(request.handle.data["namespace"])
-        entries = [(p.ip, _dns_names(layout.app, namespace, p.ordinal)) for p in layout.pods]
+        entries = [(p.ip, _dns_names(layout.app, layout.namespace, p.ordinal)) for p in layout.pods]
         if any(p.netns for p in layout.pods):
             localnet.ensure_bridge(layout.bridge)
         for pod in layout.pods:

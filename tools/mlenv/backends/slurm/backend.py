@@ -16,6 +16,7 @@ from typing import Any
 
 from mlenv.backends.slurm import followed, jobs, noderecords, run, runstate, script
 from mlenv.backends.slurm import record as recorded
+from mlenv.backends.slurm.allocation import Allocation
 from mlenv.backends.slurm.checks import slurm_checks
 from mlenv.backends.slurm.jobs import JobInfo
 from mlenv.backends.slurm.login import Login
@@ -46,6 +47,7 @@ from mlenv.core.capabilities import (
     Request,
 )
 from mlenv.core.fanout import RUNS_DIR
+from mlenv.core.recorded import SubmittedJob
 from mlenv.core.registry import Records
 from mlenv.core.runrecords import latest_run
 from mlenv.core.spares import place
@@ -165,13 +167,6 @@ def job_from(handle: Handle) -> SlurmJob:
     return handle.decoded(_job)
 
 
-def allocation_id(handle: Handle) -> str | None:
-    """The allocation's job id, once deploy submitted it."""
-    allocation = handle.data.get("allocation") or {}
-    job_id = allocation.get("id")
-    return job_id if isinstance(job_id, str) and job_id.isdigit() else None
-
-
 def _settings(plan: JobPlan) -> SlurmSettings:
     settings = plan.cluster.settings
     if not isinstance(settings, SlurmSettings):
@@ -220,15 +215,15 @@ class SlurmBackend(Deploy, NodeAccess, Jobs, Checks, Preempts):
         digest = hashlib.sha256(request.text.encode()).hexdigest()[:16]
         known = self._live_allocation(login, handle.name)
         if known is not None:
-            if (known.data.get("allocation") or {}).get("digest") == digest:
-                info(f"allocation {allocation_id(known)} of {handle.name} is already queued or running")
+            if Allocation.of(known).digest == digest:
+                info(f"allocation {Allocation.of(known).id} of {handle.name} is already queued or running")
                 record(known)
                 return known
-            raise OperationError(f"allocation {allocation_id(known)} of {handle.name} is queued or running with "
+            raise OperationError(f"allocation {Allocation.of(known).id} of {handle.name} is queued or running with "
                                  f"other settings: mlenv clean -c {handle.name} cancels it, then deploy again")
         record(handle)
         job_id = submit(login, f"{job.workdir}/{RUNS_DIR}", request.text)
-        handle = replace(handle, data={**handle.data, "allocation": {"id": job_id, "digest": digest}})
+        handle = Allocation(job_id, digest).on(handle)
         record(handle)
         spares = f" ({job.nodes} + {job.spares} spare{'s' if job.spares > 1 else ''})" if job.spares else ""
         info(f"allocation {job_id} submitted: {job.nodes + job.spares} nodes{spares} of partition "
@@ -237,7 +232,7 @@ class SlurmBackend(Deploy, NodeAccess, Jobs, Checks, Preempts):
 
     def _live_allocation(self, login: Login, name: str) -> Handle | None:
         known = self.records.handle_of(name)
-        job_id = allocation_id(known) if known and known.backend == self.name else None
+        job_id = Allocation.of(known).id if known and known.backend == self.name else None
         if known is None or job_id is None or not jobs.state(login, job_id).live:
             return None
         return known
@@ -262,22 +257,22 @@ class SlurmBackend(Deploy, NodeAccess, Jobs, Checks, Preempts):
         head = current.hosts[0]
         addresses = _addresses(login, job_id, current.hosts)
         master = addresses[0] or head
-        allocation = {**handle.data["allocation"], "master_addr": master, "addresses": addresses,
-                      "hosts": list(current.hosts)}
+        allocation = replace(Allocation.of(handle), master_addr=master, addresses=tuple(addresses),
+                             hosts=tuple(current.hosts))
         env = {**handle.env, "MASTER_ADDR": master, "MASTER_PORT": str(master_port(job_id))}
-        record(replace(handle, env=env, data={**handle.data, "allocation": allocation}))
+        record(allocation.on(replace(handle, env=env)))
         spares = f" ({job.nodes} for the job, {job.spares} spare)" if job.spares else ""
         info(f"{what} is running on {current.nodelist}{spares}; master {head} at {master}:{master_port(job_id)}")
 
     @staticmethod
     def _allocation(handle: Handle) -> str:
-        job_id = allocation_id(handle)
+        job_id = Allocation.of(handle).id
         if job_id is None:
             raise OperationError(f"{handle.name} has no allocation: mlenv deploy {handle.name} holds nodes")
         return job_id
 
     def _jobs(self, handle: Handle, exit_codes: bool = False
-              ) -> tuple[Login, dict[str, JobInfo], list[dict[str, Any]]]:
+              ) -> tuple[Login, dict[str, JobInfo], list[SubmittedJob]]:
         """The allocation and the recorded batch jobs of ``handle`` (the newest SHOWN_JOBS with ``exit_codes``),
         as Slurm knows them now, with the jobs that detached runs' scripts submitted to go on without a node."""
         job = job_from(handle)
@@ -285,8 +280,8 @@ class SlurmBackend(Deploy, NodeAccess, Jobs, Checks, Preempts):
         while True:  # again once when the runs' scripts submitted jobs not recorded yet (followed.follow)
             submitted = recorded.jobs(self.records, handle.name)
             batch = submitted[-SHOWN_JOBS:] if exit_codes else submitted
-            allocation = allocation_id(handle)
-            ids = [*([allocation] if allocation else []), *(entry["id"] for entry in batch)]
+            allocation = Allocation.of(handle).id
+            ids = [*([allocation] if allocation else []), *(entry.id for entry in batch)]
             found = jobs.query(login, ids, exit_codes)
             if not followed.follow(login, self.records, handle, job, found):
                 return login, found, batch
@@ -298,13 +293,13 @@ class SlurmBackend(Deploy, NodeAccess, Jobs, Checks, Preempts):
         job = job_from(handle)
         login, found, batch = self._jobs(handle, exit_codes=True)
         rows: list[NodeStatus] = []
-        allocation = allocation_id(handle)
+        allocation = Allocation.of(handle).id
         if allocation is not None:
             followed.left_out(login, self.records, handle, f"{job.workdir}/{RUNS_DIR}")
             rows += self._allocation_rows(handle, job, found[allocation])
         for index, submitted in enumerate(batch):
-            current = found[submitted["id"]]
-            run_id = str(submitted.get("run", ""))
+            current = found[submitted.id]
+            run_id = submitted.run or ""
             rows.append(NodeStatus(f"job-{current.id}", index, current.nodelist, current.state,
                                    current.state == "RUNNING", 0, job.gpus_per_node * job.nodes, None,
                                    detail=_job_detail(login, job, submitted, current),
@@ -319,8 +314,8 @@ class SlurmBackend(Deploy, NodeAccess, Jobs, Checks, Preempts):
             detail = current.reason_words() if current.state == "PENDING" else current.words()
             return [NodeStatus(f"node-{index}", index, None, current.state, False, 0, job.gpus_per_node, None,
                                detail=detail, extra=extra) for index in range(job.nodes + job.spares)]
-        allocation = handle.data.get("allocation") or {}
-        addresses = list(allocation.get("addresses") or [allocation.get("master_addr")])
+        allocation = Allocation.of(handle)
+        addresses = list(allocation.addresses or [allocation.master_addr])
         addresses += [None] * (len(current.hosts) - len(addresses))
         return [NodeStatus(f"node-{index}", index, host, "RUNNING", True, 0, job.gpus_per_node, addresses[index],
                            extra=extra) for index, host in enumerate(current.hosts)]
@@ -339,11 +334,11 @@ class SlurmBackend(Deploy, NodeAccess, Jobs, Checks, Preempts):
         """The job whose nodes exec reaches: the allocation while it runs, else (none deployed) the newest running
         batch job of the deployment's runs."""
         login = Login.of(job_from(handle).settings)
-        allocation = allocation_id(handle)
+        allocation = Allocation.of(handle).id
         if allocation is not None:
             current = jobs.state(login, allocation)
             return current if current.state == "RUNNING" else None
-        submitted = [entry["id"] for entry in recorded.jobs(self.records, handle.name)][-SHOWN_JOBS:]
+        submitted = [entry.id for entry in recorded.jobs(self.records, handle.name)][-SHOWN_JOBS:]
         found = jobs.query(login, submitted, exit_codes=False) if submitted else {}
         return next((found[job_id] for job_id in reversed(submitted) if found[job_id].state == "RUNNING"), None)
 
@@ -352,7 +347,8 @@ class SlurmBackend(Deploy, NodeAccess, Jobs, Checks, Preempts):
         nodes: exec and shell reach them with --pod while the allocation runs (Slurm says when it does not). Not
         ready: nothing that fans out over the nodes asks them (they share the workdir)."""
         job = job_from(handle)
-        return [Node(index, host, job.workdir) for index, host in enumerate(_held(handle)) if index >= job.nodes]
+        held = Allocation.of(handle).held
+        return [Node(index, host, job.workdir) for index, host in enumerate(held) if index >= job.nodes]
 
     def exec_argv(self, handle: Handle, node: Node, argv: Sequence[str], *, env: Mapping[str, str] | None = None,
                   interactive: bool = False, stop_on_stdin_eof: bool = False,
@@ -387,14 +383,14 @@ class SlurmBackend(Deploy, NodeAccess, Jobs, Checks, Preempts):
               tty: bool = False, stop_on_stdin_eof: bool = False, secrets: Sequence[str] = ()) -> list[str]:
         """The srun of ``argv`` on ``node`` in the allocation, as run where Slurm's commands are."""
         job = job_from(handle)
-        job_id = allocation_id(handle)
+        job_id = Allocation.of(handle).id
         if job_id is None and node.ready:  # a node of a running batch job
             job_id = running.id if (running := self._running(handle)) and node.name in running.hosts else None
-        if not (node.ready or node.name in _held(handle)) or job_id is None:  # a placeholder, or no job
+        if not (node.ready or node.name in Allocation.of(handle).held) or job_id is None:  # a placeholder, or no job
             raise OperationError(f"no running allocation or batch job of {handle.name}: exec, shell and stacks run "
                                  f"inside one (mlenv deploy {handle.name}, or mlenv launch; mlenv status shows them)")
         variables = {**handle.env, "MASTER_PORT": str(master_port(job_id)), "MLENV_NODE_RANK": str(node.ordinal)}
-        master = (handle.data.get("allocation") or {}).get("master_addr")
+        master = Allocation.of(handle).master_addr
         if master:
             variables["MASTER_ADDR"] = str(master)
         if node.name in job.interfaces:
@@ -454,7 +450,7 @@ class SlurmBackend(Deploy, NodeAccess, Jobs, Checks, Preempts):
         job = job_from(handle)
         task = script.runtime_argv(spec.launcher, spec.run_id, spec.script, spec.args, spec.nproc,
                                    spec.expect_transport, spec.watchdog_options())
-        allocation = allocation_id(handle)
+        allocation = Allocation.of(handle).id
         if spec.secrets and (allocation is None or spec.detach):
             raise Refused(Feature.JOBS, _SECRETS_REFUSED.format(names=" ".join(spec.secrets), name=handle.name,
                                                                 run="a detached run" if allocation else "a batch job"))
@@ -466,7 +462,7 @@ class SlurmBackend(Deploy, NodeAccess, Jobs, Checks, Preempts):
         nodelist = _step_hosts(handle, job, placed) if allocation and job.spares else ()
         restarts = spec.max_restarts if spec.detach else 0  # an attached run's restarts are mlenv's own
         text = (script.launch_script(job, title, spec.run_id, task, allocation, spec.attempt, spec.secrets,
-                                     nodelist, restarts, _held(handle), spec.exclude) if allocation
+                                     nodelist, restarts, Allocation.of(handle).held, spec.exclude) if allocation
                 else script.batch_script(job, title, spec.run_id, task, spec.attempt, spec.exclude, restarts,
                                          spec.max_restarts))
         return LaunchRequest(spec, text, dict.fromkeys(range(job.nodes), task), {"MLENV_RUN_ID": spec.run_id}, text,
@@ -477,7 +473,7 @@ class SlurmBackend(Deploy, NodeAccess, Jobs, Checks, Preempts):
         """Run the request: inside the allocation (waiting while it is pending), or as a batch job."""
         job = job_from(handle)
         this = run.Run(handle, job, Login.of(job.settings), request, Path(log_dir), self.records)
-        allocation = allocation_id(handle)
+        allocation = Allocation.of(handle).id
         return (run.in_allocation(this, allocation, secrets, _step_hosts(handle, job, request.spares)) if allocation
                 else run.batch(this))
 
@@ -485,9 +481,9 @@ class SlurmBackend(Deploy, NodeAccess, Jobs, Checks, Preempts):
         """Stop the runs for good: first each run's stop file (its script starts no further attempt, and the run
         reads as stopped), then cancel the allocation's steps (it keeps holding the nodes) and the batch jobs."""
         login, found, batch = self._jobs(handle)
-        allocation = allocation_id(handle)
+        allocation = Allocation.of(handle).id
         targets = [job_id for job_id, current in found.items() if current.live and job_id != allocation]
-        runs = {str(entry["run"]) for entry in batch if entry.get("run") and found[entry["id"]].live}
+        runs = {entry.run for entry in batch if entry.run and found[entry.id].live}
         if allocation is not None and found[allocation].state == "RUNNING":
             listed = login.ok(["squeue", "-h", "-s", f"--jobs={allocation}", "-o", "%i %j"]).splitlines()
             for step, _, name in (line.partition(" ") for line in listed):
@@ -506,7 +502,7 @@ class SlurmBackend(Deploy, NodeAccess, Jobs, Checks, Preempts):
 
     def runs_own_ports(self, handle: Handle) -> bool:
         """A batch job's ports follow from its own job id; the runs inside an allocation all get the allocation's."""
-        return allocation_id(handle) is None
+        return Allocation.of(handle).id is None
 
     def latest_run(self, handle: Handle, run_id: str) -> RunRecord:
         """Run ``run_id`` as its nodes' supervisors recorded it in the shared run directory, its newest attempt
@@ -545,7 +541,7 @@ class SlurmBackend(Deploy, NodeAccess, Jobs, Checks, Preempts):
         the allocation gets no warning."""
         settings = job_from(handle).settings
         cannot = "the slurm backend cannot preempt this run as Slurm does"
-        if allocation_id(handle) is not None:
+        if Allocation.of(handle).id is not None:
             return Refused(Feature.TAKE_AWAY, f"{cannot}: Slurm's warning signal (slurm.signal) reaches batch jobs "
                            f"only, and runs of {handle.name} are steps of its allocation: mlenv clean it, then drill "
                            "with -c CLUSTER")
@@ -559,7 +555,7 @@ class SlurmBackend(Deploy, NodeAccess, Jobs, Checks, Preempts):
         """Send run ``run_id``'s batch job its warning signal (slurm.signal), as Slurm does before the time limit:
         its script passes it to every rank and requeues the job once they ended (every node: ``node`` is moot)."""
         login, found, batch = self._jobs(handle)
-        live = [str(entry["id"]) for entry in batch if entry.get("run") == run_id and found[entry["id"]].live]
+        live = [entry.id for entry in batch if entry.run == run_id and found[entry.id].live]
         if not live:
             raise OperationError(f"no batch job of run {run_id} is queued or running")
         settings = job_from(handle).settings
@@ -572,27 +568,22 @@ class SlurmBackend(Deploy, NodeAccess, Jobs, Checks, Preempts):
         """Whether run ``run_id``'s batch job runs (not waiting to start, nor again), or its step runs in the
         allocation; and its newest batch job (its exit code once ended), None for a run inside the allocation."""
         login, found, batch = self._jobs(handle)
-        mine = [found[submitted["id"]] for submitted in batch if submitted.get("run") == run_id]
+        mine = [found[submitted.id] for submitted in batch if submitted.run == run_id]
         job = mine[-1] if mine else None
         live = job is not None and job.live and job.state not in runstate.WAITING
         if job is not None and not job.live:
             job = jobs.state(login, job.id)
-        allocation = allocation_id(handle)
+        allocation = Allocation.of(handle).id
         if job is None and allocation is not None and found[allocation].state == "RUNNING":
             steps = login.ok(["squeue", "-h", "-s", f"--jobs={allocation}", "-o", "%j"]).split()
             live = script.step_name(run_id) in steps
         return login, live, job
 
 
-def _held(handle: Handle) -> tuple[str, ...]:
-    """The allocation's nodes as deploy found them running (empty in a record of an older mlenv)."""
-    return tuple(map(str, (handle.data.get("allocation") or {}).get("hosts") or ()))
-
-
 def _placement(handle: Handle, job: SlurmJob, exclude: Sequence[str]) -> dict[int, tuple[str, str]]:
     """PURE: node -> (its excluded host, the allocation's spare node that runs instead), the allocation's first
     ``job.nodes`` nodes being the job's; OperationError when the spares are too few."""
-    held = _held(handle)
+    held = Allocation.of(handle).held
     if not exclude or not held:
         return place(handle.name, list(exclude), [], exclude) if exclude else {}  # nodes unknown: none to spare
     return place(handle.name, held[:job.nodes], held[job.nodes:], exclude)
@@ -602,19 +593,20 @@ def _step_hosts(handle: Handle, job: SlurmJob, placed: Mapping[int, tuple[str, s
     """The run's nodes inside the allocation, in the order of their node ranks: its first ``job.nodes`` nodes with
     the spares of ``placed`` in the excluded ones' place, so that a spare takes the node rank of the node it replaces
     (the run's tasks take their rank from this order, not from Slurm's, script.task_wrapper)."""
-    return tuple(placed[index][1] if index in placed else host for index, host in enumerate(_held(handle)[:job.nodes]))
+    held = Allocation.of(handle).held[:job.nodes]
+    return tuple(placed[index][1] if index in placed else host for index, host in enumerate(held))
 
 
-def _job_detail(login: Login, job: SlurmJob, submitted: Mapping[str, Any], current: JobInfo) -> str | None:
+def _job_detail(login: Login, job: SlurmJob, submitted: SubmittedJob, current: JobInfo) -> str | None:
     """A batch job's reason while pending, its exit code once ended (from its run's exit file once Slurm has
     forgotten it), or the job it handed its run on to."""
-    run_id = str(submitted.get("run", ""))
+    run_id = submitted.run or ""
     if current.state == "PENDING":
         return current.reason_words()
     if current.live:
         return None
-    if submitted.get("next"):
-        return f"its run went on as job {submitted['next']}, without a node the restart policy left out"
+    if submitted.next:
+        return f"its run went on as job {submitted.next}, without a node the restart policy left out"
     code = current.exit_code
     if current.state == jobs.GONE and run_id:
         code = run.exit_file(login, job.run_path(run_id))

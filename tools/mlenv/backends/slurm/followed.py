@@ -27,34 +27,31 @@ def follow(login: Login, records: Records, handle: Handle, job: SlurmJob, found:
     the login host (none when no such job has ended since it was last looked at); whether any was new. An ended
     job is marked ``followed`` (read once), with ``next``: the job it handed its run on to."""
     recorded = record.jobs(records, handle.name)
-    ended = [submitted for submitted in recorded if submitted.get("restarts") and not submitted.get("followed")
-             and submitted["id"] in found and not found[submitted["id"]].live]
+    ended = [submitted for submitted in recorded if submitted.restarts and not submitted.followed
+             and submitted.id in found and not found[submitted.id].live]
     if not ended:
         return False
-    paths = {f"{job.run_path(str(submitted['run']))}/{RESUBMITTED_FILE}": str(submitted["run"])
-             for submitted in ended}
-    known = {str(submitted["id"]) for submitted in recorded}
+    paths = {f"{job.run_path(str(submitted.run))}/{RESUBMITTED_FILE}": str(submitted.run) for submitted in ended}
+    known = {submitted.id for submitted in recorded}
     handed: dict[str, str] = {}  # job -> the job it handed its run on to
     for chunk in login.ok(["sh", "-c", READ, "sh", *paths]).split(SEPARATOR)[1:]:
         path, _, text = chunk.partition("\n")
         run_id = paths.get(path)
         if run_id is None:
             continue
-        origin = next(submitted for submitted in recorded if submitted.get("run") == run_id)
+        origin = next(submitted for submitted in recorded if submitted.run == run_id)
         lines = [parsed for parsed in map(_parse, text.splitlines()) if parsed is not None]
-        chain = [str(origin["id"]), *(job_id for job_id, *_ in lines)]
+        chain = [origin.id, *(job_id for job_id, *_ in lines)]
         handed.update(pairwise(chain))
         for job_id, host, node, saved, why in lines:
             if job_id not in known:
-                record.remember(records, handle, job_id, run_id, str(origin.get("script", "")), True,
-                                int(origin["restarts"]))
+                record.remember(records, handle, job_id, run_id, origin.script or "", True, origin.restarts)
                 if saved:  # a node-fault sign; a node that failed first twice is left out of this run only
                     records.exclude(handle.name, {node: (host, why)})
                 known.add(job_id)
     since = datetime.now(timezone.utc).isoformat(timespec="seconds")
     for submitted in ended:
-        fields = {"followed": since, **({"next": handed[submitted["id"]]} if submitted["id"] in handed else {})}
-        records.update_job(handle.name, str(submitted["id"]), fields)
+        records.update_job(handle.name, submitted.followed_at(since, handed.get(submitted.id)))
     return len(known) > len(recorded)
 
 
