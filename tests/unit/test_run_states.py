@@ -153,7 +153,7 @@ def test_the_nodes_a_script_inside_an_allocation_left_out_are_recorded_once(tmp_
         (runs / run / "left").write_text("".join(f"{line}\n" for line in lines))
     handle = Handle("slurm", "hpc", 2, "tcp", True, {}, {})
     followed.left_out(Login(None), state.RECORDS, handle, str(runs))
-    assert [(e["node"], e["host"], e["reason"]) for e in state.RECORDS.excluded_of("hpc")] == [
+    assert [(e.node, e.host, e.reason) for e in state.RECORDS.excluded_of("hpc")] == [
         (1, "n2", "node failure: Slurm took n2 out of the job")]  # saved=1 only, the deployment's own runs only
     assert not (runs / "r1" / "left").exists() and (runs / "r2" / "left").exists()
     assert (runs / "r1" / "left.read").read_text().count("\n") == 2
