@@ -210,10 +210,12 @@ def test_deploy_reapply_scale_and_clean(fake_kube: FakeCluster) -> None:
 
 
 def test_template_change_replaces_pods_and_wait_watches(fake_kube_factory: Callable[..., FakeCluster]) -> None:
-    cluster = fake_kube_factory(ready_delay=0.3)
+    # ready 3 s after creation: time enough for kubectl apply and get on a busy machine (0.3 s was not, under 4
+    # workers on 2 cores: the pod read Running)
+    cluster = fake_kube_factory(ready_delay=3)
     apply(cluster, manifests())
     assert get_json(cluster, "pod", "ml-dev-env-0")["status"]["phase"] == "Pending"  # ContainerCreating
-    ok(cluster.kubectl("wait", "--for=condition=Ready", "pod", "-l", SELECTOR, "--timeout=10s"))
+    ok(cluster.kubectl("wait", "--for=condition=Ready", "pod", "-l", SELECTOR, "--timeout=30s"))
     assert cluster.server.requests.count(verb="watch", resource="pods") >= 1
     first = get_json(cluster, "pod", "ml-dev-env-0")["metadata"]["uid"]
     apply(cluster, manifests().replace(IMAGE, "quay.io/example/pytorch:2.6"))
