@@ -57,7 +57,8 @@ def node_share(root: Path, node: int, since: float, deadline: float = 120) -> li
     until = time.monotonic() + deadline
     while True:
         found = [path for path in root.rglob(f"attempt-0/node{node}/ranks.json") if path.stat().st_mtime >= since]
-        if found and len(json.loads(found[0].read_text() or "[]")) >= 2:
+        ranks = json.loads(found[0].read_text() or "[]") if found else []
+        if len(ranks) >= 2 and all(rank["pid"] for rank in ranks):  # a rank is recorded (pid 0) before it started
             break
         assert time.monotonic() < until, f"node {node}'s ranks never started"
         time.sleep(0.5)

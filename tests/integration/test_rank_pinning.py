@@ -16,8 +16,8 @@ from tests.integration.local_cluster import LocalProject, deployed
 
 # No torch import (the launcher still gives each rank its RANK; DeepSpeed's gives no GROUP_RANK). Each rank resumes
 # from its own checkpoint file in its node's MLENV_CHECKPOINT_DIR, says who it is and where it resumed from, then
-# saves its own next one. In attempt 0 each rank also marks, in the shared directory argv[1], that it saved; node 1's
-# first rank fails once all four did.
+# saves its own next one. In attempt 0 each rank also marks, in the shared directory of its last argument (DeepSpeed
+# puts --local_rank=N after the script), that it saved; node 1's first rank fails once all four did.
 JOB = """\
 import json, os, sys, time
 attempt, rank, node = int(os.environ["MLENV_RESTART_COUNT"]), int(os.environ["RANK"]), os.environ["MLENV_NODE_RANK"]
@@ -31,9 +31,9 @@ print(f"attempt {attempt} node {node} group {os.environ.get('GROUP_RANK', node)}
 with open(mine, "w") as out:
     json.dump({"rank": rank, "attempt": attempt}, out)
 if attempt == 0:
-    open(os.path.join(sys.argv[1], f"saved{rank}"), "w").close()
+    open(os.path.join(sys.argv[-1], f"saved{rank}"), "w").close()
     deadline = time.monotonic() + 120
-    while len(os.listdir(sys.argv[1])) < 4 and time.monotonic() < deadline:
+    while len(os.listdir(sys.argv[-1])) < 4 and time.monotonic() < deadline:
         time.sleep(0.05)
     if node == "1" and os.environ["LOCAL_RANK"] == "0":
         sys.exit(3)
