@@ -60,10 +60,11 @@ install-train: ## install + torch (CPU) and deepspeed
 install-system: ## install + what is missing of rsync, iproute2, slurm, munge, openssh, shellcheck (Debian), kubectl
 	@scripts/install.sh system
 
-# Workers (TEST_WORKERS, pytest-xdist; 0: one process): 4, then the timing tests alone (docs/testing.md).
-test: lint ## make lint, install everything the tests need, then run every test (what CI runs) [TEST_WORKERS=4]
+# Workers (TEST_WORKERS, pytest-xdist): one process by default until the suite passes under 4 on 2 cores (three
+# tests still fail there from load alone); with N, the timing tests run alone afterwards (docs/testing.md).
+test: lint ## make lint, install everything the tests need, then run every test (what CI runs) [TEST_WORKERS=0]
 	@scripts/install.sh train system scan
-	@TEST_WORKERS="$${TEST_WORKERS:-4}" scripts/test.sh
+	@TEST_WORKERS="$${TEST_WORKERS:-0}" scripts/test.sh
 
 # The tiers a test may need (pyproject.toml's markers, applied by tests/conftest.py); test-fast runs none of them.
 SLOW_TIERS := slurm or sshd or fakekube or torch or netns or release

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run the test suite with the virtual environment $VENV (default .venv) on $TEST_WORKERS pytest-xdist workers
-# (default 0: in this process; the Makefile's targets use 4, docs/testing.md says why), each run ending
+# (default 0: in this process; the Makefile's targets say how many they use, docs/testing.md why), each run ending
 # with the 15 slowest tests and the seconds per tier. Arguments go to pytest (a later -n wins). With workers, the
 # tests marked `timing` (they judge which rank is slower) run afterwards in one process with nothing beside them:
 # two runs, a summary each. pytest's exit code 5 ("no tests collected") is a failure, unless only the second run
