@@ -124,6 +124,8 @@ def affinity_patch(statefulset: Mapping[str, Any], excluded: Sequence[str]) -> d
 
 def _call(token_dir: Path, method: str, path: str, body: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """One request to the in-cluster API with the ServiceAccount token of ``token_dir``; its JSON answer."""
+    # imported here, for the mover alone: render, exclusion and kubemove import this module too, and ssl with
+    # urllib.request costs about 22 ms of start-up (python -X importtime)
     import ssl
     import urllib.error
     import urllib.request
