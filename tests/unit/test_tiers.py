@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -58,3 +59,21 @@ def test_a_module_s_tests_run_on_one_worker() -> None:
             assert test.endswith(f"@{test.split('::')[0]}"), test  # named by its module's group
             workers.setdefault(test.split("::")[0], set()).add(line.split()[0])
     assert set(workers) == set(files) and all(len(ran_on) == 1 for ran_on in workers.values()), workers
+
+
+def test_each_phase_of_a_run_with_workers_keeps_only_its_own_tests() -> None:
+    """scripts/test.sh's two phases: the timing tests (marked by hand) only in the second, every other test only in
+    the first, and all of them without a phase."""
+    module = "tests/integration/test_ssh_drill.py"
+
+    def collected(phase: str | None) -> set[str]:
+        env = {k: v for k, v in os.environ.items() if k != "TEST_PHASE"}
+        if phase is not None:
+            env["TEST_PHASE"] = phase
+        done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                               module], cwd=ROOT, env=env, capture_output=True, text=True, check=False)
+        return {line.split("::")[1] for line in done.stdout.splitlines() if "::" in line}
+
+    every, parallel, timing = collected(None), collected("parallel"), collected("timing")
+    assert timing == {"test_a_rank_three_times_slower_is_named_a_straggler", "test_equal_ranks_name_no_straggler"}
+    assert parallel == every - timing and parallel
