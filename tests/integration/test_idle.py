@@ -127,6 +127,9 @@ def test_on_idle_stop_ends_the_job_with_125_and_it_is_not_restarted(project: Loc
     assert "stopped on every node: every GPU of the job was idle (--on-idle stop)" in result.stderr
     run = _run(project)
     assert run["state"] == "failed" and run["attempt"] == 0 and sorted(run["idle"]) == ["node-0", "node-1"], run
+    # each node ends as the idle stop says, also one that mlenv's fail-fast stopped after another node ended
+    states = json.loads(project.ok("status", "--json").stdout)["run_states"]
+    assert states == {"0": f"failed ({IDLE_EXIT_CODE})", "1": f"failed ({IDLE_EXIT_CODE})"}, states
 
 
 def test_a_detached_idle_stop_is_not_restarted_by_the_nodes(project: LocalProject, gpus: Path) -> None:

@@ -251,12 +251,14 @@ class Supervisor:
 
     @contextlib.contextmanager
     def _signals(self) -> Iterator[None]:
-        """SIGINT/SIGTERM/SIGHUP: the user stops the job; each signal is passed on once. Once a rank failed (here or,
-        as told, elsewhere) a stop is the job's teardown (the launch's fail-fast), not the user's: it ends as failed."""
+        """SIGINT/SIGTERM/SIGHUP: the user stops the job; each signal is passed on once. Once the job is stopping for
+        a reason of its own (a rank failed, here or as told elsewhere; an observer's stop: hang, idle) a stop is the
+        job's teardown (the launch's fail-fast stopping the nodes still up), not the user's: it ends as that reason
+        says."""
         def handle(signum: int, _frame: object) -> None:
             if self.user_signal == signum:
                 return  # the same signal through our group and from our parent: one stop
-            if self.first_failure is None:
+            if self.first_failure is None and self.stop_reason is None:
                 self.user_signal = signum
             self._terminate(signum)
 
