@@ -295,10 +295,10 @@ def stacks(run_id: str | None, cluster_ref: str | None, pod: int | None, native:
         find(target, run_id)
     report = take(target.backend.access, target.handle, pod, native=native, method=method, run_id=run_id)
     if as_json:
-        print_json(report)
+        print_json(report.to_json())
     else:
         print(text(report))
-    sys.exit(1 if report["unreachable"] else 0)
+    sys.exit(1 if report.unreachable else 0)
 
 
 @command("top")
