@@ -6,7 +6,7 @@ to run one, or for its own help."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from functools import wraps
 from typing import Any, NoReturn, TypeVar
@@ -80,7 +80,7 @@ def reports_errors(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def _exit_failed(errors: list[dict[str, Any]], exit_code: int, as_json: bool) -> NoReturn:
+def _exit_failed(errors: Sequence[Mapping[str, object]], exit_code: int, as_json: bool) -> NoReturn:
     """Exit with ``exit_code``; with ``as_json`` the ``errors`` (said on stderr already) go to stdout as JSON."""
     if as_json:
         from mlenv.ui import print_json

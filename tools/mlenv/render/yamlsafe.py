@@ -3,7 +3,7 @@ into deterministic YAML documents (libyaml's emitter when PyYAML has it)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 _ESCAPES = {'"': '\\"', "\\": "\\\\"}
@@ -49,7 +49,7 @@ def yaml_value(value: Any) -> str:
     raise TypeError(f"cannot place a {type(value).__name__} in YAML")
 
 
-def document(obj: dict[str, Any]) -> str:
+def document(obj: Mapping[str, object]) -> str:
     """One object as a YAML document (``---`` first), deterministic byte for byte."""
     import yaml
 
@@ -57,6 +57,6 @@ def document(obj: dict[str, Any]) -> str:
     return "---\n" + yaml.dump(obj, Dumper=dumper, sort_keys=False, allow_unicode=False, width=4096)
 
 
-def to_yaml(objects: list[dict[str, Any]]) -> str:
+def to_yaml(objects: Sequence[Mapping[str, object]]) -> str:
     """Objects as one multi-document YAML stream."""
     return "".join(document(obj) for obj in objects)
