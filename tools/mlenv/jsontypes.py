@@ -8,7 +8,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import TypeAlias
 
-JsonValue: TypeAlias = "None | bool | int | float | str | list[JsonValue] | dict[str, JsonValue]"
+JsonValue: TypeAlias = "bool | int | float | str | list[JsonValue] | dict[str, JsonValue] | None"
 """Any JSON value, exactly: what ``json.load`` returns."""
 JsonObject: TypeAlias = "dict[str, JsonValue]"
 """A JSON object (a schema, a manifest)."""

@@ -8,6 +8,8 @@ A valid file is checked by a validator compiled once per schema and kept on disk
 invalid one imports jsonschema, to say what is wrong.
 """
 
+# Imported where used: mlenv.fastschema (~10-20 ms) to check a file, and for an invalid one only, jsonschema through
+# fastschema.patterns (~300 ms on a busy host) and difflib.
 from __future__ import annotations
 
 import json
@@ -15,12 +17,11 @@ import os
 from functools import lru_cache
 from typing import Any
 
-from mlenv.jsontypes import JsonObject, JsonValue
-
 from mlenv.config.load import LoadedFile
 from mlenv.config.positions import JsonPath, format_path
 from mlenv.config.reader import BackendTable
 from mlenv.errors import Problem, show_value
+from mlenv.jsontypes import JsonObject, JsonValue
 
 SCHEMA_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cluster.schema.json")
 BACKENDS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "backends")

@@ -15,11 +15,11 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from mlenv.jsontypes import JsonObject, JsonValue
 from urllib.parse import unquote, urldefrag, urljoin
 
 from mlenv.fastschema import Unsupported
 from mlenv.fastschema.patterns import whole_value
+from mlenv.jsontypes import JsonObject, JsonValue
 
 DIALECTS = frozenset({"https://json-schema.org/draft/2020-12/schema", "https://json-schema.org/draft/2020-12/schema#"})
 

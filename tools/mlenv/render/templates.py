@@ -8,6 +8,8 @@ named in FILTERS and TESTS, ``finalize``). A template that needs anything else i
 and jinja2 itself renders that directory. tests/unit/test_templates.py checks both give the same bytes.
 """
 
+# Imported where used: jinja2 (~230 ms measured on a busy host) only where templates are compiled or unsupported,
+# mlenv.fastschema's cache helpers (~17 ms) only to find the compiled templates' file.
 from __future__ import annotations
 
 import marshal

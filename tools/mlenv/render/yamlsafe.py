@@ -1,6 +1,7 @@
 """Turn any Python value into YAML text that parses back to exactly that value (no injection), and objects
 into deterministic YAML documents (libyaml's emitter when PyYAML has it)."""
 
+# yaml is imported where a whole document is dumped (~30-70 ms, python -X importtime): yaml_value alone needs none.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
