@@ -90,9 +90,9 @@ def test_a_deploy_under_way_is_unfinished_by_its_record_and_said_so_only_where_s
     state.record(_deployment())
     recorded = state.load().deployments["lab"]
     assert recorded.unfinished and recorded.deploy == DeployOutcome("failed", None)
-    assert deploy_shown(recorded) == {"state": "failed", "error": UNFINISHED}
+    assert deploy_shown(recorded).to_json() == {"state": "failed", "error": UNFINISHED}
     state.failed("lab", UNFINISHED)  # an error worded as the display text is still an error
     failed = state.load().deployments["lab"]
-    assert not failed.unfinished and deploy_shown(failed)["error"] == UNFINISHED
+    assert not failed.unfinished and deploy_shown(failed).error == UNFINISHED
     state.record(_deployment(hosts=["c", "d"]))  # so the failed attempt is a leftover, in reach of clean
     assert state.load().deployments["lab"].handles == (_deployment(hosts=["c", "d"]).handle, _deployment().handle)

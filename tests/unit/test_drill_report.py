@@ -51,7 +51,7 @@ def test_every_phase_from_the_records(run_dir: Path) -> None:
                       first_failure=FirstFailure(3, 1, 1, None, "exited with 1", []))
     final = RunRecord("r1", "succeeded", 1, tuple(_rank(r, "succeeded", 3.5 + r / 10, 20) for r in range(4)))
     watch = Watch(None, LaunchSpec("torchrun", "job.py"), "rank-exit", 10, 1, first=first)  # type: ignore[arg-type]
-    drill = report("rank-exit", 10, Targets(), watch, _result(run_dir), final)
+    drill = report("rank-exit", 10, Targets(), watch, _result(run_dir), final).to_json()
     assert [(p["phase"], p["seconds"], p["verdict"]) for p in drill["phases"]] == [
         ("detected", 0.4, "PASS"), ("stopped", 1.2, "PASS"), ("started", 3.5, "PASS"), ("resumed", 6.5, "PASS")]
     assert drill["phases"][0]["evidence"] == "rank 3 (node-1) exited with 1"
@@ -65,7 +65,7 @@ def test_a_phase_never_seen_fails(run_dir: Path) -> None:
                       first_failure=FirstFailure(3, 1, 1, None, "exited with 1", []))
     final = RunRecord("r1", "failed", 0, first.ranks)  # never restarted
     watch = Watch(None, LaunchSpec("torchrun", "job.py"), "rank-exit", 10, 1, first=first)  # type: ignore[arg-type]
-    drill = report("rank-exit", 10, Targets(), watch, _result(run_dir, 1), final)
+    drill = report("rank-exit", 10, Targets(), watch, _result(run_dir, 1), final).to_json()
     verdicts = {p["phase"]: (p["seconds"], p["verdict"]) for p in drill["phases"]}
     assert verdicts["detected"] == (7.0, "FAIL")  # over the 5 s of a dead rank
     assert verdicts["started"] == (None, "FAIL") and drill["verdict"] == "FAIL" and drill["exit_code"] == 1

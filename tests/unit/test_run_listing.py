@@ -23,8 +23,10 @@ def test_an_ended_run_lasts_until_its_last_rank_ended() -> None:
                        nodes={0: NodeEnd(RunState.STOPPED, 143), 1: NodeEnd(RunState.FAILED, 3)}, exit_code=3,
                        ended_at="2026-11-27T20:01:05.500+00:00")
     row = entry("out", RECORDED, record, NOW)
-    assert (row["state"], row["exit_code"], row["attempts"], row["duration"], row["nodes"]) == ("failed", 3, 2, 65.5, 2)
-    assert row["node_states"] == {"0": "stopped (143)", "1": "failed (3)"} and row["first_failure"]["rank"] == 3
+    assert (row.state, row.exit_code, row.attempts, row.duration, row.nodes) == ("failed", 3, 2, 65.5, 2)
+    shown = row.to_json()
+    assert shown["node_states"] == {"0": "stopped (143)", "1": "failed (3)"} and shown["first_failure"] == {
+        **failure.to_dict()} and shown["id"] == "20261127-200000-out" and shown["cluster"] == "out"
     assert cells(row) == ["20261127-200000-out", "failed", "3", "2", "1m05s", "11-27 20:00:00", "2", "train.py",
                           "rank 3 (node-1) exited with 3: ValueError: bad batch"]
 
@@ -32,11 +34,9 @@ def test_an_ended_run_lasts_until_its_last_rank_ended() -> None:
 def test_a_running_run_lasts_until_now_and_an_unknown_one_is_said_so() -> None:
     going = entry("out", RECORDED, RunRecord("20261127-200000-out", RunState.RUNNING, 0,
                                              nodes={0: NodeEnd(RunState.RUNNING), 1: None}), NOW)
-    assert (going["state"], going["exit_code"], going["attempts"], going["duration"], going["nodes"]) == (
-        "running", None, 1, 600.0, 1)
+    assert (going.state, going.exit_code, going.attempts, going.duration, going.nodes) == ("running", None, 1, 600.0, 1)
     unknown = entry("out", RECORDED, None, NOW)
-    assert (unknown["state"], unknown["attempts"], unknown["duration"], unknown["first_failure"]) == (None, None, None,
-                                                                                                      None)
+    assert (unknown.state, unknown.attempts, unknown.duration, unknown.first_failure) == (None, None, None, None)
     assert cells(unknown)[1:4] == ["unknown", "-", "-"]
 
 

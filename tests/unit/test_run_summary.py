@@ -3,11 +3,14 @@ how to follow or stop it; once it ended, its state and exit code and where its o
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from mlenv.core.recorded import RecordedRun
 from mlenv.ops.status import summary
 from mlenv.runtime.records.runrecord import RunRecord
 from mlenv.runtime.records.states import NodeEnd, RunState
 
-RECORDED = {"id": "r1", "script": "train.py", "started": "2026-11-27T20:00:00+00:00"}
+RECORDED = RecordedRun("r1", "train.py", started="2026-11-27T20:00:00+00:00")
 
 
 def test_a_finished_run_says_how_it_ended_and_nothing_of_stopping_it() -> None:
@@ -19,7 +22,7 @@ def test_a_finished_run_says_how_it_ended_and_nothing_of_stopping_it() -> None:
 def test_a_restarted_failed_run_counts_its_restarts_and_preemptions() -> None:
     said = summary(RunRecord("r1", RunState.FAILED, 3, nodes={0: NodeEnd(RunState.STOPPED, 143),
                                                                1: NodeEnd(RunState.FAILED, 3)}, exit_code=3),
-                   {**RECORDED, "preemptions": 1})
+                   replace(RECORDED, preemptions=1))
     assert said.startswith("failed, attempt 3 (restarted 2x, preempted 1x; mlenv logs shows every attempt), "
                            "exit code 3 (node-0 stopped (143), node-1 failed (3))"), said
 

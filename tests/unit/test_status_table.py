@@ -4,22 +4,21 @@
 from __future__ import annotations
 
 import re
-from typing import Any
 
 import pytest
-from mlenv.ops.status import _print
+from mlenv.core.capabilities import Handle, NodeStatus
+from mlenv.ops.status import StatusReport, _print
 from mlenv.ui import ELLIPSIS
 from rich.cells import cell_len
 
 LONG = "0/4 nodes are available: 4 Insufficient nvidia.com/gpu, 2 node(s) had untolerated taint {gpu: true}"
 
 
-def _report(mode: str, rdma: str | None) -> dict[str, Any]:
-    pods = [{"pod": f"train-app-{n}", "node": n, "host": f"worker-{n}.example.internal", "phase": "Pending",
-             "ready": False, "restarts": 0, "gpus": 8, "ip": None, "rdma_devices": rdma, "detail": LONG,
-             "extra": {"jobs": 0, "mode": "processes", "nic": "ens1f0np0"}} for n in range(3)]
-    return {"name": "train", "backend": "local", "mode": mode, "namespace": "train-ns", "current": True,
-            "deploy": None, "deployed": True, "pods": pods, "excluded": [], "runs": []}
+def _report(mode: str, rdma: str | None) -> StatusReport:
+    pods = [NodeStatus(f"train-app-{n}", n, f"worker-{n}.example.internal", "Pending", False, 0, 8, None, rdma, LONG,
+                       {"jobs": 0, "mode": "processes", "nic": "ens1f0np0"}) for n in range(3)]
+    handle = Handle("local", "train", 3, mode, False, {}, {"namespace": "train-ns"})
+    return StatusReport(handle, True, None, [], [], pods)
 
 
 @pytest.mark.parametrize("width", [60, 80, 100, 120])

@@ -5,6 +5,8 @@ escaped (``errors.shown``), line by line, so that no value can colour, move or r
 output of a job passes elsewhere (``parallel``), untouched.
 """
 
+# rich is imported where used (its console ~270 ms, cells ~16 ms measured on a busy 2-core host, python -X
+# importtime): a command that prints only plain lines or JSON never loads it.
 from __future__ import annotations
 
 import json

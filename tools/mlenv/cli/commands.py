@@ -1,6 +1,9 @@
 """mlenv's commands: their options and what each does, made when one is run or asked for its own help (the
 group in ``mlenv.cli`` lists them from COMMANDS without importing this module)."""
 
+# Each command imports the ops, config and ui modules it runs when it runs: at the top they would cost every command,
+# status and render included, all the others' (python -X importtime on top of this module: ops.drill ~1.5 s, ops.launch
+# ~0.7 s, ops.status ~0.34 s, measured on a busy 2-core host).
 from __future__ import annotations
 
 import inspect
@@ -12,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from mlenv.cli import COMMANDS, reports_errors
+from mlenv.errors import MlenvError, OperationError, UsageError
+from mlenv.jsontypes import JsonObject, JsonValue
 from mlenv.runtime.launchers import DEFAULT_LAUNCHER, LAUNCHERS
 
 if TYPE_CHECKING:
@@ -24,7 +29,8 @@ MADE: dict[str, click.Command] = {}
 """The commands by name, as ``command`` makes them."""
 
 
-def command(name: str, context_settings: dict[str, Any] | None = None) -> Callable[[Callable[..., Any]], click.Command]:
+def command(name: str, context_settings: dict[str, bool] | None = None
+            ) -> Callable[[Callable[..., Any]], click.Command]:
     """The command ``name`` of COMMANDS, made of the function, with COMMANDS' paragraph for the first of its help
     and the function's docstring for the rest (if it has more to say)."""
 
@@ -55,8 +61,6 @@ STOP_AT_COMMAND = {**STOP_AT_SCRIPT, "ignore_unknown_options": True}
 
 
 def _one_cluster(positional: str | None, option: str | None) -> str | None:
-    from mlenv.errors import UsageError
-
     if positional and option and positional != option:
         raise UsageError(f"two clusters given: {positional!r} and --cluster {option!r}; give one")
     return positional or option
@@ -91,29 +95,23 @@ def _target(cluster_ref: str | None) -> Target:
 def list_clusters(as_json: bool) -> None:
     from mlenv.config.discover import cluster_names
     from mlenv.core.clusters import load_cluster
-    from mlenv.errors import MlenvError
     from mlenv.ui import print_json, table
 
-    rows: list[dict[str, Any]] = []
+    listed: list[tuple[str, Cluster | MlenvError]] = []
     for name in cluster_names():
         try:
-            cluster = load_cluster(name)
+            listed.append((name, load_cluster(name)))
         except MlenvError as exc:
-            errors = exc.errors()
-            rows.append({"name": name, "valid": False, "error": str(exc).splitlines()[0], "errors": errors})
-            continue
-        rows.append(_summary(cluster))
+            listed.append((name, exc))
     if as_json:
-        print_json(rows)
+        print_json([_listed(name, found) for name, found in listed])
         return
     table(None, ["NAME", "BACKEND", "NODES x GPUS", "RDMA", "STORAGE", "DESCRIPTION"], [
-        [r["name"], r.get("backend", "-"),
-         f"{r['nodes']} x {r['gpus_per_node']}" if r["valid"] else "-",
-         ("on" if r["rdma"] else "off") if r["valid"] else "-",
-         r.get("storage_mode") or "-",
-         r.get("description") or "" if r["valid"] else
-         f"INVALID: {r['error']}{_more(len(r['errors']) - 1)} (mlenv validate {r['name']})"]
-        for r in rows])
+        [name, "-", "-", "-", "-", f"INVALID: {str(found).splitlines()[0]}{_more(len(found.errors()) - 1)} "
+                                   f"(mlenv validate {name})"] if isinstance(found, MlenvError) else
+        [found.info.name, found.backend, f"{found.gpus.default_nodes} x {found.gpus.per_node}",
+         "on" if found.rdma.enabled else "off", _storage_mode(found) or "-", found.info.description or ""]
+        for name, found in listed])
 
 
 def _more(count: int) -> str:
@@ -121,16 +119,28 @@ def _more(count: int) -> str:
     return f" and {count} more problem{'s' if count > 1 else ''}" if count else ""
 
 
-def _summary(cluster: Cluster) -> dict[str, Any]:
-    from mlenv.core.registry import BACKENDS
+def _listed(name: str, found: Cluster | MlenvError) -> JsonObject:
+    """A cluster file of ``list --json`` (docs/json.md): what it describes, or why it is not valid."""
+    if isinstance(found, MlenvError):
+        return {"name": name, "valid": False, "error": str(found).splitlines()[0],
+                "errors": list[JsonValue](found.errors())}
+    return _summary(found)
 
+
+def _summary(cluster: Cluster) -> JsonObject:
     return {
         "name": cluster.info.name, "valid": True, "file": cluster.source, "backend": cluster.backend,
         "namespace": cluster.info.namespace, "nodes": cluster.gpus.default_nodes,
-        "gpus_per_node": cluster.gpus.per_node, "rdma": cluster.rdma.enabled,
-        "storage_mode": cluster.storage.mode if "storage" in BACKENDS[cluster.backend].uses else None,
+        "gpus_per_node": cluster.gpus.per_node, "rdma": cluster.rdma.enabled, "storage_mode": _storage_mode(cluster),
         "description": cluster.info.description,
     }
+
+
+def _storage_mode(cluster: Cluster) -> str | None:
+    """The cluster's storage mode, where its backend uses storage at all."""
+    from mlenv.core.registry import BACKENDS
+
+    return cluster.storage.mode if "storage" in BACKENDS[cluster.backend].uses else None
 
 
 @command("validate")
@@ -220,8 +230,6 @@ def deploy(cluster: str | None, cluster_ref: str | None, mode: str | None, nodes
     job = with_excluded(with_spares(_plan(_one_cluster(cluster, cluster_ref), mode, nodes, image), spares))
     if dry_run:
         if as_json:
-            from mlenv.errors import UsageError
-
             raise UsageError("--dry-run prints what deploy would send, which is no JSON: leave out --json")
         click.echo(prepared(job).text, nl=False)
         return
@@ -295,10 +303,10 @@ def stacks(run_id: str | None, cluster_ref: str | None, pod: int | None, native:
         find(target, run_id)
     report = take(target.backend.access, target.handle, pod, native=native, method=method, run_id=run_id)
     if as_json:
-        print_json(report)
+        print_json(report.to_json())
     else:
         print(text(report))
-    sys.exit(1 if report["unreachable"] else 0)
+    sys.exit(1 if report.unreachable else 0)
 
 
 @command("top")
@@ -405,7 +413,6 @@ def stop(cluster_ref: str | None, as_json: bool) -> None:
 @reports_errors
 def clean(cluster_ref: str | None, delete_data: bool, yes: bool, as_json: bool) -> None:
     from mlenv import state
-    from mlenv.errors import OperationError
     from mlenv.ops.clean import clean as cleaning
 
     name = None
@@ -480,7 +487,6 @@ def launch(cluster_ref: str | None, launcher: str, nproc: int | None, args_text:
     import shlex
 
     from mlenv.core.remote import secret_names
-    from mlenv.errors import UsageError
     from mlenv.ops import launch as launching
 
     try:
@@ -531,8 +537,6 @@ def launch(cluster_ref: str | None, launcher: str, nproc: int | None, args_text:
 def nccl_test(cluster_ref: str | None, nproc: int | None, sizes: str | None, expect: str | None, pairs: bool,
               exclude_bad: bool, read_file: str | None, tool: str | None, test_name: str | None,
               as_json: bool) -> None:
-    from mlenv.errors import UsageError
-
     if exclude_bad and not pairs:
         raise UsageError("--exclude-bad goes with --pairs, which names the nodes to exclude")
     if test_name is not None and tool is None:

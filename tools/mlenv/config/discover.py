@@ -1,6 +1,7 @@
 """Find cluster files: by name in clusters/, or by path. (os.path, not pathlib: finding a file is on the path of
 every command, and pathlib costs more to import than all of this.)"""
 
+# pathlib (~17 ms) and difflib (~9 ms) are imported only where a path is returned or a name is misspelt.
 from __future__ import annotations
 
 import os

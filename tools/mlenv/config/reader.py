@@ -22,6 +22,7 @@ from mlenv.config.load import LoadedFile
 from mlenv.config.positions import JsonPath, format_path
 from mlenv.config.quantity import QuantityError, parse_quantity
 from mlenv.errors import Problem, show_value
+from mlenv.jsontypes import JsonObject
 
 OWNED_VARIABLES = frozenset({"MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
                              "NODE_RANK"})
@@ -103,7 +104,7 @@ class ClusterReader:
     def __init__(self, loaded: LoadedFile, backend: BackendRules) -> None:
         self.loaded = loaded
         self.backend = backend
-        self.data: dict[str, Any] = loaded.data
+        self.data: JsonObject = loaded.data  # schema_problems checked it is a mapping
         self.problems: list[Problem] = []
         self.warnings: list[str] = []
 

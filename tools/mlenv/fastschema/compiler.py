@@ -15,11 +15,11 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from typing import Any
 from urllib.parse import unquote, urldefrag, urljoin
 
 from mlenv.fastschema import Unsupported
 from mlenv.fastschema.patterns import whole_value
+from mlenv.jsontypes import JsonObject, JsonValue
 
 DIALECTS = frozenset({"https://json-schema.org/draft/2020-12/schema", "https://json-schema.org/draft/2020-12/schema#"})
 
@@ -90,7 +90,7 @@ def _pointer(pointer: str, segment: str) -> str:
     return f"{pointer}/{segment.replace('~', '~0').replace('/', '~1')}"
 
 
-def _document_uri(document: Any, fallback: str) -> str:
+def _document_uri(document: JsonValue, fallback: str) -> str:
     """A document's base URI: its ``$id`` where it has one, else the URI it was registered under."""
     if isinstance(document, dict) and "$id" in document:
         if not isinstance(document["$id"], str):
@@ -113,14 +113,14 @@ def _scalar_test(value: object, var: str) -> str:
 class Generator:
     """Builds the module source for one root schema and the documents its ``$ref``s point to."""
 
-    def __init__(self, root: Any, documents: Mapping[str, Any]) -> None:
+    def __init__(self, root: JsonValue, documents: Mapping[str, JsonValue]) -> None:
         self.base = _document_uri(root, "")
-        self.documents: dict[str, Any] = {self.base: root}
+        self.documents: JsonObject = {self.base: root}
         for uri, document in documents.items():
             self.documents[_document_uri(document, urljoin(self.base, uri))] = document
         self.constants: dict[str, str] = {}  # source expression -> constant name
         self.names: dict[Location, str] = {(self.base, ""): "is_valid"}
-        self.pending: list[tuple[Location, Any]] = [((self.base, ""), root)]
+        self.pending: list[tuple[Location, JsonValue]] = [((self.base, ""), root)]
         self.needs_number = False
 
     def module(self, key: str) -> str:
@@ -136,12 +136,12 @@ class Generator:
             lines.append(NUMBER_HELPER)
         return "\n".join([*lines, *functions, "", "", f"KEY = {key!r}", ""])
 
-    def _function(self, location: Location, node: Any) -> list[str]:
+    def _function(self, location: Location, node: JsonValue) -> list[str]:
         body = self._node(node, "x", location, 0)
         return [f"def {self.names[location]}(x):", f"    # {location[0]}#{location[1]}",
                 *_indent(body), *([] if body == ["return False"] else ["    return True"])]
 
-    def _function_for(self, location: Location, node: Any) -> str:
+    def _function_for(self, location: Location, node: JsonValue) -> str:
         """The name of the function validating ``node`` at ``location``, queued for generation if new."""
         if location not in self.names:
             stem = re.sub(r"[^0-9A-Za-z]+", "_", location[1].replace("/properties/", "/").replace("$defs/", ""))
@@ -152,7 +152,7 @@ class Generator:
             self.pending.append((location, node))
         return self.names[location]
 
-    def _resolve(self, ref: object, base: str) -> tuple[Location, Any]:
+    def _resolve(self, ref: object, base: str) -> tuple[Location, JsonValue]:
         """The location and contents a ``$ref`` points to (JSON pointers into registered documents only)."""
         if not isinstance(ref, str):
             raise Unsupported(f"$ref must be a string, got {ref!r}")
@@ -166,7 +166,12 @@ class Generator:
         for raw in unquote(fragment).split("/")[1:] if fragment else []:
             segment = raw.replace("~1", "/").replace("~0", "~")
             try:
-                node = node[int(segment)] if isinstance(node, list) else node[segment]
+                if isinstance(node, list):
+                    node = node[int(segment)]
+                elif isinstance(node, dict):
+                    node = node[segment]
+                else:
+                    raise TypeError(segment)
             except (KeyError, IndexError, ValueError, TypeError):
                 raise Unsupported(f"$ref {ref!r} does not resolve") from None
             pointer = _pointer(pointer, segment)
@@ -193,7 +198,7 @@ class Generator:
     def _key_set(self, keys: list[str], prefix: str = "KEYS") -> str:
         return self._constant(f"frozenset({sorted(keys)!r})", prefix)
 
-    def _check(self, node: dict[str, Any], location: Location) -> None:
+    def _check(self, node: JsonObject, location: Location) -> None:
         """Refuse what the generated code could not do exactly as jsonschema does."""
         refused = sorted(UNSUPPORTED.intersection(node))
         if refused:
@@ -203,7 +208,7 @@ class Generator:
         if "$schema" in node and node["$schema"] not in DIALECTS:
             raise Unsupported(f"$schema {node['$schema']!r} is not Draft 2020-12")
 
-    def _node(self, node: Any, var: str, location: Location, depth: int) -> list[str]:
+    def _node(self, node: JsonValue, var: str, location: Location, depth: int) -> list[str]:
         """Statements that ``return False`` when ``var`` is not valid under ``node``."""
         if node is True:
             return []
@@ -226,14 +231,14 @@ class Generator:
         return lines + self._applicators(node, var, location, depth)
 
     @staticmethod
-    def _types(node: dict[str, Any]) -> list[str] | None:
+    def _types(node: JsonObject) -> list[str] | None:
         if "type" not in node:
             return None
         types = node["type"] if isinstance(node["type"], list) else [node["type"]]
-        unknown = [t for t in types if t not in TYPE_TESTS]
-        if unknown:
-            raise Unsupported(f"unknown type {unknown[0]!r}")
-        return types
+        known = [t for t in types if isinstance(t, str) and t in TYPE_TESTS]
+        if len(known) < len(types):
+            raise Unsupported(f"unknown type {next(t for t in types if t not in known)!r}")
+        return known
 
     def _guarded(self, test: str, types: list[str] | None, kinds: set[str], body: list[str]) -> list[str]:
         """``body`` under ``if test:``, without the test where ``type`` already decided it."""
@@ -255,7 +260,7 @@ class Generator:
             tests.insert(0, _scalar_test(strings[0], var))
         return " or ".join(tests) or "False"
 
-    def _string(self, node: dict[str, Any], var: str) -> list[str]:
+    def _string(self, node: JsonObject, var: str) -> list[str]:
         lines = _fail_if(f"not re.search({self._regex(node['pattern'])}, {var})") if "pattern" in node else []
         for keyword, operator in LENGTHS.items():
             if keyword in node:
@@ -265,7 +270,7 @@ class Generator:
         return lines
 
     @staticmethod
-    def _number(node: dict[str, Any], var: str) -> list[str]:
+    def _number(node: JsonObject, var: str) -> list[str]:
         lines: list[str] = []
         for keyword, operator in NUMERIC.items():
             if keyword in node:
@@ -274,7 +279,7 @@ class Generator:
                 lines += _fail_if(f"{var} {operator} {node[keyword]!r}")
         return lines
 
-    def _object(self, node: dict[str, Any], var: str, location: Location, depth: int) -> list[str]:
+    def _object(self, node: JsonObject, var: str, location: Location, depth: int) -> list[str]:
         properties = node.get("properties", {})
         required = node.get("required", [])
         extra = node.get("additionalProperties", True)
@@ -300,7 +305,7 @@ class Generator:
             lines += [f"for k{depth + 1} in {var}:", *_indent(body)] if body else []
         return lines
 
-    def _array(self, node: dict[str, Any], var: str, location: Location, depth: int) -> list[str]:
+    def _array(self, node: JsonObject, var: str, location: Location, depth: int) -> list[str]:
         lines: list[str] = []
         for keyword, operator in COUNTS.items():
             if keyword in node:
@@ -315,7 +320,7 @@ class Generator:
             lines += [f"for v{depth + 1} in {var}:", *_indent(body)] if body else []
         return lines
 
-    def _applicators(self, node: dict[str, Any], var: str, location: Location, depth: int) -> list[str]:
+    def _applicators(self, node: JsonObject, var: str, location: Location, depth: int) -> list[str]:
         lines: list[str] = []
         for index, subschema in enumerate(self._list(node, "allOf", location)):
             lines += self._node(subschema, var, (location[0], _pointer(_pointer(location[1], "allOf"), str(index))),
@@ -333,7 +338,7 @@ class Generator:
             lines += _fail_unless(f"{self._function_for(target, contents)}({var})")
         return lines
 
-    def _conditional(self, node: dict[str, Any], var: str, location: Location) -> list[str]:
+    def _conditional(self, node: JsonObject, var: str, location: Location) -> list[str]:
         """if/then/else: ``then`` applies where ``if`` holds, ``else`` where it does not."""
         if "then" not in node and "else" not in node:
             return []
@@ -347,18 +352,18 @@ class Generator:
         return _fail_if(f"not {condition} and not {otherwise}")
 
     @staticmethod
-    def _list(node: dict[str, Any], keyword: str, location: Location) -> list[Any]:
+    def _list(node: JsonObject, keyword: str, location: Location) -> list[JsonValue]:
         value = node.get(keyword, [])
         if not isinstance(value, list):
             raise Unsupported(f"{keyword} at {location[0]}#{location[1]} must be an array, got {value!r}")
         return value
 
-    def _calls(self, node: dict[str, Any], keyword: str, var: str, location: Location) -> list[str]:
+    def _calls(self, node: JsonObject, keyword: str, var: str, location: Location) -> list[str]:
         pointer = _pointer(location[1], keyword)
         return [self._call(subschema, var, (location[0], _pointer(pointer, str(index))))
                 for index, subschema in enumerate(self._list(node, keyword, location))]
 
-    def _call(self, node: Any, var: str, location: Location) -> str:
+    def _call(self, node: JsonValue, var: str, location: Location) -> str:
         """A boolean expression: ``var`` is valid under ``node``."""
         if isinstance(node, bool):
             return repr(node)
@@ -368,7 +373,7 @@ class Generator:
             return f"{self._function_for(target, contents)}({var})"
         return f"{self._function_for(location, node)}({var})"
 
-    def _child(self, node: Any, var: str, location: Location, path: tuple[str, ...], depth: int) -> list[str]:
+    def _child(self, node: JsonValue, var: str, location: Location, path: tuple[str, ...], depth: int) -> list[str]:
         """Statements for a subschema: inlined when simple, else a call of its own function."""
         pointer = location[1]
         for segment in path:
@@ -378,7 +383,7 @@ class Generator:
         return _fail_unless(f"{self._function_for((location[0], pointer), node)}({var})")
 
 
-def _inlinable(node: Any, budget: int) -> bool:
+def _inlinable(node: JsonValue, budget: int) -> bool:
     """Simple enough to inline: no properties or combinators, nested applicators at most ``budget`` deep."""
     if not isinstance(node, dict):
         return True
@@ -388,7 +393,7 @@ def _inlinable(node: Any, budget: int) -> bool:
                for keyword in INLINE_APPLICATORS)
 
 
-def generate(key: str, root: Any, documents: Mapping[str, Any]) -> str:
+def generate(key: str, root: JsonValue, documents: Mapping[str, JsonValue]) -> str:
     """Source of a module whose ``is_valid(instance)`` validates like :func:`mlenv.fastschema.patterns.draft202012`.
 
     ``documents`` maps URIs (relative ones resolve against the root's ``$id``) to the documents the

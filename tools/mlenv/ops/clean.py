@@ -4,6 +4,7 @@ attempts' too), its data volumes only when asked and confirmed, then forget its 
 from __future__ import annotations
 
 from mlenv import state
+from mlenv.ops.confirm import confirm_data_deletion
 from mlenv.ops.target import Target
 
 
@@ -11,11 +12,8 @@ def clean(target: Target, *, delete_data: bool, yes: bool) -> bool:
     """Clean ``target``; with ``delete_data`` its data volumes too, once confirmed on the terminal (unless
     ``yes``). False when the user did not confirm (nothing deleted)."""
     handles = target.recorded.handles if target.recorded else (target.handle,)
-    if delete_data and not yes:
-        from mlenv.ops.confirm import confirm_data_deletion
-
-        if not confirm_data_deletion(target.backend.deploy, handles):
-            return False
+    if delete_data and not yes and not confirm_data_deletion(target.backend.deploy, handles):
+        return False
     with state.deploying(target.handle.name):
         for handle in handles:  # a failed re-deploy's too
             target.backend.deploy.clean(handle, delete_data=delete_data)

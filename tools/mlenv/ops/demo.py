@@ -10,17 +10,19 @@ from dataclasses import dataclass
 
 from mlenv import state
 from mlenv.core.capabilities import LaunchSpec
+from mlenv.core.clusters import load_plan
+from mlenv.ops.deploy import deploy
 from mlenv.ops.launch import launch, run_id
 from mlenv.ops.nccltest import PEAK, find_in_logs, transport
-from mlenv.ops.target import Target
+from mlenv.ops.sync import sync
+from mlenv.ops.target import Target, backend_of
+from mlenv.ui import error, info, table
 
 DONE = re.compile(r"done steps=(\d+) first_loss=(\S+) last_loss=(\S+) world_size=(\d+)")
 STAGES = 6
 
 
 def _stage(number: int, text: str) -> None:
-    from mlenv.ui import info
-
     info(f"\n==> [{number}/{STAGES}] {text}")
 
 
@@ -47,8 +49,6 @@ def _before(target: Target) -> Before:
 
 def _finish(target: Target, before: Before, keep: bool) -> None:
     """Clean up what the demo created, nothing else."""
-    from mlenv.ui import info
-
     if keep or before.pods:
         why = "as asked" if keep else "it was running before the demo"
         info(f"\nkept the local cluster ({why}): mlenv status|shell|clean --cluster local")
@@ -63,12 +63,6 @@ def _finish(target: Target, before: Before, keep: bool) -> None:
 
 def run_demo(keep: bool = False, steps: int = 30) -> int:
     """Run the demo; 0 when training ended with a lower loss than it started with."""
-    from mlenv.core.clusters import load_plan
-    from mlenv.ops.deploy import deploy
-    from mlenv.ops.sync import sync
-    from mlenv.ops.target import backend_of
-    from mlenv.ui import error, table
-
     started = time.monotonic()
     job = load_plan("local")
     backend = backend_of(job.cluster.backend)

@@ -22,9 +22,13 @@ from typing import Any
 from mlenv import state
 from mlenv.core.capabilities import Check, Handle, Node, NodeAccess
 from mlenv.errors import MlenvError, OperationError, UsageError
+from mlenv.jsontypes import JsonObject
+from mlenv.ops.sync import sync
+from mlenv.ops.target import backend_of
 from mlenv.parallel import run_parallel
 from mlenv.plan import JobPlan
 from mlenv.runtime.doctor import KIND, TORCH_FIX_VARIABLE
+from mlenv.ui import info, judged, print_json, spinner, table
 
 RENDEZVOUS_SECONDS = 10
 """How long node 0 listens on the rendezvous port while the other nodes connect."""
@@ -70,9 +74,6 @@ class NodeReport:
 def ship_runtime(backend: NodeAccess, handle: Handle, extra: Mapping[str, Path] | None = None) -> list[str]:
     """Copy the runtime, and ``extra`` (path in the workspace -> local file), to every node the way ``mlenv sync``
     does, so that nothing needs a sync first; the copy's table goes to stderr. The errors, one per failed node."""
-    from mlenv.ops.sync import sync
-    from mlenv.ui import info
-
     info(f"copying mlenv's runtime{''.join(f' and {name}' for name in extra or {})} to the nodes, as mlenv sync does")
     with tempfile.TemporaryDirectory(prefix="mlenv-ship-") as staging:
         for relative, source in (extra or {}).items():
@@ -97,7 +98,7 @@ def ask_nodes(backend: NodeAccess, handle: Handle, nodes: Sequence[Node],
     return lines
 
 
-def answer(lines: Sequence[tuple[float, str]], kind: str) -> tuple[dict[str, Any], float, str] | None:
+def answer(lines: Sequence[tuple[float, str]], kind: str) -> tuple[JsonObject, float, str] | None:
     """The last JSON line of ``kind`` among a node's ``lines``: (it read, when it arrived, the line), or None."""
     for arrived, line in reversed(lines):
         if not line.startswith("{"):
@@ -234,8 +235,6 @@ def _recorded(cluster_ref: str | None) -> state.Deployment | None:
 
 def deployed_checks(backend: NodeAccess, deployment: state.Deployment, gpus_per_node: int) -> list[Check]:
     """The checks on the nodes of a recorded deployment; one WARN when none is running."""
-    from mlenv.ui import spinner
-
     handle = deployment.handle
     try:
         nodes = backend.nodes(handle)
@@ -255,9 +254,6 @@ def deployed_checks(backend: NodeAccess, deployment: state.Deployment, gpus_per_
 
 def run_doctor(job: JobPlan, cluster_ref: str | None, as_json: bool) -> int:
     """Print every check; 1 when any FAILs. ``cluster_ref``: what the user named (None: the current deployment)."""
-    from mlenv.ops.target import backend_of
-    from mlenv.ui import judged, print_json, table
-
     backend = backend_of(job.cluster.backend)
     before = backend.checks.checks(job)
     deployment = _recorded(cluster_ref)

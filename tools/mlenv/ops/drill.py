@@ -21,16 +21,22 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from mlenv.config.discover import project_root
 from mlenv.core.capabilities import LaunchSpec, Preemption
 from mlenv.core.remote import RUNTIME_DIR
-from mlenv.errors import UsageError
+from mlenv.errors import OperationError, UsageError
+from mlenv.jsontypes import JsonObject
+from mlenv.ops.doctor import ship_runtime
 from mlenv.ops.launch import LaunchResult, launch, run_id
 from mlenv.ops.live import refuse_beside_live
+from mlenv.ops.plot import write_timeline
 from mlenv.ops.target import Target, file_cluster
+from mlenv.runtime.records.goodput import describe as goodput_line
 from mlenv.runtime.records.runlayout import RankRecord
 from mlenv.runtime.records.runrecord import RunRecord
 from mlenv.runtime.records.states import RunState
 from mlenv.runtime.supervise.supervisor import handling_user_signals
+from mlenv.ui import judged, print_json, say, table, warn
 
 FAULTS = ("rank-exit", "rank-kill", "node-loss", "node-freeze", "hang", "preempt")
 ALL = "all"
@@ -99,8 +105,6 @@ def check(target: Target, fault: str, node: int | None = None) -> list[str]:
                          f"(0 to {target.handle.nodes - 1})")
     if node is not None and fault == "rank-exit":
         raise UsageError("--node: rank-exit's fault is the job's own (its highest global rank exits), at no node")
-    from mlenv.ui import warn
-
     refuse_beside_live(target, "the drill runs only where nothing else does")
     nodes = target.handle.nodes
     cannot = {}
@@ -224,8 +228,6 @@ class Watch:
 
 
 def _local_runs(run: str) -> Path:
-    from mlenv.config.discover import project_root
-
     return project_root() / "runs" / run
 
 
@@ -247,7 +249,72 @@ def _job_args(fault: str, at_step: int) -> tuple[str, ...]:
         (*args, "--checkpoint-on-signal") if fault == "preempt" else args
 
 
-def drill_one(target: Target, fault: str, at_step: int, targets: Targets, node: int | None = None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Phase:
+    """One phase of a drill: its time in seconds from the fault (None: never seen), the most it may take (None: no
+    limit), its verdict and what showed it."""
+
+    phase: str
+    seconds: float | None
+    target: float | None
+    verdict: str
+    evidence: str
+
+    def to_json(self) -> JsonObject:
+        return {"phase": self.phase, "seconds": self.seconds, "target": self.target, "verdict": self.verdict,
+                "evidence": self.evidence}
+
+
+@dataclass(frozen=True)
+class RankSpans:
+    """A rank's attempts, each as (start, end, attempt), in seconds from the fault."""
+
+    rank: int
+    attempts: list[tuple[float, float, int]]
+
+    def to_json(self) -> JsonObject:
+        return {"rank": self.rank, "attempts": [[start, end, attempt] for start, end, attempt in self.attempts]}
+
+
+@dataclass(frozen=True)
+class DrillReport:
+    """One drill: the fault put in (where and when), each phase judged, the steps recomputed, the exit code, the
+    drill's own problem (None: none), its verdict, where its timeline picture is, each rank's attempts and the
+    run's goodput."""
+
+    fault: str
+    run_id: str
+    run_dir: Path
+    at_step: int
+    node: int | None
+    fault_at: str | None
+    """ISO 8601, to the millisecond (None: never seen)."""
+    phases: list[Phase]
+    resumed_step: int | None
+    last_step: int | None
+    lost_steps: int | None
+    exit_code: int
+    problem: str | None
+    verdict: str
+    ranks: list[RankSpans]
+    goodput: Mapping[str, Any] | None
+
+    @property
+    def timeline(self) -> Path:
+        """The timeline picture of the drill."""
+        return self.run_dir / "timeline.png"
+
+    def to_json(self) -> JsonObject:
+        """``drill --json``'s entry of ``drills`` and runs/<run id>/drill.json (docs/json.md)."""
+        return {"fault": self.fault, "run_id": self.run_id, "run_dir": str(self.run_dir), "at_step": self.at_step,
+                "node": self.node, "fault_at": self.fault_at, "phases": [phase.to_json() for phase in self.phases],
+                "resumed_step": self.resumed_step, "last_step": self.last_step, "lost_steps": self.lost_steps,
+                "exit_code": self.exit_code, "problem": self.problem, "verdict": self.verdict,
+                "timeline": str(self.timeline), "ranks": [spans.to_json() for spans in self.ranks],
+                "goodput": dict(self.goodput) if self.goodput is not None else None}
+
+
+def drill_one(target: Target, fault: str, at_step: int, targets: Targets, node: int | None = None) -> DrillReport:
     """Launch the job, put ``fault`` in at ``at_step`` on ``node`` (None: the last), and report each phase
     (``--json``'s ``drills`` entry)."""
     name = target.handle.name
@@ -274,7 +341,7 @@ def drill_one(target: Target, fault: str, at_step: int, targets: Targets, node: 
 
 
 def report(fault: str, at_step: int, targets: Targets, watch: Watch, result: LaunchResult,
-           final: RunRecord) -> dict[str, Any]:
+           final: RunRecord) -> DrillReport:
     """The drill's phases, each in seconds from the fault with its target and verdict, from what ``watch`` saw,
     the launch's ``result`` and the run's newest attempt (``final``)."""
     run_dir = _local_runs(result.run_id)
@@ -331,17 +398,12 @@ def report(fault: str, at_step: int, targets: Targets, watch: Watch, result: Lau
         seconds = round(at - fault_at, 2) if at is not None and fault_at is not None else None
         limit = targets.of(fault, phase)
         passed = seconds is not None and (limit is None or seconds <= limit)
-        phases.append({"phase": phase, "seconds": seconds, "target": limit,
-                       "verdict": "PASS" if passed else "FAIL", "evidence": evidence[phase]})
-    ok = all(p["verdict"] == "PASS" for p in phases) and result.exit_code == 0 and watch.problem is None
-    return {"fault": fault, "run_id": result.run_id, "run_dir": str(run_dir), "at_step": at_step,
-            "node": None if fault == "rank-exit" else watch.node,
-            "fault_at": datetime.fromtimestamp(fault_at, timezone.utc).isoformat(timespec="milliseconds")
-            if fault_at is not None else None, "phases": phases, "resumed_step": resumed_step,
-            "last_step": last, "lost_steps": lost, "exit_code": result.exit_code, "problem": watch.problem,
-            "verdict": "PASS" if ok else "FAIL", "timeline": str(run_dir / "timeline.png"),
-            "ranks": _spans(first, final, fault_at),
-            "goodput": dict(result.goodput) if result.goodput is not None else None}
+        phases.append(Phase(phase, seconds, limit, "PASS" if passed else "FAIL", evidence[phase]))
+    ok = all(p.verdict == "PASS" for p in phases) and result.exit_code == 0 and watch.problem is None
+    return DrillReport(fault, result.run_id, run_dir, at_step, None if fault == "rank-exit" else watch.node,
+                       datetime.fromtimestamp(fault_at, timezone.utc).isoformat(timespec="milliseconds")
+                       if fault_at is not None else None, phases, resumed_step, last, lost, result.exit_code,
+                       watch.problem, "PASS" if ok else "FAIL", _spans(first, final, fault_at), result.goodput)
 
 
 def _preempted(final: RunRecord) -> tuple[float | None, list[int]]:
@@ -396,28 +458,23 @@ def _named(run: RunRecord | None) -> str:
     return f"nothing named (the run read {run.state})"
 
 
-def _spans(first: RunRecord | None, final: RunRecord, fault_at: float | None) -> list[dict[str, Any]]:
-    """Each rank's attempts, in seconds from the fault: ``[{"rank", "attempts": [[start, end, K], ...]}]``."""
+def _spans(first: RunRecord | None, final: RunRecord, fault_at: float | None) -> list[RankSpans]:
+    """Each rank's attempts, in seconds from the fault, by rank."""
     zero = fault_at or 0.0
-    rows: dict[int, list[list[float]]] = {}
+    rows: dict[int, list[tuple[float, float, int]]] = {}
     runs = [run for run in (first, final if final.attempt > 0 else None) if run is not None]
     for run in runs:
         for rank in run.ranks:
             start, end = _epoch(rank.started_at), _epoch(rank.ended_at) or time.time()
             if start is not None:
-                rows.setdefault(rank.rank, []).append([round(start - zero, 2), round(end - zero, 2), run.attempt])
-    return [{"rank": rank, "attempts": spans} for rank, spans in sorted(rows.items())]
+                rows.setdefault(rank.rank, []).append((round(start - zero, 2), round(end - zero, 2), run.attempt))
+    return [RankSpans(rank, spans) for rank, spans in sorted(rows.items())]
 
 
 def run_drill(target: Target, fault: str, at_step: int = AT_STEP, as_json: bool = False,
               node: int | None = None) -> int:
     """Drill ``fault`` (or each, ``all``) on ``target``, at ``node`` (None: the last); print the table or JSON; 1
     when a phase FAILed."""
-    from mlenv.errors import OperationError
-    from mlenv.ops.doctor import ship_runtime
-    from mlenv.ops.plot import write_timeline
-    from mlenv.ui import print_json
-
     faults = check(target, fault, node)
     targets = targets_of(target)
     drills = []
@@ -427,35 +484,26 @@ def run_drill(target: Target, fault: str, at_step: int = AT_STEP, as_json: bool 
             raise OperationError(f"cannot copy the drill's job to the nodes: {'; '.join(failed)}")
         for name in faults:
             drill = drill_one(target, name, at_step, targets, None if name == "rank-exit" else node)
-            run_dir = Path(drill["run_dir"])
-            marks = [("FAULT", 0.0), *((p["phase"].upper(), p["seconds"]) for p in drill["phases"]
-                                       if p["seconds"] is not None)]
-            write_timeline(run_dir / "timeline.png",
-                           [(row["rank"], [tuple(span) for span in row["attempts"]]) for row in drill["ranks"]],
-                           marks)
-            (run_dir / "drill.json").write_text(json.dumps(drill, indent=2) + "\n")
+            marks = [("FAULT", 0.0), *((p.phase.upper(), p.seconds) for p in drill.phases if p.seconds is not None)]
+            write_timeline(drill.timeline, [(row.rank, row.attempts) for row in drill.ranks], marks)
+            (drill.run_dir / "drill.json").write_text(json.dumps(drill.to_json(), indent=2) + "\n")
             drills.append(drill)
-    summary = {"ok": all(d["verdict"] == "PASS" for d in drills), "cluster": target.handle.name, "drills": drills}
+    ok = all(drill.verdict == "PASS" for drill in drills)
     if as_json:
-        print_json(summary)
+        print_json({"ok": ok, "cluster": target.handle.name, "drills": [drill.to_json() for drill in drills]})
     else:
         _print(drills)
-    return 0 if summary["ok"] else 1
+    return 0 if ok else 1
 
 
-def _print(drills: Sequence[Mapping[str, Any]]) -> None:
-    from mlenv.runtime.records.goodput import describe as goodput_line
-    from mlenv.ui import judged, say, table
-
+def _print(drills: Sequence[DrillReport]) -> None:
     for drill in drills:
-        table(f"drill {drill['fault']} at step {drill['at_step']} (run {drill['run_id']}, exit {drill['exit_code']})",
+        table(f"drill {drill.fault} at step {drill.at_step} (run {drill.run_id}, exit {drill.exit_code})",
               ["PHASE", "SECONDS", "TARGET", "VERDICT", "EVIDENCE"],
-              [[p["phase"], "-" if p["seconds"] is None else f"{p['seconds']:.2f}",
-                "-" if p["target"] is None else f"<= {p['target']:g}", p["verdict"], p["evidence"]]
-               for p in drill["phases"]])
-        if drill.get("goodput"):
-            say(goodput_line(drill["goodput"]))
-        if drill["problem"]:
-            say(f"the drill itself: {drill['problem']}")
-        judged(drill["verdict"], f"{drill['fault']}: lost work {drill['lost_steps']} steps; timeline "
-                                 f"{drill['timeline']}")
+              [[p.phase, "-" if p.seconds is None else f"{p.seconds:.2f}",
+                "-" if p.target is None else f"<= {p.target:g}", p.verdict, p.evidence] for p in drill.phases])
+        if drill.goodput:
+            say(goodput_line(dict(drill.goodput)))
+        if drill.problem:
+            say(f"the drill itself: {drill.problem}")
+        judged(drill.verdict, f"{drill.fault}: lost work {drill.lost_steps} steps; timeline {drill.timeline}")

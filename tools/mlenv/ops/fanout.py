@@ -12,10 +12,10 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
 
 from mlenv.core.capabilities import Handle, Jobs, Node, NodeAccess
 from mlenv.errors import UsageError
+from mlenv.jsontypes import JsonObject
 from mlenv.parallel import run_parallel
 from mlenv.ui import info, print_json
 
@@ -45,7 +45,7 @@ class NodeAnswer:
     """What one node's runtime command printed: its last JSON object (None: none), the other lines, exit code."""
 
     node: Node
-    data: dict[str, Any] | None
+    data: JsonObject | None
     exit_code: int
     output: Sequence[str] = field(default_factory=list)
 
@@ -72,7 +72,7 @@ def runtime_json(backend: NodeAccess, handle: Handle, nodes: Sequence[Node], *ar
     return answers
 
 
-def _object(line: str) -> dict[str, Any] | None:
+def _object(line: str) -> JsonObject | None:
     try:
         found = json.loads(line)
     except ValueError:

@@ -6,42 +6,51 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
 
 from mlenv.core.capabilities import Handle, NodeAccess
+from mlenv.jsontypes import JsonObject
 from mlenv.ops.fanout import runtime_json, select_nodes
 from mlenv.runtime.node.gpus import render_node
 
 
-def gather(backend: NodeAccess, handle: Handle, only: int | None = None) -> list[dict[str, Any]]:
-    """Each node's GPU report (``node``, ``pod`` and the runtime's answer), or ``node``, ``pod`` and
-    ``error`` for a node that did not answer; every node of the deployment appears, in ordinal order."""
+@dataclass(frozen=True)
+class GpuReport:
+    """One node's GPU state: the runtime's ``gpus --json`` answer there, or why there is none (``error``)."""
+
+    node: int
+    pod: str
+    answer: JsonObject | None
+    error: str | None = None
+
+    def to_json(self) -> JsonObject:
+        """``node``, ``pod`` and the runtime's answer, or ``node``, ``pod`` and ``error`` (docs/json.md)."""
+        return {"node": self.node, "pod": self.pod,
+                **(self.answer if self.answer is not None else {"error": self.error})}
+
+
+def gather(backend: NodeAccess, handle: Handle, only: int | None = None) -> list[GpuReport]:
+    """Each node's GPU report, or why it did not answer; every node of the deployment appears, in ordinal order."""
     nodes = select_nodes(backend, handle, only)
     answers = runtime_json(backend, handle, nodes, "gpus", "--json")
-    reports = []
-    for ordinal, answer in sorted(answers.items()):
-        head = {"node": ordinal, "pod": answer.node.name}
-        if answer.data is None:
-            reports.append({**head, "error": answer.error})
-            continue
-        reports.append({**head, **answer.data})
+    reports = [GpuReport(ordinal, answer.node.name, answer.data, None if answer.data is not None else answer.error)
+               for ordinal, answer in answers.items()]
     if only is None:
         seen = {node.ordinal for node in nodes}
-        reports += [{"node": n, "pod": f"node-{n}", "error": "not running"} for n in range(handle.nodes)
-                    if n not in seen]
-    return sorted(reports, key=lambda report: int(report["node"]))
+        reports += [GpuReport(n, f"node-{n}", None, "not running") for n in range(handle.nodes) if n not in seen]
+    return sorted(reports, key=lambda report: report.node)
 
 
-def render(reports: Sequence[dict[str, Any]]) -> str:
+def render(reports: Sequence[GpuReport]) -> str:
     """Every node's report as text: a heading line per node, then its tables (or why it did not answer)."""
     blocks = []
     for report in reports:
-        title = f"node-{report['node']} {report['pod']}"
-        if "error" in report:
-            blocks.append(f"{title}: unreachable: {report['error']}")
+        title = f"node-{report.node} {report.pod}"
+        if report.answer is None:
+            blocks.append(f"{title}: unreachable: {report.error}")
             continue
-        run = f", run {report['run_id']}" if report.get("run_id") else ""
-        blocks.append(f"{title} (host {report.get('host')}{run})\n{render_node(report)}")
+        run = f", run {report.answer['run_id']}" if report.answer.get("run_id") else ""
+        blocks.append(f"{title} (host {report.answer.get('host')}{run})\n{render_node(report.answer)}")
     return "\n".join(blocks)
 
 

@@ -15,16 +15,22 @@ from pathlib import Path
 from typing import Any
 
 from mlenv import state
+from mlenv.config.discover import project_root
 from mlenv.core.capabilities import Feature, LaunchOutcome, LaunchSpec
 from mlenv.core.recorded import ExcludedNode, RecordedRun
 from mlenv.errors import MlenvError, OperationError, UsageError, shown
+from mlenv.ops.doctor import answer, ask_nodes
 from mlenv.ops.live import refuse_while_live
-from mlenv.ops.target import Target
+from mlenv.ops.spares import announce
+from mlenv.ops.target import Target, file_cluster, resolve
+from mlenv.parallel import run_parallel
+from mlenv.runtime.launchers import LAUNCHABLE
 from mlenv.runtime.records import restartpolicy
 from mlenv.runtime.records.restartpolicy import IDLE_EXIT_CODE, LOST_SIGNS, why_faulty
 from mlenv.runtime.records.runlayout import FirstFailure
 from mlenv.runtime.records.runrecord import RunRecord
 from mlenv.runtime.records.states import Ending, FaultSign, LeftOut, NodeEnd, NodeFault, RunState, end_text, exit_state
+from mlenv.ui import error, info, table, warn
 
 STEP = re.compile(r"\bstep (\d+)/(\d+)\b")
 TAIL_LINES = 15
@@ -57,7 +63,7 @@ class LaunchResult:
         """The local copy of node ``ordinal``'s output."""
         return Path(self.outcome.logs.get(ordinal, self.run_dir / f"node-{ordinal}.log"))
 
-    def to_dict(self, cluster: str) -> dict[str, Any]:
+    def to_dict(self, cluster: str) -> dict[str, object]:
         """``launch --json`` (docs/json.md): the run; once an attached run ended, its exit code and first failure
         (``exit_code`` null while a detached run goes on)."""
         outcome = self.outcome
@@ -83,8 +89,6 @@ SAME_SECOND = 9
 def _new_run(spec: LaunchSpec) -> tuple[LaunchSpec, Path]:
     """``spec`` with a run id of its own and that run's local directory, made here: ``runs/<run id>``, else the
     first of ``<run id>-2`` to ``-9`` not taken (each made atomically, so two launches never get the same)."""
-    from mlenv.config.discover import project_root
-
     runs = project_root() / "runs"
     try:
         runs.mkdir(parents=True, exist_ok=True)
@@ -143,8 +147,6 @@ def settings(cluster_ref: str | None, *, hang_timeout: float | None, on_hang: st
     left at their defaults), over the defaults (no hang or idle watch, restarts 0). UsageError where they do not go
     together: a hang timeout that is not a positive number, --on-hang without a hang timeout, --on-idle without
     launch.idle_minutes."""
-    from mlenv.ops.target import file_cluster, resolve
-
     if hang_timeout is not None and not 0 < hang_timeout < float("inf"):
         raise UsageError(f"--hang-timeout: expected a positive number of seconds, got {hang_timeout:g}")
     target = resolve(cluster_ref)
@@ -233,8 +235,6 @@ def _attempts(target: Target, spec: LaunchSpec, run_dir: Path, keep: Collection[
               recorded: Callable[[], None]) -> LaunchResult:
     """``launch``'s attempts of its run, ``recorded`` called once the first is recorded; the last one's result,
     with its goodput (``launched``: when the launch began)."""
-    from mlenv.ui import error, warn
-
     run_only: dict[str, str] = {}  # host -> why, for the nodes left out of this run only
     saved = _reasons(target.recorded.excluded if target.recorded else ())  # host -> why, as the deployment records
     result = _attempt(target, spec, run_dir, {**run_only, **saved}, recorded)
@@ -300,11 +300,6 @@ def check_nodes(target: Target, spec: LaunchSpec) -> None:
     command on every node at once (``launchable``). A node whose runtime does not answer (never synced) is asked
     whether its workspace has the script (``test -f`` says 1); a node that cannot tell (not running, exec failing)
     is left to the launch to judge. A backend that cannot launch says so first."""
-    from mlenv.core.capabilities import Feature
-    from mlenv.ops.doctor import answer, ask_nodes
-    from mlenv.parallel import run_parallel
-    from mlenv.runtime.launchers import LAUNCHABLE
-
     target.backend.info.require(Feature.JOBS)
     access = target.backend.access
     try:
@@ -320,8 +315,6 @@ def check_nodes(target: Target, spec: LaunchSpec) -> None:
     missing = [f"node-{n.ordinal} ({n.name})" for n in holding
                if (not answers[n.ordinal]["script"] if n.ordinal in answers else asked.get(n.ordinal) == 1)]
     if missing:
-        from mlenv.config.discover import project_root
-
         local = project_root() / "workspace" / spec.script
         raise UsageError(f"{spec.script}: no such file in the workspace of {', '.join(missing)}: "
                          + ("not synced yet: mlenv sync copies workspace/ to the nodes" if local.is_file() else
@@ -329,7 +322,9 @@ def check_nodes(target: Target, spec: LaunchSpec) -> None:
     lacking = {ordinal: said for ordinal, said in answers.items() if said["missing"]}
     groups: dict[tuple[tuple[str, ...], str], list[str]] = {}  # (the modules, the Python) -> the nodes
     for ordinal, said in lacking.items():
-        groups.setdefault((tuple(said["missing"]), shown(said["python"])), []).append(f"node-{ordinal}'s")
+        modules = said["missing"]
+        groups.setdefault((tuple(map(str, modules)) if isinstance(modules, list) else (str(modules),),
+                           shown(str(said["python"]))), []).append(f"node-{ordinal}'s")
     if groups:
         raise UsageError("; ".join(f"{_listed(modules)} {'are' if len(modules) > 1 else 'is'} not installed in "
                                    f"{_listed(names)} Python ({python})" for (modules, python), names in groups.items())
@@ -350,8 +345,6 @@ def preempted(outcome: LaunchOutcome) -> bool:
 def _resume(target: Target, spec: LaunchSpec, outcome: LaunchOutcome, preemptions: int) -> LaunchSpec:
     """Say the run was preempted, wait until its nodes are back (the backend's readiness wait), and give the next
     attempt: same run id and checkpoint directory, MLENV_RESTART_COUNT + 1."""
-    from mlenv.ui import warn
-
     nodes = ", ".join(f"node-{node} ({outcome.hosts.get(node, '?')})" for node in sorted(outcome.preempted))
     limit = "" if spec.max_preemptions is None else f" of at most {spec.max_preemptions}"
     warn(f"run {spec.run_id} preempted: {nodes} taken away under it (deleted or evicted); resuming it as attempt "
@@ -397,8 +390,6 @@ def _exclude(target: Target, outcome: LaunchOutcome, left_out: tuple[LeftOut, ..
     the cluster when it is not deployed (mlenv nodes shows them), where a node-fault sign says so (the deployment's
     excluded nodes afterwards go to ``saved``, host -> why), else kept in ``run_only`` (host -> why) for the rest
     of this run."""
-    from mlenv.ui import warn
-
     for out in left_out:
         warn(f"excluding {outcome.hosts[out.node]} (node-{out.node}) from the next attempts: {out.reason}"
              + ("" if out.saved else " (this run only: without a node-fault sign it is not recorded for later runs)"))
@@ -416,9 +407,6 @@ def _attempt(target: Target, spec: LaunchSpec, run_dir: Path, reasons: Mapping[s
     """One start of ``spec`` through the backend, its local logs in ``run_dir`` (the run's, or attempt-K/ in it); a
     summary and, on failure, the failing node's last log lines. ``reasons``: why the hosts left out are (the
     spares that take their place say it); ``recorded``: called once the run is recorded on the deployment."""
-    from mlenv.ops.spares import announce
-    from mlenv.ui import error, info
-
     secrets = _secrets(spec.secrets)
     request = target.backend.jobs.prepare_launch(target.handle, spec)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -521,8 +509,6 @@ def _summary(result: LaunchResult, failed_first: tuple[int, int, FirstFailure | 
     """The table of nodes, each node's end in status's words (``succeeded (0)``, ``failed (7)``, ``stopped (143)``:
     exit codes 128+N for a signal N): as its supervisor recorded it where the run was read, else from its exit code
     (a node that did not fail first but ended with an error was stopped for that failure)."""
-    from mlenv.ui import table
-
     outcome = result.outcome
     recorded = result.latest_run.nodes if result.latest_run is not None else {}
 

@@ -17,11 +17,19 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import mlenv
+from mlenv.config.discover import project_root
+from mlenv.config.quantity import QuantityError
+from mlenv.config.quantity import parse_bandwidth as parse
 from mlenv.core.capabilities import LaunchSpec
 from mlenv.errors import OperationError, UsageError
+from mlenv.ops.doctor import node_reports, ship_runtime
 from mlenv.ops.launch import LaunchResult, launch, run_id
-from mlenv.ops.target import Target
+from mlenv.ops.plot import terminal_plot, write_png
+from mlenv.ops.target import Target, file_cluster
 from mlenv.runtime.fabric.ncclog import INTRA_NODE, SOCKETS, UNKNOWN, LogReport, contradicts, parse_nccl_log
+from mlenv.runtime.fabric.sizes import parse_sizes
+from mlenv.ui import error, judged, print_json, say, table
 
 PEAK = re.compile(r"peak_busbw_gbps=([\d.]+) size_bytes=(\d+)")
 RESULT = re.compile(r"^(?:\[node-\d+ r0\] )?allreduce +(\d+) +([\d.]+) +([\d.]+) +([\d.]+) *$", re.MULTILINE)
@@ -103,9 +111,6 @@ def read_results(logs: Sequence[Path]) -> list[SizeResult]:
 
 def parse_bandwidth(text: str) -> float:
     """``180GB/s`` or ``1440Gb/s`` (the unit required, as for network.expected_busbw) in GB/s; UsageError."""
-    from mlenv.config.quantity import QuantityError
-    from mlenv.config.quantity import parse_bandwidth as parse
-
     try:
         return parse(text.strip())
     except QuantityError as exc:
@@ -167,9 +172,6 @@ def gate_bandwidth(busbw_gbps: float, size_bytes: int, expected: ExpectedBandwid
 
 def bench_source() -> Path:
     """The benchmark to ship: the project's workspace/allreduce_bench.py, else the one of mlenv's checkout."""
-    import mlenv
-    from mlenv.config.discover import project_root
-
     for root in (project_root(), Path(mlenv.__file__).resolve().parents[2]):
         if (root / "workspace" / BENCH).is_file():
             return root / "workspace" / BENCH
@@ -178,8 +180,6 @@ def bench_source() -> Path:
 
 def _file_expectation(target: Target) -> ExpectedBandwidth | None:
     """network.expected_busbw of the deployment's cluster file, if it still loads."""
-    from mlenv.ops.target import file_cluster
-
     cluster = file_cluster(target, "network.expected_busbw")
     gbps = cluster.expected_busbw_gbytes if cluster else None
     return ExpectedBandwidth(gbps, "network.expected_busbw") if gbps else None
@@ -187,58 +187,70 @@ def _file_expectation(target: Target) -> ExpectedBandwidth | None:
 
 def _link_facts(target: Target) -> dict[str, Mapping[str, Any]]:
     """What each node's runtime doctor found of its RDMA links."""
-    from mlenv.ops.doctor import node_reports
-
     nodes = target.backend.access.nodes(target.handle)
     reports = node_reports(target.backend.access, target.handle, nodes)
     return {r.node.name: r.facts for r in reports.values()}
 
 
-def _summary(target: Target, result: LaunchResult, results: Sequence[SizeResult], report: LogReport,
-             expected: ExpectedBandwidth | None, verdict: BandwidthVerdict) -> dict[str, Any]:
-    keys = ("rank", "process", "verdict", "network", "devices", "gdr", "nccl_version")
-    ranks = [{key: value for key, value in rank.to_dict().items() if key in keys} for rank in report.ranks]
-    return {
-        "cluster": target.handle.name, "run_id": result.run_id, "mode": target.handle.mode,
-        "nodes": target.handle.nodes, "exit_code": result.exit_code,
-        "sizes": [asdict(r) for r in results],
-        "transport": {"verdict": report.verdict if report.ranks else NO_NCCL, "ranks": ranks},
-        "expected_busbw_gbps": expected.gbps if expected else None,
-        "expected_source": expected.source if expected else None,
-        "ok": verdict.status != "FAIL", "verdict": verdict.status, "reasons": list(verdict.reasons),
-        "files": {"json": str(result.run_dir / "nccl-test.json"), "png": str(result.run_dir / "busbw.png"),
-                  "logs": str(result.run_dir)},
-    }
+@dataclass(frozen=True)
+class NcclTestSummary:
+    """One nccl-test: the bus bandwidth at each size, the transport each rank's NCCL lines said, the bandwidth
+    expected and the verdict; its files are in ``run_dir``."""
+
+    cluster: str
+    run_id: str
+    mode: str
+    nodes: int
+    exit_code: int
+    run_dir: Path
+    sizes: list[SizeResult]
+    transport: LogReport
+    expected: ExpectedBandwidth | None
+    verdict: BandwidthVerdict
+
+    @property
+    def transport_verdict(self) -> str:
+        """What NCCL's lines said of the transport (``NO_NCCL``: nothing)."""
+        return self.transport.verdict if self.transport.ranks else NO_NCCL
+
+    def to_json(self) -> dict[str, object]:
+        """``nccl-test --json`` and nccl-test.json (docs/json.md)."""
+        keys = ("rank", "process", "verdict", "network", "devices", "gdr", "nccl_version")
+        ranks = [{key: value for key, value in rank.to_dict().items() if key in keys}
+                 for rank in self.transport.ranks]
+        return {
+            "cluster": self.cluster, "run_id": self.run_id, "mode": self.mode, "nodes": self.nodes,
+            "exit_code": self.exit_code, "sizes": [asdict(r) for r in self.sizes],
+            "transport": {"verdict": self.transport_verdict, "ranks": ranks},
+            "expected_busbw_gbps": self.expected.gbps if self.expected else None,
+            "expected_source": self.expected.source if self.expected else None,
+            "ok": self.verdict.status != "FAIL", "verdict": self.verdict.status, "reasons": list(self.verdict.reasons),
+            "files": {"json": str(self.run_dir / "nccl-test.json"), "png": str(self.run_dir / "busbw.png"),
+                      "logs": str(self.run_dir)},
+        }
 
 
-def _print(summary: Mapping[str, Any], plot: str) -> None:
-    from mlenv.ui import error, judged, say, table
-
-    table(f"all-reduce bus bandwidth: {summary['cluster']} ({summary['nodes']} nodes)",
+def _print(summary: NcclTestSummary, plot: str) -> None:
+    table(f"all-reduce bus bandwidth: {summary.cluster} ({summary.nodes} nodes)",
           ["SIZE (bytes)", "TIME (us)", "ALGBW (GB/s)", "BUSBW (GB/s)"],
-          [[r["size_bytes"], f"{r['time_us']:.1f}", f"{r['algbw_gbps']:.4g}", f"{r['busbw_gbps']:.4g}"]
-           for r in summary["sizes"]])
-    ranks = summary["transport"]["ranks"]
+          [[r.size_bytes, f"{r.time_us:.1f}", f"{r.algbw_gbps:.4g}", f"{r.busbw_gbps:.4g}"] for r in summary.sizes])
+    ranks = summary.transport.ranks
     if ranks:
-        table(f"transport per rank: {summary['transport']['verdict']}", ["RANK", "PROCESS", "TRANSPORT", "DEVICES",
-                                                                           "NCCL"],
-              [[r["rank"], r["process"], r["verdict"], ", ".join(r["devices"]) or r["network"] or "-",
-                r["nccl_version"] or "-"] for r in ranks])
+        table(f"transport per rank: {summary.transport_verdict}", ["RANK", "PROCESS", "TRANSPORT", "DEVICES", "NCCL"],
+              [[r.rank, r.process, r.verdict, ", ".join(r.devices) or r.network or "-",
+                r.evidence_.nccl_version or "-"] for r in ranks])
     else:
-        say(f"transport: {summary['transport']['verdict']}")
+        say(f"transport: {summary.transport_verdict}")
     print(plot, end="")
-    judged(summary["verdict"], "; ".join(summary["reasons"]))
-    say(f"results: {summary['files']['json']}, plot: {summary['files']['png']}")
-    if summary["verdict"] == "FAIL":
-        error(f"nccl-test FAILED; the node logs are in {summary['files']['logs']}")
+    judged(summary.verdict.status, "; ".join(summary.verdict.reasons))
+    say(f"results: {summary.run_dir / 'nccl-test.json'}, plot: {summary.run_dir / 'busbw.png'}")
+    if summary.verdict.status == "FAIL":
+        error(f"nccl-test FAILED; the node logs are in {summary.run_dir}")
 
 
 def prepare(target: Target, sizes: str | None, expect: str | None) -> ExpectedBandwidth | None:
     """Check ``--sizes``, ship the benchmark, and find the bandwidth to expect (None: none known). Prints to
     stdout: call it with stdout redirected for --json."""
-    from mlenv.ops.doctor import ship_runtime
-    from mlenv.runtime.fabric.sizes import parse_sizes
-
     if sizes is not None:
         try:
             parse_sizes(sizes)
@@ -269,9 +281,6 @@ def node_logs(result: LaunchResult) -> list[Path]:
 def run_nccl_test(target: Target, nproc: int | None = None, sizes: str | None = None, expect: str | None = None,
                   as_json: bool = False) -> int:
     """Ship and run the benchmark on every node, judge it, save and print the results; 1 on FAIL."""
-    from mlenv.ops.plot import terminal_plot, write_png
-    from mlenv.ui import print_json
-
     with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():
         expected = prepare(target, sizes, expect)
         result = run_bench(target, nproc, sizes)
@@ -280,12 +289,14 @@ def run_nccl_test(target: Target, nproc: int | None = None, sizes: str | None = 
     logs = node_logs(result)
     results, report = read_results(logs), nccl_report(logs)
     verdict = evaluate(results, report, target.handle.mode, expected)
-    summary = _summary(target, result, results, report, expected, verdict)
+    handle = target.handle
+    summary = NcclTestSummary(handle.name, result.run_id, handle.mode, handle.nodes, result.exit_code, result.run_dir,
+                              results, report, expected, verdict)
     points = [(r.size_bytes, r.busbw_gbps) for r in results]
     write_png(result.run_dir / "busbw.png", points, expected.gbps if expected else None)
-    (result.run_dir / "nccl-test.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (result.run_dir / "nccl-test.json").write_text(json.dumps(summary.to_json(), indent=2) + "\n")
     if as_json:
-        print_json(summary)
+        print_json(summary.to_json())
     else:
         _print(summary, terminal_plot(points, expected.gbps if expected else None))
     return 1 if verdict.status == "FAIL" else 0

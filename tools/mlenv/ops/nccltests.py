@@ -13,16 +13,22 @@ import contextlib
 import json
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
+from mlenv.core.capabilities import LaunchSpec
+from mlenv.core.registry import BACKENDS
 from mlenv.errors import OperationError, UsageError
+from mlenv.ops.doctor import nccl_tests_check, node_reports, ship_runtime
+from mlenv.ops.launch import launch, run_id
 from mlenv.ops.nccltest import ExpectedBandwidth, gate_bandwidth, parse_bandwidth
-from mlenv.ops.target import Target
+from mlenv.ops.plot import terminal_plot
+from mlenv.ops.target import Target, file_cluster
 from mlenv.runtime.fabric.nccltests import MAX_ROWS, NcclTestsReport, read_path
 from mlenv.runtime.fabric.nccltestsrun import TESTS
+from mlenv.runtime.fabric.sizes import parse_sizes
 from mlenv.runtime.regularfile import NotRegularFile
+from mlenv.ui import error, info, judged, print_json, say, table
 
 RUNNER = "nccl_tests_run.py"
 """Shipped to the top of every node's workspace: runs the runtime's nccl-tests runner (nccltestsrun.main)."""
@@ -54,7 +60,7 @@ def judge(report: NcclTestsReport, expected: ExpectedBandwidth | None) -> tuple[
     return (PASS if enough else FAIL), reason + more
 
 
-def summary(report: NcclTestsReport, verdict: str, reason: str) -> dict[str, Any]:
+def summary(report: NcclTestsReport, verdict: str, reason: str) -> dict[str, object]:
     """The ``--json`` shape of docs/json.md."""
     return {"tool": "nccl-tests", "test": report.test, "ranks": report.ranks, "nodes": report.nodes,
             "rows": [row.to_dict() for row in report.rows], "avg_busbw_GBps": report.avg_busbw_gbps,
@@ -86,9 +92,6 @@ def points(report: NcclTestsReport) -> list[tuple[int, float]]:
 
 def run_read(path: Path, expect: str | None = None, as_json: bool = False) -> int:
     """Read, judge and print an nccl-tests output; 1 on FAIL, and on UNKNOWN when a bandwidth was expected."""
-    from mlenv.ops.plot import terminal_plot
-    from mlenv.ui import print_json
-
     expected = ExpectedBandwidth(parse_bandwidth(expect), f"--expect {expect}") if expect is not None else None
     report = read_output(path)
     verdict, reason = judge(report, expected)
@@ -96,7 +99,7 @@ def run_read(path: Path, expect: str | None = None, as_json: bool = False) -> in
     if as_json:
         print_json(result)
     else:
-        _print(path, result, terminal_plot(points(report), expected.gbps if expected else None))
+        _print(path, report, verdict, reason, terminal_plot(points(report), expected.gbps if expected else None))
     return 1 if verdict == FAIL or (verdict == UNKNOWN and expected is not None) else 0
 
 
@@ -115,34 +118,30 @@ def _number(value: object) -> str:
     return "-" if value is None else str(value)
 
 
-def _print(path: Path, result: Mapping[str, Any], plot: str) -> None:
-    from mlenv.ui import error, judged, say, table
-
-    scale = f"{_number(result['ranks'])} ranks, {_number(result['nodes'])} nodes"
-    if result["rows"]:
-        table(f"{result['test'] or 'nccl-tests'} bus bandwidth: {path.name} ({scale})",
+def _print(path: Path, report: NcclTestsReport, verdict: str, reason: str, plot: str) -> None:
+    scale = f"{_number(report.ranks)} ranks, {_number(report.nodes)} nodes"
+    if report.rows:
+        table(f"{report.test or 'nccl-tests'} bus bandwidth: {path.name} ({scale})",
               ["SIZE (bytes)", "TYPE", "REDOP", "TIME (us)", "ALGBW (GB/s)", "BUSBW (GB/s)", "#WRONG",
                "IN-PLACE BUSBW"],
-              [[row["size"], row["type"], row["redop"] or "-", f"{row['out_of_place']['time_us']:.1f}",
-                f"{row['out_of_place']['algbw_GBps']:.4g}", f"{row['out_of_place']['busbw_GBps']:.4g}",
-                _number(row["out_of_place"]["wrong"]),
-                f"{row['in_place']['busbw_GBps']:.4g}" if row["in_place"] else "-"] for row in result["rows"]])
+              [[row.size, row.type, row.redop or "-", f"{row.out_of_place.time_us:.1f}",
+                f"{row.out_of_place.algbw_gbps:.4g}", f"{row.out_of_place.busbw_gbps:.4g}",
+                _number(row.out_of_place.wrong),
+                f"{row.in_place.busbw_gbps:.4g}" if row.in_place else "-"] for row in report.rows])
         print(plot, end="")
     else:
         say(f"{path.name}: {scale}, no result row")
-    if result["avg_busbw_GBps"] is not None:
-        say(f"average bus bandwidth (nccl-tests' footer): {result['avg_busbw_GBps']:g} GB/s")
-    if result["error"]:
-        error(f"nccl-tests: {result['error']}")
-    judged(result["verdict"], result["reason"])
+    if report.avg_busbw_gbps is not None:
+        say(f"average bus bandwidth (nccl-tests' footer): {report.avg_busbw_gbps:g} GB/s")
+    if report.error:
+        error(f"nccl-tests: {report.error}")
+    judged(verdict, reason)
 
 
 def tool_args(target: Target, test: str, setting: str, sizes: Sequence[int], gpus: int,
               hosts: Sequence[str]) -> list[str]:
     """The runner's arguments: which launcher (the backend's own, else the runtime's), test, where to find it,
     sizes, nodes x GPUs and the hosts, node 0 first."""
-    from mlenv.core.registry import BACKENDS
-
     launcher = BACKENDS[target.handle.backend].task_launcher or "runtime"
     return ["--launcher", launcher, "--test", test, "--setting", setting, "--sizes", ",".join(map(str, sizes)),
             "--nodes", str(target.handle.nodes), "--gpus", str(gpus), "--hosts", ",".join(hosts)]
@@ -150,8 +149,6 @@ def tool_args(target: Target, test: str, setting: str, sizes: Sequence[int], gpu
 
 def _setting(target: Target) -> tuple[str, int]:
     """(network.nccl_tests, gpus.per_node) of the deployment's cluster file; UsageError when it is off."""
-    from mlenv.ops.target import file_cluster
-
     cluster = file_cluster(target, "network.nccl_tests")
     setting = cluster.nccl_tests if cluster else "auto"
     if setting == "off":
@@ -164,12 +161,6 @@ def run_tool(target: Target, test: str | None = None, nproc: int | None = None, 
              expect: str | None = None, as_json: bool = False) -> int:
     """Run nccl-tests across the nodes where every node has it, judge node 0's output, keep it under runs/; 1 on
     FAIL (and on UNKNOWN under --expect)."""
-    from mlenv.core.capabilities import LaunchSpec
-    from mlenv.ops.doctor import nccl_tests_check, node_reports, ship_runtime
-    from mlenv.ops.launch import launch, run_id
-    from mlenv.runtime.fabric.sizes import parse_sizes
-    from mlenv.ui import info, print_json
-
     name = test or "all_reduce_perf"
     if name not in TESTS:
         raise UsageError(f"--test: {name!r} is not a test of nccl-tests ({', '.join(TESTS)})")
@@ -220,7 +211,5 @@ def run_tool(target: Target, test: str | None = None, nproc: int | None = None, 
     if as_json:
         print_json(output)
     else:
-        from mlenv.ops.plot import terminal_plot
-
-        _print(log, output, terminal_plot(points(report), expected.gbps if expected else None))
+        _print(log, report, verdict, reason, terminal_plot(points(report), expected.gbps if expected else None))
     return 1 if verdict == FAIL or (verdict == UNKNOWN and expected is not None) else 0

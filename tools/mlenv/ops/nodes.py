@@ -3,12 +3,12 @@ runs, and ``--forget-excluded`` to clear them."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from mlenv import state
 from mlenv.core.capabilities import Feature, NodeStatus
 from mlenv.errors import MlenvError
+from mlenv.jsontypes import JsonObject
 from mlenv.ops.target import Target
+from mlenv.ui import info, print_json, table, warn
 
 
 def show_excluded(target: Target, forget: bool, as_json: bool) -> int:
@@ -16,8 +16,6 @@ def show_excluded(target: Target, forget: bool, as_json: bool) -> int:
     cluster when it is not deployed (its Slurm batch jobs'), after the machine each node of the deployment runs on.
     Forgetting changes nothing on the cluster (on Kubernetes the next launch lets the pods back); where the
     deployment's nodes are gone from the cluster (deleted by hand) it says so."""
-    from mlenv.ui import info, print_json, table
-
     name = target.handle.name
     placed = _placed(target)
     listed = state.forget_excluded(name) if forget else state.load().excluded_of(name)
@@ -48,8 +46,6 @@ def show_excluded(target: Target, forget: bool, as_json: bool) -> int:
 def _placed(target: Target) -> list[NodeStatus] | None:
     """The deployment's nodes as its backend sees them now; None where it is not deployed, or they could not be
     read (said)."""
-    from mlenv.ui import warn
-
     if target.recorded is None or not target.backend.info.supports(Feature.DEPLOY):
         return None
     try:
@@ -59,6 +55,6 @@ def _placed(target: Target) -> list[NodeStatus] | None:
         return None
 
 
-def _node(status: NodeStatus) -> dict[str, Any]:
+def _node(status: NodeStatus) -> JsonObject:
     """One node of ``nodes --json``'s ``nodes``."""
     return {"node": status.ordinal, "pod": status.name, "host": status.node, "ready": status.ready}

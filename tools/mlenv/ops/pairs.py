@@ -11,15 +11,18 @@ import json
 import re
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from itertools import pairwise
 from pathlib import Path
-from typing import Any
 
+from mlenv import state
+from mlenv.core.recorded import ExcludedNode
 from mlenv.errors import UsageError
 from mlenv.ops.nccltest import PASS_RATIO, ExpectedBandwidth, node_logs, prepare, run_bench
+from mlenv.ops.plot import write_bars
 from mlenv.ops.target import Target
 from mlenv.runtime.fabric.pairs import MIN_NODES
+from mlenv.ui import error, info, print_json, table, warn
 
 PAIR = re.compile(r"^(?:\[node-\d+ r\d+\] )?pair round=(\d+) nodes=(\d+),(\d+) size_bytes=(\d+) "
                   r"time_us=([\d.]+) busbw_GBps=([\d.]+) *$", re.MULTILINE)
@@ -89,43 +92,74 @@ def judge(pairs: Sequence[PairResult], below: float) -> tuple[list[PairResult], 
     return judged, named
 
 
-def _print(summary: dict[str, Any]) -> None:
-    from mlenv.ui import table, warn
+@dataclass(frozen=True)
+class PairsReport:
+    """One bisection: every pair judged against ``slow_below_gbps`` (and why that figure), the nodes named slow and,
+    with ``--exclude-bad``, the nodes excluded afterwards; its files are in ``run_dir``."""
 
-    table(f"pairwise all-reduce: {summary['cluster']} ({summary['nodes']} nodes, "
-          f"{summary['size_bytes']} bytes)", ["ROUND", "PAIR", "TIME (us)", "BUSBW (GB/s)", "SLOW"],
-          [[p["round"], f"node-{p['nodes'][0]} + node-{p['nodes'][1]}", f"{p['time_us']:.1f}",
-            f"{p['busbw_gbps']:.4g}", "SLOW" if p["slow"] else ""] for p in summary["pairs"]])
-    print(f"slow: under {summary['slow_below_gbps']:.4g} GB/s, {summary['slow_because']}")
-    named = summary["slow_nodes"]
+    cluster: str
+    run_id: str
+    nodes: int
+    exit_code: int
+    run_dir: Path
+    slow_below_gbps: float
+    slow_because: str
+    pairs: list[PairResult]
+    slow_nodes: list[int]
+    excluded: tuple[ExcludedNode, ...] | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Some pair reported and no node is named."""
+        return bool(self.pairs) and not self.slow_nodes
+
+    @property
+    def files(self) -> dict[str, str]:
+        """Where the results (``json``), the plot (``png``) and the node logs (``logs``) are."""
+        return {"json": str(self.run_dir / "nccl-pairs.json"), "png": str(self.run_dir / "pairs.png"),
+                "logs": str(self.run_dir)}
+
+    def to_json(self) -> dict[str, object]:
+        """``nccl-test --pairs --json`` and nccl-pairs.json (docs/json.md)."""
+        return {"ok": self.ok, "verdict": "PASS" if self.ok else "FAIL", "cluster": self.cluster,
+                "run_id": self.run_id, "nodes": self.nodes, "exit_code": self.exit_code,
+                "size_bytes": self.pairs[0].size_bytes if self.pairs else None,
+                "slow_below_gbps": self.slow_below_gbps, "slow_because": self.slow_because,
+                "pairs": [{**asdict(p), "nodes": list(p.nodes)} for p in self.pairs], "slow_nodes": self.slow_nodes,
+                "files": self.files,
+                "excluded": None if self.excluded is None else [entry.to_json() for entry in self.excluded]}
+
+
+def _print(report: PairsReport) -> None:
+    table(f"pairwise all-reduce: {report.cluster} ({report.nodes} nodes, "
+          f"{report.pairs[0].size_bytes if report.pairs else None} bytes)",
+          ["ROUND", "PAIR", "TIME (us)", "BUSBW (GB/s)", "SLOW"],
+          [[p.round, f"node-{p.nodes[0]} + node-{p.nodes[1]}", f"{p.time_us:.1f}", f"{p.busbw_gbps:.4g}",
+            "SLOW" if p.slow else ""] for p in report.pairs])
+    print(f"slow: under {report.slow_below_gbps:.4g} GB/s, {report.slow_because}")
+    named = report.slow_nodes
     if named:
         warn(f"slow node{'s' if len(named) > 1 else ''}: {', '.join(f'node-{n}' for n in named)} (every pair "
              "with it was slow, some pair without it was not)")
     else:
-        print("no node is to blame: " + ("every pair is fast" if not any(p["slow"] for p in summary["pairs"])
+        print("no node is to blame: " + ("every pair is fast" if not any(p.slow for p in report.pairs)
                                         else "no node was slow in every pair it was in"))
-    print(f"results: {summary['files']['json']}, plot: {summary['files']['png']}")
+    print(f"results: {report.files['json']}, plot: {report.files['png']}")
 
 
-def _exclude(target: Target, named: Sequence[int], run: str) -> list[dict[str, Any]]:
+def _exclude(target: Target, named: Sequence[int], run: str) -> tuple[ExcludedNode, ...]:
     """Record ``named`` as excluded from the deployment's next runs."""
-    from mlenv import state
-
     if target.recorded is None:
         raise UsageError(f"--exclude-bad: {target.handle.name} is not deployed, so there is no record to keep "
                          "excluded nodes in")
     hosts = {node.ordinal: node.name for node in target.backend.access.nodes(target.handle)}
     reason = f"nccl-test --pairs (run {run}): every pair with it was slow"
-    excluded = state.exclude(target.recorded.name, {n: (hosts.get(n, f"node-{n}"), reason) for n in named})
-    return [entry.to_json() for entry in excluded]
+    return state.exclude(target.recorded.name, {n: (hosts.get(n, f"node-{n}"), reason) for n in named})
 
 
 def run_pairs(target: Target, nproc: int | None = None, sizes: str | None = None, expect: str | None = None,
               as_json: bool = False, exclude_bad: bool = False) -> int:
     """Bisect the fabric pair by pair; print and save the pairs; 1 when a node is named or no pair reported."""
-    from mlenv.ops.plot import write_bars
-    from mlenv.ui import error, info, print_json
-
     if target.handle.nodes < MIN_NODES:
         raise UsageError(f"nccl-test --pairs: {target.handle.name} has {target.handle.nodes} nodes; it cannot bisect "
                          f"fewer than {MIN_NODES} (a slow pair of 2 nodes cannot tell which one is slow)")
@@ -137,28 +171,21 @@ def run_pairs(target: Target, nproc: int | None = None, sizes: str | None = None
     pairs = read_pairs(node_logs(result))
     below, because = threshold(pairs, expected)
     judged, named = judge(pairs, below)
-    files = {"json": str(result.run_dir / "nccl-pairs.json"), "png": str(result.run_dir / "pairs.png"),
-             "logs": str(result.run_dir)}
-    summary: dict[str, Any] = {
-        "ok": bool(judged) and not named, "verdict": "PASS" if judged and not named else "FAIL",
-        "cluster": target.handle.name, "run_id": result.run_id, "nodes": target.handle.nodes,
-        "exit_code": result.exit_code, "size_bytes": judged[0].size_bytes if judged else None,
-        "slow_below_gbps": below, "slow_because": because,
-        "pairs": [{**asdict(p), "nodes": list(p.nodes)} for p in judged], "slow_nodes": named, "files": files,
-        "excluded": None}
+    report = PairsReport(target.handle.name, result.run_id, target.handle.nodes, result.exit_code, result.run_dir,
+                         below, because, judged, named)
     write_bars(result.run_dir / "pairs.png", [(f"{p.nodes[0]}-{p.nodes[1]}", p.busbw_gbps, p.slow) for p in judged],
                below)
     if exclude_bad and named:
-        summary["excluded"] = _exclude(target, named, result.run_id)
-    Path(files["json"]).write_text(json.dumps(summary, indent=2) + "\n")
+        report = replace(report, excluded=_exclude(target, named, result.run_id))
+    Path(report.files["json"]).write_text(json.dumps(report.to_json(), indent=2) + "\n")
     if as_json:
-        print_json(summary)
+        print_json(report.to_json())
     else:
-        _print(summary)
+        _print(report)
     if not judged:
-        error(f"the benchmark printed no pair result; the node logs are in {files['logs']}")
+        error(f"the benchmark printed no pair result; the node logs are in {result.run_dir}")
         return 1
-    if summary["excluded"]:
+    if report.excluded:
         info(f"excluded from the next runs: {', '.join(f'node-{n}' for n in named)} "
              "(mlenv nodes --forget-excluded clears)")
     return 1 if named else 0

@@ -4,18 +4,19 @@ looked up (``logs``, ``stacks``, ``status RUN_ID``)."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
-from typing import Any
 
 from mlenv import state
 from mlenv.core.capabilities import Feature
 from mlenv.core.recorded import RecordedRun
 from mlenv.errors import MlenvError, UsageError
+from mlenv.jsontypes import JsonObject
 from mlenv.ops.target import Target, backend_of, resolve
 from mlenv.runtime.records.runlayout import FirstFailure
 from mlenv.runtime.records.runrecord import RunRecord
-from mlenv.runtime.records.states import end_text
+from mlenv.runtime.records.states import RunState, end_text
+from mlenv.ui import error, print_json, table
 
 COLUMNS = ["RUN", "STATE", "EXIT", "ATTEMPTS", "DURATION", "START", "NODES", "SCRIPT", "FAILURE"]
 """The table's columns, the most wanted first: a narrow terminal cuts them from the last (ui.layout), so that at 80
@@ -58,7 +59,37 @@ def find(target: Target, run_id: str) -> RecordedRun:
                      "(mlenv runs --all, every deployment's)")
 
 
-def listing(target: Target) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class RunRow:
+    """One run as ``mlenv runs`` shows it: what the deployment recorded of it (id, script, start) and what its nodes
+    did (None where they were not asked)."""
+
+    id: str
+    cluster: str
+    script: str | None
+    detached: bool
+    state: RunState | None
+    exit_code: int | None
+    attempts: int | None
+    started: str | None
+    ended: str | None
+    duration: float | None
+    nodes: int | None
+    """How many nodes recorded a state."""
+    node_states: dict[str, str]
+    """Each node's state as shown (``failed (3)``), by ordinal."""
+    first_failure: FirstFailure | None
+
+    def to_json(self) -> JsonObject:
+        """The entry of ``runs --json`` (docs/json.md)."""
+        return {"id": self.id, "cluster": self.cluster, "script": self.script, "detached": self.detached,
+                "state": self.state, "exit_code": self.exit_code, "attempts": self.attempts, "started": self.started,
+                "ended": self.ended, "duration": self.duration, "nodes": self.nodes,
+                "node_states": {**self.node_states},
+                "first_failure": self.first_failure.to_dict() if self.first_failure is not None else None}
+
+
+def listing(target: Target) -> list[RunRow]:
     """Every run of ``target``, newest first, in ``runs --json``'s shape (docs/json.md); read from its nodes at
     once."""
     listed = distinct(recorded_runs(target.handle.name, target.recorded))
@@ -69,21 +100,16 @@ def listing(target: Target) -> list[dict[str, Any]]:
     return [entry(target.handle.name, run, records.get(run.id), now) for run in reversed(listed)]
 
 
-def entry(cluster: str, run: RecordedRun, record: RunRecord | None, now: datetime) -> dict[str, Any]:
+def entry(cluster: str, run: RecordedRun, record: RunRecord | None, now: datetime) -> RunRow:
     """One run: what the deployment recorded of it (id, script, start) and what its nodes did (``record``)."""
-    known = record is not None and record.state is not None
-    ended_at = record.ended_at if record is not None else None
-    return {
-        "id": run.id, "cluster": cluster, "script": run.script, "detached": run.detached,
-        "state": record.state if record is not None else None,
-        "exit_code": record.exit_code if record is not None else None,
-        "attempts": record.attempt + 1 if record is not None and known else None,
-        "started": run.started, "ended": ended_at,
-        "duration": _seconds(run.started, ended_at, now, record),
-        "nodes": sum(end is not None for end in record.nodes.values()) if record is not None else None,
-        "node_states": {str(node): end_text(end) for node, end in sorted(record.nodes.items())} if record else {},
-        "first_failure": record.first_failure.to_dict() if record is not None and record.first_failure else None,
-    }
+    if record is None:
+        return RunRow(run.id, cluster, run.script, run.detached, None, None, None, run.started, None, None, None, {},
+                      None)
+    return RunRow(run.id, cluster, run.script, run.detached, record.state, record.exit_code,
+                  record.attempt + 1 if record.state is not None else None, run.started, record.ended_at,
+                  _seconds(run.started, record.ended_at, now, record),
+                  sum(end is not None for end in record.nodes.values()),
+                  {str(node): end_text(end) for node, end in sorted(record.nodes.items())}, record.first_failure)
 
 
 def _seconds(started: object, ended_at: str | None, now: datetime, record: RunRecord | None) -> float | None:
@@ -120,10 +146,8 @@ def every_target() -> list[tuple[str, Target | MlenvError]]:
 def show(cluster_ref: str | None, every: bool, as_json: bool) -> int:
     """Print the runs (``--all``: of every deployment, a column naming it); 1 when a deployment could not be
     asked (its runs are listed as recorded, their state unknown)."""
-    from mlenv.ui import error, print_json, table
-
     failed = False
-    rows: list[dict[str, Any]] = []
+    rows: list[RunRow] = []
     for name, target in every_target() if every else [(cluster_ref or "", resolve(cluster_ref))]:
         try:
             if isinstance(target, MlenvError):
@@ -137,22 +161,22 @@ def show(cluster_ref: str | None, every: bool, as_json: bool) -> int:
             recorded = target.recorded if isinstance(target, Target) else None
             rows += [entry(name, run, None, datetime.now(timezone.utc))
                      for run in reversed(distinct(recorded_runs(name, recorded)))]
-    rows.sort(key=lambda row: str(row["started"]), reverse=True)
+    rows.sort(key=lambda row: str(row.started), reverse=True)
     if as_json:
-        print_json(rows)
+        print_json([row.to_json() for row in rows])
     elif not rows:
         print("no runs recorded" + ("" if every else "; mlenv launch starts one"))
     else:
-        table(None, ["CLUSTER", *COLUMNS][not every:], [[*[row["cluster"]][not every:], *cells(row)] for row in rows])
+        table(None, ["CLUSTER", *COLUMNS][not every:], [[*[row.cluster][not every:], *cells(row)] for row in rows])
     return 1 if failed else 0
 
 
-def cells(row: dict[str, Any]) -> list[str]:
+def cells(row: RunRow) -> list[str]:
     """A run's cells of the table, as ``COLUMNS`` names them."""
-    failure = FirstFailure.parse(row["first_failure"])
-    return [row["id"], row["state"] or "unknown", "-" if row["exit_code"] is None else str(row["exit_code"]),
-            "-" if row["attempts"] is None else str(row["attempts"]), duration(row["duration"]),
-            _started(row["started"]), "-" if row["nodes"] is None else str(row["nodes"]), row["script"] or "-",
+    failure = row.first_failure
+    return [row.id, row.state or "unknown", "-" if row.exit_code is None else str(row.exit_code),
+            "-" if row.attempts is None else str(row.attempts), duration(row.duration),
+            _started(row.started), "-" if row.nodes is None else str(row.nodes), row.script or "-",
             one_line(failure) if failure is not None else ""]
 
 

@@ -10,13 +10,12 @@ from mlenv import state
 from mlenv.core.capabilities import LaunchRequest
 from mlenv.core.recorded import SpareUse
 from mlenv.ops.target import Target
+from mlenv.ui import warn
 
 
 def announce(target: Target, request: LaunchRequest, reasons: Mapping[str, str]) -> None:
     """``node-K: HOST excluded (why), using spare SPARE`` for each node of ``request`` on a spare (``reasons``: host
     -> why it is left out); recorded on the deployment's latest run as ``spares`` when that is this run."""
-    from mlenv.ui import warn
-
     if not request.spares:
         return
     for ordinal, (host, spare) in sorted(request.spares.items()):

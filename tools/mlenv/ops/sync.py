@@ -30,6 +30,11 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import IO, Any
 
+from rich.console import Console
+from rich.live import Live
+from rich.text import Text
+
+from mlenv.config.discover import project_root
 from mlenv.core.capabilities import CopyTarget, Handle, Node, NodeAccess
 from mlenv.core.remote import PACKAGE, RUNTIME_DIR, runtime_files
 from mlenv.errors import ConfigError, OperationError, Problem, UsageError, shown
@@ -393,17 +398,12 @@ class _Lines:
 
     def render(self) -> Any:
         """Every node's line, in node order."""
-        from rich.text import Text
-
         with self.lock:
             return Text("\n".join(self.lines[o] for o in sorted(self.lines)), no_wrap=True, overflow="ellipsis")
 
 
 @contextmanager
 def _progress(message: str) -> Iterator[_Lines]:
-    from rich.console import Console
-    from rich.live import Live
-
     console = Console(stderr=True)
     info(message)
     lines = _Lines(console.is_terminal)
@@ -481,8 +481,6 @@ def _since(started: float) -> float:
 def sync(backend: NodeAccess, handle: Handle, source: Path | None = None, delete: bool = False,
          as_json: bool = False) -> SyncReport:
     """Sync ``source`` (default: the project's workspace/) to every pod and print a summary."""
-    from mlenv.config.discover import project_root
-
     source = (source or project_root() / "workspace").resolve()
     if not source.is_dir():
         raise UsageError(f"nothing to sync: {source} is not a directory (use --source DIR)")
