@@ -371,7 +371,7 @@ class FanoutHooks(Protocol):
     mypy checks every backend's override against it); FanoutJobs gives each a default."""
 
     def python(self, handle: Handle) -> str:
-        """The Python that runs the runtime on the nodes (default: the handle's ``python``, else python3)."""
+        """The Python that runs the runtime on the nodes (default: python3; ssh: its hosts' ``ssh.python``)."""
 
     def node_names(self, handle: Handle) -> list[str]:
         """The nodes' names in ordinal order, what a spare takes the place of (default: ``nodes``' names); PURE

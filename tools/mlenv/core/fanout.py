@@ -47,8 +47,8 @@ class FanoutJobs(FanoutHooks, ABC):
         """A local argv running ``argv`` on ``node`` (``NodeAccess.exec_argv``)."""
 
     def python(self, handle: Handle) -> str:
-        """The Python that runs the runtime on the nodes."""
-        return str(handle.data.get("python") or "python3")
+        """The Python that runs the runtime on the nodes (``FanoutHooks.python``)."""
+        return "python3"
 
     def runtime(self, handle: Handle, *args: str) -> list[str]:
         """``python3 -m mlenv.runtime ARGS``: the command run on a node."""
