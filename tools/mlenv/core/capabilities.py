@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Generic, Literal, NamedTuple, Protocol, TypeVar, runtime_checkable
 
+from mlenv.core.jsonvalue import JSONObject
 from mlenv.errors import UsageError
 
 if TYPE_CHECKING:
@@ -50,7 +51,7 @@ class Handle:
     data: Mapping[str, Any]
     """Backend-specific and JSON-serialisable: namespace and labels, pod directories, job ids..."""
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         """The record kept in state."""
         return asdict(self)
 

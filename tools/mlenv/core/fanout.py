@@ -10,15 +10,17 @@ import shlex
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from mlenv.core.capabilities import FanoutHooks, Handle, LaunchOutcome, LaunchRequest, LaunchSpec, Node
+from mlenv.core.jsonvalue import JSON
 from mlenv.core.remote import RUNTIME_DIR, secrets_input
 from mlenv.core.spares import described, place
 from mlenv.errors import OperationError
 from mlenv.ui import info
 
 if TYPE_CHECKING:
+    from mlenv.core.runrecords import NodeJob
     from mlenv.runtime.records.runrecord import RunRecord
     from mlenv.runtime.records.states import NodeEnd
 
@@ -224,18 +226,18 @@ class FanoutJobs(FanoutHooks, ABC):
         return {rank["rank"]: ordinal for ordinal, job in self._node_jobs(handle, None).items() if job
                 for rank in job.get("ranks", [])}
 
-    def _node_jobs(self, handle: Handle, run_id: str | None) -> dict[int, dict[str, Any] | None]:
+    def _node_jobs(self, handle: Handle, run_id: str | None) -> dict[int, NodeJob | None]:
         """Node ordinal -> its runtime's ``jobs --json`` entry of ``run_id`` (its newest run when None; None: none
         there, or unreadable)."""
         return {ordinal: job for ordinal, (_, job) in self._machine_jobs(handle, run_id).items()}
 
     def _machine_jobs(self, handle: Handle, run_id: str | None
-                      ) -> dict[int, tuple[Node, dict[str, Any] | None]]:
+                      ) -> dict[int, tuple[Node, NodeJob | None]]:
         """Node ordinal -> the machine that ran its part of ``run_id`` (its newest run when None) last, as a node of
         that ordinal (a spare host that took its place, else the node), and that machine's ``jobs --json`` entry."""
         return _placed_jobs(*self._every_job(handle), run_id)
 
-    def _every_job(self, handle: Handle) -> tuple[list[Node], list[Node], dict[int, list[Any]]]:
+    def _every_job(self, handle: Handle) -> tuple[list[Node], list[Node], dict[int, list[JSON]]]:
         """The nodes, the spare hosts, and each machine's runtime ``jobs --json`` (by ordinal; the spares' ordinals
         come after the nodes'; an empty list where unreadable)."""
         from mlenv.parallel import run_parallel
@@ -258,7 +260,7 @@ class FanoutJobs(FanoutHooks, ABC):
         return self.exec_argv(handle, node, self.runtime(handle, "logs", *options), stop_on_stdin_eof=follow)
 
 
-def _listed(jobs_json: str) -> list[Any]:
+def _listed(jobs_json: str) -> list[JSON]:
     """One machine's ``jobs --json`` (empty when it is not a list)."""
     try:
         jobs = json.loads(jobs_json or "[]")
@@ -267,14 +269,14 @@ def _listed(jobs_json: str) -> list[Any]:
     return jobs if isinstance(jobs, list) else []
 
 
-def _job(jobs: list[Any], run_id: str | None) -> dict[str, Any] | None:
+def _job(jobs: list[JSON], run_id: str | None) -> NodeJob | None:
     """One machine's ``jobs --json`` entry of ``run_id`` (of its newest run when None)."""
     mine = [job for job in jobs if isinstance(job, dict) and run_id in (None, job.get("run_id"))]
     return mine[-1] if mine else None
 
 
-def _placed_jobs(nodes: list[Node], spares: list[Node], found: Mapping[int, list[Any]],
-                 run_id: str | None) -> dict[int, tuple[Node, dict[str, Any] | None]]:
+def _placed_jobs(nodes: list[Node], spares: list[Node], found: Mapping[int, list[JSON]],
+                 run_id: str | None) -> dict[int, tuple[Node, NodeJob | None]]:
     """Node ordinal -> the machine that ran its part of ``run_id`` last and its entry, from every machine's jobs
     (``found``)."""
     jobs = {node.ordinal: (node, _job(found[node.ordinal], run_id)) for node in nodes}
@@ -286,9 +288,9 @@ def _placed_jobs(nodes: list[Node], spares: list[Node], found: Mapping[int, list
     return jobs
 
 
-def _newer(job: dict[str, Any], than: dict[str, Any] | None) -> bool:
+def _newer(job: NodeJob, than: NodeJob | None) -> bool:
     """Whether ``job`` started after ``than`` (the later attempt when both started in the same millisecond)."""
-    def key(entry: dict[str, Any]) -> tuple[str, int]:
+    def key(entry: NodeJob) -> tuple[str, int]:
         return str(entry.get("started_at") or ""), int(entry.get("attempt") or 0)
 
     return than is None or key(job) > key(than)

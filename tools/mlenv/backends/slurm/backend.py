@@ -47,6 +47,7 @@ from mlenv.core.capabilities import (
     Request,
 )
 from mlenv.core.fanout import RUNS_DIR
+from mlenv.core.jsonvalue import JSONObject
 from mlenv.core.recorded import SubmittedJob
 from mlenv.core.registry import Records
 from mlenv.core.runrecords import latest_run
@@ -146,7 +147,7 @@ last attempt's exit code (its exit file, the batch or step script's; the node's 
 script is gone without one)."""
 
 
-def job_data(job: SlurmJob) -> dict[str, Any]:
+def job_data(job: SlurmJob) -> JSONObject:
     """The handle's record of ``job`` (JSON)."""
     data = asdict(job)
     data["settings"] = job.settings.to_data()

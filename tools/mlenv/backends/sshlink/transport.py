@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from mlenv.backends.sshlink.hosts import HostSpec
+from mlenv.core.jsonvalue import JSONObject
 from mlenv.errors import OperationError, shown
 
 SSH_FAILED = 255
@@ -54,7 +55,7 @@ class Transport:
     known_hosts: str | None = None
     jump: str | None = None
 
-    def to_data(self) -> dict[str, Any]:
+    def to_data(self) -> JSONObject:
         """The handle's record of it."""
         return asdict(self)
 
