@@ -10,7 +10,6 @@ import shlex
 import shutil
 import subprocess
 import threading
-from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from mlenv.backends.ssh.deploy import GIB, MIN_FREE_BYTES, MIN_PYTHON
