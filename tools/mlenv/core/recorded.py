@@ -88,7 +88,7 @@ class RecordedRun:
         return cls(_typed(fields["id"], str, "id"), _optional(fields, "script", str),
                    _optional(fields, "launcher", str), bool(fields.get("detached", True)),
                    _optional(fields, "started", str), _optional(fields, "preemptions", int),
-                   None if spares is None else tuple(SpareUse.from_json(spare) for spare in _typed(spares, list, "spares")))
+                   None if spares is None else tuple(map(SpareUse.from_json, _typed(spares, list, "spares"))))
 
 
 @dataclass(frozen=True)
