@@ -8,7 +8,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from mlenv.backends.kubeapi.naming import (
     CONTAINER,
@@ -50,6 +50,7 @@ from mlenv.ui import info, warn
 
 if TYPE_CHECKING:
     from mlenv.backends.kubeapi.client import Client
+    from mlenv.backends.kubeapi.objects import Pod
     from mlenv.plan import JobPlan
 
 CLEAN_TIMEOUT = 300
@@ -172,13 +173,13 @@ class KubernetesBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks, Preempts):
             wait_ready(client, target, timeout)
         info(f"{target.app}: {target.nodes}/{target.nodes} pods ready in {target.namespace}")
 
-    def _pods(self, handle: Handle) -> tuple[KubeHandle, dict[int, dict[str, Any]]]:
+    def _pods(self, handle: Handle) -> tuple[KubeHandle, dict[int, Pod]]:
         from mlenv.backends.kubeapi import pods as podview
         from mlenv.backends.kubeapi.preflight import explained
 
         target, client = self._connected(handle)
         with explained(target, client.flavour):
-            return target, podview.by_ordinal(client.select("pods", instance(target.app)), target.app)
+            return target, podview.by_ordinal(client.pods(instance(target.app)), target.app)
 
     def status(self, handle: Handle) -> list[NodeStatus]:
         """Every pod of the deployment from one list call, in ordinal order; what Kueue or Volcano says about pods
@@ -192,7 +193,7 @@ class KubernetesBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks, Preempts):
 
         target, client = self._connected(handle)
         with explained(target, client.flavour):
-            pods = podview.by_ordinal(client.select("pods", instance(target.app)), target.app)
+            pods = podview.by_ordinal(client.pods(instance(target.app)), target.app)
             record_seen_moves(client, target, pods.values(), self.records)
             return explain.statuses(pods, queues(client, pods.values()))
 
@@ -272,7 +273,7 @@ class KubernetesBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks, Preempts):
         """Ordinal -> uid of each pod that is not being deleted."""
         from mlenv.backends.kubeapi import pods as podview
 
-        pods = podview.by_ordinal(client.select("pods", instance(target.app)), target.app)
+        pods = podview.by_ordinal(client.pods(instance(target.app)), target.app)
         return {ordinal: str(pod["metadata"].get("uid")) for ordinal, pod in pods.items()
                 if not pod["metadata"].get("deletionTimestamp")}
 
