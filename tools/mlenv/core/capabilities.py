@@ -24,8 +24,8 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Generic, Literal, NamedTuple, Protocol, TypeVar, runtime_checkable
 
-from mlenv.core.jsonvalue import JSONObject
 from mlenv.errors import UsageError
+from mlenv.jsontypes import JsonObject
 
 if TYPE_CHECKING:
     from mlenv.plan import JobPlan
@@ -49,9 +49,9 @@ class Handle:
     env: Mapping[str, str]
     """The env contract every node's commands get (MLENV_NODE_RANK is added per node); never a secret."""
     data: Mapping[str, Any]
-    """Backend-specific and JSON-serialisable: namespace and labels, pod directories, job ids..."""
+    """Backend-specific and JsonValue-serialisable: namespace and labels, pod directories, job ids..."""
 
-    def to_json(self) -> JSONObject:
+    def to_json(self) -> JsonObject:
         """The record kept in state."""
         return asdict(self)
 

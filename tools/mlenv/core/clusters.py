@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 from mlenv import config
 from mlenv.config.schema import cluster_schema as composed
 from mlenv.config.validate import validate as validated
-from mlenv.core.jsonvalue import JSONObject
 from mlenv.core.registry import CONFIG_RULES
+from mlenv.jsontypes import JsonObject
 from mlenv.plan import plan
 
 if TYPE_CHECKING:
@@ -28,7 +28,7 @@ def validate(loaded: LoadedFile) -> Cluster:
     return validated(loaded, CONFIG_RULES)
 
 
-def cluster_schema() -> JSONObject:
+def cluster_schema() -> JsonObject:
     """The cluster file schema: the common one plus every registered backend's section."""
     return composed(CONFIG_RULES)
 

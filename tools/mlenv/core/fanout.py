@@ -13,10 +13,10 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from mlenv.core.capabilities import FanoutHooks, Handle, LaunchOutcome, LaunchRequest, LaunchSpec, Node
-from mlenv.core.jsonvalue import JSON
 from mlenv.core.remote import RUNTIME_DIR, secrets_input
 from mlenv.core.spares import described, place
 from mlenv.errors import OperationError
+from mlenv.jsontypes import JsonValue
 from mlenv.ui import info
 
 if TYPE_CHECKING:
@@ -237,7 +237,7 @@ class FanoutJobs(FanoutHooks, ABC):
         that ordinal (a spare host that took its place, else the node), and that machine's ``jobs --json`` entry."""
         return _placed_jobs(*self._every_job(handle), run_id)
 
-    def _every_job(self, handle: Handle) -> tuple[list[Node], list[Node], dict[int, list[JSON]]]:
+    def _every_job(self, handle: Handle) -> tuple[list[Node], list[Node], dict[int, list[JsonValue]]]:
         """The nodes, the spare hosts, and each machine's runtime ``jobs --json`` (by ordinal; the spares' ordinals
         come after the nodes'; an empty list where unreadable)."""
         from mlenv.parallel import run_parallel
@@ -260,7 +260,7 @@ class FanoutJobs(FanoutHooks, ABC):
         return self.exec_argv(handle, node, self.runtime(handle, "logs", *options), stop_on_stdin_eof=follow)
 
 
-def _listed(jobs_json: str) -> list[JSON]:
+def _listed(jobs_json: str) -> list[JsonValue]:
     """One machine's ``jobs --json`` (empty when it is not a list)."""
     try:
         jobs = json.loads(jobs_json or "[]")
@@ -269,13 +269,13 @@ def _listed(jobs_json: str) -> list[JSON]:
     return jobs if isinstance(jobs, list) else []
 
 
-def _job(jobs: list[JSON], run_id: str | None) -> NodeJob | None:
+def _job(jobs: list[JsonValue], run_id: str | None) -> NodeJob | None:
     """One machine's ``jobs --json`` entry of ``run_id`` (of its newest run when None)."""
     mine = [job for job in jobs if isinstance(job, dict) and run_id in (None, job.get("run_id"))]
     return mine[-1] if mine else None
 
 
-def _placed_jobs(nodes: list[Node], spares: list[Node], found: Mapping[int, list[JSON]],
+def _placed_jobs(nodes: list[Node], spares: list[Node], found: Mapping[int, list[JsonValue]],
                  run_id: str | None) -> dict[int, tuple[Node, NodeJob | None]]:
     """Node ordinal -> the machine that ran its part of ``run_id`` last and its entry, from every machine's jobs
     (``found``)."""

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
-from mlenv.core.jsonvalue import JSONObject
+from mlenv.jsontypes import JsonObject
 
 READY, FAILED, PARTIAL = "ready", "failed", "partial"
 DEPLOY_STATES = (READY, FAILED, PARTIAL)
@@ -38,7 +38,7 @@ def _optional(record: Mapping[str, object], key: str, kind: type[T]) -> T | None
     return None if value is None else _typed(value, kind, key)
 
 
-def _present(fields: JSONObject) -> JSONObject:
+def _present(fields: JsonObject) -> JsonObject:
     """``fields`` without those that are unset (None): the keys an earlier mlenv left out."""
     return {key: value for key, value in fields.items() if value is not None}
 
@@ -51,7 +51,7 @@ class SpareUse:
     host: str
     spare: str
 
-    def to_json(self) -> JSONObject:
+    def to_json(self) -> JsonObject:
         return {"node": self.node, "host": self.host, "spare": self.spare}
 
     @classmethod
@@ -76,7 +76,7 @@ class RecordedRun:
     spares: tuple[SpareUse, ...] | None = None
     """The spare hosts its nodes ran on, where some did."""
 
-    def to_json(self) -> JSONObject:
+    def to_json(self) -> JsonObject:
         return _present({"id": self.id, "script": self.script, "launcher": self.launcher, "detached": self.detached,
                          "started": self.started, "preemptions": self.preemptions,
                          "spares": None if self.spares is None else [spare.to_json() for spare in self.spares]})
@@ -100,7 +100,7 @@ class ExcludedNode:
     reason: str
     since: str
 
-    def to_json(self) -> JSONObject:
+    def to_json(self) -> JsonObject:
         return {"node": self.node, "host": self.host, "reason": self.reason, "since": self.since}
 
     @classmethod
@@ -125,7 +125,7 @@ class SubmittedJob:
     followed: str | None = None
     next: str | None = None
 
-    def to_json(self) -> JSONObject:
+    def to_json(self) -> JsonObject:
         return _present({"id": self.id, "run": self.run, "script": self.script, "detached": self.detached,
                          "submitted": self.submitted, "restarts": self.restarts or None, "followed": self.followed,
                          "next": self.next})
@@ -158,7 +158,7 @@ class DeployOutcome:
         """Whether the deploy is still under way or was interrupted: not ready, and no error recorded."""
         return self.state != READY and self.error is None
 
-    def to_json(self) -> JSONObject:
+    def to_json(self) -> JsonObject:
         return {"state": self.state, "error": self.error}
 
     @classmethod

@@ -28,8 +28,8 @@ from mlenv.backends.kubernetes.admission import admission
 from mlenv.backends.kubernetes.rules import version_of
 from mlenv.backends.kubernetes.schemas import kind_and_name, validate_object
 from mlenv.config.model import Scheduling
-from mlenv.core.jsonvalue import JSONObject
 from mlenv.errors import OperationError
+from mlenv.jsontypes import JsonObject
 from mlenv.render.templates import Templates
 from mlenv.render.yamlsafe import yaml_value
 from mlenv.runtime.records.runlayout import (
@@ -56,8 +56,8 @@ class Rendered(NamedTuple):
     """The objects to apply, in dependency order, those a cluster admin must apply, and the gang scheduler that
     admits the pods (apply refuses a cluster that lacks it)."""
 
-    objects: list[JSONObject]
-    admin_objects: list[JSONObject]
+    objects: list[JsonObject]
+    admin_objects: list[JsonObject]
     scheduling: Scheduling
 
 
@@ -74,7 +74,7 @@ def _templates(directory: str) -> Templates:
     return Templates(directory, yaml_value)
 
 
-def _render(template: str, **context: Any) -> JSONObject:
+def _render(template: str, **context: Any) -> JsonObject:
     text = _templates(templates_dir()).render(template, **context)
     obj = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # noqa: S506 - a safe loader
     if not isinstance(obj, dict):
@@ -156,14 +156,14 @@ def render(d: KubeDeployment) -> Rendered:
     return rendered
 
 
-def owned_kinds(objects: list[JSONObject]) -> list[str]:
+def owned_kinds(objects: list[JsonObject]) -> list[str]:
     """The kinds ``clean`` deletes by mlenv's labels, dependants first (PVCs are data: only with --delete-data; the
     Role of scheduling.move_faulty_pods by its own labels: naming.GRANT_KINDS)."""
     return list(dict.fromkeys(kind for kind in (kind_and_name(obj)[0].lower() for obj in reversed(objects))
                               if kind != DATA_KIND.lower() and kind not in GRANT_KINDS))
 
 
-def file_name(index: int, obj: JSONObject) -> str:
+def file_name(index: int, obj: JsonObject) -> str:
     """``01-serviceaccount-ml-dev-sa.yaml``: ordered, one object per file."""
     kind, name = kind_and_name(obj)
     return f"{index:02d}-{kind.lower()}-{name}.yaml"

@@ -12,11 +12,11 @@ from typing import Any
 
 import yaml
 
-from mlenv.core.jsonvalue import JSON, JSONObject
 from mlenv.errors import OperationError
 from mlenv.fastschema import Unsupported, compiled
 from mlenv.fastschema.kubernetes import kubernetes_validator
 from mlenv.fastschema.patterns import draft202012
+from mlenv.jsontypes import JsonObject, JsonValue
 
 CRD_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "schemas", "crds")
 
@@ -28,13 +28,13 @@ CRD_FILES = {
 }
 
 
-def _strict_json_schema(node: JSON) -> JSON:
-    """OpenAPI v3 (structural CRD schema) -> JSON Schema: honour ``nullable``; unknown fields are errors."""
+def _strict_json_schema(node: JsonValue) -> JsonValue:
+    """OpenAPI v3 (structural CRD schema) -> JsonValue Schema: honour ``nullable``; unknown fields are errors."""
     if isinstance(node, list):
         return [_strict_json_schema(item) for item in node]
     if not isinstance(node, dict):
         return node
-    converted: JSONObject = {key: _strict_json_schema(value) for key, value in node.items()
+    converted: JsonObject = {key: _strict_json_schema(value) for key, value in node.items()
                  if not key.startswith("x-") and value is not None}
     if node.get("nullable") and "type" in converted:
         converted["type"] = [converted["type"], "null"]
@@ -45,8 +45,8 @@ def _strict_json_schema(node: JSON) -> JSON:
 
 
 @cache
-def crd_schema(api_version: str, kind: str) -> JSONObject:
-    """The JSON Schema of a CRD-defined kind, from the CRDs shipped in the package."""
+def crd_schema(api_version: str, kind: str) -> JsonObject:
+    """The JsonValue Schema of a CRD-defined kind, from the CRDs shipped in the package."""
     with open(os.path.join(CRD_DIR, CRD_FILES[(api_version, kind)]), encoding="utf-8") as handle:
         crd = yaml.safe_load(handle)
     version = api_version.split("/")[1]
@@ -61,19 +61,19 @@ def crd_schema(api_version: str, kind: str) -> JSONObject:
     raise KeyError(f"{api_version} not served by {CRD_FILES[(api_version, kind)]}")
 
 
-def _object(value: JSON, what: str) -> JSONObject:
+def _object(value: JsonValue, what: str) -> JsonObject:
     if not isinstance(value, dict):
         raise TypeError(f"{what} is not an object")
     return value
 
 
-def kind_and_name(obj: JSONObject) -> tuple[str, str]:
+def kind_and_name(obj: JsonObject) -> tuple[str, str]:
     """A rendered object's kind and name (``None`` for one it lacks)."""
     meta = obj.get("metadata")
     return str(obj.get("kind")), str(meta.get("name") if isinstance(meta, dict) else None)
 
 
-def _describe(obj: JSONObject) -> str:
+def _describe(obj: JsonObject) -> str:
     return "/".join(kind_and_name(obj))
 
 
@@ -91,7 +91,7 @@ def _fast(api_version: str, kind: str, kubernetes_version: str) -> Any:
         return None
 
 
-def validate_object(obj: JSONObject, kubernetes_version: str) -> None:
+def validate_object(obj: JsonObject, kubernetes_version: str) -> None:
     """Raise OperationError if ``obj`` is not valid for its kind (a rendering bug, never user input)."""
     key = (str(obj.get("apiVersion", "")), str(obj.get("kind", "")))
     fast = _fast(*key, kubernetes_version)

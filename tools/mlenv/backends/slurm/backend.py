@@ -47,12 +47,12 @@ from mlenv.core.capabilities import (
     Request,
 )
 from mlenv.core.fanout import RUNS_DIR
-from mlenv.core.jsonvalue import JSONObject
 from mlenv.core.recorded import SubmittedJob
 from mlenv.core.registry import Records
 from mlenv.core.runrecords import latest_run
 from mlenv.core.spares import place
 from mlenv.errors import ConfigError, OperationError, Problem, UsageError
+from mlenv.jsontypes import JsonObject
 from mlenv.plan import JobPlan
 from mlenv.runtime.records.runrecord import RunRecord
 from mlenv.runtime.records.states import NodeEnd
@@ -147,8 +147,8 @@ last attempt's exit code (its exit file, the batch or step script's; the node's 
 script is gone without one)."""
 
 
-def job_data(job: SlurmJob) -> JSONObject:
-    """The handle's record of ``job`` (JSON)."""
+def job_data(job: SlurmJob) -> JsonObject:
+    """The handle's record of ``job`` (JsonValue)."""
     data = asdict(job)
     data["settings"] = job.settings.to_data()
     return data

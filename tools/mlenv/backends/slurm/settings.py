@@ -9,8 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from mlenv.core.jsonvalue import JSONObject
 from mlenv.errors import show_value
+from mlenv.jsontypes import JsonObject
 
 if TYPE_CHECKING:
     from mlenv.config.reader import ClusterReader
@@ -104,8 +104,8 @@ class SlurmSettings:
         """sbatch's ``--export``: the names of ``export``, else NONE (Slurm's own SLURM_* variables either way)."""
         return ",".join(self.export) or "NONE"
 
-    def to_data(self) -> JSONObject:
-        """JSON-serialisable form, for handles."""
+    def to_data(self) -> JsonObject:
+        """JsonValue-serialisable form, for handles."""
         return {name: list(value) if isinstance(value, tuple) else value for name, value in self.__dict__.items()}
 
     @classmethod

@@ -47,8 +47,8 @@ from mlenv.core.capabilities import (
     Request,
 )
 from mlenv.core.fanout import FanoutJobs
-from mlenv.core.jsonvalue import JSONObject
 from mlenv.errors import OperationError, UsageError, shown
+from mlenv.jsontypes import JsonObject
 from mlenv.parallel import run_parallel
 from mlenv.plan import JobPlan
 from mlenv.runtime.records.states import RunState
@@ -313,7 +313,7 @@ def _request_text(plan: JobPlan, target: SshTarget) -> str:
               *([f"nvidia-smi -L lists at least {target.gpus_per_node} GPUs"] if target.gpus_per_node else []),
               f"mkdir -p {target.workdir} (marked as mlenv's when deploy makes it)",
               "shared workspace? a marker written through host 0, looked for through the others"]
-    document: JSONObject = {
+    document: JsonObject = {
         "backend": "ssh",
         "name": plan.name,
         "hosts": [{"rank": i, "host": target.label(i),

@@ -1,12 +1,12 @@
 """Run on each host by the ssh backend as ``PYTHON -c <this file's text> REQUEST``: stdlib only, Python 3.7+ (so
 that a host with an older Python than the runtime needs still says which one it has).
 
-REQUEST is a JSON object naming what to do; the steps run in this order: ``make`` (create the workspace, marking
+REQUEST is a JsonValue object naming what to do; the steps run in this order: ``make`` (create the workspace, marking
 it as mlenv's with ``owner`` when this call created it), ``marker_write`` / ``marker_look`` / ``marker_remove``
 (the shared-filesystem test: a file written through host 0, looked for through the others), ``gpus``
 (``nvidia-smi -L``), ``jobs`` / ``stop`` (the shipped runtime's ``jobs --json`` / ``stop`` in the workspace),
 ``delete`` (the workspace, only when it carries ``owner``'s mark), ``free_port``, ``listen`` / ``connect`` (doctor's
-rendezvous test). The answer is one JSON object on a line starting with ``mlenv-probe:`` (``listen`` first
+rendezvous test). The answer is one JsonValue object on a line starting with ``mlenv-probe:`` (``listen`` first
 answers with its port); a login shell's startup files may print lines before it.
 """
 
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # TypedDict is Python 3.8+ and the probe runs on 3.7: these types exist for mypy only
     from typing import TypedDict
 
-    from mlenv.core.jsonvalue import JSONObject
+    from mlenv.jsontypes import JsonObject
 
     class ProbeListen(TypedDict):
         """``listen``: how long to wait for how many connections."""
@@ -71,7 +71,7 @@ if TYPE_CHECKING:  # TypedDict is Python 3.8+ and the probe runs on 3.7: these t
         marker_seen: bool
         gpu_error: str
         gpus: int
-        jobs: list[JSONObject]
+        jobs: list[JsonObject]
         jobs_error: str
         stopped: list[str]
         deleted: bool

@@ -11,8 +11,8 @@ from typing import Any
 from mlenv.backends.sshlink.hosts import HostSpec
 from mlenv.backends.sshlink.transport import Transport
 from mlenv.core.capabilities import Handle
-from mlenv.core.jsonvalue import JSONObject
 from mlenv.errors import OperationError
+from mlenv.jsontypes import JsonObject
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class SshTarget:
     spares: tuple[HostSpec, ...] = ()
     """Hosts that take an excluded node's place."""
 
-    def to_data(self) -> JSONObject:
+    def to_data(self) -> JsonObject:
         """The handle's ``data``."""
         return {"hosts": [{"host": h.host, "user": h.user, "port": h.port} for h in self.hosts],
                 "transport": self.transport.to_data(), "workdir": self.workdir, "python": self.python,

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from mlenv.backends.sshlink.hosts import HostSpec
-from mlenv.core.jsonvalue import JSONObject
 from mlenv.errors import OperationError, shown
+from mlenv.jsontypes import JsonObject
 
 SSH_FAILED = 255
 """ssh's exit code for its own failure (connection, authentication), not the remote command's."""
@@ -55,7 +55,7 @@ class Transport:
     known_hosts: str | None = None
     jump: str | None = None
 
-    def to_data(self) -> JSONObject:
+    def to_data(self) -> JsonObject:
         """The handle's record of it."""
         return asdict(self)
 
