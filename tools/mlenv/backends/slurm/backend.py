@@ -530,7 +530,7 @@ class SlurmBackend(Deploy, NodeAccess, Jobs, Checks, Preempts):
         directory."""
         job = job_from(handle)
         files = noderecords.read(Login.of(job.settings), f"{job.workdir}/{RUNS_DIR}", None, handle.name).files
-        return {rank["rank"]: node for node, mine in files.items() for rank in noderecords.ranks(mine)}
+        return {rank.rank: node for node, mine in files.items() for rank in noderecords.ranks(mine)}
 
     def run_states(self, handle: Handle, run_id: str) -> dict[int, NodeEnd | None]:
         """Node ordinal -> its end of run ``run_id`` as ``latest_run`` reads it: its state with its exit code once the
