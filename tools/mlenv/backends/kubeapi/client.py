@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from mlenv.errors import OperationError, UsageError
 
 if TYPE_CHECKING:
-    from mlenv.backends.kubeapi.objects import Event, Pod, StatefulSet
+    from mlenv.backends.kubeapi.objects import ClusterNode, Event, Pod, StatefulSet
 
 CALL_TIMEOUT = 120
 """Seconds one CLI call may take before it is killed."""
@@ -127,6 +127,10 @@ class Client:
     def statefulsets(self, labels: Mapping[str, str]) -> list[StatefulSet]:
         """The StatefulSets matching ``labels``."""
         return self._items("statefulsets", labels, None)
+
+    def nodes(self) -> list[ClusterNode]:
+        """The cluster's nodes."""
+        return self._items("nodes", None, None)
 
     def _items(self, kind: str, labels: Mapping[str, str] | None, fields: Mapping[str, str] | None) -> list[Any]:
         document = json.loads(self.run("get", [kind, "-o=json", *_selectors(labels, fields)]) or "{}")

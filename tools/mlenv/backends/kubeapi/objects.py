@@ -1,5 +1,6 @@
-"""The parts of Kubernetes API objects mlenv reads (pods, events, StatefulSets), as TypedDicts: what ``kubectl get
--o=json`` returns, typed field by field where read (every key optional, as the API leaves empty ones out)."""
+"""The parts of Kubernetes API objects mlenv reads (pods, events, StatefulSets, nodes), as TypedDicts: what
+``kubectl get -o=json`` returns, typed field by field where read (every key optional, as the API leaves empty ones
+out)."""
 
 from __future__ import annotations
 
@@ -137,3 +138,24 @@ class StatefulSet(TypedDict, total=False):
 
     metadata: ObjectMeta
     status: StatefulSetStatus
+
+
+class NodeSpec(TypedDict, total=False):
+    """A node's ``spec``."""
+
+    unschedulable: bool
+
+
+class NodeStatus(TypedDict, total=False):
+    """A node's ``status``: what it can give pods (quantities by resource name) and its conditions."""
+
+    allocatable: dict[str, str]
+    conditions: list[Condition]
+
+
+class ClusterNode(TypedDict, total=False):
+    """A node of the cluster (``kubectl get nodes``)."""
+
+    metadata: ObjectMeta
+    spec: NodeSpec
+    status: NodeStatus

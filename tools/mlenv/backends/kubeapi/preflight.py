@@ -190,7 +190,7 @@ def check_allocatable(client: Client, wanted: Mapping[str, int]) -> list[Check]:
     if not wanted:
         return []
     try:
-        nodes = [n for n in client.select("nodes") if not (n.get("spec") or {}).get("unschedulable")]
+        nodes = [n for n in client.nodes() if not (n.get("spec") or {}).get("unschedulable")]
     except KubeError as exc:
         return [Check("node resources", "WARN", f"cannot list nodes ({exc.detail}): {', '.join(wanted)} not checked")]
     checks = []

@@ -11,9 +11,9 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from mlenv.backends.kubeapi.client import Client, KubeError, resolve_binary
+from mlenv.backends.kubeapi.objects import ClusterNode
 from mlenv.backends.kubernetes.checks import GPU, is_default_class, rwx_support
 from mlenv.config.quantity import QuantityError, parse_quantity
 from mlenv.errors import OperationError, UsageError, shown
@@ -74,7 +74,7 @@ def _count(value: object) -> int:
         return 0
 
 
-def _gpu_node(node: dict[str, Any]) -> GpuNode | None:
+def _gpu_node(node: ClusterNode) -> GpuNode | None:
     labels = node["metadata"].get("labels") or {}
     allocatable = (node.get("status") or {}).get("allocatable") or {}
     gpus = _count(allocatable.get(GPU, 0))
@@ -110,7 +110,7 @@ def discover(client: Client, namespace: str | None) -> Discovered:
                              "context)") from None
     nodes: list[GpuNode] = []
     try:
-        nodes = [n for n in map(_gpu_node, client.select("nodes")) if n is not None]
+        nodes = [n for n in map(_gpu_node, client.nodes()) if n is not None]
     except KubeError as exc:
         notes.append(f"nodes cannot be listed ({exc.detail})")
     classes: list[StorageClass] = []
