@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from mlenv.errors import OperationError, UsageError
+from mlenv.ui import info
 
 if TYPE_CHECKING:
     from mlenv.backends.kubeapi.objects import ClusterNode, Event, Pod, StatefulSet
@@ -71,8 +72,6 @@ def resolve_binary(cli: str, *, say_stand_in: bool = False) -> str:
         return found
     if cli == "oc" and not os.environ.get(PATH_VARIABLE) and (kubectl := shutil.which("kubectl")):
         if say_stand_in:
-            from mlenv.ui import info
-
             info("note: oc is not installed: using kubectl (OpenShift's own commands such as oc login are not "
                  "needed)")
         return kubectl

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from mlenv.backends.kubeapi.client import Client, KubeError
 from mlenv.backends.kubeapi.naming import KubeHandle
 from mlenv.backends.kubeapi.objects import ObjectMeta, Pod, StatefulSet
+from mlenv.backends.kubeapi.waiting import wait_ready
 from mlenv.core.registry import Records
 from mlenv.errors import OperationError
 from mlenv.runtime.records.runlayout import LEFT_OUT_ANNOTATION, LEFT_OUT_UNRECORDED
@@ -86,8 +87,6 @@ def keep_off(client: Client, target: KubeHandle, excluded: Sequence[str], record
     """Bring the live StatefulSet to ``excluded`` and the nodes a detached run moved its pods off since mlenv last
     looked (recorded then: :func:`record_moves`), a merge patch of its node affinity that replaces its pods, and
     wait until every pod is Ready again; nothing when it is there already."""
-    from mlenv.backends.kubeapi.waiting import wait_ready
-
     statefulset = _statefulset(client, target)
     excluded = [*excluded, *record_moves(client, target, statefulset, records)]
     patch = affinity_patch(statefulset, excluded)

@@ -628,8 +628,6 @@ def _addresses(login: Login, job_id: str, hosts: Sequence[str]) -> list[str | No
 
 
 def _wait_gone(login: Login, job_ids: list[str]) -> None:
-    import time
-
     deadline = time.monotonic() + CLEAN_TIMEOUT
     while any(current.live for current in jobs.query(login, job_ids, exit_codes=False).values()):
         if time.monotonic() > deadline:

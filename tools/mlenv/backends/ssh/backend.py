@@ -21,6 +21,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+import yaml
+
 from mlenv.backends.ssh import deploy as deploying
 from mlenv.backends.ssh import doctor
 from mlenv.backends.ssh.diagnose import failure
@@ -304,8 +306,6 @@ def _say_deleted(target: SshTarget, ordinal: int, answer: Reply) -> None:
 def _request_text(plan: JobPlan, target: SshTarget) -> str:
     """What ``render`` and ``deploy --dry-run`` print: the hosts, what deploy does on each, the env contract and
     the ssh_config every ssh and rsync uses."""
-    import yaml
-
     transport = target.transport
     checks = ["ssh login (BatchMode; a new host key is accepted and its fingerprint printed)",
               f"{target.python} is Python {'.'.join(map(str, deploying.MIN_PYTHON))}+",
