@@ -1,7 +1,10 @@
 """Launch, stop and run logs for backends that start a command on each node through their exec (pods, local
 "pods", ssh hosts): the runtime's ``launch``/``stop``/``logs`` on every node at once. A backend gets all of it by
 inheriting :class:`FanoutJobs` and providing ``nodes`` and ``exec_argv``; what else it may override is
-``core.capabilities.FanoutHooks``."""
+``core.capabilities.FanoutHooks``.
+
+mlenv render imports this module (and uses no verb of it): what only launching, stopping or reading runs needs (the
+parallel runner, the runtime's control and records) is imported in those verbs, lazy for that start-up."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ import shlex
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mlenv.core.capabilities import FanoutHooks, Handle, LaunchOutcome, LaunchRequest, LaunchSpec, Node
@@ -128,7 +132,7 @@ class FanoutJobs(FanoutHooks, ABC):
         """Start the request on every node at once; fail-fast and Ctrl-C stop all of them (unless detached). The
         nodes' supervisors get a control secret of this start's own (runtime/supervise/control.py), forwarded as the
         secrets are: on stdin, never on a command line."""
-        import secrets as random_secrets
+        import secrets as random_secrets  # lazy, as the imports below: mlenv render's start-up (module docstring)
 
         from mlenv.parallel import run_parallel
         from mlenv.runtime.supervise.control import SECRET_VARIABLE
@@ -145,7 +149,6 @@ class FanoutJobs(FanoutHooks, ABC):
         self._start_standbys(handle, request, forwarded)
         commands = {n.ordinal: self.exec_argv(handle, n, request.commands[n.ordinal], env=request.env,
                                               stop_on_stdin_eof=not detach, secrets=names) for n in nodes}
-        from pathlib import Path
 
         logs = {n.ordinal: Path(log_dir) / f"node-{n.ordinal}.log" for n in nodes}
         result = run_parallel(commands, fail_fast=not detach, logs=logs, keep_stdin=not detach,
@@ -162,7 +165,7 @@ class FanoutJobs(FanoutHooks, ABC):
     def _start_standbys(self, handle: Handle, request: LaunchRequest, secrets: Mapping[str, str]) -> None:
         """Start the request's standbys on their spare hosts (each returns once it listens, ``secrets`` in its
         environment); OperationError naming the spare hosts that could not, after stopping the others."""
-        from mlenv.parallel import run_parallel
+        from mlenv.parallel import run_parallel  # lazy: mlenv render's start-up
 
         standbys = [node for node in self.spares(handle) if node.ordinal in request.commands]
         if not standbys:
@@ -196,7 +199,7 @@ class FanoutJobs(FanoutHooks, ABC):
 
     def stop(self, handle: Handle) -> int:
         """The runtime's ``stop`` on every node and spare host: every job mlenv started there ends; they stay."""
-        from mlenv.parallel import run_parallel
+        from mlenv.parallel import run_parallel  # lazy: mlenv render's start-up
 
         nodes = self.machines(handle)
         commands = {n.ordinal: self.exec_argv(handle, n, self.runtime(handle, "stop")) for n in nodes}
@@ -208,13 +211,13 @@ class FanoutJobs(FanoutHooks, ABC):
 
     def latest_run(self, handle: Handle, run_id: str) -> RunRecord:
         """Run ``run_id`` as its nodes' supervisors recorded it (docs/runs.md; ``core.runrecords.latest_run``)."""
-        from mlenv.core.runrecords import latest_run
+        from mlenv.core.runrecords import latest_run  # lazy: mlenv render's start-up
 
         return latest_run(run_id, self._node_jobs(handle, run_id))
 
     def runs(self, handle: Handle, run_ids: Sequence[str]) -> dict[str, RunRecord]:
         """Each run of ``run_ids`` as ``latest_run`` reads it, from one look at every machine."""
-        from mlenv.core.runrecords import latest_run
+        from mlenv.core.runrecords import latest_run  # lazy: mlenv render's start-up
 
         nodes, spares, found = self._every_job(handle)
         return {run_id: latest_run(run_id, {ordinal: job for ordinal, (_, job)
@@ -240,7 +243,7 @@ class FanoutJobs(FanoutHooks, ABC):
     def _every_job(self, handle: Handle) -> tuple[list[Node], list[Node], dict[int, list[JsonValue]]]:
         """The nodes, the spare hosts, and each machine's runtime ``jobs --json`` (by ordinal; the spares' ordinals
         come after the nodes'; an empty list where unreadable)."""
-        from mlenv.parallel import run_parallel
+        from mlenv.parallel import run_parallel  # lazy: mlenv render's start-up
 
         output: dict[int, list[str]] = {}
         nodes, spares = self.nodes(handle), self.spares(handle)
