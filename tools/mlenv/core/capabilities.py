@@ -25,6 +25,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any, Generic, Literal, NamedTuple, Protocol, TypeVar, runtime_checkable
 
 from mlenv.errors import UsageError
+from mlenv.jsontypes import JsonObject
 
 if TYPE_CHECKING:
     from mlenv.plan import JobPlan
@@ -48,9 +49,9 @@ class Handle:
     env: Mapping[str, str]
     """The env contract every node's commands get (MLENV_NODE_RANK is added per node); never a secret."""
     data: Mapping[str, Any]
-    """Backend-specific and JSON-serialisable: namespace and labels, pod directories, job ids..."""
+    """Backend-specific and JsonValue-serialisable: namespace and labels, pod directories, job ids..."""
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         """The record kept in state."""
         return asdict(self)
 
@@ -371,7 +372,7 @@ class FanoutHooks(Protocol):
     mypy checks every backend's override against it); FanoutJobs gives each a default."""
 
     def python(self, handle: Handle) -> str:
-        """The Python that runs the runtime on the nodes (default: the handle's ``python``, else python3)."""
+        """The Python that runs the runtime on the nodes (default: python3; ssh: its hosts' ``ssh.python``)."""
 
     def node_names(self, handle: Handle) -> list[str]:
         """The nodes' names in ordinal order, what a spare takes the place of (default: ``nodes``' names); PURE

@@ -3,9 +3,14 @@ above it), and planned."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from mlenv import config
+from mlenv.config.schema import cluster_schema as composed
+from mlenv.config.validate import validate as validated
 from mlenv.core.registry import CONFIG_RULES
+from mlenv.jsontypes import JsonObject
+from mlenv.plan import plan
 
 if TYPE_CHECKING:
     from mlenv.config.load import LoadedFile
@@ -15,28 +20,20 @@ if TYPE_CHECKING:
 
 def load_cluster(cluster_ref: str) -> Cluster:
     """Find, parse and validate a cluster file given by name (clusters/NAME.yaml) or by path."""
-    from mlenv import config
-
     return config.load_cluster(cluster_ref, CONFIG_RULES)
 
 
 def validate(loaded: LoadedFile) -> Cluster:
     """Schema-check then semantically check a loaded cluster file."""
-    from mlenv.config.validate import validate as validated
-
     return validated(loaded, CONFIG_RULES)
 
 
-def cluster_schema() -> dict[str, Any]:
+def cluster_schema() -> JsonObject:
     """The cluster file schema: the common one plus every registered backend's section."""
-    from mlenv.config.schema import cluster_schema as composed
-
     return composed(CONFIG_RULES)
 
 
 def load_plan(cluster_ref: str, mode: str | None = None, nodes: int | None = None,
               image: str | None = None) -> JobPlan:
     """Load, validate and plan the cluster file ``cluster_ref`` (a name in clusters/ or a path)."""
-    from mlenv.plan import plan
-
     return plan(load_cluster(cluster_ref), mode=mode, nodes=nodes, image=image)

@@ -1,7 +1,10 @@
 """Launch, stop and run logs for backends that start a command on each node through their exec (pods, local
 "pods", ssh hosts): the runtime's ``launch``/``stop``/``logs`` on every node at once. A backend gets all of it by
 inheriting :class:`FanoutJobs` and providing ``nodes`` and ``exec_argv``; what else it may override is
-``core.capabilities.FanoutHooks``."""
+``core.capabilities.FanoutHooks``.
+
+mlenv render imports this module (and uses no verb of it): what only launching, stopping or reading runs needs (the
+parallel runner, the runtime's control and records) is imported in those verbs, lazy for that start-up."""
 
 from __future__ import annotations
 
@@ -10,15 +13,18 @@ import shlex
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mlenv.core.capabilities import FanoutHooks, Handle, LaunchOutcome, LaunchRequest, LaunchSpec, Node
 from mlenv.core.remote import RUNTIME_DIR, secrets_input
 from mlenv.core.spares import described, place
 from mlenv.errors import OperationError
+from mlenv.jsontypes import JsonValue
 from mlenv.ui import info
 
 if TYPE_CHECKING:
+    from mlenv.core.runrecords import NodeJob
     from mlenv.runtime.records.runrecord import RunRecord
     from mlenv.runtime.records.states import NodeEnd
 
@@ -47,8 +53,8 @@ class FanoutJobs(FanoutHooks, ABC):
         """A local argv running ``argv`` on ``node`` (``NodeAccess.exec_argv``)."""
 
     def python(self, handle: Handle) -> str:
-        """The Python that runs the runtime on the nodes."""
-        return str(handle.data.get("python") or "python3")
+        """The Python that runs the runtime on the nodes (``FanoutHooks.python``)."""
+        return "python3"
 
     def runtime(self, handle: Handle, *args: str) -> list[str]:
         """``python3 -m mlenv.runtime ARGS``: the command run on a node."""
@@ -126,7 +132,7 @@ class FanoutJobs(FanoutHooks, ABC):
         """Start the request on every node at once; fail-fast and Ctrl-C stop all of them (unless detached). The
         nodes' supervisors get a control secret of this start's own (runtime/supervise/control.py), forwarded as the
         secrets are: on stdin, never on a command line."""
-        import secrets as random_secrets
+        import secrets as random_secrets  # lazy, as the imports below: mlenv render's start-up (module docstring)
 
         from mlenv.parallel import run_parallel
         from mlenv.runtime.supervise.control import SECRET_VARIABLE
@@ -143,7 +149,6 @@ class FanoutJobs(FanoutHooks, ABC):
         self._start_standbys(handle, request, forwarded)
         commands = {n.ordinal: self.exec_argv(handle, n, request.commands[n.ordinal], env=request.env,
                                               stop_on_stdin_eof=not detach, secrets=names) for n in nodes}
-        from pathlib import Path
 
         logs = {n.ordinal: Path(log_dir) / f"node-{n.ordinal}.log" for n in nodes}
         result = run_parallel(commands, fail_fast=not detach, logs=logs, keep_stdin=not detach,
@@ -160,7 +165,7 @@ class FanoutJobs(FanoutHooks, ABC):
     def _start_standbys(self, handle: Handle, request: LaunchRequest, secrets: Mapping[str, str]) -> None:
         """Start the request's standbys on their spare hosts (each returns once it listens, ``secrets`` in its
         environment); OperationError naming the spare hosts that could not, after stopping the others."""
-        from mlenv.parallel import run_parallel
+        from mlenv.parallel import run_parallel  # lazy: mlenv render's start-up
 
         standbys = [node for node in self.spares(handle) if node.ordinal in request.commands]
         if not standbys:
@@ -194,7 +199,7 @@ class FanoutJobs(FanoutHooks, ABC):
 
     def stop(self, handle: Handle) -> int:
         """The runtime's ``stop`` on every node and spare host: every job mlenv started there ends; they stay."""
-        from mlenv.parallel import run_parallel
+        from mlenv.parallel import run_parallel  # lazy: mlenv render's start-up
 
         nodes = self.machines(handle)
         commands = {n.ordinal: self.exec_argv(handle, n, self.runtime(handle, "stop")) for n in nodes}
@@ -206,13 +211,13 @@ class FanoutJobs(FanoutHooks, ABC):
 
     def latest_run(self, handle: Handle, run_id: str) -> RunRecord:
         """Run ``run_id`` as its nodes' supervisors recorded it (docs/runs.md; ``core.runrecords.latest_run``)."""
-        from mlenv.core.runrecords import latest_run
+        from mlenv.core.runrecords import latest_run  # lazy: mlenv render's start-up
 
         return latest_run(run_id, self._node_jobs(handle, run_id))
 
     def runs(self, handle: Handle, run_ids: Sequence[str]) -> dict[str, RunRecord]:
         """Each run of ``run_ids`` as ``latest_run`` reads it, from one look at every machine."""
-        from mlenv.core.runrecords import latest_run
+        from mlenv.core.runrecords import latest_run  # lazy: mlenv render's start-up
 
         nodes, spares, found = self._every_job(handle)
         return {run_id: latest_run(run_id, {ordinal: job for ordinal, (_, job)
@@ -224,21 +229,21 @@ class FanoutJobs(FanoutHooks, ABC):
         return {rank["rank"]: ordinal for ordinal, job in self._node_jobs(handle, None).items() if job
                 for rank in job.get("ranks", [])}
 
-    def _node_jobs(self, handle: Handle, run_id: str | None) -> dict[int, dict[str, Any] | None]:
+    def _node_jobs(self, handle: Handle, run_id: str | None) -> dict[int, NodeJob | None]:
         """Node ordinal -> its runtime's ``jobs --json`` entry of ``run_id`` (its newest run when None; None: none
         there, or unreadable)."""
         return {ordinal: job for ordinal, (_, job) in self._machine_jobs(handle, run_id).items()}
 
     def _machine_jobs(self, handle: Handle, run_id: str | None
-                      ) -> dict[int, tuple[Node, dict[str, Any] | None]]:
+                      ) -> dict[int, tuple[Node, NodeJob | None]]:
         """Node ordinal -> the machine that ran its part of ``run_id`` (its newest run when None) last, as a node of
         that ordinal (a spare host that took its place, else the node), and that machine's ``jobs --json`` entry."""
         return _placed_jobs(*self._every_job(handle), run_id)
 
-    def _every_job(self, handle: Handle) -> tuple[list[Node], list[Node], dict[int, list[Any]]]:
+    def _every_job(self, handle: Handle) -> tuple[list[Node], list[Node], dict[int, list[JsonValue]]]:
         """The nodes, the spare hosts, and each machine's runtime ``jobs --json`` (by ordinal; the spares' ordinals
         come after the nodes'; an empty list where unreadable)."""
-        from mlenv.parallel import run_parallel
+        from mlenv.parallel import run_parallel  # lazy: mlenv render's start-up
 
         output: dict[int, list[str]] = {}
         nodes, spares = self.nodes(handle), self.spares(handle)
@@ -258,7 +263,7 @@ class FanoutJobs(FanoutHooks, ABC):
         return self.exec_argv(handle, node, self.runtime(handle, "logs", *options), stop_on_stdin_eof=follow)
 
 
-def _listed(jobs_json: str) -> list[Any]:
+def _listed(jobs_json: str) -> list[JsonValue]:
     """One machine's ``jobs --json`` (empty when it is not a list)."""
     try:
         jobs = json.loads(jobs_json or "[]")
@@ -267,14 +272,14 @@ def _listed(jobs_json: str) -> list[Any]:
     return jobs if isinstance(jobs, list) else []
 
 
-def _job(jobs: list[Any], run_id: str | None) -> dict[str, Any] | None:
+def _job(jobs: list[JsonValue], run_id: str | None) -> NodeJob | None:
     """One machine's ``jobs --json`` entry of ``run_id`` (of its newest run when None)."""
     mine = [job for job in jobs if isinstance(job, dict) and run_id in (None, job.get("run_id"))]
     return mine[-1] if mine else None
 
 
-def _placed_jobs(nodes: list[Node], spares: list[Node], found: Mapping[int, list[Any]],
-                 run_id: str | None) -> dict[int, tuple[Node, dict[str, Any] | None]]:
+def _placed_jobs(nodes: list[Node], spares: list[Node], found: Mapping[int, list[JsonValue]],
+                 run_id: str | None) -> dict[int, tuple[Node, NodeJob | None]]:
     """Node ordinal -> the machine that ran its part of ``run_id`` last and its entry, from every machine's jobs
     (``found``)."""
     jobs = {node.ordinal: (node, _job(found[node.ordinal], run_id)) for node in nodes}
@@ -286,9 +291,9 @@ def _placed_jobs(nodes: list[Node], spares: list[Node], found: Mapping[int, list
     return jobs
 
 
-def _newer(job: dict[str, Any], than: dict[str, Any] | None) -> bool:
+def _newer(job: NodeJob, than: NodeJob | None) -> bool:
     """Whether ``job`` started after ``than`` (the later attempt when both started in the same millisecond)."""
-    def key(entry: dict[str, Any]) -> tuple[str, int]:
+    def key(entry: NodeJob) -> tuple[str, int]:
         return str(entry.get("started_at") or ""), int(entry.get("attempt") or 0)
 
     return than is None or key(job) > key(than)

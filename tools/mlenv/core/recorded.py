@@ -6,33 +6,39 @@ record of another shape. Here, below the backends and the state, as backends rec
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TypeVar
+
+from mlenv.jsontypes import JsonObject
 
 READY, FAILED, PARTIAL = "ready", "failed", "partial"
 DEPLOY_STATES = (READY, FAILED, PARTIAL)
 
 
-def _mapping(record: Any, what: str) -> dict[str, Any]:
+T = TypeVar("T")
+
+
+def _mapping(record: object, what: str) -> Mapping[str, object]:
     if not isinstance(record, dict):
         raise TypeError(f"{what} is not a mapping")
     return record
 
 
-def _typed(value: Any, kind: type, key: str) -> Any:
+def _typed(value: object, kind: type[T], key: str) -> T:
     """``value`` when it is a ``kind`` (a bool is no int); TypeError naming ``key`` otherwise."""
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise TypeError(f"{key!r} has the wrong type")
     return value
 
 
-def _optional(record: dict[str, Any], key: str, kind: type) -> Any:
+def _optional(record: Mapping[str, object], key: str, kind: type[T]) -> T | None:
     """``record[key]`` (None where absent or null), TypeError when it is not a ``kind``."""
     value = record.get(key)
     return None if value is None else _typed(value, kind, key)
 
 
-def _present(fields: dict[str, Any]) -> dict[str, Any]:
+def _present(fields: JsonObject) -> JsonObject:
     """``fields`` without those that are unset (None): the keys an earlier mlenv left out."""
     return {key: value for key, value in fields.items() if value is not None}
 
@@ -45,14 +51,14 @@ class SpareUse:
     host: str
     spare: str
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"node": self.node, "host": self.host, "spare": self.spare}
 
     @classmethod
-    def from_json(cls, record: Any) -> SpareUse:
-        record = _mapping(record, "a spare")
-        return cls(_typed(record["node"], int, "node"), _typed(record["host"], str, "host"),
-                   _typed(record["spare"], str, "spare"))
+    def from_json(cls, record: object) -> SpareUse:
+        fields = _mapping(record, "a spare")
+        return cls(_typed(fields["node"], int, "node"), _typed(fields["host"], str, "host"),
+                   _typed(fields["spare"], str, "spare"))
 
 
 @dataclass(frozen=True)
@@ -70,19 +76,19 @@ class RecordedRun:
     spares: tuple[SpareUse, ...] | None = None
     """The spare hosts its nodes ran on, where some did."""
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return _present({"id": self.id, "script": self.script, "launcher": self.launcher, "detached": self.detached,
                          "started": self.started, "preemptions": self.preemptions,
                          "spares": None if self.spares is None else [spare.to_json() for spare in self.spares]})
 
     @classmethod
-    def from_json(cls, record: Any) -> RecordedRun:
-        record = _mapping(record, "a run")
-        spares = record.get("spares")
-        return cls(_typed(record["id"], str, "id"), _optional(record, "script", str),
-                   _optional(record, "launcher", str), bool(record.get("detached", True)),
-                   _optional(record, "started", str), _optional(record, "preemptions", int),
-                   None if spares is None else tuple(SpareUse.from_json(spare) for spare in spares))
+    def from_json(cls, record: object) -> RecordedRun:
+        fields = _mapping(record, "a run")
+        spares = fields.get("spares")
+        return cls(_typed(fields["id"], str, "id"), _optional(fields, "script", str),
+                   _optional(fields, "launcher", str), bool(fields.get("detached", True)),
+                   _optional(fields, "started", str), _optional(fields, "preemptions", int),
+                   None if spares is None else tuple(map(SpareUse.from_json, _typed(spares, list, "spares"))))
 
 
 @dataclass(frozen=True)
@@ -94,14 +100,14 @@ class ExcludedNode:
     reason: str
     since: str
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"node": self.node, "host": self.host, "reason": self.reason, "since": self.since}
 
     @classmethod
-    def from_json(cls, record: Any) -> ExcludedNode:
-        record = _mapping(record, "an excluded node")
-        return cls(_typed(record["node"], int, "node"), _typed(record["host"], str, "host"),
-                   str(record.get("reason", "")), str(record.get("since", "")))
+    def from_json(cls, record: object) -> ExcludedNode:
+        fields = _mapping(record, "an excluded node")
+        return cls(_typed(fields["node"], int, "node"), _typed(fields["host"], str, "host"),
+                   str(fields.get("reason", "")), str(fields.get("since", "")))
 
 
 @dataclass(frozen=True)
@@ -119,18 +125,18 @@ class SubmittedJob:
     followed: str | None = None
     next: str | None = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return _present({"id": self.id, "run": self.run, "script": self.script, "detached": self.detached,
                          "submitted": self.submitted, "restarts": self.restarts or None, "followed": self.followed,
                          "next": self.next})
 
     @classmethod
-    def from_json(cls, record: Any) -> SubmittedJob:
-        record = _mapping(record, "a job")
-        return cls(_typed(record["id"], str, "id"), _optional(record, "run", str), _optional(record, "script", str),
-                   bool(record.get("detached", True)), _optional(record, "submitted", str),
-                   _optional(record, "restarts", int) or 0, _optional(record, "followed", str),
-                   _optional(record, "next", str))
+    def from_json(cls, record: object) -> SubmittedJob:
+        fields = _mapping(record, "a job")
+        return cls(_typed(fields["id"], str, "id"), _optional(fields, "run", str), _optional(fields, "script", str),
+                   bool(fields.get("detached", True)), _optional(fields, "submitted", str),
+                   _optional(fields, "restarts", int) or 0, _optional(fields, "followed", str),
+                   _optional(fields, "next", str))
 
     def followed_at(self, since: str, next_job: str | None) -> SubmittedJob:
         """This job once mlenv read, at ``since``, what its script left: ``next_job`` the job its run went on as
@@ -152,12 +158,12 @@ class DeployOutcome:
         """Whether the deploy is still under way or was interrupted: not ready, and no error recorded."""
         return self.state != READY and self.error is None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"state": self.state, "error": self.error}
 
     @classmethod
-    def from_json(cls, record: Any) -> DeployOutcome:
-        record = _mapping(record, "a deploy outcome")
-        if record.get("state") not in DEPLOY_STATES:
-            raise ValueError(f"deploy state {record.get('state')!r} is none of {', '.join(DEPLOY_STATES)}")
-        return cls(record["state"], _optional(record, "error", str))
+    def from_json(cls, record: object) -> DeployOutcome:
+        fields = _mapping(record, "a deploy outcome")
+        if fields.get("state") not in DEPLOY_STATES:
+            raise ValueError(f"deploy state {fields.get('state')!r} is none of {', '.join(DEPLOY_STATES)}")
+        return cls(_typed(fields["state"], str, "state"), _optional(fields, "error", str))

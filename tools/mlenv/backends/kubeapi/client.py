@@ -15,9 +15,13 @@ import os
 import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mlenv.errors import OperationError, UsageError
+from mlenv.ui import info
+
+if TYPE_CHECKING:
+    from mlenv.backends.kubeapi.objects import ClusterNode, Event, Pod, StatefulSet
 
 CALL_TIMEOUT = 120
 """Seconds one CLI call may take before it is killed."""
@@ -68,8 +72,6 @@ def resolve_binary(cli: str, *, say_stand_in: bool = False) -> str:
         return found
     if cli == "oc" and not os.environ.get(PATH_VARIABLE) and (kubectl := shutil.which("kubectl")):
         if say_stand_in:
-            from mlenv.ui import info
-
             info("note: oc is not installed: using kubectl (OpenShift's own commands such as oc login are not "
                  "needed)")
         return kubectl
@@ -109,8 +111,27 @@ class Client:
 
     def select(self, kind: str, labels: Mapping[str, str] | None = None,
                fields: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
-        """Every object of ``kind`` (``pods``, ``events``...) matching ``labels`` and the field selector
-        ``fields``, from one list call."""
+        """Every object of ``kind`` matching ``labels`` and the field selector ``fields``, from one list call, as
+        parsed (``pods``, ``events`` and ``statefulsets`` have typed views below)."""
+        return self._items(kind, labels, fields)
+
+    def pods(self, labels: Mapping[str, str]) -> list[Pod]:
+        """The pods matching ``labels``."""
+        return self._items("pods", labels, None)
+
+    def warning_events(self) -> list[Event]:
+        """The namespace's warning events (every reason ``kubeapi.explain`` reads is a warning)."""
+        return self._items("events", None, {"type": "Warning"})
+
+    def statefulsets(self, labels: Mapping[str, str]) -> list[StatefulSet]:
+        """The StatefulSets matching ``labels``."""
+        return self._items("statefulsets", labels, None)
+
+    def nodes(self) -> list[ClusterNode]:
+        """The cluster's nodes."""
+        return self._items("nodes", None, None)
+
+    def _items(self, kind: str, labels: Mapping[str, str] | None, fields: Mapping[str, str] | None) -> list[Any]:
         document = json.loads(self.run("get", [kind, "-o=json", *_selectors(labels, fields)]) or "{}")
         return list(document.get("items") or [])
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any
 
 from mlenv.backends.kubeapi import pods as podview
 from mlenv.backends.kubeapi.naming import KubeHandle
+from mlenv.backends.kubeapi.objects import ContainerStatus, Event, Pod
 from mlenv.backends.kubeapi.queued import Queues
 from mlenv.core.capabilities import NodeStatus
 
@@ -43,7 +43,7 @@ class Trouble:
         return f"{self.subject}: {self.words}"
 
 
-def event_time(event: dict[str, Any]) -> datetime | None:
+def event_time(event: Event) -> datetime | None:
     """When an event was last seen (lastTimestamp, series, eventTime or creation), in UTC."""
     stamp = (event.get("lastTimestamp") or (event.get("series") or {}).get("lastObservedTime")
              or event.get("eventTime") or (event.get("metadata") or {}).get("creationTimestamp"))
@@ -56,7 +56,7 @@ def event_time(event: dict[str, Any]) -> datetime | None:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
 
 
-def _latest(events: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
+def _latest(events: Iterable[Event]) -> Event | None:
     oldest = datetime.min.replace(tzinfo=timezone.utc)
     return max(events, key=lambda e: event_time(e) or oldest, default=None)
 
@@ -69,7 +69,7 @@ def _scheduler_words(message: str, gpus: int) -> str:
     return f"cannot be scheduled (scheduler: {quote})"
 
 
-def _pull_words(pod: dict[str, Any], container: dict[str, Any], events: list[dict[str, Any]]) -> str:
+def _pull_words(pod: Pod, container: ContainerStatus, events: list[Event]) -> str:
     """The image that cannot be pulled, why (from the pod's latest Failed event) and what to check."""
     image = container.get("image") or next(
         (c.get("image", "") for c in (pod.get("spec") or {}).get("containers") or []
@@ -80,7 +80,7 @@ def _pull_words(pod: dict[str, Any], container: dict[str, Any], events: list[dic
             "the registry (pull secret?); use --image to pick another")
 
 
-def _crash_words(container: dict[str, Any]) -> str:
+def _crash_words(container: ContainerStatus) -> str:
     """A container that keeps exiting: its last exit code and restarts, and where its output is."""
     ended = (container.get("lastState") or {}).get("terminated") or {}
     code = ended.get("exitCode")
@@ -90,7 +90,7 @@ def _crash_words(container: dict[str, Any]) -> str:
             f"kubectl logs --previous")
 
 
-def pod_trouble(pod: dict[str, Any], events: list[dict[str, Any]], queues: Queues = NO_QUEUES) -> Trouble | None:
+def pod_trouble(pod: Pod, events: list[Event], queues: Queues = NO_QUEUES) -> Trouble | None:
     """Why a pod is not Ready (``events`` are all events of the namespace; those of this pod are used; ``queues``
     what Kueue or Volcano say about the pod's group)."""
     if podview.is_ready(pod):
@@ -132,7 +132,7 @@ def _failed_create_words(message: str, d: KubeHandle) -> str:
     return f"the StatefulSet cannot create pods: {message}"
 
 
-def statefulset_trouble(events: list[dict[str, Any]], d: KubeHandle, since: datetime) -> Trouble | None:
+def statefulset_trouble(events: list[Event], d: KubeHandle, since: datetime) -> Trouble | None:
     """The newest FailedCreate of the deployment's StatefulSet seen after ``since``, in plain words."""
     failed = _latest(
         e for e in events
@@ -146,7 +146,7 @@ def statefulset_trouble(events: list[dict[str, Any]], d: KubeHandle, since: date
     return Trouble(f"statefulset {d.app}", "FailedCreate", _failed_create_words(str(failed.get("message", "")), d))
 
 
-def owner_trouble(events: list[dict[str, Any]], name: str, since: datetime) -> Trouble | None:
+def owner_trouble(events: list[Event], name: str, since: datetime) -> Trouble | None:
     """The newest warning seen after ``since`` about an object called ``name`` that is not a pod: why a workload
     made by another controller (Run:ai, a training operator) has no pods yet, in its controller's words."""
     latest = _latest(
@@ -162,7 +162,7 @@ def owner_trouble(events: list[dict[str, Any]], name: str, since: datetime) -> T
     return Trouble(f"{kind.lower()} {name}", reason, f"{reason}: {latest.get('message', '')}".rstrip(": "))
 
 
-def statuses(pods: dict[int, dict[str, Any]], queues: Queues = NO_QUEUES) -> list[NodeStatus]:
+def statuses(pods: dict[int, Pod], queues: Queues = NO_QUEUES) -> list[NodeStatus]:
     """The ``status`` rows of pods keyed by ordinal, in ordinal order, each with why it is not Ready."""
     rows = []
     for index, pod in sorted(pods.items()):

@@ -9,7 +9,42 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, TypeVar
+
+import yaml
+
+
+class Server(TypedDict, total=False):
+    """A cluster entry's ``cluster``: its server."""
+
+    server: str
+
+
+class NamedCluster(TypedDict, total=False):
+    """An entry of ``clusters``."""
+
+    name: str
+    cluster: Server
+
+
+class ContextEntry(TypedDict, total=False):
+    """A context entry's ``context``: its cluster and namespace."""
+
+    cluster: str
+    namespace: str
+
+
+class NamedContext(TypedDict, total=False):
+    """An entry of ``contexts``."""
+
+    name: str
+    context: ContextEntry
+
+
+Kubeconfig = TypedDict("Kubeconfig", {"current-context": str, "contexts": list[NamedContext],
+                                      "clusters": list[NamedCluster]})
+"""What :func:`merged` returns: the part of ``kubectl config view -o json`` that mlenv reads."""
+Named = TypeVar("Named", NamedContext, NamedCluster)
 
 
 class KubeconfigError(Exception):
@@ -24,12 +59,10 @@ def files(environ: Mapping[str, str]) -> list[Path]:
     return [path for path in paths if path.is_file()]
 
 
-def merged(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+def merged(environ: Mapping[str, str] | None = None) -> Kubeconfig:
     """``{"current-context", "contexts": [...], "clusters": [...]}`` merged over :func:`files`."""
-    import yaml
-
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    result: dict[str, Any] = {"current-context": "", "contexts": [], "clusters": []}
+    result: Kubeconfig = {"current-context": "", "contexts": [], "clusters": []}
     for path in files(os.environ if environ is None else environ):
         try:
             config = yaml.load(path.read_text(), Loader=loader) or {}  # noqa: S506 - a safe loader
@@ -39,8 +72,17 @@ def merged(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
             raise KubeconfigError(f"{path}: not a kubeconfig (a {type(config).__name__})")
         if not result["current-context"] and config.get("current-context"):
             result["current-context"] = str(config["current-context"])
-        for key in ("contexts", "clusters"):
-            known = {entry.get("name") for entry in result[key]}
-            result[key] += [entry for entry in config.get(key) or [] if isinstance(entry, dict)
-                            and entry.get("name") not in known]
+        result["contexts"] += _new(result["contexts"], config.get("contexts"))
+        result["clusters"] += _new(result["clusters"], config.get("clusters"))
     return result
+
+
+def _new(known: list[Named], listed: object) -> list[Named]:
+    """The entries of a file's ``listed`` (contexts or clusters) whose names ``known`` lacks: the first wins."""
+    names = {entry.get("name") for entry in known}
+    entries: list[Any] = listed if isinstance(listed, list) else []
+    return [entry for entry in entries if _named_other(entry, names)]
+
+
+def _named_other(entry: object, names: set[str | None]) -> bool:
+    return isinstance(entry, dict) and entry.get("name") not in names

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable
-from typing import Any
 
+from mlenv.backends.kubeapi.objects import Pod
 from mlenv.core.capabilities import Node, NodeStatus
 
 POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"
 NETWORK_STATUS = "k8s.v1.cni.cncf.io/network-status"
 
 
-def ordinal(pod: dict[str, Any], app: str) -> int | None:
+def ordinal(pod: Pod, app: str) -> int | None:
     """The StatefulSet ordinal (pod-index label, else the ``APP-N`` name); None for a pod not of ``app``."""
     meta = pod.get("metadata") or {}
     index = (meta.get("labels") or {}).get(POD_INDEX_LABEL)
@@ -23,11 +23,11 @@ def ordinal(pod: dict[str, Any], app: str) -> int | None:
     return int(index) if str(index).isdigit() else None
 
 
-def by_ordinal(pods: Iterable[dict[str, Any]], owner: str,
-               ordinal_of: Callable[[dict[str, Any], str], int | None] = ordinal) -> dict[int, dict[str, Any]]:
+def by_ordinal(pods: Iterable[Pod], owner: str,
+               ordinal_of: Callable[[Pod, str], int | None] = ordinal) -> dict[int, Pod]:
     """The pods of ``owner`` (a StatefulSet's app, or another controller's name with its own ``ordinal_of``)
     keyed by ordinal."""
-    found = {}
+    found: dict[int, Pod] = {}
     for pod in pods:
         index = ordinal_of(pod, owner)
         if index is not None:
@@ -35,13 +35,13 @@ def by_ordinal(pods: Iterable[dict[str, Any]], owner: str,
     return found
 
 
-def is_ready(pod: dict[str, Any]) -> bool:
+def is_ready(pod: Pod) -> bool:
     """Whether the pod's Ready condition is True."""
     conditions = (pod.get("status") or {}).get("conditions") or []
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
-def gpus(pod: dict[str, Any]) -> int:
+def gpus(pod: Pod) -> int:
     """GPUs the pod's containers ask for (``*/gpu`` limits, else requests)."""
     total = 0
     for container in (pod.get("spec") or {}).get("containers") or []:
@@ -51,12 +51,12 @@ def gpus(pod: dict[str, Any]) -> int:
     return total
 
 
-def restarts(pod: dict[str, Any]) -> int:
+def restarts(pod: Pod) -> int:
     """Container restarts, summed."""
     return sum(int(s.get("restartCount") or 0) for s in (pod.get("status") or {}).get("containerStatuses") or [])
 
 
-def rdma_devices(pod: dict[str, Any]) -> str | None:
+def rdma_devices(pod: Pod) -> str | None:
     """Secondary interfaces from the Multus network-status annotation: ``net1=mlx5_6,net2`` (RDMA device if known)."""
     text = ((pod.get("metadata") or {}).get("annotations") or {}).get(NETWORK_STATUS)
     if not text:
@@ -74,7 +74,7 @@ def rdma_devices(pod: dict[str, Any]) -> str | None:
     return ",".join(seen) or None
 
 
-def pod_status(pod: dict[str, Any], index: int, detail: str | None) -> NodeStatus:
+def pod_status(pod: Pod, index: int, detail: str | None) -> NodeStatus:
     """One ``status`` row."""
     status = pod.get("status") or {}
     deleting = bool((pod.get("metadata") or {}).get("deletionTimestamp"))
@@ -92,7 +92,7 @@ def pod_status(pod: dict[str, Any], index: int, detail: str | None) -> NodeStatu
     )
 
 
-def running_nodes(pods: dict[int, dict[str, Any]], workspace: str) -> list[Node]:
+def running_nodes(pods: dict[int, Pod], workspace: str) -> list[Node]:
     """The Running pods that are not being deleted, as nodes in ordinal order."""
     return [Node(ordinal=index, name=pod["metadata"]["name"], workspace=workspace,
                  ip=(pod.get("status") or {}).get("podIP"), ready=is_ready(pod),

@@ -8,10 +8,10 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from decimal import Decimal
-from typing import Any
 from urllib.parse import urlsplit
 
 from mlenv.backends.kubeapi.client import Client, KubeError
+from mlenv.backends.kubeapi.kubeconfig import ContextEntry, Kubeconfig, KubeconfigError, Server, merged
 from mlenv.backends.kubeapi.naming import KubeHandle
 from mlenv.config.quantity import QuantityError, parse_quantity
 from mlenv.core.capabilities import Check
@@ -57,27 +57,32 @@ def login_hint(target: KubeHandle, flavour: str) -> str:
     return f"get credentials{where} into your kubeconfig (kubectl config get-contexts lists them)"
 
 
-def _current_server(config: dict[str, Any]) -> tuple[str | None, str | None]:
+def _current_server(config: Kubeconfig) -> tuple[str | None, str | None]:
     """(current context, its cluster's server) from the merged kubeconfig."""
-    current = config.get("current-context") or None
-    contexts = {c.get("name"): c.get("context") or {} for c in config.get("contexts") or []}
-    clusters = {c.get("name"): c.get("cluster") or {} for c in config.get("clusters") or []}
-    cluster_name = contexts.get(current, {}).get("cluster")
-    return current, clusters.get(cluster_name, {}).get("server")
+    current = config["current-context"] or None
+    return current, _servers(config).get(_clusters(config).get(current))
 
 
-def _contexts_for(config: dict[str, Any], api: str) -> list[str]:
-    clusters = {c.get("name"): (c.get("cluster") or {}).get("server", "") for c in config.get("clusters") or []}
-    return [c["name"] for c in config.get("contexts") or []
-            if same_server(api, clusters.get((c.get("context") or {}).get("cluster"), ""))]
+def _contexts_for(config: Kubeconfig, api: str) -> list[str]:
+    servers, clusters = _servers(config), _clusters(config)
+    return [name for name, cluster in clusters.items()
+            if name is not None and same_server(api, servers.get(cluster) or "")]
+
+
+def _clusters(config: Kubeconfig) -> dict[str | None, str | None]:
+    """Context name -> its cluster's name."""
+    return {c.get("name"): (c.get("context") or ContextEntry()).get("cluster") for c in config["contexts"]}
+
+
+def _servers(config: Kubeconfig) -> dict[str | None, str | None]:
+    """Cluster name -> its server."""
+    return {c.get("name"): (c.get("cluster") or Server()).get("server") for c in config["clusters"]}
 
 
 def check_server(client: Client, target: KubeHandle) -> Check:
     """The CLI's current context must point at the file's ``api`` (PASS when the file names none)."""
     if not target.api:
         return Check("server", "PASS", "the cluster file names no api: the current context is used")
-    from mlenv.backends.kubeapi.kubeconfig import KubeconfigError, merged
-
     try:
         config = merged()
     except KubeconfigError as exc:
@@ -185,7 +190,7 @@ def check_allocatable(client: Client, wanted: Mapping[str, int]) -> list[Check]:
     if not wanted:
         return []
     try:
-        nodes = [n for n in client.select("nodes") if not (n.get("spec") or {}).get("unschedulable")]
+        nodes = [n for n in client.nodes() if not (n.get("spec") or {}).get("unschedulable")]
     except KubeError as exc:
         return [Check("node resources", "WARN", f"cannot list nodes ({exc.detail}): {', '.join(wanted)} not checked")]
     checks = []

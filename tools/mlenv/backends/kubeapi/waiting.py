@@ -9,12 +9,12 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Any
 
 from mlenv.backends.kubeapi import pods as podview
 from mlenv.backends.kubeapi.client import Client
 from mlenv.backends.kubeapi.explain import Trouble, pod_trouble, statefulset_trouble
 from mlenv.backends.kubeapi.naming import KubeHandle, instance
+from mlenv.backends.kubeapi.objects import Event, Pod, StatefulSet
 from mlenv.backends.kubeapi.queued import queues
 from mlenv.errors import OperationError
 from mlenv.ui import View, cut, layout, live_view
@@ -34,11 +34,11 @@ class PodSet:
     """The deployment they belong to (namespace, name, node count, cluster file) as messages name it."""
     selector: Mapping[str, str]
     """The labels that list them (one list call per tick)."""
-    order: Callable[[list[dict[str, Any]]], dict[int, dict[str, Any]]]
+    order: Callable[[list[Pod]], dict[int, Pod]]
     """Listed pods -> the deployment's pods by node ordinal."""
     pod_name: Callable[[int], str]
     """The name of node ``ordinal``'s pod before it exists (a row of the live view)."""
-    missing: Callable[[list[dict[str, Any]], datetime], Trouble | None]
+    missing: Callable[[list[Event], datetime], Trouble | None]
     """Why pods are missing, from the namespace's warning events since the wait started."""
     statefulset: bool = False
     """Made by the deployment's StatefulSet: a pod counts as ready only on the StatefulSet's latest revision."""
@@ -57,7 +57,7 @@ def statefulset_pods(d: KubeHandle) -> PodSet:
                   lambda events, since: statefulset_trouble(events, d, since), statefulset=True)
 
 
-def _view(pods: PodSet, found: dict[int, dict[str, Any]], ready: set[int], troubles: dict[str, Trouble],
+def _view(pods: PodSet, found: dict[int, Pod], ready: set[int], troubles: dict[str, Trouble],
           elapsed: float) -> View:
     """Ready x/N, then one line per pod, those not ready first (at most MAX_ROWS), then the troubles that are not a
     pod's (a StatefulSet's, a workload's); drawn at the terminal's width (the details cut first)."""
@@ -88,7 +88,7 @@ def _view(pods: PodSet, found: dict[int, dict[str, Any]], ready: set[int], troub
     return draw
 
 
-def _current(pod: dict[str, Any], sts: dict[str, Any] | None) -> bool:
+def _current(pod: Pod, sts: StatefulSet | None) -> bool:
     """Whether the pod runs the StatefulSet's latest spec, as far as its controller has seen it."""
     if sts is None:
         return False
@@ -100,17 +100,17 @@ def _current(pod: dict[str, Any], sts: dict[str, Any] | None) -> bool:
 
 
 def _observe(client: Client, pods: PodSet, since: datetime
-             ) -> tuple[dict[int, dict[str, Any]], set[int], dict[str, Trouble]]:
+             ) -> tuple[dict[int, Pod], set[int], dict[str, Trouble]]:
     """One tick: (pods by ordinal, ordinals ready (on the latest spec), troubles by subject); one list call per
     kind, warning events only while something is not ready."""
     d = pods.target
-    statefulset = next(iter(client.select("statefulsets", pods.selector)), None) if pods.statefulset else None
-    found = {i: p for i, p in pods.order(client.select("pods", pods.selector)).items() if i < d.nodes}
+    statefulset = next(iter(client.statefulsets(pods.selector)), None) if pods.statefulset else None
+    found = {i: p for i, p in pods.order(client.pods(pods.selector)).items() if i < d.nodes}
     ready = {i for i, p in found.items()
              if podview.is_ready(p) and (not pods.statefulset or _current(p, statefulset))}
     if len(ready) == d.nodes:
         return found, ready, {}
-    events = client.select("events", fields={"type": "Warning"})  # every reason explain reads is a warning
+    events = client.warning_events()
     waiting = [p for i, p in found.items() if i not in ready]
     held = queues(client, waiting)
     troubles = [pod_trouble(p, events, held) for p in waiting]
@@ -172,7 +172,7 @@ def wait_pods_gone(client: Client, pods: PodSet, timeout: float) -> None:
     """Return once no pod of the deployment is left; OperationError after ``timeout``."""
     d = pods.target
     started = time.monotonic()
-    left = [p["metadata"]["name"] for p in client.select("pods", pods.selector)]
+    left = [p["metadata"]["name"] for p in client.pods(pods.selector)]
     if not left:
         return
     with live_view() as update:
@@ -183,5 +183,5 @@ def wait_pods_gone(client: Client, pods: PodSet, timeout: float) -> None:
                                      f"{client.flavour} get pods -n {d.namespace} -l {pods.label_selector}")
             update(f"{d.app} in {d.namespace}: waiting for {len(left)} pods to go ({elapsed:.0f}s)")
             time.sleep(POLL_SECONDS)
-            left = [p["metadata"]["name"] for p in client.select("pods", pods.selector)]
+            left = [p["metadata"]["name"] for p in client.pods(pods.selector)]
         update(f"{d.app} in {d.namespace}: all pods gone ({time.monotonic() - started:.0f}s)")

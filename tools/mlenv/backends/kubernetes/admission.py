@@ -8,10 +8,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, NamedTuple
 
 from mlenv.config.model import Scheduling
+from mlenv.core.capabilities import Check
 
-if TYPE_CHECKING:  # render imports this module: it pays for neither the client nor the checks
+if TYPE_CHECKING:  # render imports this module: it does not pay for the client
     from mlenv.backends.kubeapi.client import Client
-    from mlenv.core.capabilities import Check
 
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 """On the StatefulSet: the LocalQueue that admits it (Kueue's statefulset integration)."""
@@ -72,8 +72,7 @@ def admission_checks(client: Client, namespace: str, scheduling: Scheduling) -> 
 
 def _queue_check(client: Client, name: str, resource: str, queue: str, where: str, absent: str, install: str,
                  create: str) -> Check:
-    from mlenv.backends.kubeapi.client import KubeError
-    from mlenv.core.capabilities import Check
+    from mlenv.backends.kubeapi.client import KubeError  # lazy: mlenv render's cold start (as above)
 
     try:
         found = {str(obj["metadata"]["name"]): obj for obj in client.select(resource)}

@@ -8,8 +8,11 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from mlenv.backends.kubeapi import explain
+from mlenv.backends.kubeapi import pods as podview
+from mlenv.backends.kubeapi.client import Client, resolve_binary
 from mlenv.backends.kubeapi.naming import (
     CONTAINER,
     DATA_KIND,
@@ -22,7 +25,16 @@ from mlenv.backends.kubeapi.naming import (
     kube_deployment,
     owned_labels,
 )
+from mlenv.backends.kubeapi.preflight import check_server, explained, preflight, require
+from mlenv.backends.kubeapi.queued import queues
 from mlenv.backends.kubeapi.rules import rdma_warning
+from mlenv.backends.kubeapi.waiting import wait_gone, wait_ready
+from mlenv.backends.kubernetes.admission import admission_checks
+from mlenv.backends.kubernetes.checks import before_deploy
+from mlenv.backends.kubernetes.exclusion import keep_off, record_seen_moves
+from mlenv.backends.kubernetes.render import files, owned_kinds, render
+from mlenv.backends.kubernetes.resume import KIND as RUN_KIND
+from mlenv.backends.kubernetes.resume import keep
 from mlenv.core import remote
 from mlenv.core.capabilities import (
     Check,
@@ -46,10 +58,11 @@ from mlenv.core.capabilities import (
 from mlenv.core.fanout import FanoutJobs
 from mlenv.core.registry import Records
 from mlenv.errors import OperationError, UsageError
+from mlenv.render.yamlsafe import document
 from mlenv.ui import info, warn
 
 if TYPE_CHECKING:
-    from mlenv.backends.kubeapi.client import Client
+    from mlenv.backends.kubeapi.objects import Pod
     from mlenv.plan import JobPlan
 
 CLEAN_TIMEOUT = 300
@@ -93,13 +106,9 @@ class KubernetesBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks, Preempts):
     @cached_property
     def binary(self) -> str:
         """The CLI's path (UsageError saying how to install it when missing)."""
-        from mlenv.backends.kubeapi.client import resolve_binary
-
         return resolve_binary(self.flavour)
 
     def _client(self, target: KubeHandle) -> Client:
-        from mlenv.backends.kubeapi.client import Client
-
         return Client(self.binary, target.namespace)
 
     @staticmethod
@@ -110,16 +119,11 @@ class KubernetesBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks, Preempts):
     def _connected(self, handle: Handle) -> tuple[KubeHandle, Client]:
         target = self.target(handle)
         client = self._client(target)
-        from mlenv.backends.kubeapi.preflight import check_server, require
-
         require([check_server(client, target)])  # a local read: every later call goes to the right cluster
         return target, client
 
     def prepare(self, plan: JobPlan) -> Request:
         """PURE: the rendered, validated manifests (one YAML stream), the admin objects and the handle."""
-        from mlenv.backends.kubernetes.render import files, owned_kinds, render
-        from mlenv.render.yamlsafe import document
-
         d = kube_deployment(plan, openshift=self.flavour == "oc")
         rendered = render(d)
         target = KubeHandle(app=d.app, namespace=d.namespace, nodes=d.nodes, flavour=self.flavour,
@@ -137,10 +141,6 @@ class KubernetesBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks, Preempts):
         """Check server, login and namespace, and that the cluster serves the gang scheduler and queue the pods ask
         for (UsageError in doctor's words when not: the pods would run unadmitted, or never); record; server-side
         apply exactly the request's YAML stream."""
-        from mlenv.backends.kubeapi.client import resolve_binary
-        from mlenv.backends.kubeapi.preflight import explained, preflight, require
-        from mlenv.backends.kubernetes.admission import admission_checks
-
         resolve_binary(self.flavour, say_stand_in=True)  # the note, once per deployment: here, not on every command
         target = self.target(request.handle)
         client = self._client(target)
@@ -164,42 +164,28 @@ class KubernetesBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks, Preempts):
 
     def wait_ready(self, handle: Handle, timeout: float, record: Recorder) -> None:
         """Live view until every pod is Ready on the latest spec; plain-words reasons when not."""
-        from mlenv.backends.kubeapi.preflight import explained
-        from mlenv.backends.kubeapi.waiting import wait_ready
-
         target, client = self._connected(handle)
         with explained(target, client.flavour):
             wait_ready(client, target, timeout)
         info(f"{target.app}: {target.nodes}/{target.nodes} pods ready in {target.namespace}")
 
-    def _pods(self, handle: Handle) -> tuple[KubeHandle, dict[int, dict[str, Any]]]:
-        from mlenv.backends.kubeapi import pods as podview
-        from mlenv.backends.kubeapi.preflight import explained
-
+    def _pods(self, handle: Handle) -> tuple[KubeHandle, dict[int, Pod]]:
         target, client = self._connected(handle)
         with explained(target, client.flavour):
-            return target, podview.by_ordinal(client.select("pods", instance(target.app)), target.app)
+            return target, podview.by_ordinal(client.pods(instance(target.app)), target.app)
 
     def status(self, handle: Handle) -> list[NodeStatus]:
         """Every pod of the deployment from one list call, in ordinal order; what Kueue or Volcano says about pods
         they hold back from one more (their Workloads or PodGroups). A detached run's move of the pods that the
         records lack is recorded (exclusion.record_seen_moves: a call more only then)."""
-        from mlenv.backends.kubeapi import explain
-        from mlenv.backends.kubeapi import pods as podview
-        from mlenv.backends.kubeapi.preflight import explained
-        from mlenv.backends.kubeapi.queued import queues
-        from mlenv.backends.kubernetes.exclusion import record_seen_moves
-
         target, client = self._connected(handle)
         with explained(target, client.flavour):
-            pods = podview.by_ordinal(client.select("pods", instance(target.app)), target.app)
+            pods = podview.by_ordinal(client.pods(instance(target.app)), target.app)
             record_seen_moves(client, target, pods.values(), self.records)
             return explain.statuses(pods, queues(client, pods.values()))
 
     def nodes(self, handle: Handle) -> list[Node]:
         """The running pods, in ordinal order."""
-        from mlenv.backends.kubeapi import pods as podview
-
         target, pods = self._pods(handle)
         running = podview.running_nodes(pods, WORKSPACE)
         if not running:
@@ -226,9 +212,6 @@ class KubernetesBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks, Preempts):
         """Keep the pods off the run's excluded nodes (exclusion.py; nothing when they are already), then start the
         run on every pod; an attached run that fails names the pods taken away under it (deleted or evicted: a
         pod of another uid now, or one being deleted) as preempted."""
-        from mlenv.backends.kubeapi.preflight import explained
-        from mlenv.backends.kubernetes.exclusion import keep_off
-
         target, client = self._connected(handle)
         with explained(target, client.flavour):
             keep_off(client, target, request.spec.exclude, self.records)
@@ -243,9 +226,6 @@ class KubernetesBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks, Preempts):
 
     def keep_for_resume(self, handle: Handle, request: LaunchRequest, secrets: Mapping[str, str]) -> None:
         """The run's Secret (resume.py): a pod that comes back after a preemption resumes a detached run."""
-        from mlenv.backends.kubeapi.preflight import explained
-        from mlenv.backends.kubernetes.resume import keep
-
         target, client = self._connected(handle)
         with explained(target, client.flavour):
             keep(client, target, request.spec.run_id if request.spec.detach else None, secrets)
@@ -257,8 +237,6 @@ class KubernetesBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks, Preempts):
     def take_away(self, handle: Handle, node: Node, run_id: str) -> Preemption:
         """Delete ``node``'s pod as a preemption or a drain does: gracefully, its PID 1 passing SIGTERM to the
         ranks for the pod's grace; the StatefulSet makes it again."""
-        from mlenv.backends.kubeapi.preflight import explained
-
         target, client = self._connected(handle)
         with explained(target, client.flavour):
             grace = client.run("get", ["pod", node.name, "-o", "jsonpath={.spec.terminationGracePeriodSeconds}"])
@@ -270,9 +248,7 @@ class KubernetesBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks, Preempts):
     @staticmethod
     def _pod_uids(client: Client, target: KubeHandle) -> dict[int, str]:
         """Ordinal -> uid of each pod that is not being deleted."""
-        from mlenv.backends.kubeapi import pods as podview
-
-        pods = podview.by_ordinal(client.select("pods", instance(target.app)), target.app)
+        pods = podview.by_ordinal(client.pods(instance(target.app)), target.app)
         return {ordinal: str(pod["metadata"].get("uid")) for ordinal, pod in pods.items()
                 if not pod["metadata"].get("deletionTimestamp")}
 
@@ -299,18 +275,12 @@ class KubernetesBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks, Preempts):
 
     def data_volumes(self, handle: Handle) -> list[str]:
         """Names of the PVCs ``clean --delete-data`` deletes (shared claims and per-pod volumes)."""
-        from mlenv.backends.kubeapi.preflight import explained
-
         target, client = self._connected(handle)
         with explained(target, client.flavour):
             return self._volumes(client, target)
 
     def clean(self, handle: Handle, delete_data: bool) -> None:
         """Delete the recorded kinds by mlenv's labels (PVCs only with ``delete_data``), wait until pods are gone."""
-        from mlenv.backends.kubeapi.preflight import explained
-        from mlenv.backends.kubeapi.waiting import wait_gone
-        from mlenv.backends.kubernetes.resume import KIND as RUN_KIND
-
         target, client = self._connected(handle)
         kinds = [*dict.fromkeys([*SWITCHABLE_KINDS, RUN_KIND, *target.kinds]),  # RUN_KIND: a detached run's Secret
                  *([DATA_KIND.lower()] if delete_data else [])]
@@ -326,8 +296,6 @@ class KubernetesBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks, Preempts):
 
     def checks(self, plan: JobPlan) -> list[Check]:
         """The CLI, then every before-deploy check of ``checks.before_deploy``."""
-        from mlenv.backends.kubernetes.checks import before_deploy
-
         request = self.prepare(plan)
         target = self.target(request.handle)
         try:

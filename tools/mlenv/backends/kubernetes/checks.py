@@ -119,7 +119,7 @@ def node_checks(client: Client, plan: JobPlan) -> list[Check]:
     node; one list call."""
     wanted = {**({GPU: plan.gpus_per_node} if plan.gpus_per_node else {}), **plan.rdma_resources}
     try:
-        listed = {n["metadata"]["name"]: n for n in client.select("nodes")}
+        listed = {n["metadata"]["name"]: n for n in client.nodes()}
     except KubeError as exc:
         return [Check("nodes", "WARN", f"cannot list nodes ({exc.detail}): nodes.gpu_nodes, GPUs and "
                                        "network.rdma.resources not checked")]

@@ -11,13 +11,17 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from mlenv.backends.kubeapi.client import Client, KubeError, resolve_binary
+from mlenv.backends.kubeapi.objects import ClusterNode
 from mlenv.backends.kubernetes.checks import GPU, is_default_class, rwx_support
+from mlenv.config.discover import clusters_dir
+from mlenv.config.load import parse_yaml
 from mlenv.config.quantity import QuantityError, parse_quantity
+from mlenv.core.clusters import validate
 from mlenv.errors import OperationError, UsageError, shown
 from mlenv.render.yamlsafe import yaml_value
+from mlenv.ui import info
 
 NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 SCC_API = "security.openshift.io/v1"
@@ -74,7 +78,7 @@ def _count(value: object) -> int:
         return 0
 
 
-def _gpu_node(node: dict[str, Any]) -> GpuNode | None:
+def _gpu_node(node: ClusterNode) -> GpuNode | None:
     labels = node["metadata"].get("labels") or {}
     allocatable = (node.get("status") or {}).get("allocatable") or {}
     gpus = _count(allocatable.get(GPU, 0))
@@ -110,7 +114,7 @@ def discover(client: Client, namespace: str | None) -> Discovered:
                              "context)") from None
     nodes: list[GpuNode] = []
     try:
-        nodes = [n for n in map(_gpu_node, client.select("nodes")) if n is not None]
+        nodes = [n for n in map(_gpu_node, client.nodes()) if n is not None]
     except KubeError as exc:
         notes.append(f"nodes cannot be listed ({exc.detail})")
     classes: list[StorageClass] = []
@@ -223,11 +227,6 @@ def cluster_text(name: str, found: Discovered) -> str:
 
 def run_discover(name: str, namespace: str | None, force: bool) -> Path:
     """Write clusters/NAME.yaml; UsageError for a bad name or an existing file without ``force``."""
-    from mlenv.config.discover import clusters_dir
-    from mlenv.config.load import parse_yaml
-    from mlenv.core.clusters import validate
-    from mlenv.ui import info
-
     if not NAME.fullmatch(name):
         raise UsageError(f"NAME: expected a DNS-1123 label (lowercase letters, digits and '-'), got {shown(name)!r}")
     if namespace is not None and not NAME.fullmatch(namespace):

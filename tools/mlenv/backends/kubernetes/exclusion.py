@@ -9,11 +9,12 @@ whose pods may move (``scheduling.move_faulty_pods``) makes the same patch itsel
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable, Sequence
 
 from mlenv.backends.kubeapi.client import Client, KubeError
 from mlenv.backends.kubeapi.naming import KubeHandle
+from mlenv.backends.kubeapi.objects import ObjectMeta, Pod, StatefulSet
+from mlenv.backends.kubeapi.waiting import wait_ready
 from mlenv.core.registry import Records
 from mlenv.errors import OperationError
 from mlenv.runtime.records.runlayout import LEFT_OUT_ANNOTATION, LEFT_OUT_UNRECORDED
@@ -25,15 +26,15 @@ READY_TIMEOUT = 900.0
 """Seconds the pods get to be Ready on other nodes (a reason the scheduler gives that lasts ends it sooner)."""
 
 
-def _annotation(obj: Mapping[str, Any], key: str) -> str:
+def _annotation(obj: Pod | StatefulSet, key: str) -> str:
     """An object's annotation ``key`` ('' when it has none)."""
-    return str(((obj.get("metadata") or {}).get("annotations") or {}).get(key, ""))
+    return str(((obj.get("metadata") or ObjectMeta()).get("annotations") or {}).get(key, ""))
 
 
-def _statefulset(client: Client, target: KubeHandle) -> dict[str, Any]:
+def _statefulset(client: Client, target: KubeHandle) -> StatefulSet:
     """The live StatefulSet; OperationError saying so where it was deleted by hand."""
     try:
-        found: dict[str, Any] = json.loads(client.run("get", ["statefulset", target.app, "-o=json"]))
+        found: StatefulSet = json.loads(client.run("get", ["statefulset", target.app, "-o=json"]))
     except KubeError as exc:
         if exc.reason != "NotFound":
             raise
@@ -42,7 +43,7 @@ def _statefulset(client: Client, target: KubeHandle) -> dict[str, Any]:
     return found
 
 
-def record_moves(client: Client, target: KubeHandle, statefulset: Mapping[str, Any], records: Records) -> list[str]:
+def record_moves(client: Client, target: KubeHandle, statefulset: StatefulSet, records: Records) -> list[str]:
     """Record on the deployment the nodes that a detached run left out for a node-fault sign and moved its pods off
     (the StatefulSet's LEFT_OUT_UNRECORDED, removed then), each said; their hosts, which stay kept off."""
     move = recorded(_annotation(statefulset, LEFT_OUT_UNRECORDED))
@@ -63,7 +64,7 @@ def record_moves(client: Client, target: KubeHandle, statefulset: Mapping[str, A
     return [host for host, _ in saved.values()]
 
 
-def moved_by_a_run(pods: Iterable[Mapping[str, Any]], records: Records, name: str) -> bool:
+def moved_by_a_run(pods: Iterable[Pod], records: Records, name: str) -> bool:
     """Whether a pod was made again by a detached run's move off a node that the records of deployment ``name``
     lack (read only where a pod says it was moved)."""
     hosts = set()
@@ -75,7 +76,7 @@ def moved_by_a_run(pods: Iterable[Mapping[str, Any]], records: Records, name: st
     return bool(hosts - {entry.host for entry in (records.excluded_of(name) if hosts else ())})
 
 
-def record_seen_moves(client: Client, target: KubeHandle, pods: Iterable[Mapping[str, Any]], records: Records) -> None:
+def record_seen_moves(client: Client, target: KubeHandle, pods: Iterable[Pod], records: Records) -> None:
     """What ``status`` does with the pods it listed: where they say a detached run moved them off a node that the
     records lack, read the StatefulSet and record it (:func:`record_moves`); no call otherwise."""
     if moved_by_a_run(pods, records, target.cluster_name):
@@ -86,8 +87,6 @@ def keep_off(client: Client, target: KubeHandle, excluded: Sequence[str], record
     """Bring the live StatefulSet to ``excluded`` and the nodes a detached run moved its pods off since mlenv last
     looked (recorded then: :func:`record_moves`), a merge patch of its node affinity that replaces its pods, and
     wait until every pod is Ready again; nothing when it is there already."""
-    from mlenv.backends.kubeapi.waiting import wait_ready
-
     statefulset = _statefulset(client, target)
     excluded = [*excluded, *record_moves(client, target, statefulset, records)]
     patch = affinity_patch(statefulset, excluded)

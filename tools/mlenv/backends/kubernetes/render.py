@@ -7,8 +7,11 @@ inject YAML. The rendered text is parsed back and each object validated before a
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, NamedTuple
+
+import yaml
 
 import mlenv
 from mlenv.backends.kubeapi.naming import (
@@ -23,8 +26,10 @@ from mlenv.backends.kubeapi.naming import (
 from mlenv.backends.kubernetes import podinit
 from mlenv.backends.kubernetes.admission import admission
 from mlenv.backends.kubernetes.rules import version_of
+from mlenv.backends.kubernetes.schemas import kind_and_name, validate_object
 from mlenv.config.model import Scheduling
 from mlenv.errors import OperationError
+from mlenv.jsontypes import JsonObject
 from mlenv.render.templates import Templates
 from mlenv.render.yamlsafe import yaml_value
 from mlenv.runtime.records.runlayout import (
@@ -51,8 +56,8 @@ class Rendered(NamedTuple):
     """The objects to apply, in dependency order, those a cluster admin must apply, and the gang scheduler that
     admits the pods (apply refuses a cluster that lacks it)."""
 
-    objects: list[dict[str, Any]]
-    admin_objects: list[dict[str, Any]]
+    objects: list[JsonObject]
+    admin_objects: list[JsonObject]
     scheduling: Scheduling
 
 
@@ -69,9 +74,7 @@ def _templates(directory: str) -> Templates:
     return Templates(directory, yaml_value)
 
 
-def _render(template: str, **context: Any) -> dict[str, Any]:
-    import yaml
-
+def _render(template: str, **context: Any) -> JsonObject:
     text = _templates(templates_dir()).render(template, **context)
     obj = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # noqa: S506 - a safe loader
     if not isinstance(obj, dict):
@@ -79,8 +82,8 @@ def _render(template: str, **context: Any) -> dict[str, Any]:
     return obj
 
 
-def _container_resources(d: KubeDeployment) -> dict[str, dict[str, Any]]:
-    extended: dict[str, Any] = dict(d.rdma_resources)
+def _container_resources(d: KubeDeployment) -> dict[str, dict[str, str | int]]:
+    extended: dict[str, str | int] = dict(d.rdma_resources)
     if d.plan.gpus_per_node:
         extended = {"nvidia.com/gpu": d.plan.gpus_per_node, **extended}
     return {
@@ -125,35 +128,45 @@ def render_objects(d: KubeDeployment) -> Rendered:
     return Rendered(objects, admin, d.cluster.scheduling)
 
 
-def _mover(d: KubeDeployment) -> dict[str, Any]:
-    """The pod's mover container (scheduling.move_faulty_pods): where it takes requests and mounts its token, its
-    command, and its user: another than the training container's (OpenShift assigns one from the namespace's range
-    to every container: None)."""
+@dataclass(frozen=True)
+class Mover:
+    """The pod's mover container (scheduling.move_faulty_pods), as the StatefulSet's template reads it: the variable
+    that tells the training container where to ask, where it takes requests and mounts its token, its command, and
+    its user: another than the training container's (OpenShift assigns one from the namespace's range to every
+    container: None)."""
+
+    variable: str
+    requests: str
+    token: str
+    uid: int | None
+    command: list[str]
+
+
+def _mover(d: KubeDeployment) -> Mover:
+    """The mover of ``d``'s pods."""
     uid = None if d.openshift else (MOVER_UID + 1 if d.run_as_user == MOVER_UID else MOVER_UID)
-    return {"variable": MOVE_DIR, "requests": MOVER_REQUESTS, "token": MOVER_TOKEN, "uid": uid,
-            "command": podmover.command(MOVER_REQUESTS, d.app, MOVER_TOKEN)}
+    return Mover(MOVE_DIR, MOVER_REQUESTS, MOVER_TOKEN, uid, podmover.command(MOVER_REQUESTS, d.app, MOVER_TOKEN))
 
 
 def render(d: KubeDeployment) -> Rendered:
     """Render and validate every object; an invalid object is an mlenv bug (OperationError)."""
-    from mlenv.backends.kubernetes.schemas import validate_object
-
     rendered = render_objects(d)
     for obj in (*rendered.objects, *rendered.admin_objects):
         validate_object(obj, version_of(d.cluster))
     return rendered
 
 
-def owned_kinds(objects: list[dict[str, Any]]) -> list[str]:
+def owned_kinds(objects: list[JsonObject]) -> list[str]:
     """The kinds ``clean`` deletes by mlenv's labels, dependants first (PVCs are data: only with --delete-data; the
     Role of scheduling.move_faulty_pods by its own labels: naming.GRANT_KINDS)."""
-    return list(dict.fromkeys(kind for kind in (obj["kind"].lower() for obj in reversed(objects))
+    return list(dict.fromkeys(kind for kind in (kind_and_name(obj)[0].lower() for obj in reversed(objects))
                               if kind != DATA_KIND.lower() and kind not in GRANT_KINDS))
 
 
-def file_name(index: int, obj: dict[str, Any]) -> str:
+def file_name(index: int, obj: JsonObject) -> str:
     """``01-serviceaccount-ml-dev-sa.yaml``: ordered, one object per file."""
-    return f"{index:02d}-{obj['kind'].lower()}-{obj['metadata']['name']}.yaml"
+    kind, name = kind_and_name(obj)
+    return f"{index:02d}-{kind.lower()}-{name}.yaml"
 
 
 def files(rendered: Rendered, documents: list[str], admin_documents: list[str]) -> dict[str, str]:
@@ -171,7 +184,5 @@ def files(rendered: Rendered, documents: list[str], admin_documents: list[str]) 
 
 
 def _kustomization(names: list[str]) -> str:
-    import yaml
-
     body = {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization", "resources": names}
     return yaml.safe_dump(body, sort_keys=False)

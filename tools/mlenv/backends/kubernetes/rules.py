@@ -4,6 +4,7 @@ validate for the files of the backends whose registry entry names them (``Backen
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 from collections.abc import Mapping
@@ -105,8 +106,6 @@ def toleration_problems(toleration: Mapping[str, Any]) -> list[tuple[str, str]]:
 def supported_minors() -> tuple[int, ...]:
     """The Kubernetes 1.x minor versions whose schemas kubernetes-validate ships, found by listing its data
     directory (importing it would pull in jsonschema); empty when it is not installed."""
-    import importlib.util
-
     spec = importlib.util.find_spec("kubernetes_validate")
     if spec is None or not spec.submodule_search_locations:
         return ()

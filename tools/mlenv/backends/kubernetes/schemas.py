@@ -10,9 +10,13 @@ import os
 from functools import cache
 from typing import Any
 
+import yaml
+
 from mlenv.errors import OperationError
 from mlenv.fastschema import Unsupported, compiled
 from mlenv.fastschema.kubernetes import kubernetes_validator
+from mlenv.fastschema.patterns import draft202012
+from mlenv.jsontypes import JsonObject, JsonValue
 
 CRD_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "schemas", "crds")
 
@@ -24,13 +28,13 @@ CRD_FILES = {
 }
 
 
-def _strict_json_schema(node: Any) -> Any:
-    """OpenAPI v3 (structural CRD schema) -> JSON Schema: honour ``nullable``; unknown fields are errors."""
+def _strict_json_schema(node: JsonValue) -> JsonValue:
+    """OpenAPI v3 (structural CRD schema) -> JsonValue Schema: honour ``nullable``; unknown fields are errors."""
     if isinstance(node, list):
         return [_strict_json_schema(item) for item in node]
     if not isinstance(node, dict):
         return node
-    converted = {key: _strict_json_schema(value) for key, value in node.items()
+    converted: JsonObject = {key: _strict_json_schema(value) for key, value in node.items()
                  if not key.startswith("x-") and value is not None}
     if node.get("nullable") and "type" in converted:
         converted["type"] = [converted["type"], "null"]
@@ -41,17 +45,15 @@ def _strict_json_schema(node: Any) -> Any:
 
 
 @cache
-def crd_schema(api_version: str, kind: str) -> dict[str, Any]:
-    """The JSON Schema of a CRD-defined kind, from the CRDs shipped in the package."""
-    import yaml
-
+def crd_schema(api_version: str, kind: str) -> JsonObject:
+    """The JsonValue Schema of a CRD-defined kind, from the CRDs shipped in the package."""
     with open(os.path.join(CRD_DIR, CRD_FILES[(api_version, kind)]), encoding="utf-8") as handle:
         crd = yaml.safe_load(handle)
     version = api_version.split("/")[1]
     for entry in crd["spec"]["versions"]:
         if entry["name"] == version:
-            schema: dict[str, Any] = _strict_json_schema(entry["schema"]["openAPIV3Schema"])
-            properties = schema.setdefault("properties", {})
+            schema = _object(_strict_json_schema(entry["schema"]["openAPIV3Schema"]), "its schema")
+            properties = _object(schema.setdefault("properties", {}), "its schema's properties")
             properties["metadata"] = {"type": "object"}
             properties.setdefault("apiVersion", {"const": api_version})
             properties.setdefault("kind", {"const": kind})
@@ -59,8 +61,20 @@ def crd_schema(api_version: str, kind: str) -> dict[str, Any]:
     raise KeyError(f"{api_version} not served by {CRD_FILES[(api_version, kind)]}")
 
 
-def _describe(obj: dict[str, Any]) -> str:
-    return f"{obj.get('kind')}/{obj.get('metadata', {}).get('name')}"
+def _object(value: JsonValue, what: str) -> JsonObject:
+    if not isinstance(value, dict):
+        raise TypeError(f"{what} is not an object")
+    return value
+
+
+def kind_and_name(obj: JsonObject) -> tuple[str, str]:
+    """A rendered object's kind and name (``None`` for one it lacks)."""
+    meta = obj.get("metadata")
+    return str(obj.get("kind")), str(meta.get("name") if isinstance(meta, dict) else None)
+
+
+def _describe(obj: JsonObject) -> str:
+    return "/".join(kind_and_name(obj))
 
 
 @cache
@@ -77,15 +91,15 @@ def _fast(api_version: str, kind: str, kubernetes_version: str) -> Any:
         return None
 
 
-def validate_object(obj: dict[str, Any], kubernetes_version: str) -> None:
+def validate_object(obj: JsonObject, kubernetes_version: str) -> None:
     """Raise OperationError if ``obj`` is not valid for its kind (a rendering bug, never user input)."""
-    key = (obj.get("apiVersion", ""), obj.get("kind", ""))
+    key = (str(obj.get("apiVersion", "")), str(obj.get("kind", "")))
     fast = _fast(*key, kubernetes_version)
     if fast is not None and fast(obj):
         return
+    # lazy for the cold start of mlenv render: only an invalid object (an mlenv bug) needs jsonschema and
+    # kubernetes-validate (below), for the message
     import jsonschema
-
-    from mlenv.fastschema.patterns import draft202012
 
     try:
         if key in CRD_FILES:

@@ -25,6 +25,7 @@ from mlenv.backends.kubeapi.naming import pod_dns
 from mlenv.backends.local import net as localnet
 from mlenv.backends.local import proc as localproc
 from mlenv.backends.local.settings import LocalSettings
+from mlenv.config.discover import project_root
 from mlenv.core.capabilities import (
     Check,
     Checks,
@@ -42,6 +43,7 @@ from mlenv.core.fanout import FanoutJobs
 from mlenv.core.remote import RUNTIME_DIR, read_secrets
 from mlenv.errors import OperationError, UsageError, shown
 from mlenv.plan import JobPlan
+from mlenv.render.yamlsafe import to_yaml
 from mlenv.ui import info
 
 NAMESPACES, PROCESSES = "namespaces", "processes"
@@ -147,8 +149,6 @@ class LocalBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks):
     which that installs PyTorch and DeepSpeed into."""
 
     def __init__(self, project: Path | None = None, namespaces_available: bool | None = None) -> None:
-        from mlenv.config.discover import project_root
-
         self.project = project or project_root()
         self.namespaces_available = localnet.available() if namespaces_available is None else namespaces_available
         # what the pods' commands get of this machine's environment, read once: exec_argv only builds
@@ -172,8 +172,6 @@ class LocalBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks):
 
     def prepare(self, plan: JobPlan) -> Request:
         """PURE: every pod's isolation, address, NIC, namespace and directory, as YAML."""
-        from mlenv.render.yamlsafe import to_yaml
-
         settings = _settings(plan)
         mode = self._isolation(settings)
         base = self._base(plan, settings)

@@ -3,6 +3,7 @@ backend. Imported at validate time for files with ``backend: local``, so it impo
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -29,8 +30,6 @@ class LocalSettings:
 
 
 def _subnet(reader: ClusterReader) -> str:
-    import ipaddress
-
     subnet = reader.get("local", "subnet", default=DEFAULT_SUBNET)
     try:
         ipaddress.IPv4Network(subnet, strict=False)

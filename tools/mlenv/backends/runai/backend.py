@@ -10,11 +10,11 @@ from __future__ import annotations
 import shlex
 from collections.abc import Mapping, Sequence
 from functools import cached_property
-from typing import Any
 
 from mlenv.backends.kubeapi import explain
 from mlenv.backends.kubeapi import pods as podview
 from mlenv.backends.kubeapi.client import Client, resolve_binary
+from mlenv.backends.kubeapi.objects import Pod
 from mlenv.backends.kubeapi.preflight import (
     can_i,
     check_allocatable,
@@ -141,10 +141,10 @@ class RunaiBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks):
             wait_pods_ready(client, workload.pods(client.flavour), timeout)
         info(f"{workload.name}: {workload.nodes}/{workload.nodes} pods ready in {workload.namespace}")
 
-    def _pods(self, handle: Handle) -> tuple[Workload, dict[int, dict[str, Any]]]:
+    def _pods(self, handle: Handle) -> tuple[Workload, dict[int, Pod]]:
         workload, client = self._connected(handle)
         with explained(workload.target(client.flavour), client.flavour):
-            return workload, podview.by_ordinal(client.select("pods", workload.selector), workload.name, ordinal)
+            return workload, podview.by_ordinal(client.pods(workload.selector), workload.name, ordinal)
 
     def status(self, handle: Handle) -> list[NodeStatus]:
         """Every pod of the workload from one list call, in node order."""

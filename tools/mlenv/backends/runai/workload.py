@@ -16,6 +16,7 @@ from mlenv.backends.kubeapi import pods as podview
 from mlenv.backends.kubeapi.explain import owner_trouble
 from mlenv.backends.kubeapi.naming import KubeHandle
 from mlenv.backends.kubeapi.waiting import PodSet
+from mlenv.jsontypes import JsonObject
 
 WORKLOAD_LABEL = "workloadName"
 """On every pod (and PodGroup) of a Run:ai workload (REFERENCE.md: LOG-COLLECTOR)."""
@@ -40,7 +41,7 @@ class Workload:
     workspace_claim: str | None
     """The PVC mlenv asked Run:ai to create at /workspace (the only one clean --delete-data deletes)."""
 
-    def to_data(self) -> dict[str, Any]:
+    def to_data(self) -> JsonObject:
         """The backend-specific part of the handle (``nodes`` is the handle's own field)."""
         data = asdict(self)
         del data["nodes"]

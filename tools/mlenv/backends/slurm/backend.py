@@ -52,6 +52,7 @@ from mlenv.core.registry import Records
 from mlenv.core.runrecords import latest_run
 from mlenv.core.spares import place
 from mlenv.errors import ConfigError, OperationError, Problem, UsageError
+from mlenv.jsontypes import JsonObject
 from mlenv.plan import JobPlan
 from mlenv.runtime.records.runrecord import RunRecord
 from mlenv.runtime.records.states import NodeEnd
@@ -146,8 +147,8 @@ last attempt's exit code (its exit file, the batch or step script's; the node's 
 script is gone without one)."""
 
 
-def job_data(job: SlurmJob) -> dict[str, Any]:
-    """The handle's record of ``job`` (JSON)."""
+def job_data(job: SlurmJob) -> JsonObject:
+    """The handle's record of ``job`` (JsonValue)."""
     data = asdict(job)
     data["settings"] = job.settings.to_data()
     return data
@@ -529,7 +530,7 @@ class SlurmBackend(Deploy, NodeAccess, Jobs, Checks, Preempts):
         directory."""
         job = job_from(handle)
         files = noderecords.read(Login.of(job.settings), f"{job.workdir}/{RUNS_DIR}", None, handle.name).files
-        return {rank["rank"]: node for node, mine in files.items() for rank in noderecords.ranks(mine)}
+        return {rank.rank: node for node, mine in files.items() for rank in noderecords.ranks(mine)}
 
     def run_states(self, handle: Handle, run_id: str) -> dict[int, NodeEnd | None]:
         """Node ordinal -> its end of run ``run_id`` as ``latest_run`` reads it: its state with its exit code once the
@@ -627,8 +628,6 @@ def _addresses(login: Login, job_id: str, hosts: Sequence[str]) -> list[str | No
 
 
 def _wait_gone(login: Login, job_ids: list[str]) -> None:
-    import time
-
     deadline = time.monotonic() + CLEAN_TIMEOUT
     while any(current.live for current in jobs.query(login, job_ids, exit_codes=False).values()):
         if time.monotonic() > deadline:

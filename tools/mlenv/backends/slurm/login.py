@@ -54,6 +54,7 @@ class Login:
 
     @cached_property
     def _ssh(self) -> tuple[Transport, HostSpec]:
+        # lazy for the cold start of mlenv render of a Slurm file (ipaddress, urllib.parse: 5 ms): only ssh needs them
         from mlenv.backends.sshlink.hosts import parse_host
         from mlenv.backends.sshlink.transport import Transport, control_dir
 

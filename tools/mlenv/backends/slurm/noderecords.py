@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from mlenv.backends.slurm.login import Login
 from mlenv.backends.slurm.script import DEPLOYMENT_FILE, ENDED_FILE, STOP_FILE
 from mlenv.runtime.records.restartpolicy import why_faulty
-from mlenv.runtime.records.runlayout import LOST_FILE, parse_ranks
+from mlenv.runtime.records.runlayout import LOST_FILE, RankRecord, parse_ranks
 from mlenv.runtime.records.states import Ending, NodeFault, RunState, exit_state, parse_faults
 from mlenv.runtime.records.timeline import NodeAttempt, share
 from mlenv.runtime.supervise.jobs import GONE_REASON, ended_state
+
+if TYPE_CHECKING:
+    from mlenv.core.runrecords import NodeJob
 
 FILES = ("exit", "state.json", "ranks.json", "record.json")
 """A node's records, read in this order: the exit file first, so that a node that has ended is read with its final
@@ -117,14 +120,14 @@ def read(login: Login, runs_root: str, run_id: str | None, name: str = "") -> Ru
     return RunFiles(attempt, files, stopped, lost, ended, earlier)
 
 
-def ranks(files: Mapping[str, str]) -> list[dict[str, Any]]:
-    """The node's ranks (RankRecords), empty when ranks.json is missing or unreadable."""
-    return [rank.to_dict() for rank in parse_ranks(_json(files.get("ranks.json")))]
+def ranks(files: Mapping[str, str]) -> list[RankRecord]:
+    """The node's ranks, empty when ranks.json is missing or unreadable."""
+    return parse_ranks(_json(files.get("ranks.json")))
 
 
 def node_job(files: Mapping[str, str], attempt: int, live: bool, stopped: bool = False,
              lost: NodeFault | None = None, earlier: Mapping[int, Mapping[str, str]] | None = None
-             ) -> dict[str, Any] | None:
+             ) -> NodeJob | None:
     """One node's share of the run from its ``files``, in the shape of the runtime's ``jobs --json`` entries: ended
     once its exit file is there (the state its state.json says, else the exit code's); else, while the run's step or
     batch job is ``live``, running (or hung, as a watchdog recorded); else failed when its supervisor started and is
@@ -152,7 +155,7 @@ def node_job(files: Mapping[str, str], attempt: int, live: bool, stopped: bool =
             "first_failure": None if stopped and state is RunState.STOPPED else recorded.get("first_failure"),
             "transport": recorded.get("transport"),
             "stacks": recorded.get("stacks"), "idle": recorded.get("idle"), "stragglers": recorded.get("stragglers"),
-            "lost_nodes": recorded.get("lost_nodes"), "ranks": ranks(files),
+            "lost_nodes": recorded.get("lost_nodes"), "ranks": [rank.to_dict() for rank in ranks(files)],
             # the node's own sign only: a supervisor gone without an exit status is not "unreachable" here, since
             # srun kills the other nodes' steps (KillWait) once one failed
             "node_fault": recorded.get("node_fault") or (lost.to_dict() if lost is not None else None),

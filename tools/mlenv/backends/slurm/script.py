@@ -142,7 +142,7 @@ def _render(template: str, **context: Any) -> str:
     return _templates(str(TEMPLATES)).render(template, **context)
 
 
-def _context(job: SlurmJob, title: str, output: str, batch: bool = False) -> dict[str, Any]:
+def _context(job: SlurmJob, title: str, output: str, batch: bool = False) -> dict[str, object]:
     settings = {**job.settings.to_data(), "signal_name": job.settings.signal_name}
     return {"job": job, "s": settings, "title": title, "output": output, "batch": batch,
             "grace": grace_seconds(job.settings.signal_seconds), "export": job.settings.sbatch_export,
@@ -241,7 +241,7 @@ def srun_line(job: SlurmJob, run_id: str, task: Sequence[str], secrets: Sequence
 
 def _run_context(job: SlurmJob, title: str, run_id: str, task: Sequence[str], batch: bool = False,
                  attempt: int = 0, exclude: Sequence[str] = (), secrets: Sequence[str] = (),
-                 nodelist: Sequence[str] = (), restarts: int = 0) -> dict[str, Any]:
+                 nodelist: Sequence[str] = (), restarts: int = 0) -> dict[str, object]:
     warning = job.settings.checkpoint_signal if batch else None  # the warning reaches batch jobs only
     env = {**job.env, "MLENV_RUN_ID": run_id, "MLENV_RUN_DIR": job.run_path(run_id),
            "MLENV_CHECKPOINT_DIR": f"{job.workdir}/{checkpoint_dir(run_id)}",

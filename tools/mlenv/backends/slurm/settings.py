@@ -4,10 +4,13 @@ backend. Imported at validate time for files with ``backend: slurm``, so it impo
 from __future__ import annotations
 
 import math
+import signal
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from mlenv.errors import show_value
+from mlenv.jsontypes import JsonObject
 
 if TYPE_CHECKING:
     from mlenv.config.reader import ClusterReader
@@ -86,8 +89,6 @@ class SlurmSettings:
     @property
     def checkpoint_signal(self) -> str | None:
         """The warning signal as Python's ``signal`` module names it (``SIGUSR1``): the ranks' checkpoint signal."""
-        import signal
-
         name = self.signal_name
         if name is None:
             return None
@@ -103,15 +104,15 @@ class SlurmSettings:
         """sbatch's ``--export``: the names of ``export``, else NONE (Slurm's own SLURM_* variables either way)."""
         return ",".join(self.export) or "NONE"
 
-    def to_data(self) -> dict[str, Any]:
-        """JSON-serialisable form, for handles."""
+    def to_data(self) -> JsonObject:
+        """JsonValue-serialisable form, for handles."""
         return {name: list(value) if isinstance(value, tuple) else value for name, value in self.__dict__.items()}
 
     @classmethod
-    def from_data(cls, data: dict[str, Any]) -> SlurmSettings:
+    def from_data(cls, data: Mapping[str, Any]) -> SlurmSettings:
         """Inverse of ``to_data``; TypeError on a record of another shape."""
-        fields: dict[str, Any] = {name: tuple(value) if isinstance(value, list) else value
-                                  for name, value in data.items()}
+        fields = {**data}
+        fields.update({name: tuple(value) for name, value in data.items() if isinstance(value, list)})
         return cls(**fields)
 
 
@@ -138,8 +139,6 @@ def _extra_sbatch(reader: ClusterReader) -> tuple[str, ...]:
 
 def parse_signal(text: str) -> str:
     """sbatch's ``[B:]SIG@SECONDS`` -> ``SIG@SECONDS`` (``SIGUSR1`` as ``USR1``); ValueError saying what is wrong."""
-    import signal
-
     body = text[2:] if text.startswith("B:") else text
     name, at, seconds = body.partition("@")
     if not at or not seconds.isdigit() or int(seconds) > MAX_SIGNAL_SECONDS:
@@ -221,6 +220,7 @@ def _nodelist(reader: ClusterReader) -> tuple[str, ...]:
 
 
 def _login(reader: ClusterReader) -> str | None:
+    # lazy for the cold start: a Slurm file's validation (mlenv render) would load ipaddress and urllib.parse (5 ms)
     from mlenv.backends.sshlink.hosts import HostError, parse_host
 
     login = reader.get("slurm", "login")
@@ -233,8 +233,18 @@ def _login(reader: ClusterReader) -> str | None:
     return str(login)
 
 
-def _login_ssh(reader: ClusterReader) -> dict[str, Any]:
+class LoginSsh(TypedDict):
+    """``slurm.ssh``, as the ``login_*`` fields of :class:`SlurmSettings`."""
+
+    login_identity_file: str | None
+    login_known_hosts: str | None
+    login_jump: str | None
+    login_connect_timeout: int | None
+
+
+def _login_ssh(reader: ClusterReader) -> LoginSsh:
     """``slurm.ssh``: how ssh reaches the login host, checked as the ssh backend checks the same fields."""
+    # lazy for the cold start, as _login's
     from mlenv.backends.sshlink.fields import jump_hosts, local_file
 
     if reader.get("slurm", "ssh") is not None and reader.get("slurm", "login") is None:

@@ -8,6 +8,7 @@ from mlenv.backends.slurm import jobs
 from mlenv.backends.slurm.jobs import JobInfo
 from mlenv.backends.slurm.login import Login
 from mlenv.errors import OperationError
+from mlenv.ui import live_view
 
 POLL_SECONDS = 0.25
 """Between two squeue calls while waiting."""
@@ -25,8 +26,6 @@ class CannotStart(OperationError):
 def wait_started(login: Login, job_id: str, what: str, timeout: float | None = None) -> JobInfo:
     """Poll until the job is no longer pending (running, or already ended); CannotStart for a reason that never
     goes away, OperationError after ``timeout`` seconds (None: no limit)."""
-    from mlenv.ui import live_view
-
     started = time.monotonic()
     info = jobs.state(login, job_id)
     if info.state not in STARTING:

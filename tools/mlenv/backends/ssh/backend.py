@@ -19,7 +19,9 @@ import shlex
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING
+
+import yaml
 
 from mlenv.backends.ssh import deploy as deploying
 from mlenv.backends.ssh import doctor
@@ -27,6 +29,7 @@ from mlenv.backends.ssh.diagnose import failure
 from mlenv.backends.ssh.facts import Reply, parallel, probe, probe_all
 from mlenv.backends.ssh.settings import SshSettings
 from mlenv.backends.ssh.target import SshTarget
+from mlenv.backends.sshlink.hosts import HostSpec
 from mlenv.backends.sshlink.transport import Transport, control_dir
 from mlenv.core import remote
 from mlenv.core.capabilities import (
@@ -47,10 +50,14 @@ from mlenv.core.capabilities import (
 )
 from mlenv.core.fanout import FanoutJobs
 from mlenv.errors import OperationError, UsageError, shown
+from mlenv.jsontypes import JsonObject
 from mlenv.parallel import run_parallel
 from mlenv.plan import JobPlan
 from mlenv.runtime.records.states import RunState
 from mlenv.ui import info, warn
+
+if TYPE_CHECKING:
+    from mlenv.backends.ssh.probe import ProbeRequest
 
 PORT_NOTE = "MASTER_PORT=<picked free on host 0 at launch>"
 LEFTOVER_GRACE = 5
@@ -128,8 +135,9 @@ class SshBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks):
         """Every host, then every spare host (``spare: yes``): reachable, its GPUs, the mlenv jobs running there
         (the runtime's ``jobs --json``)."""
         target = _reached(handle)
-        requests = {i: (host, {"workdir": target.workspace(i), "gpus": target.gpus_per_node > 0, "jobs": True})
-                    for i, host in enumerate(target.machines)}
+        requests: dict[int, tuple[HostSpec, ProbeRequest]] = {
+            i: (host, {"workdir": target.workspace(i), "gpus": target.gpus_per_node > 0, "jobs": True})
+            for i, host in enumerate(target.machines)}
         replies = probe_all(target.transport, target.python, requests)
         return [_status_row(target, i, replies[i]) for i in range(len(target.machines))]
 
@@ -138,6 +146,10 @@ class SshBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks):
         target = _reached(handle)
         workspaces = target.deployed(handle.name)
         return [Node(i, target.label(i), workspaces[i], host.host, ready=True) for i, host in enumerate(target.hosts)]
+
+    def python(self, handle: Handle) -> str:
+        """The hosts' Python (ssh.python)."""
+        return SshTarget.of(handle).python
 
     def node_names(self, handle: Handle) -> list[str]:
         """PURE: the hosts' labels, in rank order."""
@@ -199,8 +211,9 @@ class SshBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks):
         if errors:
             raise OperationError("clean did not finish on every host (run it again):\n" + "\n".join(errors))
 
-    def _on_hosts(self, target: SshTarget, ordinals: Sequence[int], request: Mapping[str, Any]) -> dict[int, Reply]:
-        requests = {i: (target.machines[i], {"workdir": target.workspace(i), **request}) for i in ordinals}
+    def _on_hosts(self, target: SshTarget, ordinals: Sequence[int], request: ProbeRequest) -> dict[int, Reply]:
+        requests: dict[int, tuple[HostSpec, ProbeRequest]] = {
+            i: (target.machines[i], {"workdir": target.workspace(i), **request}) for i in ordinals}
         return probe_all(target.transport, target.python, requests)
 
     def checks(self, plan: JobPlan) -> list[Check]:
@@ -293,8 +306,6 @@ def _say_deleted(target: SshTarget, ordinal: int, answer: Reply) -> None:
 def _request_text(plan: JobPlan, target: SshTarget) -> str:
     """What ``render`` and ``deploy --dry-run`` print: the hosts, what deploy does on each, the env contract and
     the ssh_config every ssh and rsync uses."""
-    import yaml
-
     transport = target.transport
     checks = ["ssh login (BatchMode; a new host key is accepted and its fingerprint printed)",
               f"{target.python} is Python {'.'.join(map(str, deploying.MIN_PYTHON))}+",
@@ -302,7 +313,7 @@ def _request_text(plan: JobPlan, target: SshTarget) -> str:
               *([f"nvidia-smi -L lists at least {target.gpus_per_node} GPUs"] if target.gpus_per_node else []),
               f"mkdir -p {target.workdir} (marked as mlenv's when deploy makes it)",
               "shared workspace? a marker written through host 0, looked for through the others"]
-    document: dict[str, Any] = {
+    document: JsonObject = {
         "backend": "ssh",
         "name": plan.name,
         "hosts": [{"rank": i, "host": target.label(i),
@@ -313,7 +324,7 @@ def _request_text(plan: JobPlan, target: SshTarget) -> str:
                        for i, host in enumerate(target.machines) if i >= len(target.hosts)]} if target.spares else {}),
         "workdir": target.workdir,
         "python": target.python,
-        "deploy_checks": checks,
+        "deploy_checks": list(checks),
         "env": {**plan.env, "MASTER_ADDR": "<host 0's address, as its ssh server sees the connection>",
                 "MASTER_PORT": f"<picked free on host 0 at launch; exec and shell see {plan.env.get('MASTER_PORT')}>"},
         "launch": f"{PORT_NOTE}; the runtime on each host picks its NIC and NCCL settings",

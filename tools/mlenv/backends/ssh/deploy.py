@@ -10,12 +10,15 @@ from __future__ import annotations
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 from mlenv.backends.ssh.facts import Reply, probe, probe_all
 from mlenv.backends.ssh.target import SshTarget
 from mlenv.errors import OperationError, shown
 from mlenv.ui import info, warn
+
+if TYPE_CHECKING:
+    from mlenv.backends.ssh.probe import ProbeAnswer, ProbeRequest
 
 MIN_FREE_BYTES = 1 << 30
 MIN_PYTHON = (3, 10)
@@ -32,7 +35,7 @@ class Deployed:
     master_addr: str
 
 
-def host_problems(target: SshTarget, ordinal: int, facts: Mapping[str, Any]) -> list[str]:
+def host_problems(target: SshTarget, ordinal: int, facts: ProbeAnswer) -> list[str]:
     """Why host ``ordinal`` cannot run nodes, from its probe answer (empty when it can)."""
     label = target.label(ordinal)
     problems = [f"{label}: {shown(str(facts['error']))}"] if facts.get("error") else []
@@ -51,7 +54,7 @@ def host_problems(target: SshTarget, ordinal: int, facts: Mapping[str, Any]) -> 
     return problems
 
 
-def _summary(target: SshTarget, ordinal: int, facts: Mapping[str, Any]) -> str:
+def _summary(target: SshTarget, ordinal: int, facts: ProbeAnswer) -> str:
     gpus = f"{facts['gpus']} GPUs" if "gpus" in facts else "GPUs not checked (gpus.per_node: 0)"
     rsync = "rsync" if facts["rsync"] else "no rsync (sync copies everything with tar)"
     made = "made" if facts.get("created") else "already there"
@@ -61,9 +64,8 @@ def _summary(target: SshTarget, ordinal: int, facts: Mapping[str, Any]) -> str:
             f"workspace {shown(str(facts['workspace']))} ({made})")
 
 
-def _request(target: SshTarget, **extra: Any) -> dict[str, Any]:
-    return {"workdir": target.workdir, "make": True, "owner": target.owner, "gpus": target.gpus_per_node > 0,
-            **extra}
+def _request(target: SshTarget) -> ProbeRequest:
+    return {"workdir": target.workdir, "make": True, "owner": target.owner, "gpus": target.gpus_per_node > 0}
 
 
 def deploy(target: SshTarget) -> Deployed:
@@ -76,9 +78,9 @@ def deploy(target: SshTarget) -> Deployed:
     info(f"checking {len(target.hosts)} host{'s' if len(target.hosts) > 1 else ''}{spares} over ssh ({order}each "
          f"gets {target.transport.connect_timeout} s to answer, ssh.connect_timeout)")
     replies = {0: probe(target.transport, first, target.python,
-                        _request(target, marker_write=token if several else None))}
+                        {**_request(target), "marker_write": token if several else None})}
     replies.update(probe_all(target.transport, target.python,
-                             {i: (host, _request(target, marker_look=token))
+                             {i: (host, {**_request(target), "marker_look": token})
                               for i, host in enumerate(target.machines) if i}))
     if several and replies[0].facts is not None:
         probe(target.transport, first, target.python, {"workdir": target.workdir, "marker_remove": token})

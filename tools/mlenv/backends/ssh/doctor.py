@@ -10,8 +10,7 @@ import shlex
 import shutil
 import subprocess
 import threading
-from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 
 from mlenv.backends.ssh.deploy import GIB, MIN_FREE_BYTES, MIN_PYTHON
 from mlenv.backends.ssh.diagnose import DEFAULT_KNOWN_HOSTS, keygen, needs_passphrase
@@ -20,6 +19,9 @@ from mlenv.backends.ssh.target import SshTarget
 from mlenv.backends.sshlink.hosts import HostSpec, resolve
 from mlenv.core.capabilities import Check
 from mlenv.errors import MlenvError, shown
+
+if TYPE_CHECKING:
+    from mlenv.backends.ssh.probe import ProbeAnswer, ProbeRequest
 
 LISTEN_SECONDS = 15
 CONNECT_SECONDS = 5
@@ -98,7 +100,7 @@ def _host_checks(target: SshTarget, ordinal: int, answer: Reply) -> list[Check]:
 def _serve(target: SshTarget, count: int) -> tuple[subprocess.Popen[str], int | None]:
     """A listener on host 0 at a free port (it accepts ``count`` connections, then ends); its port."""
     host = target.hosts[0]
-    request = {"workdir": target.workdir, "listen": {"count": count, "timeout": LISTEN_SECONDS}}
+    request: ProbeRequest = {"workdir": target.workdir, "listen": {"count": count, "timeout": LISTEN_SECONDS}}
     server = subprocess.Popen(probe_argv(target.transport, host, target.python, request), stdin=subprocess.DEVNULL,
                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     timer = threading.Timer(target.transport.connect_timeout + LISTEN_SECONDS + 10, server.kill)
@@ -111,7 +113,7 @@ def _serve(target: SshTarget, count: int) -> tuple[subprocess.Popen[str], int | 
     return server, None
 
 
-def _rendezvous(target: SshTarget, master: Mapping[str, Any], reachable: list[int]) -> list[Check]:
+def _rendezvous(target: SshTarget, master: ProbeAnswer, reachable: list[int]) -> list[Check]:
     """Host 0 reachable from every other host and spare on a free port, at the address launch gives them
     (MASTER_ADDR)."""
     address = str(master.get("address") or target.hosts[0].host)
@@ -123,10 +125,9 @@ def _rendezvous(target: SshTarget, master: Mapping[str, Any], reachable: list[in
         if port is None:
             server.kill()
             return [Check("rendezvous", "FAIL", f"could not listen on {target.label(0)}")]
-        requests = {i: (target.machines[i], {"workdir": target.workdir,
-                                             "connect": {"address": address, "port": port,
-                                                         "timeout": CONNECT_SECONDS}})
-                    for i in others}
+        request: ProbeRequest = {"workdir": target.workdir,
+                            "connect": {"address": address, "port": port, "timeout": CONNECT_SECONDS}}
+        requests = {i: (target.machines[i], request) for i in others}
         replies = probe_all(target.transport, target.python, requests)
         server.communicate()
     checks = []
@@ -151,7 +152,7 @@ def checks(target: SshTarget) -> list[Check]:
     if target.transport.identity_file:
         found.append(_identity(target.transport.identity_file))
     keys = parallel(lambda host: _host_key(target, host), dict(enumerate(target.machines)))
-    request = {"workdir": target.workdir, "gpus": target.gpus_per_node > 0}
+    request: ProbeRequest = {"workdir": target.workdir, "gpus": target.gpus_per_node > 0}
     replies = probe_all(target.transport, target.python, {i: (h, request) for i, h in enumerate(target.machines)})
     for ordinal in range(len(target.machines)):
         found += [keys[ordinal], *_host_checks(target, ordinal, replies[ordinal])]

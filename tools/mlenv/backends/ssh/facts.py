@@ -10,13 +10,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from mlenv.backends.ssh.diagnose import ADDED, failure, first_contact
 from mlenv.backends.ssh.probe import PREFIX
 from mlenv.backends.sshlink.hosts import HostSpec
 from mlenv.backends.sshlink.transport import SSH_FAILED, Transport
 from mlenv.errors import shown
+
+if TYPE_CHECKING:
+    from mlenv.backends.ssh.probe import ProbeAnswer, ProbeRequest
 
 MAX_PARALLEL = 16
 COMMAND_SECONDS = 120
@@ -36,7 +39,7 @@ def probe_source() -> str:
 class Reply:
     """A host's answer to the probe, or why there is none."""
 
-    facts: dict[str, Any] | None
+    facts: ProbeAnswer | None
     error: str | None = None
     note: str | None = None
     """What first contact recorded (the host key's fingerprint)."""
@@ -44,14 +47,14 @@ class Reply:
     """The command that fixes what ``error`` says, where there is one."""
 
 
-def probe_argv(transport: Transport, host: HostSpec, python: str, request: Mapping[str, Any]) -> list[str]:
+def probe_argv(transport: Transport, host: HostSpec, python: str, request: ProbeRequest) -> list[str]:
     """The ssh command line that runs the probe with ``request`` on ``host``."""
-    return transport.ssh_argv(host, [python, "-c", probe_source(), json.dumps(dict(request))])
+    return transport.ssh_argv(host, [python, "-c", probe_source(), json.dumps(request)])
 
 
-def answers(stdout: str) -> list[dict[str, Any]]:
+def answers(stdout: str) -> list[ProbeAnswer]:
     """The probe's answers in its output (startup files of the login shell may print other lines)."""
-    found = []
+    found: list[ProbeAnswer] = []
     for line in stdout.splitlines():
         if line.startswith(PREFIX):
             try:
@@ -79,7 +82,7 @@ def _reply(transport: Transport, host: HostSpec, python: str, returncode: int, s
                  note)
 
 
-def probe(transport: Transport, host: HostSpec, python: str, request: Mapping[str, Any]) -> Reply:
+def probe(transport: Transport, host: HostSpec, python: str, request: ProbeRequest) -> Reply:
     """Run the probe on one host (bounded: ConnectTimeout plus COMMAND_SECONDS)."""
     seconds = transport.connect_timeout + COMMAND_SECONDS
     try:
@@ -101,7 +104,7 @@ def parallel(function: Callable[[T], R], items: Mapping[int, T]) -> dict[int, R]
         return {ordinal: future.result() for ordinal, future in futures.items()}
 
 
-def probe_all(transport: Transport, python: str, requests: Mapping[int, tuple[HostSpec, Mapping[str, Any]]]
+def probe_all(transport: Transport, python: str, requests: Mapping[int, tuple[HostSpec, ProbeRequest]]
               ) -> dict[int, Reply]:
     """The probe on every host of ``requests`` (ordinal -> host and request) at once."""
     return parallel(lambda item: probe(transport, item[0], python, item[1]), requests)

@@ -1,12 +1,12 @@
 """Run on each host by the ssh backend as ``PYTHON -c <this file's text> REQUEST``: stdlib only, Python 3.7+ (so
 that a host with an older Python than the runtime needs still says which one it has).
 
-REQUEST is a JSON object naming what to do; the steps run in this order: ``make`` (create the workspace, marking
+REQUEST is a JsonValue object naming what to do; the steps run in this order: ``make`` (create the workspace, marking
 it as mlenv's with ``owner`` when this call created it), ``marker_write`` / ``marker_look`` / ``marker_remove``
 (the shared-filesystem test: a file written through host 0, looked for through the others), ``gpus``
 (``nvidia-smi -L``), ``jobs`` / ``stop`` (the shipped runtime's ``jobs --json`` / ``stop`` in the workspace),
 ``delete`` (the workspace, only when it carries ``owner``'s mark), ``free_port``, ``listen`` / ``connect`` (doctor's
-rendezvous test). The answer is one JSON object on a line starting with ``mlenv-probe:`` (``listen`` first
+rendezvous test). The answer is one JsonValue object on a line starting with ``mlenv-probe:`` (``listen`` first
 answers with its port); a login shell's startup files may print lines before it.
 """
 
@@ -18,7 +18,69 @@ import shutil
 import socket
 import subprocess
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # TypedDict is Python 3.8+ and the probe runs on 3.7: these types exist for mypy only
+    from typing import TypedDict
+
+    from mlenv.jsontypes import JsonObject
+
+    class ProbeListen(TypedDict):
+        """``listen``: how long to wait for how many connections."""
+
+        timeout: float
+        count: int
+
+    class ProbeConnect(TypedDict):
+        """``connect``: where to connect, and how long to try."""
+
+        address: str
+        port: int
+        timeout: float
+
+    class ProbeRequest(TypedDict, total=False):
+        """What the probe is asked to do (the module's docstring)."""
+
+        workdir: str
+        owner: str
+        make: bool
+        marker_write: str | None
+        marker_look: str
+        marker_remove: str
+        gpus: bool
+        jobs: bool
+        stop: bool
+        delete: bool
+        free_port: bool
+        listen: ProbeListen
+        connect: ProbeConnect
+
+    class ProbeAnswer(TypedDict, total=False):
+        """The probe's answer: the host's basics, then what each step found."""
+
+        hostname: str
+        python: list[int]
+        address: str | None
+        rsync: bool
+        workspace: str
+        exists: bool
+        writable: bool
+        free_bytes: int
+        created: bool
+        error: str
+        marker_seen: bool
+        gpu_error: str
+        gpus: int
+        jobs: list[JsonObject]
+        jobs_error: str
+        stopped: list[str]
+        deleted: bool
+        kept: str
+        free_port: int
+        port: int
+        accepted: int
+        connected: bool
+        connect_error: str
 
 PREFIX = "mlenv-probe: "
 RUNTIME_DIR = ".mlenv"
@@ -26,7 +88,7 @@ OWNER_FILE = os.path.join(RUNTIME_DIR, "owner")
 COMMAND_TIMEOUT = 60
 
 
-def answer(data: dict[str, Any]) -> None:
+def answer(data: ProbeAnswer) -> None:
     print(PREFIX + json.dumps(data), flush=True)
 
 
@@ -44,7 +106,7 @@ def read(path: str) -> str | None:
         return None
 
 
-def basics(workspace: str) -> dict[str, Any]:
+def basics(workspace: str) -> ProbeAnswer:
     """Who and where this host is, and what it has."""
     connection = os.environ.get("SSH_CONNECTION", "").split()
     ancestor = existing_ancestor(workspace)
@@ -61,7 +123,7 @@ def basics(workspace: str) -> dict[str, Any]:
     }
 
 
-def make(workspace: str, owner: str, out: dict[str, Any]) -> None:
+def make(workspace: str, owner: str, out: ProbeAnswer) -> None:
     created = not os.path.isdir(workspace)
     try:
         os.makedirs(os.path.join(workspace, RUNTIME_DIR), exist_ok=True)
@@ -71,14 +133,16 @@ def make(workspace: str, owner: str, out: dict[str, Any]) -> None:
     except OSError as exc:
         out["error"] = f"cannot create the workspace {workspace}: {exc.strerror}"
         return
-    out.update(created=created, exists=True, workspace=os.path.realpath(workspace))
+    out["created"], out["exists"], out["workspace"] = created, True, os.path.realpath(workspace)
 
 
-def marker(workspace: str, request: dict[str, Any], out: dict[str, Any]) -> None:
-    for step in ("marker_write", "marker_look", "marker_remove"):
-        if not request.get(step):
+def marker(workspace: str, request: ProbeRequest, out: ProbeAnswer) -> None:
+    steps = (("marker_write", request.get("marker_write")), ("marker_look", request.get("marker_look")),
+             ("marker_remove", request.get("marker_remove")))
+    for step, token in steps:
+        if not token:
             continue
-        path = os.path.join(workspace, RUNTIME_DIR, f"shared-{request[step]}")
+        path = os.path.join(workspace, RUNTIME_DIR, f"shared-{token}")
         try:
             if step == "marker_write":
                 with open(path, "w") as handle:
@@ -91,7 +155,7 @@ def marker(workspace: str, request: dict[str, Any], out: dict[str, Any]) -> None
             out["error"] = f"cannot write in the workspace {workspace}: {exc.strerror}"
 
 
-def gpus(out: dict[str, Any]) -> None:
+def gpus(out: ProbeAnswer) -> None:
     try:
         result = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=COMMAND_TIMEOUT,
                                 check=False)
@@ -117,7 +181,7 @@ def runtime(workspace: str, *args: str) -> subprocess.CompletedProcess[str] | No
                           capture_output=True, text=True, timeout=COMMAND_TIMEOUT, check=False)
 
 
-def jobs(workspace: str, out: dict[str, Any]) -> None:
+def jobs(workspace: str, out: ProbeAnswer) -> None:
     result = runtime(workspace, "jobs", "--json") if os.path.isdir(workspace) else None
     if result is None:
         return
@@ -127,7 +191,7 @@ def jobs(workspace: str, out: dict[str, Any]) -> None:
         out["jobs_error"] = (result.stderr.strip() or "runtime jobs failed").splitlines()[-1]
 
 
-def stop(workspace: str, out: dict[str, Any]) -> None:
+def stop(workspace: str, out: ProbeAnswer) -> None:
     result = runtime(workspace, "stop") if os.path.isdir(workspace) else None
     if result is not None:
         out["stopped"] = [line for line in result.stdout.splitlines() if line.startswith("stopped")]
@@ -135,12 +199,12 @@ def stop(workspace: str, out: dict[str, Any]) -> None:
             out["error"] = (result.stderr.strip() or result.stdout.strip() or "runtime stop failed").splitlines()[-1]
 
 
-def delete(workspace: str, owner: str, out: dict[str, Any]) -> None:
+def delete(workspace: str, owner: str, out: ProbeAnswer) -> None:
     if not os.path.isdir(workspace):
         out["deleted"] = False
         return
     if read(os.path.join(workspace, OWNER_FILE)) != owner:
-        out.update(deleted=False, kept="it was not made by this deployment")
+        out["deleted"], out["kept"] = False, "it was not made by this deployment"
         return
     shutil.rmtree(workspace, ignore_errors=True)
     out["deleted"] = not os.path.exists(workspace)
@@ -150,7 +214,7 @@ def family(address: str | None) -> socket.AddressFamily:
     return socket.AF_INET6 if address and ":" in address else socket.AF_INET
 
 
-def listen(request: dict[str, Any], out: dict[str, Any]) -> None:
+def listen(request: ProbeRequest, out: ProbeAnswer) -> None:
     """Listen on every address at a free port, say which, and count who connects before the timeout."""
     settings = request["listen"]
     with socket.socket(family(out.get("address"))) as server:
@@ -169,16 +233,16 @@ def listen(request: dict[str, Any], out: dict[str, Any]) -> None:
     out["accepted"] = accepted
 
 
-def connect(request: dict[str, Any], out: dict[str, Any]) -> None:
+def connect(request: ProbeRequest, out: ProbeAnswer) -> None:
     target = request["connect"]
     try:
         with socket.create_connection((target["address"], target["port"]), timeout=target["timeout"]):
             out["connected"] = True
     except OSError as exc:
-        out.update(connected=False, connect_error=str(exc))
+        out["connected"], out["connect_error"] = False, str(exc)
 
 
-def main(request: dict[str, Any]) -> None:
+def main(request: ProbeRequest) -> None:
     workspace = os.path.abspath(os.path.expanduser(request["workdir"]))
     out = basics(workspace)
     if request.get("make"):

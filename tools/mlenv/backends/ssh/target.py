@@ -12,6 +12,7 @@ from mlenv.backends.sshlink.hosts import HostSpec
 from mlenv.backends.sshlink.transport import Transport
 from mlenv.core.capabilities import Handle
 from mlenv.errors import OperationError
+from mlenv.jsontypes import JsonObject
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,7 @@ class SshTarget:
     spares: tuple[HostSpec, ...] = ()
     """Hosts that take an excluded node's place."""
 
-    def to_data(self) -> dict[str, Any]:
+    def to_data(self) -> JsonObject:
         """The handle's ``data``."""
         return {"hosts": [{"host": h.host, "user": h.user, "port": h.port} for h in self.hosts],
                 "transport": self.transport.to_data(), "workdir": self.workdir, "python": self.python,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -132,8 +133,6 @@ class Resolved:
 def resolve(ssh_base: Sequence[str], destination: str) -> Resolved | None:
     """``ssh -G``'s answer for ``destination`` with the options of ``ssh_base`` (``ssh -F FILE -p PORT``);
     None when ssh cannot say (it then fails the same way when connecting)."""
-    import subprocess
-
     try:
         result = subprocess.run([*ssh_base, "-G", "--", destination], capture_output=True, text=True,
                                 stdin=subprocess.DEVNULL, timeout=RESOLVE_TIMEOUT, check=False)

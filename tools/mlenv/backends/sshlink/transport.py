@@ -22,6 +22,7 @@ from typing import Any
 
 from mlenv.backends.sshlink.hosts import HostSpec
 from mlenv.errors import OperationError, shown
+from mlenv.jsontypes import JsonObject
 
 SSH_FAILED = 255
 """ssh's exit code for its own failure (connection, authentication), not the remote command's."""
@@ -54,7 +55,7 @@ class Transport:
     known_hosts: str | None = None
     jump: str | None = None
 
-    def to_data(self) -> dict[str, Any]:
+    def to_data(self) -> JsonObject:
         """The handle's record of it."""
         return asdict(self)
 
