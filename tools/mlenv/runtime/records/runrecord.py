@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .goodput import goodput
+from .jsonvalue import JsonObject
 from .runlayout import FirstFailure, RankRecord, parse_ranks
 from .states import NodeEnd, NodeFault, RunState, parse_faults
 from .timeline import NodeAttempt
@@ -55,7 +56,7 @@ class RunRecord:
         ``now``."""
         return replace(self, goodput=goodput(self.timeline, at, now))
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         """``status --json``'s ``latest_run`` (without ``nodes``, which status prints as ``run_states``)."""
         return {"id": self.id, "state": self.state, "attempt": self.attempt,
                 "ranks": [rank.to_dict() for rank in self.ranks],

@@ -20,7 +20,7 @@ from typing import Any
 
 from ..forensics import collectives
 from ..forensics.arrivals import entries_of, shifted, stragglers
-from ..records.states import FaultSign
+from ..records.states import FaultSign, NodeFault
 from .protocol import BaseObserver, JobControl
 
 EVERY_SECONDS = 10.0
@@ -82,12 +82,13 @@ class StragglerWatch(BaseObserver):
             mine = here[0] if here and self.exclude else None
             if mine != self.mine:  # the node's own sign in its state.json: the restart rules read it there
                 self.mine = mine
-                self.control.record(node_fault=self.node_fault())
+                fault = self.node_fault()
+                self.control.record(node_fault=None if fault is None else fault.to_dict())
 
-    def node_fault(self) -> dict[str, str] | None:
+    def node_fault(self) -> NodeFault | None:
         """Under ``--on-straggler exclude``, this node's sign while it is named a straggler: the restart rules leave
         it out at the next restart."""
-        return {"sign": FaultSign.STRAGGLER, "evidence": self.mine} if self.mine else None
+        return NodeFault(FaultSign.STRAGGLER, self.mine) if self.mine else None
 
     @staticmethod
     def _report(control: JobControl, token: int) -> None:
