@@ -12,11 +12,6 @@ JsonObject: TypeAlias = dict[str, JsonValue]
 """A JSON object (a message, a record) before it is read into its type."""
 
 
-def json_object(value: object) -> JsonObject | None:
-    """``value`` (``json.loads``'s) when it is a JSON object, else None."""
-    return value if isinstance(value, dict) else None
-
-
 def int_of(value: JsonValue, key: str) -> int:
     """``value`` when it is an integer (a bool is none); TypeError naming ``key`` otherwise."""
     if not isinstance(value, int) or isinstance(value, bool):
