@@ -43,7 +43,7 @@ def take(backend: NodeAccess, handle: Handle, only: int | None = None, *, native
         raise OperationError(over)
     ranks = sorted((rank for data in mine for rank in data.get("ranks") or []), key=lambda r: int(r["rank"]))
     records = {rank: record for data in mine for rank, record in (data.get("collectives") or {}).items()}
-    return {"run": run, "ranks": ranks, "groups": group(ranks), "collectives": culprit_of(ranks, records),
+    return {"run": run, "ranks": ranks, "groups": group(ranks), "collectives": culprit_of(ranks, records).to_json(),
             "flight_dumps": [path for data in mine for path in data.get("flight_dumps") or []],
             "unreachable": unreachable}
 

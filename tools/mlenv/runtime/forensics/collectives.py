@@ -25,6 +25,8 @@ from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from pathlib import Path
 from typing import Any
 
+from ..records.jsonvalue import JsonObject
+
 DIRECTORY_ENV = "MLENV_COLLECTIVES_DIR"
 """Set by the launcher for the whole job: where the ranks' collective records go."""
 FILE_ENV = "MLENV_COLLECTIVES_FILE"
@@ -161,20 +163,20 @@ def ask(directory: Path) -> int:
 
 
 def read(directory: Path, ranks: Iterable[int], token: int | None = None,
-         wait: float = ANSWER_SECONDS) -> dict[int, dict[str, Any]]:
+         wait: float = ANSWER_SECONDS) -> dict[int, JsonObject]:
     """Each rank's record (``{"error"}`` when it has none or it cannot be read); with ``token``, waits up to
     ``wait`` seconds for records that answer it, and marks the others ``"stale": true``."""
     wanted = sorted(set(ranks))
     deadline = time.monotonic() + wait
     while True:
         found = {rank: _read_one(record_file(directory, rank)) for rank in wanted}
-        fresh = all(record.get("token", 0) >= (token or 0) or _final(record) for record in found.values())
+        fresh = all(_answered_token(record) >= (token or 0) or _final(record) for record in found.values())
         if token is None or fresh or time.monotonic() >= deadline:
             break
         time.sleep(0.1)
     if token is not None:
         for record in found.values():
-            if "error" not in record and record.get("token", 0) < token:
+            if "error" not in record and _answered_token(record) < token:
                 record["stale"] = True
     return found
 
@@ -184,7 +186,13 @@ def _final(record: Mapping[str, Any]) -> bool:
     return "error" in record and "pid" in record
 
 
-def _read_one(path: Path) -> dict[str, Any]:
+def _answered_token(record: JsonObject) -> int:
+    """The token of the request a record answers (0: none)."""
+    token = record.get("token", 0)
+    return token if isinstance(token, int) else 0
+
+
+def _read_one(path: Path) -> JsonObject:
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:
