@@ -341,7 +341,7 @@ def report(fault: str, at_step: int, targets: Targets, watch: Watch, result: Lau
             "last_step": last, "lost_steps": lost, "exit_code": result.exit_code, "problem": watch.problem,
             "verdict": "PASS" if ok else "FAIL", "timeline": str(run_dir / "timeline.png"),
             "ranks": _spans(first, final, fault_at),
-            "goodput": dict(result.goodput) if result.goodput is not None else None}
+            "goodput": result.goodput.to_json() if result.goodput is not None else None}
 
 
 def _preempted(final: RunRecord) -> tuple[float | None, list[int]]:
@@ -444,6 +444,7 @@ def run_drill(target: Target, fault: str, at_step: int = AT_STEP, as_json: bool 
 
 
 def _print(drills: Sequence[Mapping[str, Any]]) -> None:
+    from mlenv.runtime.records.goodput import Goodput
     from mlenv.runtime.records.goodput import describe as goodput_line
     from mlenv.ui import judged, say, table
 
@@ -453,8 +454,8 @@ def _print(drills: Sequence[Mapping[str, Any]]) -> None:
               [[p["phase"], "-" if p["seconds"] is None else f"{p['seconds']:.2f}",
                 "-" if p["target"] is None else f"<= {p['target']:g}", p["verdict"], p["evidence"]]
                for p in drill["phases"]])
-        if drill.get("goodput"):
-            say(goodput_line(drill["goodput"]))
+        if (found := Goodput.parse(drill.get("goodput"))) is not None:
+            say(goodput_line(found))
         if drill["problem"]:
             say(f"the drill itself: {drill['problem']}")
         judged(drill["verdict"], f"{drill['fault']}: lost work {drill['lost_steps']} steps; timeline "

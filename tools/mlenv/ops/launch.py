@@ -21,6 +21,7 @@ from mlenv.errors import MlenvError, OperationError, UsageError, shown
 from mlenv.ops.live import refuse_while_live
 from mlenv.ops.target import Target
 from mlenv.runtime.records import restartpolicy
+from mlenv.runtime.records.goodput import Goodput
 from mlenv.runtime.records.restartpolicy import IDLE_EXIT_CODE, LOST_SIGNS, why_faulty
 from mlenv.runtime.records.runlayout import FirstFailure
 from mlenv.runtime.records.runrecord import RunRecord
@@ -45,7 +46,7 @@ class LaunchResult:
     where the backend keeps no such records)."""
     attempt: int = 0
     """The attempt it is (MLENV_RESTART_COUNT)."""
-    goodput: Mapping[str, Any] | None = None
+    goodput: Goodput | None = None
     """Where the wall time of an attached run went (runtime/records/goodput.py), once it ended."""
 
     @property
@@ -67,7 +68,7 @@ class LaunchResult:
                 "run_dir": str(self.run_dir), "exit_code": None if going else outcome.exit_code,
                 "attempt": self.attempt, "duration": self.seconds,
                 "first_failure": failure.to_dict() if failure is not None else None,
-                "goodput": dict(self.goodput) if self.goodput is not None else None}
+                "goodput": self.goodput.to_json() if self.goodput is not None else None}
 
 
 def run_id(app: str) -> str:

@@ -15,6 +15,8 @@ from mlenv.core.registry import Backend
 from mlenv.errors import MlenvError, UsageError
 from mlenv.ops.runs import distinct, entry, find, launched_at, recorded_runs
 from mlenv.ops.target import backend_of, resolve
+from mlenv.runtime.records.goodput import Goodput
+from mlenv.runtime.records.goodput import describe as goodput_line
 from mlenv.runtime.records.runrecord import RunRecord
 from mlenv.runtime.records.states import RunState, end_text
 from mlenv.ui import error, print_json, say, table
@@ -140,10 +142,8 @@ def _print(report: dict[str, Any], run: RunRecord | None = None) -> None:
             say("GPUs idle: " + "; ".join(describe(report) for report in recorded_run["idle"].values()))
         for straggler in recorded_run.get("stragglers") or []:
             say(straggler["text"])
-        if recorded_run.get("goodput"):
-            from mlenv.runtime.records.goodput import describe as goodput_line
-
-            say(goodput_line(recorded_run["goodput"]))
+        if (found := Goodput.parse(recorded_run.get("goodput"))) is not None:
+            say(goodput_line(found))
         if recorded_run.get("first_failure"):
             failure = recorded_run["first_failure"]
             say(f"first failure: rank {failure['rank']} (node-{failure['node']}) {failure['reason']}")
