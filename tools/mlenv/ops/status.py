@@ -137,13 +137,14 @@ def _print(report: dict[str, Any], run: RunRecord | None = None) -> None:
             say("transport: " + ", ".join(f"{node} {found['verdict']} ({found.get('plugin') or 'no network'})"
                                           for node, found in transport.items()))
         if recorded_run.get("idle"):
-            from mlenv.runtime.watch.idle import describe
+            from mlenv.runtime.watch.idle import IdleReport, describe
 
-            say("GPUs idle: " + "; ".join(describe(report) for report in recorded_run["idle"].values()))
+            say("GPUs idle: " + "; ".join(describe(idle) for value in recorded_run["idle"].values()
+                                          if (idle := IdleReport.parse(value)) is not None))
         for straggler in recorded_run.get("stragglers") or []:
             say(straggler["text"])
-        if (found := Goodput.parse(recorded_run.get("goodput"))) is not None:
-            say(goodput_line(found))
+        if (spent := Goodput.parse(recorded_run.get("goodput"))) is not None:
+            say(goodput_line(spent))
         if recorded_run.get("first_failure"):
             failure = recorded_run["first_failure"]
             say(f"first failure: rank {failure['rank']} (node-{failure['node']}) {failure['reason']}")

@@ -20,10 +20,11 @@ def int_of(value: JsonValue, key: str) -> int:
 
 
 def number_of(value: JsonValue, key: str) -> float:
-    """``value`` when it is a number (a bool is none); TypeError naming ``key`` otherwise."""
+    """``value`` when it is a number (a bool is none), as it is (an integer stays one, as JSON wrote it); TypeError
+    naming ``key`` otherwise."""
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         raise TypeError(f"{key!r} is not a number")
-    return float(value)
+    return value
 
 
 def object_of(value: JsonValue, key: str) -> JsonObject:
