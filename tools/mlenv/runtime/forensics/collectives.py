@@ -56,20 +56,21 @@ def record_file(directory: Path, rank: int) -> Path:
     return directory / f"rank{rank}.json"
 
 
-def compact(trace: Mapping[str, Any], keep: int = KEEP) -> list[dict[str, Any]]:
+def compact(trace: Mapping[str, Any], keep: int = KEEP) -> list[JsonObject]:
     """The flight recorder's dump (``_dump_fr_trace_json``) as ``[{"group", "entries": [[seq, op, entered_ns,
     done], ...]}]``, the newest ``keep`` collectives of each process group, oldest first; point-to-point
     operations are left out (their sequence is per pair)."""
-    groups: dict[str, list[list[Any]]] = {}
+    groups: dict[str, list[tuple[int, str, int, bool]]] = {}
     for entry in trace.get("entries") or []:
         if entry.get("is_p2p"):
             continue
         name = group_name(entry)
         operation = str(entry.get("profiling_name") or "?").rpartition(":")[2]
         done = bool(entry.get("retired")) or entry.get("state") == "completed"
-        groups.setdefault(name, []).append([int(entry.get("collective_seq_id", 0)), operation,
-                                            int(entry.get("time_created_ns", 0)), done])
-    return [{"group": name, "entries": sorted(entries)[-keep:]} for name, entries in groups.items()]
+        groups.setdefault(name, []).append((int(entry.get("collective_seq_id", 0)), operation,
+                                            int(entry.get("time_created_ns", 0)), done))
+    return [{"group": name, "entries": [[*newest] for newest in sorted(entries)[-keep:]]}
+            for name, entries in groups.items()]
 
 
 def first_entered(trace: Mapping[str, Any]) -> int | None:
