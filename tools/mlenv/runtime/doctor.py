@@ -67,7 +67,7 @@ class NodeCheck:
 
 
 @dataclass(frozen=True)
-class NodeReport:
+class NodeExamination:
     """Every check and fact of a node: ``doctor --json``'s object (:meth:`to_json`, without the clock)."""
 
     host: str
@@ -99,7 +99,7 @@ class LinkPort:
 
 
 def examine(environ: Mapping[str, str], *, sysfs_root: str | Path = "/sys", proc_root: str | Path = "/proc",
-            rendezvous_seconds: float | None = None, python: str = sys.executable) -> NodeReport:
+            rendezvous_seconds: float | None = None, python: str = sys.executable) -> NodeExamination:
     """Every check and fact of this node."""
     checks: list[NodeCheck] = []
     try:
@@ -143,7 +143,7 @@ def examine(environ: Mapping[str, str], *, sysfs_root: str | Path = "/sys", proc
         "nccl": versions.nccl, "nccl_env": dict(nccl.env), "warnings": [*nccl.warnings],
         **_nccl_tests(environ),
     }
-    return NodeReport(host_name(environ), topology.node_rank if topology else None, facts, tuple(checks))
+    return NodeExamination(host_name(environ), topology.node_rank if topology else None, facts, tuple(checks))
 
 
 def _start_probe(pool: ThreadPoolExecutor, topology: Topology | None,
@@ -344,7 +344,7 @@ def _driver(proc_root: str | Path) -> str | None:
     return match[1] if match else None
 
 
-def render(report: NodeReport) -> str:
+def render(report: NodeExamination) -> str:
     """The checks for a terminal, one per line (and its fix below it)."""
     lines = []
     for check in report.checks:
