@@ -237,7 +237,7 @@ def facts(tmp_path: Path) -> Callable[..., dict[str, Any]]:
         report = examine({"MLENV_NODE_RANK": "0", "MLENV_NUM_NODES": "1", "MLENV_NETWORK_MODE": mode},
                          sysfs_root=FIXTURES / "sysfs" / sysfs, proc_root=FIXTURES / "proc" / "pod_rdma",
                          python=str(python))
-        return dict(report["facts"])
+        return dict(report.facts)
 
     return read
 

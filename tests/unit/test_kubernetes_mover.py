@@ -93,7 +93,9 @@ def request(**changed: Any) -> dict[str, Any]:
 
 
 def test_the_mover_carries_out_a_verdict() -> None:
-    assert podmover.parse_request(json.dumps(request())) == request()
+    assert podmover.parse_request(json.dumps(request())) == podmover.MoveRequest(
+        "a1", "20260101-000000", 0, (podmover.RequestedNode(1, "nccl-net", True),),
+        {"MLENV_FAILED_FIRST": "node-1", "MLENV_LAST_ERROR": "NCCL network error"})
 
 
 @pytest.mark.parametrize("bad", [
@@ -111,7 +113,8 @@ def test_the_mover_refuses_anything_else(bad: dict[str, Any]) -> None:
     with pytest.raises(podmover.MoveRefused):
         podmover.parse_request(json.dumps(request(**bad)))
     said = podmover.answer(json.dumps(request(**bad)), "app", Path("/nonexistent"))
-    assert said["id"] is None and said["error"].startswith("refused: ")
+    assert said.id is None and said.away is None and str(said.error).startswith("refused: ")
+    assert list(said.to_json()) == ["id", "error"]
 
 
 def test_the_movers_names_are_the_runtimes() -> None:

@@ -7,7 +7,9 @@ name, a key or a value from the user should pass it through one of them.
 from __future__ import annotations
 
 import json
-from typing import Any, NamedTuple
+from typing import NamedTuple
+
+from mlenv.runtime.records.jsonvalue import JsonObject
 
 _SHORT_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
@@ -60,7 +62,7 @@ class Problem(NamedTuple):
         message = shown(self.message)
         return f"{where}: {shown(self.path, ascii_only=True)}: {message}" if self.path else f"{where}: {message}"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         """The problem as ``--json`` reports it (docs/json.md): file, line, column, field (null where none)."""
         return {"file": None if self.file == NO_FILE else self.file, "line": self.line, "column": self.column,
                 "field": self.path or None, "message": self.message}
@@ -71,7 +73,7 @@ class MlenvError(Exception):
 
     exit_code = 1
 
-    def errors(self) -> list[dict[str, Any]]:
+    def errors(self) -> list[JsonObject]:
         """The error as ``--json`` reports it: one entry, its message whole, in no file."""
         return [Problem(NO_FILE, None, None, "", str(self)).to_dict()]
 
@@ -87,7 +89,7 @@ class ConfigError(MlenvError):
         self.problems = problems
         super().__init__("\n".join(str(p) for p in problems))
 
-    def errors(self) -> list[dict[str, Any]]:
+    def errors(self) -> list[JsonObject]:
         """Every problem, in the order they are said."""
         return [problem.to_dict() for problem in self.problems]
 

@@ -9,16 +9,20 @@ anything. The single-deployment file of earlier versions is migrated when it is 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, Any
 
 from mlenv.core.capabilities import Handle
 from mlenv.core.recorded import FAILED, PARTIAL, READY, DeployOutcome, ExcludedNode, RecordedRun, SubmittedJob
-from mlenv.errors import OperationError, UsageError, shown
+from mlenv.errors import MlenvError, OperationError, UsageError, shown
+from mlenv.runtime.records.jsonvalue import JsonObject
+from mlenv.ui import info
 
 VERSION = 2
 MAX_BYTES = 4 * 1024 * 1024
@@ -63,14 +67,14 @@ class Deployment:
         every = (self.handle, *([self.attempt.handle] if self.attempt is not None else []), *self.leftovers)
         return tuple(handle for index, handle in enumerate(every) if handle not in every[:index])
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         """The record in state.json; a ready deployment's reads as an earlier mlenv wrote it (no deploy, attempt,
         leftovers or excluded nodes)."""
         record = {**asdict(self), "handle": self.handle.to_json(), "runs": [run.to_json() for run in self.runs],
                   "excluded": [entry.to_json() for entry in self.excluded], "deploy": self.deploy.to_json(),
                   "attempt": None if self.attempt is None else self.attempt.to_json(),
                   "leftovers": [handle.to_json() for handle in self.leftovers]}
-        unset: dict[str, Any] = {"deploy": DeployOutcome().to_json(), "attempt": None, "leftovers": [],
+        unset: JsonObject = {"deploy": DeployOutcome().to_json(), "attempt": None, "leftovers": [],
                                  "excluded": []}
         return {key: value for key, value in record.items() if key not in unset or value != unset[key]}
 
@@ -114,7 +118,7 @@ class State:
 
 def state_file() -> Path:
     """.mlenv/state.json in the project root."""
-    from mlenv.config.discover import project_root
+    from mlenv.config.discover import project_root  # here: the config package adds ~75 ms to every command
 
     return project_root() / ".mlenv" / "state.json"
 
@@ -167,20 +171,22 @@ def load() -> State:
     return State(deployments, current, jobs, excluded)
 
 
-def _migrate(path: Path, old: dict[str, Any]) -> State:
+def _migrate(path: Path, old: JsonObject) -> State:
     """The single-deployment file of earlier versions: re-plan its cluster file to get the handle."""
+    # here: planning (plan, the registry) adds ~120 ms to every command, paid only by a file this old
     from mlenv.core.clusters import load_cluster
     from mlenv.core.registry import get
-    from mlenv.errors import MlenvError
     from mlenv.plan import plan
 
     try:
-        cluster_file = str(old["cluster_file"])
-        job = plan(load_cluster(cluster_file), mode=old.get("mode"), nodes=old.get("nodes"), image=old.get("image"))
+        cluster_file, mode, nodes, image = str(old["cluster_file"]), old.get("mode"), old.get("nodes"), old.get("image")
+        if not (isinstance(mode, str | None) and isinstance(nodes, int | None) and isinstance(image, str | None)):
+            raise TypeError("a field has the wrong type")
+        job = plan(load_cluster(cluster_file), mode=mode, nodes=nodes, image=image)
         handle = get(job.cluster.backend, RECORDS).deploy.prepare(job).handle
     except (KeyError, TypeError, ValueError, MlenvError) as exc:
         raise _corrupt(path, f"an earlier mlenv's record whose cluster file cannot be planned again: {exc}") from None
-    deployment = Deployment(handle.name, handle.backend, cluster_file, job.mode, job.nodes, old.get("image"), handle)
+    deployment = Deployment(handle.name, handle.backend, cluster_file, job.mode, job.nodes, image, handle)
     state = State({deployment.name: deployment}, deployment.name)
     save(state)
     return state
@@ -272,8 +278,6 @@ def exclude(name: str, nodes: dict[int, tuple[str, str]]) -> tuple[ExcludedNode,
     """Record ``nodes`` (node number -> (host, why)) as excluded from the next runs of ``name`` (its deployment,
     or the cluster when it is not deployed); a host already excluded keeps its first reason (a spare host that ran a
     node is excluded apart from the node's own host). The excluded nodes afterwards."""
-    from datetime import datetime, timezone
-
     since = datetime.now(timezone.utc).isoformat(timespec="seconds")
     with locked():
         state = load()
@@ -393,7 +397,7 @@ def find(state: State, ref: str) -> Deployment:
 
 
 def _cluster_path(ref: str) -> str | None:
-    from mlenv.config.discover import resolve
+    from mlenv.config.discover import resolve  # here: the config package adds ~75 ms to every command
 
     try:
         return os.path.realpath(resolve(ref)[0])
@@ -413,8 +417,6 @@ def current() -> Deployment:
 @contextlib.contextmanager
 def locked() -> Iterator[None]:
     """Hold .mlenv/state.lock while reading and writing the state (other mlenv commands wait)."""
-    import fcntl
-
     with _lock_file("state.lock") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         yield
@@ -439,8 +441,6 @@ def launching(name: str) -> Iterator[None]:
 def running(name: str) -> Iterator[None]:
     """Held by each launch of ``name`` from before its run is recorded until the launch returns (a detached run's
     nodes started it; an attached run ended): ``run_going`` sees it live before any node records it."""
-    import fcntl
-
     with _lock_file(f"running-{name}.lock") as handle:
         fcntl.flock(handle, fcntl.LOCK_SH)
         yield
@@ -448,8 +448,6 @@ def running(name: str) -> Iterator[None]:
 
 def run_going(name: str) -> bool:
     """Whether a launch of ``name`` holds ``running`` (the lock goes with its process, however that ends)."""
-    import fcntl
-
     with _lock_file(f"running-{name}.lock") as handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -474,14 +472,10 @@ def _lock_file(name: str) -> Iterator[IO[str]]:
 @contextlib.contextmanager
 def _one_at_a_time(name: str, doing: str) -> Iterator[None]:
     """Hold the lock file .mlenv/``name``, waiting for its holder (said: ``waiting for mlenv pid N {doing}``)."""
-    import fcntl
-
     with _lock_file(name) as handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            from mlenv.ui import info
-
             handle.seek(0)
             holder = handle.read().strip() or "another mlenv"
             info(f"waiting for {shown(holder)} {doing} ({shown(str(handle.name))})")

@@ -39,39 +39,39 @@ def test_compact_keeps_each_group_in_sequence() -> None:
 
 def test_the_rank_that_never_arrived_is_named_with_where_it_is() -> None:
     verdict = culprit(records("behind"), where={2: "train.py:40 load_batch"})
-    assert verdict["verdict"] == "behind"
-    assert verdict["text"] == \
+    assert verdict.verdict == "behind"
+    assert verdict.text == \
         "ranks 0-1 wait in all_reduce #4; rank 2 last completed #3 and is in train.py:40 load_batch"
-    default = verdict["groups"][0]
-    assert default["waiting"] == [0, 1] and [b["rank"] for b in default["behind"]] == [2]
+    default = verdict.groups[0]
+    assert default.waiting == (0, 1) and [b.rank for b in default.behind] == [2]
 
 
 def test_a_subgroup_judges_only_its_members() -> None:
     verdict = culprit(records("running"))
-    subgroup = next(group for group in verdict["groups"] if group["group"] == "pg1")
-    assert subgroup["behind"] == [] and subgroup["verdict"] == "running"  # rank 2 is no member: not blamed
+    subgroup = next(group for group in verdict.groups if group.group == "pg1")
+    assert subgroup.behind == () and subgroup.verdict == "running"  # rank 2 is no member: not blamed
 
 
 def test_ranks_in_different_collectives_are_a_desync() -> None:
     verdict = culprit(records("desync"))
-    assert verdict["verdict"] == "desync"
-    assert verdict["text"] == "ranks disagree on collective #4: all_reduce on ranks 0-1, broadcast on rank 2"
+    assert verdict.verdict == "desync"
+    assert verdict.text == "ranks disagree on collective #4: all_reduce on ranks 0-1, broadcast on rank 2"
 
 
 def test_a_running_job_blames_nobody() -> None:
     verdict = culprit(records("running"))
-    assert verdict["verdict"] == "running" and verdict["text"] == "no rank waits in a collective (newest: barrier #4)"
+    assert verdict.verdict == "running" and verdict.text == "no rank waits in a collective (newest: barrier #4)"
 
 
 def test_no_collectives_recorded_says_so() -> None:
-    assert culprit({0: {"groups": []}, 1: {"groups": []}})["text"] == "no collectives recorded"
-    assert culprit({})["verdict"] == "none"
+    assert culprit({0: {"groups": []}, 1: {"groups": []}}).text == "no collectives recorded"
+    assert culprit({}).verdict == "none"
 
 
 def test_every_rank_waiting_blames_the_collective_not_a_rank() -> None:
     waiting = records("behind", range(2))
-    assert culprit(waiting)["verdict"] == "all_waiting"
-    assert "every rank waits in all_reduce #4" in culprit(waiting)["text"]
+    assert culprit(waiting).verdict == "all_waiting"
+    assert "every rank waits in all_reduce #4" in culprit(waiting).text
 
 
 def test_an_unreadable_or_torn_record_is_unknown_and_the_others_still_judged(tmp_path: Path) -> None:
@@ -84,8 +84,8 @@ def test_an_unreadable_or_torn_record_is_unknown_and_the_others_still_judged(tmp
     assert read[3]["error"] == "unreadable collective record rank3.json: torn entries"
     assert read[4]["error"].startswith("no collective record")
     verdict = culprit(read)
-    assert verdict["text"].startswith("rank 0 waits in all_reduce #4; rank 2 last completed #3; unknown: rank 1: ")
-    assert [u["rank"] for u in verdict["unknown"]] == [1, 3, 4]
+    assert verdict.text.startswith("rank 0 waits in all_reduce #4; rank 2 last completed #3; unknown: rank 1: ")
+    assert [u.rank for u in verdict.unknown] == [1, 3, 4]
 
 
 def test_a_rank_that_does_not_answer_is_marked_stale(tmp_path: Path) -> None:

@@ -10,9 +10,11 @@ import json
 import selectors
 import socket
 import time
+from dataclasses import replace
 from typing import Any
 
 import pytest
+from mlenv.runtime.records.runlayout import FirstFailure
 from mlenv.runtime.records.states import FaultSign, NodeFault
 from mlenv.runtime.supervise import control, proofs
 from mlenv.runtime.supervise.control import ControlChannel
@@ -52,7 +54,7 @@ def test_a_node_of_the_next_attempt_retries_until_its_own_node_0_listens() -> No
     ending.close()
     following = channel(0, 1, port, stops)
     pump([following, early], lambda: any(peer.node == 1 for peer in following.peers) and early.connected)
-    early.failure({"rank": 2, "node": 1, "exit_code": 3}, time.time())
+    early.failure(FAILURE, time.time())
     pump([following, early], lambda: len(stops) == 2)
     assert [stop[1] for stop in stops] == [3, 3]
     following.close()
@@ -65,7 +67,7 @@ def connected(port: int, stops: list[Any], notes: list[str] | None = None) -> tu
     return hub, other
 
 
-FAILURE = {"rank": 2, "node": 1, "exit_code": 3}
+FAILURE = FirstFailure(2, 1, 3, None, "exited with 3", [])
 
 
 def test_node_0_whose_ranks_succeeded_names_a_later_failure_before_it_ends() -> None:
@@ -89,7 +91,7 @@ def test_a_node_whose_ranks_succeeded_stays_until_node_0_ends_and_hears_of_a_lat
     other.done()  # node 1's ranks all succeeded
     pump([hub, other], lambda: not hub.waiting_for_peers())
     assert other.waiting_for_peers()  # until node 0 has ended
-    hub.failure({**FAILURE, "node": 0, "rank": 0}, time.time())
+    hub.failure(replace(FAILURE, node=0, rank=0), time.time())
     pump([hub, other], lambda: len(stops) == 2)
     assert [stop[1] for stop in stops] == [3, 3]
     hub.close()

@@ -37,47 +37,47 @@ def restarted(checkpoint: float | None) -> list[NodeAttempt]:
 
 def test_a_restarted_run_with_a_checkpoint_loses_only_the_work_since_it() -> None:
     found = goodput(restarted(checkpoint=20.0), T, now=T + 1000)
-    assert found == {"wall": 50.0, "attempts": 2, "productive_share": 0.68, "phases": {
+    assert found is not None and found.to_json() == {"wall": 50.0, "attempts": 2, "productive_share": 0.68, "phases": {
         "queued": 2.0, "starting": 3.0, "lost": 5.0, "restarting": 6.0, "productive": 34.0}}
-    assert sum(found["phases"].values()) == pytest.approx(found["wall"])
+    assert sum(found.phases.values()) == pytest.approx(found.wall)
     assert describe(found) == ("goodput: 68% productive (34.0 s of 50.0 s; queued 2.0 s, starting 3.0 s, "
                                "restarting 6.0 s, lost 5.0 s)")
 
 
 def test_without_a_checkpoint_the_failed_attempt_s_whole_productive_time_is_lost() -> None:
     found = goodput(restarted(checkpoint=None), T, now=T + 1000)
-    assert found is not None and found["phases"]["lost"] == 20.0 and found["phases"]["productive"] == 19.0
+    assert found is not None and found.phases["lost"] == 20.0 and found.phases["productive"] == 19.0
 
 
 def test_a_checkpoint_from_before_the_attempt_counts_from_its_productive_start() -> None:
     found = goodput(restarted(checkpoint=-100.0), None, now=T + 1000)  # a previous run's file; launch unknown
-    assert found is not None and found["phases"]["lost"] == 20.0 and found["phases"]["queued"] == 0.0
-    assert found["wall"] == 48.0
+    assert found is not None and found.phases["lost"] == 20.0 and found.phases["queued"] == 0.0
+    assert found.wall == 48.0
 
 
 def test_a_running_run_counts_to_now_and_a_job_without_collectives_starts_at_its_first_line() -> None:
     found = goodput([share(0, 0, 1.0, None, state="running", output=3.0)], T, now=T + 10)
-    assert found == {"wall": 10.0, "attempts": 1, "productive_share": 0.7, "phases": {
+    assert found is not None and found.to_json() == {"wall": 10.0, "attempts": 1, "productive_share": 0.7, "phases": {
         "queued": 1.0, "starting": 2.0, "lost": 0.0, "restarting": 0.0, "productive": 7.0}}
     assert describe(found) == "goodput: 70% productive (7.0 s of 10.0 s; queued 1.0 s, starting 2.0 s)"
 
 
 def test_an_attempt_that_never_became_productive_is_all_starting() -> None:
     found = goodput([share(0, 0, 0.0, 8.0, state="failed", failed=8.0)], T, now=T + 100)
-    assert found is not None and found["phases"]["starting"] == 8.0 and found["phases"]["productive"] == 0.0
+    assert found is not None and found.phases["starting"] == 8.0 and found.phases["productive"] == 0.0
 
 
 def test_a_failed_last_attempt_loses_its_work_to_its_end() -> None:
     found = goodput([share(0, 0, 0.0, 12.0, state="failed", failed=10.0, collective=2.0, checkpoint=6.0)], T,
                     now=T + 100)
-    assert found is not None and found["phases"]["lost"] == 6.0 and found["phases"]["productive"] == 4.0
+    assert found is not None and found.phases["lost"] == 6.0 and found.phases["productive"] == 4.0
 
 
 def test_nothing_known_is_null_and_a_share_without_a_start_is_left_out() -> None:
     assert goodput([], T, now=T) is None
     assert goodput([NodeAttempt(0, 0, None, None, None, None)], T, now=T) is None
     found = goodput([NodeAttempt(0, 0, None, None, None, None), share(1, 0, 5.0, 9.0, collective=6.0)], T, now=T)
-    assert found is not None and found["attempts"] == 1 and found["wall"] == 9.0
+    assert found is not None and found.attempts == 1 and found.wall == 9.0
     assert NodeAttempt.parse({"attempt": "x"}) is None and NodeAttempt.parse([1]) is None
 
 
@@ -112,10 +112,10 @@ def test_status_s_latest_run_carries_the_goodput_of_every_node_s_attempts() -> N
     jobs = {node: {"state": "succeeded", "exit_code": 0, "attempt": 1, "ranks": [],
                    "attempts": [s.to_dict() for s in shares if s.node == node] + ["torn"]} for node in (0, 1)}
     run = latest_run("r1", jobs)
-    assert run.goodput is not None and run.goodput["attempts"] == 2 and run.goodput["phases"]["queued"] == 0.0
+    assert run.goodput is not None and run.goodput.attempts == 2 and run.goodput.phases["queued"] == 0.0
     shown = run.launched(T, T + 1000).to_dict()
     assert shown["goodput"]["phases"]["queued"] == 2.0 and shown["goodput"]["wall"] == 50.0
-    assert RunRecord.from_dict(shown).goodput == shown["goodput"]
+    assert RunRecord.from_dict(shown).goodput == run.launched(T, T + 1000).goodput
     assert latest_run("r2", {0: None}).to_dict()["goodput"] is None
 
 

@@ -36,7 +36,7 @@ def checks(report: dict[str, Any]) -> dict[str, tuple[str, str, str | None]]:
 
 def node(fixtures: Path, sysfs: str, proc: str, python: str, **env: str) -> dict[str, Any]:
     return examine({**ONE_NODE, **env}, sysfs_root=fixtures / "sysfs" / sysfs, proc_root=fixtures / "proc" / proc,
-                   python=python)
+                   python=python).to_json()
 
 
 def test_infiniband_node_facts_and_checks(fixtures: Path, python: str) -> None:
@@ -122,7 +122,8 @@ def test_rendezvous_port_between_two_nodes(fixtures: Path, python: str) -> None:
 
     def run(rank: int) -> None:
         reports[rank] = examine({**world, "MLENV_NODE_RANK": str(rank)}, sysfs_root=fixtures / "sysfs" / "no_rdma",
-                                proc_root=fixtures / "proc" / "pod_rdma", rendezvous_seconds=20, python=python)
+                                proc_root=fixtures / "proc" / "pod_rdma", rendezvous_seconds=20,
+                                python=python).to_json()
 
     started = time.monotonic()
     threads = [threading.Thread(target=run, args=(rank,)) for rank in (0, 1)]
@@ -140,7 +141,7 @@ def test_rendezvous_port_nobody_listens_on_fails(fixtures: Path, python: str) ->
     port = free_port()
     report = examine({"MLENV_NODE_RANK": "1", "MLENV_NUM_NODES": "2", "MASTER_ADDR": "127.0.0.1",
                       "MASTER_PORT": str(port)}, sysfs_root=fixtures / "sysfs" / "no_rdma",
-                     proc_root=fixtures / "proc" / "pod_rdma", rendezvous_seconds=1, python=python)
+                     proc_root=fixtures / "proc" / "pod_rdma", rendezvous_seconds=1, python=python).to_json()
     status, evidence, fix = checks(report)["rendezvous port"]
     assert (status, evidence) == ("FAIL", f"no connection to 127.0.0.1:{port} within 1 s: Connection refused")
     assert fix == f"let the nodes reach TCP port {port} of node 0 (NetworkPolicy, firewall)"

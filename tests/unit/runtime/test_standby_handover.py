@@ -12,7 +12,6 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import pytest
 from mlenv.runtime.supervise import standby
@@ -33,10 +32,10 @@ def environ() -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def waiting(environ: dict[str, str]) -> Iterator[list[dict[str, Any] | None]]:
+def waiting(environ: dict[str, str]) -> Iterator[list[standby.Handover | None]]:
     """Standby 0 waiting in a thread: what it was handed, once it was (ended at the end when still waiting)."""
     listener = standby.listen(environ, 0)
-    taken: list[dict[str, Any] | None] = []
+    taken: list[standby.Handover | None] = []
     thread = threading.Thread(target=lambda: taken.append(standby.wait(listener, "run-1", SECRET)), daemon=True)
     thread.start()
     try:
@@ -61,7 +60,7 @@ def test_only_a_message_proven_with_the_run_s_secret_hands_a_node_over(environ: 
         other_run = standby.send("127.0.0.1", 0, environ, {**HANDOVER, "run_id": "run-2"})
         assert other_run == "the standby at 127.0.0.1 answered not this run" and not taken
         assert standby.send("127.0.0.1", 0, environ, HANDOVER) is None
-    assert taken == [HANDOVER]
+    assert taken == [standby.Handover("run-1", 1, 1, 1)] and taken[0].to_json() == HANDOVER
 
 
 def test_a_standby_listens_on_its_own_address_only(environ: dict[str, str]) -> None:
@@ -109,7 +108,7 @@ def test_a_handover_captured_on_its_way_and_replayed_is_refused(
         assert standby.send("127.0.0.2", 0, environ, HANDOVER) is None
         relaying.join(10)
     assert replayed == [b""]  # closed without an answer
-    assert taken == [HANDOVER]
+    assert taken == [standby.Handover("run-1", 1, 1, 1)] and taken[0].to_json() == HANDOVER
     assert "mlenv: dropped a connection from 127.0.0.1: bad secret (said once)" in capsys.readouterr().out
 
 
@@ -123,7 +122,7 @@ def test_strangers_holding_connections_do_not_hold_the_handover_up(environ: dict
         assert time.monotonic() - started < HELLO_SECONDS  # served while the strangers still wait
         for stranger in strangers:
             stranger.close()
-    assert taken == [HANDOVER]
+    assert taken == [standby.Handover("run-1", 1, 1, 1)] and taken[0].to_json() == HANDOVER
 
 
 def test_an_answer_without_the_secret_s_proof_is_not_believed(environ: dict[str, str]) -> None:

@@ -16,8 +16,8 @@ import click
 
 from mlenv.cli import COMMANDS, reports_errors
 from mlenv.errors import MlenvError, OperationError, UsageError
-from mlenv.jsontypes import JsonObject, JsonValue
 from mlenv.runtime.launchers import DEFAULT_LAUNCHER, LAUNCHERS
+from mlenv.runtime.records.jsonvalue import JsonObject, JsonValue
 
 if TYPE_CHECKING:
 
@@ -507,7 +507,7 @@ def launch(cluster_ref: str | None, launcher: str, nproc: int | None, args_text:
     with stdout_to_stderr() if as_json else nullcontext():  # the job's own output too: stdout holds only the JSON
         result = launching.launch(settings.target, spec)
     if result.goodput is not None:  # an attached run that ran ends with it, after the summary
-        info(describe(dict(result.goodput)))
+        info(describe(result.goodput))
     if as_json:
         print_json(result.to_dict(settings.target.handle.name))
     sys.exit(result.exit_code)

@@ -22,7 +22,7 @@ from mlenv.config.load import LoadedFile
 from mlenv.config.positions import JsonPath, format_path
 from mlenv.config.quantity import QuantityError, parse_quantity
 from mlenv.errors import Problem, show_value
-from mlenv.jsontypes import JsonObject
+from mlenv.runtime.records.jsonvalue import JsonObject
 
 OWNED_VARIABLES = frozenset({"MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
                              "NODE_RANK"})

@@ -21,7 +21,7 @@ from mlenv.config.load import LoadedFile
 from mlenv.config.positions import JsonPath, format_path
 from mlenv.config.reader import BackendTable
 from mlenv.errors import Problem, show_value
-from mlenv.jsontypes import JsonObject, JsonValue
+from mlenv.runtime.records.jsonvalue import JsonObject, JsonValue
 
 SCHEMA_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cluster.schema.json")
 BACKENDS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "backends")

@@ -25,7 +25,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any, Generic, Literal, NamedTuple, Protocol, TypeVar, runtime_checkable
 
 from mlenv.errors import UsageError
-from mlenv.jsontypes import JsonObject
+from mlenv.runtime.records.jsonvalue import JsonObject
 
 if TYPE_CHECKING:
     from mlenv.plan import JobPlan

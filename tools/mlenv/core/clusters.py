@@ -9,8 +9,8 @@ from mlenv import config
 from mlenv.config.schema import cluster_schema as composed
 from mlenv.config.validate import validate as validated
 from mlenv.core.registry import CONFIG_RULES
-from mlenv.jsontypes import JsonObject
 from mlenv.plan import plan
+from mlenv.runtime.records.jsonvalue import JsonObject
 
 if TYPE_CHECKING:
     from mlenv.config.load import LoadedFile

@@ -20,7 +20,7 @@ from mlenv.core.capabilities import FanoutHooks, Handle, LaunchOutcome, LaunchRe
 from mlenv.core.remote import RUNTIME_DIR, secrets_input
 from mlenv.core.spares import described, place
 from mlenv.errors import OperationError
-from mlenv.jsontypes import JsonValue
+from mlenv.runtime.records.jsonvalue import JsonValue
 from mlenv.ui import info
 
 if TYPE_CHECKING:

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
-from mlenv.jsontypes import JsonObject
+from mlenv.runtime.records.jsonvalue import JsonObject
 
 READY, FAILED, PARTIAL = "ready", "failed", "partial"
 DEPLOY_STATES = (READY, FAILED, PARTIAL)

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
     from typing import TypeAlias
 
-    from mlenv.jsontypes import JsonValue
+    from mlenv.runtime.records.jsonvalue import JsonValue
 
     Validator: TypeAlias = Callable[[object], bool]
     Loader: TypeAlias = Callable[[], tuple[JsonValue, Mapping[str, JsonValue]]]

@@ -19,7 +19,7 @@ from urllib.parse import unquote, urldefrag, urljoin
 
 from mlenv.fastschema import Unsupported
 from mlenv.fastschema.patterns import whole_value
-from mlenv.jsontypes import JsonObject, JsonValue
+from mlenv.runtime.records.jsonvalue import JsonObject, JsonValue
 
 DIALECTS = frozenset({"https://json-schema.org/draft/2020-12/schema", "https://json-schema.org/draft/2020-12/schema#"})
 

@@ -22,12 +22,12 @@ from typing import Any
 from mlenv import state
 from mlenv.core.capabilities import Check, Handle, Node, NodeAccess
 from mlenv.errors import MlenvError, OperationError, UsageError
-from mlenv.jsontypes import JsonObject
 from mlenv.ops.sync import sync
 from mlenv.ops.target import backend_of
 from mlenv.parallel import run_parallel
 from mlenv.plan import JobPlan
 from mlenv.runtime.doctor import KIND, TORCH_FIX_VARIABLE
+from mlenv.runtime.records.jsonvalue import JsonObject
 from mlenv.ui import info, judged, print_json, spinner, table
 
 RENDEZVOUS_SECONDS = 10

@@ -15,23 +15,23 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
 from mlenv.config.discover import project_root
 from mlenv.core.capabilities import LaunchSpec, Preemption
 from mlenv.core.remote import RUNTIME_DIR
 from mlenv.errors import OperationError, UsageError
-from mlenv.jsontypes import JsonObject
 from mlenv.ops.doctor import ship_runtime
 from mlenv.ops.launch import LaunchResult, launch, run_id
 from mlenv.ops.live import refuse_beside_live
 from mlenv.ops.plot import write_timeline
 from mlenv.ops.target import Target, file_cluster
+from mlenv.runtime.records.goodput import Goodput
 from mlenv.runtime.records.goodput import describe as goodput_line
+from mlenv.runtime.records.jsonvalue import JsonObject
 from mlenv.runtime.records.runlayout import RankRecord
 from mlenv.runtime.records.runrecord import RunRecord
 from mlenv.runtime.records.states import RunState
@@ -297,7 +297,7 @@ class DrillReport:
     problem: str | None
     verdict: str
     ranks: list[RankSpans]
-    goodput: Mapping[str, Any] | None
+    goodput: Goodput | None
 
     @property
     def timeline(self) -> Path:
@@ -311,7 +311,7 @@ class DrillReport:
                 "resumed_step": self.resumed_step, "last_step": self.last_step, "lost_steps": self.lost_steps,
                 "exit_code": self.exit_code, "problem": self.problem, "verdict": self.verdict,
                 "timeline": str(self.timeline), "ranks": [spans.to_json() for spans in self.ranks],
-                "goodput": dict(self.goodput) if self.goodput is not None else None}
+                "goodput": self.goodput.to_json() if self.goodput is not None else None}
 
 
 def drill_one(target: Target, fault: str, at_step: int, targets: Targets, node: int | None = None) -> DrillReport:
@@ -503,7 +503,7 @@ def _print(drills: Sequence[DrillReport]) -> None:
               [[p.phase, "-" if p.seconds is None else f"{p.seconds:.2f}",
                 "-" if p.target is None else f"<= {p.target:g}", p.verdict, p.evidence] for p in drill.phases])
         if drill.goodput:
-            say(goodput_line(dict(drill.goodput)))
+            say(goodput_line(drill.goodput))
         if drill.problem:
             say(f"the drill itself: {drill.problem}")
         judged(drill.verdict, f"{drill.fault}: lost work {drill.lost_steps} steps; timeline {drill.timeline}")

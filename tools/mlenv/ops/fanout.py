@@ -15,8 +15,8 @@ from functools import partial
 
 from mlenv.core.capabilities import Handle, Jobs, Node, NodeAccess
 from mlenv.errors import UsageError
-from mlenv.jsontypes import JsonObject
 from mlenv.parallel import run_parallel
+from mlenv.runtime.records.jsonvalue import JsonObject
 from mlenv.ui import info, print_json
 
 NODE_TAG = re.compile(r"^\[node-(?P<node>\d+)(?: r\d+)?\] ?")

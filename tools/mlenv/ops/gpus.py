@@ -9,9 +9,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from mlenv.core.capabilities import Handle, NodeAccess
-from mlenv.jsontypes import JsonObject
 from mlenv.ops.fanout import runtime_json, select_nodes
 from mlenv.runtime.node.gpus import render_node
+from mlenv.runtime.records.jsonvalue import JsonObject
 
 
 @dataclass(frozen=True)

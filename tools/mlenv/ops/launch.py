@@ -12,7 +12,6 @@ from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
 from mlenv import state
 from mlenv.config.discover import project_root
@@ -26,6 +25,7 @@ from mlenv.ops.target import Target, file_cluster, resolve
 from mlenv.parallel import run_parallel
 from mlenv.runtime.launchers import LAUNCHABLE
 from mlenv.runtime.records import restartpolicy
+from mlenv.runtime.records.goodput import Goodput
 from mlenv.runtime.records.restartpolicy import IDLE_EXIT_CODE, LOST_SIGNS, why_faulty
 from mlenv.runtime.records.runlayout import FirstFailure
 from mlenv.runtime.records.runrecord import RunRecord
@@ -51,7 +51,7 @@ class LaunchResult:
     where the backend keeps no such records)."""
     attempt: int = 0
     """The attempt it is (MLENV_RESTART_COUNT)."""
-    goodput: Mapping[str, Any] | None = None
+    goodput: Goodput | None = None
     """Where the wall time of an attached run went (runtime/records/goodput.py), once it ended."""
 
     @property
@@ -73,7 +73,7 @@ class LaunchResult:
                 "run_dir": str(self.run_dir), "exit_code": None if going else outcome.exit_code,
                 "attempt": self.attempt, "duration": self.seconds,
                 "first_failure": failure.to_dict() if failure is not None else None,
-                "goodput": dict(self.goodput) if self.goodput is not None else None}
+                "goodput": self.goodput.to_json() if self.goodput is not None else None}
 
 
 def run_id(app: str) -> str:

@@ -6,8 +6,8 @@ from __future__ import annotations
 from mlenv import state
 from mlenv.core.capabilities import Feature, NodeStatus
 from mlenv.errors import MlenvError
-from mlenv.jsontypes import JsonObject
 from mlenv.ops.target import Target
+from mlenv.runtime.records.jsonvalue import JsonObject
 from mlenv.ui import info, print_json, table, warn
 
 

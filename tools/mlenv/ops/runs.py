@@ -11,8 +11,8 @@ from mlenv import state
 from mlenv.core.capabilities import Feature
 from mlenv.core.recorded import RecordedRun
 from mlenv.errors import MlenvError, UsageError
-from mlenv.jsontypes import JsonObject
 from mlenv.ops.target import Target, backend_of, resolve
+from mlenv.runtime.records.jsonvalue import JsonObject
 from mlenv.runtime.records.runlayout import FirstFailure
 from mlenv.runtime.records.runrecord import RunRecord
 from mlenv.runtime.records.states import RunState, end_text

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 
 from mlenv.core.capabilities import Handle, NodeAccess
 from mlenv.errors import OperationError, UsageError
-from mlenv.jsontypes import JsonObject, JsonValue
 from mlenv.ops.fanout import runtime_json, select_nodes
 from mlenv.runtime.forensics.culprit import culprit_of
 from mlenv.runtime.forensics.stacks import group, render
+from mlenv.runtime.records.jsonvalue import JsonObject, JsonValue
 from mlenv.runtime.records.states import RunState
 
 OVER = (RunState.SUCCEEDED, RunState.FAILED, RunState.STOPPED)
@@ -37,7 +37,7 @@ class StacksReport:
     run: str
     ranks: list[JsonObject]
     groups: list[dict[str, object]]
-    collectives: dict[str, object]
+    collectives: JsonObject
     flight_dumps: list[str]
     unreachable: list[Unreachable]
 
@@ -74,10 +74,10 @@ def take(backend: NodeAccess, handle: Handle, only: int | None = None, *, native
             raise UsageError(f"{over}; mlenv logs {run} shows what it printed")
         raise OperationError(over)
     ranks = sorted((rank for data in mine for rank in _objects(data.get("ranks"))), key=lambda r: int(str(r["rank"])))
-    records: dict[str | int, JsonObject] = {rank: record for data in mine
+    records: dict[str, JsonValue] = {rank: record for data in mine
                                             for rank, record in _object(data.get("collectives")).items()
                                             if isinstance(record, dict)}
-    return StacksReport(run, ranks, group(ranks), culprit_of(ranks, records),
+    return StacksReport(run, ranks, group(ranks), culprit_of(ranks, records).to_json(),
                         [str(path) for data in mine for path in _list(data.get("flight_dumps"))], unreachable)
 
 

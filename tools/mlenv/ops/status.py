@@ -15,10 +15,10 @@ from mlenv.core.capabilities import Feature, Handle, NodeStatus
 from mlenv.core.recorded import FAILED, PARTIAL, DeployOutcome, ExcludedNode, RecordedRun
 from mlenv.core.registry import Backend
 from mlenv.errors import MlenvError, UsageError
-from mlenv.jsontypes import JsonObject, JsonValue
 from mlenv.ops.runs import RunRow, distinct, entry, find, launched_at, recorded_runs
 from mlenv.ops.target import backend_of, resolve
 from mlenv.runtime.records.goodput import describe as goodput_line
+from mlenv.runtime.records.jsonvalue import JsonObject, JsonValue
 from mlenv.runtime.records.runrecord import RunRecord
 from mlenv.runtime.records.states import RunState, end_text
 from mlenv.ui import error, print_json, say, table
@@ -205,7 +205,7 @@ def _print_run(run: RunRecord) -> None:
     for straggler in run.stragglers or []:
         say(straggler["text"])
     if run.goodput:
-        say(goodput_line(dict(run.goodput)))
+        say(goodput_line(run.goodput))
     if run.first_failure is not None:
         failure = run.first_failure
         say(f"first failure: rank {failure.rank} (node-{failure.node}) {failure.reason}")

@@ -364,10 +364,10 @@ def _doctor(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     report = examine(environ, sysfs_root=args.sysfs_root, proc_root=args.proc_root,
                      rendezvous_seconds=args.rendezvous)
     if args.json:
-        print(json.dumps({**report, "clock": time.time()}), flush=True)  # the clock read as late as possible
+        print(json.dumps({**report.to_json(), "clock": time.time()}), flush=True)  # the clock read as late as possible
     else:
         print(render(report), end="")
-    return 1 if any(check["status"] == "FAIL" for check in report["checks"]) else 0
+    return 1 if report.failed else 0
 
 
 def _resume(args: argparse.Namespace, environ: Mapping[str, str]) -> int:

@@ -16,7 +16,6 @@ from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from .fabric.nccl import AUTO, MIN_SHM_BYTES, Concern, NcclEnv, detect_nccl_env
 from .fabric.nccltestsrun import NCCL_TESTS_VARIABLE, find_tool
@@ -26,6 +25,7 @@ from .node.netroute import LOOPBACK_INTERFACE, read_routes, resolve_ipv4, route_
 from .node.rdma import IPV4_MAPPED_PREFIX, Port, match_nccl_hca_filter, natural_key, scan_hcas
 from .node.readfs import read_text
 from .node.topology import Topology, TopologyError, detect_topology, host_name
+from .records.jsonvalue import JsonObject
 
 KIND = "mlenv-node-doctor"
 """Marks the JSON line among whatever else a remote shell prints."""
@@ -67,6 +67,26 @@ class NodeCheck:
 
 
 @dataclass(frozen=True)
+class NodeExamination:
+    """Every check and fact of a node: ``doctor --json``'s object (:meth:`to_json`, without the clock)."""
+
+    host: str
+    node_rank: int | None
+    facts: JsonObject
+    checks: tuple[NodeCheck, ...]
+
+    def to_json(self) -> JsonObject:
+        """``{"kind", "host", "node_rank", "facts", "checks": [{"name", "status", "evidence", "fix"}]}``."""
+        return {"kind": KIND, "host": self.host, "node_rank": self.node_rank, "facts": self.facts,
+                "checks": [asdict(check) for check in self.checks]}
+
+    @property
+    def failed(self) -> bool:
+        """Whether a check failed."""
+        return any(check.status == "FAIL" for check in self.checks)
+
+
+@dataclass(frozen=True)
 class LinkPort:
     """An ACTIVE port of a selected HCA, as NCCL will use it."""
 
@@ -79,8 +99,8 @@ class LinkPort:
 
 
 def examine(environ: Mapping[str, str], *, sysfs_root: str | Path = "/sys", proc_root: str | Path = "/proc",
-            rendezvous_seconds: float | None = None, python: str = sys.executable) -> dict[str, Any]:
-    """Every check and fact of this node (the JSON shape of ``doctor --json``, without the clock)."""
+            rendezvous_seconds: float | None = None, python: str = sys.executable) -> NodeExamination:
+    """Every check and fact of this node."""
     checks: list[NodeCheck] = []
     try:
         topology: Topology | None = detect_topology(environ)
@@ -96,7 +116,7 @@ def examine(environ: Mapping[str, str], *, sysfs_root: str | Path = "/sys", proc
         mode = environ.get("MLENV_NETWORK_MODE", "")
         links = _links(environ, nccl, sysfs_root)
         gid = _gid(environ, nccl, links)
-        gpus = int(versions.get("gpus") or visible_gpu_count(environ, proc_root))
+        gpus = versions.gpus or visible_gpu_count(environ, proc_root)
         if mode == "rdma" or (not mode and links):
             checks += _rdma_checks(links, gid, sysfs_root, proc_root, gpus)
         checks += [_shm_check(proc_root), _torch_check(versions, environ), _nccl_check(nccl)]
@@ -109,21 +129,21 @@ def examine(environ: Mapping[str, str], *, sysfs_root: str | Path = "/sys", proc
             checks.append(NodeCheck("rendezvous port", "PASS" if result.ok else "FAIL", result.evidence,
                                     None if result.ok else f"let the nodes reach TCP port {topology.master_port} "
                                                            "of node 0 (NetworkPolicy, firewall)"))
-    facts = {
-        "mode": mode or None, "hcas": sorted({link.port.hca for link in links}, key=natural_key),
-        "hca_count": len({link.port.hca for link in links}),
+    hcas = sorted({link.port.hca for link in links}, key=natural_key)
+    layers = sorted({link.port.link_layer for link in links})
+    rates = sorted({link.rate_gbps for link in links if link.rate_gbps is not None})
+    facts: JsonObject = {
+        "mode": mode or None, "hcas": [*hcas], "hca_count": len(hcas),
         "ports": [{"port": link.port.name, "link_layer": link.port.link_layer, "rate_gbps": link.rate_gbps}
                   for link in links],
-        "link_layers": sorted({link.port.link_layer for link in links}),
-        "rates_gbps": sorted({link.rate_gbps for link in links if link.rate_gbps is not None}),
+        "link_layers": [*layers], "rates_gbps": [*rates],
         "link_gbps": sum(link.rate_gbps or 0 for link in links), "gid_type": gid.kind if gid else None,
         "interface": interface, "gpus": gpus,
-        "driver": _driver(proc_root), "torch": versions.get("torch"), "cuda": versions.get("cuda"),
-        "nccl": versions.get("nccl"), "nccl_env": nccl.env, "warnings": nccl.warnings,
+        "driver": _driver(proc_root), "torch": versions.torch, "cuda": versions.cuda,
+        "nccl": versions.nccl, "nccl_env": dict(nccl.env), "warnings": [*nccl.warnings],
         **_nccl_tests(environ),
     }
-    return {"kind": KIND, "host": host_name(environ), "node_rank": topology.node_rank if topology else None,
-            "facts": facts, "checks": [asdict(check) for check in checks]}
+    return NodeExamination(host_name(environ), topology.node_rank if topology else None, facts, tuple(checks))
 
 
 def _start_probe(pool: ThreadPoolExecutor, topology: Topology | None,
@@ -139,18 +159,41 @@ def _start_probe(pool: ThreadPoolExecutor, topology: Topology | None,
     return pool.submit(connect, str(address), topology.master_port, seconds)
 
 
-def _torch_versions(python: str) -> dict[str, Any]:
+@dataclass(frozen=True)
+class TorchVersions:
+    """What a child python's torch says (:data:`TORCH_PROBE`): its version, CUDA's and NCCL's and the GPUs it sees,
+    or why it cannot be imported (``error``)."""
+
+    torch: str | None = None
+    cuda: str | None = None
+    nccl: str | None = None
+    gpus: int = 0
+    error: str | None = None
+
+    @classmethod
+    def parse(cls, found: object) -> TorchVersions:
+        """The probe's JSON answer; an ``error`` for an answer that is not one."""
+        if not isinstance(found, dict):
+            return cls(error="unexpected answer")
+        if "error" in found:
+            return cls(error=str(found["error"]))
+        text = {key: None if found.get(key) is None else str(found[key]) for key in ("torch", "cuda", "nccl")}
+        gpus = found.get("gpus")
+        return cls(text["torch"], text["cuda"], text["nccl"], gpus if isinstance(gpus, int) else 0)
+
+
+def _torch_versions(python: str) -> TorchVersions:
     """torch, its CUDA and NCCL, and the GPUs it sees, from a child ``python`` (the runtime never imports torch)."""
     try:
         done = subprocess.run([python, "-c", TORCH_PROBE], capture_output=True, text=True, timeout=TORCH_SECONDS,
                               check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        return {"error": f"{python} -c 'import torch': {exc}"}
+        return TorchVersions(error=f"{python} -c 'import torch': {exc}")
     try:
         found = json.loads(done.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
-        return {"error": (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]}
-    return found if isinstance(found, dict) else {"error": "unexpected answer"}
+        return TorchVersions(error=(done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1])
+    return TorchVersions.parse(found)
 
 
 def _links(environ: Mapping[str, str], nccl: NcclEnv, sysfs_root: str | Path) -> list[LinkPort]:
@@ -247,7 +290,7 @@ def _shm_check(proc_root: str | Path) -> NodeCheck:
                                       "data loader workers)")
 
 
-def _nccl_tests(environ: Mapping[str, str]) -> dict[str, Any]:
+def _nccl_tests(environ: Mapping[str, str]) -> dict[str, str | bool | None]:
     """Where this node has NVIDIA's all_reduce_perf (network.nccl_tests, as MLENV_NCCL_TESTS says), and whether it
     was built with MPI."""
     tool = find_tool("all_reduce_perf", environ.get(NCCL_TESTS_VARIABLE, "auto"), environ)
@@ -259,11 +302,11 @@ def torch_fix(environ: Mapping[str, str]) -> str:
     return environ.get(TORCH_FIX_VARIABLE) or "use an image with PyTorch (image: in the cluster file)"
 
 
-def _torch_check(versions: Mapping[str, Any], environ: Mapping[str, str]) -> NodeCheck:
-    if "error" in versions:
-        return NodeCheck("torch", "WARN", f"torch cannot be imported: {versions['error']}", torch_fix(environ))
-    return NodeCheck("torch", "PASS", f"torch {versions.get('torch')}, CUDA {versions.get('cuda') or '-'}, "
-                                      f"NCCL {versions.get('nccl') or '-'}, {versions.get('gpus', 0)} GPUs visible")
+def _torch_check(versions: TorchVersions, environ: Mapping[str, str]) -> NodeCheck:
+    if versions.error is not None:
+        return NodeCheck("torch", "WARN", f"torch cannot be imported: {versions.error}", torch_fix(environ))
+    return NodeCheck("torch", "PASS", f"torch {versions.torch}, CUDA {versions.cuda or '-'}, "
+                                      f"NCCL {versions.nccl or '-'}, {versions.gpus} GPUs visible")
 
 
 def _nccl_check(nccl: NcclEnv) -> NodeCheck:
@@ -301,11 +344,11 @@ def _driver(proc_root: str | Path) -> str | None:
     return match[1] if match else None
 
 
-def render(report: Mapping[str, Any]) -> str:
+def render(report: NodeExamination) -> str:
     """The checks for a terminal, one per line (and its fix below it)."""
     lines = []
-    for check in report["checks"]:
-        lines.append(f"{check['status']:<5} {check['name']}: {check['evidence']}")
-        if check["fix"]:
-            lines.append(f"      fix: {check['fix']}")
+    for check in report.checks:
+        lines.append(f"{check.status:<5} {check.name}: {check.evidence}")
+        if check.fix:
+            lines.append(f"      fix: {check.fix}")
     return "\n".join(lines) + "\n"

@@ -6,6 +6,7 @@ torchrun's RANK/LOCAL_RANK/WORLD_SIZE). ``--launcher deepspeed`` keeps seed 002'
 """
 
 import re
+from importlib.util import find_spec
 
 LAUNCHERS = ("torchrun", "deepspeed")
 DEFAULT_LAUNCHER = "torchrun"
@@ -22,6 +23,4 @@ TEARDOWN = re.compile(r"torch\.distributed\.elastic\.multiprocessing\.api\.Signa
 
 def missing_modules(launcher: str) -> list[str]:
     """The modules ``launcher`` needs that this Python does not have (found, not imported: torch takes seconds)."""
-    from importlib.util import find_spec
-
     return [module for module in MODULES[launcher] if find_spec(module) is None]

@@ -24,6 +24,9 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from .forensics import collectives
+from .forensics.stacks import FAULTHANDLER_DIR, FAULTHANDLER_FILE, faulthandler_file
+
 SOCKET_VARIABLE = "MLENV_SUPERVISOR_SOCKET"
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 _PR_SET_PDEATHSIG = 1
@@ -88,9 +91,6 @@ def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
 def child_environ(environ: Mapping[str, str]) -> dict[str, str]:
     """The user's process's environment: ours, plus its own faulthandler file and collective record when the
     launcher armed the job (the runtime's sitecustomize arms them there, in that process only)."""
-    from .forensics import collectives
-    from .forensics.stacks import FAULTHANDLER_DIR, FAULTHANDLER_FILE, faulthandler_file
-
     child = dict(environ)
     rank = identity(environ)["rank"]
     if environ.get(FAULTHANDLER_DIR):

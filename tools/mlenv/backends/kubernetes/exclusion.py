@@ -49,12 +49,10 @@ def record_moves(client: Client, target: KubeHandle, statefulset: StatefulSet, r
     move = recorded(_annotation(statefulset, LEFT_OUT_UNRECORDED))
     if move is None:
         return []
-    nodes = [entry for entry in move["nodes"]
-             if isinstance(entry, dict) and entry.get("host") and isinstance(entry.get("node"), int)]
-    for entry in nodes:
-        warn(f"run {move.get('run')} left {entry['host']} (node-{entry['node']}) out and moved its pod: "
-             f"{entry.get('reason')}" + ("" if entry.get("saved") else " (for that run only)"))
-    saved = {entry["node"]: (str(entry["host"]), str(entry.get("reason"))) for entry in nodes if entry.get("saved")}
+    for entry in move.nodes:
+        warn(f"run {move.run} left {entry.host} (node-{entry.node}) out and moved its pod: {entry.reason}"
+             + ("" if entry.saved else " (for that run only)"))
+    saved = {entry.node: (entry.host, entry.reason) for entry in move.nodes if entry.saved}
     if saved:
         records.exclude(target.cluster_name, saved)
     try:
@@ -71,8 +69,7 @@ def moved_by_a_run(pods: Iterable[Pod], records: Records, name: str) -> bool:
     for pod in pods:
         move = recorded(_annotation(pod, LEFT_OUT_ANNOTATION))
         if move is not None:
-            hosts |= {str(entry.get("host")) for entry in move["nodes"]
-                      if isinstance(entry, dict) and entry.get("saved")}
+            hosts |= {entry.host for entry in move.nodes if entry.saved}
     return bool(hosts - {entry.host for entry in (records.excluded_of(name) if hosts else ())})
 
 

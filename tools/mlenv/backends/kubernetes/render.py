@@ -29,9 +29,9 @@ from mlenv.backends.kubernetes.rules import version_of
 from mlenv.backends.kubernetes.schemas import kind_and_name, validate_object
 from mlenv.config.model import Scheduling
 from mlenv.errors import OperationError
-from mlenv.jsontypes import JsonObject
 from mlenv.render.templates import Templates
 from mlenv.render.yamlsafe import yaml_value
+from mlenv.runtime.records.jsonvalue import JsonObject
 from mlenv.runtime.records.runlayout import (
     CHECKPOINT_SIGNAL_VARIABLE,
     LEFT_OUT,

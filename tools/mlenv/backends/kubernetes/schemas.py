@@ -16,7 +16,7 @@ from mlenv.errors import OperationError
 from mlenv.fastschema import Unsupported, compiled
 from mlenv.fastschema.kubernetes import kubernetes_validator
 from mlenv.fastschema.patterns import draft202012
-from mlenv.jsontypes import JsonObject, JsonValue
+from mlenv.runtime.records.jsonvalue import JsonObject, JsonValue
 
 CRD_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "schemas", "crds")
 

@@ -16,7 +16,7 @@ from mlenv.backends.kubeapi import pods as podview
 from mlenv.backends.kubeapi.explain import owner_trouble
 from mlenv.backends.kubeapi.naming import KubeHandle
 from mlenv.backends.kubeapi.waiting import PodSet
-from mlenv.jsontypes import JsonObject
+from mlenv.runtime.records.jsonvalue import JsonObject
 
 WORKLOAD_LABEL = "workloadName"
 """On every pod (and PodGroup) of a Run:ai workload (REFERENCE.md: LOG-COLLECTOR)."""

@@ -52,8 +52,8 @@ from mlenv.core.registry import Records
 from mlenv.core.runrecords import latest_run
 from mlenv.core.spares import place
 from mlenv.errors import ConfigError, OperationError, Problem, UsageError
-from mlenv.jsontypes import JsonObject
 from mlenv.plan import JobPlan
+from mlenv.runtime.records.jsonvalue import JsonObject
 from mlenv.runtime.records.runrecord import RunRecord
 from mlenv.runtime.records.states import NodeEnd
 from mlenv.ui import info

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from mlenv.errors import show_value
-from mlenv.jsontypes import JsonObject
+from mlenv.runtime.records.jsonvalue import JsonObject
 
 if TYPE_CHECKING:
     from mlenv.config.reader import ClusterReader

@@ -50,9 +50,9 @@ from mlenv.core.capabilities import (
 )
 from mlenv.core.fanout import FanoutJobs
 from mlenv.errors import OperationError, UsageError, shown
-from mlenv.jsontypes import JsonObject
 from mlenv.parallel import run_parallel
 from mlenv.plan import JobPlan
+from mlenv.runtime.records.jsonvalue import JsonObject
 from mlenv.runtime.records.states import RunState
 from mlenv.ui import info, warn
 

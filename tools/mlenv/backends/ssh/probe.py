@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # TypedDict is Python 3.8+ and the probe runs on 3.7: these types exist for mypy only
     from typing import TypedDict
 
-    from mlenv.jsontypes import JsonObject
+    from mlenv.runtime.records.jsonvalue import JsonObject
 
     class ProbeListen(TypedDict):
         """``listen``: how long to wait for how many connections."""

@@ -12,7 +12,7 @@ from mlenv.backends.sshlink.hosts import HostSpec
 from mlenv.backends.sshlink.transport import Transport
 from mlenv.core.capabilities import Handle
 from mlenv.errors import OperationError
-from mlenv.jsontypes import JsonObject
+from mlenv.runtime.records.jsonvalue import JsonObject
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from typing import Any
 
 from mlenv.backends.sshlink.hosts import HostSpec
 from mlenv.errors import OperationError, shown
-from mlenv.jsontypes import JsonObject
+from mlenv.runtime.records.jsonvalue import JsonObject
 
 SSH_FAILED = 255
 """ssh's exit code for its own failure (connection, authentication), not the remote command's."""

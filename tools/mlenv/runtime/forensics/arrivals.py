@@ -13,7 +13,10 @@ from __future__ import annotations
 import itertools
 import statistics
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
+
+from ..records.jsonvalue import JsonObject
 
 MIN_COLLECTIVES = 10
 MIN_MARGIN_SHARE = 0.2
@@ -47,19 +50,37 @@ def _late(arrivals: Arrivals) -> tuple[list[int], dict[int, list[float]], float]
     return common, late, window
 
 
-def judge(arrivals: Arrivals) -> dict[str, Any]:
-    """``{"collectives", "window_s", "stragglers": [{"unit", "last", "median_margin_s", "share"}]}``; ``collectives``
-    0 (and no stragglers) when there are too few to judge."""
+@dataclass(frozen=True)
+class LateUnit:
+    """A unit (rank or node) that holds the job back: into how many collectives it came last, by how much (median
+    margin, s) and its waiting's share of the window's wall time."""
+
+    unit: int
+    last: int
+    median_margin_s: float
+    share: float
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """How many collectives every unit entered (0: too few to judge), over how long (s), and the late units."""
+
+    collectives: int
+    window_s: float
+    late: tuple[LateUnit, ...]
+
+
+def judge(arrivals: Arrivals) -> Judgement:
+    """The units that hold the job back; ``collectives`` 0 (and none late) when there are too few to judge."""
     found = _late(arrivals)
     if found is None or found[2] <= 0:
-        return {"collectives": 0 if found is None else len(found[0]), "window_s": 0.0, "stragglers": []}
+        return Judgement(0 if found is None else len(found[0]), 0.0, ())
     common, late, window = found
     total = sum(sum(margins) for margins in late.values())
-    stragglers = [{"unit": unit, "last": len(margins), "median_margin_s": round(statistics.median(margins), 3),
-                   "share": round(sum(margins) / window, 3)}
+    named = tuple(LateUnit(unit, len(margins), round(statistics.median(margins), 3), round(sum(margins) / window, 3))
                   for unit, margins in sorted(late.items())
-                  if margins and sum(margins) >= MIN_TIME_SHARE * window and sum(margins) >= MIN_BLAME_SHARE * total]
-    return {"collectives": len(common), "window_s": round(window, 3), "stragglers": stragglers}
+                  if margins and sum(margins) >= MIN_TIME_SHARE * window and sum(margins) >= MIN_BLAME_SHARE * total)
+    return Judgement(len(common), round(window, 3), named)
 
 
 def by_node(arrivals: Arrivals, node_of: Mapping[int, int]) -> dict[int, dict[int, int]]:
@@ -72,23 +93,49 @@ def by_node(arrivals: Arrivals, node_of: Mapping[int, int]) -> dict[int, dict[in
     return nodes
 
 
-def stragglers(arrivals: Arrivals, node_of: Mapping[int, int], hosts: Mapping[int, str]) -> dict[str, Any]:
-    """The ranks that hold the job back, else the nodes: ``{"collectives", "window_s", "stragglers": [{"rank" or
-    "node", "node", "host", "last", "median_margin_s", "share", "text"}]}``."""
-    ranks = judge(arrivals)
-    named = [{"rank": s["unit"], "node": node_of[s["unit"]], **s} for s in ranks["stragglers"]]
-    verdict = ranks
-    if not named and len(set(node_of.values())) > 1:
+@dataclass(frozen=True)
+class Straggler:
+    """A straggler named: its rank (None: a node, no rank of which stands out), node and host, how late (as
+    :class:`LateUnit` says) and that in words."""
+
+    rank: int | None
+    node: int
+    host: str
+    last: int
+    median_margin_s: float
+    share: float
+    text: str
+
+    def to_json(self) -> JsonObject:
+        """``{"rank" (a rank's only), "node", "last", "median_margin_s", "share", "host", "text"}`` (state.json's
+        ``stragglers``, ``status --json``'s)."""
+        return {**({} if self.rank is None else {"rank": self.rank}), "node": self.node, "last": self.last,
+                "median_margin_s": self.median_margin_s, "share": self.share, "host": self.host, "text": self.text}
+
+
+@dataclass(frozen=True)
+class Stragglers:
+    """The verdict: as :class:`Judgement` (of the ranks, else of the nodes), the stragglers named."""
+
+    collectives: int
+    window_s: float
+    named: tuple[Straggler, ...]
+
+
+def stragglers(arrivals: Arrivals, node_of: Mapping[int, int], hosts: Mapping[int, str]) -> Stragglers:
+    """The ranks that hold the job back, else the nodes."""
+    verdict = judge(arrivals)
+    units: list[tuple[int | None, int, LateUnit]] = [(late.unit, node_of[late.unit], late) for late in verdict.late]
+    if not units and len(set(node_of.values())) > 1:
         verdict = judge(by_node(arrivals, node_of))
-        named = [{"node": s["unit"], **s} for s in verdict["stragglers"]]
-    for entry in named:
-        unit = entry.pop("unit")
-        who = f"rank {unit} (node-{entry['node']})" if "rank" in entry else f"node-{unit}"
-        entry["host"] = hosts.get(entry["node"], "?")
-        entry["text"] = (f"{who} ({entry['host']}) is a straggler: last into {entry['last']} of "
-                         f"{verdict['collectives']} collectives, by {entry['median_margin_s']:g} s (median), "
-                         f"holding the job back {entry['share']:.0%} of {verdict['window_s']:g} s")
-    return {"collectives": verdict["collectives"], "window_s": verdict["window_s"], "stragglers": named}
+        units = [(None, late.unit, late) for late in verdict.late]
+    named = []
+    for rank, node, late in units:
+        who, host = f"node-{node}" if rank is None else f"rank {rank} (node-{node})", hosts.get(node, "?")
+        text = (f"{who} ({host}) is a straggler: last into {late.last} of {verdict.collectives} collectives, by "
+                f"{late.median_margin_s:g} s (median), holding the job back {late.share:.0%} of {verdict.window_s:g} s")
+        named.append(Straggler(rank, node, host, late.last, late.median_margin_s, late.share, text))
+    return Stragglers(verdict.collectives, verdict.window_s, tuple(named))
 
 
 def entries_of(record: Mapping[str, Any], group: str = "default_pg") -> dict[int, int]:

@@ -25,6 +25,8 @@ from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from pathlib import Path
 from typing import Any
 
+from ..records.jsonvalue import JsonObject
+
 DIRECTORY_ENV = "MLENV_COLLECTIVES_DIR"
 """Set by the launcher for the whole job: where the ranks' collective records go."""
 FILE_ENV = "MLENV_COLLECTIVES_FILE"
@@ -54,20 +56,21 @@ def record_file(directory: Path, rank: int) -> Path:
     return directory / f"rank{rank}.json"
 
 
-def compact(trace: Mapping[str, Any], keep: int = KEEP) -> list[dict[str, Any]]:
+def compact(trace: Mapping[str, Any], keep: int = KEEP) -> list[JsonObject]:
     """The flight recorder's dump (``_dump_fr_trace_json``) as ``[{"group", "entries": [[seq, op, entered_ns,
     done], ...]}]``, the newest ``keep`` collectives of each process group, oldest first; point-to-point
     operations are left out (their sequence is per pair)."""
-    groups: dict[str, list[list[Any]]] = {}
+    groups: dict[str, list[tuple[int, str, int, bool]]] = {}
     for entry in trace.get("entries") or []:
         if entry.get("is_p2p"):
             continue
         name = group_name(entry)
         operation = str(entry.get("profiling_name") or "?").rpartition(":")[2]
         done = bool(entry.get("retired")) or entry.get("state") == "completed"
-        groups.setdefault(name, []).append([int(entry.get("collective_seq_id", 0)), operation,
-                                            int(entry.get("time_created_ns", 0)), done])
-    return [{"group": name, "entries": sorted(entries)[-keep:]} for name, entries in groups.items()]
+        groups.setdefault(name, []).append((int(entry.get("collective_seq_id", 0)), operation,
+                                            int(entry.get("time_created_ns", 0)), done))
+    return [{"group": name, "entries": [[*newest] for newest in sorted(entries)[-keep:]]}
+            for name, entries in groups.items()]
 
 
 def first_entered(trace: Mapping[str, Any]) -> int | None:
@@ -161,20 +164,20 @@ def ask(directory: Path) -> int:
 
 
 def read(directory: Path, ranks: Iterable[int], token: int | None = None,
-         wait: float = ANSWER_SECONDS) -> dict[int, dict[str, Any]]:
+         wait: float = ANSWER_SECONDS) -> dict[int, JsonObject]:
     """Each rank's record (``{"error"}`` when it has none or it cannot be read); with ``token``, waits up to
     ``wait`` seconds for records that answer it, and marks the others ``"stale": true``."""
     wanted = sorted(set(ranks))
     deadline = time.monotonic() + wait
     while True:
         found = {rank: _read_one(record_file(directory, rank)) for rank in wanted}
-        fresh = all(record.get("token", 0) >= (token or 0) or _final(record) for record in found.values())
+        fresh = all(_answered_token(record) >= (token or 0) or _final(record) for record in found.values())
         if token is None or fresh or time.monotonic() >= deadline:
             break
         time.sleep(0.1)
     if token is not None:
         for record in found.values():
-            if "error" not in record and record.get("token", 0) < token:
+            if "error" not in record and _answered_token(record) < token:
                 record["stale"] = True
     return found
 
@@ -184,7 +187,13 @@ def _final(record: Mapping[str, Any]) -> bool:
     return "error" in record and "pid" in record
 
 
-def _read_one(path: Path) -> dict[str, Any]:
+def _answered_token(record: JsonObject) -> int:
+    """The token of the request a record answers (0: none)."""
+    token = record.get("token", 0)
+    return token if isinstance(token, int) else 0
+
+
+def _read_one(path: Path) -> JsonObject:
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:

@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from ..node.readfs import read_text
+from ..records.jsonvalue import JsonObject
 
 STACK_SIGNAL = signal.SIGRTMIN + 6
 """The real-time signal faulthandler dumps every thread on (not USR1/USR2: training code and Slurm use those)."""
@@ -76,7 +77,7 @@ class RankStack:
     method: str | None = None
     error: str | None = None
 
-    def to_dict(self) -> dict[str, object]:
+    def to_dict(self) -> JsonObject:
         return asdict(self)
 
 

@@ -15,10 +15,10 @@ An attempt that never became productive is starting (attempt 0) or restarting (a
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
+from .jsonvalue import JsonObject
 from .states import RunState
 from .timeline import NodeAttempt
 
@@ -35,10 +35,37 @@ class _Attempt:
     checkpoint_at: float | None
 
 
-def goodput(shares: Iterable[NodeAttempt], launched_at: float | None, now: float) -> dict[str, Any] | None:
-    """``{"wall", "phases": {queued, starting, productive, lost, restarting}, "productive_share", "attempts"}`` of
-    the run whose nodes' shares are ``shares`` (launched at ``launched_at`` where known); None when no share says
-    when it started."""
+@dataclass(frozen=True)
+class Goodput:
+    """Where a run's wall time went: the seconds of each phase (:data:`PHASES`, in that order), the productive
+    share of the wall time and how many attempts it made."""
+
+    wall: float
+    phases: Mapping[str, float]
+    productive_share: float
+    attempts: int
+
+    def to_json(self) -> JsonObject:
+        """``{"wall", "phases": {queued, starting, productive, lost, restarting}, "productive_share", "attempts"}``
+        (``status --json``'s ``latest_run.goodput``, ``launch --json``'s, the drill's)."""
+        return {"wall": self.wall, "phases": dict(self.phases), "productive_share": self.productive_share,
+                "attempts": self.attempts}
+
+    @classmethod
+    def parse(cls, data: object) -> Goodput | None:
+        """The goodput :meth:`to_json` wrote; None for anything else."""
+        if not isinstance(data, Mapping) or not isinstance(phases := data.get("phases"), Mapping):
+            return None
+        try:
+            return cls(float(data["wall"]), {name: float(phases[name]) for name in PHASES},
+                       float(data["productive_share"]), int(data["attempts"]))
+        except (KeyError, TypeError, ValueError):
+            return None
+
+
+def goodput(shares: Iterable[NodeAttempt], launched_at: float | None, now: float) -> Goodput | None:
+    """The goodput of the run whose nodes' shares are ``shares`` (launched at ``launched_at`` where known); None
+    when no share says when it started."""
     runs = _attempts(list(shares))
     if not runs:
         return None
@@ -64,9 +91,8 @@ def goodput(shares: Iterable[NodeAttempt], launched_at: float | None, now: float
             mark = failed
     wall = end - begin
     phases["productive"] = max(0.0, wall - sum(value for name, value in phases.items() if name != "productive"))
-    return {"wall": round(wall, 3), "phases": {name: round(value, 3) for name, value in phases.items()},
-            "productive_share": round(phases["productive"] / wall, 4) if wall > 0 else 0.0,
-            "attempts": len(runs)}
+    return Goodput(round(wall, 3), {name: round(value, 3) for name, value in phases.items()},
+                   round(phases["productive"] / wall, 4) if wall > 0 else 0.0, len(runs))
 
 
 def _within(value: float, low: float, high: float) -> float:
@@ -102,11 +128,11 @@ def _first(shares: Sequence[NodeAttempt]) -> float | None:
     return min(collectives) if collectives else min(lines) if lines else None
 
 
-def describe(found: dict[str, Any]) -> str:
+def describe(found: Goodput) -> str:
     """``goodput: 83% productive (41.2 s of 49.6 s; starting 5.1 s, restarting 3.0 s, lost 0.3 s)``: the phases
     other than productive that are not zero."""
-    phases = found["phases"]
+    phases = found.phases
     others = [f"{name} {phases[name]:.1f} s" for name in ("queued", "starting", "restarting", "lost")
               if round(phases[name], 1)]
-    return (f"goodput: {round(100 * found['productive_share'])}% productive ({phases['productive']:.1f} s of "
-            f"{found['wall']:.1f} s" + (f"; {', '.join(others)}" if others else "") + ")")
+    return (f"goodput: {round(100 * found.productive_share)}% productive ({phases['productive']:.1f} s of "
+            f"{found.wall:.1f} s" + (f"; {', '.join(others)}" if others else "") + ")")

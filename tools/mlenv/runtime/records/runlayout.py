@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from .jsonvalue import JsonObject
 from .states import NodeFault, RunState
 
 DEFAULT_RUNS_ROOT = Path(".mlenv", "runs")
@@ -166,7 +167,7 @@ class RankRecord:
     ended_at: str | None
     last_output_at: str | None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return asdict(self)
 
     @classmethod
@@ -193,7 +194,7 @@ class FirstFailure:
     host: str | None = None
     """The failing rank's host (a spare host may run a node in a later attempt)."""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {**asdict(self), "node_fault": self.node_fault.to_dict() if self.node_fault is not None else None}
 
     @classmethod
@@ -253,7 +254,7 @@ def parse_ranks(data: object) -> list[RankRecord]:
         return []
 
 
-def read_state(node_dir: NodeDir) -> dict[str, Any]:
+def read_state(node_dir: NodeDir) -> JsonObject:
     """The node's state.json (empty when missing or unreadable)."""
     data = read_json(node_dir.state)
     return data if isinstance(data, dict) else {}

@@ -8,7 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .goodput import goodput
+from .goodput import Goodput, goodput
+from .jsonvalue import JsonObject
 from .runlayout import FirstFailure, RankRecord, parse_ranks
 from .states import NodeEnd, NodeFault, RunState, parse_faults
 from .timeline import NodeAttempt
@@ -46,7 +47,7 @@ class RunRecord:
     """Every node's share of every attempt (timeline.py): what its goodput is made of."""
     preemptions: int = 0
     """How many of its attempts ended preempted (a pod of it taken away) on some node: resumptions, not restarts."""
-    goodput: Mapping[str, Any] | None = None
+    goodput: Goodput | None = None
     """Where its wall time went (goodput.py, ``status --json``'s ``latest_run.goodput``); None when nothing is
     known."""
 
@@ -55,7 +56,7 @@ class RunRecord:
         ``now``."""
         return replace(self, goodput=goodput(self.timeline, at, now))
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         """``status --json``'s ``latest_run`` (without ``nodes``, which status prints as ``run_states``)."""
         return {"id": self.id, "state": self.state, "attempt": self.attempt,
                 "ranks": [rank.to_dict() for rank in self.ranks],
@@ -65,7 +66,7 @@ class RunRecord:
                 "stragglers": list(self.stragglers) if self.stragglers is not None else None,
                 "node_faults": {node: fault.to_dict() for node, fault in self.node_faults.items()},
                 "exit_code": self.exit_code, "ended_at": self.ended_at, "preemptions": self.preemptions,
-                "goodput": dict(self.goodput) if self.goodput is not None else None}
+                "goodput": self.goodput.to_json() if self.goodput is not None else None}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RunRecord:
@@ -82,7 +83,7 @@ class RunRecord:
                     for node, end in (nodes.items() if isinstance(nodes, Mapping) else ())},
                    exit_code=_int_or_none(data.get("exit_code")), ended_at=_str_or_none(data.get("ended_at")),
                    preemptions=_int_or_none(data.get("preemptions")) or 0,
-                   goodput=dict(data["goodput"]) if isinstance(data.get("goodput"), Mapping) else None)
+                   goodput=Goodput.parse(data.get("goodput")))
 
 
 def _str_or_none(value: object) -> str | None:

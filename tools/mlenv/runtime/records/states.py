@@ -9,7 +9,8 @@ import signal
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+
+from .jsonvalue import JsonObject
 
 
 class RunState(str, Enum):
@@ -163,7 +164,7 @@ class NodeFault:
     """The sign rests on node 0's control connection to the node closing before its job ended, nothing more: any
     record of the node's own says more."""
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         """``{"sign", "evidence"}``, and ``"closed": true`` where it is."""
         return {"sign": self.sign.value, "evidence": self.evidence, **({"closed": True} if self.closed else {})}
 

@@ -11,6 +11,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from .jsonvalue import JsonObject
 from .runlayout import NodeDir, RankRecord, attempts, read_json, read_ranks, read_state
 from .states import RunState
 
@@ -36,7 +37,7 @@ class NodeAttempt:
     first_output_at: float | None = None
     checkpoint_at: float | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return asdict(self)
 
     @classmethod

@@ -31,6 +31,7 @@ def _arm() -> None:
     if not path:
         return
     try:
+        # here: this module runs in every Python of the user's job, and imports only where it arms the rank
         from mlenv.runtime.forensics.stacks import (  # the one place the signals are chosen
             MAIN_STACK_SIGNAL,
             STACK_SIGNAL,
@@ -52,7 +53,7 @@ def _record_collectives() -> None:
     if "MLENV_COLLECTIVES_FILE" not in os.environ:
         return
     try:
-        from mlenv.runtime.forensics.collectives import start_recorder
+        from mlenv.runtime.forensics.collectives import start_recorder  # here: only where it records (see _arm)
 
         start_recorder(os.environ)
     except (OSError, ImportError, RuntimeError) as exc:

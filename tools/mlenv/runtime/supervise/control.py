@@ -30,8 +30,9 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
+from ..records.jsonvalue import JsonObject, int_of, number_of, object_of
+from ..records.runlayout import FirstFailure
 from ..records.states import FaultSign, NodeFault
 from .door import HELLO_LIMIT, SEND_TIMEOUT, Caller, Door
 from .listener import listen
@@ -56,7 +57,7 @@ SILENCE_SECONDS = 15.0
 SECRET_VARIABLE = "MLENV_CONTROL_SECRET"  # noqa: S105 (the name of a variable)
 """The run's control secret, in every node's environment (never on a command line, in a file or a log)."""
 
-StopHandler = Callable[[str, int, "dict[str, Any] | None", bool], None]
+StopHandler = Callable[[str, int, FirstFailure | None, bool], None]
 """Called with (reason, exit code, the job's first failure or None, whether it is a preemption) when the job stops."""
 CLOSED = "its control channel to node 0 closed before its job ended"
 """Node 0's words for a node whose connection closed unannounced (the evidence of its ``closed`` sign)."""
@@ -106,11 +107,11 @@ class ControlChannel:
     """Node 0: the connected nodes."""
     upstream: _Peer | None = None
     connect_until: float = 0.0
-    failures: list[tuple[float, dict[str, Any]]] = field(default_factory=list)
+    failures: list[tuple[float, FirstFailure]] = field(default_factory=list)
     decide_at: float | None = None
     stopped: bool = False
     finished: bool = False
-    on_message: Callable[[dict[str, Any]], None] | None = None
+    on_message: Callable[[JsonObject], None] | None = None
     """Observers' messages (``relay``) that reach this node."""
     on_lost: Callable[[int, NodeFault], None] | None = None
     """Called with (node, its ``unreachable`` sign) for a node lost: on node 0, one silent or whose connection closed
@@ -210,10 +211,10 @@ class ControlChannel:
     def _proof(self, *parts: object) -> str:
         return proof(self.secret, *parts)
 
-    def _proves(self, message: Mapping[str, Any], key: str, *parts: object) -> bool:
+    def _proves(self, message: JsonObject, key: str, *parts: object) -> bool:
         return proves(self.secret, message.get(key), *parts)
 
-    def _handshake(self, peer: _Peer, message: Mapping[str, Any]) -> None:
+    def _handshake(self, peer: _Peer, message: JsonObject) -> None:
         """A node other than 0: node 0's challenge (answered with the hello), then its welcome (the connection is
         sealed from then on)."""
         if peer.challenge is None and is_nonce(message.get("challenge")):
@@ -227,7 +228,7 @@ class ControlChannel:
         else:
             self._refuse(peer, f"dropped a control message from {peer.address}: bad secret")
 
-    def _answered(self, caller: Caller, message: dict[str, Any], rest: bytes) -> str | None:
+    def _answered(self, caller: Caller, message: JsonObject, rest: bytes) -> str | None:
         """Node 0: a connection's hello, with the HMAC of its challenge: a welcome with the HMAC of both nonces
         (the connection is sealed from then on), then the node is connected, or turned away when of another run,
         or sent away to retry when of another attempt."""
@@ -236,7 +237,8 @@ class ControlChannel:
                 message, "proof", "hello", caller.challenge, message.get("run"), message.get("attempt"),
                 message["hello"]):
             return "bad secret"
-        peer = _Peer(caller.sock, caller.address, node=int(message["hello"]), buffer=rest)  # read with its next lines
+        node = int_of(message["hello"], "hello")
+        peer = _Peer(caller.sock, caller.address, node=node, buffer=rest)  # read with its next lines
         self._send(peer, {"welcome": self._proof("welcome", caller.challenge, client)})
         peer.seal = Seal(self.secret, caller.challenge, str(client), DOWN)
         if message.get("run") != self.run_id:
@@ -265,7 +267,7 @@ class ControlChannel:
             self.note(f"warning: {self.address}:{self.port} did not prove the run's secret in {self.unproven} tries "
                       "(not this run's node 0): no control channel, a failure on another node will not stop this one")
 
-    def _handle(self, peer: _Peer, message: Mapping[str, Any]) -> None:
+    def _handle(self, peer: _Peer, message: JsonObject) -> None:
         if "refused" in message and peer is self.upstream:  # another run's node 0 holds the port: not ours
             self.note(f"node 0 at {peer.address}:{self.port} refused this node: {shown(message['refused'])}")
             self._drop(peer)
@@ -276,7 +278,9 @@ class ControlChannel:
             self._drop(peer)
             self.upstream = None
         elif "failure" in message:
-            self._failure(float(message.get("ended", time.time())), dict(message["failure"]))
+            ended = message.get("ended")
+            self._failure(time.time() if ended is None else number_of(ended, "ended"),
+                          FirstFailure.from_dict(object_of(message["failure"], "failure")))
         elif "beat" in message:
             return  # heard: that is all it says
         elif "done" in message:
@@ -284,11 +288,14 @@ class ControlChannel:
         elif "observer" in message and isinstance(message["observer"], dict) and self.on_message is not None:
             self.on_message(dict(message["observer"]))
         elif "stop" in message:
-            reason, code, preempted = str(message["stop"]), int(message.get("exit_code", 1)), message.get("preempted")
+            reason, code = str(message["stop"]), int_of(message.get("exit_code", 1), "exit_code")
+            preempted = message.get("preempted") is True
             if self.node == 0:
-                self._broadcast(reason, code, None, preempted is True)
+                self._broadcast(reason, code, None, preempted)
             else:
-                self._stop(reason, code, message.get("first_failure"), preempted is True)
+                first = message.get("first_failure")
+                self._stop(reason, code, None if first is None else FirstFailure.from_dict(object_of(first, "first")),
+                           preempted)
 
     def _drop(self, peer: _Peer) -> None:
         with contextlib.suppress(KeyError, ValueError):
@@ -315,7 +322,7 @@ class ControlChannel:
         if self.on_lost is not None:
             self.on_lost(node, NodeFault(FaultSign.UNREACHABLE, evidence, closed))
 
-    def _failure(self, ended: float, failure: dict[str, Any]) -> None:
+    def _failure(self, ended: float, failure: FirstFailure) -> None:
         """Node 0: one more failure to decide between."""
         if self.stopped:
             return
@@ -323,20 +330,21 @@ class ControlChannel:
         if self.decide_at is None:
             self.decide_at = time.monotonic() + DECIDE_SECONDS
 
-    def _broadcast(self, reason: str, exit_code: int, first: dict[str, Any] | None, preempted: bool = False) -> None:
+    def _broadcast(self, reason: str, exit_code: int, first: FirstFailure | None, preempted: bool = False) -> None:
         """Node 0: stop every node (once)."""
         if self.stopped:
             return
         for peer in self.peers:
-            self._send(peer, {"stop": reason, "exit_code": exit_code, "first_failure": first, "preempted": preempted})
+            self._send(peer, {"stop": reason, "exit_code": exit_code,
+                              "first_failure": None if first is None else first.to_dict(), "preempted": preempted})
         self._stop(reason, exit_code, first, preempted)
 
-    def _stop(self, reason: str, exit_code: int, first: dict[str, Any] | None, preempted: bool = False) -> None:
+    def _stop(self, reason: str, exit_code: int, first: FirstFailure | None, preempted: bool = False) -> None:
         if not self.stopped:
             self.stopped = True
             self.on_stop(reason, exit_code, first, preempted)
 
-    def _send(self, peer: _Peer, message: Mapping[str, Any]) -> None:
+    def _send(self, peer: _Peer, message: JsonObject) -> None:
         """Send ``message`` (with the run id and attempt), sealed once the connection is."""
         body = json.dumps({**message, "run": self.run_id, "attempt": self.attempt}).encode()
         with self.sending, contextlib.suppress(OSError):
@@ -394,14 +402,14 @@ class ControlChannel:
         self._silent(time.monotonic())
         if self.decide_at is not None and time.monotonic() >= self.decide_at and not self.stopped:
             _, first = min(self.failures, key=lambda item: item[0])
-            self._broadcast(f"stopped after rank {first['rank']} failed", int(first["exit_code"]), first)
+            self._broadcast(f"stopped after rank {first.rank} failed", first.exit_code, first)
 
-    def failure(self, failure: dict[str, Any], ended: float) -> None:
+    def failure(self, failure: FirstFailure, ended: float) -> None:
         """A rank of this node failed (``ended``: wall clock)."""
         if self.node == 0 or self.upstream is None or not self.upstream.proven:
             self._failure(ended, failure)
         else:
-            self._send(self.upstream, {"failure": failure, "ended": ended})
+            self._send(self.upstream, {"failure": failure.to_dict(), "ended": ended})
 
     def stop(self, reason: str, exit_code: int, preempted: bool = False) -> None:
         """This node needs the whole job stopped (an observer, a launcher that failed on its own, a stop here)."""
@@ -410,7 +418,7 @@ class ControlChannel:
         else:
             self._send(self.upstream, {"stop": reason, "exit_code": exit_code, "preempted": preempted})
 
-    def relay(self, message: Mapping[str, Any]) -> None:
+    def relay(self, message: JsonObject) -> None:
         """An observer's message: from node 0 to every other node, from another node to node 0."""
         for peer in ([self.upstream] if self.upstream is not None and self.upstream.proven else []) if self.node != 0 \
                 else self.peers:

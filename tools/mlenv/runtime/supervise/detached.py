@@ -193,9 +193,9 @@ def _leave_out(left: LeftOut, rank: int, following: Mapping[str, str], run_id: s
         if rank == 0:
             standby.end_unused(following, run_id)
         return None
-    message = {"run_id": run_id, "node": left.node, "attempt": int(following["MLENV_RESTART_COUNT"]),
-               "used": slot + 1, **{key: following.get(name, "") for key, name in HANDED.items()}}
-    error = standby.send(spares[slot], slot, following, message) if rank == 0 else None
+    handover = standby.Handover(run_id, left.node, int(following["MLENV_RESTART_COUNT"]), slot + 1,
+                                {key: following.get(name, "") for key, name in HANDED.items()})
+    error = standby.send(spares[slot], slot, following, handover.to_json()) if rank == 0 else None
     if error is not None:
         print(f"{left_out}: not restarting it: {error}", flush=True)
         return None
@@ -257,12 +257,11 @@ def wait_as_standby(
     if message is None:
         print(f"mlenv: run {run_id} needs this standby no more", flush=True)
         return 0
-    node, attempt = int(message["node"]), int(message["attempt"])
+    node, attempt = message.node, message.attempt
     print(f"mlenv: taking node-{node}'s place in run {run_id} from attempt {attempt} on", flush=True)
     env = {name: value for name, value in environ.items() if name not in (STANDBY_FD, standby.MARKER)}
     env.update({"MLENV_NODE_RANK": str(node), "MLENV_RESTART_COUNT": str(attempt),
-                standby.USED: str(message["used"]),
-                **{name: str(message.get(key, "")) for key, name in HANDED.items()}})
+                standby.USED: str(message.used), **{name: message.handed.get(key, "") for key, name in HANDED.items()}})
     args.standby = None
     return start_node(args, env, launcher, job, run_dir)
 

@@ -18,8 +18,8 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
+from ..records.jsonvalue import JsonObject
 from .proofs import nonce
 
 HELLO_SECONDS = 3.0
@@ -51,7 +51,7 @@ class Caller:
     buffer: bytes = b""
 
 
-Answered = Callable[[Caller, dict[str, Any], bytes], str | None]
+Answered = Callable[[Caller, JsonObject, bytes], str | None]
 """The door's owner, given a caller's answer (its first line) and what came after it: None when it took the
 connection (to keep or to close), else why the door drops it (said once)."""
 

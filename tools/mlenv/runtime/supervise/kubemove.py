@@ -18,8 +18,9 @@ import os
 import secrets
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..records.runlayout import LEFT_OUT, MOVE_DIR, MOVES_PODS
 from .podmover import ANSWER, REQUEST, handed_env
@@ -37,13 +38,44 @@ def enabled(environ: Mapping[str, str]) -> bool:
     return bool(environ.get(MOVES_PODS))
 
 
-def recorded(annotation: str) -> dict[str, Any] | None:
+@dataclass(frozen=True)
+class MovedNode:
+    """A node a move left out: its number, the host its pod was moved off, why, and whether that is recorded on the
+    deployment (a node-fault sign) or held for the run only."""
+
+    node: int
+    host: str
+    reason: str
+    saved: bool
+
+
+@dataclass(frozen=True)
+class RecordedMove:
+    """A detached run's move of its pods, as a LEFT_OUT_ANNOTATION records it (podmover.py writes it): the run and
+    attempt (None where the record names none), the variables it hands the next attempt (only those a move may
+    hand: none where the record holds anything else) and the nodes it left out (a part that is none is left out)."""
+
+    run: str | None
+    attempt: int | None
+    env: dict[str, str]
+    nodes: tuple[MovedNode, ...]
+
+
+def recorded(annotation: str) -> RecordedMove | None:
     """The move a LEFT_OUT_ANNOTATION records; None for none, or for a value that is not one."""
     try:
         move = json.loads(annotation) if annotation else None
     except ValueError:
         return None
-    return move if isinstance(move, dict) and isinstance(move.get("nodes"), list) else None
+    if not isinstance(move, dict) or not isinstance(move.get("nodes"), list):
+        return None
+    run, attempt = move.get("run"), move.get("attempt")
+    nodes = tuple(MovedNode(entry["node"], str(entry["host"]), str(entry.get("reason")), bool(entry.get("saved")))
+                  for entry in move["nodes"]
+                  if isinstance(entry, dict) and entry.get("host") and isinstance(entry.get("node"), int))
+    return RecordedMove(run if isinstance(run, str) else None,
+                        attempt if isinstance(attempt, int) and not isinstance(attempt, bool) else None,
+                        handed_env(move.get("env") or {}) or {}, nodes)
 
 
 def moved(environ: Mapping[str, str], run_id: str, attempt: int) -> dict[str, str] | None:
@@ -51,9 +83,9 @@ def moved(environ: Mapping[str, str], run_id: str, attempt: int) -> dict[str, st
     because that attempt moved the run's pods (its :data:`LEFT_OUT`); None where it did not. Only the variables a
     move hands, with values of their shape: an annotation with anything else hands nothing."""
     move = recorded(environ.get(LEFT_OUT, ""))
-    if move is None or move.get("run") != run_id or move.get("attempt") != attempt:
+    if move is None or move.run != run_id or move.attempt != attempt:
         return None
-    return handed_env(move.get("env") or {}) or {}
+    return move.env
 
 
 class MoveError(Exception):

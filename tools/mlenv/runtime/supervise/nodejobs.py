@@ -21,6 +21,7 @@ from ..forensics.stacks import group, sample
 from ..forensics.stacks import render as render_stacks
 from ..node.gpus import read_node, render_node
 from ..node.topology import TopologyError, detect_topology, host_name
+from ..records.jsonvalue import JsonObject
 from ..records.runlayout import NodeDir, read_ranks, runs_root
 from ..records.states import NodeEnd, RunState, end_text
 from . import standby
@@ -177,6 +178,8 @@ def show_stacks(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     behind in collective sequence, and its flight recorder dumps."""
     host = host_name(environ)
     job = _node_job(host_jobs(args.runs_root or runs_root(environ), host, args.run), environ)
+    stacks: list[JsonObject] = []
+    records_read: JsonObject = {}
     if job is None:
         found: dict[str, object] = {"run": None, "host": host}
     else:
@@ -185,19 +188,17 @@ def show_stacks(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         token = collectives.ask(records) if ranks else None  # answered while the stacks are taken
         taken = sample(ranks, native=args.native, method=args.method, dumps=job.files.stacks / "faulthandler",
                        workspace=Path.cwd())
+        stacks = [stack.to_dict() for stack in taken]
+        records_read = {str(rank): record for rank, record in collectives.read(
+            records, [int(str(r["rank"])) for r in ranks], token).items()}
         found = {"run": job.record.run_id, "started_at": job.record.started_at, "node": job.record.node_rank,
-                 "host": host, "state": job.state,
-                 "ranks": [stack.to_dict() for stack in taken],
-                 "collectives": {str(rank): record for rank, record in collectives.read(
-                     records, [int(str(r["rank"])) for r in ranks], token).items()},
+                 "host": host, "state": job.state, "ranks": stacks, "collectives": records_read,
                  "flight_dumps": [str(path) for path in flight_dumps(job.files.path)]}
     if args.json:
         print(json.dumps(found), flush=True)
     elif job is None:
         print(f"no run of {host}")
     else:
-        judged = culprit_of(cast(list[dict[str, Any]], found["ranks"]),
-                            cast(Mapping[str | int, Mapping[str, Any]], found["collectives"]))
-        print(f"collectives (this node's ranks): {judged['text']}")
-        print(render_stacks(group(found["ranks"])))  # type: ignore[arg-type]
+        print(f"collectives (this node's ranks): {culprit_of(stacks, records_read).text}")
+        print(render_stacks(group(stacks)))
     return 0

@@ -22,6 +22,7 @@ import signal
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -64,7 +65,41 @@ def _text(value: object, what: str) -> str:
     return value
 
 
-def parse_request(text: str) -> dict[str, Any]:
+@dataclass(frozen=True)
+class RequestedNode:
+    """A node the request leaves out: its number, why, and whether that is saved (a node-fault sign)."""
+
+    node: int
+    reason: str
+    saved: bool
+
+
+@dataclass(frozen=True)
+class MoveRequest:
+    """A checked verdict of node 0's supervisor: its id, the run and attempt, the nodes left out, and the variables
+    the move hands the next attempt."""
+
+    id: str
+    run: str
+    attempt: int
+    nodes: tuple[RequestedNode, ...]
+    env: dict[str, str]
+
+
+@dataclass(frozen=True)
+class MoveAnswer:
+    """The mover's answer to a request (None: one it could not read): the nodes kept off, or why not."""
+
+    id: str | None
+    away: list[str] | None = None
+    error: str | None = None
+
+    def to_json(self) -> dict[str, object]:
+        """``{"id", "away"}`` or ``{"id", "error"}``."""
+        return {"id": self.id, **({"away": self.away} if self.error is None else {"error": self.error})}
+
+
+def parse_request(text: str) -> MoveRequest:
     """A verdict as the supervisor writes it: ``{"id", "run", "attempt", "nodes": [{"node", "reason", "saved"}],
     "env"}`` and nothing else; MoveRefused, saying what is wrong, for anything else."""
     try:
@@ -87,10 +122,12 @@ def parse_request(text: str) -> dict[str, Any]:
                 type(entry["saved"]) is not bool:
             raise MoveRefused("a node of the request is not {node, reason, saved}")
         _text(entry["reason"], "a node's reason")
-    if handed_env(request["env"]) is None:
+    env = handed_env(request["env"])
+    if env is None:
         raise MoveRefused(f"the request's env hands on other variables than {', '.join(HANDED)} or values of another "
                       "shape")
-    return request
+    return MoveRequest(request["id"], request["run"], request["attempt"],
+                       tuple(RequestedNode(entry["node"], entry["reason"], entry["saved"]) for entry in nodes), env)
 
 
 def _expressions(statefulset: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -155,7 +192,7 @@ def _call(token_dir: Path, method: str, path: str, body: Mapping[str, Any] | Non
         raise MoveRefused(f"{method} {path}: {exc}") from None
 
 
-def apply(request: Mapping[str, Any], app: str, token_dir: Path) -> list[str]:
+def apply(request: MoveRequest, app: str, token_dir: Path) -> list[str]:
     """Carry out a checked ``request`` on StatefulSet ``app``: its pods kept off the Kubernetes nodes of the
     request's nodes' pods, the move recorded in mlenv's annotations. The nodes kept off; MoveRefused where the API
     refused."""
@@ -164,13 +201,13 @@ def apply(request: Mapping[str, Any], app: str, token_dir: Path) -> list[str]:
     except OSError as exc:
         raise MoveRefused(f"the mover has no namespace file ({exc.strerror})") from None
     base = f"/apis/apps/v1/namespaces/{namespace}/statefulsets/{app}"
-    hosts = {entry["node"]: str(_call(token_dir, "GET", f"/api/v1/namespaces/{namespace}/pods/{app}-{entry['node']}")
-                                .get("spec", {}).get("nodeName") or "") for entry in request["nodes"]}
+    hosts = {entry.node: str(_call(token_dir, "GET", f"/api/v1/namespaces/{namespace}/pods/{app}-{entry.node}")
+                             .get("spec", {}).get("nodeName") or "") for entry in request.nodes}
     since = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    nodes = [{**entry, "host": hosts[entry["node"]], "since": since} for entry in request["nodes"]
-             if hosts[entry["node"]]]
-    record = json.dumps({"run": request["run"], "attempt": request["attempt"], "env": request["env"],
-                         "nodes": nodes}, sort_keys=True)
+    nodes = [{"node": entry.node, "reason": entry.reason, "saved": entry.saved, "host": hosts[entry.node],
+              "since": since} for entry in request.nodes if hosts[entry.node]]
+    record = json.dumps({"run": request.run, "attempt": request.attempt, "env": request.env, "nodes": nodes},
+                        sort_keys=True)
     statefulset = _call(token_dir, "GET", base)
     away = sorted({*kept_off(statefulset), *hosts.values()} - {""})
     patch = affinity_patch(statefulset, away) or {"spec": {"template": {}}}
@@ -180,16 +217,16 @@ def apply(request: Mapping[str, Any], app: str, token_dir: Path) -> list[str]:
     return away
 
 
-def answer(text: str, app: str, token_dir: Path) -> dict[str, Any]:
-    """The answer to one request's ``text``: ``{"id", "away"}`` or ``{"id", "error"}``."""
+def answer(text: str, app: str, token_dir: Path) -> MoveAnswer:
+    """The answer to one request's ``text``."""
     try:
         request = parse_request(text)
     except MoveRefused as refused:
-        return {"id": None, "error": f"refused: {refused}"}
+        return MoveAnswer(None, error=f"refused: {refused}")
     try:
-        return {"id": request["id"], "away": apply(request, app, token_dir)}
+        return MoveAnswer(request.id, away=apply(request, app, token_dir))
     except MoveRefused as refused:
-        return {"id": request["id"], "error": str(refused)}
+        return MoveAnswer(request.id, error=str(refused))
 
 
 def serve(directory: Path, app: str, token_dir: Path) -> None:
@@ -202,7 +239,7 @@ def serve(directory: Path, app: str, token_dir: Path) -> None:
         except OSError:
             time.sleep(POLL_SECONDS)
             continue
-        said = answer(text, app, token_dir)
+        said = answer(text, app, token_dir).to_json()
         print(f"mlenv mover: {json.dumps(said)}", flush=True)
         partial = directory / f".{ANSWER}.{os.getpid()}"
         partial.write_text(json.dumps(said), encoding="utf-8")

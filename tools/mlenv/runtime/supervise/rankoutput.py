@@ -13,8 +13,9 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
-from typing import IO, Any, Protocol
+from typing import IO, Protocol
 
+from ..records.jsonvalue import JsonObject
 from ..records.runlayout import RankRecord
 from ..watch.protocol import Observer, RankInfo
 
@@ -102,9 +103,9 @@ class ConnectionOwner(Protocol):
 
     def on_closed(self, connection: Connection) -> None: ...
 
-    def on_header(self, connection: Connection, header: dict[str, Any]) -> None: ...
+    def on_header(self, connection: Connection, header: JsonObject) -> None: ...
 
-    def on_message(self, connection: Connection, message: dict[str, Any]) -> None: ...
+    def on_message(self, connection: Connection, message: JsonObject) -> None: ...
 
 
 @dataclass

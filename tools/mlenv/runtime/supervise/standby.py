@@ -25,9 +25,10 @@ import signal
 import socket
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
+from ..records.jsonvalue import JsonObject, JsonValue, int_of
 from . import listener
 from .control import SECRET_VARIABLE
 from .door import Caller, Door
@@ -76,24 +77,48 @@ def listen(environ: Mapping[str, str], slot: int) -> socket.socket:
     return server
 
 
-def wait(server: socket.socket, run_id: str, secret: str) -> dict[str, Any] | None:
+@dataclass(frozen=True)
+class Handover:
+    """Node 0's message that hands node ``node`` of run ``run_id`` to a standby from attempt ``attempt`` on, with
+    ``used`` standbys used then, and the values it hands on beside them (``handed``: the restart policy's)."""
+
+    run_id: str
+    node: int
+    attempt: int
+    used: int
+    handed: Mapping[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> JsonObject:
+        return {"run_id": self.run_id, "node": self.node, "attempt": self.attempt, "used": self.used, **self.handed}
+
+    @classmethod
+    def from_json(cls, message: JsonObject) -> Handover:
+        """The handover :meth:`to_json` wrote (TypeError on another shape)."""
+        handed = {key: str(value) for key, value in message.items() if key not in _HANDOVER_KEYS}
+        return cls(str(message["run_id"]), int_of(message["node"], "node"), int_of(message["attempt"], "attempt"),
+                   int_of(message["used"], "used"), handed)
+
+
+_HANDOVER_KEYS = ("run_id", "node", "attempt", "used")
+
+
+def wait(server: socket.socket, run_id: str, secret: str) -> Handover | None:
     """Serve connections until node 0 hands a node over (its message) or ends the standby (None); a message
     without the proof of the run's ``secret`` is dropped, one of another run, or one that is not one, is answered
     and ignored."""
-    taken: list[dict[str, Any] | None] = []
+    taken: list[Handover | None] = []
 
-    def answered(caller: Caller, message: dict[str, Any], _rest: bytes) -> str | None:
+    def answered(caller: Caller, message: JsonObject, _rest: bytes) -> str | None:
         given, theirs = message.pop("proof", None), message.pop("nonce", None)
         if not is_nonce(theirs) or not proves(secret, given, "handover", caller.challenge, theirs, _fields(message)):
             return "bad secret"
-        handover = message.get("end") is True or all(isinstance(message.get(key), int)
-                                                      for key in ("node", "attempt", "used"))
+        handover = message.get("end") is True or all(isinstance(message.get(key), int) for key in _HANDOVER_KEYS[1:])
         answer = "not this run" if message.get("run_id") != run_id else "ok" if handover else "no handover"
         with caller.sock, contextlib.suppress(OSError):
             caller.sock.sendall(json.dumps({"answer": answer, "proof": proof(secret, "answer", caller.challenge,
                                                                               theirs, answer)}).encode() + b"\n")
         if answer == "ok":
-            taken.append(None if message.get("end") else message)
+            taken.append(None if message.get("end") else Handover.from_json(message))
         return None
 
     with selectors.DefaultSelector() as selector:
@@ -108,7 +133,7 @@ def wait(server: socket.socket, run_id: str, secret: str) -> dict[str, Any] | No
     return taken[0]
 
 
-def send(address: str, slot: int, environ: Mapping[str, str], message: Mapping[str, Any]) -> str | None:
+def send(address: str, slot: int, environ: Mapping[str, str], message: JsonObject) -> str | None:
     """Send ``message`` to standby ``slot`` at ``address``; why it failed, or None."""
     secret, ours = environ.get(SECRET_VARIABLE, ""), nonce()
     try:
@@ -151,12 +176,12 @@ def stop(root: Path, run_id: str | None) -> int:
     return count
 
 
-def _fields(message: Mapping[str, Any]) -> list[list[Any]]:
+def _fields(message: JsonObject) -> list[list[JsonValue]]:
     """A message's fields in one order, for its proof."""
     return [[key, message[key]] for key in sorted(message)]
 
 
-def _reply(line: bytes) -> dict[str, Any]:
+def _reply(line: bytes) -> JsonObject:
     """A line of the standby's as a JSON object; empty when it is none."""
     try:
         reply = json.loads(line)

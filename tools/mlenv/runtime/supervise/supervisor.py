@@ -23,11 +23,12 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 from ..launchers import STOPPING
 from ..node.oom import kernel_killed, oom_kills
 from ..rank import SOCKET_VARIABLE, signal_name
+from ..records.jsonvalue import JsonObject, int_of
 from ..records.runlayout import PREEMPTED_MARK, FirstFailure, NodeDir, RankRecord, write_json
 from ..records.states import STOP_CODES, Ending, NodeFault, RunState, exit_state
 from ..watch.protocol import Observer, RankInfo
@@ -91,7 +92,7 @@ class Supervisor:
     marker: bytes = b""  # MLENV_JOB=...: in the environment of every process of the job
     launcher_stopped: int | None = None  # the signal the launcher was first sent to stop it
     stopping_said: bool = False  # launchers.STOPPING was written
-    written_ranks: list[dict[str, Any]] | None = None
+    written_ranks: list[JsonObject] | None = None
     run_dir: Path = field(init=False)  # JobControl: this node's attempt directory
     output: RankOutput = field(init=False)
 
@@ -117,18 +118,18 @@ class Supervisor:
     def hub(self) -> bool:
         return self.node == 0 or self.channel is None or not self.channel.connected
 
-    def tell_hub(self, message: dict[str, Any]) -> None:
+    def tell_hub(self, message: JsonObject) -> None:
         if self.hub or self.channel is None:
             self._observer_message(message)
         else:
             self.channel.relay(message)
 
-    def tell_all(self, message: dict[str, Any]) -> None:
+    def tell_all(self, message: JsonObject) -> None:
         if self.channel is not None and self.node == 0:
             self.channel.relay(message)
         self._observer_message(message)
 
-    def _observer_message(self, message: dict[str, Any]) -> None:
+    def _observer_message(self, message: JsonObject) -> None:
         for observer in self.observers:
             observer.message(message)
 
@@ -281,20 +282,20 @@ class Supervisor:
         if connection.kind == "control" and rank is not None and rank.record.state is RunState.RUNNING:
             self._rank_exited(rank, 128 + signal.SIGKILL, "SIGKILL")  # the wrapper died without a word
 
-    def on_header(self, connection: Connection, header: dict[str, Any]) -> None:
+    def on_header(self, connection: Connection, header: JsonObject) -> None:
         connection.kind = str(header.get("kind"))
-        number = int(header.get("rank", 0))
+        number = int_of(header.get("rank", 0), "rank")
         connection.rank = number
         if number not in self.ranks_by_number:
-            info = RankInfo(number, int(header.get("local_rank", 0)), self.node, self.host, 0)
+            info = RankInfo(number, int_of(header.get("local_rank", 0), "local_rank"), self.node, self.host, 0)
             record = RankRecord(number, info.local_rank, self.node, self.host, 0, RunState.RUNNING, None, None,
                                 utc_now(), None, None)
             self.ranks_by_number[number] = RankState(info, record)
 
-    def on_message(self, connection: Connection, message: dict[str, Any]) -> None:
+    def on_message(self, connection: Connection, message: JsonObject) -> None:
         rank = self.ranks_by_number[connection.rank or 0]
         if message.get("event") == "started":
-            rank.info = replace(rank.info, pid=int(message["pid"]))
+            rank.info = replace(rank.info, pid=int_of(message["pid"], "pid"))
             rank.record = replace(rank.record, pid=rank.info.pid)
             self._write_ranks()
             for observer in self.observers:
@@ -302,7 +303,7 @@ class Supervisor:
         elif message.get("event") == "exited":
             self._drain(rank.info.rank)
             signame = message.get("signal")
-            self._rank_exited(rank, int(message["exit_code"]), str(signame) if signame else None)
+            self._rank_exited(rank, int_of(message["exit_code"], "exit_code"), str(signame) if signame else None)
 
     def _drain(self, number: int) -> None:
         """Read what the rank's output connections already hold, before its end is handled."""
@@ -330,8 +331,8 @@ class Supervisor:
         self.local_failure = failure
         self.note(describe(failure, rank.info.pid))
         if self.channel is not None:
-            self.channel.failure(failure.to_dict(), time.time())
-        self._stop_here(f"stopped after rank {failure.rank} failed", exit_code, failure.to_dict())
+            self.channel.failure(failure, time.time())
+        self._stop_here(f"stopped after rank {failure.rank} failed", exit_code, failure)
 
     def _reason(self, rank: RankState, exit_code: int, signame: str | None) -> str:
         if signame == "SIGKILL":
@@ -344,23 +345,21 @@ class Supervisor:
     def _node_fault(self) -> NodeFault | None:
         """The first node-fault sign an observer found on this node (faultsigns.py)."""
         found = (fault for observer in self.observers if (fault := observer.node_fault()) is not None)
-        return NodeFault.parse(next(found, None))
+        return next(found, None)
 
     def _launcher_failed(self, status: int) -> None:
         name = Path(self.argv[2] if len(self.argv) > 2 and self.argv[1] == "-m" else self.argv[0]).name
         self.stop(f"the launcher ({name}) exited with {status}", status)
 
-    def _stop_here(self, reason: str, exit_code: int, first: dict[str, Any] | None, preempted: bool = False) -> None:
+    def _stop_here(self, reason: str, exit_code: int, first: FirstFailure | None, preempted: bool = False) -> None:
         """Stop this node's share (once); the control channel calls this on every node (``preempted``: a pod's)."""
-        if first is not None:
-            decided = FirstFailure.from_dict(first)
-            if self.first_failure is None or self.first_failure.rank != decided.rank:
-                self.first_failure = decided
-                for rank in self.ranks_by_number.values():  # ranks that died of it were not the cause
-                    if rank.record.state is RunState.FAILED and rank.info.rank != decided.rank:
-                        rank.record = replace(rank.record, state=RunState.STOPPED)
-                if decided.node != self.node:
-                    self.note(f"stopping: rank {decided.rank} on node-{decided.node} {decided.reason}")
+        if first is not None and (self.first_failure is None or self.first_failure.rank != first.rank):
+            self.first_failure = first
+            for rank in self.ranks_by_number.values():  # ranks that died of it were not the cause
+                if rank.record.state is RunState.FAILED and rank.info.rank != first.rank:
+                    rank.record = replace(rank.record, state=RunState.STOPPED)
+            if first.node != self.node:
+                self.note(f"stopping: rank {first.rank} on node-{first.node} {first.reason}")
         if first is None and preempted and self.user_signal is None:  # a rank failed here of it
             self.stop_reason, self.user_signal, self.user_stop_told = None, exit_code - 128, True  # first: preempted
         if self.stop_reason is not None:

@@ -135,9 +135,8 @@ class NodeFaultWatch(BaseObserver):
         if self.nccl is None:
             self.nccl = nccl_net_error(text)
 
-    def node_fault(self) -> dict[str, str] | None:
-        found = self.nccl or gpu_fault(self.gpus, self._read_gpus(), self._xids())
-        return found.to_dict() if found else None
+    def node_fault(self) -> NodeFault | None:
+        return self.nccl or gpu_fault(self.gpus, self._read_gpus(), self._xids())
 
     def _read_gpus(self) -> list[Gpu]:
         if self.nvidia_smi is None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,7 @@ from ..forensics import collectives
 from ..forensics.culprit import culprit_of
 from ..forensics.flightrecorder import flight_dumps, keep_ras_answer
 from ..forensics.stacks import group, render, sample
+from ..records.jsonvalue import JsonObject, JsonValue, int_of
 from ..records.runlayout import write_atomic
 from ..records.states import RunState
 from .protocol import BaseObserver, JobControl, RankInfo
@@ -38,6 +39,19 @@ CONFIRM_SECONDS = 5.0
 KIND = "hang"
 
 
+@dataclass
+class _Capture:
+    """Node 0's capture while it collects every node's stacks: its name (the UTC time), until when it waits, and
+    what the nodes sent (the ranks' stacks and collective records, the flight recorder's dumps)."""
+
+    name: str
+    deadline: float
+    ranks: list[JsonObject] = field(default_factory=list)
+    nodes: set[int] = field(default_factory=set)
+    collectives: JsonObject = field(default_factory=dict)
+    flight_dumps: list[JsonValue] = field(default_factory=list)
+
+
 class HangWatchdog(BaseObserver):
     """No rank output for ``timeout`` seconds, job-wide: capture every rank's stack once, state ``hung``."""
 
@@ -47,7 +61,7 @@ class HangWatchdog(BaseObserver):
         self.last_output = time.monotonic()  # the job's, as node 0 knows it
         self.last_told = 0.0
         self.hung = False
-        self.capture: dict[str, Any] | None = None  # node 0, while it collects: name, deadline, ranks, nodes
+        self.capture: _Capture | None = None  # node 0, while it collects
         self.reference: list[tuple[int, tuple[tuple[str, str], ...]]] | None = None  # the previous sample's
         self.confirm_at: float | None = None
 
@@ -103,23 +117,22 @@ class HangWatchdog(BaseObserver):
     def tick(self, now: float) -> None:
         if self.control is None or not self.control.hub:
             return
-        if self.capture is not None and now >= self.capture["deadline"]:
+        if self.capture is not None and now >= self.capture.deadline:
             self._sampled()
         elif not self.hung and self.capture is None and now - self.last_output >= self.timeout \
                 and (self.confirm_at is None or now >= self.confirm_at):
             name = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
-            self.capture = {"name": name, "deadline": now + ANSWER_SECONDS, "ranks": [], "nodes": set(),
-                            "collectives": {}, "flight_dumps": []}
+            self.capture = _Capture(name, now + ANSWER_SECONDS)
             self.control.tell_all({"kind": KIND, "event": "sample", "name": name})
 
     def _collected(self, message: Mapping[str, Any]) -> None:
-        if self.capture is None or message.get("name") != self.capture["name"] or self.control is None:
+        if self.capture is None or message.get("name") != self.capture.name or self.control is None:
             return
-        self.capture["nodes"].add(int(message["node"]))
-        self.capture["ranks"] += list(message.get("ranks") or [])
-        self.capture["collectives"].update(message.get("collectives") or {})
-        self.capture["flight_dumps"] += list(message.get("flight_dumps") or [])
-        if len(self.capture["nodes"]) >= self.control.num_nodes:
+        self.capture.nodes.add(int_of(message["node"], "node"))
+        self.capture.ranks += [rank for rank in message.get("ranks") or [] if isinstance(rank, dict)]
+        self.capture.collectives.update(message.get("collectives") or {})
+        self.capture.flight_dumps += list(message.get("flight_dumps") or [])
+        if len(self.capture.nodes) >= self.control.num_nodes:
             self._sampled()
 
     def _sampled(self) -> None:
@@ -128,34 +141,41 @@ class HangWatchdog(BaseObserver):
         if self.capture is None:
             return
         capture, self.capture = self.capture, None
-        signature = sorted((int(r["rank"]), tuple((str(f["function"]), str(f["file"])) for f in r["frames"]))
-                           for r in capture["ranks"])
+        signature = sorted(map(_signature, capture.ranks))
         if self.reference is not None and signature == self.reference:
             self._write(capture)
         else:
             self.reference, self.confirm_at = signature, time.monotonic() + CONFIRM_SECONDS
 
-    def _write(self, capture: dict[str, Any]) -> None:
+    def _write(self, capture: _Capture) -> None:
         """The capture of the whole job into node 0's run directory; then every node is told."""
         if self.control is None:
             return
         self.reference = self.confirm_at = None
-        directory = self.control.run_dir / "stacks" / capture["name"].split(".")[0]
+        directory = self.control.run_dir / "stacks" / capture.name.split(".")[0]
         directory.mkdir(parents=True, exist_ok=True)
-        ranks = sorted(capture["ranks"], key=lambda r: int(r["rank"]))
+        ranks = sorted(capture.ranks, key=lambda r: int_of(r["rank"], "rank"))
         groups = group(ranks)
-        behind = culprit_of(ranks, capture["collectives"])
-        text = f"collectives: {behind['text']}\n{render(groups)}"
-        missing = sorted(set(range(self.control.num_nodes)) - capture["nodes"])
+        behind = culprit_of(ranks, capture.collectives)
+        text = f"collectives: {behind.text}\n{render(groups)}"
+        missing = sorted(set(range(self.control.num_nodes)) - capture.nodes)
         if missing:
             text += "\n" + "\n".join(f"node-{n}: no stacks (no answer within {ANSWER_SECONDS:g} s)" for n in missing)
         write_atomic(directory / "stacks.txt", text + "\n")
-        report = {"captured_at": capture["name"], "reason": f"no rank output for {self.timeout:g} s",
-                  "ranks": ranks, "groups": groups, "collectives": behind, "flight_dumps": capture["flight_dumps"],
-                  "missing_nodes": missing}
+        report = {"captured_at": capture.name, "reason": f"no rank output for {self.timeout:g} s",
+                  "ranks": ranks, "groups": groups, "collectives": behind.to_json(),
+                  "flight_dumps": capture.flight_dumps, "missing_nodes": missing}
         write_atomic(directory / "stacks.json", json.dumps(report, indent=2) + "\n")
         keep_ras_answer(directory)
         self.control.tell_all({"kind": KIND, "event": "hung", "stacks": str(directory.absolute()), "text": text})
         if self.on_hang == "stop":
             self.control.stop(f"hung: no rank output for {self.timeout:g} s (stacks in {directory.absolute()})",
                               HANG_EXIT_CODE)
+
+
+def _signature(stack: JsonObject) -> tuple[int, tuple[tuple[str, str], ...]]:
+    """A rank's stack as two samples are compared: its rank, and each frame's function and file."""
+    frames = stack.get("frames")
+    listed = frames if isinstance(frames, list) else []
+    return int_of(stack["rank"], "rank"), tuple((str(frame["function"]), str(frame["file"]))
+                                                for frame in listed if isinstance(frame, dict))

@@ -22,6 +22,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from ..node.gpus import Gpu, read_gpus
+from ..records.jsonvalue import JsonObject, int_of, number_of
 from ..records.restartpolicy import IDLE_EXIT_CODE
 from .protocol import BaseObserver, RankInfo
 
@@ -121,22 +122,53 @@ class Idleness:
         changed, self.idle = idle != self.idle, idle
         return changed
 
-    def report(self, host: str, node: int) -> dict[str, Any]:
+    def report(self, host: str, node: int) -> IdleReport:
         """This node's idle GPUs, for the hub, the note and state.json."""
         first, last = self.since, self.last
         if first is None or last is None:
             raise ValueError("the node's GPUs are not under the threshold")
         since = datetime.fromtimestamp(time.time() - (time.monotonic() - first), timezone.utc)
-        return {"node": node, "host": host, "threshold": self.threshold,
-                "since": since.isoformat(timespec="seconds"), "seconds": round(last.at - first, 1),
-                "gpus": [{"index": index, "utilization": util} for index, util in last.gpus]}
+        return IdleReport(node, host, self.threshold, since.isoformat(timespec="seconds"), round(last.at - first, 1),
+                          tuple((index, util) for index, util in last.gpus if util is not None))
 
 
-def describe(report: Mapping[str, Any]) -> str:
+@dataclass(frozen=True)
+class IdleReport:
+    """A node whose GPUs are idle: every one under ``threshold`` percent since ``since`` (ISO 8601) for ``seconds``,
+    each GPU's ``(index, utilization percent)`` at the last sample."""
+
+    node: int
+    host: str
+    threshold: float
+    since: str
+    seconds: float
+    gpus: tuple[tuple[int, float], ...]
+
+    def to_json(self) -> JsonObject:
+        """``{"node", "host", "threshold", "since", "seconds", "gpus": [{"index", "utilization"}]}`` (the hub's
+        message, state.json's ``idle``)."""
+        return {"node": self.node, "host": self.host, "threshold": self.threshold, "since": self.since,
+                "seconds": self.seconds, "gpus": [{"index": index, "utilization": util} for index, util in self.gpus]}
+
+    @classmethod
+    def parse(cls, data: object) -> IdleReport | None:
+        """The report :meth:`to_json` wrote; None for anything else."""
+        if not isinstance(data, dict) or not isinstance(gpus := data.get("gpus"), list):
+            return None
+        try:
+            return cls(int_of(data["node"], "node"), str(data["host"]), number_of(data["threshold"], "threshold"),
+                       str(data["since"]), number_of(data["seconds"], "seconds"),
+                       tuple((int_of(gpu["index"], "index"), number_of(gpu["utilization"], "utilization"))
+                             for gpu in gpus if isinstance(gpu, dict)))
+        except (KeyError, TypeError):
+            return None
+
+
+def describe(report: IdleReport) -> str:
     """``node-1 (gpu-b) idle: every GPU under 5% for 31 s (GPU 0 0%, GPU 1 2%)``."""
-    gpus = ", ".join(f"GPU {gpu['index']} {gpu['utilization']:g}%" for gpu in report["gpus"])
-    return (f"node-{report['node']} ({report['host']}) idle: every GPU under {report['threshold']:g}% for "
-            f"{report['seconds']:.0f} s ({gpus})")
+    gpus = ", ".join(f"GPU {index} {util:g}%" for index, util in report.gpus)
+    return (f"node-{report.node} ({report.host}) idle: every GPU under {report.threshold:g}% for "
+            f"{report.seconds:.0f} s ({gpus})")
 
 
 class IdleWatch(BaseObserver):
@@ -150,7 +182,7 @@ class IdleWatch(BaseObserver):
         self.sampler = sampler
         self.unreadable: str | None = None  # the last reading error told, so that each is told once
         self.flagged = False
-        self.idle_nodes: dict[int, dict[str, Any]] = {}  # the hub's: node -> its report
+        self.idle_nodes: dict[int, IdleReport] = {}  # the hub's: node -> its report
 
     def rank_started(self, rank: RankInfo) -> None:
         self.sampler.start()
@@ -171,7 +203,7 @@ class IdleWatch(BaseObserver):
         node = self.control.node
         if self.idleness.idle:
             self.control.tell_hub({"kind": KIND, "event": "idle",
-                                   "report": self.idleness.report(self.host, node)})
+                                   "report": self.idleness.report(self.host, node).to_json()})
         else:
             self.control.tell_hub({"kind": KIND, "event": "busy", "node": node})
 
@@ -179,9 +211,8 @@ class IdleWatch(BaseObserver):
         if message.get("kind") != KIND or self.control is None:
             return
         event = message.get("event")
-        if event == "idle" and self.control.hub:
-            report = dict(message["report"])
-            self.idle_nodes[int(report["node"])] = report
+        if event == "idle" and self.control.hub and (report := IdleReport.parse(message.get("report"))) is not None:
+            self.idle_nodes[report.node] = report
             self._judge()
         elif event == "busy" and self.control.hub:
             self.idle_nodes.pop(int(message["node"]), None)
@@ -190,8 +221,8 @@ class IdleWatch(BaseObserver):
         elif event == "flagged":
             self.flagged = True
             report = message["nodes"].get(str(self.control.node))
-            if report is not None:
-                self.note(describe(report) + "; every GPU of the job is idle")
+            if (mine := IdleReport.parse(report)) is not None:
+                self.note(describe(mine) + "; every GPU of the job is idle")
             self.control.record(idle=report)
         elif event == "resumed" and self.flagged:
             self.flagged = False
@@ -204,9 +235,9 @@ class IdleWatch(BaseObserver):
         if self.control is None or self.flagged or len(self.idle_nodes) < self.control.num_nodes:
             return
         self.control.tell_all({"kind": KIND, "event": "flagged",
-                               "nodes": {str(node): report for node, report in self.idle_nodes.items()}})
+                               "nodes": {str(node): report.to_json() for node, report in self.idle_nodes.items()}})
         if self.on_idle == "stop":
-            seconds = min(float(report["seconds"]) for report in self.idle_nodes.values())
+            seconds = min(report.seconds for report in self.idle_nodes.values())
             threshold = self.idleness.threshold
             self.control.stop(f"idle: every GPU of the job under {threshold:g}% for {seconds:.0f} s "
                               f"(--on-idle stop)", IDLE_EXIT_CODE)

@@ -49,9 +49,9 @@ class ProgressFacts(BaseObserver):
                 or not self.control.ranks():
             return
         directory = self.control.run_dir / "stacks" / "collectives"
-        found = [record["first_ns"] for record in collectives.read(
+        found = [first for record in collectives.read(
                      directory, [rank.rank for rank in self.control.ranks()], wait=0).values()
-                 if isinstance(record.get("first_ns"), int)]
+                 if isinstance(first := record.get("first_ns"), int)]
         if found:
             self.facts["first_collective_at"] = round(min(found) / 1e9, 3)
             self._record()

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..records.states import RunState
+from ..records.jsonvalue import JsonObject
+from ..records.states import NodeFault, RunState
 
 
 @dataclass(frozen=True)
@@ -40,10 +41,10 @@ class JobControl(Protocol):
     def hub(self) -> bool:
         """Whether this node decides for the job (node 0, or a node that cannot reach node 0)."""
 
-    def tell_hub(self, message: dict[str, Any]) -> None:
+    def tell_hub(self, message: JsonObject) -> None:
         """Hand ``message`` to the observers of the hub (this node's own when it is the hub)."""
 
-    def tell_all(self, message: dict[str, Any]) -> None:
+    def tell_all(self, message: JsonObject) -> None:
         """From the hub: hand ``message`` to the observers of every node, this one included."""
 
     def ranks(self) -> list[RankInfo]:
@@ -87,7 +88,7 @@ class Observer(Protocol):
     def message(self, message: Mapping[str, Any]) -> None:
         """A message an observer sent with ``tell_hub``/``tell_all`` (observers tell their kind apart)."""
 
-    def node_fault(self) -> dict[str, str] | None:
+    def node_fault(self) -> NodeFault | None:
         """When a rank of this node fails first: a sign that the node is at fault (faultsigns.py), else None."""
 
 
@@ -120,7 +121,7 @@ class BaseObserver:
     def message(self, message: Mapping[str, Any]) -> None:
         return None
 
-    def node_fault(self) -> dict[str, str] | None:
+    def node_fault(self) -> NodeFault | None:
         return None
 
     def note(self, message: str) -> None:

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..forensics import collectives
-from ..forensics.arrivals import entries_of, shifted, stragglers
-from ..records.states import FaultSign
+from ..forensics.arrivals import Straggler, entries_of, shifted, stragglers
+from ..records.jsonvalue import JsonValue
+from ..records.states import FaultSign, NodeFault
 from .protocol import BaseObserver, JobControl
 
 EVERY_SECONDS = 10.0
@@ -33,6 +35,15 @@ def _records(control: JobControl) -> Path:
     return control.run_dir / "stacks" / "collectives"
 
 
+@dataclass(frozen=True)
+class _Report:
+    """A node's last report to the hub: its host, and its ranks' entry times on the hub's clock (rank -> sequence
+    number -> ns)."""
+
+    host: str
+    ranks: dict[int, dict[int, int]]
+
+
 class StragglerWatch(BaseObserver):
     """Name the ranks (or nodes) that enter collectives last, job-wide, every :data:`EVERY_SECONDS`."""
 
@@ -43,9 +54,9 @@ class StragglerWatch(BaseObserver):
         """Under ``--on-straggler exclude``: why this node is one (its node-fault sign's evidence)."""
         self.next_sample = time.monotonic() + every
         self.asked: tuple[int, float] | None = None  # this node: (token, when to read)
-        self.reports: dict[int, dict[str, Any]] = {}  # the hub: node -> its last report, on the hub's clock
+        self.reports: dict[int, _Report] = {}  # the hub: node -> its last report, on the hub's clock
         self.named: list[str] = []
-        self.recorded: list[dict[str, Any]] | None = None  # node 0: the verdict in its state.json
+        self.recorded: tuple[Straggler, ...] | None = None  # node 0: the verdict in its state.json
 
     def tick(self, now: float) -> None:
         if self.control is None:
@@ -66,10 +77,10 @@ class StragglerWatch(BaseObserver):
             self.asked = (collectives.ask(_records(self.control)), time.monotonic() + READ_AFTER_SECONDS)
         elif event == "arrivals" and self.control.hub:
             offset = time.time_ns() - int(message["sent_ns"])  # the hub's clock minus the node's
-            self.reports[int(message["node"])] = {
-                "hosts": message["hosts"],
-                "ranks": {int(rank): shifted({int(seq): t for seq, t in times.items()}, offset)
-                          for rank, times in message["ranks"].items()}}
+            self.reports[int(message["node"])] = _Report(
+                next(iter(message["hosts"].values()), "?"),
+                {int(rank): shifted({int(seq): t for seq, t in times.items()}, offset)
+                 for rank, times in message["ranks"].items()})
             if len(self.reports) >= self.control.num_nodes:
                 self._judge(self.control)
         elif event == "named":
@@ -82,12 +93,13 @@ class StragglerWatch(BaseObserver):
             mine = here[0] if here and self.exclude else None
             if mine != self.mine:  # the node's own sign in its state.json: the restart rules read it there
                 self.mine = mine
-                self.control.record(node_fault=self.node_fault())
+                fault = self.node_fault()
+                self.control.record(node_fault=None if fault is None else fault.to_dict())
 
-    def node_fault(self) -> dict[str, str] | None:
+    def node_fault(self) -> NodeFault | None:
         """Under ``--on-straggler exclude``, this node's sign while it is named a straggler: the restart rules leave
         it out at the next restart."""
-        return {"sign": FaultSign.STRAGGLER, "evidence": self.mine} if self.mine else None
+        return NodeFault(FaultSign.STRAGGLER, self.mine) if self.mine else None
 
     @staticmethod
     def _report(control: JobControl, token: int) -> None:
@@ -105,16 +117,16 @@ class StragglerWatch(BaseObserver):
         reports, self.reports = self.reports, {}
         if not reports:
             return
-        arrivals = {rank: times for report in reports.values() for rank, times in report["ranks"].items()}
-        node_of = {rank: node for node, report in reports.items() for rank in report["ranks"]}
-        hosts = {node: next(iter(report["hosts"].values()), "?") for node, report in reports.items()}
-        verdict = stragglers(arrivals, node_of, hosts)
-        if not verdict["collectives"]:
+        arrivals = {rank: times for report in reports.values() for rank, times in report.ranks.items()}
+        node_of = {rank: node for node, report in reports.items() for rank in report.ranks}
+        verdict = stragglers(arrivals, node_of, {node: report.host for node, report in reports.items()})
+        if not verdict.collectives:
             return
-        if control.node == 0 and verdict["stragglers"] != self.recorded:
-            self.recorded = verdict["stragglers"]
-            control.record(stragglers=self.recorded)  # [] once judged: status tells "none" from "not yet"
-        names = [str(entry.get("rank", f"node-{entry['node']}")) for entry in verdict["stragglers"]]
+        named: list[JsonValue] = [straggler.to_json() for straggler in verdict.named]
+        if control.node == 0 and verdict.named != self.recorded:
+            self.recorded = verdict.named
+            control.record(stragglers=named)  # [] once judged: status tells "none" from "not yet"
+        names = [f"node-{entry.node}" if entry.rank is None else str(entry.rank) for entry in verdict.named]
         if names != self.named and (names or self.named):
             self.named = names
-            control.tell_all({"kind": KIND, "event": "named", "stragglers": verdict["stragglers"]})
+            control.tell_all({"kind": KIND, "event": "named", "stragglers": named})

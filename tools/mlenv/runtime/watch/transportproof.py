@@ -227,7 +227,7 @@ class TransportProof(BaseObserver):
             if self.control is not None:
                 self.control.set_state(RunState.RUNNING, transport=transport_record(node))
                 self.control.tell_hub({"kind": KIND, "event": "node", "node": node.node, "verdict": node.verdict,
-                                       "reason": node.reason, "evidence": node.evidence})
+                                       "reason": node.reason, "evidence": [*node.evidence]})
         return report
 
 
