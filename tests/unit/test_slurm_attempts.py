@@ -1,11 +1,12 @@
-"""One attempt counter per run on Slurm: the script that starts an attempt takes the one mlenv asked for, or one more
-than the newest the run's directory records (a requeue, the script's own restart, a job submitted to go on without a
-node) when that is higher, so that no attempt's directory is ever used twice. Run by bash, as Slurm would."""
+"""One attempt counter per run on Slurm: the runtime that runs a Slurm run's attempts (runtime/supervise/slurmsteps.py,
+which the script execs with the attempt mlenv asked for) starts with that one, or one more than the newest the run's
+directory records (a requeue, its own restart, a job submitted to go on without a node) when that is higher, so that
+no attempt's directory is ever used twice."""
 
 from __future__ import annotations
 
+import shlex
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -13,16 +14,16 @@ from mlenv import state
 from mlenv.backends.slurm.backend import SlurmBackend
 from mlenv.core.capabilities import LaunchSpec
 from mlenv.core.clusters import load_plan
+from mlenv.runtime.supervise.slurmsteps import ATTEMPT_FILE, first_attempt
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def counter(script: str) -> str:
-    """The lines of ``script`` that decide MLENV_RESTART_COUNT."""
-    lines = script.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("# the attempt: one counter per run"))
-    end = next(i for i, line in enumerate(lines) if line == "export MLENV_RESTART_COUNT")
-    return "\n".join(lines[start:end + 1])
+def asked_for(script: str) -> int:
+    """The attempt the script's ``slurm-attempts`` line hands the runtime."""
+    line = next(line for line in script.splitlines() if " slurm-attempts " in line)
+    words = shlex.split(line.rstrip("\\"))
+    return int(words[words.index("--attempt") + 1])
 
 
 @pytest.mark.parametrize(("asked", "recorded", "expected"), [
@@ -43,8 +44,5 @@ def test_an_attempt_s_number_is_never_used_twice(tmp_path: Path, monkeypatch: py
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     if recorded is not None:
-        (run_dir / "attempt").write_text(f"{recorded}\n")
-    lines = counter(backend.prepare_launch(handle, spec).text)
-    said = subprocess.run(["bash", "-c", f"{lines}\necho $MLENV_RESTART_COUNT"], capture_output=True, text=True,
-                          env={"MLENV_RUN_DIR": str(run_dir), "PATH": "/usr/bin:/bin"}, check=True).stdout
-    assert said.strip() == str(expected)
+        (run_dir / ATTEMPT_FILE).write_text(f"{recorded}\n")
+    assert first_attempt(run_dir, asked_for(backend.prepare_launch(handle, spec).text)) == expected

@@ -78,7 +78,7 @@ def test_the_container_line_of_seed_001(project: Path) -> None:
             "--env PYTHONPATH=/cluster/work/users/me/mlenv/.mlenv "
             "/cluster/work/support/container/pytorch_nvidia_25.06_arm64.sif \\\n"
             "  python3 -m mlenv.runtime launch --launcher torchrun --run-dir .mlenv/runs/RUN -- train_multi_node.py "
-            "--steps 5 &\n") in text
+            "--steps 5\n") in text
     assert "#SBATCH --exclusive\n" in text and "\nmodule load NRIS/GPU\n" in text
 
 
@@ -87,7 +87,7 @@ def test_the_per_host_interfaces_of_seed_003_replace_its_rank_table(project: Pat
     assert ("case \"$SLURMD_NODENAME\" in master-node) export NCCL_SOCKET_IFNAME=ens1f1 GLOO_SOCKET_IFNAME=ens1f1 ;; "
             "node01) export NCCL_SOCKET_IFNAME=ens1f1 GLOO_SOCKET_IFNAME=ens1f1 ;; node02) export "
             "NCCL_SOCKET_IFNAME=ens1f0np0 GLOO_SOCKET_IFNAME=ens1f0np0 ;;") in text
-    assert "case $RANK" not in text and "MASTER_ADDR=$(srun --overlap --nodes=1 --ntasks=1 -w \"$head\"" in text
+    assert "case $RANK" not in text and "\nexec python3 -m mlenv.runtime slurm-attempts " in text
 
 
 def test_fewer_nodes_take_the_first_pinned_ones_and_more_are_refused(project: Path) -> None:
@@ -255,7 +255,7 @@ def test_values_reach_the_nodes_exactly_and_never_run(project: Path, tmp_path: P
     shown = subprocess.run(["bash", "-c", exports + '\nprintf "%s\\0" "$A" "$B" "$C"'], capture_output=True,
                            timeout=10, check=True, env={"PATH": "/usr/bin:/bin"}).stdout.decode()
     assert shown.split("\0")[:3] == list(hostile.values())
-    task = script[script.index("  python3 -m mlenv.runtime"):script.index(" &\nsrun=$!")]
+    task = script[script.index("  python3 -m mlenv.runtime launch"):]  # the last of the script
     assert shlex.split(task)[-4:] == ["job.py\nrm -rf /", *args]
     assert subprocess.run(["bash", "-n", "-c", script], timeout=10, check=False).returncode == 0
     assert not marker.exists()

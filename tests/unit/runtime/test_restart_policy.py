@@ -1,14 +1,12 @@
 """The restart policy (runtime/records/restartpolicy.py), judged from the first failures that real supervisor runs
-recorded: as the nodes of a detached run judge before they restart it, and as the Slurm scripts ask it (``python3 -m
-mlenv.runtime policy``, whose answer they eval). The rule "failed first in N attempts" is written in the policy
+recorded: as the nodes of a detached run judge before they restart it, and as the runtime that runs a Slurm run's
+attempts asks it (supervise/slurmsteps.py). The rule "failed first in N attempts" is written in the policy
 alone."""
 
 from __future__ import annotations
 
 import json
 import os
-import shlex
-import subprocess
 import sys
 from pathlib import Path
 
@@ -24,6 +22,7 @@ from mlenv.runtime.records.restartpolicy import (
 from mlenv.runtime.records.runlayout import LOST_FILE, FirstFailure, NodeDir, read_state
 from mlenv.runtime.records.states import Ending, FaultSign, NodeFault, exit_state
 from mlenv.runtime.supervise.launcher import RUNTIME_PARENT, Job, run_job
+from mlenv.runtime.supervise.slurmsteps import verdict_for
 from mlenv.runtime.watch.faultsigns import NodeFaultWatch
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -107,38 +106,35 @@ def test_a_run_whose_node_0_was_lost_is_not_restarted_without_a_rendezvous_host(
     assert without_rendezvous({1: silent}) is None and without_rendezvous({}) is None
 
 
-def _ask(run_dir: Path, attempt: int, code: int, history: dict[str, str] | None = None,
-         *extra: str) -> dict[str, str]:
-    """The policy command's answer, parsed as the Slurm scripts' bash evals it."""
-    argv = [sys.executable, "-m", "mlenv.runtime", "policy", "--run-dir", str(run_dir), "--attempt", str(attempt),
-            "--exit-code", str(code), "--max-restarts", "3", "--hosts", "n1,n2",
-            "--failed-first", (history or {}).get("failed_first", ""),
-            "--last-error", (history or {}).get("last_error", ""), *extra]
-    said = subprocess.run(argv, capture_output=True, text=True, check=True,
-                          env={**os.environ, "PYTHONPATH": RUNTIME_PARENT}).stdout
-    script = f"eval {shlex.quote(said)}; for name in node code verdict left_node host why saved failed_first " \
-             "last_error lost ended; do printf '%s=%s\\n' \"$name\" \"${!name}\"; done"
-    lines = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout
-    return dict(line.split("=", 1) for line in lines.splitlines())
+def _ask(run_dir: Path, attempt: int, code: int, history: dict[str, str] | None = None, *,
+         failed_file: Path | None = None, warned: bool = False, requeues: int = 0, requeued: int = 0,
+         job_nodes: str = "", node_states: str = "") -> dict[str, str]:
+    """The policy's verdict as the runtime that runs a Slurm run's attempts asks it (supervise/slurmsteps.py), on a
+    run on n1 and n2 with 3 restarts; every field as text, empty where the verdict has none."""
+    past = History(tuple(history["failed_first"].split(",")[:attempt]), history["last_error"]) if history else History()
+    answer = verdict_for(run_dir, attempt, code, 3, ["n1", "n2"], failed_file, past, warned, job_nodes, node_states,
+                         requeues, requeued)
+    return {name: str(answer.get(name, "")) for name in ("node", "code", "verdict", "left_node", "host", "why",
+                                                         "saved", "failed_first", "last_error", "lost", "ended")}
 
 
-def test_the_slurm_scripts_ask_the_policy(tmp_path: Path) -> None:
+def test_slurm_s_attempts_ask_the_policy(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     for attempt in (0, 1):  # node 1 fails first in both attempts, with a different last line
         (run_dir / f"attempt-{attempt}").mkdir(parents=True)
         (run_dir / f"attempt-{attempt}" / "failed").write_text("1 5\n")
-    first = _ask(run_dir, 0, 5, None, "--failed-file", str(run_dir / "attempt-0" / "failed"))
+    first = _ask(run_dir, 0, 5, failed_file=run_dir / "attempt-0" / "failed")
     assert (first["node"], first["code"], first["verdict"], first["failed_first"]) == ("1", "5", "restart", "n2")
-    second = _ask(run_dir, 1, 5, first, "--failed-file", str(run_dir / "attempt-1" / "failed"))
+    second = _ask(run_dir, 1, 5, first, failed_file=run_dir / "attempt-1" / "failed")
     assert (second["verdict"], second["left_node"], second["host"], second["saved"]) == ("leave-out", "1", "n2", "0")
     assert second["why"] == "it failed first in 2 attempts of the run"
     assert _ask(run_dir, 1, 143, first)["verdict"] == "end"  # a user's stop
-    assert _ask(run_dir, 0, 5, None, "--warned")["verdict"] == "end"
-    requeued = _ask(run_dir, 0, 0, None, "--warned", "--requeues", "1", "--requeued", "0")  # the warning: requeued
+    assert _ask(run_dir, 0, 5, warned=True)["verdict"] == "end"
+    requeued = _ask(run_dir, 0, 0, warned=True, requeues=1, requeued=0)  # the warning: requeued
     assert (requeued["verdict"], requeued["ended"]) == ("requeue", "requeued"), requeued
-    capped = _ask(run_dir, 1, 0, None, "--warned", "--requeues", "1", "--requeued", "1")  # as often as it may be
+    capped = _ask(run_dir, 1, 0, warned=True, requeues=1, requeued=1)  # as often as it may be
     assert (capped["verdict"], capped["ended"]) == ("end", "succeeded"), capped
-    assert _ask(run_dir, 0, 5, None, "--requeues", "1")["verdict"] == "restart"  # no warning: no requeue
+    assert _ask(run_dir, 0, 5, requeues=1)["verdict"] == "restart"  # no warning: no requeue
 
     bug = tmp_path / "bug"
     for attempt in (0, 1):  # node 0 records the same error twice
@@ -155,18 +151,18 @@ def test_a_node_slurm_lost_is_a_node_fault_never_a_user_s_stop(tmp_path: Path) -
     runs = [tmp_path / f"run{index}" for index in range(3)]
     for run_dir in runs:
         (run_dir / "attempt-0").mkdir(parents=True)
-    taken = _ask(runs[0], 0, 143, None, "--job-nodes", "n1", "--node-states", "n1|mixed|none\nn2|idle|none")
+    taken = _ask(runs[0], 0, 143, job_nodes="n1", node_states="n1|mixed|none\nn2|idle|none")
     assert (taken["verdict"], taken["left_node"], taken["host"], taken["saved"]) == ("leave-out", "1", "n2", "1")
     assert taken["why"] == "node failure: Slurm took n2 out of the job"
     assert taken["lost"] == "n2 (node-1): node failure: Slurm took n2 out of the job"
     assert json.loads((runs[0] / "attempt-0" / LOST_FILE).read_text()) == {
         "1": {"sign": "node-failure", "evidence": "Slurm took n2 out of the job"}}
-    down = _ask(runs[1], 0, 137, None, "--node-states", "n1|allocated|none\nn2|down*|Not responding\nn2|down*|x")
+    down = _ask(runs[1], 0, 137, node_states="n1|allocated|none\nn2|down*|Not responding\nn2|down*|x")
     assert (down["verdict"], down["host"]) == ("leave-out", "n2")
     assert down["why"] == "node failure: Slurm says it is down* (Not responding)"
-    kept = _ask(runs[2], 0, 143, None, "--job-nodes", "n[1-2]", "--node-states", "n1|mixed|none\nn2|mixed|none")
+    kept = _ask(runs[2], 0, 143, job_nodes="n[1-2]", node_states="n1|mixed|none\nn2|mixed|none")
     assert (kept["verdict"], kept["lost"], kept["ended"]) == ("end", "", "stopped")
-    unknown = _ask(runs[2], 0, 143, None, "--job-nodes", "(null)", "--node-states", "n1|idle|none\nn2|idle|none")
+    unknown = _ask(runs[2], 0, 143, job_nodes="(null)", node_states="n1|idle|none\nn2|idle|none")
     assert (unknown["verdict"], unknown["lost"]) == ("end", "")  # a job no longer running: its nodes say nothing
     assert not (runs[2] / "attempt-0" / LOST_FILE).exists()
     assert (taken["ended"], down["ended"]) == ("node-failure", "node-failure")  # how each attempt ended

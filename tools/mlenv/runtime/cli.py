@@ -22,14 +22,12 @@ from .fabric.ncclog import EXPECTATIONS, LogReport, NcclLogReader, iter_lines, j
 from .forensics.stacks import METHODS
 from .launchers import DEFAULT_LAUNCHER, LAUNCHABLE, LAUNCHERS, missing_modules
 from .node.topology import TopologyError, detect_topology
-from .records import restartpolicy
 from .records.restartpolicy import IDLE_EXIT_CODE
 from .records.runlayout import (
-    LOST_FILE,
     absolute_checkpoint_dir,
     write_atomic,
-    write_json,
 )
+from .supervise import slurmsteps
 from .supervise.control import SILENCE_SECONDS
 from .supervise.detached import restart, resume, start_node, wait_as_standby
 from .supervise.faults import SIGNALS, TARGETS, inject
@@ -37,7 +35,6 @@ from .supervise.jobs import BadInput, JobError
 from .supervise.launcher import launch
 from .supervise.nodejobs import show_gpus, show_jobs, show_logs, show_stacks, stop
 from .watch.assemble import observers_for
-from .watch.faultsigns import scheduler_lost
 from .watch.hang import HANG_EXIT_CODE
 from .watch.idle import DEFAULT_IDLE_UTIL
 
@@ -225,30 +222,30 @@ def build_parser() -> argparse.ArgumentParser:
                              "else faulthandler (default)")
     stacks.add_argument("--json", action="store_true", help="print one JSON object")
 
-    policy = commands.add_parser(
-        "policy", help="the restart policy's verdict on an ended attempt of a run, as shell assignments (the Slurm "
-                       "scripts eval it): node, code, verdict (end, requeue, stop, restart, leave-out), left_node, "
-                       "host, why, saved, and the run's history for the next attempt")
-    policy.add_argument("--run-dir", type=Path, required=True, metavar="DIR", help="the run's directory")
-    policy.add_argument("--attempt", type=_count, required=True, metavar="K", help="the attempt that ended")
-    policy.add_argument("--exit-code", type=_count, required=True, metavar="CODE", help="how it ended")
-    policy.add_argument("--max-restarts", type=_count, default=0, metavar="N", help="the run's --max-restarts")
-    policy.add_argument("--hosts", default="", metavar="H0,H1,...", help="the attempt's hosts, in node order")
-    policy.add_argument("--failed-file", type=Path, metavar="FILE",
-                        help="'<node> <code>' of the first node that failed, where node 0 recorded no first failure")
-    policy.add_argument("--failed-first", default="", metavar="H,...",
-                        help="the host that failed first, for each earlier attempt (the history this command printed)")
-    policy.add_argument("--last-error", default="", metavar="KEY", help="the previous attempt's error (likewise)")
-    policy.add_argument("--warned", action="store_true", help="the scheduler's warning came: never restart")
-    policy.add_argument("--requeues", type=_count, default=0, metavar="N",
-                        help="with --warned: how many times the job may be requeued (0: never)")
-    policy.add_argument("--requeued", type=_count, default=0, metavar="M", help="how many times it was requeued")
-    policy.add_argument("--job-nodes", default="", metavar="NODELIST",
-                        help="the job's nodes now (squeue %%N; empty: not running): a host of the attempt no longer "
-                             "among them was lost to a node failure")
-    policy.add_argument("--node-states", default="", metavar="LINES",
-                        help="sinfo -h -N -o '%%N|%%T|%%E' of the attempt's hosts: a host down, failed or drained was "
-                             "lost (its node-failure sign is written to the attempt's lost.json)")
+    attempts = commands.add_parser(
+        "slurm-attempts", help="run a Slurm run's attempts, each one srun step (its script execs this): again while "
+                               "the restart policy allows, on a spare or in a batch job without a node it leaves out")
+    attempts.add_argument("--run-dir", type=Path, required=True, metavar="DIR", help="the run's directory")
+    attempts.add_argument("--attempt", type=_count, default=0, metavar="K", help="the attempt mlenv asked for")
+    attempts.add_argument("--max-restarts", type=_count, default=0, metavar="N", help="the run's --max-restarts")
+    attempts.add_argument("--job-nodelist", default="", metavar="NODELIST", help="the job's nodes (SLURM_JOB_NODELIST)")
+    attempts.add_argument("--nodelist", default="", metavar="H0,H1,...",
+                          help="the run's nodes in node-rank order (srun --nodelist, placed by SLURM_PROCID)")
+    attempts.add_argument("--allocation", default="", metavar="H,...",
+                          help="with --nodelist: the allocation's nodes, whose spares take a left-out node's place")
+    attempts.add_argument("--exclude", default="", metavar="H,...", help="the nodes left out before")
+    attempts.add_argument("--script", metavar="FILE",
+                          help="a batch job's script ($0): submitted again to go on without a node left out")
+    attempts.add_argument("--export", default="", metavar="VARS", help="with --script: its sbatch --export")
+    attempts.add_argument("--warning", metavar="SIGNAL", help="the scheduler's warning signal (USR1, 10)")
+    attempts.add_argument("--grace", type=_count, default=0, metavar="SECONDS",
+                          help="with --requeues: the ranks' time to checkpoint after the warning")
+    attempts.add_argument("--requeues", type=_count, metavar="N",
+                          help="requeue the job after the warning, at most N times (none: never)")
+    attempts.add_argument("--requeues-by", default="", metavar="WORDS", help="what allows --requeues, as said")
+    attempts.add_argument("--secrets", action="store_true",
+                          help="stdin holds the forwarded secrets, every attempt's srun's stdin")
+    attempts.add_argument("srun", nargs=argparse.REMAINDER, metavar="-- SRUN...", help="one attempt's srun")
 
     resuming = commands.add_parser("resume", help="a pod back after a preemption: resume this node's share of the "
                                                   "detached run $MLENV_RESUME_RUN as its next attempt (its PID 1 runs "
@@ -374,22 +371,6 @@ def _resume(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     return resume(environ, args.runs_root)
 
 
-def _policy(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    """The restart policy's verdict for a run's script (records/restartpolicy.py ``for_script``), as shell
-    assignments."""
-    history = restartpolicy.History(tuple(args.failed_first.split(",")[:args.attempt]) if args.attempt else (),
-                                    args.last_error)
-    hosts = [host for host in args.hosts.split(",") if host]
-    lost = scheduler_lost(hosts, args.job_nodes, args.node_states)
-    if lost:
-        write_json(args.run_dir / f"attempt-{args.attempt}" / LOST_FILE,
-                   {str(node): fault.to_dict() for node, fault in sorted(lost.items())})
-    answer = restartpolicy.for_script(args.run_dir, args.attempt, args.exit_code, args.max_restarts, hosts,
-                                      args.failed_file, history, args.warned, lost, args.requeues, args.requeued)
-    print(" ".join(f"{name}={shlex.quote(str(value))}" for name, value in answer.items()))
-    return 0
-
-
 def _nccl_log_check(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     report = _read_logs(args.files)
     if args.json:
@@ -428,7 +409,6 @@ _COMMANDS = {
     "nccl-env": _nccl_env,
     "launch": _launch,
     "nccl-log-check": _nccl_log_check,
-    "policy": _policy,
     "gpus": show_gpus,
     "stacks": show_stacks,
     "fault": inject,
@@ -438,4 +418,5 @@ _COMMANDS = {
     "stop": stop,
     "logs": show_logs,
     "resume": _resume,
+    "slurm-attempts": slurmsteps.run,
 }

@@ -20,7 +20,7 @@ from mlenv.backends.slurm.allocation import Allocation
 from mlenv.backends.slurm.checks import slurm_checks
 from mlenv.backends.slurm.jobs import JobInfo
 from mlenv.backends.slurm.login import Login
-from mlenv.backends.slurm.script import SlurmJob, master_port
+from mlenv.backends.slurm.script import SlurmJob
 from mlenv.backends.slurm.settings import SlurmSettings
 from mlenv.backends.slurm.submit import submit
 from mlenv.backends.slurm.waiting import CannotStart, wait_started
@@ -56,6 +56,7 @@ from mlenv.plan import JobPlan
 from mlenv.runtime.records.jsonvalue import JsonObject
 from mlenv.runtime.records.runrecord import RunRecord
 from mlenv.runtime.records.states import NodeEnd
+from mlenv.runtime.supervise.slurmsteps import EXIT_FILE, NEXT_FILE, STOP_FILE, master_port
 from mlenv.ui import info
 
 _SECRETS_REFUSED = (
@@ -137,8 +138,8 @@ while :; do  # attempt $k until it ended, then the next one while the run's scri
   done
   echo "mlenv: ==== attempt $k (MLENV_RESTART_COUNT=$k) of run ${run##*/}, node ${dir##*/node} ===="
 done
-""".replace("DEPLOYMENT_FILE", script.DEPLOYMENT_FILE).replace("EXIT_FILE", script.EXIT_FILE).replace(
-    "NEXT_FILE", script.NEXT_FILE).replace("STOP_FILE", script.STOP_FILE)
+""".replace("DEPLOYMENT_FILE", script.DEPLOYMENT_FILE).replace("EXIT_FILE", EXIT_FILE).replace(
+    "NEXT_FILE", NEXT_FILE).replace("STOP_FILE", STOP_FILE)
 """The log of the deployment's newest run (never another cluster file's sharing the workdir): node N's, or with a
 rank only that rank's lines from the node it ran on in each attempt (exit 2, silently, when it ran in none); after a
 restart every attempt's, each under a header naming it, the newest last; with follow, until the run has ended: into
@@ -495,7 +496,7 @@ class SlurmBackend(Deploy, NodeAccess, Jobs, Checks, Preempts):
             info(f"nothing to stop: no run of {handle.name} is queued or running")
             return 0
         job = job_from(handle)
-        login.ok(["sh", "-c", MARK_STOPPED, "sh", *(f"{job.run_path(run_id)}/{script.STOP_FILE}"
+        login.ok(["sh", "-c", MARK_STOPPED, "sh", *(f"{job.run_path(run_id)}/{STOP_FILE}"
                                                     for run_id in sorted(runs))])
         login.ok(["scancel", *targets])
         info(f"cancelled {', '.join(targets)}")

@@ -13,9 +13,10 @@ from itertools import pairwise
 from mlenv.backends.slurm import record
 from mlenv.backends.slurm.jobs import JobInfo
 from mlenv.backends.slurm.login import Login
-from mlenv.backends.slurm.script import DEPLOYMENT_FILE, LEFT_FILE, RESUBMITTED_FILE, SlurmJob
+from mlenv.backends.slurm.script import DEPLOYMENT_FILE, SlurmJob
 from mlenv.core.capabilities import Handle
 from mlenv.core.registry import Records
+from mlenv.runtime.supervise.slurmsteps import LEFT_FILE, RESUBMITTED_FILE
 
 SEPARATOR = "\036"
 READ = f'for path; do printf "{SEPARATOR}%s\\n" "$path"; cat -- "$path" 2>/dev/null || :; done'

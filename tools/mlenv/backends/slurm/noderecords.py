@@ -9,12 +9,13 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from mlenv.backends.slurm.login import Login
-from mlenv.backends.slurm.script import DEPLOYMENT_FILE, ENDED_FILE, STOP_FILE
+from mlenv.backends.slurm.script import DEPLOYMENT_FILE
 from mlenv.runtime.records.restartpolicy import why_faulty
 from mlenv.runtime.records.runlayout import LOST_FILE, RankRecord, parse_ranks
 from mlenv.runtime.records.states import Ending, NodeFault, RunState, exit_state, parse_faults
 from mlenv.runtime.records.timeline import NodeAttempt, share
 from mlenv.runtime.supervise.jobs import GONE_REASON, ended_state
+from mlenv.runtime.supervise.slurmsteps import ENDED_FILE, STOP_FILE
 
 if TYPE_CHECKING:
     from mlenv.core.runrecords import NodeJob

@@ -17,7 +17,7 @@ from mlenv.backends.slurm import jobs, record
 from mlenv.backends.slurm.jobs import JobInfo
 from mlenv.backends.slurm.login import Login
 from mlenv.backends.slurm.output import NodeOutput
-from mlenv.backends.slurm.script import ATTEMPT_FILE, EXIT_FILE, OUTPUT_FILE, SlurmJob, step_name
+from mlenv.backends.slurm.script import OUTPUT_FILE, SlurmJob, step_name
 from mlenv.backends.slurm.submit import SubmitError, ship_runtime, submit
 from mlenv.backends.slurm.waiting import POLL_SECONDS, CannotStart, wait_started
 from mlenv.core import remote
@@ -25,6 +25,7 @@ from mlenv.core.capabilities import Handle, LaunchOutcome, LaunchRequest
 from mlenv.core.registry import Records
 from mlenv.errors import OperationError
 from mlenv.parallel import interrupted_by_sigterm, run_parallel
+from mlenv.runtime.supervise.slurmsteps import ATTEMPT_FILE, EXIT_FILE
 from mlenv.ui import info
 
 STOPPED = 143

@@ -23,38 +23,13 @@ from mlenv.core.remote import RUNTIME_DIR, read_secrets
 from mlenv.errors import OperationError, UsageError, shown
 from mlenv.render.templates import Templates
 from mlenv.runtime.records.runlayout import CHECKPOINT_SIGNAL_VARIABLE
+from mlenv.runtime.supervise.slurmsteps import FAILED_FILE
 
 TEMPLATES = Path(mlenv.__file__).parent / "manifests" / "slurm"
-PORT_BASE, PORT_SPAN = 20000, 10000
-"""MASTER_PORT = PORT_BASE + 2 * (job id % PORT_SPAN): jobs sharing a node (not exclusive) get different ports, and
-MASTER_PORT + 1 (the supervisors' control channel) stays free for each."""
 PYTHON = "python3"
-FAILED_FILE = "failed"
-"""In an attempt's directory: ``<node> <exit code>`` of the first node that failed (created once, with noclobber)."""
-EXIT_FILE = "exit"
-"""In an attempt's directory: the attempt's exit code, written by the script at its end."""
-ENDED_FILE = "ended"
-"""In an attempt's directory: how the attempt ended (runtime/runlayout.py's ATTEMPT_STATES: the policy's word, or
-``stopped``, ``requeued``, ``failed`` where the script stopped, requeued or could not requeue), by the script."""
-NEXT_FILE = "next"
-"""In an attempt's directory: where the run goes on (``job 12 requeued``, ``job 12 restarts the run``, ``batch job 13
-submitted, without n2``), written by the script before the attempt's exit file when the restart policy's verdict
-brings another attempt; ``mlenv logs -f`` follows the run into it (none: the run ended with the attempt)."""
-ATTEMPT_FILE = "attempt"
-"""In a run directory: the number K of its latest attempt, whose files are in ``attempt-K/``."""
-RESUBMITTED_FILE = "resubmitted"
-"""In a run directory: ``<job id> <host> <node> <why>`` for each batch job that a detached run's script submitted to
-go on without a node the restart policy left out (one line each, appended)."""
-LEFT_FILE = "left"
-"""In a run directory: ``<host> <node> saved=<0|1> <why>`` for each node that a detached run's script inside an
-allocation left out (onto a spare, or stopping without one), appended; mlenv records it as excluded where saved=1
-when it next looks at the allocation (followed.left_out), then keeps the lines in ``left.read``."""
 DEPLOYMENT_FILE = "deployment"
 """In a run directory: the name of the deployment (cluster file) that ran it, so that logs and status find its own
 runs where another file's share the workdir."""
-STOP_FILE = "stop"
-"""In a run directory: written by ``mlenv stop`` before it cancels the run's job or step; the run's script starts no
-further attempt, and the run reads as stopped, never failed."""
 REQUEUES = 10
 """How many times a batch job's script requeues it after the warning signal when --max-restarts does not say."""
 OUTPUT_FILE = "output.log"
@@ -105,11 +80,6 @@ class SlurmJob:
     def allocation_output(self) -> str:
         """The allocation job's own output file (it holds nothing but Slurm's messages)."""
         return f"{self.workdir}/{RUNTIME_DIR}/runs/allocation-%j.log"
-
-
-def master_port(job_id: str) -> int:
-    """The rendezvous port of a job (the scripts compute the same)."""
-    return PORT_BASE + 2 * (int(job_id) % PORT_SPAN)
 
 
 def _single_line(text: str, what: str) -> str:
@@ -221,22 +191,20 @@ def step_name(run_id: str) -> str:
 
 def srun_line(job: SlurmJob, run_id: str, task: Sequence[str], secrets: Sequence[str] = (),
               nodelist: Sequence[str] = ()) -> Shell:
-    """The srun of a run: one task per node (on ``nodelist`` when given, in its order: node N runs on its N-th
-    host, also where that is not Slurm's order, as a spare in an excluded node's place), fail-fast, every line
-    labelled with its node. Forwarded ``secrets`` (shell variables of the launch script, exported to nothing) reach
-    every task on the step's stdin, which Slurm hands over and never saves, unlike a job's or a step's environment."""
+    """The srun of a run's attempt: one task per node (with a ``nodelist``, which the runtime adds as --nodelist,
+    in its order: node N runs on its N-th host, also where that is not Slurm's order, as a spare in an excluded
+    node's place), fail-fast, every line labelled with its node. Forwarded ``secrets`` reach every task on the step's
+    stdin, which Slurm hands over and never saves, unlike a job's or a step's environment."""
     options = ["srun", "--overlap", f"--job-name={step_name(run_id)}", f"--nodes={job.nodes}", "--ntasks-per-node=1",
                *([f"--cpus-per-task={job.settings.cpus_per_task}"] if job.settings.cpus_per_task else []),
                "--kill-on-bad-exit=1", "--label", *(["--input=all"] if secrets else []),
                *(["--distribution=arbitrary"] if nodelist else [])]
     wrapper = task_wrapper(job.interfaces, secrets, job.settings.signal_name, placed=bool(nodelist))
-    parts = [shlex.join(options) + (' --nodelist="$nodes"' if nodelist else ""),  # the script's $nodes: nodelist
-             shlex.join(["sh", "-c", wrapper, "sh"])]
+    parts = [shlex.join(options), shlex.join(["sh", "-c", wrapper, "sh"])]
     if job.container is not None:
         parts.append(shlex.join(container_argv(job)))
     parts.append(shlex.join(task))
-    values = " ".join(f'"${name}"' for name in secrets)
-    return Shell((f"printf '%s\\n' {values} | " if secrets else "") + " \\\n  ".join(parts))
+    return Shell(" \\\n  ".join(parts))
 
 
 def _run_context(job: SlurmJob, title: str, run_id: str, task: Sequence[str], batch: bool = False,
@@ -247,14 +215,12 @@ def _run_context(job: SlurmJob, title: str, run_id: str, task: Sequence[str], ba
            "MLENV_CHECKPOINT_DIR": f"{job.workdir}/{checkpoint_dir(run_id)}",
            **({CHECKPOINT_SIGNAL_VARIABLE: warning} if warning else {}), "PYTHONUNBUFFERED": "1"}
     return {**_context(job, title, f"{job.run_path(run_id)}/{OUTPUT_FILE}", batch), "env": env,
-            "runtime_path": job.runtime_path, "port_base": PORT_BASE, "port_span": PORT_SPAN,
+            "runtime_path": job.runtime_path,
             "srun": srun_line(job, run_id, task, secrets, nodelist), "attempt": attempt, "exclude": ",".join(exclude),
-            "nodelist": list(nodelist), "restarts": restarts, "resubmitted_file": RESUBMITTED_FILE,
-            "left_file": LEFT_FILE, "stop_file": STOP_FILE, "deployment_file": DEPLOYMENT_FILE,
+            "nodelist": list(nodelist), "restarts": restarts, "deployment_file": DEPLOYMENT_FILE,
             "resubmit_export": ",".join([*job.settings.export, "MLENV_RESUBMITTED=1"]),
-            "python": PYTHON, "failed_file": FAILED_FILE, "ended_file": ENDED_FILE, "exit_file": EXIT_FILE,
-            "next_file": NEXT_FILE,
-            "unexported": Shell(" ".join(secrets))}  # names checked by read_secrets in srun_line
+            "python": PYTHON, "unexported": Shell(" ".join(secrets)),  # names checked by read_secrets in srun_line
+            "secret_values": Shell(" ".join(f'"${name}"' for name in secrets))}
 
 
 def batch_script(job: SlurmJob, title: str, run_id: str, task: Sequence[str], attempt: int = 0,

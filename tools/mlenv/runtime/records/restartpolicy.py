@@ -2,8 +2,8 @@
 left out of it (and whether that is recorded for later runs) and which standby takes a left-out node's place.
 
 Everyone who restarts a run asks this module: mlenv for an attached run (ops/launch.py), the nodes' supervisors for
-a detached one (runtime/supervise/detached.py), and the Slurm scripts through ``python3 -m mlenv.runtime policy``
-(their bash only acts on its verdict). The rules (docs/runs.md, "Restarts"):
+a detached one (runtime/supervise/detached.py), and the runtime that runs a Slurm run's attempts
+(runtime/supervise/slurmsteps.py). The rules (docs/runs.md, "Restarts"):
 
 1. A run is started again only while ``--max-restarts`` allows, and never after a success, a stop by the user
    (states.py's :data:`STOP_CODES`: Ctrl-C, ``mlenv stop``, scancel) or an idle stop (``--on-idle stop``: it would
@@ -185,18 +185,16 @@ def judge(attempt: int, history: History, first: FirstFailure | None, node: int 
 def for_script(run_dir: Path, attempt: int, exit_code: int, max_restarts: int, hosts: Sequence[str],
                failed_file: Path | None, history: History, warned: bool = False,
                lost: Mapping[int, NodeFault] | None = None, requeues: int = 0, requeued: int = 0) -> dict[str, object]:
-    """The verdict on attempt ``attempt`` of a run whose script cannot judge it itself (Slurm's; ``python3 -m
-    mlenv.runtime policy`` prints it as shell assignments), from the attempt's records in ``run_dir``, its
-    ``hosts`` in node order and the run's ``history``. ``node`` and ``code``: the node that failed first and its
-    exit code (node 0's recorded first failure, else ``failed_file``'s ``<node> <code>``; else none and
-    ``exit_code``); ``verdict``: ``end`` (not restarted: success, a stop, no restarts left, the scheduler's warning
-    came and the job may be requeued no more), ``requeue`` (the warning came and the job, ``requeued`` times so far,
-    may be requeued ``requeues`` times), ``stop`` (not restarted although restarts are left: ``why``), ``restart``, or
-    ``leave-out`` (node
-    ``left_node`` on ``host`` must be left out of the rest of the run, ``why``; ``saved``: 1 when it is recorded for
-    later runs too); ``failed_first`` and ``last_error``: the history to hand the next attempt's question; ``lost``
-    (when the scheduler ``lost`` nodes: their ``node-failure`` signs, which count as the nodes' own): who, and why;
-    ``ended``: how the attempt ended (:func:`attempt_end`), for its directory's record."""
+    """The verdict on attempt ``attempt`` of a Slurm run (supervise/slurmsteps.py asks), from the attempt's records in
+    ``run_dir``, its ``hosts`` in node order and the run's ``history``. ``node`` and ``code``: the node that failed
+    first and its exit code (node 0's recorded first failure, else ``failed_file``'s ``<node> <code>``; else none and
+    ``exit_code``); ``verdict``: ``end`` (not restarted: success, a stop, no restarts left, the scheduler's warning came
+    and the job may be requeued no more), ``requeue`` (the warning came and the job, ``requeued`` times so far, may be
+    requeued ``requeues`` times), ``stop`` (not restarted although restarts are left: ``why``), ``restart``, or
+    ``leave-out`` (node ``left_node`` on ``host`` must be left out of the rest of the run, ``why``; ``saved``: 1 when it
+    is recorded for later runs too); ``failed_first`` and ``last_error``: the history to hand the next attempt's
+    question; ``lost`` (when the scheduler ``lost`` nodes: their ``node-failure`` signs, which count as the nodes' own):
+    who, and why; ``ended``: how the attempt ended (:func:`attempt_end`), for its directory's record."""
     shares = [read_state(NodeDir(run_dir, attempt, rank)) for rank in range(max(len(hosts), 1))]
     first = FirstFailure.parse(shares[0].get("first_failure"))
     node, code = (first.node, first.exit_code) if first is not None else (None, exit_code)
