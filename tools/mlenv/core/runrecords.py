@@ -39,7 +39,7 @@ def node_state(job: NodeJob | None, ordinal: int | None = None, first: FirstFail
     whichever came first there (the failure's news, which its supervisor records with the job's exit code, or the
     launch's own stop). Where another node was ``lost`` (:func:`lost_in_attempt`) and none failed first, such a
     node stopped for that loss (its own exit code kept), and the lost node itself, whose record still reads running
-    (frozen), failed."""
+    (frozen), failed (one whose record cannot be read, its machine gone, is unknown here: the run still failed)."""
     state = RunState.parse(job.get("state")) if job is not None else None
     if job is None or state is None:
         return None
@@ -57,9 +57,10 @@ def node_state(job: NodeJob | None, ordinal: int | None = None, first: FirstFail
 
 def lost_in_attempt(jobs: Mapping[int, NodeJob | None]) -> frozenset[int]:
     """The nodes another node recorded lost (``lost_nodes``: to silence, as a frozen node records nothing of it, or
-    as its connection closed) in the attempt that the lost node's newest share belongs to."""
+    as its connection closed) in the attempt that the lost node's newest share belongs to, or that has no share to
+    read (its machine gone)."""
     return frozenset(node for job in jobs.values() if job is not None for node in _lost_nodes(job)
-                     if (lost := jobs.get(node)) is not None and lost.get("attempt", 0) == job.get("attempt", 0))
+                     if (lost := jobs.get(node)) is None or lost.get("attempt", 0) == job.get("attempt", 0))
 
 
 def latest_run(run_id: str, jobs: Mapping[int, NodeJob | None]) -> RunRecord:
@@ -75,8 +76,9 @@ def latest_run(run_id: str, jobs: Mapping[int, NodeJob | None]) -> RunRecord:
     ranks = tuple(sorted((rank for job in known for rank in parse_ranks(job.get("ranks"))), key=lambda r: r.rank))
     lost = lost_in_attempt(jobs)
     states = {ordinal: node_state(job, ordinal, first, lost) for ordinal, job in jobs.items()}
-    state = run_state(RunState.FAILED if ordinal in lost and job.get("state") == RunState.RUNNING  # frozen
-                      else RunState.parse(job.get("state")) for ordinal, job in jobs.items() if job is not None)
+    state = run_state([*(RunState.FAILED if ordinal in lost and job.get("state") == RunState.RUNNING  # frozen
+                         else RunState.parse(job.get("state")) for ordinal, job in jobs.items() if job is not None),
+                       *(RunState.FAILED for ordinal in lost if jobs.get(ordinal) is None)])  # gone unread
     code, ended_at = ended(state, first, {ordinal: job for ordinal, job in jobs.items() if job is not None}, ranks)
     timeline = tuple(share for job in known for item in job.get("attempts") or ()
                      if (share := NodeAttempt.parse(item)) is not None)
