@@ -2,8 +2,8 @@
 or a cut cable): on a local cluster of 2 nodes x 2 ranks, an attached launch names node 1 lost within the control
 channel's silence (the cluster file's ``launch.node_silence``, 8 s here), stops node 0, and ends within 60 s of the
 freeze; the run records node 1 unreachable. A detached run whose node 0 freezes names node 0 within 30 s, node 1
-stops for it (not the failure named) and does not restart into a rendezvous that cannot happen: the run never reads
-``running`` again."""
+stops for it (its own record says stopped: it is not the failure named) and does not restart into a rendezvous that
+cannot happen: the run never reads ``running`` again."""
 
 from __future__ import annotations
 
@@ -142,6 +142,8 @@ def test_a_frozen_node_0_of_a_detached_run_is_named_and_the_run_reads_running_no
         said = json.loads(project.ok("status", "--json").stdout)
         assert (said["latest_run"]["state"], said["latest_run"]["attempt"]) == ("failed", 0), said["latest_run"]
         assert said["run_states"] == {"0": "failed", "1": "stopped (1)"}, said["run_states"]
+        own = json.loads((log.parent / "state.json").read_text())  # node 1's own record says so, as status does
+        assert (own["state"], own["lost_nodes"]) == ("stopped", {"0": run["node_faults"]["0"]}), own
         assert not list(project.home.rglob("attempt-1/node*/record.json"))  # no node restarted
     finally:
         signal_share(share, signal.SIGKILL)

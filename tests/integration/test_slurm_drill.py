@@ -4,14 +4,17 @@
 and PASS on the default targets, and a timeline picture, for a rank that exits, a lost node and a frozen node
 (the other faults: test_ssh_drill), put in from outside (the runtime's ``fault`` verb, run on the node through
 ``srun --overlap`` in the allocation) or made by the job; an attached launch whose node 1 is frozen (its
-supervisor and ranks SIGSTOPped, found through their cgroup) names node 1 lost and ends within 60 s; a batch job of
+supervisor and ranks SIGSTOPped, found through their cgroup) names node 1 lost and ends within 60 s; a detached
+run whose node 0 is frozen names node 0 alone and reads failed, node 1 recording its own stop; a batch job of
 a cluster file with slurm.signal and slurm.requeue drills a preemption (the warning signal, the job requeued); a
 rank 3x slower per step is named a straggler within 60 s, and a job of equal ranks names none."""
 
 from __future__ import annotations
 
+import json
 import random
 import re
+import signal
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -21,7 +24,7 @@ import pytest
 from tests.helpers import MLENV
 from tests.integration.test_drill import check_drill
 from tests.integration.test_frozen_node import JOB as STEPS_JOB
-from tests.integration.test_frozen_node import freeze_node_1
+from tests.integration.test_frozen_node import freeze_node_1, node_share, signal_share
 from tests.integration.test_slurm_backend import Project, make_project
 from tests.integration.test_stragglers import JOB as STRAGGLER_JOB
 
@@ -123,3 +126,35 @@ def test_equal_ranks_name_no_straggler(project: Project) -> None:
     finally:
         project.ok("stop", "-c", project.name)
     assert run["stragglers"] == [], run["stragglers"]
+
+
+def test_a_frozen_node_0_of_a_detached_run_in_the_allocation_is_named(project: Project) -> None:
+    """Detached inside the allocation, no restarts: node 0's share frozen, node 1 names it lost within 30 s and
+    stops; srun's stop then thaws and stops node 0. The run's records name node 0 alone (``latest_run.node_faults``,
+    as on the other backends), it reads ``failed`` from then on, never ``running`` nor ``stopped``, and node 1, which
+    stopped for it, records ``stopped`` itself: no culprit. Only this test drives a frozen node 0 through srun's
+    stop (the local one: tests/integration/test_frozen_node.py)."""
+    since = time.time()
+    project.ok("launch", "-c", project.name, "--launcher", "torchrun", "--detach", "steps.py")
+    share = node_share(project.workdir, 0, since)
+    try:
+        signal_share(share, signal.SIGSTOP)
+        froze = time.monotonic()
+        while "0" not in (run := project.latest_run())["node_faults"]:
+            assert time.monotonic() - froze < 30, run
+            time.sleep(0.5)
+        silent = {"sign": "unreachable", "evidence": "node 1 heard nothing from it for 8 s"}
+        assert run["node_faults"]["0"] == silent, run["node_faults"]
+        attempt = project.workdir / ".mlenv" / "runs" / run["id"] / "attempt-0"
+        while not (attempt / "exit").exists():  # the script recorded the attempt's end: every read meanwhile failed
+            assert run["state"] == "failed" and time.monotonic() - froze < 120, run
+            time.sleep(1)
+            run = project.latest_run()
+        said = json.loads(project.ok("status", "-c", project.name, "--json").stdout)
+    finally:
+        signal_share(share, signal.SIGKILL)
+    assert (said["latest_run"]["state"], said["latest_run"]["node_faults"]) == ("failed", {"0": silent}), said
+    assert said["run_states"]["0"].startswith("failed") and said["run_states"]["1"] == "stopped (1)", said
+    assert (attempt / "ended").read_text().strip() == "failed"
+    own = json.loads((attempt / "node1" / "state.json").read_text())
+    assert (own["state"], own["lost_nodes"]) == ("stopped", {"0": silent}), own

@@ -2,18 +2,27 @@
 deploy prepares the spare like the hosts, sync copies to it; a restarted run whose node-1 host fails first twice
 is excluded and goes on with the spare as node-1 (said, in the dry run, in status); the next launch uses the spare
 at once; when the spare fails too, no spare is left: the run stops, naming the nodes, with exit 1. Bad spares are
-bad input (exit 2)."""
+bad input (exit 2), and so is a standby's port already taken on its spare host."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import socket
 import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import pytest
+from mlenv.backends.ssh.backend import check_standby_ports
+from mlenv.backends.ssh.target import SshTarget
+from mlenv.backends.sshlink.hosts import HostSpec
+from mlenv.backends.sshlink.transport import Transport
+from mlenv.core.capabilities import Node
+from mlenv.errors import UsageError
 
 from tests.helpers import MLENV, launch_said
 from tests.integration.local_cluster import LocalProject
@@ -255,3 +264,27 @@ def test_bad_spares_are_bad_input(tmp_path: Path) -> None:
         f"error: {path}:6:25: ssh.spares[1]: a host cannot start with '-' (ssh would read it as an option), got "
         '"-oProxyCommand=x"']
     assert project.mlenv("deploy", "bad").returncode == 2
+
+
+def test_a_standby_port_taken_on_its_spare_host_is_named_before_anything_starts(ssh_hosts: SshHostsFactory) -> None:
+    """The standby's port (MASTER_PORT + 2 + its slot) is checked on the spare host, as node 0's ports are, through
+    the real probe over ssh: a port another process holds on the spare's address is named with the host, as bad
+    input (exit 2), before any node or standby starts; a free one passes."""
+    machines = ssh_hosts(2)
+    first, spare = machines.hosts
+    transport = Transport(connect_timeout=5, control_dir=str(machines.control_dir), user=first.spec.split("@")[0],
+                          identity_file=str(machines.identity), known_hosts=str(machines.known_hosts))
+    transport.write_config()
+    target = SshTarget((HostSpec(first.address, port=first.port),), transport, str(machines.workdir),
+                       str(Path(MLENV).parent / "python"), "test", 0,
+                       spares=(HostSpec(spare.address, port=spare.port),))
+    standby = Node(1, target.label(1), str(machines.workdir), spare.address, ready=True)
+    with socket.create_server((spare.address, 0)) as holder:  # anything holding the port on the spare's address
+        taken = holder.getsockname()[1]
+        with pytest.raises(UsageError) as refused:
+            check_standby_ports(target, [standby], {"MASTER_PORT": str(taken - 2)})
+    assert refused.value.exit_code == 2
+    assert str(refused.value) == (f"the run's standby cannot listen: port {taken} on {target.label(1)} is taken "
+                                  f"(MASTER_PORT {taken - 2} + 2 + the standby's slot); nothing was started: free it, "
+                                  "or launch again (each launch picks another MASTER_PORT)")
+    check_standby_ports(target, [standby], {"MASTER_PORT": str(taken - 2)})  # released: free again

@@ -79,6 +79,27 @@ def test_a_node_lost_in_its_attempt_fails_the_run_and_the_node_that_lost_it_stop
     assert later.nodes[1] == NodeEnd(RunState.RUNNING) and later.state is RunState.FAILED
 
 
+def test_a_node_that_stopped_for_a_lost_node_0_whose_records_cannot_be_read_leaves_the_run_failed() -> None:
+    """Node 1 records its own stop for the lost node 0 (``stopped``, as its supervisor writes it); node 0's records
+    cannot be read (its machine gone): node 0 is unknown, the run failed, never ``stopped``."""
+    silent = NodeFault(FaultSign.UNREACHABLE, "node 1 heard nothing from it for 8 s")
+    run = latest_run("r9", {0: None, 1: {"state": "stopped", "exit_code": 1, "lost_nodes": {"0": silent.to_dict()}}})
+    assert (run.state, run.node_faults) == (RunState.FAILED, {0: silent})
+    assert run.nodes == {0: None, 1: NodeEnd(RunState.STOPPED, 1)}
+
+
+def test_a_frozen_node_0_thawed_by_the_stop_is_the_failure_and_the_node_it_lost_no_culprit() -> None:
+    """Node 1 lost node 0 to silence and stopped; the stop that followed thawed node 0 (srun's SIGCONT and SIGTERM),
+    which recorded ``stopped (143)`` and node 1's connection closed: node 0 failed and is the one named, node 1 (its
+    closed connection the end of its stop for node 0) stopped, the run failed."""
+    silent = NodeFault(FaultSign.UNREACHABLE, "node 1 heard nothing from it for 8 s")
+    closed = NodeFault(FaultSign.UNREACHABLE, CLOSED, closed=True)
+    run = latest_run("r10", {0: {"state": "stopped", "exit_code": 143, "lost_nodes": {"1": closed.to_dict()}},
+                             1: {"state": "stopped", "exit_code": 1, "lost_nodes": {"0": silent.to_dict()}}})
+    assert (run.state, run.node_faults) == (RunState.FAILED, {0: silent})
+    assert run.nodes == {0: NodeEnd(RunState.FAILED, 143), 1: NodeEnd(RunState.STOPPED, 1)}
+
+
 def test_lost_nodes_an_earlier_version_recorded_in_words_read_as_a_silence() -> None:
     """Before the signs were typed node 0 recorded its words alone (``{"1": "..."}``): still read, as the
     ``unreachable`` sign of a silence (the words decide nothing)."""

@@ -168,6 +168,23 @@ def test_a_node_slurm_lost_is_a_node_fault_never_a_user_s_stop(tmp_path: Path) -
     assert (taken["ended"], down["ended"]) == ("node-failure", "node-failure")  # how each attempt ended
 
 
+def test_a_node_0_another_node_lost_to_silence_is_left_out_and_the_attempt_failed(tmp_path: Path) -> None:
+    """Inside an allocation node 1 heard nothing from node 0 (frozen) and stopped; srun's stop then thawed node 0,
+    which stopped too and found node 1's connection closed: both shares record ``stopped``. The attempt failed (no
+    user's stop), node 0 is left out for its ``unreachable`` sign (the script's head moves with the node list) and
+    node 1's closed connection blames nobody; no lost.json (Slurm lost no node)."""
+    run_dir = tmp_path / "run"
+    silent = NodeFault(FaultSign.UNREACHABLE, "node 1 heard nothing from it for 8 s")
+    closed = NodeFault(FaultSign.UNREACHABLE, "its control channel to node 0 closed before its job ended", True)
+    for node, state, lost in ((0, "stopped", {"1": closed.to_dict()}), (1, "stopped", {"0": silent.to_dict()})):
+        NodeDir(run_dir, 0, node).path.mkdir(parents=True)
+        NodeDir(run_dir, 0, node).state.write_text(json.dumps({"state": state, "lost_nodes": lost}))
+    said = _ask(run_dir, 0, 1, None, "--job-nodes", "n[1-2]", "--node-states", "n1|mixed|none\nn2|mixed|none")
+    assert (said["verdict"], said["left_node"], said["host"], said["saved"]) == ("leave-out", "0", "n1", "1"), said
+    assert (said["why"], said["ended"], said["lost"]) == (f"unreachable: {silent.evidence}", "failed", "")
+    assert not (run_dir / "attempt-0" / LOST_FILE).exists()
+
+
 def test_how_an_attempt_ended() -> None:
     assert [exit_state(code) for code in (0, 1, 137, 143, 130)] == [
         "succeeded", "failed", "failed", "stopped", "stopped"]

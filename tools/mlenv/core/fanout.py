@@ -167,7 +167,7 @@ class FanoutJobs(FanoutHooks, ABC):
         environment); OperationError naming the spare hosts that could not, after stopping the others."""
         from mlenv.parallel import run_parallel  # lazy: mlenv render's start-up
 
-        standbys = [node for node in self.spares(handle) if node.ordinal in request.commands]
+        standbys = self.standby_nodes(handle, request)
         if not standbys:
             return
         said: dict[int, list[str]] = {}
@@ -186,6 +186,10 @@ class FanoutJobs(FanoutHooks, ABC):
         for node in standbys:
             for line in said.get(node.ordinal, []):
                 info(f"{node.name}: {line}")
+
+    def standby_nodes(self, handle: Handle, request: LaunchRequest) -> list[Node]:
+        """PURE: the spare hosts ``request`` starts as the run's standbys, in the order of their slots."""
+        return [node for node in self.spares(handle) if node.ordinal in request.commands]
 
     def placed(self, handle: Handle, nodes: Sequence[Node], spares: Mapping[int, tuple[str, str]]) -> list[Node]:
         """``nodes`` with each one named in ``spares`` replaced by its spare host (keeping the node's ordinal)."""

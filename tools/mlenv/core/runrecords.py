@@ -32,34 +32,44 @@ of each attempt, runtime/records/timeline.py)."""
 
 
 def node_state(job: NodeJob | None, ordinal: int | None = None, first: FirstFailure | None = None,
-               lost: frozenset[int] = frozenset()) -> NodeEnd | None:
+               lost: Mapping[int, NodeFault] | None = None) -> NodeEnd | None:
     """A node's entry of ``run_states``: its state, with the exit code once it ended (128+N for a signal N); None
     where nothing is known of it. A node ``ordinal`` that ended failed for the ``first`` failure of another node,
     with no fault of its own, was stopped for it (fail-fast): ``stopped (143)``, as mlenv's SIGTERM stopped it,
     whichever came first there (the failure's news, which its supervisor records with the job's exit code, or the
     launch's own stop). Where another node was ``lost`` (:func:`lost_in_attempt`) and none failed first, such a
     node stopped for that loss (its own exit code kept), and the lost node itself, whose record still reads running
-    (frozen), failed."""
+    (frozen), failed, as did one lost to silence whatever it recorded once thawed (the stop that followed); one
+    whose record cannot be read (its machine gone) is unknown here: the run still failed."""
+    lost = lost or {}
     state = RunState.parse(job.get("state")) if job is not None else None
     if job is None or state is None:
         return None
     code = job.get("exit_code")
     code = code if isinstance(code, int) and not isinstance(code, bool) else None
-    if ordinal in lost and state is RunState.RUNNING:
-        return NodeEnd(RunState.FAILED)
+    sign = lost.get(ordinal) if ordinal is not None else None
+    if sign is not None and (state is RunState.RUNNING or (state is not RunState.SUCCEEDED and not sign.closed)):
+        return NodeEnd(RunState.FAILED, code)
     healthy = ordinal is not None and code is not None and NodeFault.parse(job.get("node_fault")) is None
     if state is RunState.FAILED and healthy and first is not None and ordinal != first.node:
         return NodeEnd(RunState.STOPPED, STOPPED_BY_MLENV)
-    if state is RunState.FAILED and healthy and first is None and lost - {ordinal}:
+    if state is RunState.FAILED and healthy and first is None and set(lost) - {ordinal}:
         return NodeEnd(exit_state(code, Ending.COLLATERAL), code)
     return NodeEnd(state, code)
 
 
-def lost_in_attempt(jobs: Mapping[int, NodeJob | None]) -> frozenset[int]:
+def lost_in_attempt(jobs: Mapping[int, NodeJob | None]) -> dict[int, NodeFault]:
     """The nodes another node recorded lost (``lost_nodes``: to silence, as a frozen node records nothing of it, or
-    as its connection closed) in the attempt that the lost node's newest share belongs to."""
-    return frozenset(node for job in jobs.values() if job is not None for node in _lost_nodes(job)
-                     if (lost := jobs.get(node)) is not None and lost.get("attempt", 0) == job.get("attempt", 0))
+    as its connection closed) in the attempt that the lost node's newest share belongs to, or that has no share to
+    read (its machine gone), each with its sign (a silence over a closed connection)."""
+    found: dict[int, NodeFault] = {}
+    for recorder, lost in _losses(jobs).items():
+        attempt = (jobs.get(recorder) or {}).get("attempt", 0)
+        for node, fault in lost.items():
+            if ((share := jobs.get(node)) is None or share.get("attempt", 0) == attempt) \
+                    and (node not in found or found[node].closed):
+                found[node] = fault
+    return found
 
 
 def latest_run(run_id: str, jobs: Mapping[int, NodeJob | None]) -> RunRecord:
@@ -75,8 +85,11 @@ def latest_run(run_id: str, jobs: Mapping[int, NodeJob | None]) -> RunRecord:
     ranks = tuple(sorted((rank for job in known for rank in parse_ranks(job.get("ranks"))), key=lambda r: r.rank))
     lost = lost_in_attempt(jobs)
     states = {ordinal: node_state(job, ordinal, first, lost) for ordinal, job in jobs.items()}
-    state = run_state(RunState.FAILED if ordinal in lost and job.get("state") == RunState.RUNNING  # frozen
-                      else RunState.parse(job.get("state")) for ordinal, job in jobs.items() if job is not None)
+    lost_failed = {ordinal for ordinal, end in states.items() if ordinal in lost and end is not None
+                   and end.state is RunState.FAILED}  # frozen, or thawed and stopped: failed
+    state = run_state([*(RunState.FAILED if ordinal in lost_failed else RunState.parse(job.get("state"))
+                         for ordinal, job in jobs.items() if job is not None),
+                       *(RunState.FAILED for ordinal in lost if jobs.get(ordinal) is None)])  # gone unread
     code, ended_at = ended(state, first, {ordinal: job for ordinal, job in jobs.items() if job is not None}, ranks)
     timeline = tuple(share for job in known for item in job.get("attempts") or ()
                      if (share := NodeAttempt.parse(item)) is not None)
@@ -126,9 +139,20 @@ def node_faults(jobs: Mapping[int, NodeJob | None]) -> dict[int, NodeFault]:
     gone)."""
     own = {ordinal: fault for ordinal, job in sorted(jobs.items())
            if job is not None and (fault := NodeFault.parse(job.get("node_fault"))) is not None}
-    lost = {node: fault for job in jobs.values() if job is not None for node, fault in _lost_nodes(job).items()}
+    lost = {node: fault for losses in _losses(jobs).values() for node, fault in losses.items()}
     return {**own, **{node: fault for node, fault in lost.items()
                       if node not in own or (own[node].sign is FaultSign.UNREACHABLE and not fault.closed)}}
+
+
+def _losses(jobs: Mapping[int, NodeJob | None]) -> dict[int, dict[int, NodeFault]]:
+    """Node -> the nodes it recorded lost (``lost_nodes``), less a closed connection of a node that had lost it to
+    silence: that node closed because it stopped for the loss (node 1 stops for a frozen node 0; node 0, thawed by
+    the stop that follows, finds node 1's connection closed), and is no culprit."""
+    recorded = {ordinal: _lost_nodes(job) for ordinal, job in jobs.items() if job is not None}
+    return {recorder: {node: fault for node, fault in lost.items()
+                       if not (fault.closed and (theirs := recorded.get(node, {}).get(recorder)) is not None
+                               and not theirs.closed)}
+            for recorder, lost in recorded.items()}
 
 
 def _lost_nodes(job: NodeJob) -> dict[int, NodeFault]:

@@ -54,6 +54,7 @@ from mlenv.parallel import run_parallel
 from mlenv.plan import JobPlan
 from mlenv.runtime.records.jsonvalue import JsonObject
 from mlenv.runtime.records.states import RunState
+from mlenv.runtime.supervise import standby
 from mlenv.ui import info, warn
 
 if TYPE_CHECKING:
@@ -250,6 +251,7 @@ class SshBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks):
             env["MASTER_ADDR"] = str(answer.facts.get("address") or host.host)
         info(f"MASTER_PORT {env['MASTER_PORT']} (free on {head.name}), MASTER_ADDR "
              f"{env.get('MASTER_ADDR', handle.env.get('MASTER_ADDR'))}")
+        check_standby_ports(target, self.standby_nodes(handle, request), env)
         outcome = super().launch(handle, replace(request, env=env), secrets, log_dir)
         if outcome.exit_code != 0 and not outcome.detached:
             self._stop_leftovers(handle, request.spec.run_id, request.spares)
@@ -267,6 +269,23 @@ class SshBackend(FanoutJobs, Deploy, NodeAccess, Jobs, Checks):
         for ordinal, line in sorted(lines):
             if line.startswith("stopped"):
                 info(f"node-{ordinal}: {line}")
+
+
+def check_standby_ports(target: SshTarget, standbys: Sequence[Node], env: Mapping[str, str]) -> None:
+    """Each standby's port (``MASTER_PORT`` + 2 + its slot, runtime/supervise/standby.py) free on its spare host,
+    as node 0's ports are checked (the probe's ``port_free``); UsageError naming each host and port taken, before
+    anything starts. A host that does not answer says so when its standby starts."""
+    ports = {node.ordinal: standby.port(env, slot) for slot, node in enumerate(standbys)}
+    answers = probe_all(target.transport, target.python, {
+        node.ordinal: (target.machine(node.name, node.ordinal),
+                       {"workdir": node.workspace, "ports": [ports[node.ordinal]]})
+        for node in standbys})
+    taken = [f"port {ports[node.ordinal]} on {node.name}" for node in standbys
+             if (answers[node.ordinal].facts or {}).get("taken")]
+    if taken:
+        raise UsageError(f"the run's standby cannot listen: {', '.join(taken)} is taken (MASTER_PORT "
+                         f"{env['MASTER_PORT']} + 2 + the standby's slot); nothing was started: free it, or launch "
+                         "again (each launch picks another MASTER_PORT)")
 
 
 def _reached(handle: Handle) -> SshTarget:

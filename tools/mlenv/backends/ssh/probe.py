@@ -5,9 +5,10 @@ REQUEST is a JsonValue object naming what to do; the steps run in this order: ``
 it as mlenv's with ``owner`` when this call created it), ``marker_write`` / ``marker_look`` / ``marker_remove``
 (the shared-filesystem test: a file written through host 0, looked for through the others), ``gpus``
 (``nvidia-smi -L``), ``jobs`` / ``stop`` (the shipped runtime's ``jobs --json`` / ``stop`` in the workspace),
-``delete`` (the workspace, only when it carries ``owner``'s mark), ``free_port``, ``listen`` / ``connect`` (doctor's
-rendezvous test). The answer is one JsonValue object on a line starting with ``mlenv-probe:`` (``listen`` first
-answers with its port); a login shell's startup files may print lines before it.
+``delete`` (the workspace, only when it carries ``owner``'s mark), ``free_port``, ``ports`` (which of them are
+``taken``), ``listen`` / ``connect`` (doctor's rendezvous test). The answer is one JSON object on a line starting
+with ``mlenv-probe:`` (``listen`` first answers with its port); a login shell's startup files may print lines before
+it.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ if TYPE_CHECKING:  # TypedDict is Python 3.8+ and the probe runs on 3.7: these t
         stop: bool
         delete: bool
         free_port: bool
+        ports: list[int]
         listen: ProbeListen
         connect: ProbeConnect
 
@@ -77,6 +79,7 @@ if TYPE_CHECKING:  # TypedDict is Python 3.8+ and the probe runs on 3.7: these t
         deleted: bool
         kept: str
         free_port: int
+        taken: list[int]
         port: int
         accepted: int
         connected: bool
@@ -259,6 +262,8 @@ def main(request: ProbeRequest) -> None:
         delete(workspace, request["owner"], out)
     if request.get("free_port"):
         out["free_port"] = free_port_pair(family(out["address"]))
+    if request.get("ports"):
+        out["taken"] = [port for port in request["ports"] if not port_free(family(out["address"]), port)]
     if request.get("listen"):
         listen(request, out)
     if request.get("connect"):
@@ -266,18 +271,25 @@ def main(request: ProbeRequest) -> None:
     answer(out)
 
 
+def port_free(address_family: socket.AddressFamily, port: int) -> bool:
+    """Whether ``port`` can be bound on every address of this host (so on any one of them, as a listener binds it)."""
+    with socket.socket(address_family) as probe:
+        try:
+            probe.bind(("", port))
+        except OSError:
+            return False
+    return True
+
+
 def free_port_pair(address_family: socket.AddressFamily, tries: int = 50) -> int:
     """A free port whose next one is free too: the rendezvous, and the supervisors' control channel after it."""
     port = 0
     for _ in range(tries):
-        with socket.socket(address_family) as first, socket.socket(address_family) as second:
+        with socket.socket(address_family) as first:
             first.bind(("", 0))
             port = first.getsockname()[1]
-            try:
-                second.bind(("", port + 1))
-            except OSError:
-                continue
-            return int(port)
+            if port_free(address_family, port + 1):
+                return int(port)
     return int(port)
 
 

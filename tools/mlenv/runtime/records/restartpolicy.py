@@ -36,7 +36,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .runlayout import PREEMPTED_MARK, FirstFailure, NodeDir, read_state
-from .states import ENDED, STOP_CODES, Ending, FaultSign, LeftOut, NodeFault, RunState, exit_state, run_state
+from .states import (
+    ENDED,
+    STOP_CODES,
+    Ending,
+    FaultSign,
+    LeftOut,
+    NodeFault,
+    RunState,
+    exit_state,
+    parse_faults,
+    run_state,
+)
 
 SIGNS = {
     FaultSign.UNREACHABLE: "unreachable",
@@ -204,7 +215,7 @@ def for_script(run_dir: Path, attempt: int, exit_code: int, max_restarts: int, h
     answer: dict[str, object] = {"node": "" if node is None else node, "code": code, "verdict": "end",
                                  "ended": attempt_end(shares, code, bool(lost)).value}
     signs = {rank: fault for rank, share in enumerate(shares) if (fault := NodeFault.parse(share.get("node_fault")))}
-    for rank, fault in sorted((lost or {}).items()):
+    for rank, fault in sorted({**silenced(shares), **(lost or {})}.items()):
         signs.setdefault(rank, fault)
     if lost:
         answer["lost"] = "; ".join(f"{hosts[rank] if rank < len(hosts) else f'node-{rank}'} (node-{rank}): "
@@ -226,12 +237,24 @@ def for_script(run_dir: Path, attempt: int, exit_code: int, max_restarts: int, h
     return answer
 
 
+def silenced(shares: Sequence[Mapping[str, object]]) -> dict[int, NodeFault]:
+    """The nodes another node of the attempt lost to silence (frozen, cut off: ``lost_nodes`` of ``shares``, their
+    state.json in node order), each with its ``unreachable`` sign; a closed connection is a supervisor's end, which
+    its own record says more of."""
+    return {node: fault for share in shares for node, fault in parse_faults(share.get("lost_nodes")).items()
+            if not fault.closed}
+
+
 def attempt_end(shares: Sequence[Mapping[str, object]], code: int, lost: bool) -> RunState:
-    """How an attempt ended: ``node-failure`` where the scheduler ``lost`` a node of it; else as its nodes'
-    supervisors recorded it where each recorded its share's end (``shares``: their state.json, in node order); else
-    as its exit ``code`` alone says (states.py's :func:`exit_state`)."""
+    """How an attempt ended: ``node-failure`` where the scheduler ``lost`` a node of it; ``failed`` where a node lost
+    another to silence (:func:`silenced`: the frozen node, thawed by the step's stop, and the node that stopped for
+    it may both record ``stopped``); else as its nodes' supervisors recorded it where each recorded its share's end
+    (``shares``: their state.json, in node order); else as its exit ``code`` alone says (states.py's
+    :func:`exit_state`)."""
     if lost:
         return exit_state(code, Ending.LOST)
+    if silenced(shares):
+        return RunState.FAILED
     ends = [RunState.parse(share.get("state")) for share in shares]
     recorded = run_state(ends) if ends and all(end in ENDED for end in ends) else None
     return recorded if recorded is not None else exit_state(code, Ending.CODE_ONLY)

@@ -62,7 +62,7 @@ class Ending(Enum):
     """The scheduler took it away (a pod of the run deleted or evicted): a stop that is no failure."""
     COLLATERAL = "collateral"
     """It ended while its job was being stopped for something else (another rank's failure, a stop of the whole
-    run): whatever its code, the failure is not its own."""
+    run, a node its supervisor lost: silent, or gone): whatever its code, the failure is not its own."""
     LOST = "lost"
     """The scheduler lost a node of it (a node failure, a drain): never anyone's stop."""
 

@@ -31,7 +31,7 @@ from ..records.runlayout import (
     runs_root,
     write_atomic,
 )
-from ..records.states import LeftOut, RunState, parse_faults
+from ..records.states import LeftOut, RunState
 from . import kubemove, standby
 from .control import secret_of
 from .jobs import BadInput, start_recorded
@@ -62,8 +62,7 @@ def restart(args: argparse.Namespace, environ: Mapping[str, str], status: int) -
         return
     recorded = read_state(NodeDir(args.run_dir, attempt, rank))
     first = FirstFailure.parse(recorded.get("first_failure"))
-    # lost to silence (frozen, cut off); a closed connection is a supervisor's end, which its own records say
-    lost = {node: fault for node, fault in parse_faults(recorded.get("lost_nodes")).items() if not fault.closed}
+    lost = restartpolicy.silenced([recorded])  # frozen, cut off
     refused = restartpolicy.without_rendezvous(lost)
     if refused is not None:
         print(f"mlenv: {refused}", flush=True)

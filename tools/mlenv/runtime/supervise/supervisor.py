@@ -83,6 +83,7 @@ class Supervisor:
     user_signal: int | None = None  # the user stopped the job: with this signal here, or on another node
     user_stop_told: bool = False  # the other nodes were told of the user's stop here
     preempted: bool = False  # the stop it took (stop_reason) is a preemption: a pod of the run taken away
+    stop_ending: Ending = Ending.OWN  # COLLATERAL: the stop it took is for a node it lost (not its own failure)
     first_failure: FirstFailure | None = None
     local_failure: FirstFailure | None = None
     channel: ControlChannel | None = None
@@ -365,6 +366,8 @@ class Supervisor:
         if self.stop_reason is not None:
             return
         self.stop_reason, self.stop_code, self.preempted = reason, exit_code, preempted
+        if self.extra_state.get("lost_nodes"):  # the control channel records the node lost before it stops
+            self.stop_ending = Ending.COLLATERAL
         if first is None and exit_code in STOP_CODES and self.user_signal is None:
             self.user_signal, self.user_stop_told = exit_code - 128, True  # the user stopped it on another node
         if first is None:
@@ -405,8 +408,9 @@ class Supervisor:
             state, code = RunState.FAILED, ff.exit_code
             reason = f"rank {ff.rank} {ff.reason}" if ff.node == self.node and self.local_failure == ff \
                 else f"stopped after rank {ff.rank} failed"
-        elif self.stop_reason is not None:
-            state, reason, code = RunState.FAILED, self.stop_reason, self.stop_code or 1
+        elif self.stop_reason is not None:  # stopped for a node it lost, else failed
+            code = self.stop_code or 1
+            state, reason = exit_state(code, self.stop_ending), self.stop_reason
         else:
             state, reason, code = exit_state(status, Ending.OWN), f"exited with {status}" if status else "", status
         for observer in self.observers:
