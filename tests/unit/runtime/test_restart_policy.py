@@ -179,7 +179,7 @@ def test_a_node_0_another_node_lost_to_silence_is_left_out_and_the_attempt_faile
     for node, state, lost in ((0, "stopped", {"1": closed.to_dict()}), (1, "stopped", {"0": silent.to_dict()})):
         NodeDir(run_dir, 0, node).path.mkdir(parents=True)
         NodeDir(run_dir, 0, node).state.write_text(json.dumps({"state": state, "lost_nodes": lost}))
-    said = _ask(run_dir, 0, 1, None, "--job-nodes", "n[1-2]", "--node-states", "n1|mixed|none\nn2|mixed|none")
+    said = _ask(run_dir, 0, 1, job_nodes="n[1-2]", node_states="n1|mixed|none\nn2|mixed|none")
     assert (said["verdict"], said["left_node"], said["host"], said["saved"]) == ("leave-out", "0", "n1", "1"), said
     assert (said["why"], said["ended"], said["lost"]) == (f"unreachable: {silent.evidence}", "failed", "")
     assert not (run_dir / "attempt-0" / LOST_FILE).exists()
