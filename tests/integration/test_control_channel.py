@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mlenv.runtime.supervise.control import SECRET_VARIABLE, ControlChannel
+from mlenv.runtime.supervise.control import ControlChannel
 from mlenv.runtime.supervise.door import HELLO_SECONDS, UNPROVEN_LIMIT
+from mlenv.runtime.supervise.proofs import SECRET_VARIABLE
 
 from tests.integration.local_cluster import LocalProject, leftovers, make_project, require_local
 from tests.unit.runtime.test_control_attempts import FORGED, forge, pump

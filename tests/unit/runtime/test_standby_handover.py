@@ -15,9 +15,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 from mlenv.runtime.supervise import standby
-from mlenv.runtime.supervise.control import SECRET_VARIABLE
 from mlenv.runtime.supervise.door import HELLO_SECONDS
-from mlenv.runtime.supervise.proofs import nonce
+from mlenv.runtime.supervise.proofs import SECRET_VARIABLE, nonce
 
 from tests.helpers import free_port
 

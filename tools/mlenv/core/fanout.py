@@ -135,7 +135,7 @@ class FanoutJobs(FanoutHooks, ABC):
         import secrets as random_secrets  # lazy, as the imports below: mlenv render's start-up (module docstring)
 
         from mlenv.parallel import run_parallel
-        from mlenv.runtime.supervise.control import SECRET_VARIABLE
+        from mlenv.runtime.supervise.proofs import SECRET_VARIABLE
 
         nodes = self.nodes(handle)
         if len(nodes) < handle.nodes:

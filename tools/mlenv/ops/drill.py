@@ -35,7 +35,7 @@ from mlenv.runtime.records.jsonvalue import JsonObject
 from mlenv.runtime.records.runlayout import RankRecord
 from mlenv.runtime.records.runrecord import RunRecord
 from mlenv.runtime.records.states import RunState
-from mlenv.runtime.supervise.supervisor import handling_user_signals
+from mlenv.runtime.supervise.usersignals import handling_user_signals
 from mlenv.ui import judged, print_json, say, table, warn
 
 FAULTS = ("rank-exit", "rank-kill", "node-loss", "node-freeze", "hang", "preempt")

@@ -27,7 +27,7 @@ class Resources(TypedDict, total=False):
     limits: dict[str, str]
 
 
-class Container(TypedDict, total=False):
+class PodContainer(TypedDict, total=False):
     """A container of a pod's ``spec``."""
 
     name: str
@@ -38,7 +38,7 @@ class Container(TypedDict, total=False):
 class PodSpec(TypedDict, total=False):
     """A pod's ``spec``."""
 
-    containers: list[Container]
+    containers: list[PodContainer]
     nodeName: str
 
 
@@ -140,13 +140,13 @@ class StatefulSet(TypedDict, total=False):
     status: StatefulSetStatus
 
 
-class NodeSpec(TypedDict, total=False):
+class ClusterNodeSpec(TypedDict, total=False):
     """A node's ``spec``."""
 
     unschedulable: bool
 
 
-class NodeStatus(TypedDict, total=False):
+class ClusterNodeStatus(TypedDict, total=False):
     """A node's ``status``: what it can give pods (quantities by resource name) and its conditions."""
 
     allocatable: dict[str, str]
@@ -157,5 +157,5 @@ class ClusterNode(TypedDict, total=False):
     """A node of the cluster (``kubectl get nodes``)."""
 
     metadata: ObjectMeta
-    spec: NodeSpec
-    status: NodeStatus
+    spec: ClusterNodeSpec
+    status: ClusterNodeStatus

@@ -5,20 +5,20 @@ connected while their job runs. Messages are JSON lines, each carrying the run i
 connection prove to each other that they hold the run's secret (``MLENV_CONTROL_SECRET``: random per run, handed to
 the nodes in their environment), which never travels: node 0 sends a ``challenge`` (a nonce), the node answers with
 its ``hello``, a nonce of its own and the HMAC of the challenge, and node 0 with a ``welcome``, the HMAC of both
-nonces (compared in constant time). From then on every line of the connection, both ways, is sealed (proofs.py):
-its MAC binds it to both nonces, its direction and its turn, so that a line altered, replayed or out of its turn
-closes the connection. Strangers wait at node 0's door (door.py): a connection that has not said hello with the
-right proof within ``HELLO_SECONDS`` is dropped and counts for nothing, at most ``UNPROVEN_LIMIT`` wait at once
-(the oldest dropped first), and a connection that cannot be accepted (out of descriptors) is refused, said once; a
-node gives node 0 ``PROOF_SECONDS`` to prove itself (node 0 may be busy starting its job), then tries again. A
-node reports a rank failure (``failure``), a stop it needs (``stop``) and its end (``done``); both ends say they
-are alive (``beat``) every ``BEAT_SECONDS`` from a thread of their own, and an end silent for ``SILENCE_SECONDS`` is
-lost (a frozen node closes no connection). Node 0 turns a node of another run away (``refused``), and sends a node
-of another attempt away (``retry``: the previous attempt's node 0 is still waiting for its peers), and that node
-tries again. Node 0 collects the failures of ``DECIDE_SECONDS`` (ranks that die of the first one's death come
-later), names the earliest as the job's first failure and broadcasts one ``stop`` to every node. A connection lost
-before ``done`` counts as that node's failure, on both sides (once it said hello). No error in handling a connection
-ends the supervisor: that connection is dropped, noted."""
+nonces (compared in constant time). From then on every line of the connection, both ways, is sealed (proofs.py): its
+MAC binds it to both nonces, its direction and its turn, so that a line altered, replayed or out of its turn closes
+the connection. Strangers wait at node 0's door (door.py): a connection that has not said hello with the right proof
+within ``HELLO_SECONDS`` is dropped and counts for nothing, at most ``UNPROVEN_LIMIT`` wait at once (the oldest
+dropped first), and a connection that cannot be accepted (out of descriptors) is refused, said once; a node gives
+node 0 ``PROOF_SECONDS`` to prove itself (node 0 may be busy starting its job), then tries again. A node reports a
+rank failure (``failure``), a stop it needs (``stop``) and its end (``done``); both ends say they are alive
+(``beat``) every ``BEAT_SECONDS`` from a thread of their own, and an end silent for ``SILENCE_SECONDS`` is lost (a
+frozen node closes no connection). Node 0 turns a node of another run away (``refused``), and sends a node of
+another attempt away (``retry``: the previous attempt's node 0 is still waiting for its peers), and that node tries
+again. Node 0 collects the failures of ``DECIDE_SECONDS`` (ranks that die of the first one's death come later),
+names the earliest as the job's first failure and broadcasts one ``stop`` to every node. A connection lost before
+``done`` counts as that node's failure, on both sides (once it said hello). No error in handling a connection ends
+the supervisor: that connection is dropped, noted."""
 
 from __future__ import annotations
 
@@ -28,13 +28,13 @@ import selectors
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..records.jsonvalue import JsonObject, int_of, number_of, object_of
 from ..records.runlayout import FirstFailure
 from ..records.states import FaultSign, NodeFault
-from .door import HELLO_LIMIT, SEND_TIMEOUT, Caller, Door
+from .door import HELLO_LIMIT, SEND_TIMEOUT, Caller, Door, shown
 from .listener import listen
 from .proofs import DOWN, UP, Seal, Unsealed, is_nonce, nonce, proof, proves
 
@@ -54,8 +54,6 @@ BEAT_SECONDS = 2.0
 still beats)."""
 SILENCE_SECONDS = 15.0
 """A connected node (or node 0) heard nothing from this long is lost: frozen, or cut off without a closing."""
-SECRET_VARIABLE = "MLENV_CONTROL_SECRET"  # noqa: S105 (the name of a variable)
-"""The run's control secret, in every node's environment (never on a command line, in a file or a log)."""
 
 StopHandler = Callable[[str, int, FirstFailure | None, bool], None]
 """Called with (reason, exit code, the job's first failure or None, whether it is a preemption) when the job stops."""
@@ -446,13 +444,3 @@ class ControlChannel:
             self._drop(peer)
         if self.door is not None:
             self.door.close()
-
-
-def shown(value: object) -> str:
-    """A value from a message, fit for one line of a log (at most 80 characters)."""
-    return json.dumps(value, ensure_ascii=True)[:80]
-
-
-def secret_of(environ: Mapping[str, str]) -> str | None:
-    """The run's control secret from the environment, or None where there is none."""
-    return environ.get(SECRET_VARIABLE) or None

@@ -33,9 +33,9 @@ from ..records.runlayout import (
 )
 from ..records.states import LeftOut, RunState
 from . import kubemove, standby
-from .control import secret_of
 from .jobs import BadInput, start_recorded
 from .launcher import forwarding_signals
+from .proofs import secret_of
 
 
 def restart(args: argparse.Namespace, environ: Mapping[str, str], status: int) -> None:

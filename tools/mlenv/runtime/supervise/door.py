@@ -174,3 +174,8 @@ class Door:
         with contextlib.suppress(KeyError, ValueError):
             self.selector.unregister(self.server)
         self.server.close()
+
+
+def shown(value: object) -> str:
+    """A value from a message (a stranger's too), fit for one line of a log: JSON, ASCII, at most 80 characters."""
+    return json.dumps(value, ensure_ascii=True)[:80]

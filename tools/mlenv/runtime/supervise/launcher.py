@@ -36,8 +36,9 @@ from ..watch.protocol import Observer
 from ..watch.transportproof import Expectation, debug_env, expectation
 from .control import SILENCE_SECONDS
 from .rankoutput import Sinks
-from .supervisor import Supervisor, handling_user_signals
+from .supervisor import Supervisor
 from .tempdirs import held_tempdir
+from .usersignals import handling_user_signals
 
 RANK_MODULE = "mlenv.runtime.rank"
 """What torchrun and DeepSpeed start for each rank (``-m``/``--module``): the wrapper that runs the script."""

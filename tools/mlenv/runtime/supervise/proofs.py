@@ -12,7 +12,11 @@ import hashlib
 import hmac
 import json
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass
+
+SECRET_VARIABLE = "MLENV_CONTROL_SECRET"  # noqa: S105 (the name of a variable)
+"""The run's control secret, in every node's environment (never on a command line, in a file or a log)."""
 
 NONCE_BYTES = 16
 UP = "up"
@@ -80,3 +84,8 @@ class Seal:
     def _mac(self, direction: str, sequence: int, body: bytes) -> bytes:
         head = json.dumps(["line", self.server, self.client, direction, sequence]).encode()
         return hmac.new(self.secret.encode(), head + b"\n" + body, hashlib.sha256).hexdigest().encode()
+
+
+def secret_of(environ: Mapping[str, str]) -> str | None:
+    """The run's control secret from the environment, or None where there is none."""
+    return environ.get(SECRET_VARIABLE) or None

@@ -30,9 +30,8 @@ from pathlib import Path
 
 from ..records.jsonvalue import JsonObject, JsonValue, int_of
 from . import listener
-from .control import SECRET_VARIABLE
 from .door import Caller, Door
-from .proofs import is_nonce, nonce, proof, proves
+from .proofs import SECRET_VARIABLE, is_nonce, nonce, proof, proves
 
 STANDBYS = "MLENV_STANDBYS"
 """The run's standbys: their hosts' addresses, comma-separated, in slot order."""

@@ -20,7 +20,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import cast
@@ -32,10 +32,12 @@ from ..records.jsonvalue import JsonObject, int_of
 from ..records.runlayout import PREEMPTED_MARK, FirstFailure, NodeDir, RankRecord, write_json
 from ..records.states import STOP_CODES, Ending, NodeFault, RunState, exit_state
 from ..watch.protocol import Observer, RankInfo
-from .control import SECRET_VARIABLE, SILENCE_SECONDS, ControlChannel, secret_of
+from .control import SILENCE_SECONDS, ControlChannel
+from .proofs import SECRET_VARIABLE, secret_of
 from .rankoutput import Connection, RankOutput, RankState, Reader, Sinks, utc_now
 from .reaping import Reaper, marked_processes
 from .tempdirs import held_tempdir, remove_stale
+from .usersignals import handling_user_signals
 
 STOP_GRACE = 3.0
 """Seconds between the launcher's SIGTERM and SIGKILL for everything of the job, when it must stop (less than
@@ -43,19 +45,7 @@ mlenv's own grace for the node's command, so that the supervisor ends its job be
 DRAIN_SECONDS = 2.0
 """After the launcher ended, how long output still held open by a rank's leftover children is read."""
 TICK = 0.2
-FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 JOB_VARIABLE = "MLENV_JOB"
-
-
-@contextlib.contextmanager
-def handling_user_signals(handler: Callable[[int, object], None]) -> Iterator[None]:
-    """``handler`` for SIGINT/SIGTERM/SIGHUP (a user's stop) while the block runs; the previous handlers after."""
-    previous = {sig: signal.signal(sig, handler) for sig in FORWARDED_SIGNALS}
-    try:
-        yield
-    finally:
-        for sig, handler_before in previous.items():
-            signal.signal(sig, handler_before)
 
 
 @dataclass
