@@ -1,4 +1,4 @@
-"""``judge_faulty``: the restart policy's verdict (runtime/records/restartpolicy.py) on an attached attempt, from the
+"""``attempt_facts``, judged: the restart policy's verdict on an attached attempt, from the
 records the nodes' supervisors kept: a node-fault sign excludes its node at once, recorded for later runs (the first
 failure's NCCL network error, Xid or ECC event; a node's own in-node check or lost supervisor; ssh's 255 where the
 node has no record of the run); else the node that failed first in two attempts, for the rest of the run only; the
@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from mlenv.core.capabilities import LaunchOutcome
-from mlenv.ops.launch import judge_faulty
+from mlenv.ops.launch import attempt_facts
 from mlenv.runtime.records.restartpolicy import History
 from mlenv.runtime.records.runrecord import RunRecord
 from mlenv.runtime.supervise.control import CLOSED
@@ -35,7 +35,7 @@ def run(first_node: int | None = 1, node_fault: dict[str, str] | None = None, ta
 def judged(outcome: LaunchOutcome, run: RunRecord | None, history: History | None = None,
            attempt: int = 0) -> tuple[dict[int, tuple[str, bool]], History]:
     """Node -> (why it is left out, whether that is recorded for later runs), and the history after the attempt."""
-    verdict = judge_faulty(outcome, run, attempt, history or History())
+    verdict = attempt_facts(outcome, run, attempt).judged(history or History())
     assert verdict.stop is None, verdict
     return {out.node: (out.reason, out.saved) for out in verdict.left_out}, verdict.history
 
@@ -63,14 +63,14 @@ def test_without_a_sign_the_node_failing_first_twice_is_left_out_of_this_run_onl
 
 def test_the_same_error_in_two_attempts_stops_the_restarts_and_excludes_nothing() -> None:
     _, history = judged(outcome({0: 3, 1: 3}), run(1, tail="FileNotFoundError: data.bin"))
-    verdict = judge_faulty(outcome({0: 3, 1: 3}), run(1, tail="FileNotFoundError: data.bin"), 1, history)
+    verdict = attempt_facts(outcome({0: 3, 1: 3}), run(1, tail="FileNotFoundError: data.bin"), 1).judged(history)
     assert verdict.left_out == () and verdict.stop == (
         "rank 2 (node-1) exited with 3: the same error in attempts 1 and 2: not restarting (a bug in the script is "
         "not a node fault: no node is left out)")
-    elsewhere = judge_faulty(outcome({0: 3, 1: 3}), run(0, tail="FileNotFoundError: data.bin"), 1, history)
+    elsewhere = attempt_facts(outcome({0: 3, 1: 3}), run(0, tail="FileNotFoundError: data.bin"), 1).judged(history)
     assert elsewhere.stop is not None  # the same rank's bug, wherever the rank ran
-    signed = judge_faulty(outcome({0: 3, 1: 3}), run(1, {"sign": "nccl-net", "evidence": LINE},
-                                                     tail="FileNotFoundError: data.bin"), 1, history)
+    signed = attempt_facts(outcome({0: 3, 1: 3}), run(1, {"sign": "nccl-net", "evidence": LINE},
+                                                      tail="FileNotFoundError: data.bin"), 1).judged(history)
     assert signed.stop is None and [out.node for out in signed.left_out] == [1]  # a sign is a node fault
 
 

@@ -20,7 +20,7 @@ from mlenv.backends.slurm.noderecords import node_job as slurm_node_job
 from mlenv.backends.slurm.runstate import reconcile
 from mlenv.core.capabilities import Handle, LaunchOutcome
 from mlenv.core.runrecords import latest_run, node_state
-from mlenv.ops.launch import judge_faulty
+from mlenv.ops.launch import attempt_facts
 from mlenv.runtime.records import restartpolicy
 from mlenv.runtime.records.restartpolicy import History, for_script, judge
 from mlenv.runtime.records.runlayout import FirstFailure, NodeDir, write_json
@@ -59,7 +59,7 @@ def every_reading(node: NodeDir, files: dict[str, str], code: int) -> dict[str, 
     slurm_share = slurm_node_job(files, node.attempt, live=False)
     assert slurm_share is not None
     slurm = latest_run(node.run_dir.name, {0: slurm_share})
-    ended = str(for_script(node.run_dir, node.attempt, code, 0, ["h0"], None, History())["ended"])
+    ended = for_script(node.run_dir, node.attempt, code, ["h0"], None).ended.value
     fanout_node, slurm_node = node_state(share.to_dict()), node_state(slurm_share)
     return {"runtime jobs": share.state, "fan-out node": fanout_node.state if fanout_node else None,
             "fan-out run": fanout.state, "slurm node": slurm_node.state if slurm_node else None,
@@ -131,7 +131,7 @@ def test_the_words_of_a_node_left_out_decide_nothing(monkeypatch: pytest.MonkeyP
     assert [(out.node, out.reason, out.saved) for out in verdict.left_out] == [(1, "node 1 misbehaved 2 times", False)]
     run = RunRecord.from_dict({"id": "r", "state": "failed", "first_failure": first.to_dict()})
     outcome = LaunchOutcome(3, {0: 3, 1: 3}, {}, 1, hosts={0: "gpu-a", 1: "gpu-b"})
-    attached = judge_faulty(outcome, run, 1, History(("gpu-b",), "other error")).left_out
+    attached = attempt_facts(outcome, run, 1).judged(History(("gpu-b",), "other error")).left_out
     assert [(out.reason, out.saved) for out in attached] == [("node 1 misbehaved 2 times", False)]
     assert followed._parse("12 n2 1 saved=0 it failed first in 2 attempts of the run") == (
         "12", "n2", 1, False, "it failed first in 2 attempts of the run")

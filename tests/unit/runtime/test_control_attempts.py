@@ -281,7 +281,7 @@ def test_the_closed_channel_s_words_decide_nothing(monkeypatch: pytest.MonkeyPat
     same words is still a silence."""
     from mlenv.core.capabilities import LaunchOutcome
     from mlenv.core.runrecords import latest_run
-    from mlenv.ops.launch import judge_faulty
+    from mlenv.ops.launch import attempt_facts
     from mlenv.runtime.records.restartpolicy import History
 
     monkeypatch.setattr(control, "CLOSED", "node 1 hung up on node 0")
@@ -301,7 +301,7 @@ def test_the_closed_channel_s_words_decide_nothing(monkeypatch: pytest.MonkeyPat
                                1: {"state": "failed", "exit_code": None, "node_fault": gone.to_dict()}})
         assert run.node_faults == {1: found}
     run = latest_run("r", {0: {"state": "failed", "exit_code": 1, "lost_nodes": {"1": closed.to_dict()}}, 1: None})
-    verdict = judge_faulty(LaunchOutcome(1, {0: 1, 1: 255}, {}, 0, hosts={0: "a", 1: "b"}), run, 0, History())
+    verdict = attempt_facts(LaunchOutcome(1, {0: 1, 1: 255}, {}, 0, hosts={0: "a", 1: "b"}), run, 0).judged(History())
     assert [(out.node, out.reason) for out in verdict.left_out] == [
         (1, "unreachable: exit 255 and no record of the run there")]
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from mlenv.runtime.records.restartpolicy import (
     FAULTY_AFTER,
     History,
+    decide,
     failed_first,
     judge,
     may_restart,
@@ -112,8 +113,20 @@ def _ask(run_dir: Path, attempt: int, code: int, history: dict[str, str] | None 
     """The policy's verdict as the runtime that runs a Slurm run's attempts asks it (supervise/slurmsteps.py), on a
     run on n1 and n2 with 3 restarts; every field as text, empty where the verdict has none."""
     past = History(tuple(history["failed_first"].split(",")[:attempt]), history["last_error"]) if history else History()
-    answer = verdict_for(run_dir, attempt, code, 3, ["n1", "n2"], failed_file, past, warned, job_nodes, node_states,
-                         requeues, requeued)
+    found = verdict_for(run_dir, attempt, code, ["n1", "n2"], failed_file, warned, job_nodes, node_states,
+                        requeues, requeued)
+    end, verdict = found.end, decide(found.end, 3, past)
+    answer = {"node": "" if end.node is None else end.node, "code": end.exit_code, "lost": found.lost,
+              "ended": found.ended.value, "verdict": "requeue" if found.requeue else "end"}
+    if verdict is not None:
+        answer.update(verdict="restart", failed_first=",".join(verdict.history.failed_first),
+                      last_error=verdict.history.last_error)
+    if verdict is not None and verdict.stop is not None:
+        answer.update(verdict="stop", why=verdict.stop)
+    elif verdict is not None and verdict.left_out:
+        left = verdict.left_out[0]
+        answer.update(verdict="leave-out", left_node=left.node, why=left.reason, saved=int(left.saved),
+                      host=["n1", "n2"][left.node])
     return {name: str(answer.get(name, "")) for name in ("node", "code", "verdict", "left_node", "host", "why",
                                                          "saved", "failed_first", "last_error", "lost", "ended")}
 

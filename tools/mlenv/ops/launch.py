@@ -9,7 +9,7 @@ import re
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -25,8 +25,9 @@ from mlenv.ops.target import Target, file_cluster, resolve
 from mlenv.parallel import run_parallel
 from mlenv.runtime.launchers import LAUNCHABLE
 from mlenv.runtime.records import restartpolicy
+from mlenv.runtime.records.attempts import run_attempts
 from mlenv.runtime.records.goodput import Goodput
-from mlenv.runtime.records.restartpolicy import IDLE_EXIT_CODE, LOST_SIGNS, why_faulty
+from mlenv.runtime.records.restartpolicy import IDLE_EXIT_CODE, LOST_SIGNS, AttemptEnd, why_faulty
 from mlenv.runtime.records.runlayout import FirstFailure
 from mlenv.runtime.records.runrecord import RunRecord
 from mlenv.runtime.records.states import Ending, FaultSign, LeftOut, NodeEnd, NodeFault, RunState, end_text, exit_state
@@ -210,8 +211,8 @@ def launch(target: Target, spec: LaunchSpec, keep: Collection[int] = ()) -> Laun
     """Run ``spec``, and again up to ``spec.max_restarts`` times while it fails and the restart policy allows
     (runtime/records/restartpolicy.py; same run id, MLENV_RESTART_COUNT the attempt), away from the excluded nodes (the
     deployment's, or the cluster's when it is not deployed) and from the nodes the policy leaves out
-    (``judge_faulty``), but for the nodes ``keep`` (``mlenv drill``: its own fault left the node sound); the last
-    attempt's result. A detached run is restarted from the nodes (local and ssh: their
+    (runtime/records/attempts.py's loop), but for the nodes ``keep`` (``mlenv drill``: its own fault left the node
+    sound); the last attempt's result. A detached run is restarted from the nodes (local and ssh: their
     supervisors; Slurm: the run's script), where the backend can. One launch of a deployment at a time looks for a
     live run (``refuse_while_live``) and records its own, with an id of its own (``_new_run``), under the
     deployment's launch lock; ``state.running`` then holds the run live for the next launch until this one returns
@@ -233,52 +234,83 @@ def launch(target: Target, spec: LaunchSpec, keep: Collection[int] = ()) -> Laun
 
 def _attempts(target: Target, spec: LaunchSpec, run_dir: Path, keep: Collection[int], launched: float,
               recorded: Callable[[], None]) -> LaunchResult:
-    """``launch``'s attempts of its run, ``recorded`` called once the first is recorded; the last one's result,
-    with its goodput (``launched``: when the launch began)."""
-    run_only: dict[str, str] = {}  # host -> why, for the nodes left out of this run only
-    saved = _reasons(target.recorded.excluded if target.recorded else ())  # host -> why, as the deployment records
-    result = _attempt(target, spec, run_dir, {**run_only, **saved}, recorded)
-    history = restartpolicy.History()
-    preemptions = 0
-    while True:
-        if preempted(result.outcome):
-            if spec.max_preemptions is not None and preemptions >= spec.max_preemptions:
-                error(f"run {spec.run_id}: preempted again after {preemptions} resumptions "
+    """``launch``'s attempts of its run (runtime/records/attempts.py's loop), ``recorded`` called once the first is
+    recorded; the last one's result, with its goodput (``launched``: when the launch began)."""
+    attached = _Attached(target, spec, run_dir, keep, recorded,
+                         saved=_reasons(target.recorded.excluded if target.recorded else ()))
+    run_attempts(attached.start, attached.go_on, spec.attempt, spec.max_restarts)
+    assert attached.result is not None  # noqa: S101  # an attempt ran
+    return _with_goodput(target, attached.result, launched)
+
+
+@dataclass
+class _Attached:
+    """An attached run's attempts: each started through the backend, a preempted one resumed as the next (not
+    counted as a restart), the nodes the policy leaves out excluded from the next."""
+
+    target: Target
+    spec: LaunchSpec
+    run_dir: Path
+    keep: Collection[int]
+    """Nodes never left out (``mlenv drill``: its own fault left the node sound)."""
+    recorded: Callable[[], None]
+    saved: dict[str, str]
+    """host -> why, as the deployment records its excluded nodes."""
+    run_only: dict[str, str] = field(default_factory=dict)
+    """host -> why, for the nodes left out of this run only."""
+    preemptions: int = 0
+    result: LaunchResult | None = None
+
+    def start(self, attempt: int) -> AttemptEnd:
+        """Attempt ``attempt`` (and the resumptions of a preempted one) to its end; how it ended, from the run's
+        records where the policy may be asked."""
+        self.spec = replace(self.spec, attempt=attempt)
+        first = self.result is None
+        result = self._attempt(self.run_dir if first else self.run_dir / f"attempt-{attempt}", self.recorded)
+        spec = self.spec
+        while preempted(result.outcome):
+            if spec.max_preemptions is not None and self.preemptions >= spec.max_preemptions:
+                error(f"run {spec.run_id}: preempted again after {self.preemptions} resumptions "
                       f"(--max-preemptions {spec.max_preemptions}): not resuming it")
-                break
-            preemptions += 1
-            spec = _resume(target, spec, result.outcome, preemptions)
-            result = _attempt(target, spec, run_dir / f"attempt-{spec.attempt}", {**run_only, **saved})
-            continue
-        if not restartable(result.outcome) or spec.attempt - preemptions >= spec.max_restarts:
-            break
-        run = result.latest_run or target.backend.jobs.latest_run(target.handle, spec.run_id)
+                return AttemptEnd(result.exit_code, spec.attempt, final=True)
+            self.preemptions += 1
+            spec = self.spec = _resume(self.target, spec, result.outcome, self.preemptions)
+            result = self._attempt(self.run_dir / f"attempt-{spec.attempt}")
+        if not restartable(result.outcome) or spec.attempt - self.preemptions >= spec.max_restarts:
+            return AttemptEnd(result.exit_code, spec.attempt, final=True)
+        run = result.latest_run or self.target.backend.jobs.latest_run(self.target.handle, spec.run_id)
         # one attempt counter per run: the newest attempt its records hold (a Slurm requeue may have started one)
         newest = max(spec.attempt, run.attempt)
-        if not restartpolicy.may_restart(result.exit_code, newest - preemptions, spec.max_restarts,
-                                         run.node_faults.values()):
-            break
-        verdict = judge_faulty(result.outcome, run, newest, history)
-        verdict = replace(verdict, left_out=tuple(out for out in verdict.left_out if out.node not in keep))
-        history = verdict.history
+        return replace(attempt_facts(result.outcome, run, newest), restarts=newest - self.preemptions)
+
+    def _attempt(self, run_dir: Path, recorded: Callable[[], None] = lambda: None) -> LaunchResult:
+        self.result = _attempt(self.target, self.spec, run_dir, {**self.run_only, **self.saved}, recorded)
+        return self.result
+
+    def go_on(self, end: AttemptEnd, verdict: restartpolicy.Verdict | None) -> int | None:
+        """The next attempt, away from the nodes ``verdict`` leaves out (but ``keep``); None: the run ends."""
+        if verdict is None or self.result is None:
+            return None
+        spec, outcome = self.spec, self.result.outcome
+        left_out = tuple(out for out in verdict.left_out if out.node not in self.keep)
         if verdict.stop is not None:
             error(f"run {spec.run_id}: {verdict.stop}")
-            break
-        if verdict.left_out and not target.backend.info.supports(Feature.NODE_EXCLUSION):
-            lacking = target.backend.info.unsupported[Feature.NODE_EXCLUSION]
-            first = verdict.left_out[0]
-            error(f"run {spec.run_id}: {result.outcome.hosts.get(first.node, '?')} (node-{first.node}) must be left "
-                  f"out ({first.reason}), and the {target.backend.name} backend cannot "
+            return None
+        backend = self.target.backend
+        if left_out and not backend.info.supports(Feature.NODE_EXCLUSION):
+            lacking = backend.info.unsupported[Feature.NODE_EXCLUSION]
+            first = left_out[0]
+            error(f"run {spec.run_id}: {outcome.hosts.get(first.node, '?')} (node-{first.node}) must be left "
+                  f"out ({first.reason}), and the {backend.name} backend cannot "
                   f"{Feature.NODE_EXCLUSION.value}; {lacking}")
-            break
-        faulty = _exclude(target, result.outcome, verdict.left_out, run_only, saved)
-        spec = replace(spec, attempt=newest + 1, exclude=tuple(sorted({*spec.exclude, *faulty})))
-        warn(f"run {spec.run_id} failed with exit code {result.exit_code}: restarting it, attempt {spec.attempt}"
-             + (f" (restart {spec.attempt - preemptions})" if preemptions else "")
+            return None
+        faulty = _exclude(self.target, outcome, left_out, self.run_only, self.saved)
+        spec = self.spec = replace(spec, attempt=end.attempt + 1, exclude=tuple(sorted({*spec.exclude, *faulty})))
+        warn(f"run {spec.run_id} failed with exit code {self.result.exit_code}: restarting it, attempt {spec.attempt}"
+             + (f" (restart {spec.attempt - self.preemptions})" if self.preemptions else "")
              + f" of at most {spec.max_restarts} restarts (MLENV_RESTART_COUNT={spec.attempt})"
              + (f" without {', '.join(spec.exclude)}" if spec.exclude else ""))
-        result = _attempt(target, spec, run_dir / f"attempt-{spec.attempt}", {**run_only, **saved})
-    return _with_goodput(target, result, launched)
+        return spec.attempt
 
 
 def _with_goodput(target: Target, result: LaunchResult, launched: float) -> LaunchResult:
@@ -357,14 +389,12 @@ def _resume(target: Target, spec: LaunchSpec, outcome: LaunchOutcome, preemption
     return replace(spec, attempt=spec.attempt + 1)
 
 
-def judge_faulty(outcome: LaunchOutcome, run: RunRecord | None, attempt: int,
-                 history: restartpolicy.History) -> restartpolicy.Verdict:
-    """The restart policy's verdict (runtime/records/restartpolicy.py ``judge``) on failed attached attempt
-    ``attempt`` of a
-    run with ``history``, from what the nodes' supervisors recorded (``run``; None where the backend keeps no
-    records): the first failure (where there are no records, the node whose launch ended first with a failure), and
-    the nodes' own signs: a lost supervisor or failed in-node check, and ``unreachable`` for ssh's exit 255 where the
-    node has no record of the run."""
+def attempt_facts(outcome: LaunchOutcome, run: RunRecord | None, attempt: int) -> AttemptEnd:
+    """How failed attached attempt ``attempt`` ended, as the restart policy reads it
+    (runtime/records/restartpolicy.py ``AttemptEnd``), from what the nodes' supervisors recorded (``run``; None
+    where the backend keeps no records): the first failure (where there are no records, the node whose launch ended
+    first with a failure), and the nodes' own signs: a lost supervisor or failed in-node check, and ``unreachable``
+    for ssh's exit 255 where the node has no record of the run."""
     signs = dict(run.node_faults) if run is not None else {}
     for ordinal, code in outcome.node_exit_codes.items():
         if run is not None and code == SSH_UNREACHABLE and run.nodes.get(ordinal) is None and (
@@ -375,8 +405,8 @@ def judge_faulty(outcome: LaunchOutcome, run: RunRecord | None, attempt: int,
     node = first.node if first is not None else outcome.failed_node if run is None else None
     if node not in outcome.hosts:
         node = first = None
-    return restartpolicy.judge(attempt, history, first, node, outcome.hosts.get(node) if node is not None else None,
-                               {faulty: sign for faulty, sign in signs.items() if faulty in outcome.hosts})
+    return AttemptEnd(outcome.exit_code, attempt, first, node, outcome.hosts.get(node) if node is not None else None,
+                      {faulty: sign for faulty, sign in signs.items() if faulty in outcome.hosts})
 
 
 def _reasons(excluded: Iterable[ExcludedNode]) -> dict[str, str]:

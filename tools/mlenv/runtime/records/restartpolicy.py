@@ -32,7 +32,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .runlayout import PREEMPTED_MARK, FirstFailure, NodeDir, read_state
@@ -193,48 +193,83 @@ def judge(attempt: int, history: History, first: FirstFailure | None, node: int 
     return Verdict(following, tuple(left))
 
 
-def for_script(run_dir: Path, attempt: int, exit_code: int, max_restarts: int, hosts: Sequence[str],
-               failed_file: Path | None, history: History, warned: bool = False,
-               lost: Mapping[int, NodeFault] | None = None, requeues: int = 0, requeued: int = 0) -> dict[str, object]:
-    """The verdict on attempt ``attempt`` of a Slurm run (supervise/slurmsteps.py asks), from the attempt's records in
-    ``run_dir``, its ``hosts`` in node order and the run's ``history``. ``node`` and ``code``: the node that failed
-    first and its exit code (node 0's recorded first failure, else ``failed_file``'s ``<node> <code>``; else none and
-    ``exit_code``); ``verdict``: ``end`` (not restarted: success, a stop, no restarts left, the scheduler's warning came
-    and the job may be requeued no more), ``requeue`` (the warning came and the job, ``requeued`` times so far, may be
-    requeued ``requeues`` times), ``stop`` (not restarted although restarts are left: ``why``), ``restart``, or
-    ``leave-out`` (node ``left_node`` on ``host`` must be left out of the rest of the run, ``why``; ``saved``: 1 when it
-    is recorded for later runs too); ``failed_first`` and ``last_error``: the history to hand the next attempt's
-    question; ``lost`` (when the scheduler ``lost`` nodes: their ``node-failure`` signs, which count as the nodes' own):
-    who, and why; ``ended``: how the attempt ended (:func:`attempt_end`), for its directory's record."""
+@dataclass(frozen=True)
+class AttemptEnd:
+    """How an attempt of a run ended: the facts every restart loop hands the policy (:func:`decide`), alike."""
+
+    exit_code: int
+    attempt: int
+    """The attempt it was (0 for the first)."""
+    first: FirstFailure | None = None
+    """Its recorded first failure (None where nothing failed first, or no record was kept)."""
+    node: int | None = None
+    """The node that failed first (default: ``first``'s; None: none did)."""
+    host: str | None = None
+    """The host ``node`` ran on (default: :func:`failed_first`)."""
+    signs: Mapping[int, NodeFault] = field(default_factory=dict)
+    """The nodes' own node-fault signs, as the attempt's records hold them."""
+    lost: Mapping[int, NodeFault] = field(default_factory=dict)
+    """The nodes lost meanwhile (to the scheduler, to silence): their signs count as the nodes' own."""
+    restarts: int | None = None
+    """The restarts ``--max-restarts`` counts so far (None: ``attempt``; preemptions are not counted)."""
+    final: bool = False
+    """Never run again, whatever the policy would say (stopped, warned, not the policy's to judge)."""
+
+    def faults(self) -> dict[int, NodeFault]:
+        """The node-fault signs of the attempt: the nodes' own, then those of the nodes lost."""
+        found = dict(self.signs)
+        for node, fault in sorted(self.lost.items()):
+            found.setdefault(node, fault)
+        return found
+
+    def judged(self, history: History) -> Verdict:
+        """The policy's verdict on this failed attempt of a run with ``history`` (:func:`judge`)."""
+        return judge(self.attempt, history, self.first, self.node, self.host, self.faults())
+
+
+def decide(end: AttemptEnd, max_restarts: int, history: History) -> Verdict | None:
+    """The verdict on attempt ``end`` of a run with ``history``; None where it is not run again (rules 1: final,
+    a stop, no restarts left)."""
+    restarts = end.attempt if end.restarts is None else end.restarts
+    if end.final or not may_restart(end.exit_code, restarts, max_restarts, end.faults().values()):
+        return None
+    return end.judged(history)
+
+
+@dataclass(frozen=True)
+class ScriptEnd:
+    """How an attempt of a Slurm run ended, read from its records (:func:`for_script`)."""
+
+    end: AttemptEnd
+    ended: RunState
+    """How the attempt ended (:func:`attempt_end`; ``requeued`` where the job is requeued), for its directory."""
+    lost: str
+    """Who the scheduler lost, and why; empty where it lost none."""
+    requeue: bool
+    """The scheduler's warning came and the job may be requeued."""
+
+
+def for_script(run_dir: Path, attempt: int, exit_code: int, hosts: Sequence[str], failed_file: Path | None,
+               warned: bool = False, lost: Mapping[int, NodeFault] | None = None, requeues: int = 0,
+               requeued: int = 0) -> ScriptEnd:
+    """Attempt ``attempt`` of a Slurm run (supervise/slurmsteps.py asks), from the attempt's records in ``run_dir``
+    and its ``hosts`` in node order: the node that failed first and its exit code (node 0's recorded first failure,
+    else ``failed_file``'s ``<node> <code>``; else none and ``exit_code``), the nodes' signs and those of the nodes
+    the scheduler ``lost``; final where the scheduler's warning came (``warned``); requeued where the job,
+    ``requeued`` times so far, may be requeued ``requeues`` times."""
     shares = [read_state(NodeDir(run_dir, attempt, rank)) for rank in range(max(len(hosts), 1))]
     first = FirstFailure.parse(shares[0].get("first_failure"))
     node, code = (first.node, first.exit_code) if first is not None else (None, exit_code)
     found = failed_file.read_text().split() if first is None and failed_file and failed_file.is_file() else []
     if len(found) == 2 and all(word.isdigit() for word in found):
         node, code = int(found[0]), int(found[1])
-    answer: dict[str, object] = {"node": "" if node is None else node, "code": code, "verdict": "end",
-                                 "ended": attempt_end(shares, code, bool(lost)).value}
     signs = {rank: fault for rank, share in enumerate(shares) if (fault := NodeFault.parse(share.get("node_fault")))}
-    for rank, fault in sorted({**silenced(shares), **(lost or {})}.items()):
-        signs.setdefault(rank, fault)
-    if lost:
-        answer["lost"] = "; ".join(f"{hosts[rank] if rank < len(hosts) else f'node-{rank}'} (node-{rank}): "
-                                   f"{why_faulty(fault)}" for rank, fault in sorted(lost.items()))
-    if warned and requeued < requeues:
-        answer.update(verdict="requeue", ended=RunState.REQUEUED.value)
-    if warned or not may_restart(code, attempt, max_restarts, signs.values()):
-        return answer
+    said = "; ".join(f"{hosts[rank] if rank < len(hosts) else f'node-{rank}'} (node-{rank}): {why_faulty(fault)}"
+                     for rank, fault in sorted((lost or {}).items()))
+    requeue = warned and requeued < requeues
     host = hosts[node] if node is not None and node < len(hosts) else None
-    verdict = judge(attempt, history, first, node, host, signs)
-    answer.update(verdict="restart", failed_first=",".join(verdict.history.failed_first),
-                  last_error=verdict.history.last_error)
-    if verdict.stop is not None:
-        answer.update(verdict="stop", why=verdict.stop)
-    elif verdict.left_out:
-        left = verdict.left_out[0]  # the script leaves one node out at a time
-        answer.update(verdict="leave-out", left_node=left.node, why=left.reason, saved=int(left.saved),
-                      host=hosts[left.node] if left.node < len(hosts) else f"node-{left.node}")
-    return answer
+    end = AttemptEnd(code, attempt, first, node, host, signs, {**silenced(shares), **(lost or {})}, final=warned)
+    return ScriptEnd(end, RunState.REQUEUED if requeue else attempt_end(shares, code, bool(lost)), said, requeue)
 
 
 def silenced(shares: Sequence[Mapping[str, object]]) -> dict[int, NodeFault]:

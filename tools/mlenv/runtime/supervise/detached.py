@@ -16,6 +16,8 @@ from typing import Any
 
 from ..node.topology import detect_topology, host_name
 from ..records import restartpolicy
+from ..records.attempts import run_attempts
+from ..records.restartpolicy import AttemptEnd
 from ..records.runlayout import (
     MOVES_PODS,
     PREEMPTED_MARK,
@@ -49,43 +51,45 @@ def restart(args: argparse.Namespace, environ: Mapping[str, str], status: int) -
     rank = detect_topology(environ).node_rank
     run_id = environ.get("MLENV_RUN_ID") or args.run_dir.name
     job = args.job[1:] if args.job[:1] == ["--"] else args.job
-    ended = read_state(NodeDir(args.run_dir, attempt, rank)).get("state")
-    if restartpolicy.resumes(ended, preemptions(args.run_dir, rank), args.max_preemptions, environ):
+    recorded = read_state(NodeDir(args.run_dir, attempt, rank))
+    if restartpolicy.resumes(recorded.get("state"), preemptions(args.run_dir, rank), args.max_preemptions, environ):
         print(f"mlenv: attempt {attempt} was preempted (a pod of the run taken away): resuming the run as attempt "
               f"{attempt + 1} (MLENV_RESTART_COUNT={attempt + 1}) once every node is back", flush=True)
         args.detach = True
         start_node(args, {**environ, "MLENV_RESTART_COUNT": str(attempt + 1)}, args.launcher, job, args.run_dir)
         return
-    if not restartpolicy.may_restart(status, attempt, args.max_restarts):
-        if rank == 0:
-            standby.end_unused(environ, run_id)
-        return
-    recorded = read_state(NodeDir(args.run_dir, attempt, rank))
-    first = FirstFailure.parse(recorded.get("first_failure"))
     lost = restartpolicy.silenced([recorded])  # frozen, cut off
-    refused = restartpolicy.without_rendezvous(lost)
-    if refused is not None:
-        print(f"mlenv: {refused}", flush=True)
-        return
-    verdict = restartpolicy.judge(attempt, restartpolicy.History.of(environ, attempt), first, signs=lost)
-    following = {**environ, "MLENV_RESTART_COUNT": str(attempt + 1), **verdict.history.environ()}
-    if verdict.stop is not None:
-        print(f"mlenv: {verdict.stop}", flush=True)
-        if rank == 0:
-            standby.end_unused(environ, run_id)
-        return
-    if verdict.left_out and kubemove.enabled(environ) and not standby.addresses(environ):
-        _move(verdict.left_out, rank, environ, run_id, attempt, verdict.history.environ())
-        return
-    for left in verdict.left_out:
-        taken = _leave_out(left, rank, following, run_id)
-        if taken is None:
+    end = AttemptEnd(status, attempt, FirstFailure.parse(recorded.get("first_failure")), lost=lost)
+
+    def go_on(end: AttemptEnd, verdict: restartpolicy.Verdict | None) -> None:
+        """This node's part of the verdict on the attempt that ended: the next attempt, started in the
+        background (whose end continues the loop), where the policy allows it and a standby takes a left-out
+        node's place; the loop ends here."""
+        if verdict is None or verdict.stop is not None:
+            if verdict is not None:
+                print(f"mlenv: {verdict.stop}", flush=True)
+            if rank == 0:
+                standby.end_unused(environ, run_id)
             return
-        following[standby.USED] = str(taken)
-    print(f"mlenv: attempt {attempt} failed with exit code {status}: restarting the run, attempt {attempt + 1} of "
-          f"at most {args.max_restarts} restarts (MLENV_RESTART_COUNT={attempt + 1})", flush=True)
-    args.detach = True
-    start_node(args, following, args.launcher, job, args.run_dir)
+        refused = restartpolicy.without_rendezvous(end.lost)
+        if refused is not None:
+            print(f"mlenv: {refused}", flush=True)
+            return
+        following = {**environ, "MLENV_RESTART_COUNT": str(attempt + 1), **verdict.history.environ()}
+        if verdict.left_out and kubemove.enabled(environ) and not standby.addresses(environ):
+            _move(verdict.left_out, rank, environ, run_id, attempt, verdict.history.environ())
+            return
+        for left in verdict.left_out:
+            taken = _leave_out(left, rank, following, run_id)
+            if taken is None:
+                return
+            following[standby.USED] = str(taken)
+        print(f"mlenv: attempt {attempt} failed with exit code {status}: restarting the run, attempt {attempt + 1} "
+              f"of at most {args.max_restarts} restarts (MLENV_RESTART_COUNT={attempt + 1})", flush=True)
+        args.detach = True
+        start_node(args, following, args.launcher, job, args.run_dir)
+
+    run_attempts(lambda _: end, go_on, attempt, args.max_restarts, restartpolicy.History.of(environ, attempt))
 
 
 def _move(left_out: tuple[LeftOut, ...], rank: int, environ: Mapping[str, str], run_id: str,

@@ -19,8 +19,10 @@ from pathlib import Path
 from types import FrameType
 
 from ..records import restartpolicy
+from ..records.attempts import run_attempts
+from ..records.restartpolicy import AttemptEnd
 from ..records.runlayout import LOST_FILE, write_json
-from ..records.states import RunState
+from ..records.states import LeftOut, RunState
 from ..watch.faultsigns import scheduler_lost
 
 FAILED_FILE = "failed"
@@ -137,6 +139,9 @@ class Attempts:
     code: int = 0
     warned: bool = False
     handed: str = ""
+    requeue: bool = False
+    result: int | None = None
+    """The script's exit code where the run was stopped."""
     srun: subprocess.Popen[bytes] | None = None
     timer: threading.Timer | None = None
 
@@ -158,34 +163,44 @@ class Attempts:
                                                         self.steps.job_nodelist]).split()
         self.left = list(self.steps.exclude)
         self._master()
-        history = restartpolicy.History()
-        while True:
-            if (self.steps.run_dir / STOP_FILE).exists():
-                _say(f"run stopped by mlenv stop: attempt {self.count} does not start")
-                return STOPPED
-            directory = self.steps.run_dir / f"attempt-{self.count}"
-            directory.mkdir(parents=True, exist_ok=True)
-            self.directory = directory
-            (self.steps.run_dir / ATTEMPT_FILE).write_text(f"{self.count}\n")
-            self.code = self._step()
-            if (self.steps.run_dir / STOP_FILE).exists():
-                _say(f"attempt {self.count} stopped by mlenv stop (exit {self.code})")
-                (directory / ENDED_FILE).write_text(f"{RunState.STOPPED.value}\n")
-                self.code = STOPPED
-                self._end("")
-                return STOPPED
-            answer = self._verdict(history)
-            if answer.verdict not in ("restart", "leave-out"):
-                break
-            history = answer.history
-            if answer.verdict == "leave-out" and not self._leave_out(answer):
-                break
-            _say(f"attempt {self.count} failed with exit code {self.code}: restarting the run, attempt "
-                 f"{self.count + 1} of at most {self.steps.max_restarts} restarts "
-                 f"(MLENV_RESTART_COUNT={self.count + 1})")
-            self._end(f"job {self.job} restarts the run")
-            self.count += 1
-        return self._last(answer.verdict)
+        run_attempts(self._start, self._go_on, self.count, self.steps.max_restarts)
+        return self.result if self.result is not None else self._last()
+
+    def _start(self, count: int) -> AttemptEnd:
+        """Attempt ``count``, unless the run was stopped: its srun step, to its end; how it ended."""
+        self.count = count
+        if (self.steps.run_dir / STOP_FILE).exists():
+            _say(f"run stopped by mlenv stop: attempt {self.count} does not start")
+            self.result = STOPPED
+            return AttemptEnd(STOPPED, count, final=True)
+        directory = self.steps.run_dir / f"attempt-{self.count}"
+        directory.mkdir(parents=True, exist_ok=True)
+        self.directory = directory
+        (self.steps.run_dir / ATTEMPT_FILE).write_text(f"{self.count}\n")
+        self.code = self._step()
+        if (self.steps.run_dir / STOP_FILE).exists():
+            _say(f"attempt {self.count} stopped by mlenv stop (exit {self.code})")
+            (directory / ENDED_FILE).write_text(f"{RunState.STOPPED.value}\n")
+            self.code = self.result = STOPPED
+            self._end("")
+            return AttemptEnd(STOPPED, count, final=True)
+        return self._ended_how()
+
+    def _go_on(self, end: AttemptEnd, verdict: restartpolicy.Verdict | None) -> int | None:
+        """The next attempt, where ``verdict`` brings one and a node it leaves out has a spare; None: the run ends
+        here (or goes on in a batch job)."""
+        if verdict is None or self.result is not None:
+            return None
+        if verdict.stop is not None:
+            _say(verdict.stop)
+            return None
+        if verdict.left_out and not self._leave_out(verdict.left_out[0]):  # one node left out at a time
+            return None
+        _say(f"attempt {self.count} failed with exit code {self.code}: restarting the run, attempt "
+             f"{self.count + 1} of at most {self.steps.max_restarts} restarts "
+             f"(MLENV_RESTART_COUNT={self.count + 1})")
+        self._end(f"job {self.job} restarts the run")
+        return self.count + 1
 
     def _master(self) -> None:
         """MASTER_ADDR (the first node, at the address it has there) and MASTER_PORT, for the next attempts."""
@@ -213,65 +228,63 @@ class Attempts:
             self.timer.cancel()
         return code
 
-    def _verdict(self, history: restartpolicy.History) -> Verdict:
-        """The restart policy's verdict on the attempt that ended (records/restartpolicy.py ``for_script``): the node
-        that failed first (as the nodes' supervisors decided it, else the first task to end with a failure), the
-        nodes Slurm lost meanwhile (taken out of the job, which --no-kill keeps running on the others; down, failed
-        or drained), and whether and where the run goes on."""
+    def _ended_how(self) -> AttemptEnd:
+        """How the attempt that ended did, as the restart policy reads it (records/restartpolicy.py ``for_script``):
+        the node that failed first (as the nodes' supervisors decided it, else the first task to end with a
+        failure), the nodes Slurm lost meanwhile (taken out of the job, which --no-kill keeps running on the others;
+        down, failed or drained), and whether the job is requeued."""
         assert self.directory is not None  # noqa: S101  # an attempt ran
         on = ",".join(self.nodes)
         job_nodes = _out(["squeue", "-h", f"--jobs={self.job}", "-t", "running", "-o", "%N"])
         states = _out(["sinfo", "-h", "-N", "-n", on, "-o", "%N|%T|%E"]) if on else ""
         warning = self.steps.warning
         requeues = warning.requeues if warning is not None and warning.requeues is not None else 0
-        answer = Verdict.of(verdict_for(self.steps.run_dir, self.count, self.code, self.steps.max_restarts,
-                                        self.nodes, self.directory / FAILED_FILE, history, self.warned, job_nodes,
-                                        states, requeues, int(self.environ.get("SLURM_RESTART_COUNT") or 0)))
-        if answer.lost:
-            _say(f"lost to the infrastructure in attempt {self.count}: {answer.lost}")
-        if answer.node is not None:
-            _say(f"node {answer.node} failed first, with exit code {answer.code}")
-        self.code = answer.code
-        if answer.ended:
-            (self.directory / ENDED_FILE).write_text(f"{answer.ended}\n")
-        if answer.verdict == "stop":
-            _say(answer.why)
-        return answer
+        found = verdict_for(self.steps.run_dir, self.count, self.code, self.nodes, self.directory / FAILED_FILE,
+                            self.warned, job_nodes, states, requeues, int(self.environ.get("SLURM_RESTART_COUNT") or 0))
+        if found.lost:
+            _say(f"lost to the infrastructure in attempt {self.count}: {found.lost}")
+        if found.end.node is not None:
+            _say(f"node {found.end.node} failed first, with exit code {found.end.exit_code}")
+        self.code = found.end.exit_code
+        self.requeue = found.requeue
+        (self.directory / ENDED_FILE).write_text(f"{found.ended.value}\n")
+        return found.end
 
-    def _leave_out(self, answer: Verdict) -> bool:
-        """The node ``answer`` leaves out of the next attempts: a batch job goes on without it (the run goes on
+    def _leave_out(self, left: LeftOut) -> bool:
+        """The node ``left`` leaves out of the next attempts: a batch job goes on without it (the run goes on
         there: False), a spare of the allocation takes its place (True), else the run stops (False)."""
+        host = self.nodes[left.node] if left.node < len(self.nodes) else f"node-{left.node}"
         if self.steps.script is not None:
-            self._resubmit(answer)
+            self._resubmit(left, host)
             return False
-        with (self.steps.run_dir / LEFT_FILE).open("a") as left:  # mlenv records it as excluded where saved=1
-            left.write(f"{answer.host} {answer.left_node} saved={answer.saved} {answer.why}\n")
+        with (self.steps.run_dir / LEFT_FILE).open("a") as record:  # mlenv records it as excluded where saved=1
+            record.write(f"{host} {left.node} saved={int(left.saved)} {left.reason}\n")
         if not self.steps.nodelist:
-            _say(f"{answer.host} (node-{answer.left_node}) must be left out of the run ({answer.why}): not restarting "
+            _say(f"{host} (node-{left.node}) must be left out of the run ({left.reason}): not restarting "
                  "it there (the allocation has no spare node: mlenv deploy --spares K holds some)")
             return False
-        self.left.append(answer.host)
-        _say(f"excluding {answer.host} (node-{answer.left_node}) from the next attempts: {answer.why}")
+        self.left.append(host)
+        _say(f"excluding {host} (node-{left.node}) from the next attempts: {left.reason}")
         spare = next((host for host in self.steps.allocation if host not in self.left and host not in self.nodes),
                      None)
         if spare is None:
             _say(f"no spare node of the allocation is left to take the place of {','.join(self.left)}: stopping")
             return False
-        self.nodes = [spare if host == answer.host else host for host in self.nodes]
+        self.nodes = [spare if node == host else node for node in self.nodes]
         self._master()
         return True
 
-    def _resubmit(self, answer: Verdict) -> None:
-        """The batch job that goes on without the node ``answer`` leaves out and the nodes left out before: this
-        script, submitted to start once this job has succeeded (it does, having handed the run on; a stop of this
-        job cancels it), and recorded in the run's RESUBMITTED_FILE, where mlenv's status, logs, stop and clean
-        find it. A stop arriving meanwhile waits until it is recorded."""
+    def _resubmit(self, left: LeftOut, host: str) -> None:
+        """The batch job that goes on without the node ``left`` (on ``host``) leaves out and the nodes left out
+        before: this script, submitted to start once this job has succeeded (it does, having handed the run on; a
+        stop of this job cancels it), and recorded in the run's RESUBMITTED_FILE, where mlenv's status, logs, stop
+        and clean find it. A stop arriving meanwhile waits until it is recorded."""
         for number in ENDING_SIGNALS:
             signal.signal(number, signal.SIG_IGN)
         resubmitted = self.steps.run_dir / RESUBMITTED_FILE
         before = [line.split(" ")[1] for line in _lines(resubmitted) if " " in line]
-        excluded = ",".join(sorted({host for host in (*self.steps.exclude, *before, answer.host) if host}))
-        _say(f"excluding {answer.host} (node-{answer.left_node}) from the next attempts: {answer.why}")
+        excluded = ",".join(sorted({host for host in (*self.steps.exclude, *before, host) if host}))
+        _say(f"excluding {host} (node-{left.node}) from the next attempts: {left.reason}")
         try:
             said = subprocess.run(["sbatch", "--parsable", f"--export={self.steps.export}",  # nosec B603 B607
                                    f"--dependency=afterok:{self.job}", "--kill-on-invalid-dep=yes",
@@ -284,17 +297,17 @@ class Attempts:
             _say(f"sbatch refused the run's next attempt, without {excluded}: {said.rstrip()}")
             return
         with resubmitted.open("a") as record:
-            record.write(f"{following} {answer.host} {answer.left_node} saved={answer.saved} {answer.why}\n")
+            record.write(f"{following} {host} {left.node} saved={int(left.saved)} {left.reason}\n")
         self.handed = following
         _say(f"attempt {self.count + 1} of at most {self.steps.max_restarts} restarts submitted as batch job "
              f"{following}, without {excluded} (MLENV_RESTART_COUNT={self.count + 1})")
         self._end(f"batch job {following} submitted, without {excluded}")
 
-    def _last(self, verdict: str) -> int:
+    def _last(self) -> int:
         """After the last attempt: the job requeued after the warning, where the policy says so; the exit code."""
         warning = self.steps.warning
         assert self.directory is not None  # noqa: S101  # an attempt ran
-        if warning is not None and warning.requeues is not None and verdict == "requeue":
+        if warning is not None and warning.requeues is not None and self.requeue:
             _say(f"attempt {self.count} ended after the warning (exit {self.code}): requeueing job {self.job}")
             self._end(f"job {self.job} requeued")  # before the requeue, which ends this script
             if subprocess.run(["scontrol", "requeue", self.job], check=False).returncode == 0:  # nosec B603 B607
@@ -368,44 +381,17 @@ def _lines(path: Path) -> list[str]:
         return []
 
 
-@dataclass(frozen=True)
-class Verdict:
-    """The restart policy's verdict on an attempt (``verdict_for``), read."""
-
-    verdict: str
-    code: int
-    node: int | None
-    ended: str
-    lost: str
-    why: str
-    history: restartpolicy.History
-    left_node: int | None
-    host: str
-    saved: int
-
-    @classmethod
-    def of(cls, answer: Mapping[str, object]) -> Verdict:
-        node, left = answer.get("node"), answer.get("left_node")
-        return cls(str(answer["verdict"]), int(str(answer["code"])), node if isinstance(node, int) else None,
-                   str(answer.get("ended", "")), str(answer.get("lost", "")), str(answer.get("why", "")),
-                   restartpolicy.History(tuple(str(answer.get("failed_first", "")).split(",")),
-                                         str(answer.get("last_error", ""))),
-                   left if isinstance(left, int) else None, str(answer.get("host", "")),
-                   int(str(answer.get("saved", 0))))
-
-
-def verdict_for(run_dir: Path, attempt: int, code: int, max_restarts: int, hosts: Sequence[str],
-                failed_file: Path | None, history: restartpolicy.History, warned: bool, job_nodes: str,
-                node_states: str, requeues: int, requeued: int) -> dict[str, object]:
-    """The restart policy's verdict (records/restartpolicy.py ``for_script``) on attempt ``attempt`` of a Slurm run
+def verdict_for(run_dir: Path, attempt: int, code: int, hosts: Sequence[str], failed_file: Path | None,
+                warned: bool, job_nodes: str, node_states: str, requeues: int,
+                requeued: int) -> restartpolicy.ScriptEnd:
+    """How the restart policy reads (records/restartpolicy.py ``for_script``) attempt ``attempt`` of a Slurm run
     on ``hosts``, the nodes Slurm lost meanwhile (``job_nodes``: squeue's %N of the running job; ``node_states``:
     sinfo's ``%N|%T|%E`` lines of the hosts) among its signs, recorded in the attempt's LOST_FILE."""
     lost = scheduler_lost(hosts, job_nodes, node_states)
     if lost:
         write_json(run_dir / f"attempt-{attempt}" / LOST_FILE,
                    {str(node): fault.to_dict() for node, fault in sorted(lost.items())})
-    return restartpolicy.for_script(run_dir, attempt, code, max_restarts, hosts, failed_file, history, warned,
-                                    lost, requeues, requeued)
+    return restartpolicy.for_script(run_dir, attempt, code, hosts, failed_file, warned, lost, requeues, requeued)
 
 
 def first_attempt(run_dir: Path, asked: int) -> int:
