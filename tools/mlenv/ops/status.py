@@ -199,9 +199,11 @@ def _print_run(run: RunRecord) -> None:
         say("transport: " + ", ".join(f"{node} {found['verdict']} ({found.get('plugin') or 'no network'})"
                                       for node, found in run.transport.items()))
     if run.idle:
+        from mlenv.runtime.watch.idle import IdleReport
         from mlenv.runtime.watch.idle import describe as idle_line
 
-        say("GPUs idle: " + "; ".join(idle_line(report) for report in run.idle.values()))
+        say("GPUs idle: " + "; ".join(idle_line(report) for value in run.idle.values()
+                                      if (report := IdleReport.parse(value)) is not None))
     for straggler in run.stragglers or []:
         say(straggler["text"])
     if run.goodput:
